@@ -1,0 +1,192 @@
+/*
+ * gpu_census.h - the one contract between the native injector and its readers.
+ *
+ * A census segment is a file, one per CUDA process, mapped shared by the writer (the
+ * injector inside the server) and read by anyone (the otel-gpu-census reader, through cffi).
+ * It follows perf_event_mmap_page: fixed-width fields, an explicit layout version, a sequence
+ * counter that is odd while the writer updates, and readers that copy and retry. A reader never
+ * blocks the writer. A writer that dies mid-update leaves `seq` odd: readers then know the copy
+ * may be torn and say so, and the totals are still the last values written.
+ *
+ * Three views of the same records:
+ *   - devices[]: running totals per CUDA device since the process started;
+ *   - windows[]: a ring of fixed time buckets (GPU timestamps), so a reader can ask "what ran
+ *     between t0 and t1" exactly, whenever the records arrive (CUPTI delivers them late);
+ *   - steps[]:   a ring keyed by external correlation id, the id that gc_step_begin() pushed on
+ *     the thread that launched the work, so engine hooks attribute GPU work to their steps.
+ *
+ * Layout rules: only fixed-width types, every struct a multiple of 8 bytes, no pointers; sizes are
+ * asserted below. Bump GC_LAYOUT_VERSION on any change; readers refuse other versions.
+ */
+#ifndef GPU_CENSUS_H
+#define GPU_CENSUS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GC_MAGIC            0x53534e4355504743ULL /* "CGPUCNSS" read as little-endian bytes */
+#define GC_LAYOUT_VERSION   1u
+#define GC_MAX_DEVICES      16u
+#define GC_WINDOW_SLOTS     2048u                 /* power of two */
+#define GC_WINDOW_NS        20000000ull           /* 20 ms buckets: 2048 of them hold ~41 s */
+#define GC_STEP_SLOTS       1024u                 /* power of two */
+#define GC_COMM_LEN         64u
+#define GC_NOTE_LEN         192u
+
+/* Copy direction (from CUPTI's copyKind; arrays count as device memory). */
+enum gc_dir {
+    GC_DIR_HTOD = 0,   /* host -> device */
+    GC_DIR_DTOH = 1,   /* device -> host */
+    GC_DIR_DTOD = 2,   /* within one device */
+    GC_DIR_PTOP = 3,   /* device -> another device */
+    GC_DIR_HTOH = 4,   /* host -> host through the driver */
+    GC_DIR_OTHER = 5,  /* unknown copyKind */
+    GC_NDIR = 6
+};
+
+/* The host side of a copy (src for HtoD and HtoH, dst for DtoH); DEVICE when neither side is host. */
+enum gc_mem {
+    GC_MEM_PAGEABLE = 0,
+    GC_MEM_PINNED = 1,
+    GC_MEM_DEVICE = 2,
+    GC_MEM_OTHER = 3,  /* managed or unknown */
+    GC_NMEM = 4
+};
+
+/* Segment state. */
+enum gc_state {
+    GC_STATE_ACTIVE = 1,   /* writer alive and counting */
+    GC_STATE_EXITED = 2,   /* final flush done at exit: totals are complete */
+    GC_STATE_OFF = 3       /* census switched itself off; `note` says why; totals up to then hold */
+};
+
+/* Flags, cumulative. */
+#define GC_FLAG_CONFLICT        0x1u  /* another CUPTI client took the activity API */
+#define GC_FLAG_DROPPED         0x2u  /* CUPTI dropped records (buffers refused or full) */
+#define GC_FLAG_RING_OVERRUN    0x4u  /* a window or step slot was reused before readers could see it */
+#define GC_FLAG_GRAPH_LAUNCHES  0x8u  /* graphs reported per launch (GRAPH_TRACE) rather than per node */
+
+typedef struct gc_stat {
+    uint64_t count;
+    uint64_t bytes;
+    uint64_t ns;       /* summed durations (end - start) */
+} gc_stat;
+
+typedef struct gc_device {
+    uint32_t device_id;         /* CUDA device ordinal, as CUPTI reports it */
+    uint32_t in_use;            /* 1 once a record for this device was seen */
+    uint8_t  uuid[16];          /* filled when CUPTI reports the device; zero if unknown */
+    uint64_t kernel_count;
+    uint64_t kernel_ns;         /* summed kernel durations: concurrent kernels add up */
+    uint64_t busy_ns;           /* union of kernel intervals: concurrent kernels count once */
+    uint64_t first_ns;          /* earliest start seen (CUPTI timestamp, ns) */
+    uint64_t last_ns;           /* latest end seen */
+    uint64_t graph_launches;    /* GRAPH_TRACE records: one per graph launch */
+    uint64_t graph_ns;
+    gc_stat  copy[GC_NDIR][GC_NMEM];  /* PTOP: sent by this device */
+    gc_stat  memset;
+    gc_stat  peer_recv;               /* peer copies received from other devices */
+    uint64_t reserved[3];
+} gc_device;
+
+/* One time bucket: everything that *started* in [index*GC_WINDOW_NS, (index+1)*GC_WINDOW_NS).
+ * Durations are split across the buckets they span; counts and bytes go to the start bucket. */
+typedef struct gc_window {
+    uint64_t index;             /* timestamp / GC_WINDOW_NS; 0 means empty */
+    uint64_t kernel_count;
+    uint64_t kernel_ns;
+    gc_stat  copy[GC_NDIR];
+    gc_stat  memset;
+    uint64_t device_mask;       /* bit d set when device d had activity */
+} gc_window;
+
+/* GPU work launched between gc_step_begin(id) and gc_step_end() on one thread. */
+typedef struct gc_step {
+    uint64_t id;                /* external correlation id; 0 means empty */
+    uint64_t kernel_count;
+    uint64_t kernel_ns;
+    uint64_t first_ns;
+    uint64_t last_ns;
+    gc_stat  copy[GC_NDIR];
+    gc_stat  memset;
+    uint64_t device_mask;
+} gc_step;
+
+typedef struct gc_segment {
+    /* identity: written once before the segment is published */
+    uint64_t magic;
+    uint32_t layout_version;
+    uint32_t segment_size;      /* sizeof(gc_segment) */
+    uint32_t pid;
+    uint32_t ppid;
+    uint64_t proc_start_ticks;  /* /proc/<pid>/stat starttime: tells a reused pid apart */
+    uint64_t wall_start_ns;     /* CLOCK_REALTIME when the segment was created */
+    uint64_t clock_ref_gpu_ns;  /* a CUPTI timestamp ... */
+    uint64_t clock_ref_wall_ns; /* ... and CLOCK_REALTIME read at the same moment */
+    uint32_t cupti_version;     /* cuptiGetVersion() */
+    uint32_t window_ns_div;     /* GC_WINDOW_NS / 1000 (microseconds), so readers need no constant */
+    char     comm[GC_COMM_LEN]; /* program name (argv[0] basename) */
+
+    /* live part: changed only between seq going odd and going even again */
+    volatile uint64_t seq;
+    uint64_t wall_update_ns;    /* CLOCK_REALTIME of the last publish */
+    uint32_t state;             /* enum gc_state */
+    uint32_t flags;             /* GC_FLAG_* */
+    uint64_t records;           /* activity records tallied */
+    uint64_t records_unknown;   /* records of kinds the census does not count */
+    uint64_t dropped;           /* records CUPTI reported dropped */
+    uint64_t buffers;           /* buffers completed */
+    uint64_t buffers_refused;   /* buffer requests refused to stay under the memory bound */
+    uint64_t step_unmatched;    /* records whose launch had no external id recorded (yet) */
+    uint64_t window_late;       /* records older than the window ring: in totals, not in windows */
+    uint64_t step_max;          /* largest step id seen */
+    uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
+    char     note[GC_NOTE_LEN]; /* why the census stepped aside, when it did */
+    uint64_t reserved[16];
+
+    gc_device devices[GC_MAX_DEVICES];
+    gc_window windows[GC_WINDOW_SLOTS];
+    gc_step   steps[GC_STEP_SLOTS];
+} gc_segment;
+
+/* ---- C API inside the censused process (resolve with dlsym; all are no-ops when off) ---- */
+
+/* Layout version this library writes. */
+uint32_t gc_layout_version(void);
+/* 1 while the census counts in this process, else 0. */
+int gc_active(void);
+/* Tally the GPU work this thread launches from now on under step `id` (id > 0).
+ * Returns 0 on success, -1 when the census is off. Steps nest per thread (push/pop). */
+int gc_step_begin(uint64_t id);
+/* End the innermost step of this thread; writes its id to *id when id is not NULL. */
+int gc_step_end(uint64_t *id);
+/* Hand CUPTI's filled buffers to the census now (forced flush); 0 on success. */
+int gc_flush(void);
+/* Path of this process's segment, or "" when none was created yet. */
+const char *gc_segment_path(void);
+
+/* ---- The tally: pure record arithmetic, no CUDA needed (tests feed it real CUPTI records) ---- */
+
+typedef struct gc_tally gc_tally;
+
+/* Private writer state (busy-interval frontier, correlation map) bound to a segment. */
+gc_tally *gc_tally_create(gc_segment *seg);
+void gc_tally_destroy(gc_tally *t);
+/* Count one CUPTI activity record (any CUpti_Activity*; unknown kinds are counted as such). */
+void gc_tally_record(gc_tally *t, const void *record);
+/* Fold private state (busy union) into the segment. Call inside a seq-odd section.
+ * final != 0 commits every open interval (at exit: nothing more will arrive). */
+void gc_tally_publish(gc_tally *t, int final);
+/* Writer-side seqlock helpers. */
+void gc_segment_begin_update(gc_segment *seg);
+void gc_segment_end_update(gc_segment *seg);
+/* Fill identity fields of a fresh segment (magic, version, pid, clocks, comm). */
+void gc_segment_init(gc_segment *seg, const char *comm, uint64_t clock_ref_gpu_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GPU_CENSUS_H */

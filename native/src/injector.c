@@ -1,0 +1,409 @@
+/*
+ * injector.c - loaded by the CUDA driver through CUDA_INJECTION64_PATH; asks CUPTI for kernel,
+ * copy and memset records and hands each filled buffer to the tally.
+ *
+ * Rules this file keeps, because it runs inside someone else's server:
+ *   - the server's threads only ever pay CUPTI's own cost: no lock, I/O or allocation of ours
+ *     runs on a launch path (buffer requests allocate, but on CUPTI's schedule, bounded);
+ *   - every failure switches the census off with one log line and leaves the server running;
+ *   - memory is bounded: at most max_buffers x buffer_size of activity buffers plus the segment;
+ *   - a process that never completes a record (GPU discovery, compile workers) creates no file;
+ *   - a forked child never writes its parent's segment; exit flushes and marks totals complete.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cupti.h>
+
+#include "gpu_census.h"
+#include "internal.h"
+
+enum { OFF = 0, ACTIVE = 1 };
+
+/* CUPTI entry points, resolved at run time so that a missing libcupti means "census off"
+ * rather than a process that cannot start. v2 = CUPTI >= 13.2 multi-subscriber API. */
+static struct {
+    int v2;
+    CUpti_SubscriberHandle sub;
+    CUptiResult (*get_version)(uint32_t *);
+    CUptiResult (*result_string)(CUptiResult, const char **);
+    CUptiResult (*get_timestamp)(uint64_t *);
+    CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+    CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
+    CUptiResult (*subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
+    CUptiResult (*register_cb)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+    CUptiResult (*register_cb_v2)(CUpti_SubscriberHandle, CUpti_BuffersCallbackRequestFunc_v2, CUpti_BuffersCallbackCompleteFunc_v2);
+    CUptiResult (*enable)(CUpti_ActivityKind);
+    CUptiResult (*enable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
+    CUptiResult (*next_record)(uint8_t *, size_t, CUpti_Activity **);
+    CUptiResult (*next_record_v2)(CUpti_SubscriberHandle, uint8_t *, size_t, CUpti_Activity **);
+    CUptiResult (*dropped)(CUcontext, uint32_t, size_t *);
+    CUptiResult (*dropped_v2)(CUpti_SubscriberHandle, CUcontext, uint32_t, size_t *);
+    CUptiResult (*push)(CUpti_ExternalCorrelationKind, uint64_t);
+    CUptiResult (*push_v2)(CUpti_SubscriberHandle, CUpti_ExternalCorrelationKind, uint64_t);
+    CUptiResult (*pop)(CUpti_ExternalCorrelationKind, uint64_t *);
+    CUptiResult (*pop_v2)(CUpti_SubscriberHandle, CUpti_ExternalCorrelationKind, uint64_t *);
+    CUptiResult (*flush_all)(uint32_t);
+    CUptiResult (*flush_period)(uint32_t);
+} cu;
+
+static atomic_int g_state;            /* OFF until InitializeInjection succeeds */
+static pid_t g_pid;                   /* the process the census belongs to (fork guard) */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* tally + segment writes */
+static gc_segment *g_seg;
+static gc_tally *g_tally;
+static int g_seg_failed;
+static char g_path[4096];
+static uint64_t g_clock_ref_gpu;
+static size_t g_buffer_size = 2u << 20;
+static int g_max_buffers = 32;
+static atomic_int g_outstanding;
+static atomic_ullong g_refused;
+
+static const char *cupti_error(CUptiResult r)
+{
+    const char *s = NULL;
+    if (cu.result_string && cu.result_string(r, &s) == CUPTI_SUCCESS && s) return s;
+    return "unknown CUPTI error";
+}
+
+static long env_long(const char *name, long dflt, long lo, long hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi) {
+        gc_log("ignoring %s=%s (expected an integer in [%ld, %ld]); using %ld", name, v, lo, hi, dflt);
+        return dflt;
+    }
+    return x;
+}
+
+/* ---- device UUIDs, from the driver already loaded in this process ---- */
+
+static void fill_uuids(gc_segment *seg)
+{
+    static void *libcuda;
+    static CUresult (*dev_get)(CUdevice *, int);
+    static CUresult (*get_uuid)(CUuuid *, CUdevice);
+    if (!libcuda) {
+        libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!libcuda) return;
+        dev_get = (CUresult (*)(CUdevice *, int))dlsym(libcuda, "cuDeviceGet");
+        get_uuid = (CUresult (*)(CUuuid *, CUdevice))dlsym(libcuda, "cuDeviceGetUuid_v2");
+    }
+    if (!dev_get || !get_uuid) return;
+    for (uint32_t i = 0; i < GC_MAX_DEVICES; i++) {
+        gc_device *d = &seg->devices[i];
+        static const uint8_t zero[16];
+        if (!d->in_use || memcmp(d->uuid, zero, 16) != 0) continue;
+        CUdevice dev;
+        CUuuid u;
+        if (dev_get(&dev, (int)i) == CUDA_SUCCESS && get_uuid(&u, dev) == CUDA_SUCCESS)
+            memcpy(d->uuid, u.bytes, 16);
+    }
+}
+
+/* ---- buffers ---- */
+
+static void request_buffer(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    *buffer = NULL;
+    *size = 0;
+    *max_records = 0;
+    /* Over the bound, CUPTI gets no buffer and drops records; it counts them and so do we. */
+    if (atomic_fetch_add(&g_outstanding, 1) >= g_max_buffers) {
+        atomic_fetch_sub(&g_outstanding, 1);
+        atomic_fetch_add(&g_refused, 1);
+        return;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, 8, g_buffer_size) != 0) {
+        atomic_fetch_sub(&g_outstanding, 1);
+        atomic_fetch_add(&g_refused, 1);
+        return;
+    }
+    *buffer = p;
+    *size = g_buffer_size;
+}
+
+static void CUPTIAPI on_request(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    request_buffer(buffer, size, max_records);
+}
+
+static void CUPTIAPI on_request_v2(uint8_t **buffer, size_t *size, size_t *max_records,
+                                   CUpti_BufferCallbackRequestInfo *info)
+{
+    (void)info;
+    request_buffer(buffer, size, max_records);
+}
+
+/* Called with g_mu held. The file is made on the first record, so short-lived CUDA processes
+ * that never complete one leave nothing behind. */
+static gc_segment *segment(void)
+{
+    if (g_seg || g_seg_failed) return g_seg;
+    gc_segment *seg = gc_segment_open(g_path, sizeof(g_path));
+    gc_tally *t = seg ? gc_tally_create(seg) : NULL;
+    if (!seg || !t) {
+        if (seg) munmap(seg, sizeof(*seg));
+        if (seg && !t) gc_log("census off: out of memory for the tally");
+        g_seg_failed = 1;
+        atomic_store(&g_state, OFF);
+        return NULL;
+    }
+    gc_segment_init(seg, NULL, g_clock_ref_gpu);
+    seg->cupti_version = 0;
+    if (cu.get_version) cu.get_version(&seg->cupti_version);
+    g_tally = t;
+    g_seg = seg;
+    return seg;
+}
+
+static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t valid)
+{
+    if (getpid() != g_pid) return; /* a forked child: the segment is the parent's */
+    pthread_mutex_lock(&g_mu);
+    gc_segment *seg = valid > 0 ? segment() : g_seg;
+    if (seg) {
+        gc_segment_begin_update(seg);
+        CUpti_Activity *r = NULL;
+        if (valid > 0) {
+            for (;;) {
+                CUptiResult res = cu.v2 ? cu.next_record_v2(cu.sub, buffer, valid, &r)
+                                        : cu.next_record(buffer, valid, &r);
+                if (res != CUPTI_SUCCESS) break;
+                gc_tally_record(g_tally, r);
+            }
+        }
+        size_t dropped = 0;
+        CUptiResult dr = cu.v2 ? cu.dropped_v2(cu.sub, ctx, stream, &dropped)
+                               : cu.dropped(ctx, stream, &dropped);
+        if (dr == CUPTI_SUCCESS && dropped) seg->dropped += dropped;
+        seg->buffers++;
+        seg->buffers_refused = atomic_load(&g_refused);
+        if (seg->dropped || seg->buffers_refused) seg->flags |= GC_FLAG_DROPPED;
+        fill_uuids(seg);
+        gc_tally_publish(g_tally, 0);
+        gc_segment_end_update(seg);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
+{
+    (void)size;
+    tally_buffer(ctx, stream, buffer, valid);
+    free(buffer); /* ours: CUPTI hands each buffer back exactly once */
+    atomic_fetch_sub(&g_outstanding, 1);
+}
+
+static void CUPTIAPI on_complete_v2(uint8_t *buffer, size_t size, size_t valid,
+                                    CUpti_BufferCallbackCompleteInfo *info)
+{
+    (void)info;
+    on_complete(NULL, 0, buffer, size, valid);
+}
+
+/* ---- process life: exit and fork ---- */
+
+static void at_exit(void)
+{
+    if (atomic_load(&g_state) != ACTIVE || getpid() != g_pid) return;
+    /* Forced: also returns buffers holding records of work still in flight. */
+    cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    pthread_mutex_lock(&g_mu);
+    if (g_seg) {
+        gc_segment_begin_update(g_seg);
+        gc_tally_publish(g_tally, 1);
+        g_seg->state = GC_STATE_EXITED;
+        gc_segment_end_update(g_seg);
+        msync(g_seg, sizeof(*g_seg), MS_ASYNC);
+    }
+    atomic_store(&g_state, OFF);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void at_fork_child(void)
+{
+    /* CUDA is unusable in a child forked after init and CUPTI's threads did not come along.
+     * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
+    atomic_store(&g_state, OFF);
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_mu = fresh; /* the parent's CUPTI thread may have held it at fork time */
+    if (g_seg) munmap(g_seg, sizeof(*g_seg));
+    g_seg = NULL;
+    g_tally = NULL; /* the parent's heap copy: leaked on purpose, freeing it is not our business */
+    g_path[0] = 0;
+}
+
+/* ---- start ---- */
+
+#define RESOLVE(field, name) (*(void **)&cu.field = dlsym(lib, name))
+
+static void *load_cupti(void)
+{
+    const char *path = getenv("OTEL_GPU_CENSUS_CUPTI");
+    void *lib = NULL;
+    /* A libcupti already loaded (torch links one) must be the one we use: one per process. */
+    lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib && path && *path) lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        gc_log("census off: libcupti.so.13 not found (%s); install nvidia-cuda-cupti or set "
+               "OTEL_GPU_CENSUS_CUPTI", path && *path ? path : "OTEL_GPU_CENSUS_CUPTI unset");
+        return NULL;
+    }
+    RESOLVE(get_version, "cuptiGetVersion");
+    RESOLVE(result_string, "cuptiGetResultString");
+    RESOLVE(get_timestamp, "cuptiGetTimestamp");
+    RESOLVE(subscribe, "cuptiSubscribe");
+    RESOLVE(unsubscribe, "cuptiUnsubscribe");
+    RESOLVE(subscribe_v2, "cuptiSubscribe_v2");
+    RESOLVE(register_cb, "cuptiActivityRegisterCallbacks");
+    RESOLVE(register_cb_v2, "cuptiActivityRegisterCallbacks_v2");
+    RESOLVE(enable, "cuptiActivityEnable");
+    RESOLVE(enable_v2, "cuptiActivityEnable_v2");
+    RESOLVE(next_record, "cuptiActivityGetNextRecord");
+    RESOLVE(next_record_v2, "cuptiActivityGetNextRecord_v2");
+    RESOLVE(dropped, "cuptiActivityGetNumDroppedRecords");
+    RESOLVE(dropped_v2, "cuptiActivityGetNumDroppedRecords_v2");
+    RESOLVE(push, "cuptiActivityPushExternalCorrelationId");
+    RESOLVE(push_v2, "cuptiActivityPushExternalCorrelationId_v2");
+    RESOLVE(pop, "cuptiActivityPopExternalCorrelationId");
+    RESOLVE(pop_v2, "cuptiActivityPopExternalCorrelationId_v2");
+    RESOLVE(flush_all, "cuptiActivityFlushAll");
+    RESOLVE(flush_period, "cuptiActivityFlushPeriod");
+    if (!cu.register_cb || !cu.enable || !cu.next_record || !cu.dropped || !cu.push || !cu.pop ||
+        !cu.flush_all || !cu.flush_period) {
+        gc_log("census off: the loaded libcupti lacks the activity API");
+        return NULL;
+    }
+    return lib;
+}
+
+/* Multi-subscriber mode (CUPTI >= 13.2) lets torch.profiler or Nsight work beside us. */
+static int want_v2(void)
+{
+    const char *m = getenv("OTEL_GPU_CENSUS_CUPTI_API");
+    if (m && strcmp(m, "v1") == 0) return 0;
+    return cu.subscribe_v2 && cu.register_cb_v2 && cu.enable_v2 && cu.next_record_v2 &&
+           cu.dropped_v2 && cu.push_v2 && cu.pop_v2;
+}
+
+static int start(void)
+{
+    CUptiResult r;
+    if (want_v2()) {
+        char other[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN + 1] = {0};
+        CUpti_SubscriberParams p;
+        memset(&p, 0, sizeof(p));
+        p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+        p.subscriberName = "otel-gpu-census";
+        p.oldSubscriberName = other;
+        p.oldSubscriberSize = sizeof(other) - 1;
+        p.allowMultipleSubscribers = 1;
+        r = cu.subscribe_v2(&cu.sub, NULL, NULL, &p);
+        if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+            gc_log("census off: CUPTI is in use by %s, which does not share it; the server runs "
+                   "without census", other[0] ? other : "another tool");
+            return -1;
+        }
+        if (r == CUPTI_SUCCESS) cu.v2 = 1;
+        /* anything else: fall back to the single-subscriber API below */
+    }
+    if (!cu.v2 && cu.subscribe && cu.unsubscribe) {
+        /* Probe only: Nsight and friends hold the subscriber slot. Do not keep it ourselves,
+         * so that a later torch.profiler can still subscribe. */
+        CUpti_SubscriberHandle probe;
+        r = cu.subscribe(&probe, NULL, NULL);
+        if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+            gc_log("census off: another CUPTI client (Nsight, a profiler) holds CUPTI; the server "
+                   "runs without census");
+            return -1;
+        }
+        if (r == CUPTI_SUCCESS) cu.unsubscribe(probe);
+    }
+    r = cu.v2 ? cu.register_cb_v2(cu.sub, on_request_v2, on_complete_v2)
+              : cu.register_cb(on_request, on_complete);
+    if (r != CUPTI_SUCCESS) {
+        gc_log("census off: cannot register activity buffers: %s", cupti_error(r));
+        return -1;
+    }
+    const char *graphs = getenv("OTEL_GPU_CENSUS_GRAPHS");
+    int per_launch = graphs && strcmp(graphs, "launch") == 0;
+    CUpti_ActivityKind kinds[] = {
+        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+        CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET,
+        CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+        per_launch ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_INVALID,
+    };
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        if (kinds[i] == CUPTI_ACTIVITY_KIND_INVALID) continue;
+        r = cu.v2 ? cu.enable_v2(cu.sub, kinds[i], NULL) : cu.enable(kinds[i]);
+        if (r != CUPTI_SUCCESS) {
+            gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], cupti_error(r));
+            return -1;
+        }
+    }
+    /* CUPTI's own thread hands filled buffers back at this period: totals at most ~1 s stale. */
+    cu.flush_period((uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000));
+    uint64_t ts = 0;
+    if (cu.get_timestamp && cu.get_timestamp(&ts) == CUPTI_SUCCESS) g_clock_ref_gpu = ts;
+    return 0;
+}
+
+int InitializeInjection(void)
+{
+    static atomic_int once;
+    if (atomic_exchange(&once, 1)) return 1;
+    const char *off = getenv("OTEL_GPU_CENSUS_DISABLED");
+    if (off && *off && strcmp(off, "0") != 0) return 1;
+    g_buffer_size = (size_t)env_long("OTEL_GPU_CENSUS_BUFFER_KB", 2048, 64, 65536) * 1024;
+    g_max_buffers = (int)env_long("OTEL_GPU_CENSUS_MAX_BUFFERS", 32, 2, 4096);
+    g_pid = getpid();
+    if (!load_cupti() || start() != 0) return 1; /* 1 either way: the driver must carry on */
+    pthread_atfork(NULL, NULL, at_fork_child);
+    atexit(at_exit);
+    atomic_store(&g_state, ACTIVE);
+    return 1;
+}
+
+/* ---- C API for callers inside the process ---- */
+
+uint32_t gc_layout_version(void) { return GC_LAYOUT_VERSION; }
+
+int gc_active(void) { return atomic_load(&g_state) == ACTIVE && getpid() == g_pid; }
+
+int gc_step_begin(uint64_t id)
+{
+    if (!gc_active() || id == 0) return -1;
+    CUptiResult r = cu.v2 ? cu.push_v2(cu.sub, GC_EXTERNAL_KIND, id) : cu.push(GC_EXTERNAL_KIND, id);
+    return r == CUPTI_SUCCESS ? 0 : -1;
+}
+
+int gc_step_end(uint64_t *id)
+{
+    uint64_t last = 0;
+    if (!gc_active()) return -1;
+    CUptiResult r = cu.v2 ? cu.pop_v2(cu.sub, GC_EXTERNAL_KIND, &last) : cu.pop(GC_EXTERNAL_KIND, &last);
+    if (id) *id = last;
+    return r == CUPTI_SUCCESS ? 0 : -1;
+}
+
+int gc_flush(void)
+{
+    if (!gc_active()) return -1;
+    return cu.flush_all(0) == CUPTI_SUCCESS ? 0 : -1;
+}
+
+const char *gc_segment_path(void) { return g_path; }

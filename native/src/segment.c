@@ -1,0 +1,152 @@
+/*
+ * segment.c - the census segment file: create, map, identity, seqlock.
+ *
+ * The file's blocks are reserved with posix_fallocate before it is mapped: a store into a
+ * mapped page of a full tmpfs raises SIGBUS, which would kill the server we watch.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu_census.h"
+#include "internal.h"
+
+uint64_t gc_wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Field 22 of /proc/self/stat: start time in clock ticks since boot. With the pid it names a
+ * process uniquely, so a reader can tell a reused pid apart. */
+static uint64_t proc_start_ticks(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* comm may hold spaces and parentheses */
+    if (!p) return 0;
+    int field = 2;
+    for (; *p && field < 22; p++)
+        if (*p == ' ') field++;
+    return strtoull(p, NULL, 10);
+}
+
+static void read_comm(char *out, size_t len)
+{
+    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, out, len - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (n <= 0) n = 0;
+    out[n] = 0;
+    char *nl = strchr(out, '\n');
+    if (nl) *nl = 0;
+}
+
+void gc_segment_init(gc_segment *seg, const char *comm, uint64_t clock_ref_gpu_ns)
+{
+    seg->layout_version = GC_LAYOUT_VERSION;
+    seg->segment_size = (uint32_t)sizeof(gc_segment);
+    seg->pid = (uint32_t)getpid();
+    seg->ppid = (uint32_t)getppid();
+    seg->proc_start_ticks = proc_start_ticks();
+    seg->wall_start_ns = gc_wall_ns();
+    seg->clock_ref_wall_ns = seg->wall_start_ns;
+    seg->clock_ref_gpu_ns = clock_ref_gpu_ns ? clock_ref_gpu_ns : seg->wall_start_ns;
+    seg->window_ns_div = (uint32_t)(GC_WINDOW_NS / 1000);
+    if (comm)
+        snprintf(seg->comm, sizeof(seg->comm), "%s", comm);
+    else
+        read_comm(seg->comm, sizeof(seg->comm));
+    seg->state = GC_STATE_ACTIVE;
+    seg->wall_update_ns = seg->wall_start_ns;
+    /* magic last: a reader that sees it sees a fully initialised identity */
+    __atomic_store_n(&seg->magic, GC_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* Seqlock, writer side (one writer at a time: the caller holds the tally mutex). */
+void gc_segment_begin_update(gc_segment *seg)
+{
+    __atomic_store_n(&seg->seq, seg->seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void gc_segment_end_update(gc_segment *seg)
+{
+    seg->wall_update_ns = gc_wall_ns();
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&seg->seq, seg->seq + 1, __ATOMIC_RELAXED);
+}
+
+/* The census folder: $OTEL_GPU_CENSUS_DIR, else $XDG_RUNTIME_DIR/otel-gpu-census, else
+ * /tmp/otel-gpu-census-<uid>. Created 0700; one we did not create must be ours and private. */
+static int census_dir(char *out, size_t len)
+{
+    const char *env = getenv("OTEL_GPU_CENSUS_DIR");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (env && *env)
+        snprintf(out, len, "%s", env);
+    else if (xdg && *xdg)
+        snprintf(out, len, "%s/otel-gpu-census", xdg);
+    else
+        snprintf(out, len, "/tmp/otel-gpu-census-%u", (unsigned)getuid());
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        gc_log("census off: cannot create census folder %s: %s", out, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        gc_log("census off: %s is not a folder", out);
+        return -1;
+    }
+    if (st.st_uid != getuid() || (st.st_mode & 0022)) {
+        gc_log("census off: census folder %s must belong to uid %u and not be group/world-writable",
+               out, (unsigned)getuid());
+        return -1;
+    }
+    return 0;
+}
+
+gc_segment *gc_segment_open(char *path, size_t path_len)
+{
+    char dir[4096 - 64];
+    if (census_dir(dir, sizeof(dir)) != 0) return NULL;
+    snprintf(path, path_len, "%s/gpu-census-%d-%llu.seg", dir, (int)getpid(),
+             (unsigned long long)proc_start_ticks());
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        gc_log("census off: cannot create %s: %s", path, strerror(errno));
+        path[0] = 0;
+        return NULL;
+    }
+    int err = posix_fallocate(fd, 0, (off_t)sizeof(gc_segment));
+    if (err != 0) {
+        gc_log("census off: cannot reserve %zu bytes for %s: %s", sizeof(gc_segment), path,
+               strerror(err));
+        close(fd);
+        unlink(path);
+        path[0] = 0;
+        return NULL;
+    }
+    void *p = mmap(NULL, sizeof(gc_segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        gc_log("census off: cannot map %s: %s", path, strerror(errno));
+        unlink(path);
+        path[0] = 0;
+        return NULL;
+    }
+    return p;
+}

@@ -1,0 +1,236 @@
+"""The census model: what one process asked of its GPUs, as plain Python values.
+
+The reader (``reader.py``) turns a census segment (``native/include/gpu_census.h``) into these
+objects; metrics, spans and reports read only these. Every field is an exact integer count, byte
+total or nanosecond total as the injector tallied it; ratios are derived here, never stored.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Tuple
+
+# Copy directions and host memory kinds, in the order of the C enums gc_dir / gc_mem.
+DIRECTIONS: Tuple[str, ...] = ("htod", "dtoh", "dtod", "ptop", "htoh", "other")
+MEMORY_KINDS: Tuple[str, ...] = ("pageable", "pinned", "device", "other")
+
+STATE_ACTIVE, STATE_EXITED, STATE_OFF = 1, 2, 3
+STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited", STATE_OFF: "off"}
+
+FLAG_CONFLICT = 0x1
+FLAG_DROPPED = 0x2
+FLAG_RING_OVERRUN = 0x4
+FLAG_GRAPH_LAUNCHES = 0x8
+
+
+@dataclass(frozen=True)
+class Stat:
+    """count / bytes / summed duration of one kind of activity."""
+
+    count: int = 0
+    bytes: int = 0
+    ns: int = 0
+
+    def __add__(self, o: "Stat") -> "Stat":
+        return Stat(self.count + o.count, self.bytes + o.bytes, self.ns + o.ns)
+
+    def __sub__(self, o: "Stat") -> "Stat":
+        return Stat(self.count - o.count, self.bytes - o.bytes, self.ns - o.ns)
+
+
+ZERO = Stat()
+
+
+def _sum(stats: Iterable[Stat]) -> Stat:
+    total = ZERO
+    for s in stats:
+        total = total + s
+    return total
+
+
+@dataclass(frozen=True)
+class CopyTable:
+    """Copies keyed by (direction, host memory kind); absent keys are zero."""
+
+    cells: Dict[Tuple[str, str], Stat] = field(default_factory=dict)
+
+    def get(self, direction: str, memory: Optional[str] = None) -> Stat:
+        if memory is not None:
+            return self.cells.get((direction, memory), ZERO)
+        return _sum(s for (d, _), s in self.cells.items() if d == direction)
+
+    def by_direction(self) -> Dict[str, Stat]:
+        return {d: self.get(d) for d in DIRECTIONS}
+
+    def total(self) -> Stat:
+        return _sum(self.cells.values())
+
+    def _combine(self, o: "CopyTable", sign: int) -> "CopyTable":
+        keys = set(self.cells) | set(o.cells)
+        out = {}
+        for k in keys:
+            a, b = self.cells.get(k, ZERO), o.cells.get(k, ZERO)
+            v = a + b if sign > 0 else a - b
+            if v != ZERO:
+                out[k] = v
+        return CopyTable(out)
+
+    def __add__(self, o: "CopyTable") -> "CopyTable":
+        return self._combine(o, +1)
+
+    def __sub__(self, o: "CopyTable") -> "CopyTable":
+        return self._combine(o, -1)
+
+
+@dataclass(frozen=True)
+class DeviceTotals:
+    """Running totals for one CUDA device inside one process."""
+
+    device_id: int
+    uuid: str = ""                 # "GPU-xxxxxxxx-..." as nvidia-smi prints it; "" if unknown
+    kernel_count: int = 0
+    kernel_ns: int = 0             # summed kernel durations
+    busy_ns: int = 0               # union of kernel intervals
+    first_ns: int = 0              # CUPTI timestamps
+    last_ns: int = 0
+    graph_launches: int = 0
+    graph_ns: int = 0
+    copies: CopyTable = field(default_factory=CopyTable)
+    memset: Stat = ZERO
+
+    def __sub__(self, o: "DeviceTotals") -> "DeviceTotals":
+        return dataclasses.replace(
+            self,
+            kernel_count=self.kernel_count - o.kernel_count,
+            kernel_ns=self.kernel_ns - o.kernel_ns,
+            busy_ns=self.busy_ns - o.busy_ns,
+            first_ns=o.last_ns if o.last_ns else self.first_ns,
+            graph_launches=self.graph_launches - o.graph_launches,
+            graph_ns=self.graph_ns - o.graph_ns,
+            copies=self.copies - o.copies,
+            memset=self.memset - o.memset,
+        )
+
+    def __add__(self, o: "DeviceTotals") -> "DeviceTotals":
+        firsts = [x for x in (self.first_ns, o.first_ns) if x]
+        return dataclasses.replace(
+            self,
+            uuid=self.uuid or o.uuid,
+            kernel_count=self.kernel_count + o.kernel_count,
+            kernel_ns=self.kernel_ns + o.kernel_ns,
+            # Busy time of two processes on one device can overlap; the sum is an upper bound.
+            busy_ns=self.busy_ns + o.busy_ns,
+            first_ns=min(firsts) if firsts else 0,
+            last_ns=max(self.last_ns, o.last_ns),
+            graph_launches=self.graph_launches + o.graph_launches,
+            graph_ns=self.graph_ns + o.graph_ns,
+            copies=self.copies + o.copies,
+            memset=self.memset + o.memset,
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """Activity that started inside one time bucket [start_ns, end_ns) of the CUPTI clock."""
+
+    start_ns: int
+    end_ns: int
+    kernel_count: int = 0
+    kernel_ns: int = 0
+    copies: Dict[str, Stat] = field(default_factory=dict)   # by direction
+    memset: Stat = ZERO
+    device_mask: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """GPU work launched under one external correlation id (gc_step_begin)."""
+
+    id: int
+    kernel_count: int = 0
+    kernel_ns: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    copies: Dict[str, Stat] = field(default_factory=dict)   # by direction
+    memset: Stat = ZERO
+    device_mask: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessCensus:
+    """One segment, read consistently at one moment."""
+
+    path: str
+    pid: int
+    ppid: int
+    comm: str
+    proc_start_ticks: int
+    wall_start_ns: int            # CLOCK_REALTIME
+    wall_update_ns: int
+    clock_ref_gpu_ns: int         # a CUPTI timestamp and the wall clock read with it
+    clock_ref_wall_ns: int
+    cupti_version: int
+    state: int
+    flags: int
+    records: int
+    records_unknown: int
+    dropped: int
+    buffers: int
+    buffers_refused: int
+    step_unmatched: int
+    window_late: int
+    step_max: int
+    last_gpu_ns: int
+    note: str
+    devices: Dict[int, DeviceTotals]
+    windows: List[Window] = field(default_factory=list)     # sorted by start_ns
+    steps: Dict[int, Step] = field(default_factory=dict)
+    torn: bool = False            # writer died mid-update: values may be mid-change
+    alive: bool = True            # the process still runs (same pid and start time)
+
+    # -- derived ---------------------------------------------------------------------
+    @property
+    def state_name(self) -> str:
+        return STATE_NAMES.get(self.state, f"unknown({self.state})")
+
+    def gpu_to_wall_ns(self, gpu_ns: int) -> int:
+        return gpu_ns - self.clock_ref_gpu_ns + self.clock_ref_wall_ns
+
+    def wall_to_gpu_ns(self, wall_ns: int) -> int:
+        return wall_ns - self.clock_ref_wall_ns + self.clock_ref_gpu_ns
+
+    def totals(self) -> DeviceTotals:
+        """All devices of this process added together (device_id -1)."""
+        out = DeviceTotals(device_id=-1)
+        for d in self.devices.values():
+            out = out + d
+        return out
+
+    def windows_between(self, gpu_start_ns: int, gpu_end_ns: int) -> List[Window]:
+        """Buckets that overlap [gpu_start_ns, gpu_end_ns) of the CUPTI clock."""
+        return [w for w in self.windows if w.end_ns > gpu_start_ns and w.start_ns < gpu_end_ns]
+
+
+def delta(newer: ProcessCensus, older: Optional[ProcessCensus]) -> Dict[int, DeviceTotals]:
+    """Per-device change between two reads of the same process (all of `newer` if no older)."""
+    if older is None:
+        return dict(newer.devices)
+    out = {}
+    for dev, d in newer.devices.items():
+        o = older.devices.get(dev)
+        out[dev] = d - o if o is not None else d
+    return out
+
+
+def merge_devices(processes: Iterable[ProcessCensus]) -> Dict[str, DeviceTotals]:
+    """Totals per physical GPU across processes, keyed by UUID (or 'cuda:<ordinal>' if unknown).
+
+    Counts, bytes and kernel time add exactly: each record lives in exactly one process's segment.
+    Busy time is a per-process union, so its sum over processes sharing a GPU is an upper bound.
+    """
+    out: Dict[str, DeviceTotals] = {}
+    for p in processes:
+        for d in p.devices.values():
+            key = d.uuid or f"cuda:{d.device_id}"
+            out[key] = out[key] + d if key in out else d
+    return out
