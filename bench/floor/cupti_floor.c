@@ -1,0 +1,131 @@
+/*
+ * cupti_floor.c - the CUPTI floor: the cheapest consumer of the activity kinds the census uses.
+ *
+ * Loaded like the census (CUDA_INJECTION64_PATH=libcupti_floor.so), it registers buffer callbacks,
+ * enables the same activity kinds, sets the same 1 s flush period and hands every completed buffer
+ * straight back without looking at a record. What a workload loses under this library is what CUPTI
+ * itself costs; whatever the census costs on top of it is the census's own processing.
+ *
+ * Environment:
+ *   CUPTI_FLOOR_KINDS   comma list of kernel,memcpy,memcpy2,memset,extcorr,graph
+ *                       (default kernel,memcpy,memcpy2,memset,extcorr, the census default)
+ *   CUPTI_FLOOR_BUF_KB  activity buffer size in KiB (default 2048, as the census)
+ *   CUPTI_FLOOR_ITERATE =1 walks the records (counting them) instead of discarding buffers unread
+ *   CUPTI_FLOOR_QUIET   =1 silences the two stderr lines (start, exit summary)
+ */
+#define _GNU_SOURCE
+#include <cupti.h>
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static size_t buf_bytes = 2048u * 1024u; /* the census default (OTEL_GPU_CENSUS_BUFFER_KB) */
+static int iterate_records;
+static int quiet;
+static atomic_ullong n_buffers, n_bytes, n_records;
+static atomic_int flushed_at_exit;
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    /* CUPTI wants 8-byte alignment; malloc gives 16. A NULL buffer makes CUPTI drop records. */
+    *buffer = malloc(buf_bytes);
+    *size = *buffer ? buf_bytes : 0;
+    *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                      size_t valid)
+{
+    (void)ctx; (void)stream; (void)size;
+    if (iterate_records && valid) {
+        CUpti_Activity *rec = NULL;
+        unsigned long long n = 0;
+        while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) n++;
+        atomic_fetch_add(&n_records, n);
+    }
+    atomic_fetch_add(&n_buffers, 1);
+    atomic_fetch_add(&n_bytes, valid);
+    free(buffer);
+}
+
+static void at_exit(void)
+{
+    if (atomic_exchange(&flushed_at_exit, 1)) return;
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (!quiet)
+        fprintf(stderr, "cupti_floor: exit pid=%d buffers=%llu record_bytes=%llu records=%llu%s\n",
+                (int)getpid(), (unsigned long long)n_buffers, (unsigned long long)n_bytes,
+                (unsigned long long)n_records, iterate_records ? "" : " (not walked)");
+}
+
+static int enable_kinds(const char *spec, char *enabled, size_t enabled_len)
+{
+    static const struct { const char *name; CUpti_ActivityKind kind; } table[] = {
+        {"kernel", CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL},
+        {"memcpy", CUPTI_ACTIVITY_KIND_MEMCPY},
+        {"memcpy2", CUPTI_ACTIVITY_KIND_MEMCPY2},   /* peer-to-peer copies */
+        {"memset", CUPTI_ACTIVITY_KIND_MEMSET},
+        {"extcorr", CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION},
+        {"graph", CUPTI_ACTIVITY_KIND_GRAPH_TRACE},
+    };
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", spec);
+    enabled[0] = '\0';
+    int failures = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        size_t i;
+        for (i = 0; i < sizeof table / sizeof table[0]; i++)
+            if (strcmp(tok, table[i].name) == 0) break;
+        if (i == sizeof table / sizeof table[0]) {
+            fprintf(stderr, "cupti_floor: unknown kind '%s' ignored\n", tok);
+            continue;
+        }
+        CUptiResult r = cuptiActivityEnable(table[i].kind);
+        if (r != CUPTI_SUCCESS) {
+            const char *msg = "?";
+            cuptiGetResultString(r, &msg);
+            fprintf(stderr, "cupti_floor: enabling %s failed: %s\n", tok, msg);
+            failures++;
+            continue;
+        }
+        size_t used = strlen(enabled);
+        snprintf(enabled + used, enabled_len - used, "%s%s", used ? "," : "", tok);
+    }
+    return failures;
+}
+
+int InitializeInjection(void)
+{
+    const char *kinds = getenv("CUPTI_FLOOR_KINDS");
+    const char *kb = getenv("CUPTI_FLOOR_BUF_KB");
+    iterate_records = getenv("CUPTI_FLOOR_ITERATE") && atoi(getenv("CUPTI_FLOOR_ITERATE")) == 1;
+    quiet = getenv("CUPTI_FLOOR_QUIET") && atoi(getenv("CUPTI_FLOOR_QUIET")) == 1;
+    if (kb && atol(kb) > 0) buf_bytes = (size_t)atol(kb) * 1024u;
+    if (!kinds || !*kinds) kinds = "kernel,memcpy,memcpy2,memset,extcorr";
+
+    CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    if (r != CUPTI_SUCCESS) {
+        const char *msg = "?";
+        cuptiGetResultString(r, &msg);
+        fprintf(stderr, "cupti_floor: cuptiActivityRegisterCallbacks failed: %s\n", msg);
+        return 1; /* CUDA goes on without us */
+    }
+    char enabled[256];
+    enable_kinds(kinds, enabled, sizeof enabled);
+    cuptiActivityFlushPeriod(1000); /* same staleness bound as the census */
+    atexit(at_exit);
+
+    uint32_t version = 0;
+    cuptiGetVersion(&version);
+    Dl_info info = {0};
+    dladdr((void *)cuptiActivityEnable, &info);
+    if (!quiet)
+        fprintf(stderr, "cupti_floor: pid=%d cupti_api=%u lib=%s kinds=%s buf_kb=%zu walk=%d\n",
+                (int)getpid(), version, info.dli_fname ? info.dli_fname : "?", enabled,
+                buf_bytes / 1024, iterate_records);
+    return 1;
+}

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Concurrent streaming load against llama-server's /completion.
+
+  python bench/server/load.py --url http://127.0.0.1:8080 [--clients 16] [--requests 64]
+         [--prompt-tokens 1800] [--n-predict 64] [--seed 1] [--out load.json]
+
+Each request sends a distinct prompt as a list of token ids (exact length, no tokenizer needed),
+streams the answer and records TTFT (first SSE event), end-to-end time and output tokens. Prompts
+are distinct so every request brings new context, as in production, and llama-server's prompt
+cache and checkpoints do their work (and their copies). ``ignore_eos`` keeps every answer at
+n_predict tokens even with random weights. Every request and the whole run are bounded in time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import aiohttp
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+import benchlib as bl  # noqa: E402
+
+
+def prompt_ids(seed: int, i: int, n: int, lo: int = 1000, hi: int = 100000) -> List[int]:
+    """A distinct prompt of n ordinary (non-special) token ids for request i."""
+    rng = random.Random(seed * 1_000_003 + i)
+    return [rng.randrange(lo, hi) for _ in range(n)]
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, body: Dict[str, Any],
+                      timeout_s: float) -> Dict[str, Any]:
+    t0 = time.monotonic()
+    r: Dict[str, Any] = {"start": t0}
+    content: List[str] = []
+    tokens: List[int] = []
+    events = 0
+    try:
+        async with session.post(url + "/completion", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                r["error"] = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return r
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                if "ttft_s" not in r:
+                    r["ttft_s"] = time.monotonic() - t0
+                ev = json.loads(line[5:])
+                events += 1
+                if ev.get("content"):
+                    content.append(ev["content"])
+                tokens.extend(ev.get("tokens") or [])
+                if ev.get("stop"):
+                    t = ev.get("timings") or {}
+                    r.update(prompt_n=t.get("prompt_n"), cache_n=t.get("cache_n"),
+                             prompt_ms=t.get("prompt_ms"), predicted_ms=t.get("predicted_ms"),
+                             predicted_n=t.get("predicted_n"), id_slot=ev.get("id_slot"))
+                    break
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as e:
+        r["error"] = f"{type(e).__name__}: {e}"
+    r["e2e_s"] = time.monotonic() - t0
+    r["end"] = time.monotonic()
+    r["events"] = events
+    r["tokens_out"] = r.get("predicted_n") or max(events - 1, 0)
+    r["content"] = "".join(content)
+    r["token_ids"] = tokens
+    return r
+
+
+async def run_load_async(url: str, clients: int, requests: int, prompt_tokens: int, n_predict: int,
+                         seed: int, request_timeout_s: float, extra: Optional[Dict[str, Any]] = None
+                         ) -> Dict[str, Any]:
+    queue: asyncio.Queue = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    results: List[Dict[str, Any]] = []
+    # force_close: llama-server may close a connection after a streamed response.
+    conn = aiohttp.TCPConnector(limit=clients, force_close=True)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def worker() -> None:
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                body = {"prompt": prompt_ids(seed, i, prompt_tokens), "n_predict": n_predict,
+                        "stream": True, "ignore_eos": True, "seed": seed + i, **(extra or {})}
+                r = await one_request(session, url, body, request_timeout_s)
+                r["i"] = i
+                results.append(r)
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return summarise(results)
+
+
+def summarise(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    results.sort(key=lambda r: r["i"])
+    ok = [r for r in results if "error" not in r]
+    t0 = min((r["start"] for r in results), default=0.0)
+    wall = max((r["end"] for r in results), default=t0) - t0
+    toks = sum(r["tokens_out"] for r in ok)
+    for r in results:
+        r["start"] = round(r["start"] - t0, 4)
+        r["end"] = round(r["end"] - t0, 4)
+    ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
+    e2e = [r["e2e_s"] for r in ok]
+    return {
+        "requests": len(results), "ok": len(ok), "errors": len(results) - len(ok),
+        "first_errors": [r["error"] for r in results if "error" in r][:5],
+        "wall_s": round(wall, 3), "output_tokens": toks,
+        "output_tok_s": round(toks / wall, 2) if wall > 0 else None,
+        "prompt_tokens": sum(r.get("prompt_n") or 0 for r in ok),
+        "cached_tokens": sum(r.get("cache_n") or 0 for r in ok),
+        "ttft_p50_s": bl.rnd(bl.quantile(ttft, 0.5)), "ttft_p90_s": bl.rnd(bl.quantile(ttft, 0.9)),
+        "e2e_p50_s": bl.rnd(bl.quantile(e2e, 0.5)), "e2e_p90_s": bl.rnd(bl.quantile(e2e, 0.9)),
+        "per_request": results,
+    }
+
+
+def run_load(url: str, clients: int = 16, requests: int = 64, prompt_tokens: int = 1800,
+             n_predict: int = 64, seed: int = 1, request_timeout_s: float = 120,
+             total_timeout_s: float = 300, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Run the load; never raises for server trouble (errors are counted in the result)."""
+    try:
+        return asyncio.run(asyncio.wait_for(
+            run_load_async(url, clients, requests, prompt_tokens, n_predict, seed, request_timeout_s, extra),
+            timeout=total_timeout_s))
+    except asyncio.TimeoutError:
+        return {"requests": requests, "ok": 0, "errors": requests,
+                "first_errors": [f"load did not finish within {total_timeout_s} s"], "wall_s": total_timeout_s,
+                "output_tokens": 0, "output_tok_s": None, "per_request": []}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=1800)
+    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--temperature", type=float, help="sampling temperature (0: greedy, reproducible)")
+    ap.add_argument("--request-timeout", type=float, default=120)
+    ap.add_argument("--timeout", type=float, default=300, help="bound on the whole run")
+    ap.add_argument("--out", help="write the full result JSON here")
+    a = ap.parse_args()
+    extra = {} if a.temperature is None else {"temperature": a.temperature}
+    res = run_load(a.url.rstrip("/"), a.clients, a.requests, a.prompt_tokens, a.n_predict, a.seed,
+                   a.request_timeout, a.timeout, extra)
+    if a.out:
+        bl.write_json(__import__("pathlib").Path(a.out), res)
+    print(json.dumps({k: v for k, v in res.items() if k != "per_request"}))
+    return 0 if res["ok"] == res["requests"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
