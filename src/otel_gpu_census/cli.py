@@ -1,0 +1,346 @@
+"""`otel-gpu-census`: run a command under the census, report on segments, check the machine.
+
+    otel-gpu-census run [--dir DIR] [--json FILE] [--requests N] -- CMD ARGS...
+    otel-gpu-census report [DIR|FILE.seg] [--requests N] [--json] [--pid PID]
+    otel-gpu-census doctor
+    otel-gpu-census proxy ...            (the llama.cpp proxy; issue 4)
+
+Bad input never shows a traceback: argparse errors exit 2, an unusable folder or unreadable
+segment exits 1 with a message, a command that cannot be started exits 127 (126 when it is not
+executable), like a shell.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Dict, List, Optional
+
+# reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
+# work even where the package is broken (doctor is what says so).
+
+PROG = "otel-gpu-census"
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The child starts with these at their defaults, as subprocess's restore_signals does.
+_CHILD_DEFAULT_SIGNALS = set(FORWARDED_SIGNALS) | {signal.SIGPIPE, signal.SIGXFSZ}
+_SI_KERNEL = 0x80          # si_code of signals the terminal sends to a whole process group
+EXPORTERS = ("otlp", "prometheus", "console", "none")
+# Without --exporter, these variables ask for metrics (otel_gpu_census.exporters decides which).
+_METRICS_ENV = ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def _say(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
+    return v
+
+
+def _port(text: str) -> int:
+    v = _positive_int(text)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+class _Child:
+    """The command's process, with the launcher's signals forwarded to it.
+
+    Forwarded signals are blocked in this process and collected by one thread with sigtimedwait,
+    which also sees where each came from: a signal the terminal sent to the whole foreground group
+    (Ctrl-C) already reached the child and is not sent twice.
+    """
+
+    def __init__(self, argv: List[str], env: Dict[str, str]):
+        from . import reader
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        try:
+            self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=(), setsigdef=_CHILD_DEFAULT_SIGNALS)
+        except OSError:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+            raise
+        self.start_ticks = reader.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
+        self.same_group = os.getpgid(0) == os.getpgid(self.pid)
+        self.parents: Dict[int, int] = {}       # descendants seen while running: {pid: ppid}
+        self.exited = threading.Event()
+        self.late_signal: Optional[int] = None
+        threading.Thread(target=self._forward, name="signal-forwarder", daemon=True).start()
+        threading.Thread(target=self._watch_tree, name="tree-watcher", daemon=True).start()
+
+    def _forward(self) -> None:
+        while True:
+            info = signal.sigtimedwait(FORWARDED_SIGNALS, 0.2)
+            if info is None:
+                continue
+            if self.exited.is_set():
+                # The command is done and we are finishing the report: a second request to stop
+                # is obeyed at once.
+                _say(f"interrupted by signal {info.si_signo} while finishing the report")
+                os._exit(128 + info.si_signo)
+            if info.si_code == _SI_KERNEL and self.same_group:
+                continue
+            try:
+                os.kill(self.pid, info.si_signo)
+            except ProcessLookupError:
+                pass
+
+    def _watch_tree(self) -> None:
+        from . import reader
+        # Processes between the command and a CUDA program (a shell, a launcher script) write no
+        # segment; remembering them keeps their CUDA descendants in this run's report.
+        while not self.exited.wait(0.5):
+            try:
+                self.parents.update(reader.live_descendants(self.pid))
+            except OSError:
+                pass
+
+    def wait(self) -> int:
+        """The command's exit code; 128+N when signal N killed it."""
+        while True:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                break
+            except InterruptedError:
+                continue
+        self.exited.set()
+        code = os.waitstatus_to_exitcode(status)
+        return 128 - code if code < 0 else code
+
+
+def _start_metrics(args, census_dir, root_pid: int):
+    """The metrics sidecar (otel_gpu_census.metrics), when asked for and available; never fatal."""
+    if args.exporter == "none" or (args.exporter is None and not any(os.environ.get(v) for v in _METRICS_ENV)):
+        return None      # not asked for: do not even import the OpenTelemetry SDK
+    try:
+        from . import metrics
+    except ModuleNotFoundError as e:
+        if e.name == f"{__package__}.metrics":
+            _say("metrics export is not available in this build; continuing without")
+        else:
+            _say(f"metrics export needs {e.name}, which is not installed; continuing without")
+        return None
+    except ImportError as e:
+        _say(f"metrics export cannot load ({e}); continuing without")
+        return None
+    try:
+        return metrics.start_sidecar(census_dir=census_dir, root_pid=root_pid, exporter=args.exporter,
+                                     prometheus_port=args.prometheus_port, interval_s=args.metrics_interval)
+    except Exception as e:    # the command must run whatever the exporter thinks
+        _say(f"metrics export did not start ({type(e).__name__}: {e}); continuing without")
+        return None
+
+
+def _stop_metrics(sidecar) -> None:
+    if sidecar is None:
+        return
+    try:
+        sidecar.stop()
+    except Exception as e:
+        _say(f"metrics export did not stop cleanly ({type(e).__name__}: {e})")
+
+
+def _cmd_run(args) -> int:
+    argv = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        args.parser.error("no command given (usage: run [options] -- CMD ARGS...)")
+    from . import reader, report
+    from .launcher import build_env
+    try:
+        census_dir = reader.census_dir(args.dir)
+    except reader.CensusDirError as e:
+        _say(str(e))
+        return 1
+    plan = build_env(census_dir)
+    for w in plan.warnings:
+        _say(w)
+    try:
+        child = _Child(argv, plan.env)
+    except FileNotFoundError:
+        _say(f"{argv[0]}: command not found")
+        return 127
+    except OSError as e:
+        _say(f"{argv[0]}: cannot run: {e.strerror}")
+        return 126
+    sidecar = _start_metrics(args, census_dir, child.pid)
+    code = child.wait()
+    _stop_metrics(sidecar)
+
+    censuses, errors = reader.scan(census_dir)
+    tree = reader.process_tree(child.pid, censuses, parents=child.parents, root_start_ticks=child.start_ticks)
+    hint = None
+    if not tree:
+        hint = (f"the census was off ({plan.warnings[0]})" if not plan.census_on and plan.warnings else
+                f"no process of this run initialised CUDA (no census segment for it in {census_dir})")
+    tree_pids = {c.pid for c in tree} | {child.pid} | set(child.parents)
+    errors = [e for e in errors if (reader.segment_file_pid(e.path) or (0, 0))[0] in tree_pids]
+    sys.stderr.write(report.render_text(tree, errors, args.requests, str(census_dir), hint))
+    sys.stderr.flush()
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report.to_dict(tree, errors, args.requests, str(census_dir), hint), f, indent=2)
+                f.write("\n")
+        except OSError as e:
+            _say(f"cannot write {args.json}: {e.strerror}")
+    return code
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+def _cmd_report(args) -> int:
+    from . import reader, report
+    target = args.dir
+    errors: List[reader.SegmentError] = []
+    if target and os.path.isfile(target):
+        census_dir = os.path.dirname(os.path.abspath(target))
+        try:
+            censuses = [reader.read_segment(target)]
+        except reader.SegmentError as e:
+            censuses, errors = [], [e]
+    else:
+        try:
+            census_dir = str(reader.readable_dir(target))
+        except reader.CensusDirError as e:
+            _say(str(e))
+            return 1
+        censuses, errors = reader.scan(census_dir)
+    hint = None
+    if args.pid is not None:
+        parents = reader.live_descendants(args.pid) if reader.proc_start_ticks(args.pid) else {}
+        censuses = reader.process_tree(args.pid, censuses, parents=parents)
+        pids = {c.pid for c in censuses} | {args.pid} | set(parents)
+        errors = [e for e in errors if (reader.segment_file_pid(e.path) or (0, 0))[0] in pids]
+        if not censuses:
+            hint = f"no census segment for pid {args.pid} or its descendants in {census_dir}"
+    elif not censuses:
+        hint = f"no census segment in {census_dir}"
+    if args.json:
+        json.dump(report.to_dict(censuses, errors, args.requests, census_dir, hint), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(report.render_text(censuses, errors, args.requests, census_dir, hint))
+    for e in errors:
+        _say(f"could not read {e.path}: {e.reason}")
+    return 1 if errors or (args.pid is not None and not censuses) else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# doctor, proxy
+
+def _cmd_doctor(args) -> int:
+    from . import doctor
+    return doctor.main()
+
+
+def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The proxy's options (owned by the proxy; issue 4)."""
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _cmd_proxy(args) -> int:
+    _say("proxy: the llama.cpp / Ollama proxy is not built yet (issue 4)")
+    return 1
+
+
+# ---------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Count what CUDA processes ask of their GPUs: every "
+                                "kernel and memory copy, exact, per process and device.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="verb", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a command under the census, then report",
+                         description="Run CMD with the census injector loaded into every CUDA process it "
+                         "starts; pass signals to it; exit with its exit code; print the report to stderr.")
+    run.add_argument("--dir", help="census folder (default: $OTEL_GPU_CENSUS_DIR, else "
+                     "$XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>)")
+    run.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    run.add_argument("--requests", type=_positive_int, metavar="N", help="print per-request averages over N requests")
+    run.add_argument("--exporter", choices=EXPORTERS,
+                     help="export census metrics while CMD runs (default: as OTEL_METRICS_EXPORTER and "
+                     "OTEL_EXPORTER_OTLP_ENDPOINT say, else none)")
+    run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
+    run.add_argument("--metrics-interval", type=_positive_float, metavar="SECONDS",
+                     help="seconds between metric exports")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
+    run.set_defaults(func=_cmd_run, parser=run)
+
+    rep = sub.add_parser("report", help="report on the census segments in a folder",
+                         description="Print, per process and device, kernel count and time, busy %%, and copies "
+                         "by direction with exact bytes.")
+    rep.add_argument("dir", nargs="?", metavar="DIR", help="census folder or one .seg file (default: as for run)")
+    rep.add_argument("--requests", type=_positive_int, metavar="N", help="print per-request averages over N requests")
+    rep.add_argument("--json", action="store_true", help="print JSON instead of text")
+    rep.add_argument("--pid", type=_positive_int, help="only this process and its descendants")
+    rep.set_defaults(func=_cmd_report)
+
+    doc = sub.add_parser("doctor", help="check driver, CUPTI, NVML and the injector, in plain words")
+    doc.set_defaults(func=_cmd_doctor)
+
+    prox = sub.add_parser("proxy", help="HTTP proxy for llama.cpp / Ollama that attributes GPU work to requests",
+                          description="HTTP proxy for llama.cpp / Ollama servers (issue 4).")
+    add_proxy_arguments(prox)
+    prox.set_defaults(func=_cmd_proxy)
+    return p
+
+
+def _version() -> str:
+    from importlib import metadata
+    from ._native import LAYOUT_VERSION
+    try:
+        v = metadata.version("otel-gpu-census")
+    except metadata.PackageNotFoundError:
+        v = "(not installed)"
+    return f"{PROG} {v}, segment layout {LAYOUT_VERSION}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        print(_version())
+        return 0
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except ImportError as e:     # e.g. the header or cffi missing from a broken install
+        _say(f"cannot load its own modules ({e}); reinstall otel-gpu-census, or run `{PROG} doctor`")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:        # `report | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""Read census segments into :class:`census.ProcessCensus` values, and find and tidy them.
+
+A segment is mapped shared by the process it describes; this side only ever copies it and checks
+the writer's sequence counter (odd while an update is in progress), like a perf_event page reader.
+Nothing here can block or change a writer.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+from . import census
+from ._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
+from .census import DIRECTIONS, MEMORY_KINDS, CopyTable, DeviceTotals, ProcessCensus, Stat, Step, Window
+
+SEGMENT_GLOB = "gpu-census-*.seg"
+READ_TRIES = 50           # seqlock attempts before settling for a possibly torn copy
+READ_RETRY_SLEEP_S = 0.001
+
+# gc_device.peer_recv reaches DeviceTotals once the census model carries it.
+_HAS_PEER_RECV = "peer_recv" in getattr(DeviceTotals, "__dataclass_fields__", {})
+_DEVICE_DIRS = consts.GC_NDIR
+_MEMS = consts.GC_NMEM
+assert len(DIRECTIONS) == _DEVICE_DIRS and len(MEMORY_KINDS) == _MEMS, "census.py and gpu_census.h disagree"
+
+
+class SegmentError(Exception):
+    """A file that is not a readable census segment; ``reason`` says why in plain words."""
+
+    def __init__(self, path, reason: str, unpublished: bool = False):
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+        self.unpublished = unpublished    # zero magic: possibly a writer still setting it up
+
+
+class CensusDirError(Exception):
+    """The census folder cannot be used (message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+def proc_start_ticks(pid: int) -> Optional[int]:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses: fields after it follow the last ')'.
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_ppid(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rfind(b")") + 2:].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_alive(pid: int, start_ticks: int) -> bool:
+    """The process runs and is the one that wrote the segment (not a later process with its pid)."""
+    if pid <= 0:
+        return False
+    now = proc_start_ticks(pid)
+    if now is None:
+        return False
+    return start_ticks == 0 or now == start_ticks
+
+
+def live_descendants(root_pid: int) -> Dict[int, int]:
+    """{pid: ppid} for the running descendants of root_pid, read from /proc now."""
+    out: Dict[int, int] = {}
+    todo = [root_pid]
+    have_children_files = os.path.exists(f"/proc/{root_pid}/task/{root_pid}/children")
+    if not have_children_files:        # kernel without CONFIG_PROC_CHILDREN: one pass over /proc
+        kids: Dict[int, List[int]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                pp = proc_ppid(int(name))
+                if pp is not None:
+                    kids.setdefault(pp, []).append(int(name))
+    while todo:
+        pid = todo.pop()
+        if have_children_files:
+            children: List[int] = []
+            try:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{tid}/children") as f:
+                        children.extend(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                pass
+        else:
+            children = kids.get(pid, [])
+        for child in children:
+            if child not in out:
+                out[child] = pid
+                todo.append(child)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# one segment
+
+def _check_identity(path, head: bytes, length: int) -> None:
+    """Refuse anything that is not a complete segment of this layout, saying which.
+    `head` holds at least the first 16 bytes (magic, version, size) when the file has them."""
+    if length < 16:
+        raise SegmentError(path, f"truncated: {length} bytes, too short for a census segment header")
+    magic = int.from_bytes(head[0:8], "little")
+    version = int.from_bytes(head[8:12], "little")
+    size = int.from_bytes(head[12:16], "little")
+    if magic == 0 and length >= SEGMENT_SIZE:     # the writer reserves the whole file before it fills it
+        raise SegmentError(path, "not initialised (magic is zero): its writer had not published it yet, "
+                                 "or died while creating it", unpublished=True)
+    if magic == 0:
+        raise SegmentError(path, f"truncated: {length} of {SEGMENT_SIZE} bytes, and no identity written")
+    if magic != MAGIC:
+        raise SegmentError(path, f"not a census segment (wrong magic 0x{magic:016x})")
+    if version != LAYOUT_VERSION:
+        raise SegmentError(path, f"layout version {version}; this reader reads version {LAYOUT_VERSION} "
+                                 "(read it with the otel-gpu-census that wrote it)")
+    if size != SEGMENT_SIZE:
+        raise SegmentError(path, f"segment_size says {size} bytes but a version-{LAYOUT_VERSION} segment is "
+                                 f"{SEGMENT_SIZE} bytes (corrupt)")
+    if length < SEGMENT_SIZE:
+        raise SegmentError(path, f"truncated: {length} of {SEGMENT_SIZE} bytes")
+
+
+def _snapshot(path) -> Tuple[bytes, bool]:
+    """A copy of the segment taken between two equal, even reads of `seq`; (copy, torn)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise SegmentError(path, f"cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SegmentError(path, "not a regular file")
+        _check_identity(path, os.pread(fd, 16, 0), st.st_size)
+        with mmap.mmap(fd, SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            def seq() -> int:
+                return int.from_bytes(m[SEQ_OFFSET:SEQ_OFFSET + 8], "little")
+            for attempt in range(READ_TRIES):
+                before = seq()
+                if before % 2 == 0:
+                    data = m[:]
+                    if seq() == before:
+                        return data, False
+                time.sleep(READ_RETRY_SLEEP_S)
+            # Still mid-update: the writer died inside an update (or is stopped there). Its last
+            # values are still the best there is; hand them over marked torn.
+            return m[:], True
+    except OSError as e:
+        raise SegmentError(path, f"cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _cstr(arr) -> str:
+    return ffi.string(arr).decode("utf-8", "replace")
+
+
+def format_uuid(raw: bytes) -> str:
+    """'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' as nvidia-smi prints it; '' when all zero."""
+    if not any(raw):
+        return ""
+    h = raw.hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _stat(s) -> Stat:
+    return Stat(s.count, s.bytes, s.ns)
+
+
+def _by_direction(arr) -> Dict[str, Stat]:
+    """Nonzero directions only: absent means zero, as in CopyTable."""
+    out = {}
+    for i, d in enumerate(DIRECTIONS):
+        if arr[i].count or arr[i].ns:
+            out[d] = _stat(arr[i])
+    return out
+
+
+def _device(d) -> DeviceTotals:
+    cells = {}
+    for i, direction in enumerate(DIRECTIONS):
+        for j, mem in enumerate(MEMORY_KINDS):
+            s = _stat(d.copy[i][j])
+            if s != census.ZERO:
+                cells[(direction, mem)] = s
+    extra = {}
+    if _HAS_PEER_RECV:
+        extra["peer_recv"] = _stat(d.peer_recv)
+    return DeviceTotals(
+        device_id=d.device_id,
+        uuid=format_uuid(bytes(ffi.buffer(d.uuid))),
+        kernel_count=d.kernel_count,
+        kernel_ns=d.kernel_ns,
+        busy_ns=d.busy_ns,
+        first_ns=d.first_ns,
+        last_ns=d.last_ns,
+        graph_launches=d.graph_launches,
+        graph_ns=d.graph_ns,
+        copies=CopyTable(cells),
+        memset=_stat(d.memset),
+        **extra,
+    )
+
+
+def parse_segment(path, data: bytes, torn: bool = False, alive: Optional[bool] = None) -> ProcessCensus:
+    """Turn a copy of a segment into a ProcessCensus (validating it first)."""
+    _check_identity(path, data, len(data))
+    seg = ffi.from_buffer("gc_segment *", data, require_writable=False)
+    window_ns = (seg.window_ns_div * 1000) or consts.GC_WINDOW_NS
+    windows = []
+    for w in seg.windows:
+        if w.index:
+            windows.append(Window(
+                start_ns=w.index * window_ns, end_ns=(w.index + 1) * window_ns,
+                kernel_count=w.kernel_count, kernel_ns=w.kernel_ns,
+                copies=_by_direction(w.copy), memset=_stat(w.memset), device_mask=w.device_mask))
+    windows.sort(key=lambda w: w.start_ns)
+    steps = {}
+    for s in seg.steps:
+        if s.id:
+            steps[s.id] = Step(
+                id=s.id, kernel_count=s.kernel_count, kernel_ns=s.kernel_ns,
+                first_ns=s.first_ns, last_ns=s.last_ns,
+                copies=_by_direction(s.copy), memset=_stat(s.memset), device_mask=s.device_mask)
+    devices = {d.device_id: _device(d) for d in seg.devices if d.in_use}
+    if alive is None:
+        alive = is_alive(seg.pid, seg.proc_start_ticks)
+    return ProcessCensus(
+        path=str(path), pid=seg.pid, ppid=seg.ppid, comm=_cstr(seg.comm),
+        proc_start_ticks=seg.proc_start_ticks,
+        wall_start_ns=seg.wall_start_ns, wall_update_ns=seg.wall_update_ns,
+        clock_ref_gpu_ns=seg.clock_ref_gpu_ns, clock_ref_wall_ns=seg.clock_ref_wall_ns,
+        cupti_version=seg.cupti_version, state=seg.state, flags=seg.flags,
+        records=seg.records, records_unknown=seg.records_unknown, dropped=seg.dropped,
+        buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
+        window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
+        note=_cstr(seg.note), devices=devices, windows=windows, steps=steps,
+        torn=torn, alive=alive,
+    )
+
+
+def read_segment(path) -> ProcessCensus:
+    """One consistent read of the segment at `path`; SegmentError says why when it cannot be read."""
+    data, torn = _snapshot(path)
+    return parse_segment(path, data, torn=torn)
+
+
+# ---------------------------------------------------------------------------------------------
+# a folder of segments
+
+def segment_paths(directory) -> List[Path]:
+    return sorted(Path(directory).glob(SEGMENT_GLOB))
+
+
+def scan(directory) -> Tuple[List[ProcessCensus], List[SegmentError]]:
+    """Every segment in the folder; files that cannot be read are returned as errors, not raised."""
+    good, bad = [], []
+    for p in segment_paths(directory):
+        try:
+            good.append(read_segment(p))
+        except SegmentError as e:
+            ident = segment_file_pid(p)
+            if e.unpublished and ident is not None and is_alive(*ident):
+                continue        # a process creating its segment right now: not an error
+            bad.append(e)
+    return good, bad
+
+
+def process_tree(root_pid: int, censuses: Iterable[ProcessCensus],
+                 parents: Optional[Mapping[int, int]] = None,
+                 root_start_ticks: Optional[int] = None) -> List[ProcessCensus]:
+    """The censuses of `root_pid` and its descendants, following ppid links between segments.
+
+    `parents` ({pid: ppid}) fills links through processes that wrote no segment (a shell between
+    the launcher and the CUDA program). With `root_start_ticks`, segments of processes started
+    before the root are ignored, so an old segment whose pid was reused cannot join the tree.
+    """
+    censuses = list(censuses)
+    if root_start_ticks is not None:
+        censuses = [c for c in censuses if c.proc_start_ticks >= root_start_ticks or c.pid == root_pid]
+    link: Dict[int, int] = dict(parents or {})
+    link.update({c.pid: c.ppid for c in censuses})
+
+    def descends(pid: int) -> bool:
+        seen = set()
+        while pid and pid not in seen:
+            if pid == root_pid:
+                return True
+            seen.add(pid)
+            pid = link.get(pid, 0)
+        return False
+
+    return [c for c in censuses if descends(c.pid)]
+
+
+def segment_file_pid(path) -> Optional[Tuple[int, int]]:
+    """(pid, start ticks) from a name gpu-census-<pid>-<starttime>.seg, None if it is not one."""
+    parts = Path(path).name[len("gpu-census-"):-len(".seg")].split("-")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def cleanup(directory, older_than_s: float = 3600.0, now: Optional[float] = None) -> List[Path]:
+    """Remove segments of processes that no longer run and were last written more than
+    `older_than_s` ago. A live process's segment is never removed. Returns the removed paths."""
+    now = time.time() if now is None else now
+    removed = []
+    for p in segment_paths(directory):
+        ident = segment_file_pid(p)
+        try:
+            c = read_segment(p)
+            pid, ticks, last = c.pid, c.proc_start_ticks, c.wall_update_ns / 1e9
+        except SegmentError:
+            if ident is None:
+                continue        # unknown owner: leave it for a person to look at
+            pid, ticks = ident
+            last = 0.0
+        try:
+            last = max(last, p.stat().st_mtime)
+        except OSError:
+            continue
+        if is_alive(pid, ticks) or now - last < older_than_s:
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# the census folder
+
+def default_census_dir() -> Path:
+    """$OTEL_GPU_CENSUS_DIR, else $XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>."""
+    env = os.environ.get("OTEL_GPU_CENSUS_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:                     # same choice as the injector (native/src/segment.c)
+        return Path(xdg) / "otel-gpu-census"
+    return Path(f"/tmp/otel-gpu-census-{os.getuid()}")
+
+
+def check_private_dir(path: Path) -> None:
+    """Refuse a folder another user could plant files in: it must be ours and not group/world writable."""
+    st = os.stat(path)     # follows a symlink on purpose: what matters is the folder written into
+    if not stat.S_ISDIR(st.st_mode):
+        raise CensusDirError(f"census folder {path} is not a folder")
+    if st.st_uid != os.getuid():
+        raise CensusDirError(f"census folder {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): "
+                             "another user could plant or read segments there; choose another with --dir "
+                             "or OTEL_GPU_CENSUS_DIR")
+    if st.st_mode & 0o022:
+        raise CensusDirError(f"census folder {path} is writable by group or others (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); fix with `chmod 700 {path}` or choose another")
+
+
+def census_dir(path=None, create: bool = True) -> Path:
+    """The census folder to write into: `path` or the default, created mode 0700 when missing,
+    checked to be private and writable. CensusDirError says what is wrong."""
+    p = Path(path) if path is not None else default_census_dir()
+    p = Path(os.path.abspath(p))
+    if not p.exists():
+        if not create:
+            raise CensusDirError(f"census folder {p} does not exist")
+        try:
+            os.makedirs(p, mode=0o700, exist_ok=True)
+            os.chmod(p, 0o700)        # makedirs' mode is filtered by the umask
+        except OSError as e:
+            raise CensusDirError(f"cannot create census folder {p}: {e.strerror}") from None
+    try:
+        check_private_dir(p)
+    except FileNotFoundError:
+        raise CensusDirError(f"census folder {p} vanished while being checked") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise CensusDirError(f"census folder {p} is not writable by you")
+    return p
+
+
+def readable_dir(path=None) -> Path:
+    """A folder to read segments from (report): it must exist and be listable; others' folders are fine."""
+    p = Path(os.path.abspath(Path(path) if path is not None else default_census_dir()))
+    if not p.exists():
+        raise CensusDirError(f"census folder {p} does not exist (nothing was recorded there yet)")
+    if not p.is_dir():
+        raise CensusDirError(f"{p} is not a folder")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise CensusDirError(f"census folder {p} is not readable by you")
+    return p

@@ -1,0 +1,279 @@
+"""The census report: a text table per process and device, and the same figures as JSON.
+
+Bytes are printed exactly (thousands separators) beside a decimal size (MB = 10^6 bytes), times
+in seconds. With a request count, the per-request averages over the whole set of processes: the
+figure people quote ("209,612,345 bytes (209.6 MB) device-to-host per request").
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from .census import (DIRECTIONS, FLAG_CONFLICT, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
+                     MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus, Stat)
+
+DIRECTION_LABELS = {
+    "htod": "host-to-device",
+    "dtoh": "device-to-host",
+    "dtod": "device-to-device",
+    "ptop": "peer-to-peer",
+    "htoh": "host-to-host",
+    "other": "other copies",
+}
+HOST_DIRECTIONS = ("htod", "dtoh", "htoh")    # a host side exists: split pageable / pinned
+UNITS_NOTE = "bytes are exact; MB = 10^6 bytes, GB = 10^9 bytes (decimal); times in seconds"
+
+
+# ---------------------------------------------------------------------------------------------
+# formatting
+
+def human_size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{2 if scale >= 1e9 else 1}f} {unit}"
+    return f"{n:.0f} B" if float(n).is_integer() else f"{n:.1f} B"
+
+
+def exact(n) -> str:
+    """An integer with thousands separators; a non-integer quotient keeps one decimal."""
+    if isinstance(n, int) or float(n).is_integer():
+        return f"{int(n):,}"
+    return f"{n:,.1f}"
+
+
+def seconds(ns: float) -> str:
+    return f"{ns / 1e9:.6f}"
+
+
+def percent(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole > 0 else "n/a"
+
+
+def per(total: int, n: int):
+    """total / n, kept an exact int when it divides."""
+    return total // n if total % n == 0 else total / n
+
+
+# ---------------------------------------------------------------------------------------------
+# facts derived from a census
+
+def lifetime_ns(c: ProcessCensus) -> int:
+    """Process wall time under the census: segment creation to its last update (the final flush at exit)."""
+    return max(0, c.wall_update_ns - c.wall_start_ns) if c.wall_update_ns else 0
+
+
+def has_activity(d: DeviceTotals) -> bool:
+    return bool(d.kernel_count or d.graph_launches or d.copies.total().count or d.memset.count)
+
+
+def process_warnings(c: ProcessCensus) -> List[str]:
+    """What makes this process's figures incomplete or uncertain, in plain words."""
+    out = []
+    if c.torn:
+        out.append("the segment was caught mid-update (its writer died or is stopped inside an update): "
+                   "figures may be partly updated")
+    if c.flags & FLAG_CONFLICT:
+        out.append("another CUPTI client (torch.profiler, Nsight, ...) took the activity API: GPU work while it "
+                   "held it is missing here" + (f" — {c.note}" if c.note else ""))
+    elif c.state == STATE_OFF:
+        out.append("the census switched itself off" + (f": {c.note}" if c.note else "")
+                   + "; figures up to then hold")
+    if c.dropped or c.flags & FLAG_DROPPED:
+        out.append(f"CUPTI dropped {c.dropped:,} activity records: the totals are short by those records")
+    if c.buffers_refused:
+        out.append(f"{c.buffers_refused:,} activity buffers were refused to keep memory bounded "
+                   "(their records were dropped)")
+    if c.flags & FLAG_RING_OVERRUN:
+        out.append("the window/step rings were overrun: per-window and per-step figures are incomplete "
+                   "(the totals are not affected)")
+    if c.state == STATE_ACTIVE and not c.alive:
+        out.append("the process ended without the census's final flush (killed?): figures are as of its "
+                   "last update, up to about 1 s before it ended")
+    elif c.state == STATE_ACTIVE:
+        out.append("still running: figures are as of its last update (up to about 1 s stale)")
+    return out
+
+
+def no_activity_reason(censuses: Sequence[ProcessCensus], hint: Optional[str] = None) -> Optional[str]:
+    """None when some GPU activity was recorded; else the sentence that says so and why."""
+    if any(has_activity(d) for c in censuses for d in c.devices.values()):
+        return None
+    if not censuses:
+        why = hint or "no census segment was found (no process under the census initialised CUDA)"
+    else:
+        offs = [f"pid {c.pid}: {c.note}" for c in censuses if c.note]
+        why = (f"{len(censuses)} process(es) initialised CUDA under the census but launched no kernels, "
+               "copies or memsets")
+        if offs:
+            why += " (" + "; ".join(offs) + ")"
+        if hint:
+            why += f"; {hint}"
+    return f"no GPU activity was recorded: {why}"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+def _stat_dict(s: Stat) -> Dict[str, int]:
+    return {"count": s.count, "bytes": s.bytes, "ns": s.ns}
+
+
+def _copies_dict(d: DeviceTotals) -> Dict[str, dict]:
+    out = {}
+    for direction in DIRECTIONS:
+        s = d.copies.get(direction)
+        if s.count:
+            row = _stat_dict(s)
+            row["by_host_memory"] = {m: _stat_dict(d.copies.get(direction, m))
+                                     for m in MEMORY_KINDS if d.copies.get(direction, m).count}
+            out[direction] = row
+    return out
+
+
+def _device_dict(d: DeviceTotals, life_ns: int) -> dict:
+    span = max(0, d.last_ns - d.first_ns)
+    return {
+        "device_id": d.device_id, "uuid": d.uuid,
+        "kernel_count": d.kernel_count, "kernel_ns": d.kernel_ns, "busy_ns": d.busy_ns,
+        "busy_ratio_of_lifetime": d.busy_ns / life_ns if life_ns else None,
+        "gpu_span_ns": span, "busy_ratio_of_gpu_span": d.busy_ns / span if span else None,
+        "graph_launches": d.graph_launches, "graph_ns": d.graph_ns,
+        "copies": _copies_dict(d), "memset": _stat_dict(d.memset),
+    }
+
+
+def per_request(censuses: Iterable[ProcessCensus], requests: int) -> dict:
+    total = DeviceTotals(device_id=-1)
+    for c in censuses:
+        total = total + c.totals()
+    out = {"requests": requests,
+           "kernel_count": per(total.kernel_count, requests),
+           "kernel_ns": per(total.kernel_ns, requests),
+           "copies": {}}
+    for direction in DIRECTIONS:
+        s = total.copies.get(direction)
+        if s.count:
+            out["copies"][direction] = {"count": per(s.count, requests), "bytes": per(s.bytes, requests),
+                                        "ns": per(s.ns, requests)}
+    if total.memset.count:
+        out["memset"] = {k: per(v, requests) for k, v in _stat_dict(total.memset).items()}
+    return out
+
+
+def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
+            census_dir: Optional[str] = None, hint: Optional[str] = None) -> dict:
+    procs = []
+    for c in censuses:
+        life = lifetime_ns(c)
+        procs.append({
+            "pid": c.pid, "ppid": c.ppid, "comm": c.comm, "state": c.state_name, "alive": c.alive,
+            "torn": c.torn, "path": c.path, "cupti_version": c.cupti_version,
+            "wall_start_ns": c.wall_start_ns, "wall_update_ns": c.wall_update_ns, "lifetime_ns": life,
+            "records": c.records, "records_unknown": c.records_unknown, "dropped": c.dropped,
+            "buffers": c.buffers, "buffers_refused": c.buffers_refused,
+            "step_unmatched": c.step_unmatched, "window_late": c.window_late,
+            "flags": c.flags, "note": c.note, "warnings": process_warnings(c),
+            "devices": [_device_dict(d, life) for _, d in sorted(c.devices.items())],
+        })
+    out = {
+        "census_dir": census_dir,
+        "units": {"bytes": "exact", "time": "ns", "busy_ratio": "busy_ns / lifetime_ns (wall_start..wall_update)"},
+        "processes": procs,
+        "no_activity": no_activity_reason(censuses, hint),
+        "errors": [{"path": getattr(e, "path", None), "reason": getattr(e, "reason", str(e))} for e in errors],
+    }
+    if requests:
+        out["per_request"] = per_request(censuses, requests)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+
+_COPY_HEADER = f"    {'':<18}{'count':>12}{'bytes':>22}{'size':>12}{'time s':>14}"
+
+
+def _copy_row(label: str, s: Stat, indent: int = 4) -> str:
+    return f"{' ' * indent}{label:<{22 - indent}}{s.count:>12,}{s.bytes:>22,}{human_size(s.bytes):>12}{seconds(s.ns):>14}"
+
+
+def _device_lines(d: DeviceTotals, life_ns: int) -> List[str]:
+    name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
+    if not has_activity(d):
+        return [f"  {name}: no GPU activity"]
+    lines = [f"  {name}"]
+    busy = f"busy {seconds(d.busy_ns)} s = {percent(d.busy_ns, life_ns)} of the process lifetime"
+    span = d.last_ns - d.first_ns
+    if span > 0:
+        busy += f" ({percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity)"
+    lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {seconds(d.kernel_ns)} s   {busy}")
+    if d.graph_launches:
+        lines.append(f"    graph launches {d.graph_launches:,} ({seconds(d.graph_ns)} s), traced per launch")
+    rows = []
+    for direction in DIRECTIONS:
+        s = d.copies.get(direction)
+        if not s.count:
+            continue
+        rows.append(_copy_row(DIRECTION_LABELS[direction], s))
+        if direction in HOST_DIRECTIONS:
+            for mem in MEMORY_KINDS:
+                m = d.copies.get(direction, mem)
+                if m.count:
+                    rows.append(_copy_row(f"{mem} host", m, indent=6))
+    if d.memset.count:
+        rows.append(_copy_row("memset", d.memset))
+    if rows:
+        lines.append(_COPY_HEADER)
+        lines.extend(rows)
+    return lines
+
+
+def _process_lines(c: ProcessCensus) -> List[str]:
+    life = lifetime_ns(c)
+    state = c.state_name if c.alive or c.state != STATE_ACTIVE else "ended"
+    head = (f"pid {c.pid}  {c.comm or '?'}  {state}  lifetime {seconds(life)} s  "
+            f"(ppid {c.ppid}, {c.records:,} records)")
+    lines = [head]
+    devices = [d for _, d in sorted(c.devices.items())]
+    if not devices:
+        lines.append("  no GPU activity")
+    for d in devices:
+        lines.extend(_device_lines(d, life))
+    if c.flags & FLAG_GRAPH_LAUNCHES:
+        lines.append("  note: CUDA graphs were traced per launch, so their kernels are not in the kernel count")
+    for w in process_warnings(c):
+        lines.append(f"  warning: {w}")
+    return lines
+
+
+def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List[str]:
+    pr = per_request(censuses, requests)
+    scope = "all processes and devices above" if len(censuses) > 1 else "all devices above"
+    lines = [f"per request ({requests:,} requests; {scope}):"]
+    for direction, s in pr["copies"].items():
+        lines.append(f"  {exact(s['bytes'])} bytes ({human_size(s['bytes'])}) {DIRECTION_LABELS[direction]} "
+                     f"per request, in {exact(s['count'])} copies")
+    if "memset" in pr:
+        lines.append(f"  {exact(pr['memset']['bytes'])} bytes ({human_size(pr['memset']['bytes'])}) set "
+                     f"per request, in {exact(pr['memset']['count'])} memsets")
+    lines.append(f"  {exact(pr['kernel_count'])} kernels per request, {seconds(pr['kernel_ns'])} s kernel time "
+                 "per request")
+    return lines
+
+
+def render_text(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
+                census_dir: Optional[str] = None, hint: Optional[str] = None) -> str:
+    n = len(censuses)
+    lines = [f"otel-gpu-census report: {n} process{'es' if n != 1 else ''}"
+             + (f", census folder {census_dir}" if census_dir else ""),
+             f"({UNITS_NOTE})", ""]
+    reason = no_activity_reason(censuses, hint)
+    for c in censuses:
+        lines.extend(_process_lines(c))
+        lines.append("")
+    if reason:
+        lines.append(reason)
+    elif requests:
+        lines.extend(_per_request_lines(censuses, requests))
+    for e in errors:
+        lines.append(f"could not read {getattr(e, 'path', '?')}: {getattr(e, 'reason', e)}")
+    return "\n".join(lines).rstrip() + "\n"
