@@ -1,0 +1,317 @@
+"""Build the metric readers the sidecar exports through, configured the way OTel users expect.
+
+Which exporters, in order of precedence:
+
+1. the explicit choice (``otel-gpu-census run --exporter otlp|prometheus|console|none``);
+2. ``OTEL_METRICS_EXPORTER`` (comma-separated: ``otlp``, ``prometheus``, ``console``, ``none``);
+3. ``otlp`` when ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set;
+4. otherwise none: the end-of-run report is the output. (The OTel SDK would default to otlp
+   towards localhost; a census run that nobody asked to export should not try a network.)
+
+OTLP follows ``OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL`` (``grpc``, the default, or
+``http/protobuf``); endpoint, headers, timeout, compression and TLS variables are read by the
+OTel exporters themselves. ``OTEL_METRIC_EXPORT_INTERVAL`` (ms) sets the export period unless the
+caller gives one. Prometheus serves on ``OTEL_EXPORTER_PROMETHEUS_HOST``:``_PORT`` (localhost:9464)
+unless the caller gives a port. The resource comes from ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES``, with ``service.name`` defaulting to ``otel-gpu-census``.
+
+A collector that is down costs one warning per outage (and a note when it is back), never an
+exception or a log line per retry: the OTel exporters' own per-attempt messages are filtered.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, List, Mapping, Optional, Tuple
+
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+log = logging.getLogger("otel_gpu_census.metrics")
+
+EXPORTER_NAMES = ("otlp", "prometheus", "console", "none")
+PROTOCOLS = ("grpc", "http/protobuf")
+DEFAULT_SERVICE_NAME = "otel-gpu-census"
+DEFAULT_PROMETHEUS_HOST = "localhost"
+DEFAULT_PROMETHEUS_PORT = 9464
+
+# Loggers of the OTel OTLP exporters whose per-attempt failure lines _QuietExporter replaces.
+_OTLP_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.http_transport",
+)
+_FAILURE_PREFIXES = ("Failed to export", "Transient error", "Shutdown in progress", "Exporter already shutdown",
+                     "Request failed", "Failed to send")
+
+
+class ConfigError(ValueError):
+    """An exporter setting that cannot be honoured; the message says which and what is allowed."""
+
+
+def choose_exporters(explicit: Optional[str] = None, env: Mapping[str, str] = os.environ) -> List[str]:
+    """Exporter names to use (``[]`` means none), by the precedence in the module docstring."""
+    if explicit:
+        name = explicit.strip().lower()
+        if name not in EXPORTER_NAMES:
+            raise ConfigError(f"unknown metrics exporter {explicit!r}; choose one of {', '.join(EXPORTER_NAMES)}")
+        return [] if name == "none" else [name]
+    raw = env.get("OTEL_METRICS_EXPORTER", "").strip()
+    if raw:
+        names = []
+        for part in raw.split(","):
+            name = part.strip().lower()
+            if not name:
+                continue
+            if name not in EXPORTER_NAMES:
+                log.warning("OTEL_METRICS_EXPORTER: ignoring unknown exporter %r (known: %s)",
+                            name, ", ".join(EXPORTER_NAMES))
+                continue
+            if name == "none":
+                return []
+            if name not in names:
+                names.append(name)
+        return names
+    if env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return ["otlp"]
+    return []
+
+
+def otlp_protocol(env: Mapping[str, str] = os.environ) -> str:
+    raw = (env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    proto = raw.strip().lower()
+    if proto not in PROTOCOLS:
+        log.warning("OTLP protocol %r is not supported here (use grpc or http/protobuf); using grpc", raw)
+        proto = "grpc"
+    return proto
+
+
+def export_interval_ms(interval_s: Optional[float], env: Mapping[str, str] = os.environ) -> float:
+    if interval_s is not None:
+        if not interval_s > 0:
+            raise ConfigError(f"metrics export interval must be > 0 seconds, got {interval_s}")
+        return float(interval_s) * 1000.0
+    raw = env.get("OTEL_METRIC_EXPORT_INTERVAL")
+    if raw:
+        try:
+            ms = float(raw)
+            if ms > 0:
+                return ms
+        except ValueError:
+            pass
+        log.warning("OTEL_METRIC_EXPORT_INTERVAL=%r is not a positive number of milliseconds; using 60000", raw)
+    return 60000.0
+
+
+def make_resource() -> Resource:
+    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME (via the SDK), service.name defaulting to ours."""
+    resource = Resource.create()       # reads both variables from os.environ
+    # Without either, the SDK names the service "unknown_service[:<executable>]".
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+# -------------------------------------------------------------------------------------------
+# OTLP with one warning per outage
+
+class _DropRetryChatter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = str(record.msg)
+        except Exception:       # never let a log filter raise
+            return True
+        return not msg.startswith(_FAILURE_PREFIXES)
+
+
+_chatter_filter = _DropRetryChatter()
+_filter_lock = threading.Lock()
+
+
+def _install_chatter_filter() -> None:
+    with _filter_lock:
+        for name in _OTLP_LOGGERS:
+            lg = logging.getLogger(name)
+            if _chatter_filter not in lg.filters:
+                lg.addFilter(_chatter_filter)
+
+
+class QuietExporter(MetricExporter):
+    """Delegates to an OTLP exporter; turns failures into one warning per outage.
+
+    At stop (:meth:`stopping`), an exporter that is down or stuck retrying is shut down at once
+    (its retry ladder can take the whole OTLP timeout) and the final export is skipped: a run
+    should not wait on a collector that is not there.
+    """
+
+    def __init__(self, inner: MetricExporter, target: str):
+        super().__init__(preferred_temporality=inner._preferred_temporality,
+                         preferred_aggregation=inner._preferred_aggregation)
+        self._inner = inner
+        self.target = target
+        self.down = False
+        self.failures = 0
+        self.successes = 0
+        self._stopping = False
+        self._inner_closed = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._close_lock = threading.Lock()
+
+    def _close_inner(self, timeout_millis: float = 30_000) -> None:
+        with self._close_lock:
+            if self._inner_closed:
+                return
+            self._inner_closed = True
+        try:
+            self._inner.shutdown(timeout_millis=timeout_millis)
+        except Exception:
+            pass
+
+    def stopping(self, wait_s: float = 2.0) -> None:
+        """The run is ending: let an export in flight finish briefly, else abandon it."""
+        self._stopping = True
+        if not self._idle.wait(wait_s) or self.down:
+            self._close_inner()
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        if self._inner_closed or (self._stopping and self.down):
+            return MetricExportResult.FAILURE
+        self._idle.clear()
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            err = ""
+        except Exception as e:       # an exporter bug must not reach the SDK's thread as a traceback
+            result = MetricExportResult.FAILURE
+            err = f"{type(e).__name__}: {e}"
+        finally:
+            self._idle.set()
+        if result == MetricExportResult.SUCCESS:
+            self.successes += 1
+            if self.down:
+                log.warning("metrics: export to %s works again", self.target)
+            self.down = False
+        else:       # also an export abandoned at stop: its values did not arrive either
+            self.failures += 1
+            if not self.down:
+                log.warning("metrics: cannot export to %s%s; dropping metrics until it answers "
+                            "(the run carries on)", self.target, f" ({err})" if err else "")
+            self.down = True
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        try:
+            return self._inner.force_flush(timeout_millis=timeout_millis)
+        except Exception:
+            return False
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        self._close_inner(timeout_millis)
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> Tuple[MetricExporter, str]:
+    proto = otlp_protocol(env)
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        exporter = OTLPMetricExporter()
+        endpoint = getattr(exporter, "_endpoint", None) or "localhost:4317"
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        exporter = OTLPMetricExporter()
+        endpoint = getattr(exporter, "_endpoint", None) or "http://localhost:4318/v1/metrics"
+    return exporter, f"OTLP {proto} {endpoint}"
+
+
+# -------------------------------------------------------------------------------------------
+# everything together
+
+@dataclass
+class Exporting:
+    """What build_readers made: readers for the MeterProvider and how to tear down the rest."""
+
+    readers: List[MetricReader] = field(default_factory=list)
+    descriptions: List[str] = field(default_factory=list)
+    otlp: Optional[QuietExporter] = None
+    prometheus_port: Optional[int] = None
+    _closers: List[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fn in self._closers:
+            try:
+                fn()
+            except Exception:
+                pass
+        self._closers.clear()
+
+
+def build_readers(names: List[str], prometheus_port: Optional[int] = None, interval_s: Optional[float] = None,
+                  env: Mapping[str, str] = os.environ, console_out=None) -> Exporting:
+    """Metric readers for `names`. An exporter that cannot start (a port in use, a missing
+    package) is left out with one warning; the others still run."""
+    out = Exporting()
+    interval = export_interval_ms(interval_s, env)
+    for name in names:
+        try:
+            if name == "otlp":
+                inner, target = _otlp_exporter(env)
+                _install_chatter_filter()
+                quiet = QuietExporter(inner, target)
+                out.otlp = quiet
+                out.readers.append(PeriodicExportingMetricReader(quiet, export_interval_millis=interval))
+                out.descriptions.append(f"{target} every {interval / 1000:g} s")
+            elif name == "console":
+                from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+                exporter = ConsoleMetricExporter(out=console_out or sys.stderr)
+                out.readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
+                out.descriptions.append(f"console (stderr) every {interval / 1000:g} s")
+            elif name == "prometheus":
+                _add_prometheus(out, prometheus_port, env)
+        except ConfigError:
+            raise
+        except Exception as e:
+            log.warning("metrics: %s exporter not started: %s: %s", name, type(e).__name__, e)
+    return out
+
+
+def _add_prometheus(out: Exporting, port: Optional[int], env: Mapping[str, str]) -> None:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    host = env.get("OTEL_EXPORTER_PROMETHEUS_HOST") or DEFAULT_PROMETHEUS_HOST
+    if port is None:
+        raw = env.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+        try:
+            port = int(raw) if raw else DEFAULT_PROMETHEUS_PORT
+        except ValueError:
+            log.warning("OTEL_EXPORTER_PROMETHEUS_PORT=%r is not a port number; using %d",
+                        raw, DEFAULT_PROMETHEUS_PORT)
+            port = DEFAULT_PROMETHEUS_PORT
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"Prometheus port {port} is out of range 0..65535")
+    # A private registry: nothing else in this process ends up on our endpoint, and two sidecars
+    # in one process (tests) do not collide in prometheus_client's global one.
+    registry = CollectorRegistry(auto_describe=False)
+    try:
+        httpd, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        log.warning("metrics: Prometheus endpoint not started: cannot listen on %s:%d (%s)",
+                    host, port, e.strerror or e)
+        return
+    reader = PrometheusMetricReader(registry=registry)
+    out.readers.append(reader)
+    out.prometheus_port = httpd.server_address[1]
+    out.descriptions.append(f"Prometheus http://{host}:{out.prometheus_port}/metrics")
+
+    def close() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+    out._closers.append(close)

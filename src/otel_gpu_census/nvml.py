@@ -1,0 +1,270 @@
+"""What NVML says about each GPU, as OTel instruments next to the census's numbers.
+
+* ``hw.gpu.utilization`` (``hw.gpu.task=general``) is nvidia-smi's "GPU-Util": the fraction of
+  time *any* kernel ran. It reads 90%+ for a loop of tiny kernels that leave the SMs idle.
+* ``gpu_census.sm.utilization`` and ``gpu_census.sm.occupancy`` come from NVML GPM (GPU
+  Performance Monitoring, Hopper and newer): the fraction of SMs busy, and of warp slots
+  occupied, averaged between two samples — here, between two collections.
+* memory used and total (``hw.gpu.memory.usage``/``.limit``) and PCIe throughput.
+
+NVML missing or failing costs one warning; the instruments it would feed are simply absent (or
+skip the failing GPU), the census's own instruments are unaffected. Nothing here raises.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from .metrics import HW_ID, IO_DIRECTION, METER_NAME, Spec, _package_version, create_observable
+
+log = logging.getLogger("otel_gpu_census.metrics")
+
+HW_GPU_TASK = "hw.gpu.task"
+
+BASE_INSTRUMENTS: Tuple[Spec, ...] = (
+    Spec("hw.gpu.utilization", "gauge", "1", (HW_ID, HW_GPU_TASK),
+         "nvidia-smi's GPU utilisation: fraction of the last sample period in which any kernel ran."),
+    Spec("hw.gpu.memory.usage", "updowncounter", "By", (HW_ID,), "GPU memory in use (NVML)."),
+    Spec("hw.gpu.memory.limit", "updowncounter", "By", (HW_ID,), "GPU memory size (NVML)."),
+    Spec("gpu_census.pcie.throughput", "gauge", "By/s", (HW_ID, IO_DIRECTION),
+         "PCIe traffic NVML measured over a 20 ms window at collection time (receive = into the GPU)."),
+)
+GPM_INSTRUMENTS: Tuple[Spec, ...] = (
+    Spec("gpu_census.sm.utilization", "gauge", "1", (HW_ID,),
+         "NVML GPM: fraction of SMs busy, averaged since the previous collection."),
+    Spec("gpu_census.sm.occupancy", "gauge", "1", (HW_ID,),
+         "NVML GPM: fraction of the SMs' warp slots occupied, averaged since the previous collection."),
+)
+NVML_INSTRUMENTS = BASE_INSTRUMENTS + GPM_INSTRUMENTS
+
+GPM_MIN_INTERVAL_S = 0.1     # NVML wants GPM samples at least this far apart
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+class _Device:
+    __slots__ = ("index", "handle", "uuid", "name", "gpm", "gpm_why", "prev", "cur", "prev_t", "gpm_values")
+
+    def __init__(self, index, handle, uuid, name):
+        self.index, self.handle, self.uuid, self.name = index, handle, uuid, name
+        self.gpm = False
+        self.gpm_why = ""
+        self.prev = self.cur = None
+        self.prev_t = 0.0
+        self.gpm_values: Dict[int, float] = {}
+
+
+class NvmlSampler:
+    """NVML handles, GPM samples, and the callbacks that read them. Use :func:`open_nvml`."""
+
+    def __init__(self, nvml, devices: List[_Device], driver: str):
+        self._nvml = nvml
+        self.devices = devices
+        self.driver = driver
+        self._lock = threading.Lock()
+        self._warned: set = set()
+        self._closed = False
+        for d in devices:
+            self._init_gpm(d)
+
+    # -- GPM ------------------------------------------------------------------------------
+    def _init_gpm(self, d: _Device) -> None:
+        n = self._nvml
+        try:
+            if not n.nvmlGpmQueryDeviceSupport(d.handle).isSupportedDevice:
+                d.gpm_why = "this GPU does not support GPM (it needs Hopper or newer)"
+                return
+            d.prev, d.cur = n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()
+            n.nvmlGpmSampleGet(d.handle, d.prev)
+            d.prev_t = time.monotonic()
+            d.gpm = True
+        except Exception as e:
+            d.gpm_why = f"GPM not usable: {_text(e)}"
+            self._free(d)
+
+    def _free(self, d: _Device) -> None:
+        for s in (d.prev, d.cur):
+            if s is not None:
+                try:
+                    self._nvml.nvmlGpmSampleFree(s)
+                except Exception:
+                    pass
+        d.prev = d.cur = None
+
+    def _gpm_sample(self, d: _Device) -> None:
+        """Average SM utilisation and occupancy between the previous sample and now."""
+        n = self._nvml
+        now = time.monotonic()
+        if now - d.prev_t < GPM_MIN_INTERVAL_S:
+            return                    # another reader collected just now: keep those values
+        n.nvmlGpmSampleGet(d.handle, d.cur)
+        mg = n.c_nvmlGpmMetricsGet_t()
+        mg.version = n.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = 2
+        mg.sample1, mg.sample2 = d.prev, d.cur
+        ids = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY)
+        for i, mid in enumerate(ids):
+            mg.metrics[i].metricId = mid
+        n.nvmlGpmMetricsGet(mg)
+        values = {}
+        for i, mid in enumerate(ids):
+            if mg.metrics[i].nvmlReturn == n.NVML_SUCCESS:
+                values[mid] = max(0.0, min(1.0, mg.metrics[i].value / 100.0))
+        d.gpm_values = values
+        d.prev, d.cur, d.prev_t = d.cur, d.prev, now
+
+    # -- callbacks ------------------------------------------------------------------------
+    def _warn_once(self, key: str, msg: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args)
+
+    def _each(self, what: str, fn, gpm: bool = False) -> List[Observation]:
+        out: List[Observation] = []
+        with self._lock:
+            if self._closed:
+                return out
+            for d in self.devices:
+                if gpm and not d.gpm:
+                    continue
+                try:
+                    out.extend(fn(d))
+                except Exception as e:       # one GPU failing must not hide the others
+                    self._warn_once(f"{what}:{d.index}", "metrics: NVML %s on GPU %d (%s) failed: %s",
+                                    what, d.index, d.uuid, _text(e))
+        return out
+
+    def _utilization(self, options: CallbackOptions) -> List[Observation]:
+        return self._each("utilization", lambda d: [Observation(
+            self._nvml.nvmlDeviceGetUtilizationRates(d.handle).gpu / 100.0,
+            {HW_ID: d.uuid, HW_GPU_TASK: "general"})])
+
+    def _memory(self, field: str):
+        def cb(options: CallbackOptions) -> List[Observation]:
+            return self._each("memory", lambda d: [Observation(
+                int(getattr(self._nvml.nvmlDeviceGetMemoryInfo(d.handle), field)), {HW_ID: d.uuid})])
+        return cb
+
+    def _pcie(self, options: CallbackOptions) -> List[Observation]:
+        n = self._nvml
+
+        def read(d):   # NVML reports KB/s (1 KB = 1024 bytes)
+            rx = n.nvmlDeviceGetPcieThroughput(d.handle, n.NVML_PCIE_UTIL_RX_BYTES) * 1024
+            tx = n.nvmlDeviceGetPcieThroughput(d.handle, n.NVML_PCIE_UTIL_TX_BYTES) * 1024
+            return [Observation(rx, {HW_ID: d.uuid, IO_DIRECTION: "receive"}),
+                    Observation(tx, {HW_ID: d.uuid, IO_DIRECTION: "transmit"})]
+        return self._each("PCIe throughput", read)
+
+    def _gpm(self, metric_attr: str):
+        def cb(options: CallbackOptions) -> List[Observation]:
+            mid = getattr(self._nvml, metric_attr)
+
+            def read(d):
+                self._gpm_sample(d)
+                v = d.gpm_values.get(mid)
+                return [] if v is None else [Observation(v, {HW_ID: d.uuid})]
+            return self._each("GPM", read, gpm=True)
+        return cb
+
+    def callbacks(self):
+        return {
+            "hw.gpu.utilization": self._utilization,
+            "hw.gpu.memory.usage": self._memory("used"),
+            "hw.gpu.memory.limit": self._memory("total"),
+            "gpu_census.pcie.throughput": self._pcie,
+            "gpu_census.sm.utilization": self._gpm("NVML_GPM_METRIC_SM_UTIL"),
+            "gpu_census.sm.occupancy": self._gpm("NVML_GPM_METRIC_SM_OCCUPANCY"),
+        }
+
+    def specs(self) -> Tuple[Spec, ...]:
+        """The instruments this machine can feed: GPM ones only if some GPU supports GPM."""
+        return BASE_INSTRUMENTS + (GPM_INSTRUMENTS if any(d.gpm for d in self.devices) else ())
+
+    def register(self, meter_provider) -> List[str]:
+        meter = meter_provider.get_meter(METER_NAME + ".nvml", _package_version())
+        cbs = self.callbacks()
+        names = []
+        for spec in self.specs():
+            create_observable(meter, spec, cbs[spec.name])
+            names.append(spec.name)
+        return names
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for d in self.devices:
+                self._free(d)
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+def open_nvml() -> Tuple[Optional[NvmlSampler], str]:
+    """(sampler, "") or (None, why NVML cannot be used here). Never raises."""
+    try:
+        import pynvml as n
+    except Exception as e:
+        return None, f"the nvidia-ml-py package is not importable ({type(e).__name__}: {e})"
+    try:
+        n.nvmlInit()
+    except Exception as e:
+        return None, f"NVML cannot start: {_text(e)} (no NVIDIA driver here?)"
+    try:
+        driver = _text(n.nvmlSystemGetDriverVersion())
+        devices = []
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            devices.append(_Device(i, h, _text(n.nvmlDeviceGetUUID(h)), _text(n.nvmlDeviceGetName(h))))
+    except Exception as e:
+        try:
+            n.nvmlShutdown()
+        except Exception:
+            pass
+        return None, f"NVML cannot list the GPUs: {_text(e)}"
+    if not devices:
+        n.nvmlShutdown()
+        return None, "NVML sees no GPU"
+    return NvmlSampler(n, devices, driver), ""
+
+
+def register_nvml_instruments(meter_provider) -> Optional[NvmlSampler]:
+    """Register the NVML instruments this machine supports; None (one warning) when NVML is unusable.
+    Call ``.close()`` on the result when done."""
+    sampler, why = open_nvml()
+    if sampler is None:
+        log.warning("metrics: NVML instruments off: %s; census metrics still flow", why)
+        return None
+    try:
+        sampler.register(meter_provider)
+    except Exception as e:
+        log.warning("metrics: NVML instruments off: %s: %s", type(e).__name__, e)
+        sampler.close()
+        return None
+    for d in sampler.devices:
+        if not d.gpm:
+            log.info("metrics: no SM utilisation/occupancy for GPU %d (%s): %s", d.index, d.uuid, d.gpm_why)
+    return sampler
+
+
+def describe() -> List[str]:
+    """Lines for ``otel-gpu-census doctor``: NVML, each GPU, and whether GPM metrics are available."""
+    sampler, why = open_nvml()
+    if sampler is None:
+        return [f"NVML: unavailable: {why}; hw.gpu.* and SM occupancy metrics are off"]
+    try:
+        lines = [f"NVML: driver {sampler.driver}, {len(sampler.devices)} GPU(s)"]
+        for d in sampler.devices:
+            gpm = "GPM yes (SM utilisation, SM occupancy)" if d.gpm else f"GPM no: {d.gpm_why}"
+            lines.append(f"  GPU {d.index} {d.name} {d.uuid}: {gpm}")
+        return lines
+    finally:
+        sampler.close()
