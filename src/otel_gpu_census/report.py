@@ -34,10 +34,14 @@ def human_size(n: float) -> str:
 
 
 def exact(n) -> str:
-    """An integer with thousands separators; a non-integer quotient keeps one decimal."""
+    """An integer with thousands separators; a non-integer quotient keeps up to two decimals."""
     if isinstance(n, int) or float(n).is_integer():
         return f"{int(n):,}"
-    return f"{n:,.1f}"
+    return f"{n:,.2f}".rstrip("0")
+
+
+def plural(n, word: str, words: Optional[str] = None) -> str:
+    return f"{exact(n)} {word if n == 1 else (words or word + 's')}"
 
 
 def seconds(ns: float) -> str:
@@ -251,12 +255,12 @@ def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List
     lines = [f"per request ({requests:,} requests; {scope}):"]
     for direction, s in pr["copies"].items():
         lines.append(f"  {exact(s['bytes'])} bytes ({human_size(s['bytes'])}) {DIRECTION_LABELS[direction]} "
-                     f"per request, in {exact(s['count'])} copies")
+                     f"per request, in {plural(s['count'], 'copy', 'copies')}")
     if "memset" in pr:
         lines.append(f"  {exact(pr['memset']['bytes'])} bytes ({human_size(pr['memset']['bytes'])}) set "
-                     f"per request, in {exact(pr['memset']['count'])} memsets")
-    lines.append(f"  {exact(pr['kernel_count'])} kernels per request, {seconds(pr['kernel_ns'])} s kernel time "
-                 "per request")
+                     f"per request, in {plural(pr['memset']['count'], 'memset')}")
+    lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, {seconds(pr['kernel_ns'])} s kernel "
+                 "time per request")
     return lines
 
 

@@ -1,0 +1,65 @@
+"""The reader's view of the segment (cffi reading gpu_census.h) matches the C compiler's, field by field."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from otel_gpu_census import _native
+from otel_gpu_census._native import ffi
+
+STRUCTS = ("gc_stat", "gc_device", "gc_window", "gc_step", "gc_segment")
+
+
+def test_segment_size_matches_what_the_library_writes(native):
+    nffi, lib, _ = native
+    seg = nffi.new("gc_segment *")
+    lib.gc_segment_init(seg, b"x", 0)
+    assert ffi.sizeof("gc_segment") == seg.segment_size == _native.SEGMENT_SIZE
+    assert lib.gc_layout_version() == _native.LAYOUT_VERSION == seg.layout_version
+    assert seg.magic == _native.MAGIC
+
+
+def test_every_offset_matches_the_c_compiler(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    lines, expected = [], {}
+    for s in STRUCTS:
+        lines.append(f'printf("{s} sizeof %zu\\n", sizeof({s}));')
+        expected[f"{s} sizeof"] = ffi.sizeof(s)
+        for name, f in ffi.typeof(s).fields:
+            lines.append(f'printf("{s} {name} %zu\\n", offsetof({s}, {name}));')
+            expected[f"{s} {name}"] = f.offset
+    src = tmp_path / "layout.c"
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "gpu_census.h"\nint main(void) {\n'
+                   + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-I", str(_native.header_path().parent), str(src), "-o", str(exe)], check=True)
+    got = {}
+    for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines():
+        key, _, value = line.rpartition(" ")
+        got[key] = int(value)
+    assert got == expected
+    assert len(expected) > 60       # every field of every struct was compared
+
+
+def test_cdef_source_keeps_integer_defines_only():
+    text = "\n".join([
+        "#ifndef X_H", "#define X_H", "#include <stdint.h>", "#ifdef __cplusplus", 'extern "C" {', "#endif",
+        "#define A 0x10ULL  /* hex */", "#define B 7u", "#define C (1 << 3)", "typedef struct t { uint64_t a; } t;",
+        "#ifdef __cplusplus", "}", "#endif", "#endif"])
+    out = _native.cdef_source(text)
+    assert "#define A 0x10ULL" in out and "#define B 7u" in out
+    assert "(1 << 3)" not in out and "extern" not in out and "#include" not in out and "X_H" not in out
+    assert "typedef struct t" in out and "}" not in out.replace("uint64_t a; }", "")
+
+
+def test_library_search_order(monkeypatch, tmp_path):
+    lib = tmp_path / "libotel_gpu_census.so"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("OTEL_GPU_CENSUS_LIB", str(lib))
+    assert _native.find_library() == lib.resolve()
+    monkeypatch.setenv("OTEL_GPU_CENSUS_LIB", str(tmp_path / "missing.so"))
+    assert _native.find_library() is None       # an explicit path that is wrong is not silently replaced
