@@ -1,0 +1,170 @@
+"""A tracing reverse proxy for llama-server and Ollama: one span per request, with its GPU cost.
+
+Standalone::
+
+    otel-gpu-census proxy --upstream http://127.0.0.1:8080 --listen 127.0.0.1:8081
+
+Beside a server started under the census (what ``otel-gpu-census run --proxy`` does)::
+
+    from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread, upstream_from_server_args
+    upstream, prefix = upstream_from_server_args(server_argv)
+    handle = start_proxy_in_thread(ProxyConfig(upstream=upstream, listen_host="127.0.0.1",
+                                               listen_port=8081, census_dir=dir, upstream_pid=child.pid,
+                                               api_prefix=prefix))
+    ...
+    handle.stop()
+
+Modules: config (options), routes (which requests are model work), stream (facts from a copy of the
+answer), gpu (waiting for the census, per-request cost), spans (attribute names), instruments
+(metrics), telemetry (providers from OTEL_* variables), server (the aiohttp proxy).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from typing import Optional
+
+from .config import (ConfigError, ProxyConfig, add_proxy_arguments, config_from_args,
+                     upstream_from_server_args)
+
+__version__ = "0.1.0"
+__all__ = ["ProxyConfig", "ConfigError", "add_proxy_arguments", "config_from_args", "run_proxy",
+           "start_proxy_in_thread", "ProxyThread", "upstream_from_server_args"]
+
+log = logging.getLogger("otel_gpu_census.proxy")
+
+
+def _say(msg: str) -> None:
+    print(f"otel-gpu-census proxy: {msg}", file=sys.stderr, flush=True)
+
+
+def _describe(cfg: ProxyConfig, port: int, proxy) -> str:
+    src = proxy.ledger.source
+    if src is None:
+        census = "no census folder: spans carry no GPU cost"
+    else:
+        census = f"census {src.directory}" + (f", pid {src.pid} and children" if src.pid else ", every process")
+    return f"listening on http://{cfg.listen_host}:{port} → {cfg.upstream} ({census})"
+
+
+class ProxyThread:
+    """A proxy running on its own event loop in a daemon thread."""
+
+    def __init__(self, config: ProxyConfig, tracer_provider=None, meter_provider=None, census_source=None):
+        self.config = config
+        self._providers = (tracer_provider, meter_provider)
+        self._census_source = census_source
+        self._telemetry = None
+        self.proxy = None
+        self.port: Optional[int] = None
+        self.error: Optional[BaseException] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stop: Optional[asyncio.Event] = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="otel-gpu-census-proxy", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = self.config.listen_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ProxyThread":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the proxy did not start in time")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def _main(self) -> None:
+        from .server import Proxy
+        tp, mp = self._providers
+        try:
+            if tp is None and mp is None:
+                from .telemetry import build_telemetry
+                self._telemetry = build_telemetry()
+                tp, mp = self._telemetry.tracer_provider, self._telemetry.meter_provider
+            self._loop = asyncio.new_event_loop()
+            self.proxy = Proxy(self.config, tp, mp, self._census_source)
+            self._loop.run_until_complete(self._serve())
+        except BaseException as e:       # reported to the starter through start()
+            self.error = e
+            self._ready.set()
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+            if self._telemetry is not None:
+                self._telemetry.shutdown()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        await self.proxy.start()
+        self.port = self.proxy.port
+        self._ready.set()
+        await self._stop.wait()
+        await self.proxy.stop()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, finish spans (GPU cost as far as the census has it), flush telemetry."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+
+def start_proxy_in_thread(config: ProxyConfig, tracer_provider=None, meter_provider=None,
+                          census_source=None) -> ProxyThread:
+    """Start the proxy beside the caller. Providers default to ones built from OTEL_* variables
+    (owned and shut down by the proxy); given providers are used and left to the caller."""
+    return ProxyThread(config, tracer_provider, meter_provider, census_source).start()
+
+
+def run_proxy(args: argparse.Namespace) -> int:
+    """`otel-gpu-census proxy`: run until SIGINT/SIGTERM. Returns the exit status."""
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        _say(str(e))
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="otel-gpu-census proxy: %(message)s")
+    from .server import Proxy
+    from .telemetry import build_telemetry
+    try:
+        tel = build_telemetry()
+    except Exception as e:
+        _say(f"cannot set up telemetry: {type(e).__name__}: {e}")
+        return 2
+
+    async def main() -> int:
+        proxy = Proxy(cfg, tel.tracer_provider, tel.meter_provider)
+        try:
+            await proxy.start()
+        except OSError as e:
+            _say(f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror or e}")
+            await proxy.stop()
+            return 1
+        _say(_describe(cfg, proxy.port, proxy))
+        for d in tel.descriptions:
+            _say(d)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await stop.wait()
+        _say("stopping: finishing open spans")
+        await proxy.stop()
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        tel.shutdown()

@@ -1,0 +1,241 @@
+"""The proxy's settings, its command-line options, and where a llama-server listens."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence, Tuple
+
+from yarl import URL
+
+DEFAULT_LISTEN = "127.0.0.1:8081"
+DEFAULT_MAX_BODY_BYTES = 256 << 20       # a request body larger than this gets 413
+DEFAULT_UPSTREAM_TIMEOUT_S = 600.0       # longest silence from the upstream (before or between chunks)
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_GPU_MARGIN_S = 1.2               # CUPTI delivers records up to ~1 s late
+DEFAULT_GPU_MAX_WAIT_S = 3.0             # longest a span waits for the census after the response ended
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    upstream: str                         # http://HOST:PORT[/prefix] or unix:/path/to.sock
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8081
+    census_dir: Optional[str] = None      # None: the default census folder, when it exists
+    upstream_pid: Optional[int] = None    # the server process; None: every segment in the folder
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    gpu_margin_s: float = DEFAULT_GPU_MARGIN_S
+    gpu_max_wait_s: float = DEFAULT_GPU_MAX_WAIT_S
+    api_prefix: str = ""                  # llama-server --api-prefix
+    gpu: bool = True                      # read the census at all
+
+    @property
+    def unix_socket(self) -> Optional[str]:
+        return self.upstream[len("unix:"):] if self.upstream.startswith("unix:") else None
+
+    @property
+    def upstream_base(self) -> str:
+        """Scheme, authority and path prefix that every forwarded request starts with."""
+        if self.unix_socket is not None:
+            return "http://localhost"
+        return self.upstream.rstrip("/")
+
+
+def parse_host_port(text: str, what: str = "address") -> Tuple[str, int]:
+    """'HOST:PORT', '[v6]:PORT' or ':PORT' (all interfaces) → (host, port)."""
+    text = (text or "").strip()
+    host, sep, port_s = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"{what} {text!r} must be HOST:PORT")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r}: port {port_s!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{what} {text!r}: port {port} is out of range 0..65535")
+    return host, port
+
+
+def check_upstream(text: str) -> str:
+    """Validate --upstream; returns it normalised (no trailing slash)."""
+    text = (text or "").strip()
+    if text.startswith("unix:"):
+        if not text[len("unix:"):]:
+            raise ConfigError("--upstream unix: needs a socket path, e.g. unix:/run/llama.sock")
+        return text
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        url = URL(text)
+    except ValueError as e:
+        raise ConfigError(f"--upstream {text!r} is not a URL: {e}") from None
+    if url.scheme not in ("http", "https"):
+        raise ConfigError(f"--upstream {text!r}: only http:// and https:// upstreams are supported")
+    if not url.host:
+        raise ConfigError(f"--upstream {text!r} has no host")
+    if url.query_string or url.fragment:
+        raise ConfigError(f"--upstream {text!r}: give scheme, host, port and an optional path prefix only")
+    try:
+        url.port
+    except ValueError as e:
+        raise ConfigError(f"--upstream {text!r}: {e}") from None
+    return str(url).rstrip("/")
+
+
+def _connectable(host: str) -> str:
+    """A host a client can connect to for a server that listens on `host`."""
+    if host in ("", "0.0.0.0", "*"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]"
+    except ValueError:
+        pass
+    return host
+
+
+def upstream_from_server_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Tuple[str, str]:
+    """(upstream URL, api prefix) of a llama-server started with `argv`.
+
+    Reads --host/--port/--api-prefix (also as --opt=value) and their LLAMA_ARG_HOST/LLAMA_ARG_PORT/
+    LLAMA_ARG_API_PREFIX variables; the command line wins, as in llama-server. Defaults 127.0.0.1:8080.
+    A host ending in .sock is a UNIX socket. Of several comma-separated hosts, the first is used.
+    """
+    host = env.get("LLAMA_ARG_HOST") or "127.0.0.1"
+    port = env.get("LLAMA_ARG_PORT") or "8080"
+    prefix = env.get("LLAMA_ARG_API_PREFIX") or ""
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, val = a.partition("=")
+        if name in ("--host", "--port", "--api-prefix"):
+            if not eq:
+                if i + 1 >= len(args):
+                    break
+                val = args[i + 1]
+                i += 1
+            if name == "--host":
+                host = val
+            elif name == "--port":
+                port = val
+            else:
+                prefix = val
+        i += 1
+    host = host.split(",")[0].strip()
+    if host.endswith(".sock"):
+        return "unix:" + host, prefix
+    try:
+        p = int(port)
+    except ValueError:
+        raise ConfigError(f"llama-server --port {port!r} is not a number") from None
+    return f"http://{_connectable(host)}:{p}", prefix
+
+
+# -----------------------------------------------------------------------------------------
+# command line
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _size(text: str) -> int:
+    t = text.strip().lower()
+    mult = 1
+    for suffix, m in (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10),
+                      ("m", 1 << 20), ("g", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-len(suffix)], m
+            break
+    try:
+        v = int(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with k/m/g)") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _pid(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id")
+    return v
+
+
+def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool = True) -> None:
+    """Options of `otel-gpu-census proxy` (also used by `run --proxy` with upstream_required=False)."""
+    parser.add_argument("--upstream", required=upstream_required, metavar="URL",
+                        help="the server to forward to: http://HOST:PORT (llama-server, Ollama) or unix:/PATH.sock")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+                        help=f"where the proxy listens (default {DEFAULT_LISTEN})")
+    parser.add_argument("--census-dir", metavar="DIR",
+                        help="census folder the server writes into (default: $OTEL_GPU_CENSUS_DIR, else the "
+                        "default folder); GPU cost is left out of spans when it holds no segment")
+    parser.add_argument("--upstream-pid", type=_pid, metavar="PID",
+                        help="the server's process id: attribute only its GPU work and its children's "
+                        "(default: every process with a segment in the census folder)")
+    parser.add_argument("--max-body-bytes", type=_size, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+                        help="largest request body forwarded; larger gets 413 (default 256m)")
+    parser.add_argument("--upstream-timeout", type=_positive_float, default=DEFAULT_UPSTREAM_TIMEOUT_S,
+                        metavar="S", help="longest silence from the upstream, before the answer or between "
+                        f"chunks, before giving up with 504 (default {DEFAULT_UPSTREAM_TIMEOUT_S:g} s)")
+    parser.add_argument("--connect-timeout", type=_positive_float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                        metavar="S", help=f"connect timeout (default {DEFAULT_CONNECT_TIMEOUT_S:g} s)")
+    parser.add_argument("--gpu-wait", type=_nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
+                        help="how long a finished request's span waits for the census to cover its window "
+                        f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")
+    parser.add_argument("--no-gpu", action="store_true", help="do not read the census (spans without GPU cost)")
+
+
+def config_from_args(args: argparse.Namespace, upstream: Optional[str] = None,
+                     upstream_pid: Optional[int] = None, api_prefix: str = "") -> ProxyConfig:
+    """ProxyConfig from parsed options; `upstream`/`upstream_pid` fill in what `run` knows."""
+    up = getattr(args, "upstream", None) or upstream
+    if not up:
+        raise ConfigError("no upstream: give --upstream http://HOST:PORT")
+    host, port = parse_host_port(getattr(args, "listen", None) or DEFAULT_LISTEN, "--listen")
+    wait = getattr(args, "gpu_wait", DEFAULT_GPU_MAX_WAIT_S)
+    return ProxyConfig(
+        upstream=check_upstream(up),
+        listen_host=host,
+        listen_port=port,
+        census_dir=getattr(args, "census_dir", None),
+        upstream_pid=getattr(args, "upstream_pid", None) or upstream_pid,
+        max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        upstream_timeout_s=getattr(args, "upstream_timeout", DEFAULT_UPSTREAM_TIMEOUT_S),
+        connect_timeout_s=getattr(args, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S),
+        gpu_max_wait_s=wait,
+        gpu_margin_s=min(DEFAULT_GPU_MARGIN_S, wait),
+        api_prefix=api_prefix,
+        gpu=not getattr(args, "no_gpu", False),
+    )

@@ -1,0 +1,300 @@
+"""Give each finished request its share of the server's GPU work, once the census has caught up.
+
+The proxy tells a :class:`GpuLedger` when a request starts, when its first token streams and when it
+ends. CUPTI hands records to the census up to about a second late, so a finished request waits
+(without blocking anything) until every relevant segment was published at least ``margin`` after the
+request ended, the server exited, or ``max_wait`` passed; then its share is computed with
+:func:`attribution.attribute` from the buckets its window touched and every request in flight in
+them, and handed back as a :class:`GpuCost`.
+
+Which processes count: the upstream process (``--upstream-pid``) and its descendants — Ollama runs
+its model in a child — or, without a pid, every segment in the census folder that was alive during
+the request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from ..attribution import NOTHING, Interval, Share, attribute
+from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus
+
+log = logging.getLogger("otel_gpu_census.proxy")
+
+BUCKET_SLACK_NS = 1_000_000_000     # keep finished requests this long before the oldest open one
+
+# GpuCost.status values
+COMPLETE = "complete"       # census published >= margin after the request ended (or the server exited)
+SETTLED = "settled"         # waited max_wait; the census was published after the request ended
+STALE = "stale"             # waited max_wait; no publish since before the request ended: may miss work
+NO_CENSUS = "no_census"     # no census folder / reading switched off
+NO_SEGMENT = "no_segment"   # the folder holds no segment of the server
+READ_ERROR = "read_error"
+SHUTDOWN = "shutdown"       # the proxy stopped before the census caught up
+
+
+@dataclass
+class GpuCost:
+    status: str
+    share: Share = NOTHING          # this request's share of its window
+    prefill: Share = NOTHING        # the part of the share before its first token
+    window: Share = NOTHING         # everything in the buckets its window touched
+    unattributed: Share = NOTHING   # of `window`, what no request was in flight for
+    buckets: int = 0
+    concurrency_max: int = 0        # most requests in flight at once in those buckets
+    pids: List[int] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    waited_s: float = 0.0
+
+
+class CensusSource:
+    """Reads the segments of the server (and its children) from the census folder."""
+
+    def __init__(self, directory: str, pid: Optional[int] = None):
+        self.directory = directory
+        self.pid = pid
+        self._root_ticks: Optional[int] = None
+        self._warned: set = set()
+
+    def read(self) -> Tuple[List[ProcessCensus], List[str]]:
+        from .. import reader
+        censuses, errors = reader.scan(self.directory)
+        notes = []
+        for e in errors:
+            if e.path not in self._warned:
+                self._warned.add(e.path)
+                log.warning("census: cannot read %s: %s", e.path, e.reason)
+            notes.append(f"unreadable segment {e.path}: {e.reason}")
+        if self.pid is not None:
+            if self._root_ticks is None:
+                self._root_ticks = reader.proc_start_ticks(self.pid)
+            parents = reader.live_descendants(self.pid)
+            censuses = reader.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
+        return censuses, notes
+
+
+@dataclass
+class _Req:
+    key: Hashable
+    start_ns: int
+    first_token_ns: Optional[int] = None
+    end_ns: Optional[int] = None
+    future: Optional["asyncio.Future[GpuCost]"] = None
+    done: bool = False
+
+    def intervals(self) -> List[Interval]:
+        k = self.key
+        if self.first_token_ns is None:
+            return [Interval((k, "all"), self.start_ns, self.end_ns, group=k)]
+        ft = min(max(self.first_token_ns, self.start_ns), self.end_ns if self.end_ns is not None else self.first_token_ns)
+        return [Interval((k, "prefill"), self.start_ns, ft, group=k),
+                Interval((k, "decode"), ft, self.end_ns, group=k)]
+
+
+def _wall_span(c: ProcessCensus, lo: int, hi: int):
+    """Buckets of `c` overlapping wall [lo, hi), and the wall span those buckets cover."""
+    ws = c.windows_between(c.wall_to_gpu_ns(lo), c.wall_to_gpu_ns(hi))
+    if not ws:
+        return ws, lo, hi
+    return ws, c.gpu_to_wall_ns(ws[0].start_ns), c.gpu_to_wall_ns(ws[-1].end_ns)
+
+
+def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[ProcessCensus],
+            intervals: Sequence[Interval]) -> GpuCost:
+    """The GPU cost of request `key` (wall span `req_span`) in `censuses`, sharing its buckets with
+    every interval in `intervals` (which must include the request's own, keyed (key, phase))."""
+    lo, hi = req_span
+    cost = GpuCost(status=COMPLETE)
+    most = 0
+    for c in censuses:
+        ws, wlo, whi = _wall_span(c, lo, hi)
+        cost.pids.append(c.pid)
+        flags = []
+        if c.flags & FLAG_RING_OVERRUN:
+            flags.append("window ring overrun")
+        if c.flags & FLAG_DROPPED:
+            flags.append("CUPTI dropped records")
+        if c.flags & FLAG_CONFLICT:
+            flags.append("another CUPTI client took over")
+        if c.torn:
+            flags.append("torn read")
+        if c.window_late:
+            flags.append(f"{c.window_late} records arrived too late for the window ring")
+        for f in flags:
+            cost.notes.append(f"pid {c.pid}: {f}")
+        if not ws:
+            continue
+        touching = [iv for iv in intervals if iv.overlaps(wlo, whi)]
+        a = attribute(ws, c.gpu_to_wall_ns, touching)
+        mine = [iv.key for iv in touching if iv.owner == key]
+        cost.share = cost.share + a.group_share(mine)
+        cost.prefill = cost.prefill + a.share((key, "prefill"))
+        cost.window = cost.window + a.total
+        cost.unattributed = cost.unattributed + a.unattributed
+        cost.buckets += a.buckets
+        most = max([most] + [a.concurrency_max.get(k, 0) for k in mine])
+    cost.concurrency_max = most
+    return cost
+
+
+class GpuLedger:
+    """Requests in flight and recently finished, and the wait for the census to catch up."""
+
+    def __init__(self, source: Optional[CensusSource], margin_s: float = 1.2, max_wait_s: float = 3.0,
+                 poll_s: float = 0.25, clock: Callable[[], int] = time.time_ns):
+        self.source = source
+        self.margin_ns = int(margin_s * 1e9)
+        self.max_wait_ns = int(max(max_wait_s, margin_s) * 1e9)
+        self.poll_s = poll_s
+        self.clock = clock
+        self.reqs: Dict[Hashable, _Req] = {}
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+        self._stopping = False
+
+    # -- bookkeeping from the proxy ---------------------------------------------------------
+    def open(self, key: Hashable, start_ns: int) -> None:
+        self.reqs[key] = _Req(key, start_ns)
+
+    def first_token(self, key: Hashable, t_ns: int) -> None:
+        r = self.reqs.get(key)
+        if r is not None and r.first_token_ns is None:
+            r.first_token_ns = t_ns
+
+    def forget(self, key: Hashable) -> None:
+        """A request that never reached the server."""
+        self.reqs.pop(key, None)
+
+    def close(self, key: Hashable, end_ns: int) -> "asyncio.Future[GpuCost]":
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        r = self.reqs.get(key)
+        if r is None:
+            fut.set_result(GpuCost(status=NO_CENSUS))
+            return fut
+        r.end_ns = max(end_ns, r.start_ns)
+        r.future = fut
+        if self.source is None:
+            r.done = True
+            fut.set_result(GpuCost(status=NO_CENSUS))
+            self._prune()
+            return fut
+        self._ensure_task()
+        self._wake.set()
+        return fut
+
+    # -- the waiting loop ----------------------------------------------------------------------
+    def _ensure_task(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="gpu-ledger")
+
+    def _pending(self) -> List[_Req]:
+        return [r for r in self.reqs.values() if r.future is not None and not r.done]
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            pending = self._pending()
+            if not pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = self.clock()
+            earliest = min(r.end_ns for r in pending) + self.margin_ns
+            if now < earliest:       # the census cannot have caught up with anyone yet
+                await self._sleep(min((earliest - now) / 1e9, self.poll_s))
+                continue
+            try:
+                censuses, notes = await asyncio.to_thread(self.source.read)
+                error = None
+            except Exception as e:   # a broken folder must not stop the proxy
+                censuses, notes, error = [], [], f"{type(e).__name__}: {e}"
+            self._settle(censuses, notes, error, self.clock())
+            await self._sleep(self.poll_s)
+
+    async def _sleep(self, s: float) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=max(s, 0.001))
+        except asyncio.TimeoutError:
+            pass
+
+    def _relevant(self, censuses: Sequence[ProcessCensus], lo: int, hi: int) -> List[ProcessCensus]:
+        # A segment counts when its process lived during the request: started before it ended and
+        # published after it started (or is still there to publish).
+        return [c for c in censuses if c.wall_start_ns < hi and (c.alive or c.wall_update_ns >= lo)]
+
+    def _settle(self, censuses: List[ProcessCensus], notes: List[str], error: Optional[str], now: int) -> None:
+        for r in sorted(self._pending(), key=lambda r: r.end_ns):
+            rel = self._relevant(censuses, r.start_ns, r.end_ns)
+            caught_up = all(c.wall_update_ns >= r.end_ns + self.margin_ns or not c.alive
+                            or c.state != STATE_ACTIVE for c in rel)
+            out_of_time = now >= r.end_ns + self.max_wait_ns
+            if error is not None:
+                if not out_of_time:
+                    continue
+                self._finish(r, GpuCost(status=READ_ERROR, notes=[error]), now)
+                continue
+            if not rel:
+                if out_of_time or not censuses:
+                    self._finish(r, GpuCost(status=NO_SEGMENT, notes=list(notes)), now)
+                continue
+            if not caught_up and not out_of_time:
+                continue
+            cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns))
+            if not caught_up:
+                cost.status = SETTLED if all(c.wall_update_ns >= r.end_ns for c in rel) else STALE
+            cost.notes = notes + cost.notes
+            self._finish(r, cost, now)
+        self._prune()
+
+    def _intervals(self, lo: int, hi: int) -> List[Interval]:
+        # Buckets reach at most one bucket beyond the request; BUCKET_SLACK_NS is ample.
+        out = []
+        for r in self.reqs.values():
+            if r.start_ns < hi + BUCKET_SLACK_NS and (r.end_ns is None or r.end_ns > lo - BUCKET_SLACK_NS):
+                out.extend(r.intervals())
+        return out
+
+    def _finish(self, r: _Req, cost: GpuCost, now: int) -> None:
+        r.done = True
+        cost.waited_s = max(0, now - r.end_ns) / 1e9
+        if r.future is not None and not r.future.done():
+            r.future.set_result(cost)
+
+    def _prune(self) -> None:
+        # A finished request is still needed while an unfinished one may share a bucket with it.
+        open_starts = [r.start_ns for r in self.reqs.values() if not r.done]
+        horizon = min(open_starts + [self.clock()]) - BUCKET_SLACK_NS
+        for k in [k for k, r in self.reqs.items() if r.done and r.end_ns is not None and r.end_ns < horizon]:
+            del self.reqs[k]
+
+    async def stop(self) -> None:
+        """Hand every waiting request what the census has now (status shutdown if it cannot be read)."""
+        self._stopping = True
+        if self._task is not None:
+            self._wake.set()
+            try:
+                await asyncio.wait_for(self._task, 2)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        pending = self._pending()
+        if not pending:
+            return
+        try:
+            censuses, notes = await asyncio.to_thread(self.source.read) if self.source else ([], [])
+        except Exception:
+            censuses, notes = [], []
+        now = self.clock()
+        for r in pending:
+            rel = self._relevant(censuses, r.start_ns, r.end_ns)
+            if rel:
+                cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns))
+                cost.notes = notes + cost.notes
+            else:
+                cost = GpuCost(status=NO_SEGMENT)
+            cost.status = SHUTDOWN
+            self._finish(r, cost, now)

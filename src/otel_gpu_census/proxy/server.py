@@ -1,0 +1,441 @@
+"""The reverse proxy: forwards to one upstream, byte for byte, and opens one SERVER span per request.
+
+Data path for a model request (see routes.py for which those are):
+  client ─▶ aiohttp server ─▶ (request body streamed through, first MiB kept to read `model`)
+         ─▶ aiohttp client (new connection per request: llama-server may close after streaming)
+         ─▶ upstream; its answer streamed back chunk by chunk, each chunk written to the client
+            first and then read by stream.BodyReader for tokens, ids and timings.
+When the answer ends, the span gets its GenAI attributes and waits (in the background) for the census
+to cover its window; then it gets its GPU cost (gpu.py) and ends with its real end time.
+
+Failures answer like llama-server does, ``{"error": {"code", "message", "type"}}``:
+  connection refused / unreachable → 503; upstream closed or sent garbage before answering → 502;
+  no answer within --upstream-timeout → 504; request body over --max-body-bytes → 413;
+  absolute-form or CONNECT requests → 400/405 (the proxy talks to its upstream only).
+After the answer has started, a failure can only cut the connection: the client sees a truncated
+body, never a clean end.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Dict, Optional
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import spans as spanattrs
+from .config import ProxyConfig
+from .gpu import CensusSource, GpuLedger
+from .instruments import ProxyInstruments
+from .routes import Route, classify, untraced
+from .stream import BodyReader, parse_request_body
+
+log = logging.getLogger("otel_gpu_census.proxy")
+
+# RFC 7230 §6.1 hop-by-hop headers, plus Proxy-Connection (common, non-standard).
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
+                        "upgrade", "proxy-authenticate", "proxy-authorization"})
+# Also not forwarded upstream: Host is the upstream's; Expect is answered by this proxy.
+REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
+REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `stream`
+
+# proxy.outcome values
+COMPLETE = "complete"
+CLIENT_GONE = "client_disconnected"
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+UPSTREAM_ERROR = "upstream_error"
+UPSTREAM_TIMEOUT = "upstream_timeout"
+BODY_TOO_LARGE = "body_too_large"
+REJECTED = "rejected"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _strip(headers, drop) -> CIMultiDict:
+    """Headers without `drop` and without the ones a Connection header names."""
+    named = set()
+    for v in headers.getall("Connection", []):
+        named.update(t.strip().lower() for t in v.split(",") if t.strip())
+    out = CIMultiDict()
+    for k, v in headers.items():
+        lk = k.lower()
+        if lk in drop or lk in named:
+            continue
+        out.add(k, v)
+    return out
+
+
+def _error_body(code: int, message: str, typ: str = "proxy_error") -> bytes:
+    return json.dumps({"error": {"code": code, "message": message, "type": typ}}).encode()
+
+
+@dataclass
+class _Exchange:
+    """One request's state as it moves through the handler."""
+
+    start_ns: int
+    route: Optional[Route]
+    span: Any = None
+    key: str = ""
+    request_fields: Dict[str, Any] = field(default_factory=dict)
+    outcome: str = COMPLETE
+    status: Optional[int] = None
+    error_type: Optional[str] = None
+    error_message: Optional[str] = None
+    req_bytes: int = 0
+    resp_bytes: int = 0
+    reader: Optional[BodyReader] = None
+    ledger_open: bool = False
+    first_token_seen: bool = False
+    head: Optional[bytearray] = None       # start of the request body, to read `model` from
+    body_too_large: bool = False
+    upstream_done: bool = False            # the upstream's answer was read to its end
+
+
+class Proxy:
+    """The aiohttp application and its upstream session; `start()`/`stop()` inside an event loop."""
+
+    def __init__(self, config: ProxyConfig, tracer_provider=None, meter_provider=None,
+                 census_source: Optional[CensusSource] = None):
+        self.config = config
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("otel_gpu_census.proxy")
+        self.instruments = ProxyInstruments(meter_provider)
+        if census_source is None and config.gpu:
+            census_source = _default_source(config)
+        self.ledger = GpuLedger(census_source, margin_s=config.gpu_margin_s, max_wait_s=config.gpu_max_wait_s)
+        self.session: Optional[aiohttp.ClientSession] = None
+        self.runner: Optional[web.AppRunner] = None
+        self.port: Optional[int] = None
+        self._finishing: set = set()
+        self._stopping = False
+        self.app = web.Application(handler_args={"max_field_size": 65536}, middlewares=[self._guard])
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler) -> web.StreamResponse:
+        # Before routing: the proxy forwards origin-form requests to its upstream and nothing else.
+        if request.method == "CONNECT":
+            return self._plain_error(405, "CONNECT is not supported: this proxy forwards to its upstream only")
+        if not request.raw_path.startswith("/"):
+            return self._plain_error(400, "absolute-form request targets are refused: this proxy forwards "
+                                     "to its configured upstream only")
+        return await handler(request)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        if cfg.unix_socket is not None:
+            connector = aiohttp.UnixConnector(path=cfg.unix_socket, force_close=True, limit=0)
+        else:
+            # force_close: never reuse a connection the upstream may have closed after streaming.
+            connector = aiohttp.TCPConnector(force_close=True, limit=0, enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
+                                          sock_read=cfg.upstream_timeout_s))
+        # handler_cancellation: a client that hangs up cancels its handler, which cancels the
+        # upstream request, even while the upstream is silent (long prompt processing).
+        self.runner = web.AppRunner(self.app, handle_signals=False, handler_cancellation=True,
+                                    access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, cfg.listen_host, cfg.listen_port, reuse_address=True)
+        await site.start()
+        sock = site._server.sockets[0] if site._server and site._server.sockets else None
+        self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.runner is not None:
+            await self.runner.shutdown()
+        await self.ledger.stop()
+        if self._finishing:
+            await asyncio.wait(list(self._finishing), timeout=5)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- the handler ------------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        cfg = self.config
+        raw_path = request.raw_path
+        route = classify(request.method, request.path, cfg.api_prefix)
+        ex = _Exchange(start_ns=time.time_ns(), route=route)
+        t0 = time.monotonic_ns()
+        parent = propagate.extract(request.headers)
+        if route is not None or not untraced(request.path, cfg.api_prefix):
+            ex.span = self._start_span(request, ex, parent)
+        ctx = trace.set_span_in_context(ex.span, parent) if ex.span is not None else parent
+        base_attrs = self._metric_base(route)
+        if route is not None:
+            ex.key = uuid.uuid4().hex
+            self.instruments.started(base_attrs)
+            self.ledger.open(ex.key, ex.start_ns)
+            ex.ledger_open = True
+        try:
+            return await self._forward(request, ex, ctx, raw_path)
+        except asyncio.CancelledError:
+            if ex.outcome == COMPLETE:
+                ex.outcome = ex.error_type = "proxy_stopped" if self._stopping else CLIENT_GONE
+                ex.error_message = "the proxy stopped" if self._stopping else "the client hung up"
+            raise
+        finally:
+            end_ns = ex.start_ns + (time.monotonic_ns() - t0)
+            self._finish(ex, end_ns, base_attrs)
+
+    async def _forward(self, request: web.Request, ex: _Exchange, ctx, raw_path: str) -> web.StreamResponse:
+        cfg = self.config
+        length = request.content_length
+        if length is not None and length > cfg.max_body_bytes:
+            return self._fail(ex, 413, BODY_TOO_LARGE,
+                              f"request body of {length} bytes is over the limit of {cfg.max_body_bytes}",
+                              close=True)
+        headers = _strip(request.headers, REQUEST_DROP)
+        for k in ("traceparent", "tracestate"):
+            headers.popall(k, None)
+        propagate.inject(headers, context=ctx)
+        body = self._request_body(request, ex) if request.body_exists else None
+        url = cfg.upstream_base + raw_path
+        too_large = f"request body is over the limit of {cfg.max_body_bytes} bytes"
+        try:
+            upstream = await self.session.request(request.method, url, headers=headers, data=body,
+                                                  allow_redirects=False, compress=None)
+        except BodyTooLarge:
+            return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
+        except asyncio.TimeoutError:
+            if ex.body_too_large:
+                return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
+            return self._fail(ex, 504, UPSTREAM_TIMEOUT,
+                              f"upstream {cfg.upstream} did not answer within {cfg.upstream_timeout_s:g} s")
+        except aiohttp.ClientConnectorError as e:
+            return self._fail(ex, 503, UPSTREAM_UNAVAILABLE, f"cannot connect to upstream {cfg.upstream}: "
+                              f"{e.os_error.strerror if e.os_error and e.os_error.strerror else e}")
+        except (aiohttp.ClientError, OSError) as e:
+            if ex.body_too_large:
+                return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
+            return self._fail(ex, 502, UPSTREAM_ERROR,
+                              f"upstream {cfg.upstream} failed before answering: {type(e).__name__}: {e}")
+        if ex.head:
+            ex.request_fields = parse_request_body(bytes(ex.head))
+        try:
+            return await self._relay(request, upstream, ex)
+        finally:
+            # An answer not read to its end must not leave a half-read connection behind.
+            upstream.release() if ex.upstream_done else upstream.close()
+
+    def _request_body(self, request: web.Request, ex: _Exchange) -> AsyncIterator[bytes]:
+        limit = self.config.max_body_bytes
+        keep = ex.route is not None
+        head = ex.head = bytearray()
+
+        async def gen():
+            async for chunk in request.content.iter_any():
+                ex.req_bytes += len(chunk)
+                if ex.req_bytes > limit:
+                    ex.body_too_large = True
+                    raise BodyTooLarge()
+                if keep and len(head) < REQUEST_PARSE_BYTES:
+                    head.extend(chunk[:REQUEST_PARSE_BYTES - len(head)])
+                yield chunk
+        return gen()
+
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, ex: _Exchange
+                     ) -> web.StreamResponse:
+        ex.status = upstream.status
+        headers = _strip(upstream.headers, HOP_BY_HOP)
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        reader = None
+        if ex.route is not None:
+            reader = BodyReader(upstream.headers.get("Content-Type", ""),
+                                upstream.headers.get("Content-Encoding", ""), ex.route.body_kind)
+            ex.reader = reader
+        await resp.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                now = time.time_ns()
+                await resp.write(chunk)
+                ex.resp_bytes += len(chunk)
+                if reader is not None:
+                    reader.feed(chunk, now)
+                    if not ex.first_token_seen and reader.facts.first_token_ns is not None:
+                        ex.first_token_seen = True
+                        self.ledger.first_token(ex.key, reader.facts.first_token_ns)
+            ex.upstream_done = True
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as e:
+            if isinstance(e, aiohttp.ClientConnectionResetError) or request.transport is None \
+                    or request.transport.is_closing():
+                ex.outcome = ex.error_type = CLIENT_GONE
+                ex.error_message = "the client hung up"
+                return resp
+            raise
+        except asyncio.TimeoutError:
+            self._cut(request, ex, UPSTREAM_TIMEOUT,
+                      f"upstream went silent for {self.config.upstream_timeout_s:g} s mid-answer")
+            return resp
+        except (aiohttp.ClientError, OSError) as e:
+            self._cut(request, ex, UPSTREAM_ERROR, f"upstream failed mid-answer: {type(e).__name__}: {e}")
+            return resp
+        try:
+            await resp.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            ex.outcome = ex.error_type = CLIENT_GONE
+        return resp
+
+    def _cut(self, request: web.Request, ex: _Exchange, outcome: str, message: str) -> None:
+        """The answer started and cannot be completed: drop the client connection so the client sees
+        a truncated body rather than a clean end."""
+        ex.outcome = ex.error_type = outcome
+        ex.error_message = message
+        if request.transport is not None:
+            request.transport.abort() if hasattr(request.transport, "abort") else request.transport.close()
+
+    def _fail(self, ex: _Exchange, code: int, outcome: str, message: str, close: bool = False) -> web.Response:
+        ex.outcome, ex.status, ex.error_type, ex.error_message = outcome, code, outcome, message
+        if ex.ledger_open:
+            self.ledger.forget(ex.key)
+            ex.ledger_open = False
+        resp = web.Response(status=code, body=_error_body(code, message), content_type="application/json")
+        if close:
+            resp.force_close()
+        return resp
+
+    def _plain_error(self, code: int, message: str) -> web.Response:
+        resp = web.Response(status=code, body=_error_body(code, message, "invalid_request_error"),
+                            content_type="application/json")
+        resp.force_close()
+        return resp
+
+    # -- spans and metrics --------------------------------------------------------------------
+    def _start_span(self, request: web.Request, ex: _Exchange, parent) -> Any:
+        cfg = self.config
+        attrs = {
+            "http.request.method": request.method,
+            "url.path": request.path,
+            "server.address": cfg.listen_host,
+            "server.port": self.port or cfg.listen_port,
+            "network.protocol.version": f"{request.version.major}.{request.version.minor}",
+            "proxy.upstream": cfg.upstream,
+        }
+        if request.remote:
+            attrs["client.address"] = request.remote
+        if request.query_string:
+            attrs["url.query"] = request.query_string
+        if ex.route is not None:
+            attrs["gen_ai.operation.name"] = ex.route.operation
+            attrs["gen_ai.provider.name"] = ex.route.provider
+            name = ex.route.operation
+        else:
+            name = f"{request.method} {request.path}" if len(request.path) <= 64 else request.method
+        return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=ex.start_ns,
+                                      attributes=attrs)
+
+    def _metric_base(self, route: Optional[Route]) -> Dict[str, str]:
+        if route is None:
+            return {}
+        return {"gen_ai.operation.name": route.operation, "gen_ai.provider.name": route.provider}
+
+    def _finish(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> None:
+        """Set what is known at the end of the answer; end the span now or after the GPU wait."""
+        try:
+            self._finish_inner(ex, end_ns, base_attrs)
+        except Exception:      # telemetry must never break the proxy
+            log.exception("proxy: could not finish the span of a request")
+
+    def _finish_inner(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> None:
+        facts = ex.reader.close(end_ns) if ex.reader is not None else None
+        span = ex.span
+        model = ex.request_fields.get("model") if isinstance(ex.request_fields.get("model"), str) else None
+        if model is None and facts is not None and facts.model:
+            model = facts.model
+        if span is not None:
+            attrs: Dict[str, Any] = {"proxy.outcome": ex.outcome,
+                                     "http.request.body.size": ex.req_bytes,
+                                     "http.response.body.size": ex.resp_bytes}
+            if ex.status is not None:
+                attrs["http.response.status_code"] = ex.status
+            if ex.route is not None:
+                attrs["gen_ai.request.id"] = (facts.response_id if facts and facts.response_id else ex.key)
+                if model:
+                    attrs["gen_ai.request.model"] = model
+                if "max_tokens" in ex.request_fields:
+                    attrs["gen_ai.request.max_tokens"] = ex.request_fields["max_tokens"]
+                if "stream" in ex.request_fields:
+                    attrs["gen_ai.request.stream"] = ex.request_fields["stream"]
+                if facts is not None:
+                    attrs.update(spanattrs.fact_attributes(facts, ex.start_ns, end_ns))
+                if model:
+                    span.update_name(f"{ex.route.operation} {model}")
+            error = ex.error_type
+            if error is None and ex.status is not None and ex.status >= 500:
+                error = str(ex.status)
+            if error is not None:
+                attrs["error.type"] = error
+                span.set_status(Status(StatusCode.ERROR, ex.error_message or f"HTTP {ex.status}"))
+            elif facts is not None and facts.error and (ex.status or 0) < 400:
+                # an error inside a 200 answer (llama-server streams errors as events); 4xx stays unset
+                span.set_status(Status(StatusCode.ERROR, f"upstream error in the answer: {facts.error[:200]}"))
+            span.set_attributes(attrs)
+
+        if ex.route is None:
+            if span is not None:
+                span.end(end_time=end_ns)
+            return
+        metric_attrs = dict(base_attrs)
+        if model:
+            metric_attrs["gen_ai.request.model"] = model
+        if ex.error_type is not None or (ex.status is not None and ex.status >= 500):
+            metric_attrs["error.type"] = ex.error_type or str(ex.status)
+        ok = ex.outcome == COMPLETE and ex.status is not None and ex.status < 400
+        ttft = spanattrs.time_to_first_token(facts, ex.start_ns) if facts is not None and ok else None
+        tpot = spanattrs.time_per_output_token(facts, ex.start_ns, end_ns) if facts is not None and ok else None
+        self.instruments.finished(base_attrs, metric_attrs, (end_ns - ex.start_ns) / 1e9, ttft, tpot)
+        if not ex.ledger_open:
+            if span is not None:
+                span.end(end_time=end_ns)
+            return
+        fut = self.ledger.close(ex.key, end_ns)
+        task = asyncio.get_running_loop().create_task(self._gpu_then_end(fut, span, end_ns, metric_attrs))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _gpu_then_end(self, fut, span, end_ns: int, metric_attrs: Dict[str, str]) -> None:
+        try:
+            cost = await fut
+            if span is not None:
+                span.set_attributes(spanattrs.gpu_attributes(cost))
+            self.instruments.gpu(metric_attrs, cost)
+        except Exception:
+            log.exception("proxy: GPU attribution failed for a request")
+        finally:
+            if span is not None:
+                span.end(end_time=end_ns)
+
+
+def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
+    """The census folder to read, or None when there is none to read (spans say no_census)."""
+    import os
+    from pathlib import Path
+
+    from .. import reader
+    path = Path(config.census_dir) if config.census_dir else reader.default_census_dir()
+    if not path.is_dir():
+        if config.census_dir:
+            log.warning("census folder %s does not exist (yet): it is read once it does", path)
+            return CensusSource(str(path), config.upstream_pid)
+        return None
+    if not os.access(path, os.R_OK | os.X_OK):
+        log.warning("census folder %s is not readable: spans carry no GPU cost", path)
+        return None
+    return CensusSource(str(path), config.upstream_pid)

@@ -1,0 +1,402 @@
+"""Read facts out of a copy of a response body as it streams past: tokens, ids, usage, timings.
+
+Nothing here touches the bytes the client receives: the proxy writes each chunk to the client first
+and then hands the same chunk to a parser, which keeps at most one partial event in memory.
+
+Three body shapes:
+- ``text/event-stream`` (llama-server, OpenAI style): ``data: {...}`` events separated by a blank
+  line, comment lines (``:`` pings), ``data: [DONE]`` at the end of OpenAI-style streams.
+- ``application/x-ndjson`` (Ollama): one JSON object per line.
+- anything else is parsed as one JSON document at the end (non-streamed answers), if it is small
+  enough to be worth it.
+
+*First token*: the first streamed event that carries generation (not a ``prompt_progress`` update,
+not an error, not the ``[DONE]`` marker). llama-server sends the chat role delta together with the
+first token's delta, so the first chat chunk is the first token too.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+MAX_EVENT_BYTES = 4 << 20        # one SSE event or NDJSON line larger than this is skipped
+MAX_JSON_BODY_BYTES = 16 << 20   # a non-streamed body larger than this is not parsed
+
+TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
+OLLAMA_KEYS = ("prompt_eval_count", "eval_count", "total_duration", "load_duration",
+               "prompt_eval_duration", "eval_duration")
+
+
+@dataclass
+class StreamFacts:
+    """What the response told us. Times are wall-clock ns as observed at the proxy."""
+
+    kind: str = "json"                     # "sse", "ndjson" or "json"
+    response_id: Optional[str] = None
+    model: Optional[str] = None
+    first_token_ns: Optional[int] = None
+    last_event_ns: Optional[int] = None
+    events: int = 0                        # parsed events / lines / documents
+    token_events: int = 0
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    cached_tokens: Optional[int] = None
+    timings: Dict[str, float] = field(default_factory=dict)
+    id_slot: Optional[int] = None
+    finish_reason: Optional[str] = None
+    done: bool = False                     # a terminal event was seen (stop, [DONE], done:true)
+    error: Optional[str] = None            # an error the upstream reported inside the body
+    ollama: Dict[str, int] = field(default_factory=dict)
+    unparsed: int = 0                      # events that were not JSON or too large
+    note: Optional[str] = None             # why the body was not read, when it was not
+
+    @property
+    def streamed(self) -> bool:
+        return self.kind in ("sse", "ndjson")
+
+
+def _int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class FactCollector:
+    """Folds decoded JSON events into StreamFacts; knows llama-server, OpenAI and Ollama shapes."""
+
+    def __init__(self, facts: StreamFacts):
+        self.facts = facts
+
+    def event(self, obj: Any, now_ns: int, streamed: bool) -> None:
+        f = self.facts
+        f.events += 1
+        f.last_event_ns = now_ns
+        if isinstance(obj, list):            # multi-prompt non-OAI answers: read the first
+            obj = obj[0] if obj and isinstance(obj[0], dict) else None
+        if not isinstance(obj, dict):
+            return
+        err = obj.get("error")
+        if err is not None and "choices" not in obj:
+            if isinstance(err, dict):
+                f.error = str(err.get("message") or err.get("type") or err)
+            else:
+                f.error = str(err)
+            return
+        if isinstance(obj.get("id"), str):
+            f.response_id = obj["id"]
+        if isinstance(obj.get("model"), str) and obj["model"]:
+            f.model = obj["model"]
+        if _int(obj.get("id_slot")) is not None:
+            f.id_slot = obj["id_slot"]
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            f.timings = {k: timings[k] for k in TIMING_KEYS
+                         if isinstance(timings.get(k), (int, float)) and not isinstance(timings.get(k), bool)}
+        self._usage(obj)
+        if streamed and f.first_token_ns is None and self._carries_generation(obj):
+            f.first_token_ns = now_ns
+        if streamed and self._carries_generation(obj):
+            f.token_events += 1
+
+    def done(self) -> None:
+        self.facts.done = True
+
+    def _carries_generation(self, obj: Dict[str, Any]) -> bool:
+        if "prompt_progress" in obj:
+            return False
+        if "stop" in obj and "content" in obj:            # llama-server /completion
+            return obj.get("stop") is False or bool(obj.get("content"))
+        choices = obj.get("choices")
+        if isinstance(choices, list):                     # OpenAI completion / chat chunk
+            return bool(choices)
+        if "done" in obj and ("response" in obj or "message" in obj):   # Ollama
+            return obj.get("done") is False or bool(obj.get("response")) or bool(
+                (obj.get("message") or {}).get("content") if isinstance(obj.get("message"), dict) else False)
+        return False
+
+    def _usage(self, obj: Dict[str, Any]) -> None:
+        f = self.facts
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            if _int(usage.get("prompt_tokens")) is not None:
+                f.input_tokens = usage["prompt_tokens"]
+            if _int(usage.get("completion_tokens")) is not None:
+                f.output_tokens = usage["completion_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
+                f.cached_tokens = details["cached_tokens"]
+        if obj.get("stop") is True:                       # llama-server /completion final event
+            if _int(obj.get("tokens_evaluated")) is not None:
+                f.input_tokens = obj["tokens_evaluated"]
+            if _int(obj.get("tokens_predicted")) is not None:
+                f.output_tokens = obj["tokens_predicted"]
+            if isinstance(obj.get("stop_type"), str):
+                f.finish_reason = obj["stop_type"]
+            f.done = True
+        if "tokens_evaluated" in obj and f.input_tokens is None and _int(obj.get("tokens_evaluated")) is not None:
+            f.input_tokens = obj["tokens_evaluated"]      # embeddings: no stop flag
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            fr = choices[0].get("finish_reason")
+            if isinstance(fr, str):
+                f.finish_reason = fr
+        if obj.get("done") is True:                       # Ollama final chunk
+            for k in OLLAMA_KEYS:
+                if _int(obj.get(k)) is not None:
+                    f.ollama[k] = obj[k]
+            if "prompt_eval_count" in f.ollama:
+                f.input_tokens = f.ollama["prompt_eval_count"]
+            if "eval_count" in f.ollama:
+                f.output_tokens = f.ollama["eval_count"]
+            if isinstance(obj.get("done_reason"), str):
+                f.finish_reason = obj["done_reason"]
+            f.done = True
+
+
+def _json(raw: bytes) -> Any:
+    return json.loads(raw)
+
+
+class SSEParser:
+    """Incremental text/event-stream parser (line endings CRLF, LF or CR, per the SSE spec)."""
+
+    def __init__(self, collector: FactCollector):
+        self.c = collector
+        self.buf = b""
+        self.data: list = []
+        self.size = 0
+        self.skipping = False
+        self.pending_cr = False
+
+    def feed(self, chunk: bytes, now_ns: int) -> None:
+        if self.pending_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]                 # the LF of a CRLF split across chunks
+        self.pending_cr = False
+        buf = self.buf + chunk if self.buf else chunk
+        pos, n = 0, len(buf)
+        while pos < n:
+            lf, cr = buf.find(b"\n", pos), buf.find(b"\r", pos)
+            i = lf if cr < 0 else cr if lf < 0 else min(lf, cr)
+            if i < 0:
+                break
+            line = buf[pos:i]
+            if buf[i] == 13:                  # CR, maybe followed by LF
+                if i + 1 < n:
+                    pos = i + 2 if buf[i + 1] == 10 else i + 1
+                else:
+                    self.pending_cr = True
+                    pos = i + 1
+            else:
+                pos = i + 1
+            self._line(line, now_ns)
+        self.buf = buf[pos:]
+        if len(self.buf) > MAX_EVENT_BYTES:
+            self.buf = b""
+            self.skipping = True
+
+    def _line(self, line: bytes, now_ns: int) -> None:
+        if not line:
+            self._dispatch(now_ns)
+            return
+        if line.startswith(b":"):
+            return
+        name, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if name == b"data" and not self.skipping:
+            self.size += len(value)
+            if self.size > MAX_EVENT_BYTES:
+                self.skipping = True
+                self.data = []
+            else:
+                self.data.append(value)
+
+    def _dispatch(self, now_ns: int) -> None:
+        skipped, data = self.skipping, self.data
+        self.data, self.size, self.skipping = [], 0, False
+        if skipped:
+            self.c.facts.unparsed += 1
+            return
+        if not data:
+            return
+        payload = b"\n".join(data)
+        if payload.strip() == b"[DONE]":
+            self.c.done()
+            return
+        try:
+            obj = _json(payload)
+        except ValueError:
+            self.c.facts.unparsed += 1
+            return
+        self.c.event(obj, now_ns, streamed=True)
+
+    def close(self, now_ns: int) -> None:
+        # An event not closed by a blank line is dropped by browsers; we read it anyway, since
+        # llama-server's last /completion event is always terminated, this only helps broken upstreams.
+        if self.buf:
+            self._line(self.buf, now_ns)
+            self.buf = b""
+        self._dispatch(now_ns)
+
+
+class NDJSONParser:
+    def __init__(self, collector: FactCollector):
+        self.c = collector
+        self.buf = b""
+        self.skipping = False
+
+    def feed(self, chunk: bytes, now_ns: int) -> None:
+        start = 0
+        while True:
+            i = chunk.find(b"\n", start)
+            if i < 0:
+                break
+            line = self.buf + chunk[start:i]
+            self.buf = b""
+            start = i + 1
+            if self.skipping:
+                self.skipping = False
+                self.c.facts.unparsed += 1
+                continue
+            self._line(line, now_ns)
+        if not self.skipping:
+            self.buf += chunk[start:]
+            if len(self.buf) > MAX_EVENT_BYTES:
+                self.buf = b""
+                self.skipping = True
+
+    def _line(self, line: bytes, now_ns: int) -> None:
+        line = line.strip()
+        if not line:
+            return
+        try:
+            obj = _json(line)
+        except ValueError:
+            self.c.facts.unparsed += 1
+            return
+        self.c.event(obj, now_ns, streamed=True)
+
+    def close(self, now_ns: int) -> None:
+        if self.skipping:
+            self.c.facts.unparsed += 1
+        elif self.buf:
+            self._line(self.buf, now_ns)
+        self.buf = b""
+
+
+class JSONBodyParser:
+    def __init__(self, collector: FactCollector):
+        self.c = collector
+        self.parts: list = []
+        self.size = 0
+        self.too_big = False
+
+    def feed(self, chunk: bytes, now_ns: int) -> None:
+        if self.too_big:
+            return
+        self.size += len(chunk)
+        if self.size > MAX_JSON_BODY_BYTES:
+            self.too_big, self.parts = True, []
+            self.c.facts.note = f"body larger than {MAX_JSON_BODY_BYTES} bytes: not read"
+            return
+        self.parts.append(chunk)
+
+    def close(self, now_ns: int) -> None:
+        if self.too_big or not self.parts:
+            return
+        try:
+            obj = _json(b"".join(self.parts))
+        except ValueError:
+            self.c.facts.unparsed += 1
+            return
+        finally:
+            self.parts = []
+        self.c.event(obj, now_ns, streamed=False)
+
+
+class _Decoder:
+    """Undo gzip/deflate on the parser's copy; the client still gets the compressed bytes."""
+
+    def __init__(self, encoding: str):
+        wbits = 16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS
+        self.z = zlib.decompressobj(wbits)
+
+    def __call__(self, chunk: bytes) -> bytes:
+        return self.z.decompress(chunk)
+
+
+class BodyReader:
+    """Chooses a parser from the response headers and never raises into the proxy's data path."""
+
+    def __init__(self, content_type: str, content_encoding: str = "", default_kind: str = "json"):
+        self.facts = StreamFacts()
+        ct = (content_type or "").split(";")[0].strip().lower()
+        if ct == "text/event-stream":
+            kind = "sse"
+        elif ct in ("application/x-ndjson", "application/ndjson", "application/jsonl"):
+            kind = "ndjson"
+        elif ct in ("application/json", "") or ct.endswith("+json"):
+            kind = default_kind if ct == "" else "json"
+        else:
+            kind = None
+        enc = (content_encoding or "").strip().lower()
+        self.decode = None
+        if kind is not None and enc not in ("", "identity"):
+            if enc in ("gzip", "x-gzip", "deflate"):
+                self.decode = _Decoder(enc)
+            else:
+                self.facts.note = f"content-encoding {enc}: body not read"
+                kind = None
+        collector = FactCollector(self.facts)
+        if kind is None:
+            self.parser = None
+            if self.facts.note is None:
+                self.facts.note = f"content-type {ct}: body not read"
+        else:
+            self.facts.kind = kind
+            self.parser = {"sse": SSEParser, "ndjson": NDJSONParser, "json": JSONBodyParser}[kind](collector)
+        self.failed: Optional[str] = None
+
+    def feed(self, chunk: bytes, now_ns: int) -> None:
+        if self.parser is None:
+            return
+        try:
+            if self.decode is not None:
+                chunk = self.decode(chunk)
+            self.parser.feed(chunk, now_ns)
+        except Exception as e:  # a parser bug must never break the client's stream
+            self.failed = f"{type(e).__name__}: {e}"
+            self.facts.note = f"body reader stopped: {self.failed}"
+            self.parser = None
+
+    def close(self, now_ns: int) -> StreamFacts:
+        if self.parser is not None:
+            try:
+                self.parser.close(now_ns)
+            except Exception as e:
+                self.facts.note = f"body reader stopped: {type(e).__name__}: {e}"
+            self.parser = None
+        return self.facts
+
+
+def parse_request_body(body: bytes) -> Dict[str, Any]:
+    """Fields of a request body the span wants: model, stream, max tokens. {} when not JSON."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(obj, dict):
+        return {}
+    out: Dict[str, Any] = {}
+    if isinstance(obj.get("model"), str):
+        out["model"] = obj["model"]
+    if isinstance(obj.get("stream"), bool):
+        out["stream"] = obj["stream"]
+    for k in ("max_tokens", "max_completion_tokens", "n_predict"):
+        if _int(obj.get(k)) is not None:
+            out["max_tokens"] = obj[k]
+            break
+    opts = obj.get("options")
+    if "max_tokens" not in out and isinstance(opts, dict) and _int(opts.get("num_predict")) is not None:
+        out["max_tokens"] = opts["num_predict"]
+    return out

@@ -1,0 +1,541 @@
+"""The proxy against the llama-server / Ollama stand-in, spans checked over OTLP with a real receiver."""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from llama_standin import Opts, Standin
+from otlp_trace_receiver import TraceReceiver
+from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+
+pytestmark = pytest.mark.timeout(60)
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+@pytest.fixture(scope="module")
+def standin():
+    st = Standin().start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with TraceReceiver() as rx:
+        yield rx
+
+
+@pytest.fixture(autouse=True)
+def _fresh(standin, receiver):
+    standin.opts = Opts()
+    standin.seen.clear()
+    receiver.clear()
+
+
+class Running:
+    def __init__(self, handle, tp, metrics):
+        self.handle, self.tp, self.metrics = handle, tp, metrics
+
+    @property
+    def port(self):
+        return self.handle.port
+
+    def stop(self):
+        self.handle.stop()
+        self.tp.shutdown()
+
+
+@pytest.fixture
+def make_proxy(standin, receiver):
+    running = []
+
+    def make(upstream=None, census_source=None, **cfg):
+        tp = TracerProvider()
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=receiver.http_endpoint),
+                                                 schedule_delay_millis=50))
+        metrics = InMemoryMetricReader()
+        cfg.setdefault("gpu", census_source is not None)
+        config = ProxyConfig(upstream=upstream or standin.url, listen_port=0, **cfg)
+        h = start_proxy_in_thread(config, tp, MeterProvider(metric_readers=[metrics]), census_source)
+        r = Running(h, tp, metrics)
+        running.append(r)
+        return r
+    yield make
+    for r in running:
+        r.stop()
+
+
+def request(port, method, path, body=None, headers=None, timeout=30):
+    """(status, headers, body bytes) over a fresh connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **(headers or {})}
+    conn.request(method, path, body=body, headers=headers or {})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, resp.headers, data
+
+
+def one_span(receiver, name_prefix="", timeout=10):
+    spans = receiver.wait_for(lambda ss: any(s.name.startswith(name_prefix) for s in ss), timeout)
+    return [s for s in spans if s.name.startswith(name_prefix)][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# passthrough
+
+@pytest.mark.parametrize("path,body", [
+    ("/completion", {"prompt": "hi", "stream": True}),
+    ("/v1/completions", {"prompt": "hi", "stream": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "stream_options": {"include_usage": True}}),
+    ("/api/generate", {"model": "m", "prompt": "hi"}),
+    ("/api/chat", {"model": "m", "messages": []}),
+])
+def test_streams_pass_byte_for_byte(make_proxy, standin, path, body):
+    standin.opts.ping_every_tokens = 2
+    p = make_proxy()
+    status, headers, data = request(p.port, "POST", path, body)
+    assert status == 200
+    assert data == standin.seen[-1].sent and len(data) > 100
+    assert headers["Content-Type"] == ("application/x-ndjson" if path.startswith("/api") else "text/event-stream")
+
+
+def test_non_streamed_and_odd_bytes_pass_unchanged(make_proxy, standin):
+    p = make_proxy()
+    direct = request(standin.port, "POST", "/completion", {"prompt": "hé\u2028", "n_predict": 3})[2]
+    via = request(p.port, "POST", "/completion", {"prompt": "hé\u2028", "n_predict": 3})[2]
+    assert via == direct
+    # a body that is not UTF-8 at all goes both ways untouched
+    raw = bytes(range(256)) * 40
+    status, _, data = request(p.port, "POST", "/echo", raw, {"Content-Type": "application/octet-stream"})
+    assert status == 200 and json.loads(data)["body_len"] == len(raw)
+    assert standin.seen[-1].body == raw
+
+
+def test_gzip_stream_passes_compressed_and_is_still_read(make_proxy, standin, receiver):
+    standin.opts.gzip = True
+    p = make_proxy()
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps({"messages": [], "stream": True}).encode(),
+                 {"Content-Type": "application/json", "Accept-Encoding": "gzip"})
+    r = conn.getresponse()
+    data = r.read()
+    assert r.headers["Content-Encoding"] == "gzip"
+    assert data == standin.seen[-1].sent                  # compressed bytes, untouched
+    assert gzip.decompress(data).endswith(b"data: [DONE]\n\n")
+    a = one_span(receiver, "chat").attributes
+    assert a["gen_ai.usage.output_tokens"] == 5 and "gen_ai.latency.time_to_first_token" in a
+
+
+def test_proxy_adds_no_default_request_headers(make_proxy, standin):
+    p = make_proxy()
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+    conn.putrequest("GET", "/echo", skip_accept_encoding=True)
+    conn.endheaders()
+    conn.getresponse().read()
+    seen = {k.lower() for k in standin.seen[-1].headers}
+    assert "accept-encoding" not in seen and "user-agent" not in seen and "content-type" not in seen
+
+
+def test_hop_by_hop_headers_are_stripped_both_ways(make_proxy, standin):
+    p = make_proxy()
+    status, headers, data = request(p.port, "GET", "/echo", headers={
+        "Connection": "keep-alive, X-Private", "X-Private": "secret", "Keep-Alive": "timeout=5",
+        "Proxy-Authorization": "Basic eDp5", "TE": "trailers", "Upgrade": "h2c", "X-Custom": "kept"})
+    assert status == 200
+    got = {k.lower(): v for k, v in json.loads(data)["headers"].items()}
+    for h in ("x-private", "keep-alive", "proxy-authorization", "te", "upgrade"):
+        assert h not in got
+    assert got["x-custom"] == "kept"
+    assert got["host"] == f"127.0.0.1:{standin.port}"
+    assert headers["X-Upstream"] == "standin"
+    assert "Keep-Alive" not in headers
+
+
+# ---------------------------------------------------------------------------------------------
+# spans
+
+def test_span_joins_incoming_trace_and_forwards_its_own_id(make_proxy, standin, receiver):
+    p = make_proxy()
+    tp = f"00-{TRACE_ID}-{PARENT_ID}-01"
+    request(p.port, "POST", "/v1/chat/completions", {"model": "m7", "messages": [], "stream": True},
+            {"traceparent": tp})
+    span = one_span(receiver, "chat")
+    assert span.trace_id == TRACE_ID and span.parent_span_id == PARENT_ID
+    assert span.kind == "server" and span.transport == "http"
+    sent = standin.seen[-1].headers["traceparent"]
+    assert sent.split("-")[1] == TRACE_ID and sent.split("-")[2] == span.span_id
+    assert span.name == "chat m7"
+    a = span.attributes
+    assert a["gen_ai.request.model"] == "m7"
+    assert a["gen_ai.request.id"] == a["gen_ai.response.id"] and a["gen_ai.request.id"].startswith("chatcmpl-")
+    assert a["gen_ai.usage.input_tokens"] == 7 and a["gen_ai.usage.output_tokens"] == 5
+    assert a["llamacpp.timings.predicted_n"] == 5 and a["llamacpp.timings.prompt_n"] == 7
+    assert a["proxy.outcome"] == "complete" and span.status == "unset"
+
+
+def test_new_trace_without_traceparent(make_proxy, standin, receiver):
+    p = make_proxy()
+    request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
+    span = one_span(receiver, "text_completion")
+    assert span.parent_span_id == "" and len(span.trace_id) == 32
+    assert standin.seen[-1].headers["traceparent"].split("-")[2] == span.span_id
+    a = span.attributes
+    assert a["llamacpp.id_slot"] == 0 and a["gen_ai.usage.output_tokens"] == 5
+    assert len(a["gen_ai.request.id"]) == 32     # no id in /completion answers: one made up
+
+
+def test_ttft_and_latencies_come_from_the_stream(make_proxy, standin, receiver):
+    standin.opts.first_token_delay = 0.3
+    standin.opts.token_delay = 0.1
+    standin.opts.tokens = 4
+    p = make_proxy()
+    request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
+    a = one_span(receiver, "text_completion").attributes
+    ttft, e2e = a["gen_ai.latency.time_to_first_token"], a["gen_ai.latency.e2e"]
+    assert 0.3 <= ttft < 0.6
+    assert e2e >= ttft + 0.3 - 0.01         # three more tokens 0.1 s apart
+    assert e2e < 2.0
+
+
+def test_ollama_ndjson_usage_and_durations(make_proxy, standin, receiver):
+    standin.opts.first_token_delay = 0.2
+    p = make_proxy()
+    request(p.port, "POST", "/api/generate", {"model": "llama3:8b", "prompt": "x"})
+    s = one_span(receiver, "text_completion")
+    a = s.attributes
+    assert s.name == "text_completion llama3:8b"
+    assert a["gen_ai.provider.name"] == "ollama"
+    assert a["gen_ai.usage.input_tokens"] == 7 and a["gen_ai.usage.output_tokens"] == 5
+    assert a["ollama.eval_duration"] == 15_000_000 and a["ollama.prompt_eval_count"] == 7
+    assert a["gen_ai.latency.time_in_model_decode"] == pytest.approx(0.015)
+    assert a["gen_ai.latency.time_to_first_token"] >= 0.2
+    assert a["gen_ai.response.finish_reasons"] == ("length",)
+
+
+def test_non_streamed_answer_has_usage_but_no_ttft(make_proxy, standin, receiver):
+    p = make_proxy()
+    request(p.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3})
+    a = one_span(receiver, "text_completion").attributes
+    assert a["gen_ai.usage.output_tokens"] == 3 and a["gen_ai.request.max_tokens"] == 3
+    assert "gen_ai.latency.time_to_first_token" not in a
+    assert a["gen_ai.request.id"].startswith("cmpl-")
+
+
+def test_embeddings_span(make_proxy, standin, receiver):
+    p = make_proxy()
+    request(p.port, "POST", "/v1/embeddings", {"input": "x", "model": "e"})
+    s = one_span(receiver, "embeddings")
+    assert s.attributes["gen_ai.usage.input_tokens"] == 7 and s.name == "embeddings e"
+
+
+def test_health_is_untraced_other_paths_get_a_plain_span(make_proxy, standin, receiver):
+    p = make_proxy()
+    assert request(p.port, "GET", "/health")[0] == 200
+    assert request(p.port, "GET", "/slots")[0] == 200
+    s = one_span(receiver, "GET /slots")
+    assert "gen_ai.operation.name" not in s.attributes
+    time.sleep(0.3)
+    assert not [x for x in receiver.snapshot() if "health" in x.name]
+
+
+def test_upstream_error_status_passes_through_and_marks_the_span(make_proxy, standin, receiver):
+    standin.opts.status = 503
+    p = make_proxy()
+    status, _, data = request(p.port, "POST", "/completion", {"prompt": "x"})
+    assert status == 503 and json.loads(data)["error"]["message"] == "Loading model"
+    s = one_span(receiver, "text_completion")
+    assert s.status == "error" and s.attributes["http.response.status_code"] == 503
+    assert s.attributes["error.type"] == "503"
+
+
+# ---------------------------------------------------------------------------------------------
+# faults
+
+def _closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_upstream_down_gives_503_json_and_error_span(make_proxy, receiver):
+    p = make_proxy(upstream=f"http://127.0.0.1:{_closed_port()}")
+    status, headers, data = request(p.port, "POST", "/completion", {"prompt": "x"})
+    assert status == 503
+    err = json.loads(data)["error"]
+    assert err["code"] == 503 and "cannot connect" in err["message"]
+    s = one_span(receiver, "text_completion")
+    assert s.status == "error" and s.attributes["proxy.outcome"] == "upstream_unavailable"
+
+
+def test_upstream_closing_without_answer_gives_502(make_proxy, standin, receiver):
+    standin.opts.drop_before_headers = True
+    p = make_proxy()
+    status, _, data = request(p.port, "POST", "/completion", {"prompt": "x"})
+    assert status == 502 and json.loads(data)["error"]["type"] == "proxy_error"
+    s = one_span(receiver, "text_completion")
+    assert s.status == "error" and s.attributes["proxy.outcome"] == "upstream_error"
+
+
+def test_silent_upstream_gives_504(make_proxy, standin, receiver):
+    standin.opts.hang_before_headers = 5
+    p = make_proxy(upstream_timeout_s=0.5)
+    t = time.monotonic()
+    status, _, data = request(p.port, "POST", "/completion", {"prompt": "x"})
+    assert status == 504 and time.monotonic() - t < 3
+    assert one_span(receiver, "text_completion").attributes["proxy.outcome"] == "upstream_timeout"
+
+
+def test_upstream_that_closes_after_each_stream_is_never_reused_dead(make_proxy, standin):
+    standin.opts.close_after = True
+    p = make_proxy()
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)   # the client keeps its connection
+    for i in range(12):
+        conn.request("POST", "/completion", json.dumps({"prompt": str(i), "stream": True}).encode(),
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.read().endswith(b"\n\n")
+    conn.close()
+    assert len(standin.seen) == 12
+
+
+def test_upstream_dying_mid_stream_truncates_the_client_and_marks_the_span(make_proxy, standin, receiver):
+    standin.opts.drop_after_tokens = 2
+    p = make_proxy()
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+    conn.request("POST", "/completion", json.dumps({"prompt": "x", "stream": True}).encode())
+    r = conn.getresponse()
+    assert r.status == 200
+    with pytest.raises(http.client.IncompleteRead):
+        r.read()
+    s = one_span(receiver, "text_completion")
+    assert s.status == "error" and s.attributes["proxy.outcome"] == "upstream_error"
+    standin.opts.drop_after_tokens = None
+    assert request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})[0] == 200
+
+
+def test_upstream_silent_mid_stream_times_out(make_proxy, standin, receiver):
+    standin.opts.hang_after_tokens = 2
+    standin.opts.hang_for = 10
+    p = make_proxy(upstream_timeout_s=0.5)
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+    conn.request("POST", "/completion", json.dumps({"prompt": "x", "stream": True}).encode())
+    r = conn.getresponse()
+    with pytest.raises(http.client.IncompleteRead):
+        r.read()
+    s = one_span(receiver, "text_completion")
+    assert s.attributes["proxy.outcome"] == "upstream_timeout" and s.status == "error"
+
+
+def _wait(pred, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_client_hanging_up_mid_stream_cancels_upstream(make_proxy, standin, receiver):
+    standin.opts.tokens = 200
+    standin.opts.token_delay = 0.05
+    p = make_proxy()
+    sock = socket.create_connection(("127.0.0.1", p.port))
+    body = json.dumps({"prompt": "x", "stream": True}).encode()
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += sock.recv(4096)
+    sock.close()
+    assert _wait(lambda: standin.seen and standin.seen[-1].cancelled), "upstream kept generating"
+    assert not standin.seen[-1].finished
+    s = one_span(receiver, "text_completion")
+    assert s.attributes["proxy.outcome"] == "client_disconnected" and s.status == "error"
+    standin.opts.tokens = 2
+    assert request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})[0] == 200
+
+
+def test_client_hanging_up_while_upstream_is_silent_cancels_upstream(make_proxy, standin, receiver):
+    standin.opts.hang_before_headers = 30
+    p = make_proxy()
+    sock = socket.create_connection(("127.0.0.1", p.port))
+    body = b'{"prompt": "x"}'
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n" + body)
+    assert _wait(lambda: len(standin.seen) == 1)
+    sock.close()
+    assert _wait(lambda: standin.seen[-1].cancelled), "upstream request not cancelled"
+    assert one_span(receiver, "text_completion").attributes["proxy.outcome"] == "client_disconnected"
+
+
+def test_malformed_json_event_passes_and_is_counted(make_proxy, standin, receiver):
+    standin.opts.malformed = True
+    p = make_proxy()
+    status, _, data = request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
+    assert status == 200 and b"data: {not json" in data and data == standin.seen[-1].sent
+    s = one_span(receiver, "text_completion")
+    assert s.attributes["proxy.body.unparsed_events"] == 1
+    assert s.attributes["gen_ai.usage.output_tokens"] == 5 and s.status == "unset"
+
+
+def test_malformed_request_gets_the_upstreams_answer(make_proxy, standin, receiver):
+    p = make_proxy()
+    status, _, data = request(p.port, "POST", "/completion", b"{oops", {"Content-Type": "application/json"})
+    assert status == 400 and b"prompt" in data
+    s = one_span(receiver, "text_completion")
+    assert s.attributes["http.response.status_code"] == 400 and s.status == "unset"
+
+
+def test_body_over_the_limit_is_refused_before_the_upstream_sees_it(make_proxy, standin, receiver):
+    p = make_proxy(max_body_bytes=1000)
+    status, _, data = request(p.port, "POST", "/completion", b"x" * 5000)
+    assert status == 413 and json.loads(data)["error"]["code"] == 413
+    assert standin.seen == []
+    assert one_span(receiver, "text_completion").attributes["proxy.outcome"] == "body_too_large"
+
+
+def test_chunked_body_over_the_limit_gets_413(make_proxy, standin):
+    p = make_proxy(max_body_bytes=10_000)
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+
+    def chunks():
+        for _ in range(50):
+            yield b"y" * 1000
+    conn.request("POST", "/slow-upload", body=chunks(), encode_chunked=True)
+    assert conn.getresponse().status == 413
+
+
+def test_large_slow_upload_is_streamed(make_proxy, standin):
+    p = make_proxy(max_body_bytes=64 << 20)
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=30)
+
+    def chunks():
+        for i in range(40):
+            if i % 10 == 0:
+                time.sleep(0.05)
+            yield b"z" * (1 << 20)
+    conn.request("POST", "/slow-upload", body=chunks(), encode_chunked=True)
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["received"] == 40 << 20
+
+
+def test_absolute_form_requests_never_leave_for_another_host(make_proxy, standin):
+    p = make_proxy()
+    for target in (b"http://example.invalid/echo", b"*"):
+        sock = socket.create_connection(("127.0.0.1", p.port))
+        sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: example.invalid\r\n\r\n")
+        data = sock.recv(65536)
+        sock.close()
+        assert data.split(b"\r\n")[0].split(b" ")[1] == b"400", data[:80]
+    assert standin.seen == []
+    # a path that looks like an authority still goes to the upstream, as a path
+    sock = socket.create_connection(("127.0.0.1", p.port))
+    sock.sendall(b"GET //example.invalid/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    data = b""
+    while True:
+        more = sock.recv(65536)
+        if not more:
+            break
+        data += more
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 404")          # the stand-in has no such path
+    assert standin.seen == [] or standin.seen[-1].raw_path == "//example.invalid/echo"
+
+
+def test_connect_method_refused(make_proxy, standin):
+    p = make_proxy()
+    sock = socket.create_connection(("127.0.0.1", p.port))
+    sock.sendall(b"CONNECT example.invalid:443 HTTP/1.1\r\nHost: example.invalid:443\r\n\r\n")
+    data = sock.recv(65536)
+    sock.close()
+    assert data.split(b"\r\n")[0].split(b" ")[1] == b"405"
+    assert standin.seen == []
+
+
+def test_concurrent_streams_do_not_mix(make_proxy, standin, receiver):
+    standin.opts.token_delay = 0.01
+    standin.opts.tokens = 20
+    p = make_proxy()
+    results = {}
+
+    def one(i):
+        results[i] = request(p.port, "POST", "/v1/chat/completions",
+                             {"model": f"m{i}", "messages": [], "stream": True})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sent = {s.body: s.sent for s in standin.seen}
+    for i, (status, _, data) in results.items():
+        assert status == 200
+        body = json.dumps({"model": f"m{i}", "messages": [], "stream": True}).encode()
+        assert data == sent[body]
+    spans = receiver.wait_for(lambda ss: len([s for s in ss if s.name.startswith("chat")]) == 8)
+    assert {s.attributes["gen_ai.request.model"] for s in spans} == {f"m{i}" for i in range(8)}
+    assert len({s.attributes["gen_ai.request.id"] for s in spans}) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+
+def _points(reader):
+    out = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name] = (m.unit, list(m.data.data_points))
+    return out
+
+
+def test_metrics(make_proxy, standin):
+    standin.opts.first_token_delay = 0.05
+    standin.opts.token_delay = 0.02
+    p = make_proxy()
+    for _ in range(3):
+        request(p.port, "POST", "/completion", {"prompt": "x", "stream": True, "model": "mm"})
+    pts = _points(p.metrics)
+    unit, ttft = pts["gen_ai.server.time_to_first_token"]
+    assert unit == "s" and sum(d.count for d in ttft) == 3 and min(d.min for d in ttft) >= 0.05
+    assert ttft[0].attributes == {"gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "llama.cpp",
+                                  "gen_ai.request.model": "mm"}
+    _, dur = pts["gen_ai.server.request.duration"]
+    assert sum(d.count for d in dur) == 3 and min(d.min for d in dur) >= 0.05 + 4 * 0.02
+    _, tpot = pts["gen_ai.server.time_per_output_token"]
+    assert sum(d.count for d in tpot) == 3 and 0.015 < max(d.max for d in tpot) < 0.2
+    unit, active = pts["gen_ai.server.active_requests"]
+    assert unit == "{request}" and sum(d.value for d in active) == 0
+
+
+def test_active_requests_counts_requests_in_flight(make_proxy, standin):
+    standin.opts.first_token_delay = 1.0
+    p = make_proxy()
+    t = threading.Thread(target=request, args=(p.port, "POST", "/completion", {"prompt": "x", "stream": True}))
+    t.start()
+    assert _wait(lambda: len(standin.seen) == 1)
+    time.sleep(0.1)
+    _, active = _points(p.metrics)["gen_ai.server.active_requests"]
+    assert sum(d.value for d in active) == 1
+    t.join()
+    _, active = _points(p.metrics)["gen_ai.server.active_requests"]
+    assert sum(d.value for d in active) == 0
