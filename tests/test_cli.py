@@ -466,3 +466,52 @@ def test_metrics_hook_calls_start_sidecar_and_stop(monkeypatch):
     cli._stop_metrics(h)
     assert calls == [dict(census_dir="/d", root_pid=77, exporter="prometheus", prometheus_port=9464,
                           interval_s=2.5), "stop"]
+
+
+_SIGNAL_LOGGER = textwrap.dedent(r"""
+    import os, signal, sys
+    log, ready, stop = sys.argv[1:4]
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    open(ready, "w").close()
+    while not os.path.exists(stop):
+        info = signal.sigtimedwait({signal.SIGINT}, 0.05)
+        if info:
+            with open(log, "a") as f:
+                f.write(f"{info.si_code} {info.si_pid}\n")
+    sys.exit(5)
+""")
+
+
+def test_ctrl_c_at_a_terminal_reaches_the_command_once(env, census_dir, tmp_path):
+    """The terminal sends SIGINT to the whole foreground group: the command already has it, so the
+    launcher must not send a second one (a second Ctrl-C makes many servers skip their clean shutdown)."""
+    import pty
+    log, ready, stop = tmp_path / "ints", tmp_path / "ready", tmp_path / "stop"
+    logger = tmp_path / "logger.py"
+    logger.write_text(_SIGNAL_LOGGER)
+    argv = cli_cmd("run", "--dir", str(census_dir), "--", sys.executable, str(logger), str(log), str(ready), str(stop))
+    pid, master = pty.fork()
+    if pid == 0:                                   # child: session leader on the new terminal
+        os.execve(argv[0], argv, env)
+    try:
+        deadline = time.time() + 20
+        while not ready.exists():
+            assert time.time() < deadline
+            time.sleep(0.02)
+        os.write(master, b"\x03")                  # Ctrl-C
+        deadline = time.time() + 10
+        while not log.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)                            # room for a duplicate to arrive
+        stop.touch()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:
+            pass
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 5   # the launcher itself was not stopped by Ctrl-C
+    senders = [line.split() for line in log.read_text().splitlines()]
+    assert senders == [[str(0x80), "0"]]           # one SIGINT, from the terminal (SI_KERNEL), none from us

@@ -195,7 +195,8 @@ def _cmd_run(args) -> int:
     hint = None
     if not tree:
         hint = (f"the census was off ({plan.warnings[0]})" if not plan.census_on and plan.warnings else
-                f"no process of this run initialised CUDA (no census segment for it in {census_dir})")
+                f"no process of this run initialised CUDA (no census segment for it in {census_dir}); if one "
+                "did, the injector's own log lines above say why it wrote none")
     tree_pids = {c.pid for c in tree} | {child.pid} | set(child.parents)
     errors = [e for e in errors if (reader.segment_file_pid(e.path) or (0, 0))[0] in tree_pids]
     sys.stderr.write(report.render_text(tree, errors, args.requests, str(census_dir), hint))
