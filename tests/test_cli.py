@@ -441,7 +441,9 @@ def test_find_cupti_prefers_explicit_then_wheel(tmp_path, monkeypatch):
 
 
 def test_metrics_hook_survives_a_missing_module(monkeypatch, capsys):
+    import otel_gpu_census
     monkeypatch.setitem(sys.modules, "otel_gpu_census.metrics", None)
+    monkeypatch.delattr(otel_gpu_census, "metrics", raising=False)
     args = cli.build_parser().parse_args(["run", "--exporter", "console", "--", "true"])
     assert cli._start_metrics(args, "/tmp", 1) is None
     assert "metrics export is not available" in capsys.readouterr().err
