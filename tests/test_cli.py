@@ -517,3 +517,15 @@ def test_ctrl_c_at_a_terminal_reaches_the_command_once(env, census_dir, tmp_path
     assert os.waitstatus_to_exitcode(status) == 5   # the launcher itself was not stopped by Ctrl-C
     senders = [line.split() for line in log.read_text().splitlines()]
     assert senders == [[str(0x80), "0"]]           # one SIGINT, from the terminal (SI_KERNEL), none from us
+
+
+def test_ignored_signals_stay_ignored_for_the_command(env, census_dir):
+    # like `nohup otel-gpu-census run ...`: SIGHUP ignored by whoever started us stays ignored,
+    # while SIGPIPE, which Python ignores for itself, is back at its default
+    p = subprocess.run(cli_cmd("run", "--dir", str(census_dir), "--", "cat", "/proc/self/status"), env=env,
+                       capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert p.returncode == 0, p.stderr
+    [ignored] = [int(line.split()[1], 16) for line in p.stdout.splitlines() if line.startswith("SigIgn:")]
+    assert ignored & (1 << (signal.SIGHUP - 1))
+    assert not ignored & (1 << (signal.SIGPIPE - 1))

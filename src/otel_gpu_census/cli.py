@@ -24,8 +24,9 @@ from typing import Dict, List, Optional
 
 PROG = "otel-gpu-census"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-# The child starts with these at their defaults, as subprocess's restore_signals does.
-_CHILD_DEFAULT_SIGNALS = set(FORWARDED_SIGNALS) | {signal.SIGPIPE, signal.SIGXFSZ}
+# Python ignores these for itself; the child gets them back at their defaults, as subprocess's
+# restore_signals does. Other dispositions pass through (under nohup, SIGHUP stays ignored).
+_CHILD_DEFAULT_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ}
 _SI_KERNEL = 0x80          # si_code of signals the terminal sends to a whole process group
 EXPORTERS = ("otlp", "prometheus", "console", "none")
 # Without --exporter, these variables ask for metrics (otel_gpu_census.exporters decides which).
