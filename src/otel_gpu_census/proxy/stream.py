@@ -86,7 +86,7 @@ class FactCollector:
             f.response_id = obj["id"]
         if isinstance(obj.get("model"), str) and obj["model"]:
             f.model = obj["model"]
-        if _int(obj.get("id_slot")) is not None:
+        if _int(obj.get("id_slot")) is not None and obj["id_slot"] >= 0:   # partial events say -1
             f.id_slot = obj["id_slot"]
         timings = obj.get("timings")
         if isinstance(timings, dict):
