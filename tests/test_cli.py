@@ -529,3 +529,21 @@ def test_ignored_signals_stay_ignored_for_the_command(env, census_dir):
     [ignored] = [int(line.split()[1], 16) for line in p.stdout.splitlines() if line.startswith("SigIgn:")]
     assert ignored & (1 << (signal.SIGHUP - 1))
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+def test_report_adds_processes_per_gpu(env, census_dir, segments, records):
+    uuid = bytes.fromhex("00112233445566778899aabbccddeeff")
+
+    def on_gpu(seg):
+        seg.devices[0].uuid = list(uuid)
+    for pid, nbytes in ((4_200_001, 1_000_000_007), (4_200_002, 3)):
+        _write(segments, census_dir, [records.memcpy("dtoh", nbytes, T0, T0 + 10, dst="pinned"),
+                                      records.kernel(T0, T0 + MS)], pid=pid, edit=on_gpu)
+    p = run_cli(env, "report", str(census_dir), "--json")
+    gpus = json.loads(p.stdout)["gpus"]
+    assert list(gpus) == ["GPU-00112233-4455-6677-8899-aabbccddeeff"]
+    [g] = gpus.values()
+    assert g["copies"]["dtoh"]["bytes"] == 1_000_000_010 and g["kernel_count"] == 2
+    p = run_cli(env, "report", str(census_dir))
+    assert ("all 2 processes, per GPU:\n  GPU-00112233-4455-6677-8899-aabbccddeeff: kernels 2 (0.002000 s), "
+            "device-to-host 1,000,000,010 bytes (1.00 GB)") in p.stdout

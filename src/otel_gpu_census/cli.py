@@ -200,7 +200,9 @@ def _cmd_run(args) -> int:
                 "did, the injector's own log lines above say why it wrote none")
     tree_pids = {c.pid for c in tree} | {child.pid} | set(child.parents)
     errors = [e for e in errors if (reader.segment_file_pid(e.path) or (0, 0))[0] in tree_pids]
-    sys.stderr.write(report.render_text(tree, errors, args.requests, str(census_dir), hint))
+    sys.stderr.write(report.render_text(tree, args.requests, str(census_dir), hint))
+    for e in errors:
+        _say(f"could not read {e.path}: {e.reason}")
     sys.stderr.flush()
     if args.json:
         try:
@@ -246,7 +248,8 @@ def _cmd_report(args) -> int:
         json.dump(report.to_dict(censuses, errors, args.requests, census_dir, hint), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(report.render_text(censuses, errors, args.requests, census_dir, hint))
+        sys.stdout.write(report.render_text(censuses, args.requests, census_dir, hint))
+    sys.stdout.flush()
     for e in errors:
         _say(f"could not read {e.path}: {e.reason}")
     return 1 if errors or (args.pid is not None and not censuses) else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from .census import (DIRECTIONS, FLAG_CONFLICT, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
-                     MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus, Stat)
+                     MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus, Stat, merge_devices)
 
 DIRECTION_LABELS = {
     "htod": "host-to-device",
@@ -178,10 +178,13 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "flags": c.flags, "note": c.note, "warnings": process_warnings(c),
             "devices": [_device_dict(d, life) for _, d in sorted(c.devices.items())],
         })
+    gpus = merge_devices(censuses)
     out = {
         "census_dir": census_dir,
         "units": {"bytes": "exact", "time": "ns", "busy_ratio": "busy_ns / lifetime_ns (wall_start..wall_update)"},
         "processes": procs,
+        # per physical GPU over all processes; busy_ns adds across processes (an upper bound)
+        "gpus": {key: _device_dict(d, 0) for key, d in sorted(gpus.items())},
         "no_activity": no_activity_reason(censuses, hint),
         "errors": [{"path": getattr(e, "path", None), "reason": getattr(e, "reason", str(e))} for e in errors],
     }
@@ -264,20 +267,34 @@ def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List
     return lines
 
 
-def render_text(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
+def _all_processes_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
+    """Per physical GPU across processes (vLLM / SGLang run one process per GPU or more)."""
+    active = [c for c in censuses if any(has_activity(d) for d in c.devices.values())]
+    if len(active) < 2:
+        return []
+    lines = [f"all {len(active)} processes, per GPU:"]
+    for key, d in sorted(merge_devices(active).items()):
+        parts = [f"kernels {d.kernel_count:,} ({seconds(d.kernel_ns)} s)"]
+        for direction, s in d.copies.by_direction().items():
+            if s.count:
+                parts.append(f"{DIRECTION_LABELS[direction]} {s.bytes:,} bytes ({human_size(s.bytes)})")
+        lines.append(f"  {key}: " + ", ".join(parts))
+    return lines + [""]
+
+
+def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = None,
                 census_dir: Optional[str] = None, hint: Optional[str] = None) -> str:
     n = len(censuses)
     lines = [f"otel-gpu-census report: {n} process{'es' if n != 1 else ''}"
              + (f", census folder {census_dir}" if census_dir else ""),
              f"({UNITS_NOTE})", ""]
-    reason = no_activity_reason(censuses, hint)
     for c in censuses:
         lines.extend(_process_lines(c))
         lines.append("")
+    lines.extend(_all_processes_lines(censuses))
+    reason = no_activity_reason(censuses, hint)
     if reason:
         lines.append(reason)
     elif requests:
         lines.extend(_per_request_lines(censuses, requests))
-    for e in errors:
-        lines.append(f"could not read {getattr(e, 'path', '?')}: {getattr(e, 'reason', e)}")
     return "\n".join(lines).rstrip() + "\n"
