@@ -547,3 +547,11 @@ def test_report_adds_processes_per_gpu(env, census_dir, segments, records):
     p = run_cli(env, "report", str(census_dir))
     assert ("all 2 processes, per GPU:\n  GPU-00112233-4455-6677-8899-aabbccddeeff: kernels 2 (0.002000 s), "
             "device-to-host 1,000,000,010 bytes (1.00 GB)") in p.stdout
+
+
+def test_run_with_an_unwritable_json_path_does_not_start(env, census_dir, tmp_path):
+    marker = tmp_path / "ran"
+    p = run_cli(env, "run", "--dir", str(census_dir), "--json", str(tmp_path / "no" / "such" / "r.json"), "--",
+                "touch", str(marker))
+    assert p.returncode == 1 and "cannot write" in p.stderr
+    assert not marker.exists()

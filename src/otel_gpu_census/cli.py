@@ -87,21 +87,26 @@ class _Child:
         self.same_group = os.getpgid(0) == os.getpgid(self.pid)
         self.parents: Dict[int, int] = {}       # descendants seen while running: {pid: ppid}
         self.exited = threading.Event()
-        self.late_signal: Optional[int] = None
         threading.Thread(target=self._forward, name="signal-forwarder", daemon=True).start()
-        threading.Thread(target=self._watch_tree, name="tree-watcher", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch_tree, name="tree-watcher", daemon=True)
+        self._watcher.start()
 
     def _forward(self) -> None:
+        absorbed = False
         while True:
             info = signal.sigtimedwait(FORWARDED_SIGNALS, 0.2)
             if info is None:
                 continue
+            from_terminal = info.si_code == _SI_KERNEL and self.same_group
             if self.exited.is_set():
-                # The command is done and we are finishing the report: a second request to stop
-                # is obeyed at once.
+                # The command is done and the report is being written. The Ctrl-C that ended the
+                # command may be seen only now: let one pass; any further request to stop is obeyed.
+                if from_terminal and not absorbed:
+                    absorbed = True
+                    continue
                 _say(f"interrupted by signal {info.si_signo} while finishing the report")
                 os._exit(128 + info.si_signo)
-            if info.si_code == _SI_KERNEL and self.same_group:
+            if from_terminal:
                 continue
             try:
                 os.kill(self.pid, info.si_signo)
@@ -127,6 +132,7 @@ class _Child:
             except InterruptedError:
                 continue
         self.exited.set()
+        self._watcher.join()            # self.parents is complete and no longer changes
         code = os.waitstatus_to_exitcode(status)
         return 128 - code if code < 0 else code
 
@@ -176,6 +182,13 @@ def _cmd_run(args) -> int:
     except reader.CensusDirError as e:
         _say(str(e))
         return 1
+    json_out = None
+    if args.json:
+        try:       # opened now: a path that cannot be written should not cost a whole run
+            json_out = open(args.json, "w")
+        except OSError as e:
+            _say(f"cannot write {args.json}: {e.strerror}")
+            return 1
     plan = build_env(census_dir)
     for w in plan.warnings:
         _say(w)
@@ -198,20 +211,28 @@ def _cmd_run(args) -> int:
         hint = (f"the census was off ({plan.warnings[0]})" if not plan.census_on and plan.warnings else
                 f"no process of this run initialised CUDA (no census segment for it in {census_dir}); if one "
                 "did, the injector's own log lines above say why it wrote none")
-    tree_pids = {c.pid for c in tree} | {child.pid} | set(child.parents)
-    errors = [e for e in errors if (reader.segment_file_pid(e.path) or (0, 0))[0] in tree_pids]
+    errors = _errors_in_tree(errors, {c.pid for c in tree} | {child.pid} | set(child.parents))
     sys.stderr.write(report.render_text(tree, args.requests, str(census_dir), hint))
-    for e in errors:
-        _say(f"could not read {e.path}: {e.reason}")
-    sys.stderr.flush()
-    if args.json:
+    _say_errors(errors)
+    if json_out is not None:
         try:
-            with open(args.json, "w") as f:
-                json.dump(report.to_dict(tree, errors, args.requests, str(census_dir), hint), f, indent=2)
-                f.write("\n")
+            with json_out:
+                json.dump(report.to_dict(tree, errors, args.requests, str(census_dir), hint), json_out, indent=2)
+                json_out.write("\n")
         except OSError as e:
             _say(f"cannot write {args.json}: {e.strerror}")
     return code
+
+
+def _errors_in_tree(errors, pids):
+    """Unreadable segments whose file name says they belong to one of `pids`."""
+    from .reader import segment_file_pid
+    return [e for e in errors if (segment_file_pid(e.path) or (0, 0))[0] in pids]
+
+
+def _say_errors(errors) -> None:
+    for e in errors:
+        _say(f"could not read {e.path}: {e.reason}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,8 +259,7 @@ def _cmd_report(args) -> int:
     if args.pid is not None:
         parents = reader.live_descendants(args.pid) if reader.proc_start_ticks(args.pid) else {}
         censuses = reader.process_tree(args.pid, censuses, parents=parents)
-        pids = {c.pid for c in censuses} | {args.pid} | set(parents)
-        errors = [e for e in errors if (reader.segment_file_pid(e.path) or (0, 0))[0] in pids]
+        errors = _errors_in_tree(errors, {c.pid for c in censuses} | {args.pid} | set(parents))
         if not censuses:
             hint = f"no census segment for pid {args.pid} or its descendants in {census_dir}"
     elif not censuses:
@@ -250,8 +270,7 @@ def _cmd_report(args) -> int:
     else:
         sys.stdout.write(report.render_text(censuses, args.requests, census_dir, hint))
     sys.stdout.flush()
-    for e in errors:
-        _say(f"could not read {e.path}: {e.reason}")
+    _say_errors(errors)
     return 1 if errors or (args.pid is not None and not censuses) else 0
 
 

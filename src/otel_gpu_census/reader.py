@@ -10,13 +10,11 @@ import mmap
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from . import census
 from ._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from .census import DIRECTIONS, MEMORY_KINDS, CopyTable, DeviceTotals, ProcessCensus, Stat, Step, Window
+from .census import DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, ProcessCensus, Stat, Step, Window
 
 SEGMENT_GLOB = "gpu-census-*.seg"
 READ_TRIES = 50           # seqlock attempts before settling for a possibly torn copy
@@ -24,9 +22,7 @@ READ_RETRY_SLEEP_S = 0.001
 
 # gc_device.peer_recv reaches DeviceTotals once the census model carries it.
 _HAS_PEER_RECV = "peer_recv" in getattr(DeviceTotals, "__dataclass_fields__", {})
-_DEVICE_DIRS = consts.GC_NDIR
-_MEMS = consts.GC_NMEM
-assert len(DIRECTIONS) == _DEVICE_DIRS and len(MEMORY_KINDS) == _MEMS, "census.py and gpu_census.h disagree"
+assert (len(DIRECTIONS), len(MEMORY_KINDS)) == (consts.GC_NDIR, consts.GC_NMEM), "census.py and gpu_census.h disagree"
 
 
 class SegmentError(Exception):
@@ -199,7 +195,7 @@ def _device(d) -> DeviceTotals:
     for i, direction in enumerate(DIRECTIONS):
         for j, mem in enumerate(MEMORY_KINDS):
             s = _stat(d.copy[i][j])
-            if s != census.ZERO:
+            if s != ZERO:
                 cells[(direction, mem)] = s
     extra = {}
     if _HAS_PEER_RECV:
@@ -220,7 +216,7 @@ def _device(d) -> DeviceTotals:
     )
 
 
-def parse_segment(path, data: bytes, torn: bool = False, alive: Optional[bool] = None) -> ProcessCensus:
+def parse_segment(path, data: bytes, torn: bool = False) -> ProcessCensus:
     """Turn a copy of a segment into a ProcessCensus (validating it first)."""
     _check_identity(path, data, len(data))
     seg = ffi.from_buffer("gc_segment *", data, require_writable=False)
@@ -241,8 +237,6 @@ def parse_segment(path, data: bytes, torn: bool = False, alive: Optional[bool] =
                 first_ns=s.first_ns, last_ns=s.last_ns,
                 copies=_by_direction(s.copy), memset=_stat(s.memset), device_mask=s.device_mask)
     devices = {d.device_id: _device(d) for d in seg.devices if d.in_use}
-    if alive is None:
-        alive = is_alive(seg.pid, seg.proc_start_ticks)
     return ProcessCensus(
         path=str(path), pid=seg.pid, ppid=seg.ppid, comm=_cstr(seg.comm),
         proc_start_ticks=seg.proc_start_ticks,
@@ -253,7 +247,7 @@ def parse_segment(path, data: bytes, torn: bool = False, alive: Optional[bool] =
         buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
         note=_cstr(seg.note), devices=devices, windows=windows, steps=steps,
-        torn=torn, alive=alive,
+        torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )
 
 
@@ -377,14 +371,12 @@ def check_private_dir(path: Path) -> None:
                              f"{stat.S_IMODE(st.st_mode):04o}); fix with `chmod 700 {path}` or choose another")
 
 
-def census_dir(path=None, create: bool = True) -> Path:
+def census_dir(path=None) -> Path:
     """The census folder to write into: `path` or the default, created mode 0700 when missing,
     checked to be private and writable. CensusDirError says what is wrong."""
     p = Path(path) if path is not None else default_census_dir()
     p = Path(os.path.abspath(p))
     if not p.exists():
-        if not create:
-            raise CensusDirError(f"census folder {p} does not exist")
         try:
             os.makedirs(p, mode=0o700, exist_ok=True)
             os.chmod(p, 0o700)        # makedirs' mode is filtered by the umask
