@@ -26,18 +26,25 @@ UNITS_NOTE = "bytes are exact; MB = 10^6 bytes, GB = 10^9 bytes (decimal); times
 # ---------------------------------------------------------------------------------------------
 # formatting
 
+_SIZE_UNITS = (("B", 1, 0), ("kB", 1e3, 1), ("MB", 1e6, 1), ("GB", 1e9, 2), ("TB", 1e12, 2))
+
+
 def human_size(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.{2 if scale >= 1e9 else 1}f} {unit}"
-    return f"{n:.0f} B" if float(n).is_integer() else f"{n:.1f} B"
+    """Decimal units; the unit is chosen after rounding, so 999,999 bytes reads 1.0 MB."""
+    for unit, scale, decimals in _SIZE_UNITS:
+        if unit == "B" and not float(n).is_integer():
+            decimals = 1            # a per-request quotient below one kB
+        v = round(n / scale, decimals)
+        if abs(v) < 1000 or unit == _SIZE_UNITS[-1][0]:
+            break
+    return f"{v:.{decimals}f} {unit}"
 
 
 def exact(n) -> str:
     """An integer with thousands separators; a non-integer quotient keeps up to two decimals."""
     if isinstance(n, int) or float(n).is_integer():
         return f"{int(n):,}"
-    return f"{n:,.2f}".rstrip("0")
+    return f"{n:,.2f}".rstrip("0").rstrip(".")
 
 
 def plural(n, word: str, words: Optional[str] = None) -> str:
@@ -81,8 +88,10 @@ def process_warnings(c: ProcessCensus) -> List[str]:
     elif c.state == STATE_OFF:
         out.append("the census switched itself off" + (f": {c.note}" if c.note else "")
                    + "; figures up to then hold")
-    if c.dropped or c.flags & FLAG_DROPPED:
+    if c.dropped:
         out.append(f"CUPTI dropped {c.dropped:,} activity records: the totals are short by those records")
+    elif c.flags & FLAG_DROPPED and not c.buffers_refused:
+        out.append("CUPTI dropped activity records (how many is unknown): the totals are short")
     if c.buffers_refused:
         out.append(f"{c.buffers_refused:,} activity buffers were refused to keep memory bounded "
                    "(their records were dropped)")
