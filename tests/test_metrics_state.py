@@ -205,3 +205,27 @@ def test_process_tree_follows_links_through_processes_without_segments():
         os.kill(grandchild, signal.SIGKILL)
         sh.kill()
         sh.wait()
+
+
+def test_totals_read_matches_the_reader(segments, records, census_dir, dead_pid):
+    """The sidecar's head-only read gives the reader's values for everything but the rings."""
+    from otel_gpu_census import reader
+    r = records
+
+    def edit(seg):
+        seg.dropped, seg.flags, seg.step_max = 9, 0x5, 77
+        for i, b in enumerate(bytes(range(16))):
+            seg.devices[0].uuid[i] = b
+    t = 10**12          # window index 0 means an empty slot: start well after it
+    segments.segment(census_dir, [r.kernel(t + 10, t + 20), r.kernel(t + 15, t + 40, device=1),
+                                  r.memcpy("htod", 4096, t + 50, t + 60, src="pinned"), r.memset(8, t + 70, t + 80),
+                                  r.graph_trace(t + 90, t + 100), r.peer(64, t + 110, t + 120, 0, 1)],
+                     comm="worker-ü", final=False, edit=edit)
+    segments.segment(census_dir, [r.kernel(t, t + 20)], pid=dead_pid, ppid=1, final=True)
+    paths = reader.segment_paths(census_dir)
+    assert len(paths) == 2
+    for path in paths:
+        full = reader.read_segment(path)
+        fast = metrics._read_totals(reader, path)
+        assert full.windows and not fast.windows
+        assert dataclasses.replace(full, windows=[], steps={}) == fast
