@@ -21,7 +21,7 @@ try:
 except ImportError:          # a source checkout that was not pip-installed
     sys.path.insert(0, str(ROOT / "src"))
 
-GC_STATE_ACTIVE, GC_STATE_EXITED, GC_STATE_OFF = 1, 2, 3
+GC_STATE_ACTIVE, GC_STATE_EXITED = 1, 2
 
 
 def pytest_configure(config):

@@ -563,3 +563,13 @@ def test_size_and_quotient_formatting():
         ["0 B", "999 B", "1.0 kB", "1.0 MB", "643.2 MB", "1.00 GB", "2.5 B"]
     assert [exact(per(t, n)) for t, n in ((12, 4), (10, 4), (1, 3), (2001, 1000), (10**12, 7))] == \
         ["3", "2.5", "0.33", "2", "142,857,142,857.14"]
+
+
+def test_doctor_names_a_library_that_does_not_load(env, tmp_path):
+    bogus = tmp_path / "libotel_gpu_census.so"
+    bogus.write_text("not a library")
+    env["OTEL_GPU_CENSUS_LIB"] = str(bogus)
+    p = run_cli(env, "doctor")
+    assert p.returncode == 1
+    [line] = [line for line in p.stdout.splitlines() if line.split()[1:2] == ["injector"]]
+    assert line.startswith("FAIL") and f"cannot load {bogus}" in line

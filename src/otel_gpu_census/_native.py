@@ -115,5 +115,6 @@ def load_library():
         try:
             _lib = ffi.dlopen(str(path))
         except OSError as e:
-            raise NativeError(f"cannot load {path}: {e}") from e
+            why = str(e).split("  Additionally,")[0]     # cffi appends a find_library note
+            raise NativeError(f"cannot load {path}: {why}") from e
     return _lib

@@ -148,10 +148,11 @@ def check_injector(facts: Facts) -> List[Check]:
         return [Check(FAIL, "injector", f"{_native.LIB_NAME} not found (looked in: {where}); reinstall the "
                       "package, or `make -C native` in a source checkout")]
     try:
-        lib = ctypes.CDLL(str(path))
-        version = lib.gc_layout_version()
-    except (OSError, AttributeError) as e:
-        return [Check(FAIL, "injector", f"{path} cannot be loaded: {e}")]
+        version = _native.load_library().gc_layout_version()
+    except _native.NativeError as e:
+        return [Check(FAIL, "injector", str(e))]
+    except AttributeError:
+        return [Check(FAIL, "injector", f"{path} has no gc_layout_version: not the census library")]
     if version != _native.LAYOUT_VERSION:
         return [Check(FAIL, "injector", f"{path} writes segment layout {version} but this reader reads "
                       f"{_native.LAYOUT_VERSION}: library and Python package are from different builds")]
