@@ -331,3 +331,19 @@ def test_default_service_name(monkeypatch):
     assert exporters.make_resource().attributes["service.name"] == "from-attrs"
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-name")
     assert exporters.make_resource().attributes["service.name"] == "from-name"
+
+
+def test_last_export_carries_totals_written_just_before_stop(segments, records, census_dir, monkeypatch):
+    """The run stops the sidecar right after the server's final flush: that flush must be exported."""
+    r = records
+    with OtlpReceiver(http_enabled=False) as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.grpc_endpoint)
+        segments.segment(census_dir, [r.kernel(T0, T0 + 10)], comm="srv", final=True, state=GC_STATE_ACTIVE)
+        handle = start_sidecar(census_dir, root_pid=os.getpid(), interval_s=600, nvml=False)
+        for p in census_dir.iterdir():      # the final flush: more kernels, state exited
+            p.unlink()
+        segments.segment(census_dir, [r.kernel(T0, T0 + 10), r.kernel(T0 + 20, T0 + 30)], comm="srv", final=True)
+        handle.stop()
+        pts = rx.wait_for(lambda p: any(x.name == "gpu_census.kernel.count" for x in p), timeout=5)
+    assert rx.requests == 1
+    assert latest(pts, "gpu_census.kernel.count", {"process.pid": os.getpid()}).value == 2

@@ -229,3 +229,16 @@ def test_totals_read_matches_the_reader(segments, records, census_dir, dead_pid)
         fast = metrics._read_totals(reader, path)
         assert full.windows and not fast.windows
         assert dataclasses.replace(full, windows=[], steps={}) == fast
+
+
+def test_tree_link_through_an_exited_parent_comes_from_the_launcher(dead_pid):
+    """A worker whose parent (not censused) already exited: placed once the launcher's record of
+    the tree says where that parent hung, and not ruled out before."""
+    from otel_gpu_census import reader
+    me = reader.proc_start_ticks(os.getpid())
+    worker = dataclasses.replace(proc(dead_pid + 100000, start_ticks=me + 1), ppid=dead_pid)
+    parents = {}
+    tree = metrics.ProcessTreeFilter(os.getpid(), parents)
+    assert tree([worker]) == []
+    parents[dead_pid] = os.getpid()
+    assert tree([worker]) == [worker]

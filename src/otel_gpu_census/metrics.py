@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -359,40 +359,68 @@ def register_census_instruments(meter_provider, source: Callable[[], Iterable[Pr
 class ProcessTreeFilter:
     """Keeps the censuses of `root_pid` and its descendants (the census folder may be shared).
 
-    Links come from the segments' ppid, and through /proc for processes that wrote no segment (a
-    shell between the launcher and the server). A process's membership is decided once.
+    Parent links come from the segments' ppid, from `parents` ({pid: ppid}, e.g. the launcher's
+    live record of the tree), and from /proc for processes that wrote no segment (a shell between
+    the launcher and the server). A decided membership is kept; a chain broken by a process that
+    is gone and was never seen stays undecided (left out) and is tried again at the next read.
     """
 
-    def __init__(self, root_pid: int):
+    def __init__(self, root_pid: int, parents: Optional[Mapping[int, int]] = None):
         from . import reader
         self._reader = reader
         self.root_pid = root_pid
         self.root_ticks = reader.proc_start_ticks(root_pid) or 0
+        self._parents = parents
+        self._learned: Dict[int, int] = {}
         self._decided: Dict[Tuple[int, int], bool] = {}
 
     def __call__(self, procs: Sequence[ProcessCensus]) -> List[ProcessCensus]:
         links = {p.pid: p.ppid for p in procs}
-        out = []
+        out, walked = [], False
         for p in procs:
             key = (p.pid, p.proc_start_ticks)
             ok = self._decided.get(key)
             if ok is None:
-                ok = self._decided[key] = self._descends(p, links)
+                ok = self._descends(p, links)
+                if ok is None and not walked:     # learn the live tree once per read, then retry
+                    walked = True
+                    try:
+                        self._learned.update(self._reader.live_descendants(self.root_pid))
+                    except Exception:
+                        pass
+                    ok = self._descends(p, links)
+                if ok is not None:
+                    self._decided[key] = ok
             if ok:
                 out.append(p)
         return out
 
-    def _descends(self, p: ProcessCensus, links: Dict[int, int]) -> bool:
+    def _parent(self, pid: int, links: Dict[int, int]) -> Optional[int]:
+        for source in (links, self._learned, self._parents or {}):
+            pp = source.get(pid)
+            if pp:
+                return pp
+        pp = self._reader.proc_ppid(pid)
+        if pp is not None:
+            self._learned[pid] = pp
+        return pp
+
+    def _descends(self, p: ProcessCensus, links: Dict[int, int]) -> Optional[bool]:
         if p.pid == self.root_pid:
             return True
         if self.root_ticks and p.proc_start_ticks and p.proc_start_ticks < self.root_ticks:
             return False          # older than the root: an earlier process that had this pid
         pid, seen = p.ppid, set()
-        while pid > 1 and pid not in seen and len(seen) < 256:
+        while pid not in seen and len(seen) < 256:
             if pid == self.root_pid:
                 return True
+            if pid <= 1:
+                return False
             seen.add(pid)
-            pid = links.get(pid) or self._reader.proc_ppid(pid) or 0
+            nxt = self._parent(pid, links)
+            if nxt is None:
+                return None       # a link we cannot see (that process is gone)
+            pid = nxt
         return False
 
 
@@ -471,11 +499,12 @@ def _read_totals(reader, path) -> ProcessCensus:
         torn=torn, alive=reader.is_alive(seg.pid, seg.proc_start_ticks))
 
 
-def segment_source(census_dir, root_pid: Optional[int] = None) -> Callable[[], List[ProcessCensus]]:
+def segment_source(census_dir, root_pid: Optional[int] = None,
+                   parents: Optional[Mapping[int, int]] = None) -> Callable[[], List[ProcessCensus]]:
     """A census source over the segments in `census_dir` (only `root_pid`'s tree when given)."""
     from . import reader
     scan = _totals_reader(reader)
-    tree = ProcessTreeFilter(root_pid) if root_pid else None
+    tree = ProcessTreeFilter(root_pid, parents) if root_pid else None
     reported: set = set()
 
     def source() -> List[ProcessCensus]:
@@ -517,6 +546,8 @@ class Sidecar:
         if self._stopped:
             return
         self._stopped = True
+        if self.census is not None:
+            self.census.refresh()     # the last export carries the final totals written at exit
         if self._exporting is not None and self._exporting.otlp is not None:
             self._exporting.otlp.stopping()
         try:
@@ -538,13 +569,16 @@ class Sidecar:
 
 def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional[str] = None,
                   prometheus_port: Optional[int] = None, interval_s: Optional[float] = None, *,
-                  nvml: bool = True, source: Optional[Callable[[], List[ProcessCensus]]] = None) -> Sidecar:
+                  parents: Optional[Mapping[int, int]] = None, nvml: bool = True,
+                  source: Optional[Callable[[], List[ProcessCensus]]] = None) -> Sidecar:
     """Export the census of `root_pid`'s process tree (all of `census_dir` when None) from this process.
 
     `exporter` is ``otlp``, ``prometheus``, ``console``, ``none`` or None (follow OTEL_* env vars;
     see ``exporters``). With nothing configured the handle is inactive and costs nothing. Readings
     happen in the exporters' background threads (the periodic reader, or the Prometheus scrape).
     An exporter that cannot start, or NVML that cannot be read, costs a warning, never the run.
+    `parents` ({pid: ppid}, may keep changing) helps place processes whose parent already exited.
+    `source` replaces the segment folder (tests, or a caller with its own census source).
     Raises ``exporters.ConfigError`` only for an invalid explicit `exporter` or interval.
     """
     from . import exporters as _exp
@@ -557,7 +591,7 @@ def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional
         return Sidecar()
     from opentelemetry.sdk.metrics import MeterProvider
     provider = MeterProvider(metric_readers=exporting.readers, resource=_exp.make_resource())
-    state = register_census_instruments(provider, source or segment_source(census_dir, root_pid))
+    state = register_census_instruments(provider, source or segment_source(census_dir, root_pid, parents))
     sampler = None
     if nvml:
         from . import nvml as _nvml
