@@ -283,13 +283,14 @@ def _cmd_doctor(args) -> int:
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The proxy's options (owned by the proxy; issue 4)."""
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    """The proxy's options live with the proxy (otel_gpu_census.proxy.config)."""
+    from .proxy import add_proxy_arguments as add
+    add(parser)
 
 
 def _cmd_proxy(args) -> int:
-    _say("proxy: the llama.cpp / Ollama proxy is not built yet (issue 4)")
-    return 1
+    from .proxy import run_proxy
+    return run_proxy(args)
 
 
 # ---------------------------------------------------------------------------------------------
