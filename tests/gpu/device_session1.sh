@@ -5,7 +5,7 @@ set -u
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > $OUT/pip.log 2>&1
-mkdir -p /tmp/cupti135 && python3 -m zipfile -e .whl/nvidia_cuda_cupti-*.whl /tmp/cupti135
+mkdir -p /tmp/cupti135 && tar xJf .llama/cupti135.tar.xz -C /tmp/cupti135
 export PYTHONPATH=/tmp/site
 ( nvidia-smi; nvcc --version | tail -1; python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'; ls /tmp/cupti135/nvidia/cu13/lib ) > $OUT/env.txt 2>&1
 # llama-server build, in its own session so it outlives this call (used by the next one)
