@@ -372,9 +372,18 @@ def test_help_lists_every_verb_including_the_reserved_proxy(env):
         assert verb in p.stdout
 
 
-def test_proxy_is_reserved(env):
-    p = run_cli(env, "proxy")
-    assert p.returncode == 1 and "not built yet" in p.stderr
+def test_proxy_help(env):
+    p = run_cli(env, "proxy", "--help")
+    assert p.returncode == 0 and "usage: otel-gpu-census proxy" in p.stdout
+
+
+def test_a_broken_proxy_leaves_the_other_verbs_working(monkeypatch, census_dir, capsys):
+    import otel_gpu_census
+    monkeypatch.setitem(sys.modules, "otel_gpu_census.proxy", None)
+    monkeypatch.delattr(otel_gpu_census, "proxy", raising=False)
+    assert cli.main(["report", str(census_dir)]) == 0
+    assert cli.main(["proxy"]) == 1
+    assert "proxy is not available" in capsys.readouterr().err
 
 
 def test_doctor_explains_every_check(env):

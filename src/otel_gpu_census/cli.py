@@ -331,9 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     prox = sub.add_parser("proxy", help="HTTP proxy for llama.cpp / Ollama that attributes GPU work to requests",
                           description="HTTP proxy for llama.cpp / Ollama servers (issue 4).")
-    add_proxy_arguments(prox)
-    prox.set_defaults(func=_cmd_proxy)
+    try:
+        add_proxy_arguments(prox)
+        prox.set_defaults(func=_cmd_proxy)
+    except ImportError as e:      # a broken proxy must not take run/report/doctor down with it
+        prox.set_defaults(func=lambda args, err=e: _unavailable("proxy", err))
     return p
+
+
+def _unavailable(verb: str, error: Exception) -> int:
+    _say(f"{verb} is not available: {error}")
+    return 1
 
 
 def _version() -> str:
