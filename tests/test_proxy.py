@@ -187,7 +187,7 @@ def test_span_joins_incoming_trace_and_forwards_its_own_id(make_proxy, standin, 
     assert a["gen_ai.request.id"] == a["gen_ai.response.id"] and a["gen_ai.request.id"].startswith("chatcmpl-")
     assert a["gen_ai.usage.input_tokens"] == 7 and a["gen_ai.usage.output_tokens"] == 5
     assert a["llamacpp.timings.predicted_n"] == 5 and a["llamacpp.timings.prompt_n"] == 7
-    assert a["proxy.outcome"] == "complete" and span.status == "unset"
+    assert a["gpu_census.proxy.outcome"] == "complete" and span.status == "unset"
 
 
 def test_new_trace_without_traceparent(make_proxy, standin, receiver):
@@ -283,7 +283,7 @@ def test_upstream_down_gives_503_json_and_error_span(make_proxy, receiver):
     err = json.loads(data)["error"]
     assert err["code"] == 503 and "cannot connect" in err["message"]
     s = one_span(receiver, "text_completion")
-    assert s.status == "error" and s.attributes["proxy.outcome"] == "upstream_unavailable"
+    assert s.status == "error" and s.attributes["gpu_census.proxy.outcome"] == "upstream_unavailable"
 
 
 def test_upstream_closing_without_answer_gives_502(make_proxy, standin, receiver):
@@ -292,7 +292,7 @@ def test_upstream_closing_without_answer_gives_502(make_proxy, standin, receiver
     status, _, data = request(p.port, "POST", "/completion", {"prompt": "x"})
     assert status == 502 and json.loads(data)["error"]["type"] == "proxy_error"
     s = one_span(receiver, "text_completion")
-    assert s.status == "error" and s.attributes["proxy.outcome"] == "upstream_error"
+    assert s.status == "error" and s.attributes["gpu_census.proxy.outcome"] == "upstream_error"
 
 
 def test_silent_upstream_gives_504(make_proxy, standin, receiver):
@@ -301,7 +301,7 @@ def test_silent_upstream_gives_504(make_proxy, standin, receiver):
     t = time.monotonic()
     status, _, data = request(p.port, "POST", "/completion", {"prompt": "x"})
     assert status == 504 and time.monotonic() - t < 3
-    assert one_span(receiver, "text_completion").attributes["proxy.outcome"] == "upstream_timeout"
+    assert one_span(receiver, "text_completion").attributes["gpu_census.proxy.outcome"] == "upstream_timeout"
 
 
 def test_upstream_that_closes_after_each_stream_is_never_reused_dead(make_proxy, standin):
@@ -327,7 +327,7 @@ def test_upstream_dying_mid_stream_truncates_the_client_and_marks_the_span(make_
     with pytest.raises(http.client.IncompleteRead):
         r.read()
     s = one_span(receiver, "text_completion")
-    assert s.status == "error" and s.attributes["proxy.outcome"] == "upstream_error"
+    assert s.status == "error" and s.attributes["gpu_census.proxy.outcome"] == "upstream_error"
     standin.opts.drop_after_tokens = None
     assert request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})[0] == 200
 
@@ -342,7 +342,7 @@ def test_upstream_silent_mid_stream_times_out(make_proxy, standin, receiver):
     with pytest.raises(http.client.IncompleteRead):
         r.read()
     s = one_span(receiver, "text_completion")
-    assert s.attributes["proxy.outcome"] == "upstream_timeout" and s.status == "error"
+    assert s.attributes["gpu_census.proxy.outcome"] == "upstream_timeout" and s.status == "error"
 
 
 def _wait(pred, timeout=5.0):
@@ -369,7 +369,7 @@ def test_client_hanging_up_mid_stream_cancels_upstream(make_proxy, standin, rece
     assert _wait(lambda: standin.seen and standin.seen[-1].cancelled), "upstream kept generating"
     assert not standin.seen[-1].finished
     s = one_span(receiver, "text_completion")
-    assert s.attributes["proxy.outcome"] == "client_disconnected" and s.status == "error"
+    assert s.attributes["gpu_census.proxy.outcome"] == "client_disconnected" and s.status == "error"
     standin.opts.tokens = 2
     assert request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})[0] == 200
 
@@ -383,7 +383,7 @@ def test_client_hanging_up_while_upstream_is_silent_cancels_upstream(make_proxy,
     assert _wait(lambda: len(standin.seen) == 1)
     sock.close()
     assert _wait(lambda: standin.seen[-1].cancelled), "upstream request not cancelled"
-    assert one_span(receiver, "text_completion").attributes["proxy.outcome"] == "client_disconnected"
+    assert one_span(receiver, "text_completion").attributes["gpu_census.proxy.outcome"] == "client_disconnected"
 
 
 def test_malformed_json_event_passes_and_is_counted(make_proxy, standin, receiver):
@@ -392,7 +392,7 @@ def test_malformed_json_event_passes_and_is_counted(make_proxy, standin, receive
     status, _, data = request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
     assert status == 200 and b"data: {not json" in data and data == standin.seen[-1].sent
     s = one_span(receiver, "text_completion")
-    assert s.attributes["proxy.body.unparsed_events"] == 1
+    assert s.attributes["gpu_census.proxy.body.unparsed_events"] == 1
     assert s.attributes["gen_ai.usage.output_tokens"] == 5 and s.status == "unset"
 
 
@@ -409,7 +409,7 @@ def test_body_over_the_limit_is_refused_before_the_upstream_sees_it(make_proxy, 
     status, _, data = request(p.port, "POST", "/completion", b"x" * 5000)
     assert status == 413 and json.loads(data)["error"]["code"] == 413
     assert standin.seen == []
-    assert one_span(receiver, "text_completion").attributes["proxy.outcome"] == "body_too_large"
+    assert one_span(receiver, "text_completion").attributes["gpu_census.proxy.outcome"] == "body_too_large"
 
 
 def test_chunked_body_over_the_limit_gets_413(make_proxy, standin):
@@ -523,7 +523,7 @@ def test_metrics(make_proxy, standin):
     assert sum(d.count for d in dur) == 3 and min(d.min for d in dur) >= 0.05 + 4 * 0.02
     _, tpot = pts["gen_ai.server.time_per_output_token"]
     assert sum(d.count for d in tpot) == 3 and 0.015 < max(d.max for d in tpot) < 0.2
-    unit, active = pts["gen_ai.server.active_requests"]
+    unit, active = pts["gpu_census.proxy.active_requests"]
     assert unit == "{request}" and sum(d.value for d in active) == 0
 
 
@@ -534,8 +534,8 @@ def test_active_requests_counts_requests_in_flight(make_proxy, standin):
     t.start()
     assert _wait(lambda: len(standin.seen) == 1)
     time.sleep(0.1)
-    _, active = _points(p.metrics)["gen_ai.server.active_requests"]
+    _, active = _points(p.metrics)["gpu_census.proxy.active_requests"]
     assert sum(d.value for d in active) == 1
     t.join()
-    _, active = _points(p.metrics)["gen_ai.server.active_requests"]
+    _, active = _points(p.metrics)["gpu_census.proxy.active_requests"]
     assert sum(d.value for d in active) == 0

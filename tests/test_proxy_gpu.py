@@ -132,26 +132,27 @@ def test_single_request_gets_its_window(make_proxy, standin, rx):
     assert post(p.port)[0] == 200
     s = rx.wait_for(lambda ss: ss)[0]
     a = s.attributes
-    assert a["gpu.attribution.status"] == "complete" and a["gpu.attribution.method"] == "time_window_shared"
+    G = "gpu_census."
+    assert a[G + "attribution.status"] == "complete" and a[G + "attribution.method"] == "time_window_shared"
     share, attr = expected(fake, [s])[s.span_id]
-    assert a["gpu.copy.dtoh.bytes"] == pytest.approx(share.copy("dtoh").bytes, abs=2)
-    assert a["gpu.window.copy.dtoh.bytes"] == attr.total.copy("dtoh").bytes == 1000 * a["gpu.attribution.buckets"]
+    mine, window = a[G + "copy.dtoh.bytes"], a[G + "window.copy.dtoh.bytes"]
+    assert mine == pytest.approx(share.copy("dtoh").bytes, abs=2)
+    assert window == attr.total.copy("dtoh").bytes == 1000 * a[G + "attribution.buckets"]
     # one request: what it did not get is exactly what nobody was in flight for
-    assert a["gpu.copy.dtoh.bytes"] + a.get("gpu.window.unattributed.copy.dtoh.bytes", 0) == \
-        a["gpu.window.copy.dtoh.bytes"]
-    e2e = a["gen_ai.latency.e2e"]
-    assert abs(a["gpu.copy.dtoh.bytes"] - e2e / 0.02 * 1000) <= 2000     # ~1000 bytes per 20 ms in flight
-    assert abs(a["gpu.prefill.copy.dtoh.bytes"] - a["gen_ai.latency.time_to_first_token"] / 0.02 * 1000) <= 2000
-    assert a["gpu.kernel.count"] <= a["gpu.window.kernel.count"] and a["gpu.kernel.time_ns"] > 0
-    assert a["gpu.attribution.concurrency_max"] == 1 and a["gpu.census.pids"] == (4242,)
-    assert "next request" in a["gpu.attribution.note"]
+    assert mine + a.get(G + "window.unattributed.copy.dtoh.bytes", 0) == window
+    e2e, ttft = a["gen_ai.latency.e2e"], a["gen_ai.latency.time_to_first_token"]
+    assert abs(mine - e2e / 0.02 * 1000) <= 2000                 # ~1000 bytes per 20 ms in flight
+    assert abs(a[G + "prefill.copy.dtoh.bytes"] - ttft / 0.02 * 1000) <= 2000
+    assert a[G + "kernel.count"] <= a[G + "window.kernel.count"] and a[G + "kernel.time_ns"] > 0
+    assert a[G + "attribution.concurrency_max"] == 1 and a[G + "process.pids"] == (4242,)
+    assert "next request" in a[G + "attribution.note"]
     # the span ends when the answer ended, not when the census caught up
     assert (s.end_ns - s.start_ns) / 1e9 == pytest.approx(e2e, abs=1e-6)
     pts = {m.name: m for rm in p.metrics.get_metrics_data().resource_metrics for sm in rm.scope_metrics
            for m in sm.metrics}
-    dps = {dp.attributes["gpu.copy.direction"]: dp for dp in pts["gen_ai.server.request.gpu.copy.size"].data.data_points}
-    assert dps["dtoh"].sum == a["gpu.copy.dtoh.bytes"] and dps["dtoh"].count == 1
-    assert pts["gen_ai.server.request.gpu.copy.size"].unit == "By"
+    dps = {dp.attributes[G + "copy.direction"]: dp for dp in pts[G + "request.copy.size"].data.data_points}
+    assert dps["dtoh"].sum == mine and dps["dtoh"].count == 1
+    assert pts["gpu_census.request.copy.size"].unit == "By"
 
 
 def test_concurrent_requests_share_buckets(make_proxy, standin, rx):
@@ -169,15 +170,15 @@ def test_concurrent_requests_share_buckets(make_proxy, standin, rx):
     exp = expected(fake, spans)
     for s in spans:
         a = s.attributes
-        assert a["gpu.attribution.concurrency_max"] == 2
-        assert a["gpu.copy.dtoh.bytes"] == pytest.approx(exp[s.span_id][0].copy("dtoh").bytes, abs=2)
-        assert a["gpu.copy.dtoh.bytes"] < a["gpu.window.copy.dtoh.bytes"]
+        assert a["gpu_census.attribution.concurrency_max"] == 2
+        assert a["gpu_census.copy.dtoh.bytes"] == pytest.approx(exp[s.span_id][0].copy("dtoh").bytes, abs=2)
+        assert a["gpu_census.copy.dtoh.bytes"] < a["gpu_census.window.copy.dtoh.bytes"]
     # over the union of the two windows, shares and the idle remainder add up to what the census held
     first, second = sorted(spans, key=lambda s: s.start_ns)
     c = fake.census(time.time_ns())
     ws = c.windows_between(c.wall_to_gpu_ns(first.start_ns), c.wall_to_gpu_ns(max(first.end_ns, second.end_ns)))
     union = sum(w.copies["dtoh"].bytes for w in ws)
-    got = sum(s.attributes["gpu.copy.dtoh.bytes"] for s in spans)
+    got = sum(s.attributes["gpu_census.copy.dtoh.bytes"] for s in spans)
     a_all = attribute(ws, c.gpu_to_wall_ns, [Interval(s.span_id, s.start_ns, s.end_ns) for s in spans])
     assert got + a_all.unattributed.copy("dtoh").bytes == pytest.approx(union, abs=4)
 
@@ -190,8 +191,8 @@ def test_span_waits_for_a_lagging_census(make_proxy, standin, rx):
     done = time.monotonic()
     s = rx.wait_for(lambda ss: ss)[0]
     assert time.monotonic() - done >= 0.75          # census publish >= end + margin: 0.8 s after the end
-    assert s.attributes["gpu.attribution.status"] == "complete"
-    assert s.attributes["gpu.attribution.wait_s"] >= 0.75
+    assert s.attributes["gpu_census.attribution.status"] == "complete"
+    assert s.attributes["gpu_census.attribution.wait_s"] >= 0.75
     assert time.monotonic() - t0 < 5
 
 
@@ -200,15 +201,15 @@ def test_stale_census_is_said_so(make_proxy, standin, rx):
     p = make_proxy(fake, gpu_margin_s=0.1, gpu_max_wait_s=0.6)
     post(p.port)
     a = rx.wait_for(lambda ss: ss)[0].attributes
-    assert a["gpu.attribution.status"] == "stale"
-    assert 0.55 <= a["gpu.attribution.wait_s"] < 2
+    assert a["gpu_census.attribution.status"] == "stale"
+    assert 0.55 <= a["gpu_census.attribution.wait_s"] < 2
 
 
 def test_no_segment_in_folder(make_proxy, standin, rx, tmp_path):
     p = make_proxy(CensusSource(str(tmp_path)))
     post(p.port)
     a = rx.wait_for(lambda ss: ss)[0].attributes
-    assert a["gpu.attribution.status"] == "no_segment" and "gpu.copy.dtoh.bytes" not in a
+    assert a["gpu_census.attribution.status"] == "no_segment" and "gpu_census.copy.dtoh.bytes" not in a
 
 
 def test_failed_request_carries_no_gpu_cost(make_proxy, standin, rx):
@@ -217,7 +218,7 @@ def test_failed_request_carries_no_gpu_cost(make_proxy, standin, rx):
     p = make_proxy(fake)
     assert post(p.port)[0] == 502
     a = rx.wait_for(lambda ss: ss)[0].attributes
-    assert "gpu.copy.dtoh.bytes" not in a and fake.reads == 0
+    assert "gpu_census.copy.dtoh.bytes" not in a and fake.reads == 0
 
 
 def test_stopping_the_proxy_ends_waiting_spans(make_proxy, standin, rx):
@@ -228,7 +229,7 @@ def test_stopping_the_proxy_ends_waiting_spans(make_proxy, standin, rx):
     p.stop()
     p.tp.force_flush()
     a = rx.wait_for(lambda ss: ss, timeout=5)[0].attributes
-    assert a["gpu.attribution.status"] == "shutdown"
+    assert a["gpu_census.attribution.status"] == "shutdown"
 
 
 def test_reading_errors_do_not_break_the_proxy(make_proxy, standin, rx):
@@ -238,7 +239,7 @@ def test_reading_errors_do_not_break_the_proxy(make_proxy, standin, rx):
     p = make_proxy(Broken(), gpu_max_wait_s=0.3)
     assert post(p.port)[0] == 200
     a = rx.wait_for(lambda ss: ss)[0].attributes
-    assert a["gpu.attribution.status"] == "read_error" and "disk on fire" in a["gpu.attribution.note"]
+    assert a["gpu_census.attribution.status"] == "read_error" and "disk on fire" in a["gpu_census.attribution.note"]
     assert post(p.port)[0] == 200
 
 
@@ -268,10 +269,10 @@ def test_real_segment_copies_land_in_the_right_request_and_phase(make_proxy, sta
     segments.tally(seg, recs, final=False, state=1)        # one buffer completion, published now
     segments.write(census_dir, seg, name=path.name)
     a = rx.wait_for(lambda ss: ss)[0].attributes
-    assert a["gpu.attribution.status"] == "complete"
-    assert a["gpu.copy.dtoh.bytes"] == state_save + logits and a["gpu.copy.dtoh.count"] == 2
-    assert a["gpu.prefill.copy.dtoh.bytes"] == state_save         # before the first token
-    assert a["gpu.copy.htod.bytes"] == 4096
-    assert a["gpu.kernel.count"] == 1 and a["gpu.kernel.time_ns"] == 50 * ms
-    assert a["gpu.window.copy.dtoh.bytes"] == state_save + logits   # the late copy is outside the window
-    assert a["gpu.census.pids"] == (os.getpid(),)
+    assert a["gpu_census.attribution.status"] == "complete"
+    assert a["gpu_census.copy.dtoh.bytes"] == state_save + logits and a["gpu_census.copy.dtoh.count"] == 2
+    assert a["gpu_census.prefill.copy.dtoh.bytes"] == state_save         # before the first token
+    assert a["gpu_census.copy.htod.bytes"] == 4096
+    assert a["gpu_census.kernel.count"] == 1 and a["gpu_census.kernel.time_ns"] == 50 * ms
+    assert a["gpu_census.window.copy.dtoh.bytes"] == state_save + logits   # the late copy is outside the window
+    assert a["gpu_census.process.pids"] == (os.getpid(),)

@@ -209,7 +209,7 @@ def test_client_hangup_stops_generation(proxy, llama, rx):
         got += sock.recv(4096)
     sock.close()
     s = rx.wait_for(lambda ss: ss)[0]
-    assert s.attributes["proxy.outcome"] == "client_disconnected"
+    assert s.attributes["gpu_census.proxy.outcome"] == "client_disconnected"
     busy = _slots_busy(port)
     if busy is None:
         pytest.skip("/slots not available on this llama-server")

@@ -85,10 +85,11 @@ class ProxyThread:
         from .server import Proxy
         tp, mp = self._providers
         try:
-            if tp is None and mp is None:
+            if tp is None or mp is None:
                 from .telemetry import build_telemetry
-                self._telemetry = build_telemetry()
-                tp, mp = self._telemetry.tracer_provider, self._telemetry.meter_provider
+                self._telemetry = build_telemetry(traces=tp is None, metrics=mp is None)
+                tp = tp or self._telemetry.tracer_provider
+                mp = mp or self._telemetry.meter_provider
             self._loop = asyncio.new_event_loop()
             self.proxy = Proxy(self.config, tp, mp, self._census_source)
             self._loop.run_until_complete(self._serve())
@@ -118,8 +119,10 @@ class ProxyThread:
 
 def start_proxy_in_thread(config: ProxyConfig, tracer_provider=None, meter_provider=None,
                           census_source=None) -> ProxyThread:
-    """Start the proxy beside the caller. Providers default to ones built from OTEL_* variables
-    (owned and shut down by the proxy); given providers are used and left to the caller."""
+    """Start the proxy beside the caller; returns once it listens (``.url``, ``.port``, ``.stop()``).
+
+    A provider not given is built from the OTEL_* variables and shut down (flushed) by ``stop()``;
+    given providers are used and left to the caller. Raises OSError when it cannot listen."""
     return ProxyThread(config, tracer_provider, meter_provider, census_source).start()
 
 

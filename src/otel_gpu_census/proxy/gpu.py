@@ -89,7 +89,9 @@ class _Req:
         k = self.key
         if self.first_token_ns is None:
             return [Interval((k, "all"), self.start_ns, self.end_ns, group=k)]
-        ft = min(max(self.first_token_ns, self.start_ns), self.end_ns if self.end_ns is not None else self.first_token_ns)
+        ft = max(self.first_token_ns, self.start_ns)
+        if self.end_ns is not None:
+            ft = min(ft, self.end_ns)
         return [Interval((k, "prefill"), self.start_ns, ft, group=k),
                 Interval((k, "decode"), ft, self.end_ns, group=k)]
 

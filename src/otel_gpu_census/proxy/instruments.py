@@ -6,8 +6,8 @@ never request ids.
 | gen_ai.server.time_to_first_token | histogram | s | gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model |
 | gen_ai.server.request.duration | histogram | s | same + error.type (on failure) |
 | gen_ai.server.time_per_output_token | histogram | s | same as TTFT |
-| gen_ai.server.active_requests | up-down counter | {request} | gen_ai.operation.name, gen_ai.provider.name |
-| gen_ai.server.request.gpu.copy.size | histogram | By | same as TTFT + gpu.copy.direction (htod, dtoh) |
+| gpu_census.proxy.active_requests | up-down counter | {request} | gen_ai.operation.name, gen_ai.provider.name |
+| gpu_census.request.copy.size | histogram | By | same as TTFT + gpu_census.copy.direction (htod, dtoh) |
 """
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ class ProxyInstruments:
             description="Time per output token after the first: (duration - TTFT) / (output tokens - 1)",
             explicit_bucket_boundaries_advisory=TPOT_BUCKETS)
         self.active = meter.create_up_down_counter(
-            "gen_ai.server.active_requests", unit="{request}",
+            "gpu_census.proxy.active_requests", unit="{request}",
             description="Model requests in flight through the proxy (a low number while users wait points at "
                         "the clients, not the GPU)")
         self.copy_size = meter.create_histogram(
-            "gen_ai.server.request.gpu.copy.size", unit="By",
+            "gpu_census.request.copy.size", unit="By",
             description="Bytes copied between host and GPU attributed to one request, by direction",
             explicit_bucket_boundaries_advisory=BYTES_BUCKETS)
 
@@ -68,4 +68,4 @@ class ProxyInstruments:
             return
         ok = {k: v for k, v in attrs.items() if k != "error.type"}
         for d in ("htod", "dtoh"):
-            self.copy_size.record(cost.share.copy(d).bytes, {**ok, "gpu.copy.direction": d})
+            self.copy_size.record(cost.share.copy(d).bytes, {**ok, "gpu_census.copy.direction": d})

@@ -48,7 +48,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "t
 REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
 REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `stream`
 
-# proxy.outcome values
+# gpu_census.proxy.outcome values
 COMPLETE = "complete"
 CLIENT_GONE = "client_disconnected"
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -326,7 +326,7 @@ class Proxy:
             "server.address": cfg.listen_host,
             "server.port": self.port or cfg.listen_port,
             "network.protocol.version": f"{request.version.major}.{request.version.minor}",
-            "proxy.upstream": cfg.upstream,
+            "gpu_census.proxy.upstream": cfg.upstream,
         }
         if request.remote:
             attrs["client.address"] = request.remote
@@ -360,7 +360,7 @@ class Proxy:
         if model is None and facts is not None and facts.model:
             model = facts.model
         if span is not None:
-            attrs: Dict[str, Any] = {"proxy.outcome": ex.outcome,
+            attrs: Dict[str, Any] = {"gpu_census.proxy.outcome": ex.outcome,
                                      "http.request.body.size": ex.req_bytes,
                                      "http.response.body.size": ex.resp_bytes}
             if ex.status is not None:
@@ -372,7 +372,7 @@ class Proxy:
                 if "max_tokens" in ex.request_fields:
                     attrs["gen_ai.request.max_tokens"] = ex.request_fields["max_tokens"]
                 if "stream" in ex.request_fields:
-                    attrs["gen_ai.request.stream"] = ex.request_fields["stream"]
+                    attrs["gpu_census.proxy.request.stream"] = ex.request_fields["stream"]
                 if facts is not None:
                     attrs.update(spanattrs.fact_attributes(facts, ex.start_ns, end_ns))
                 if model:

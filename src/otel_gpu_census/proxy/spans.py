@@ -3,21 +3,21 @@
 GenAI names follow the OpenTelemetry semantic conventions, with the ``gen_ai.latency.*`` names
 vLLM's own ``llm_request`` span uses, so one dashboard reads every engine. Engine-specific values
 go under ``llamacpp.*`` (llama-server's ``timings`` and ``id_slot``) and ``ollama.*``. GPU cost
-goes under ``gpu.*``; the full table is in examples/llamacpp/README.md.
+goes under ``gpu_census.*``; the full table is in examples/llamacpp/README.md.
 
 GPU attributes (integers, exact; times in ns because the census counts ns):
 
-- ``gpu.kernel.count``, ``gpu.kernel.time_ns``: kernels attributed to the request;
-- ``gpu.copy.<dir>.bytes|count|time_ns`` for dir in htod, dtoh (always present) and dtod, ptop,
-  htoh, other (when non-zero); ``gpu.memset.*`` likewise;
-- ``gpu.prefill.copy.dtoh.bytes``, ``gpu.prefill.copy.htod.bytes``, ``gpu.prefill.kernel.time_ns``:
+- ``gpu_census.kernel.count``, ``gpu_census.kernel.time_ns``: kernels attributed to the request;
+- ``gpu_census.copy.<dir>.bytes|count|time_ns`` for dir in htod, dtoh (always present) and dtod,
+  ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise;
+- ``gpu_census.prefill.copy.dtoh.bytes``, ``.prefill.copy.htod.bytes``, ``.prefill.kernel.time_ns``:
   the part of the share before the first token (prompt processing, and state saved for the
-  previous request — see ``gpu.attribution.note``);
-- ``gpu.window.*``: everything the buckets of the request's window held (all requests together),
-  and ``gpu.window.unattributed.*``: the part of it no request was in flight for;
-- ``gpu.attribution.method`` (``time_window_shared``), ``.status`` (complete, settled, stale,
+  previous request — see ``gpu_census.attribution.note``);
+- ``gpu_census.window.*``: everything the buckets of the request's window held (all requests
+  together), and ``gpu_census.window.unattributed.*``: the part no request was in flight for;
+- ``gpu_census.attribution.method`` (``time_window_shared``), ``.status`` (complete, settled, stale,
   no_census, no_segment, read_error, shutdown), ``.concurrency_max``, ``.buckets``, ``.wait_s``,
-  ``.note``; ``gpu.census.pids``.
+  ``.note``; ``gpu_census.process.pids``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ NOTE_STATE_SAVE = (
     "time-window attribution: this request's share of the GPU work in the 20 ms census buckets it was in "
     "flight for, split with the other requests in flight by overlap time. llama-server saves the previous "
     "request's prompt state (device-to-host) when the next request takes the slot, before prompt processing: "
-    "that copy appears in the next request's window, in its prefill part (gpu.prefill.*)."
+    "that copy appears in the next request's window, in its prefill part (gpu_census.prefill.*)."
 )
 
 
@@ -55,25 +55,25 @@ def share_attributes(prefix: str, s: Share, always: bool = True) -> Dict[str, An
 
 def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
     out: Dict[str, Any] = {
-        "gpu.attribution.method": METHOD,
-        "gpu.attribution.status": cost.status,
+        "gpu_census.attribution.method": METHOD,
+        "gpu_census.attribution.status": cost.status,
     }
     if cost.status not in (COMPLETE, SETTLED) and not cost.buckets and not cost.pids:
         if cost.notes:
-            out["gpu.attribution.note"] = "; ".join(cost.notes)
+            out["gpu_census.attribution.note"] = "; ".join(cost.notes)
         return out
-    out.update(share_attributes("gpu.", cost.share))
-    out["gpu.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
-    out["gpu.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
-    out["gpu.prefill.kernel.time_ns"] = cost.prefill.kernel_ns
-    out.update(share_attributes("gpu.window.", cost.window))
-    out.update(share_attributes("gpu.window.unattributed.", cost.unattributed, always=False))
-    out["gpu.attribution.concurrency_max"] = cost.concurrency_max
-    out["gpu.attribution.buckets"] = cost.buckets
-    out["gpu.attribution.wait_s"] = round(cost.waited_s, 3)
-    out["gpu.attribution.note"] = "; ".join([NOTE_STATE_SAVE] + cost.notes)
+    out.update(share_attributes("gpu_census.", cost.share))
+    out["gpu_census.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
+    out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
+    out["gpu_census.prefill.kernel.time_ns"] = cost.prefill.kernel_ns
+    out.update(share_attributes("gpu_census.window.", cost.window))
+    out.update(share_attributes("gpu_census.window.unattributed.", cost.unattributed, always=False))
+    out["gpu_census.attribution.concurrency_max"] = cost.concurrency_max
+    out["gpu_census.attribution.buckets"] = cost.buckets
+    out["gpu_census.attribution.wait_s"] = round(cost.waited_s, 3)
+    out["gpu_census.attribution.note"] = "; ".join([NOTE_STATE_SAVE] + cost.notes)
     if cost.pids:
-        out["gpu.census.pids"] = list(cost.pids)
+        out["gpu_census.process.pids"] = list(cost.pids)
     return out
 
 
@@ -118,11 +118,11 @@ def fact_attributes(f: StreamFacts, start_ns: int, end_ns: int) -> Dict[str, Any
     if "eval_duration" in f.ollama:
         out["gen_ai.latency.time_in_model_decode"] = f.ollama["eval_duration"] / 1e9
     if f.error:
-        out["gen_ai.response.error"] = f.error[:1000]
+        out["gpu_census.proxy.upstream_error"] = f.error[:1000]
     if f.unparsed:
-        out["proxy.body.unparsed_events"] = f.unparsed
+        out["gpu_census.proxy.body.unparsed_events"] = f.unparsed
     if f.note:
-        out["proxy.body.note"] = f.note
+        out["gpu_census.proxy.body.note"] = f.note
     return out
 
 

@@ -118,24 +118,31 @@ class Telemetry:
         self._closers.clear()
 
 
-def build_telemetry(env: Mapping[str, str] = os.environ) -> Telemetry:
+def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True) -> Telemetry:
+    """Providers from the environment; with traces/metrics False that provider is a no-op one
+    (the caller brings its own)."""
     from opentelemetry.sdk.metrics import MeterProvider
 
     from .. import exporters
     resource = exporters.make_resource()
     tp = TracerProvider(resource=resource)
-    desc = []
-    exp = span_exporter(env)
-    if exp is not None:
-        tp.add_span_processor(BatchSpanProcessor(exp))
-        desc.append(f"traces → {getattr(exp, 'target', type(exp).__name__)}")
-    else:
-        desc.append("traces → none (OTEL_TRACES_EXPORTER=none)")
-    out = exporters.build_readers(exporters.choose_exporters(None, env), env=env)
-    mp = MeterProvider(resource=resource, metric_readers=out.readers)
-    desc.extend(f"metrics → {d}" for d in out.descriptions)
-    if not out.readers:
-        desc.append("metrics → none (set OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)")
-    t = Telemetry(tp, mp, desc)
-    t._closers += [tp.shutdown, mp.shutdown, out.close]
-    return t
+    desc: List[str] = []
+    closers: List[Callable[[], None]] = [tp.shutdown]
+    if traces:
+        exp = span_exporter(env)
+        if exp is not None:
+            tp.add_span_processor(BatchSpanProcessor(exp))
+            desc.append(f"traces → {getattr(exp, 'target', type(exp).__name__)}")
+        else:
+            desc.append("traces → none (OTEL_TRACES_EXPORTER=none)")
+    readers = []
+    if metrics:
+        out = exporters.build_readers(exporters.choose_exporters(None, env), env=env)
+        readers = out.readers
+        desc.extend(f"metrics → {d}" for d in out.descriptions)
+        if not readers:
+            desc.append("metrics → none (set OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)")
+        closers.append(out.close)
+    mp = MeterProvider(resource=resource, metric_readers=readers)
+    closers.insert(1, mp.shutdown)
+    return Telemetry(tp, mp, desc, closers)
