@@ -1,0 +1,176 @@
+"""A real Prometheus server (the Debian `prometheus` package) scrapes the sidecar, and every query of
+the Grafana dashboard runs against it. Also: the shipped configs parse, and the dashboard only names
+metrics the code emits. Server tests are skipped when no `prometheus` binary is installed."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from otel_gpu_census import census, metrics, nvml
+from otel_gpu_census.metrics import start_sidecar
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "collector-config"
+DASHBOARD = CONFIGS / "grafana-dashboard.json"
+UNIT_SUFFIX = {"By": "_bytes", "s": "_seconds", "By/s": "_bytes_per_second"}
+
+
+@pytest.fixture(autouse=True)
+def clean_otel_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k)
+
+
+def prometheus_names():
+    """{prometheus name: spec} for every instrument, as the OTel exporters name them. Unit-"1"
+    gauges may carry `_ratio` (the Collector's exporter adds it, ours does not)."""
+    out = {}
+    for spec in metrics.CENSUS_INSTRUMENTS + nvml.NVML_INSTRUMENTS:
+        base = spec.name.replace(".", "_")
+        suffix = UNIT_SUFFIX.get(spec.unit, "")
+        if not base.endswith(suffix):
+            base += suffix
+        if spec.instrument == "counter":
+            out[base + "_total"] = spec
+        else:
+            out[base] = spec
+            if spec.unit == "1" and not base.endswith("_ratio"):
+                out[base + "_ratio"] = spec
+    return out
+
+
+def dashboard_queries():
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in dash["panels"]:
+        for t in panel.get("targets", []):
+            out.append((panel["title"], t["expr"]))
+    return dash, out
+
+
+def names_in(expr: str):
+    """Metric names an expression reads: bare names and {__name__=~"a(_ratio)?"} alternatives."""
+    found = set()
+    for m in re.finditer(r'__name__=~"([a-z_]+)\(_ratio\)\?"', expr):
+        found |= {m.group(1), m.group(1) + "_ratio"}
+    stripped = re.sub(r'\{[^}]*\}|\b(?:by|without)\s*\([^)]*\)', "", expr)
+    for m in re.finditer(r"\b((?:gpu_census|hw_gpu)_[a-z_]+)\b", stripped):
+        found.add(m.group(1))
+    return found
+
+
+def test_dashboard_reads_only_metrics_the_code_emits():
+    dash, queries = dashboard_queries()
+    known = prometheus_names()
+    titles = [p["title"] for p in dash["panels"]]
+    assert any("busy is not full" in t.lower() for t in titles)
+    assert any("copies by direction" in t.lower() for t in titles)
+    seen = set()
+    for title, expr in queries:
+        names = names_in(expr)
+        assert names, (title, expr)
+        unknown = names - set(known)
+        assert not unknown, f"panel {title!r} reads metrics nothing emits: {sorted(unknown)}"
+        seen |= {known[n].name for n in names}
+    busy_panel = next(p for p in dash["panels"] if "busy is not full" in p["title"].lower() and p.get("targets"))
+    busy_names = {known[n].name for t in busy_panel["targets"] for n in names_in(t["expr"])}
+    assert {"hw.gpu.utilization", "gpu_census.busy.ratio", "gpu_census.sm.occupancy"} <= busy_names
+    assert "gpu_census.copy.bytes" in seen
+
+
+def test_configs_parse():
+    import yaml  # noqa: F401  (PyYAML ships with the OTel SDK's dependencies? if not, skip)
+    cfg = yaml.safe_load((CONFIGS / "otelcol-metrics.yaml").read_text())
+    pipe = cfg["service"]["pipelines"]["metrics"]
+    assert pipe["receivers"] == ["otlp"] and "prometheus" in pipe["exporters"]
+    for kind in ("receivers", "processors", "exporters"):
+        for name in pipe[kind]:
+            assert name in cfg[kind], f"pipeline uses undefined {kind[:-1]} {name}"
+    prom = yaml.safe_load((CONFIGS / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    assert jobs["otel-collector"]["static_configs"][0]["targets"] == [cfg["exporters"]["prometheus"]["endpoint"]
+                                                                      .replace("0.0.0.0", "localhost")]
+    assert jobs["otel-gpu-census"]["static_configs"][0]["targets"] == ["localhost:9464"]
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (Debian package prometheus)")
+def test_prometheus_config_passes_promtool():
+    r = subprocess.run(["promtool", "check", "config", str(CONFIGS / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _query(port: int, expr: str):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    except urllib.error.HTTPError as e:        # a bad query is a 400 with the reason in the body
+        body = json.loads(e.read())
+    return body
+
+
+@pytest.mark.skipif(not shutil.which("prometheus"), reason="no prometheus server binary (Debian package prometheus)")
+def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, records, census_dir, tmp_path):
+    r = records
+    segments.segment(census_dir, [r.kernel(10**12, 10**12 + 5000), r.memcpy("dtoh", 65536, 10**12 + 6000,
+                                                                               10**12 + 7000, dst="pageable")],
+                     comm="llama-server", final=True, state=census.STATE_ACTIVE)
+    handle = start_sidecar(census_dir, root_pid=os.getpid(), exporter="prometheus", prometheus_port=0, nvml=False)
+    web = _free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: census\n    static_configs:\n"
+                   f"      - targets: ['127.0.0.1:{handle.prometheus_port}']\n")
+    server = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                               f"--web.listen-address=127.0.0.1:{web}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        want = 'rate(gpu_census_copy_bytes_total[1m])'      # needs two scrapes
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                res = _query(web, want)
+                if res["status"] == "success" and res["data"]["result"]:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "Prometheus never scraped two samples of the sidecar"
+            time.sleep(0.5)
+        res = _query(web, 'gpu_census_copy_bytes_total{gpu_census_copy_direction="dtoh"}')
+        assert [float(x["value"][1]) for x in res["data"]["result"]] == [65536.0]
+        assert res["data"]["result"][0]["metric"]["process_pid"] == str(os.getpid())
+        _, queries = dashboard_queries()
+        nvml_names = {n for n, s in prometheus_names().items() if s in nvml.NVML_INSTRUMENTS}
+        for title, expr in queries:
+            q = expr.replace("$__rate_interval", "1m").replace("$gpu", ".*")
+            res = _query(web, q)
+            assert res["status"] == "success", (title, q, res.get("error"))
+            if not names_in(expr) <= nvml_names:    # census series exist here; NVML ones need a GPU
+                assert res["data"]["result"], f"panel {title!r} query returned nothing: {q}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        handle.stop()
