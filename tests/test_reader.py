@@ -1,6 +1,7 @@
 """The segment round trip: the C tally writes real CUPTI records into a segment, the reader reads it."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -354,3 +355,23 @@ def test_readable_dir_accepts_others_but_needs_existence(tmp_path):
     d.mkdir()
     d.chmod(0o777)
     assert reader.readable_dir(d) == d
+
+
+def test_totals_only_read_matches_the_full_read(census_dir, segments, records):
+    recs = [records.external(corr=5, external_id=9), records.kernel(T0, T0 + 2 * MS, corr=5),
+            records.memcpy("htod", 4096, T0 + 3 * MS, T0 + 4 * MS, src="pageable", corr=5),
+            records.kernel(T0 + MS, T0 + 5 * MS, device=2)]
+    path = segments.segment(census_dir, recs, comm="engine")
+    full, head = reader.read_segment(path), reader.read_segment(path, detail=False)
+    assert head.windows == [] and head.steps == {}
+    assert full.windows and full.steps
+    assert dataclasses.replace(full, windows=[], steps={}) == head
+    procs, errors = reader.scan(census_dir, detail=False)
+    assert procs == [head] and errors == []
+
+
+def test_totals_only_read_still_refuses_bad_files(census_dir, segments):
+    path = segments.segment(census_dir, [])
+    path.write_bytes(path.read_bytes()[:reader.TOTALS_SIZE])      # long enough for the head, yet truncated
+    with pytest.raises(reader.SegmentError, match="truncated"):
+        reader.read_segment(path, detail=False)

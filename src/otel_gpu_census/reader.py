@@ -135,8 +135,13 @@ def _check_identity(path, head: bytes, length: int) -> None:
         raise SegmentError(path, f"truncated: {length} of {SEGMENT_SIZE} bytes")
 
 
-def _snapshot(path) -> Tuple[bytes, bool]:
-    """A copy of the segment taken between two equal, even reads of `seq`; (copy, torn)."""
+# Header and per-device totals come first; the window and step rings make up the rest (~630 KiB).
+TOTALS_SIZE = ffi.offsetof("gc_segment", "windows")
+
+
+def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytes, bool]:
+    """A copy of the first `size` bytes of the segment, taken between two equal, even reads of
+    `seq`; (copy, torn)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -146,7 +151,7 @@ def _snapshot(path) -> Tuple[bytes, bool]:
         if not stat.S_ISREG(st.st_mode):
             raise SegmentError(path, "not a regular file")
         _check_identity(path, os.pread(fd, 16, 0), st.st_size)
-        with mmap.mmap(fd, SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as m:
             def seq() -> int:
                 return int.from_bytes(m[SEQ_OFFSET:SEQ_OFFSET + 8], "little")
             for attempt in range(READ_TRIES):
@@ -216,13 +221,14 @@ def _device(d) -> DeviceTotals:
     )
 
 
-def parse_segment(path, data: bytes, torn: bool = False) -> ProcessCensus:
-    """Turn a copy of a segment into a ProcessCensus (validating it first)."""
-    _check_identity(path, data, len(data))
-    seg = ffi.from_buffer("gc_segment *", data, require_writable=False)
+def _parse(path, data: bytes, torn: bool) -> ProcessCensus:
+    """A ProcessCensus from a copy _snapshot took (and checked); a copy cut at TOTALS_SIZE gives the
+    header and device totals, with no windows or steps."""
+    seg = ffi.cast("gc_segment *", ffi.from_buffer(data))
+    detail = len(data) >= SEGMENT_SIZE
     window_ns = (seg.window_ns_div * 1000) or consts.GC_WINDOW_NS
     windows = []
-    for w in seg.windows:
+    for w in seg.windows if detail else ():
         if w.index:
             windows.append(Window(
                 start_ns=w.index * window_ns, end_ns=(w.index + 1) * window_ns,
@@ -230,7 +236,7 @@ def parse_segment(path, data: bytes, torn: bool = False) -> ProcessCensus:
                 copies=_by_direction(w.copy), memset=_stat(w.memset), device_mask=w.device_mask))
     windows.sort(key=lambda w: w.start_ns)
     steps = {}
-    for s in seg.steps:
+    for s in seg.steps if detail else ():
         if s.id:
             steps[s.id] = Step(
                 id=s.id, kernel_count=s.kernel_count, kernel_ns=s.kernel_ns,
@@ -251,10 +257,12 @@ def parse_segment(path, data: bytes, torn: bool = False) -> ProcessCensus:
     )
 
 
-def read_segment(path) -> ProcessCensus:
-    """One consistent read of the segment at `path`; SegmentError says why when it cannot be read."""
-    data, torn = _snapshot(path)
-    return parse_segment(path, data, torn=torn)
+def read_segment(path, detail: bool = True) -> ProcessCensus:
+    """One consistent read of the segment at `path`; SegmentError says why when it cannot be read.
+    detail=False copies only the header and device totals (no windows, no steps): ~12 KiB instead
+    of ~630 KiB, for readers that export totals often."""
+    data, torn = _snapshot(path, SEGMENT_SIZE if detail else TOTALS_SIZE)
+    return _parse(path, data, torn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,12 +272,12 @@ def segment_paths(directory) -> List[Path]:
     return sorted(Path(directory).glob(SEGMENT_GLOB))
 
 
-def scan(directory) -> Tuple[List[ProcessCensus], List[SegmentError]]:
+def scan(directory, detail: bool = True) -> Tuple[List[ProcessCensus], List[SegmentError]]:
     """Every segment in the folder; files that cannot be read are returned as errors, not raised."""
     good, bad = [], []
     for p in segment_paths(directory):
         try:
-            good.append(read_segment(p))
+            good.append(read_segment(p, detail))
         except SegmentError as e:
             ident = segment_file_pid(p)
             if e.unpublished and ident is not None and is_alive(*ident):
