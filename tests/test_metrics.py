@@ -347,3 +347,20 @@ def test_last_export_carries_totals_written_just_before_stop(segments, records, 
         pts = rx.wait_for(lambda p: any(x.name == "gpu_census.kernel.count" for x in p), timeout=5)
     assert rx.requests == 1
     assert latest(pts, "gpu_census.kernel.count", {"process.pid": os.getpid()}).value == 2
+
+
+def test_console_exporter_output_makes_the_busy_table(server_tree, census_dir, capsys):
+    import perf_busy_gap
+    handle = start_sidecar(census_dir, root_pid=os.getpid(), exporter="console", interval_s=0.2, nvml=False)
+    time.sleep(0.7)
+    handle.stop()
+    out = capsys.readouterr().out
+    docs = perf_busy_gap.exports("workload chatter {not json}\n" + out)
+    assert len(docs) >= 2
+    table = perf_busy_gap.rows(docs)
+    gpus = {r["hw.id"] for r in table}
+    assert gpus == {HW_A, HW_B}
+    assert all(0 <= r["gpu_census.busy.ratio"] <= 1 for r in table)
+    later = [r for r in table if r["hw.id"] == HW_A and "htod B/s" in r]
+    assert later and all(r["htod B/s"] == 0 for r in later)      # totals did not change between exports
+    assert "| t (s) | GPU | nvidia-smi util | census busy |" in perf_busy_gap.markdown(table)

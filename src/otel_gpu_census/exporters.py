@@ -270,9 +270,10 @@ def build_readers(names: List[str], prometheus_port: Optional[int] = None, inter
                 out.descriptions.append(f"{target} every {interval / 1000:g} s")
             elif name == "console":
                 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-                exporter = ConsoleMetricExporter(out=console_out or sys.stderr)
+                # stdout, as the OTel SDK does; `run` prints its report on stderr.
+                exporter = ConsoleMetricExporter(out=console_out or sys.stdout)
                 out.readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
-                out.descriptions.append(f"console (stderr) every {interval / 1000:g} s")
+                out.descriptions.append(f"console (stdout) every {interval / 1000:g} s")
             elif name == "prometheus":
                 _add_prometheus(out, prometheus_port, env)
         except ConfigError:
