@@ -315,7 +315,9 @@ def main() -> int:
     }
     rounds_done = 0
     for k, order in enumerate(bl.alternating(list(variants), a.rounds)):
-        if log.elapsed() + per_round * 1.3 > a.budget_s:
+        if k:   # measured rounds replace the estimate
+            per_round = log.elapsed() / k
+        if log.elapsed() + per_round * (1.3 if k == 0 else 1.1) > a.budget_s:
             log(f"budget: stopping before round {k} ({log.elapsed():.0f} s used)")
             break
         for name in order:

@@ -191,7 +191,7 @@ class Bench:
         a = self.a
         listen = f"127.0.0.1:{port}"
         cmd = [bl.python(), "-m", "otel_gpu_census.cli", "proxy", "--upstream", upstream, "--listen", listen,
-               "--census-dir", str(cdir)] + shlex.split(a.proxy_args)
+               "--census-dir", str(cdir), "--upstream-pid", str(server_pid)] + shlex.split(a.proxy_args)
         env = self.pkg_env(bl.plain_env())
         env.setdefault("OTEL_TRACES_EXPORTER", a.proxy_traces_exporter)
         env.setdefault("OTEL_METRICS_EXPORTER", "none")
