@@ -582,3 +582,22 @@ def test_doctor_names_a_library_that_does_not_load(env, tmp_path):
     assert p.returncode == 1
     [line] = [line for line in p.stdout.splitlines() if line.split()[1:2] == ["injector"]]
     assert line.startswith("FAIL") and f"cannot load {bogus}" in line
+
+
+def test_run_tidies_only_the_default_folder(env, segments, dead_pid, tmp_path):
+    default = tmp_path / "xdg" / "otel-gpu-census"
+    default.mkdir(mode=0o700)
+    named = tmp_path / "named"
+    named.mkdir(mode=0o700)
+    two_days_ago = time.time() - 2 * 86400
+
+    def ended_long_ago(seg):
+        seg.wall_start_ns = seg.wall_update_ns = int(two_days_ago * 1e9)
+    old = [segments.segment(d, [], pid=dead_pid, edit=ended_long_ago) for d in (default, named)]
+    recent = segments.segment(default, [], pid=dead_pid, start_ticks=3)
+    for p in old:
+        os.utime(p, (two_days_ago, two_days_ago))
+    assert run_cli(env, "run", "--dir", str(named), "--", "true").returncode == 0
+    assert old[1].exists()
+    assert run_cli(env, "run", "--", "true").returncode == 0
+    assert not old[0].exists() and recent.exists() and old[1].exists()

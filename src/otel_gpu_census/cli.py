@@ -29,6 +29,7 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUI
 _CHILD_DEFAULT_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ}
 _SI_KERNEL = 0x80          # si_code of signals the terminal sends to a whole process group
 EXPORTERS = ("otlp", "prometheus", "console", "none")
+DEFAULT_DIR_KEEP_S = 24 * 3600   # segments of ended processes kept this long in the default folder
 # Without --exporter, these variables ask for metrics (otel_gpu_census.exporters decides which).
 _METRICS_ENV = ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
@@ -182,6 +183,10 @@ def _cmd_run(args) -> int:
     except reader.CensusDirError as e:
         _say(str(e))
         return 1
+    if args.dir is None and not os.environ.get("OTEL_GPU_CENSUS_DIR"):
+        # The default folder is ours to keep tidy (it is often RAM-backed: /run/user/<uid>); a
+        # folder the user named is theirs.
+        reader.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
     json_out = None
     if args.json:
         try:       # opened now: a path that cannot be written should not cost a whole run
@@ -305,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run CMD with the census injector loaded into every CUDA process it "
                          "starts; pass signals to it; exit with its exit code; print the report to stderr.")
     run.add_argument("--dir", help="census folder (default: $OTEL_GPU_CENSUS_DIR, else "
-                     "$XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>)")
+                     "$XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>, where segments of "
+                     "processes that ended over a day ago are removed when run starts)")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     run.add_argument("--requests", type=_positive_int, metavar="N", help="print per-request averages over N requests")
     run.add_argument("--exporter", choices=EXPORTERS,
