@@ -276,3 +276,13 @@ def test_real_segment_copies_land_in_the_right_request_and_phase(make_proxy, sta
     assert a["gpu_census.kernel.count"] == 1 and a["gpu_census.kernel.time_ns"] == 50 * ms
     assert a["gpu_census.window.copy.dtoh.bytes"] == state_save + logits   # the late copy is outside the window
     assert a["gpu_census.process.pids"] == (os.getpid(),)
+
+
+def test_draining_stop_lets_spans_finish_normally(make_proxy, standin, rx):
+    fake = FakeGpu()
+    p = make_proxy(fake, gpu_margin_s=0.5, gpu_max_wait_s=5)
+    post(p.port)
+    p.stop(drain_s=5)
+    p.tp.force_flush()
+    a = rx.wait_for(lambda ss: ss, timeout=5)[0].attributes
+    assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] >= 0.5

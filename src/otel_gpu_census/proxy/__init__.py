@@ -64,6 +64,7 @@ class ProxyThread:
         self.error: Optional[BaseException] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
+        self._drain_s = 0.0
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="otel-gpu-census-proxy", daemon=True)
 
@@ -108,13 +109,15 @@ class ProxyThread:
         self.port = self.proxy.port
         self._ready.set()
         await self._stop.wait()
-        await self.proxy.stop()
+        await self.proxy.stop(self._drain_s)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, finish spans (GPU cost as far as the census has it), flush telemetry."""
+    def stop(self, timeout: float = 10.0, drain_s: float = 0.0) -> None:
+        """Stop accepting, finish spans (GPU cost as far as the census has it), flush telemetry.
+        With drain_s, spans still waiting for the census get that long to finish normally first."""
+        self._drain_s = drain_s
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout)
+        self._thread.join(timeout + drain_s)
 
 
 def start_proxy_in_thread(config: ProxyConfig, tracer_provider=None, meter_provider=None,

@@ -232,8 +232,7 @@ class GpuLedger:
     def _settle(self, censuses: List[ProcessCensus], notes: List[str], error: Optional[str], now: int) -> None:
         for r in sorted(self._pending(), key=lambda r: r.end_ns):
             rel = self._relevant(censuses, r.start_ns, r.end_ns)
-            caught_up = all(c.wall_update_ns >= r.end_ns + self.margin_ns or not c.alive
-                            or c.state != STATE_ACTIVE for c in rel)
+            caught_up = self._caught_up(rel, r)
             out_of_time = now >= r.end_ns + self.max_wait_ns
             if error is not None:
                 if not out_of_time:
@@ -252,6 +251,10 @@ class GpuLedger:
             cost.notes = notes + cost.notes
             self._finish(r, cost, now)
         self._prune()
+
+    def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
+        return all(c.wall_update_ns >= r.end_ns + self.margin_ns or not c.alive or c.state != STATE_ACTIVE
+                   for c in rel)
 
     def _intervals(self, lo: int, hi: int) -> List[Interval]:
         # Buckets reach at most one bucket beyond the request; BUCKET_SLACK_NS is ample.
@@ -275,7 +278,8 @@ class GpuLedger:
             del self.reqs[k]
 
     async def stop(self) -> None:
-        """Hand every waiting request what the census has now (status shutdown if it cannot be read)."""
+        """Hand every waiting request what the census has now: complete when it had caught up (or the
+        server exited), else status shutdown."""
         self._stopping = True
         if self._task is not None:
             self._wake.set()
@@ -296,7 +300,8 @@ class GpuLedger:
             if rel:
                 cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns))
                 cost.notes = notes + cost.notes
+                if not self._caught_up(rel, r):
+                    cost.status = SHUTDOWN
             else:
-                cost = GpuCost(status=NO_SEGMENT)
-            cost.status = SHUTDOWN
+                cost = GpuCost(status=NO_SEGMENT if self.source is not None else NO_CENSUS)
             self._finish(r, cost, now)

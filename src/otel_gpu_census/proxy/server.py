@@ -155,7 +155,10 @@ class Proxy:
         sock = site._server.sockets[0] if site._server and site._server.sockets else None
         self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
 
-    async def stop(self) -> None:
+    async def stop(self, drain_s: float = 0.0) -> None:
+        """Stop. With drain_s, first give spans waiting for the census that long to finish normally."""
+        if drain_s > 0 and self._finishing:
+            await asyncio.wait(list(self._finishing), timeout=drain_s)
         self._stopping = True
         if self.runner is not None:
             await self.runner.shutdown()
