@@ -204,10 +204,13 @@ def run_checks() -> List[Check]:
     facts = Facts()
     out: List[Check] = []
     for check in CHECKS:
+        name = check.__name__.replace("check_", "").replace("_", " ")
         try:
             out.extend(check(facts))
+        except ImportError as e:   # a broken install: the package's own modules cannot load
+            out.append(Check(FAIL, name, str(e) if "reinstall" in str(e) else f"{e} (reinstall otel-gpu-census)"))
         except Exception as e:     # a probe must never end the diagnosis
-            out.append(Check(FAIL, check.__name__.replace("check_", ""), f"unexpected error: {type(e).__name__}: {e}"))
+            out.append(Check(FAIL, name, f"unexpected error: {type(e).__name__}: {e}"))
     return out
 
 

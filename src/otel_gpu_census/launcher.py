@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
-from . import _native
-
 CUPTI_SONAME = "libcupti.so.13"
 _SYSTEM_CUPTI_DIRS = (
     "/usr/local/cuda/extras/CUPTI/lib64",
@@ -90,6 +88,7 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
     An injection path the user already set (Nsight Systems, another tool) is left alone: the
     command runs as the user asked and the census is off for this run, with a warning.
     """
+    from . import _native
     env = dict(os.environ if base is None else base)
     env["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
     plan = LaunchPlan(env=env, census_on=False)
