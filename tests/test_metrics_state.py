@@ -242,3 +242,18 @@ def test_tree_link_through_an_exited_parent_comes_from_the_launcher(dead_pid):
     assert tree([worker]) == []
     parents[dead_pid] = os.getpid()
     assert tree([worker]) == [worker]
+
+
+def test_own_segment_source_for_in_process_hooks(segments, records, census_dir, caplog):
+    """A hook registers before CUDA made its segment: no warning, no series; then the totals."""
+    path = census_dir / "own.seg"
+    reader_ = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader_])
+    with caplog.at_level(logging.WARNING):
+        metrics.register_census_instruments(provider, metrics.segment_file_source(path), min_refresh_s=0)
+        assert reader_.get_metrics_data() is None          # nothing to report yet
+    assert not caplog.records
+    segments.segment(census_dir, [records.kernel(10**12, 10**12 + 100)], final=True, state=census.STATE_ACTIVE).rename(path)
+    values = [dp.value for rm in reader_.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+              for m in sm.metrics if m.name == "gpu_census.kernel.count" for dp in m.data.data_points]
+    assert values == [1]

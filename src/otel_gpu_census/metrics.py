@@ -4,8 +4,9 @@ Two ways in:
 
 * In-process (engine hooks, any program with its own MeterProvider)::
 
-      from otel_gpu_census.metrics import register_census_instruments
-      register_census_instruments(meter_provider, source)   # source() -> list[ProcessCensus]
+      from otel_gpu_census.metrics import register_census_instruments, segment_file_source
+      register_census_instruments(meter_provider, segment_file_source(my_segment_path))
+      # any source() -> list[ProcessCensus] will do
 
 * The sidecar that ``otel-gpu-census run`` starts in its own (parent) process, reading the census
   segments of the server's process tree and exporting as OTel env vars say (see ``exporters``)::
@@ -28,6 +29,7 @@ go backwards.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -167,8 +169,8 @@ class CensusMetrics:
             try:
                 procs = list(self._source())
             except Exception as e:      # never into the SDK's collection thread
-                self._warn_once(f"source:{type(e).__name__}",
-                                "metrics: reading the census failed (%s: %s); keeping the last values", type(e).__name__, e)
+                self._warn_once(f"source:{type(e).__name__}", "metrics: reading the census failed (%s: %s); "
+                                "keeping the last values", type(e).__name__, e)
                 return
             self.reads += 1
             self._apply(procs, now)
@@ -451,7 +453,6 @@ def _read_totals(reader, path) -> ProcessCensus:
     writer's seqlock like ``reader.read_segment`` but only the first few KiB of the segment.
     tests/test_metrics_state.py checks it against ``reader.read_segment`` field by field."""
     import mmap
-    import os
     import stat as stat_mod
     from ._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, ffi
     cut = ffi.offsetof("gc_segment", "windows")
@@ -497,6 +498,18 @@ def _read_totals(reader, path) -> ProcessCensus:
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
         note=text(seg.note), devices={d.device_id: reader._device(d) for d in seg.devices if d.in_use},
         torn=torn, alive=reader.is_alive(seg.pid, seg.proc_start_ticks))
+
+
+def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
+    """A census source over one segment file (a process's own, for in-process hooks): its
+    totals, or nothing while the file does not exist yet (CUDA not initialised)."""
+    from . import reader
+
+    def source() -> List[ProcessCensus]:
+        if not os.path.exists(path):
+            return []
+        return [_read_totals(reader, path)]
+    return source
 
 
 def segment_source(census_dir, root_pid: Optional[int] = None,

@@ -253,18 +253,3 @@ def register_nvml_instruments(meter_provider) -> Optional[NvmlSampler]:
         if not d.gpm:
             log.info("metrics: no SM utilisation/occupancy for GPU %d (%s): %s", d.index, d.uuid, d.gpm_why)
     return sampler
-
-
-def describe() -> List[str]:
-    """Lines for ``otel-gpu-census doctor``: NVML, each GPU, and whether GPM metrics are available."""
-    sampler, why = open_nvml()
-    if sampler is None:
-        return [f"NVML: unavailable: {why}; hw.gpu.* and SM occupancy metrics are off"]
-    try:
-        lines = [f"NVML: driver {sampler.driver}, {len(sampler.devices)} GPU(s)"]
-        for d in sampler.devices:
-            gpm = "GPM yes (SM utilisation, SM occupancy)" if d.gpm else f"GPM no: {d.gpm_why}"
-            lines.append(f"  GPU {d.index} {d.name} {d.uuid}: {gpm}")
-        return lines
-    finally:
-        sampler.close()
