@@ -42,28 +42,32 @@ class CensusDirError(Exception):
 # ---------------------------------------------------------------------------------------------
 # processes
 
-def proc_start_ticks(pid: int) -> Optional[int]:
-    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); None if no such process."""
+def _stat_fields(pid: int) -> Optional[List[bytes]]:
+    """/proc/<pid>/stat from field 3 on (index 0 is field 3); None if no such process.
+    comm (field 2) may hold spaces and parentheses, so fields are counted from the last ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    # comm (field 2) may contain spaces and parentheses: fields after it follow the last ')'.
-    fields = data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2:].split()
+
+
+def _stat_field(pid: int, field: int) -> Optional[int]:
+    fields = _stat_fields(pid)
     try:
-        return int(fields[19])
+        return int(fields[field - 3]) if fields is not None else None
     except (IndexError, ValueError):
         return None
 
 
+def proc_start_ticks(pid: int) -> Optional[int]:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); None if no such process."""
+    return _stat_field(pid, 22)
+
+
 def proc_ppid(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rfind(b")") + 2:].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    return _stat_field(pid, 4)
 
 
 def is_alive(pid: int, start_ticks: int) -> bool:

@@ -135,10 +135,9 @@ def _copies_dict(d: DeviceTotals) -> Dict[str, dict]:
     for direction in DIRECTIONS:
         s = d.copies.get(direction)
         if s.count:
-            row = _stat_dict(s)
-            row["by_host_memory"] = {m: _stat_dict(d.copies.get(direction, m))
-                                     for m in MEMORY_KINDS if d.copies.get(direction, m).count}
-            out[direction] = row
+            by_memory = {m: d.copies.get(direction, m) for m in MEMORY_KINDS}
+            out[direction] = dict(_stat_dict(s), by_host_memory={m: _stat_dict(v) for m, v in by_memory.items()
+                                                                 if v.count})
     return out
 
 
