@@ -539,3 +539,27 @@ def test_active_requests_counts_requests_in_flight(make_proxy, standin):
     t.join()
     _, active = _points(p.metrics)["gpu_census.proxy.active_requests"]
     assert sum(d.value for d in active) == 0
+
+
+def test_stopping_mid_stream_ends_the_span_and_returns_promptly(make_proxy, standin, receiver):
+    standin.opts.tokens = 1000
+    standin.opts.token_delay = 0.05
+    p = make_proxy()
+    got = []
+
+    def client():
+        try:
+            request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
+        except http.client.HTTPException as e:     # the answer is cut, never ended cleanly
+            got.append(e)
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    assert _wait(lambda: standin.seen)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    p.stop()
+    assert time.monotonic() - t0 < 6
+    t.join(5)
+    assert got and isinstance(got[0], http.client.IncompleteRead)
+    s = one_span(receiver, "text_completion")
+    assert s.attributes["gpu_census.proxy.outcome"] == "proxy_stopped"

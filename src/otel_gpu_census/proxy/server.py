@@ -47,6 +47,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "t
 # Also not forwarded upstream: Host is the upstream's; Expect is answered by this proxy.
 REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
 REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `stream`
+STOP_GRACE_S = 2.0                     # how long answers in flight may go on once the proxy stops
 
 # gpu_census.proxy.outcome values
 COMPLETE = "complete"
@@ -148,7 +149,7 @@ class Proxy:
         # handler_cancellation: a client that hangs up cancels its handler, which cancels the
         # upstream request, even while the upstream is silent (long prompt processing).
         self.runner = web.AppRunner(self.app, handle_signals=False, handler_cancellation=True,
-                                    access_log=None)
+                                    access_log=None, shutdown_timeout=STOP_GRACE_S)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.listen_host, cfg.listen_port, reuse_address=True)
         await site.start()
@@ -161,12 +162,11 @@ class Proxy:
             await asyncio.wait(list(self._finishing), timeout=drain_s)
         self._stopping = True
         if self.runner is not None:
-            await self.runner.shutdown()
+            # stop listening; answers still streaming get STOP_GRACE_S, then their handlers are cancelled
+            await self.runner.cleanup()
         await self.ledger.stop()
         if self._finishing:
             await asyncio.wait(list(self._finishing), timeout=5)
-        if self.runner is not None:
-            await self.runner.cleanup()
         if self.session is not None:
             await self.session.close()
 
