@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_gpu_census import census, exporters, metrics
+from otel_gpu_census import exporters
 from otel_gpu_census.metrics import CENSUS_INSTRUMENTS, start_sidecar
 from otlp_receiver import OtlpReceiver, latest
 

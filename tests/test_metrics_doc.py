@@ -8,7 +8,6 @@ on a GPU.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
