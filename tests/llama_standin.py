@@ -228,8 +228,8 @@ class Standin:
         async def write(data: bytes) -> None:
             if z is not None:
                 data = z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH)
+            s.sent += data          # before writing: the client may have it before this task resumes
             await raw_write(data)
-            s.sent += data
         try:
             for data, is_token in events:
                 if is_token:
@@ -249,8 +249,8 @@ class Standin:
                 await write(data)
             if z is not None:
                 tail = z.flush()
-                await raw_write(tail)
                 s.sent += tail
+                await raw_write(tail)
             await resp.write_eof()
             s.finished = True
         except (asyncio.CancelledError, ConnectionResetError):
