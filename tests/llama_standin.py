@@ -78,7 +78,7 @@ class Standin:
         self.app = self._make_app()
 
     # -- lifecycle ----------------------------------------------------------------------
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> "Standin":
+    def start(self, host: str = "127.0.0.1", port: int = 0, unix_path: Optional[str] = None) -> "Standin":
         ready = threading.Event()
 
         def main():
@@ -90,9 +90,13 @@ class Standin:
                 # as llama-server stops generating when its client goes away.
                 self._runner = web.AppRunner(self.app, handle_signals=False, handler_cancellation=True)
                 await self._runner.setup()
-                site = web.TCPSite(self._runner, host, port)
-                await site.start()
-                self.port = site._server.sockets[0].getsockname()[1]
+                if unix_path:
+                    site = web.UnixSite(self._runner, unix_path)
+                    await site.start()
+                else:
+                    site = web.TCPSite(self._runner, host, port)
+                    await site.start()
+                    self.port = site._server.sockets[0].getsockname()[1]
                 ready.set()
             self._loop.run_until_complete(up())
             self._loop.run_forever()

@@ -565,3 +565,16 @@ def test_stopping_mid_stream_ends_the_span_and_returns_promptly(make_proxy, stan
     assert got and isinstance(got[0], http.client.IncompleteRead)
     s = one_span(receiver, "text_completion")
     assert s.attributes["gpu_census.proxy.outcome"] == "proxy_stopped"
+
+
+def test_unix_socket_upstream(make_proxy, receiver, tmp_path):
+    sock = str(tmp_path / "llama.sock")
+    st = Standin().start(unix_path=sock)
+    try:
+        p = make_proxy(upstream="unix:" + sock)
+        status, _, data = request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
+        assert status == 200 and data == st.seen[-1].sent
+        assert st.seen[-1].headers["Host"] == "localhost"
+        assert one_span(receiver, "text_completion").attributes["gpu_census.proxy.upstream"] == "unix:" + sock
+    finally:
+        st.stop()

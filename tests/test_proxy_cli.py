@@ -55,6 +55,17 @@ def test_bad_values_raise_config_errors():
             parse_host_port(bad)
 
 
+def test_a_proxy_never_forwards_to_itself():
+    p = argparse.ArgumentParser()
+    add_proxy_arguments(p)
+    for listen, up in (("127.0.0.1:8081", "http://127.0.0.1:8081"), ("0.0.0.0:8081", "http://localhost:8081"),
+                       ("127.0.0.1:80", "http://127.0.0.1")):
+        with pytest.raises(ConfigError, match="forward to itself"):
+            config_from_args(p.parse_args(["--upstream", up, "--listen", listen]))
+    assert config_from_args(p.parse_args(["--upstream", "http://127.0.0.1:8080", "--listen", "127.0.0.1:8081"]))
+    assert config_from_args(p.parse_args(["--upstream", "http://10.1.1.1:8081", "--listen", "127.0.0.1:8081"]))
+
+
 def test_options_parse_into_a_config():
     p = argparse.ArgumentParser()
     add_proxy_arguments(p)
@@ -164,3 +175,17 @@ def test_collector_down_costs_one_warning():
             proc.kill()
         st.stop()
     assert err.count("traces: cannot export") == 1 and "Traceback" not in err
+
+
+def test_start_in_thread_refuses_itself_too():
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(ConfigError):
+        start_proxy_in_thread(ProxyConfig(upstream=f"http://127.0.0.1:{port}", listen_port=port, gpu=False),
+                              TracerProvider(), MeterProvider())

@@ -125,7 +125,8 @@ def start_proxy_in_thread(config: ProxyConfig, tracer_provider=None, meter_provi
     """Start the proxy beside the caller; returns once it listens (``.url``, ``.port``, ``.stop()``).
 
     A provider not given is built from the OTEL_* variables and shut down (flushed) by ``stop()``;
-    given providers are used and left to the caller. Raises OSError when it cannot listen."""
+    given providers are used and left to the caller. Raises OSError when it cannot listen and
+    ConfigError when the upstream is the proxy's own address."""
     return ProxyThread(config, tracer_provider, meter_provider, census_source).start()
 
 
@@ -149,6 +150,10 @@ def run_proxy(args: argparse.Namespace) -> int:
         proxy = Proxy(cfg, tel.tracer_provider, tel.meter_provider)
         try:
             await proxy.start()
+        except ConfigError as e:
+            _say(str(e))
+            await proxy.stop()
+            return 2
         except OSError as e:
             _say(f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror or e}")
             await proxy.stop()

@@ -90,6 +90,22 @@ def check_upstream(text: str) -> str:
     return str(url).rstrip("/")
 
 
+_LOCAL = {"", "0.0.0.0", "::", "127.0.0.1", "::1", "localhost"}
+
+
+def check_not_itself(listen_host: str, listen_port: int, upstream: str) -> None:
+    """Refuse an upstream that is the proxy's own address: every request would forward to itself."""
+    if upstream.startswith("unix:") or listen_port == 0:
+        return
+    url = URL(upstream)
+    host = (url.host or "").strip("[]")
+    same_host = host == listen_host or (host in _LOCAL and listen_host in _LOCAL) or \
+        (listen_host in ("0.0.0.0", "::") and host in _LOCAL)
+    if same_host and url.port == listen_port:
+        raise ConfigError(f"the proxy would forward to itself: it listens on {listen_host}:{listen_port} "
+                          f"and its upstream is {upstream}; give the server and the proxy different ports")
+
+
 def _connectable(host: str) -> str:
     """A host a client can connect to for a server that listens on `host`."""
     if host in ("", "0.0.0.0", "*"):
@@ -225,8 +241,10 @@ def config_from_args(args: argparse.Namespace, upstream: Optional[str] = None,
         raise ConfigError("no upstream: give --upstream http://HOST:PORT")
     host, port = parse_host_port(getattr(args, "listen", None) or DEFAULT_LISTEN, "--listen")
     wait = getattr(args, "gpu_wait", DEFAULT_GPU_MAX_WAIT_S)
+    up = check_upstream(up)
+    check_not_itself(host, port, up)
     return ProxyConfig(
-        upstream=check_upstream(up),
+        upstream=up,
         listen_host=host,
         listen_port=port,
         census_dir=getattr(args, "census_dir", None),

@@ -33,7 +33,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import spans as spanattrs
-from .config import ProxyConfig
+from .config import ProxyConfig, check_not_itself
 from .gpu import CensusSource, GpuLedger
 from .instruments import ProxyInstruments
 from .routes import Route, classify, untraced
@@ -136,6 +136,7 @@ class Proxy:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
+        check_not_itself(cfg.listen_host, cfg.listen_port, cfg.upstream)
         if cfg.unix_socket is not None:
             connector = aiohttp.UnixConnector(path=cfg.unix_socket, force_close=True, limit=0)
         else:
