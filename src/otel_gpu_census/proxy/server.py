@@ -141,7 +141,7 @@ class Proxy:
             connector = aiohttp.UnixConnector(path=cfg.unix_socket, force_close=True, limit=0)
         else:
             # force_close: never reuse a connection the upstream may have closed after streaming.
-            connector = aiohttp.TCPConnector(force_close=True, limit=0, enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(force_close=True, limit=0)
         self.session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
