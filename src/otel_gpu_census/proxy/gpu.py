@@ -59,9 +59,14 @@ class CensusSource:
         self._root_ticks: Optional[int] = None
         self._warned: set = set()
 
-    def read(self) -> Tuple[List[ProcessCensus], List[str]]:
+    def read_headers(self) -> Tuple[List[ProcessCensus], List[str]]:
+        """Same processes, without windows and steps (~12 KiB a segment): enough to decide whether
+        the census has caught up."""
+        return self.read(detail=False)
+
+    def read(self, detail: bool = True) -> Tuple[List[ProcessCensus], List[str]]:
         from .. import reader
-        censuses, errors = reader.scan(self.directory)
+        censuses, errors = reader.scan(self.directory, detail)
         notes = []
         for e in errors:
             if e.path not in self._warned:
@@ -210,12 +215,28 @@ class GpuLedger:
                 await self._sleep(min((earliest - now) / 1e9, self.poll_s))
                 continue
             try:
+                if not await self._anyone_ready(pending):
+                    await self._sleep(self.poll_s)
+                    continue
                 censuses, notes = await asyncio.to_thread(self.source.read)
                 error = None
             except Exception as e:   # a broken folder must not stop the proxy
                 censuses, notes, error = [], [], f"{type(e).__name__}: {e}"
             self._settle(censuses, notes, error, self.clock())
             await self._sleep(self.poll_s)
+
+    async def _anyone_ready(self, pending: List[_Req]) -> bool:
+        """Whether a full read (windows: ~650 KiB a segment) can settle anyone; a header read decides."""
+        headers = getattr(self.source, "read_headers", None)
+        if headers is None:
+            return True
+        now = self.clock()
+        if any(now >= r.end_ns + self.max_wait_ns for r in pending):
+            return True
+        censuses, _ = await asyncio.to_thread(headers)
+        if not censuses:
+            return True
+        return any(self._caught_up(self._relevant(censuses, r.start_ns, r.end_ns), r) for r in pending)
 
     async def _sleep(self, s: float) -> None:
         self._wake.clear()
