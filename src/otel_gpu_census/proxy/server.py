@@ -59,6 +59,10 @@ BODY_TOO_LARGE = "body_too_large"
 REJECTED = "rejected"
 
 
+# A write to a client that went away (aiohttp >= 3.10 raises its own subclass).
+CLIENT_RESET = (ConnectionResetError, getattr(aiohttp, "ClientConnectionResetError", ConnectionResetError))
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -277,9 +281,8 @@ class Proxy:
                         ex.first_token_seen = True
                         self.ledger.first_token(ex.key, reader.facts.first_token_ns)
             ex.upstream_done = True
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as e:
-            if isinstance(e, aiohttp.ClientConnectionResetError) or request.transport is None \
-                    or request.transport.is_closing():
+        except CLIENT_RESET as e:
+            if type(e) is not ConnectionResetError or request.transport is None or request.transport.is_closing():
                 ex.outcome = ex.error_type = CLIENT_GONE
                 ex.error_message = "the client hung up"
                 return resp
@@ -293,7 +296,7 @@ class Proxy:
             return resp
         try:
             await resp.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        except CLIENT_RESET:
             ex.outcome = ex.error_type = CLIENT_GONE
         return resp
 
