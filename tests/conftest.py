@@ -67,7 +67,7 @@ class SegmentWriter:
 
     def new(self, comm="worker", gpu_ref_ns=0):
         seg = self.ffi.new("gc_segment *")
-        self.lib.gc_segment_init(seg, comm.encode() if comm is not None else self.ffi.NULL, gpu_ref_ns)
+        self.lib.gc_segment_init(seg, comm.encode() if comm is not None else self.ffi.NULL, 0, gpu_ref_ns)
         return seg
 
     def tally(self, seg, recs, final=True, state=None):

@@ -47,7 +47,7 @@ def _writer(directory: str, pids: list, root: int) -> None:
         mm = mmap.mmap(fd, size)
         os.close(fd)
         seg = ffi.from_buffer("gc_segment *", mm)
-        lib.gc_segment_init(seg, f"worker{i}".encode(), 0)
+        lib.gc_segment_init(seg, f"worker{i}".encode(), 0, 0)
         seg.pid, seg.ppid, seg.proc_start_ticks = pid, root, ticks
         seg.state = 1
         segs.append((mm, seg, lib.gc_tally_create(seg)))

@@ -173,7 +173,7 @@ _FAKE_CUDA = textwrap.dedent(r"""
     spec = json.loads(sys.argv[2])
     time.sleep(spec.get("sleep", 0))
     seg = ffi.new("gc_segment *")
-    lib.gc_segment_init(seg, spec.get("comm", "fake-cuda").encode(), 0)
+    lib.gc_segment_init(seg, spec.get("comm", "fake-cuda").encode(), 0, 0)
     t = lib.gc_tally_create(seg)
     lib.gc_segment_begin_update(seg)
     start = spec["t0"]

@@ -27,7 +27,7 @@ WORKER = textwrap.dedent("""
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, size)
     seg = ffi.from_buffer("gc_segment *", mm)
-    lib.gc_segment_init(seg, b"fake-server", 0)
+    lib.gc_segment_init(seg, b"fake-server", 0, 0)
     tally = lib.gc_tally_create(seg)
     def burst(recs, state):
         lib.gc_segment_begin_update(seg)

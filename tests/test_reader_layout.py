@@ -15,7 +15,7 @@ STRUCTS = ("gc_stat", "gc_device", "gc_window", "gc_step", "gc_segment")
 def test_segment_size_matches_what_the_library_writes(native):
     nffi, lib, _ = native
     seg = nffi.new("gc_segment *")
-    lib.gc_segment_init(seg, b"x", 0)
+    lib.gc_segment_init(seg, b"x", 0, 0)
     assert ffi.sizeof("gc_segment") == seg.segment_size == _native.SEGMENT_SIZE
     assert lib.gc_layout_version() == _native.LAYOUT_VERSION == seg.layout_version
     assert seg.magic == _native.MAGIC

@@ -18,7 +18,7 @@ MEM = {"pageable": 0, "pinned": 1, "device": 2, "other": 3}
 def census(native):
     ffi, lib, _ = native
     seg = ffi.new("gc_segment *")
-    lib.gc_segment_init(seg, b"tally-test", T0)
+    lib.gc_segment_init(seg, b"tally-test", 0, T0)
     t = lib.gc_tally_create(seg)
     yield seg, t, lib, ffi
     lib.gc_tally_destroy(t)
@@ -228,7 +228,7 @@ def test_records_older_than_the_window_ring_are_counted_late(census, records):
 def test_segment_identity(native):
     ffi, lib, _ = native
     seg = ffi.new("gc_segment *")
-    lib.gc_segment_init(seg, b"llama-server", 12345)
+    lib.gc_segment_init(seg, b"llama-server", 0, 12345)
     import os
     assert seg.magic == 0x53534E4355504743 and seg.layout_version == 1
     assert seg.segment_size == ffi.sizeof("gc_segment") and seg.pid == os.getpid() and seg.ppid == os.getppid()

@@ -123,7 +123,7 @@ typedef struct gc_segment {
     uint32_t pid;
     uint32_t ppid;
     uint64_t proc_start_ticks;  /* /proc/<pid>/stat starttime: tells a reused pid apart */
-    uint64_t wall_start_ns;     /* CLOCK_REALTIME when the segment was created */
+    uint64_t wall_start_ns;     /* CLOCK_REALTIME when CUDA initialised the census (cuInit) */
     uint64_t clock_ref_gpu_ns;  /* a CUPTI timestamp ... */
     uint64_t clock_ref_wall_ns; /* ... and CLOCK_REALTIME read at the same moment */
     uint32_t cupti_version;     /* cuptiGetVersion() */
@@ -144,8 +144,10 @@ typedef struct gc_segment {
     uint64_t window_late;       /* records older than the window ring: in totals, not in windows */
     uint64_t step_max;          /* largest step id seen */
     uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
+    uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
+                                   that finished before it is in the totals (0: not known yet) */
     char     note[GC_NOTE_LEN]; /* why the census stepped aside, when it did */
-    uint64_t reserved[16];
+    uint64_t reserved[15];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];
@@ -183,8 +185,9 @@ void gc_tally_publish(gc_tally *t, int final);
 /* Writer-side seqlock helpers. */
 void gc_segment_begin_update(gc_segment *seg);
 void gc_segment_end_update(gc_segment *seg);
-/* Fill identity fields of a fresh segment (magic, version, pid, clocks, comm). */
-void gc_segment_init(gc_segment *seg, const char *comm, uint64_t clock_ref_gpu_ns);
+/* Fill identity fields of a fresh segment (magic, version, pid, clocks, comm). wall_start_ns and
+ * clock_ref_gpu_ns: when the census started (0: now) and the CUPTI timestamp read then (0: none). */
+void gc_segment_init(gc_segment *seg, const char *comm, uint64_t wall_start_ns, uint64_t clock_ref_gpu_ns);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,9 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -62,6 +64,8 @@ static gc_tally *g_tally;
 static int g_seg_failed;
 static char g_path[4096];
 static uint64_t g_clock_ref_gpu;
+static uint64_t g_start_wall;         /* CLOCK_REALTIME at InitializeInjection */
+static uint32_t g_flush_ms = 1000;
 static size_t g_buffer_size = 2u << 20;
 static int g_max_buffers = 32;
 static atomic_int g_outstanding;
@@ -161,7 +165,7 @@ static gc_segment *segment(void)
         atomic_store(&g_state, OFF);
         return NULL;
     }
-    gc_segment_init(seg, NULL, g_clock_ref_gpu);
+    gc_segment_init(seg, NULL, g_start_wall, g_clock_ref_gpu);
     seg->cupti_version = 0;
     if (cu.get_version) cu.get_version(&seg->cupti_version);
     g_tally = t;
@@ -214,17 +218,61 @@ static void CUPTIAPI on_complete_v2(uint8_t *buffer, size_t size, size_t valid,
     on_complete(NULL, 0, buffer, size, valid);
 }
 
+/* ---- the flusher: totals at most one period stale, and a known "complete up to" time ---- */
+
+/* Every period: note the time, have CUPTI hand back every buffer whose records are complete, then
+ * publish that time. Readers (the proxy) then know that GPU work which finished before it is in the
+ * totals, also on an idle server where no buffer fills. Runs on its own thread with all signals
+ * blocked; it never touches the server's threads. */
+static void *flusher(void *arg)
+{
+    (void)arg;
+    struct timespec period = {g_flush_ms / 1000, (long)(g_flush_ms % 1000) * 1000000L};
+    while (atomic_load(&g_state) == ACTIVE && getpid() == g_pid) {
+        nanosleep(&period, NULL);
+        if (atomic_load(&g_state) != ACTIVE || getpid() != g_pid) break;
+        uint64_t t = gc_wall_ns();
+        if (cu.flush_all(0) != CUPTI_SUCCESS) continue;
+        pthread_mutex_lock(&g_mu);
+        if (g_seg && atomic_load(&g_state) == ACTIVE) {
+            gc_segment_begin_update(g_seg);
+            g_seg->complete_wall_ns = t;
+            gc_segment_end_update(g_seg);
+        }
+        pthread_mutex_unlock(&g_mu);
+    }
+    return NULL;
+}
+
+static int start_flusher(void)
+{
+    pthread_attr_t attr;
+    pthread_t th;
+    sigset_t all, old;
+    if (pthread_attr_init(&attr) != 0) return -1;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits "all blocked" */
+    int rc = pthread_create(&th, &attr, flusher, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
 /* ---- process life: exit and fork ---- */
 
 static void at_exit(void)
 {
     if (atomic_load(&g_state) != ACTIVE || getpid() != g_pid) return;
     /* Forced: also returns buffers holding records of work still in flight. */
+    uint64_t t = gc_wall_ns();
     cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&g_mu);
     if (g_seg) {
         gc_segment_begin_update(g_seg);
         gc_tally_publish(g_tally, 1);
+        g_seg->complete_wall_ns = t;
         g_seg->state = GC_STATE_EXITED;
         gc_segment_end_update(g_seg);
         msync(g_seg, sizeof(*g_seg), MS_ASYNC);
@@ -355,8 +403,7 @@ static int start(void)
             return -1;
         }
     }
-    /* CUPTI's own thread hands filled buffers back at this period: totals at most ~1 s stale. */
-    cu.flush_period((uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000));
+    g_flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
     uint64_t ts = 0;
     if (cu.get_timestamp && cu.get_timestamp(&ts) == CUPTI_SUCCESS) g_clock_ref_gpu = ts;
     return 0;
@@ -371,10 +418,13 @@ int InitializeInjection(void)
     g_buffer_size = (size_t)env_long("OTEL_GPU_CENSUS_BUFFER_KB", 2048, 64, 65536) * 1024;
     g_max_buffers = (int)env_long("OTEL_GPU_CENSUS_MAX_BUFFERS", 32, 2, 4096);
     g_pid = getpid();
+    g_start_wall = gc_wall_ns();
     if (!load_cupti() || start() != 0) return 1; /* 1 either way: the driver must carry on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);
     atomic_store(&g_state, ACTIVE);
+    /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
+    if (start_flusher() != 0) cu.flush_period(g_flush_ms);
     return 1;
 }
 

@@ -55,14 +55,15 @@ static void read_comm(char *out, size_t len)
     if (nl) *nl = 0;
 }
 
-void gc_segment_init(gc_segment *seg, const char *comm, uint64_t clock_ref_gpu_ns)
+void gc_segment_init(gc_segment *seg, const char *comm, uint64_t wall_start_ns, uint64_t clock_ref_gpu_ns)
 {
     seg->layout_version = GC_LAYOUT_VERSION;
     seg->segment_size = (uint32_t)sizeof(gc_segment);
     seg->pid = (uint32_t)getpid();
     seg->ppid = (uint32_t)getppid();
     seg->proc_start_ticks = proc_start_ticks();
-    seg->wall_start_ns = gc_wall_ns();
+    seg->wall_start_ns = wall_start_ns ? wall_start_ns : gc_wall_ns();
+    /* CUPTI's timestamp and the wall clock read together at census start map GPU time to wall time */
     seg->clock_ref_wall_ns = seg->wall_start_ns;
     seg->clock_ref_gpu_ns = clock_ref_gpu_ns ? clock_ref_gpu_ns : seg->wall_start_ns;
     seg->window_ns_div = (uint32_t)(GC_WINDOW_NS / 1000);
@@ -71,7 +72,7 @@ void gc_segment_init(gc_segment *seg, const char *comm, uint64_t clock_ref_gpu_n
     else
         read_comm(seg->comm, sizeof(seg->comm));
     seg->state = GC_STATE_ACTIVE;
-    seg->wall_update_ns = seg->wall_start_ns;
+    seg->wall_update_ns = gc_wall_ns();
     /* magic last: a reader that sees it sees a fully initialised identity */
     __atomic_store_n(&seg->magic, GC_MAGIC, __ATOMIC_RELEASE);
 }

@@ -187,6 +187,7 @@ class ProcessCensus:
     steps: Dict[int, Step] = field(default_factory=dict)
     torn: bool = False            # writer died mid-update: values may be mid-change
     alive: bool = True            # the process still runs (same pid and start time)
+    complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
 
     # -- derived ---------------------------------------------------------------------
     @property
