@@ -173,6 +173,16 @@ static gc_segment *segment(void)
     return seg;
 }
 
+/* Records CUPTI could not store (no buffer, or full) and buffer requests we refused. */
+static void count_losses(gc_segment *seg, CUcontext ctx, uint32_t stream)
+{
+    size_t dropped = 0;
+    CUptiResult dr = cu.v2 ? cu.dropped_v2(cu.sub, ctx, stream, &dropped) : cu.dropped(ctx, stream, &dropped);
+    if (dr == CUPTI_SUCCESS && dropped) seg->dropped += dropped;
+    seg->buffers_refused = atomic_load(&g_refused);
+    if (seg->dropped || seg->buffers_refused) seg->flags |= GC_FLAG_DROPPED;
+}
+
 static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t valid)
 {
     if (getpid() != g_pid) return; /* a forked child: the segment is the parent's */
@@ -189,13 +199,8 @@ static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t
                 gc_tally_record(g_tally, r);
             }
         }
-        size_t dropped = 0;
-        CUptiResult dr = cu.v2 ? cu.dropped_v2(cu.sub, ctx, stream, &dropped)
-                               : cu.dropped(ctx, stream, &dropped);
-        if (dr == CUPTI_SUCCESS && dropped) seg->dropped += dropped;
         seg->buffers++;
-        seg->buffers_refused = atomic_load(&g_refused);
-        if (seg->dropped || seg->buffers_refused) seg->flags |= GC_FLAG_DROPPED;
+        count_losses(seg, ctx, stream);
         fill_uuids(seg);
         gc_tally_publish(g_tally, 0);
         gc_segment_end_update(seg);
@@ -237,6 +242,7 @@ static void *flusher(void *arg)
         if (g_seg && atomic_load(&g_state) == ACTIVE) {
             gc_segment_begin_update(g_seg);
             g_seg->complete_wall_ns = t;
+            count_losses(g_seg, NULL, 0);
             gc_segment_end_update(g_seg);
         }
         pthread_mutex_unlock(&g_mu);
@@ -273,6 +279,7 @@ static void at_exit(void)
         gc_segment_begin_update(g_seg);
         gc_tally_publish(g_tally, 1);
         g_seg->complete_wall_ns = t;
+        count_losses(g_seg, NULL, 0);
         g_seg->state = GC_STATE_EXITED;
         gc_segment_end_update(g_seg);
         msync(g_seg, sizeof(*g_seg), MS_ASYNC);
@@ -304,11 +311,18 @@ static void *load_cupti(void)
     void *lib = NULL;
     /* A libcupti already loaded (torch links one) must be the one we use: one per process. */
     lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
-    if (!lib && path && *path) lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib && path && *path) {
+        /* a path the user named and that does not load is an error, not a hint */
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+            const char *why = dlerror();
+            gc_log("census off: cannot load OTEL_GPU_CENSUS_CUPTI=%s: %s", path, why ? why : "?");
+            return NULL;
+        }
+    }
     if (!lib) lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        gc_log("census off: libcupti.so.13 not found (%s); install nvidia-cuda-cupti or set "
-               "OTEL_GPU_CENSUS_CUPTI", path && *path ? path : "OTEL_GPU_CENSUS_CUPTI unset");
+        gc_log("census off: libcupti.so.13 not found; install nvidia-cuda-cupti or set OTEL_GPU_CENSUS_CUPTI");
         return NULL;
     }
     RESOLVE(get_version, "cuptiGetVersion");

@@ -1,0 +1,175 @@
+/*
+ * mock_cupti.c - a stand-in libcupti for testing the injector on a machine without a GPU.
+ *
+ * It implements the single-subscriber activity API the injector resolves (no _v2 symbols, so the
+ * injector takes its v1 path) and hands buffers back the way CUPTI does: the injector's request
+ * callback supplies the buffer, the mock packs real record structs into it (the test passes bytes
+ * built from the CUPTI headers), and the completion callback gets it back. Behaviour switches:
+ *   MOCK_CUPTI_CONFLICT=1    cuptiSubscribe answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+ *   MOCK_CUPTI_ENABLE_FAIL=1 cuptiActivityEnable fails
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cupti.h>
+
+static CUpti_BuffersCallbackRequestFunc g_req;
+static CUpti_BuffersCallbackCompleteFunc g_done;
+static size_t g_dropped;
+static int g_enabled[64];
+static uint64_t g_ext_stack[64];
+static int g_ext_depth;
+static int g_flushes;
+
+/* Records queued by the test, waiting for a flush: sizes and bytes back to back. */
+static uint8_t g_pending[1 << 20];
+static size_t g_pending_len;
+static int g_outstanding_max;
+
+static int env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v == '1';
+}
+
+CUptiResult cuptiGetVersion(uint32_t *v) { *v = 130099; return CUPTI_SUCCESS; }
+
+CUptiResult cuptiGetResultString(CUptiResult r, const char **s)
+{
+    *s = r == CUPTI_SUCCESS ? "CUPTI_SUCCESS" : "CUPTI_ERROR (mock)";
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiGetTimestamp(uint64_t *ts) { *ts = 1700000000000000000ull; return CUPTI_SUCCESS; }
+
+CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *s, CUpti_CallbackFunc cb, void *u)
+{
+    (void)cb; (void)u;
+    if (env_on("MOCK_CUPTI_CONFLICT")) return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    *s = (CUpti_SubscriberHandle)(uintptr_t)1;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle s) { (void)s; return CUPTI_SUCCESS; }
+
+CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, CUpti_BuffersCallbackCompleteFunc c)
+{
+    g_req = r;
+    g_done = c;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityEnable(CUpti_ActivityKind k)
+{
+    if (env_on("MOCK_CUPTI_ENABLE_FAIL")) return CUPTI_ERROR_NOT_COMPATIBLE;
+    if ((int)k >= 0 && (int)k < 64) g_enabled[k] = 1;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityFlushPeriod(uint32_t ms) { (void)ms; return CUPTI_SUCCESS; }
+
+/* Records in a mock buffer: [uint32 size][pad 4][record bytes, size rounded up to 8] ... */
+CUptiResult cuptiActivityGetNextRecord(uint8_t *buf, size_t valid, CUpti_Activity **rec)
+{
+    size_t off = 0;
+    if (*rec) {
+        off = (size_t)((uint8_t *)*rec - buf);
+        uint32_t sz;
+        memcpy(&sz, buf + off - 8, 4);
+        off += ((sz + 7) & ~7u) + 8; /* past this record and the next one's size header */
+    } else {
+        off = 8;
+    }
+    if (off >= valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    *rec = (CUpti_Activity *)(buf + off);
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext c, uint32_t s, size_t *d)
+{
+    (void)c; (void)s;
+    *d = g_dropped;
+    g_dropped = 0;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind k, uint64_t id)
+{
+    (void)k;
+    if (g_ext_depth >= 64) return CUPTI_ERROR_INVALID_OPERATION;
+    g_ext_stack[g_ext_depth++] = id;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind k, uint64_t *id)
+{
+    (void)k;
+    if (g_ext_depth == 0) return CUPTI_ERROR_QUEUE_EMPTY;
+    *id = g_ext_stack[--g_ext_depth];
+    return CUPTI_SUCCESS;
+}
+
+/* Deliver queued records: ask the injector for buffers, fill, complete (as CUPTI's flush does). */
+CUptiResult cuptiActivityFlushAll(uint32_t flag)
+{
+    (void)flag;
+    g_flushes++;
+    size_t done = 0;
+    while (done < g_pending_len && g_req && g_done) {
+        uint8_t *buf = NULL;
+        size_t size = 0, maxrec = 0;
+        g_req(&buf, &size, &maxrec);
+        if (!buf || size == 0) { /* refused: CUPTI drops what it cannot store */
+            g_dropped += 1;
+            done = g_pending_len;
+            break;
+        }
+        size_t used = 0;
+        while (done < g_pending_len) {
+            uint32_t sz;
+            memcpy(&sz, g_pending + done, 4);
+            size_t need = 8 + ((sz + 7) & ~7u);
+            if (used + need > size) break;
+            memcpy(buf + used, g_pending + done, need);
+            used += need;
+            done += need;
+        }
+        g_done(NULL, 0, buf, size, used);
+    }
+    g_pending_len = 0;
+    return CUPTI_SUCCESS;
+}
+
+/* ---- test controls ---- */
+
+int mock_queue_record(const void *rec, uint32_t size)
+{
+    size_t need = 8 + ((size + 7) & ~7u);
+    if (g_pending_len + need > sizeof(g_pending)) return -1;
+    memset(g_pending + g_pending_len, 0, need);
+    memcpy(g_pending + g_pending_len, &size, 4);
+    memcpy(g_pending + g_pending_len + 8, rec, size);
+    g_pending_len += need;
+    return 0;
+}
+
+void mock_set_dropped(size_t n) { g_dropped = n; }
+int mock_enabled(int kind) { return kind >= 0 && kind < 64 ? g_enabled[kind] : 0; }
+int mock_flushes(void) { return g_flushes; }
+int mock_registered(void) { return g_req != NULL && g_done != NULL; }
+uint64_t mock_ext_top(void) { return g_ext_depth ? g_ext_stack[g_ext_depth - 1] : 0; }
+int mock_outstanding_max(void) { return g_outstanding_max; }
+
+/* Ask for buffers without returning them, as CUPTI does when many threads launch at once. */
+int mock_hold_buffers(int n)
+{
+    int got = 0;
+    for (int i = 0; i < n && g_req; i++) {
+        uint8_t *buf = NULL;
+        size_t size = 0, maxrec = 0;
+        g_req(&buf, &size, &maxrec);
+        if (buf) got++;
+    }
+    return got;
+}

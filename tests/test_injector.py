@@ -1,0 +1,232 @@
+"""The injector's life in a process, on a CPU: a mock libcupti (native/tests/mock_cupti.c) stands in
+for CUPTI, hands the injector real record structs through its own buffer callbacks, and each case
+runs in a fresh process (InitializeInjection runs once per process, and exit matters).
+
+What must hold: exact totals; no file for a process without GPU work; every failure (disabled,
+no CUPTI, CUPTI taken, enable refused, unusable folder, bad settings) leaves the process running
+with the census off and one clear log line; dropped and refused buffers are counted; a forked child
+never writes its parent's segment; exit flushes what is still queued and marks the totals complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def mock_lib(native, tmp_path_factory):
+    import cupti_records
+    out = tmp_path_factory.mktemp("mock") / "libmock_cupti.so"
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
+                    f"-I{cupti_records.cupti_include()}", str(ROOT / "native" / "tests" / "mock_cupti.c"),
+                    "-o", str(out)], check=True)
+    return str(out)
+
+
+PRELUDE = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {tests!r})
+    import cffi, cupti_records as cr
+    mffi = cffi.FFI()
+    mffi.cdef('''int mock_queue_record(const void *, uint32_t); void mock_set_dropped(size_t);
+                int mock_enabled(int); int mock_registered(void); uint64_t mock_ext_top(void);
+                int mock_hold_buffers(int);''')
+    mock = mffi.dlopen({mock!r})
+    gffi = cffi.FFI()
+    gffi.cdef('''int InitializeInjection(void); int gc_active(void); int gc_step_begin(uint64_t);
+                int gc_step_end(uint64_t *); int gc_flush(void); const char *gc_segment_path(void);''')
+    g = gffi.dlopen({lib!r})
+    rffi, rlib = cr.records()
+    def queue(rec, type_name):
+        mock.mock_queue_record(rffi.cast("void *", rec), rffi.sizeof(type_name))
+    def path():
+        return gffi.string(g.gc_segment_path()).decode()
+    out = {{}}
+""")
+
+
+def run_case(native, mock_lib, tmp_path, body: str, env=None, expect_rc=0):
+    census_dir = tmp_path / "census"
+    e = dict(os.environ)
+    e.update(OTEL_GPU_CENSUS_CUPTI=mock_lib, OTEL_GPU_CENSUS_DIR=str(census_dir),
+             OTEL_GPU_CENSUS_FLUSH_MS="60000")  # the flusher sleeps: the test decides when to flush
+    e.pop("OTEL_GPU_CENSUS_DISABLED", None)
+    e.update(env or {})
+    script = PRELUDE.format(tests=str(ROOT / "tests"), mock=mock_lib, lib=native[2]) + textwrap.dedent(body) + \
+        "\nprint('RESULT ' + json.dumps(out))\n"
+    p = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == expect_rc, p.stderr[-3000:]
+    result = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[7:])
+    return result, p.stderr, census_dir
+
+
+def read(native, path):
+    from otel_gpu_census.reader import read_segment
+    return read_segment(str(path))
+
+
+def test_counts_are_exact_and_exit_completes_them(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['active'] = g.gc_active()
+        out['kinds'] = [mock.mock_enabled(getattr(rlib, 'CUPTI_ACTIVITY_KIND_' + k)) for k in
+                        ('CONCURRENT_KERNEL', 'MEMCPY', 'MEMCPY2', 'MEMSET', 'EXTERNAL_CORRELATION', 'KERNEL')]
+        T = 1_700_000_000_000_000_000
+        for i in range(1000):
+            queue(cr.kernel(T + i * 1000, T + i * 1000 + 600), cr.KERNEL_T)
+        queue(cr.memcpy('dtoh', 643 * 10**6, T + 2_000_000, T + 3_000_000, dst='pageable'), cr.MEMCPY_T)
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+        # queued but never flushed by us: exit must deliver it
+        queue(cr.memcpy('htod', 64 << 20, T + 4_000_000, T + 5_000_000, src='pinned'), cr.MEMCPY_T)
+    """)
+    assert res["init"] == 1 and res["active"] == 1 and res["flush"] == 0
+    assert res["kinds"] == [1, 1, 1, 1, 1, 0]  # never KERNEL: it serialises kernels
+    files = list(d.glob("*.seg"))
+    assert [str(f) for f in files] == [res["path"]]
+    p = read(native, files[0])
+    dev = p.devices[0]
+    assert p.state_name == "exited" and not p.torn
+    assert dev.kernel_count == 1000 and dev.kernel_ns == 600_000
+    assert dev.copies.get("dtoh", "pageable").bytes == 643 * 10**6
+    assert dev.copies.get("htod", "pinned").bytes == 64 * MiB
+    assert p.complete_wall_ns == 0 or p.complete_wall_ns >= p.wall_start_ns
+    assert err == ""  # a healthy census says nothing
+
+
+def test_no_gpu_work_leaves_no_file(native, mock_lib, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['flush'] = g.gc_flush()
+    """)
+    assert res == {"init": 1, "flush": 0}
+    assert not d.exists() or list(d.iterdir()) == []
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"OTEL_GPU_CENSUS_DISABLED": "1"}, None),
+    ({"OTEL_GPU_CENSUS_CUPTI": "/nonexistent/libcupti.so.13"}, "census off: cannot load OTEL_GPU_CENSUS_CUPTI=/nonexistent"),
+    ({"MOCK_CUPTI_CONFLICT": "1"}, "census off: another CUPTI client"),
+    ({"MOCK_CUPTI_ENABLE_FAIL": "1"}, "census off: cannot enable activity kind"),
+])
+def test_census_steps_aside_and_the_process_carries_on(native, mock_lib, tmp_path, env, needle):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['active'] = g.gc_active()
+        out['step'] = g.gc_step_begin(5)
+        out['flush'] = g.gc_flush()
+        out['work_after'] = sum(range(1000))
+    """, env=env)
+    assert res["init"] == 1 and res["active"] == 0 and res["step"] == -1 and res["flush"] == -1
+    assert res["work_after"] == 499500
+    lines = [l for l in err.splitlines() if l.strip()]
+    if needle is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("otel-gpu-census[")
+    assert not d.exists() or list(d.glob("*.seg")) == []
+
+
+def test_unusable_census_folder_turns_the_census_off_once(native, mock_lib, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    res, err, _ = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        T = 1_700_000_000_000_000_000
+        for i in range(3):
+            queue(cr.kernel(T + i, T + i + 1), cr.KERNEL_T)
+            out.setdefault('flush', []).append(g.gc_flush())
+        out['active'] = g.gc_active()
+    """, env={"OTEL_GPU_CENSUS_DIR": str(blocker / "sub")})
+    assert res["init"] == 1 and res["active"] == 0
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and "census off: cannot create census folder" in lines[0]
+
+
+def test_group_writable_folder_is_refused(native, mock_lib, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    res, err, _ = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        queue(cr.kernel(10**18, 10**18 + 5), cr.KERNEL_T)
+        g.gc_flush()
+        out['active'] = g.gc_active()
+    """, env={"OTEL_GPU_CENSUS_DIR": str(shared)})
+    assert res["active"] == 0 and "must belong to uid" in err and list(shared.iterdir()) == []
+
+
+def test_dropped_records_and_refused_buffers_are_counted(native, mock_lib, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        T = 1_700_000_000_000_000_000
+        queue(cr.kernel(T, T + 10), cr.KERNEL_T)
+        mock.mock_set_dropped(7)
+        g.gc_flush()
+        out['held'] = mock.mock_hold_buffers(10)   # CUPTI keeps buffers: the bound (2) refuses the rest
+        queue(cr.kernel(T + 100, T + 110), cr.KERNEL_T)
+        g.gc_flush()                                # no buffer left: CUPTI drops the record
+    """, env={"OTEL_GPU_CENSUS_MAX_BUFFERS": "2", "OTEL_GPU_CENSUS_BUFFER_KB": "64"})
+    assert res["held"] == 2
+    p = read(native, next(d.glob("*.seg")))
+    assert p.dropped >= 7 and p.buffers_refused >= 8 and p.flags & 0x2
+    assert p.devices[0].kernel_count == 1
+
+
+def test_bad_settings_are_ignored_with_a_line(native, mock_lib, tmp_path):
+    res, err, _ = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['active'] = g.gc_active()
+    """, env={"OTEL_GPU_CENSUS_BUFFER_KB": "lots", "OTEL_GPU_CENSUS_MAX_BUFFERS": "-3"})
+    assert res["active"] == 1
+    assert "ignoring OTEL_GPU_CENSUS_BUFFER_KB=lots" in err and "ignoring OTEL_GPU_CENSUS_MAX_BUFFERS=-3" in err
+
+
+def test_steps_push_and_pop_on_the_calling_thread(native, mock_lib, tmp_path):
+    res, _, _ = run_case(native, mock_lib, tmp_path, """
+        g.InitializeInjection()
+        out['begin'] = g.gc_step_begin(42)
+        out['top'] = mock.mock_ext_top()
+        got = gffi.new('uint64_t *')
+        out['end'] = g.gc_step_end(got)
+        out['id'] = got[0]
+        out['zero'] = g.gc_step_begin(0)
+    """)
+    assert res == {"begin": 0, "top": 42, "end": 0, "id": 42, "zero": -1}
+
+
+def test_forked_child_never_writes_the_parents_segment(native, mock_lib, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        g.InitializeInjection()
+        T = 1_700_000_000_000_000_000
+        queue(cr.kernel(T, T + 10), cr.KERNEL_T)
+        g.gc_flush()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            queue(cr.kernel(T + 50, T + 60), cr.KERNEL_T)
+            msg = json.dumps({'active': g.gc_active(), 'flush': g.gc_flush(), 'path': path()})
+            os.write(w, msg.encode())
+            sys.exit(0)                       # runs atexit handlers in the child
+        os.close(w)
+        child = json.loads(os.read(r, 4096))
+        os.waitpid(pid, 0)
+        out['child'] = child
+        queue(cr.kernel(T + 100, T + 110), cr.KERNEL_T)
+        g.gc_flush()
+    """)
+    assert res["child"] == {"active": 0, "flush": -1, "path": ""}
+    segs = list(d.glob("*.seg"))
+    assert len(segs) == 1
+    p = read(native, segs[0])
+    assert p.devices[0].kernel_count == 2 and p.state_name == "exited"  # the parent's two, not the child's
