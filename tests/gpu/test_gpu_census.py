@@ -240,3 +240,25 @@ def test_short_lived_cuda_processes_leave_nothing(tmp_path):
         assert r.returncode == 0, r.stderr
     RESULTS["short_lived"] = {"leftover_files": [p.name for p in tmp_path.iterdir()]}
     assert list(tmp_path.glob("*.seg")) == []
+
+
+def test_two_processes_share_one_gpu_and_merge_exactly(workload, tmp_path):
+    """Two CUDA processes on one GPU at once: per-process totals exact, per-GPU merge = their sum."""
+    env = census_env(tmp_path)
+    procs = [subprocess.Popen([str(workload), str(n)], env=env, stdout=subprocess.PIPE, text=True)
+             for n in (1000, 3000)]
+    wants = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    segs = segments(tmp_path)
+    assert len(segs) == 2
+    got = sorted((device_summary(s[1]) for s in segs), key=lambda g: g["kernel_count"])
+    RESULTS["two_processes"] = {"expected": wants, "census": got}
+    assert [g["kernel_count"] for g in got] == sorted(w["kernels"] for w in wants)
+    from otel_gpu_census.census import merge_devices
+    from otel_gpu_census.reader import scan
+    merged = merge_devices(scan(str(tmp_path)))
+    assert len(merged) == 1  # one physical GPU, by UUID
+    (gpu,) = merged.values()
+    assert gpu.kernel_count == sum(w["kernels"] for w in wants)
+    assert gpu.copies.get("dtoh").bytes == sum(w["dtoh_pageable"] + w["dtoh_pinned"] for w in wants)
+    assert gpu.copies.get("dtod").bytes == sum(w["dtod"] for w in wants)
