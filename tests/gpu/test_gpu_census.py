@@ -256,7 +256,9 @@ def test_two_processes_share_one_gpu_and_merge_exactly(workload, tmp_path):
     assert [g["kernel_count"] for g in got] == sorted(w["kernels"] for w in wants)
     from otel_gpu_census.census import merge_devices
     from otel_gpu_census.reader import scan
-    merged = merge_devices(scan(str(tmp_path)))
+    good, bad = scan(str(tmp_path))
+    assert bad == []
+    merged = merge_devices(good)
     assert len(merged) == 1  # one physical GPU, by UUID
     (gpu,) = merged.values()
     assert gpu.kernel_count == sum(w["kernels"] for w in wants)
