@@ -208,7 +208,8 @@ def test_process_tree_follows_links_through_processes_without_segments():
 
 
 def test_totals_read_matches_the_reader(segments, records, census_dir, dead_pid):
-    """The sidecar's head-only read gives the reader's values for everything but the rings."""
+    """The sidecar's totals-only read (detail=False) gives the full read's values for everything
+    but the rings, peer copies received included."""
     from otel_gpu_census import reader
     r = records
 
@@ -226,9 +227,10 @@ def test_totals_read_matches_the_reader(segments, records, census_dir, dead_pid)
     assert len(paths) == 2
     for path in paths:
         full = reader.read_segment(path)
-        fast = metrics._read_totals(reader, path)
+        fast = reader.read_segment(path, detail=False)
         assert full.windows and not fast.windows
         assert dataclasses.replace(full, windows=[], steps={}) == fast
+    assert any(d.peer_recv.bytes == 64 for c in [reader.read_segment(p) for p in paths] for d in c.devices.values())
 
 
 def test_tree_link_through_an_exited_parent_comes_from_the_launcher(dead_pid):

@@ -56,8 +56,23 @@ def test_every_copy_direction_and_host_memory_kind(census_dir, segments, records
     assert d.copies.get("ptop") == Stat(1, 8_000_000, MS)
     assert d.memset == Stat(2, 8192, 120)
     assert d.copies.total().bytes == sum(n for _, n, *_ in copies) + 8_000_000
-    # the receiving side of the peer copy exists as a device of its own
-    assert 1 in c.devices
+    # the receiving side of the peer copy: received there, not a copy that device made
+    assert c.devices[1].peer_recv == Stat(1, 8_000_000, MS) and d.peer_recv == Stat()
+    assert c.devices[1].copies.total() == Stat()
+
+
+def test_peer_copies_both_ways_add_up_per_device_and_per_process(census_dir, segments, records):
+    recs = [records.peer(64 * MS, T0, T0 + MS, src_device=0, dst_device=1),
+            records.peer(5, T0 + 2 * MS, T0 + 2 * MS + 10, src_device=1, dst_device=0),
+            records.peer(7, T0 + 3 * MS, T0 + 3 * MS + 20, src_device=0, dst_device=1)]
+    c = reader.read_segment(segments.segment(census_dir, recs))
+    d0, d1 = c.devices[0], c.devices[1]
+    assert d0.copies.get("ptop") == Stat(2, 64 * MS + 7, MS + 20) and d0.peer_recv == Stat(1, 5, 10)
+    assert d1.copies.get("ptop") == Stat(1, 5, 10) and d1.peer_recv == Stat(2, 64 * MS + 7, MS + 20)
+    total = c.totals()
+    # every peer copy is sent once and received once
+    assert total.copies.get("ptop") == total.peer_recv == Stat(3, 64 * MS + 12, MS + 30)
+    assert (d1 - d1).peer_recv == Stat()
 
 
 def test_graph_launches_and_unknown_records(census_dir, segments, records):
@@ -224,6 +239,21 @@ def test_unpublished_segment(census_dir, segments):
     def unpublished(seg):
         seg.magic = 0
     assert "not initialised" in _bad(census_dir, segments, "gpu-census-1-1.seg", edit=unpublished)
+
+
+@pytest.mark.parametrize("detail", [True, False])
+def test_truncated_while_being_read_is_refused(census_dir, segments, monkeypatch, detail):
+    """The file shrinks between the reader's size check and its copy: a SegmentError (a mapping
+    would have died of SIGBUS here)."""
+    path = segments.segment(census_dir, [])
+    real_preadv = os.preadv
+
+    def truncate_first(fd, buffers, offset):
+        os.truncate(path, 4096)
+        return real_preadv(fd, buffers, offset)
+    monkeypatch.setattr(os, "preadv", truncate_first)
+    with pytest.raises(reader.SegmentError, match="truncated while being read"):
+        reader.read_segment(path, detail=detail)
 
 
 def test_not_a_regular_file_or_missing(census_dir):

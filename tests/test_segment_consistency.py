@@ -279,8 +279,6 @@ print(reads, refused)
 """
 
 
-@pytest.mark.xfail(reason="the reader maps the file, so a truncation under it raises SIGBUS in "
-                          "the reader; reading with pread() would refuse the file instead", strict=False)
 def test_reader_survives_a_segment_truncated_while_it_reads(census_dir, segments):
     """Someone truncates a segment (a full disk, a stray tool) while a reader copies it: the
     reader must refuse that file, not die."""

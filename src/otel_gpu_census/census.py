@@ -95,8 +95,9 @@ class DeviceTotals:
     last_ns: int = 0
     graph_launches: int = 0
     graph_ns: int = 0
-    copies: CopyTable = field(default_factory=CopyTable)
+    copies: CopyTable = field(default_factory=CopyTable)   # ("ptop", "device"): sent to another device
     memset: Stat = ZERO
+    peer_recv: Stat = ZERO         # peer copies this device received from other devices
 
     def __sub__(self, o: "DeviceTotals") -> "DeviceTotals":
         return dataclasses.replace(
@@ -109,6 +110,7 @@ class DeviceTotals:
             graph_ns=self.graph_ns - o.graph_ns,
             copies=self.copies - o.copies,
             memset=self.memset - o.memset,
+            peer_recv=self.peer_recv - o.peer_recv,
         )
 
     def __add__(self, o: "DeviceTotals") -> "DeviceTotals":
@@ -126,6 +128,7 @@ class DeviceTotals:
             graph_ns=self.graph_ns + o.graph_ns,
             copies=self.copies + o.copies,
             memset=self.memset + o.memset,
+            peer_recv=self.peer_recv + o.peer_recv,
         )
 
 

@@ -426,80 +426,6 @@ class ProcessTreeFilter:
         return False
 
 
-def _totals_reader(reader) -> Callable[[object], Tuple[List[ProcessCensus], list]]:
-    """scan() without the window and step rings, which metrics never read: parsing them costs
-    about 10 ms per full segment, 30 times the rest. Uses the reader's own ``scan(detail=False)``
-    when it has one; until then, :func:`_read_totals`."""
-    import inspect
-    try:
-        if "detail" in inspect.signature(reader.scan).parameters:
-            return lambda d: reader.scan(d, detail=False)
-    except (TypeError, ValueError):
-        pass
-
-    def scan_totals(directory):
-        good, bad = [], []
-        for path in reader.segment_paths(directory):
-            try:
-                good.append(_read_totals(reader, path))
-            except reader.SegmentError as e:
-                bad.append(e)
-        return good, bad
-    return scan_totals
-
-
-def _read_totals(reader, path) -> ProcessCensus:
-    """One segment's header and device totals (windows and steps left empty), copied under the
-    writer's seqlock like ``reader.read_segment`` but only the first few KiB of the segment.
-    tests/test_metrics_state.py checks it against ``reader.read_segment`` field by field."""
-    import mmap
-    import stat as stat_mod
-    from ._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, ffi
-    cut = ffi.offsetof("gc_segment", "windows")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise reader.SegmentError(path, f"cannot open: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        head = os.pread(fd, 16, 0)
-        ok = (stat_mod.S_ISREG(st.st_mode) and st.st_size >= SEGMENT_SIZE and len(head) == 16
-              and int.from_bytes(head[0:8], "little") == MAGIC
-              and int.from_bytes(head[8:12], "little") == LAYOUT_VERSION
-              and int.from_bytes(head[12:16], "little") == SEGMENT_SIZE)
-        if not ok:
-            return reader.read_segment(path)       # let the reader say precisely what is wrong
-        with mmap.mmap(fd, cut, mmap.MAP_SHARED, mmap.PROT_READ) as m:
-            torn = True
-            for _ in range(getattr(reader, "READ_TRIES", 50)):
-                before = int.from_bytes(m[SEQ_OFFSET:SEQ_OFFSET + 8], "little")
-                if before % 2 == 0:
-                    data = m[:]
-                    if int.from_bytes(m[SEQ_OFFSET:SEQ_OFFSET + 8], "little") == before:
-                        torn = False
-                        break
-                time.sleep(0.001)
-            if torn:
-                data = m[:]
-    except OSError as e:
-        raise reader.SegmentError(path, f"cannot read: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    buf = ffi.from_buffer(data)
-    seg = ffi.cast("gc_segment *", buf)       # only fields before `windows` are read below
-    text = lambda arr: ffi.string(arr).decode("utf-8", "replace")   # noqa: E731
-    return ProcessCensus(
-        path=str(path), pid=seg.pid, ppid=seg.ppid, comm=text(seg.comm), proc_start_ticks=seg.proc_start_ticks,
-        wall_start_ns=seg.wall_start_ns, wall_update_ns=seg.wall_update_ns,
-        clock_ref_gpu_ns=seg.clock_ref_gpu_ns, clock_ref_wall_ns=seg.clock_ref_wall_ns,
-        cupti_version=seg.cupti_version, state=seg.state, flags=seg.flags,
-        records=seg.records, records_unknown=seg.records_unknown, dropped=seg.dropped,
-        buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
-        window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
-        note=text(seg.note), devices={d.device_id: reader._device(d) for d in seg.devices if d.in_use},
-        torn=torn, alive=reader.is_alive(seg.pid, seg.proc_start_ticks))
-
-
 def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
     """A census source over one segment file (a process's own, for in-process hooks): its
     totals, or nothing while the file does not exist yet (CUDA not initialised)."""
@@ -508,7 +434,7 @@ def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
     def source() -> List[ProcessCensus]:
         if not os.path.exists(path):
             return []
-        return [_read_totals(reader, path)]
+        return [reader.read_segment(path, detail=False)]
     return source
 
 
@@ -516,13 +442,12 @@ def segment_source(census_dir, root_pid: Optional[int] = None,
                    parents: Optional[Mapping[int, int]] = None) -> Callable[[], List[ProcessCensus]]:
     """A census source over the segments in `census_dir` (only `root_pid`'s tree when given)."""
     from . import reader
-    scan = _totals_reader(reader)
     tree = ProcessTreeFilter(root_pid, parents) if root_pid else None
     reported: set = set()
 
     def source() -> List[ProcessCensus]:
-        result = scan(census_dir)
-        procs, errors = result if isinstance(result, tuple) else (result, [])
+        # Totals only: metrics never read the window and step rings (~12 KiB per segment, not ~630).
+        procs, errors = reader.scan(census_dir, detail=False)
         for e in errors:
             path = getattr(e, "path", str(e))
             if path not in reported:      # one line per unreadable file, not one per export

@@ -6,7 +6,6 @@ Nothing here can block or change a writer.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import time
@@ -20,8 +19,6 @@ SEGMENT_GLOB = "gpu-census-*.seg"
 READ_TRIES = 50           # seqlock attempts before settling for a possibly torn copy
 READ_RETRY_SLEEP_S = 0.001
 
-# gc_device.peer_recv reaches DeviceTotals once the census model carries it.
-_HAS_PEER_RECV = "peer_recv" in getattr(DeviceTotals, "__dataclass_fields__", {})
 assert (len(DIRECTIONS), len(MEMORY_KINDS)) == (consts.GC_NDIR, consts.GC_NMEM), "census.py and gpu_census.h disagree"
 
 
@@ -143,9 +140,13 @@ def _check_identity(path, head: bytes, length: int) -> None:
 TOTALS_SIZE = ffi.offsetof("gc_segment", "windows")
 
 
-def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytes, bool]:
+def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytearray, bool]:
     """A copy of the first `size` bytes of the segment, taken between two equal, even reads of
-    `seq`; (copy, torn)."""
+    `seq`; (copy, torn).
+
+    The copy is read with pread() rather than through a mapping: pread sees the same page-cache
+    pages the writer's mapping changes, and a file truncated under it gives a short read (refused
+    here) where a mapping would kill the reader with SIGBUS."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -155,19 +156,29 @@ def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytes, bool]:
         if not stat.S_ISREG(st.st_mode):
             raise SegmentError(path, "not a regular file")
         _check_identity(path, os.pread(fd, 16, 0), st.st_size)
-        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as m:
-            def seq() -> int:
-                return int.from_bytes(m[SEQ_OFFSET:SEQ_OFFSET + 8], "little")
-            for attempt in range(READ_TRIES):
-                before = seq()
-                if before % 2 == 0:
-                    data = m[:]
-                    if seq() == before:
-                        return data, False
-                time.sleep(READ_RETRY_SLEEP_S)
-            # Still mid-update: the writer died inside an update (or is stopped there). Its last
-            # values are still the best there is; hand them over marked torn.
-            return m[:], True
+        data = bytearray(size)
+
+        def copy() -> int:
+            n = os.preadv(fd, [data], 0)
+            if n != size:
+                raise SegmentError(path, f"truncated while being read: {n} of {size} bytes")
+            return int.from_bytes(data[SEQ_OFFSET:SEQ_OFFSET + 8], "little")
+
+        def seq() -> int:
+            raw = os.pread(fd, 8, SEQ_OFFSET)
+            if len(raw) != 8:
+                raise SegmentError(path, "truncated while being read")
+            return int.from_bytes(raw, "little")
+
+        for attempt in range(READ_TRIES):
+            before = seq()
+            if before % 2 == 0 and copy() == before and seq() == before:
+                return data, False
+            time.sleep(READ_RETRY_SLEEP_S)
+        # Still mid-update: the writer died inside an update (or is stopped there). Its last
+        # values are still the best there is; hand them over marked torn.
+        copy()
+        return data, True
     except OSError as e:
         raise SegmentError(path, f"cannot read: {e.strerror}") from None
     finally:
@@ -206,9 +217,6 @@ def _device(d) -> DeviceTotals:
             s = _stat(d.copy[i][j])
             if s != ZERO:
                 cells[(direction, mem)] = s
-    extra = {}
-    if _HAS_PEER_RECV:
-        extra["peer_recv"] = _stat(d.peer_recv)
     return DeviceTotals(
         device_id=d.device_id,
         uuid=format_uuid(bytes(ffi.buffer(d.uuid))),
@@ -221,11 +229,11 @@ def _device(d) -> DeviceTotals:
         graph_ns=d.graph_ns,
         copies=CopyTable(cells),
         memset=_stat(d.memset),
-        **extra,
+        peer_recv=_stat(d.peer_recv),
     )
 
 
-def _parse(path, data: bytes, torn: bool) -> ProcessCensus:
+def _parse(path, data, torn: bool) -> ProcessCensus:
     """A ProcessCensus from a copy _snapshot took (and checked); a copy cut at TOTALS_SIZE gives the
     header and device totals, with no windows or steps."""
     seg = ffi.cast("gc_segment *", ffi.from_buffer(data))
@@ -256,6 +264,7 @@ def _parse(path, data: bytes, torn: bool) -> ProcessCensus:
         records=seg.records, records_unknown=seg.records_unknown, dropped=seg.dropped,
         buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
+        complete_wall_ns=seg.complete_wall_ns,
         note=_cstr(seg.note), devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )
