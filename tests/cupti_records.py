@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -165,31 +164,11 @@ def external(corr, external_id, custom=2):
 
 def other(kind_name="NAME"):
     """A record of a kind the census does not count (only the kind field matters to it)."""
-    ffi, lib = records()
-    rec = ffi.new("char[64]")
-    hdr = ffi.cast("CUpti_Activity *", rec)
-    hdr.kind = getattr(lib, "CUPTI_ACTIVITY_KIND_" + kind_name)
-    return hdr
+    _, lib = records()
+    return _new("CUpti_Activity", kind=getattr(lib, "CUPTI_ACTIVITY_KIND_" + kind_name))
 
 
 # ---- the native library under test --------------------------------------------------------
-
-def _header_cdef() -> str:
-    """gpu_census.h as cffi reads it: integer #defines kept, other preprocessor lines dropped."""
-    text = HEADER.read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    out = []
-    for line in text.splitlines():
-        s = line.strip()
-        m = re.match(r"#define\s+(\w+)\s+\(?(0x[0-9a-fA-F]+|\d+)[uUlL]*\)?\s*$", s)
-        if m:
-            out.append(f"#define {m.group(1)} {int(m.group(2), 0)}")
-        elif s.startswith("#") or s.startswith('extern "C"') or s == "}":
-            continue
-        else:
-            out.append(line.replace("volatile ", ""))
-    return "\n".join(out)
-
 
 @functools.lru_cache(maxsize=None)
 def native():
@@ -201,6 +180,6 @@ def native():
         subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"BUILD={build}",
                         f"CUPTI_INCLUDE={inc}", f"PYTHON={sys.executable}"], check=True)
         path = str(build / "libotel_gpu_census.so")
-    ffi = cffi.FFI()
-    ffi.cdef(_header_cdef())
-    return ffi, ffi.dlopen(path), path
+    # the package's own binding of gpu_census.h: the tests read what users read
+    from otel_gpu_census import _native
+    return _native.ffi, _native.ffi.dlopen(path), path
