@@ -67,6 +67,13 @@ class Seen:
     sent: bytes = b""                      # body bytes written to the proxy
 
 
+class _Forgetful(list):
+    """A `seen` list that keeps nothing."""
+
+    def append(self, item) -> None:
+        pass
+
+
 class Standin:
     def __init__(self, **opts):
         self.opts = Opts(**opts)
@@ -410,6 +417,12 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--token-delay", type=float, default=0.02)
+    ap.add_argument("--first-token-delay", type=float, default=0.0, help="seconds of 'prompt processing'")
+    ap.add_argument("--prompt-tokens", type=int, default=7)
+    ap.add_argument("--forget", action="store_true", help="keep no record of requests (long benchmarks)")
     a = ap.parse_args()
-    st = Standin(tokens=a.tokens, token_delay=a.token_delay)
-    web.run_app(st.app, host=a.host, port=a.port)
+    st = Standin(tokens=a.tokens, token_delay=a.token_delay, first_token_delay=a.first_token_delay,
+                 prompt_tokens=a.prompt_tokens)
+    if a.forget:
+        st.seen = _Forgetful()
+    web.run_app(st.app, host=a.host, port=a.port, print=None)

@@ -167,3 +167,71 @@ def test_conservation_on_random_workloads(seed):
     assert summed == a.total == expect
     for s in a.shares.values():   # nothing negative, nobody gets more than exists
         assert all(v >= 0 for v in s._flat())
+
+
+def _reference(windows, to_wall, intervals):
+    """The rule written the slow, obvious way, with exact fractions: what attribute() must equal."""
+    width = len(Share()._flat())
+    shares, rest, most = {}, [0] * width, {}
+    for w in windows:
+        bs, be = to_wall(w.start_ns), to_wall(w.end_ns)
+        owed, unowned, k = {}, Fraction(0), 0
+        points = sorted({bs, be} | {t for iv in intervals for t in (iv.start_ns, iv.end_ns)
+                                    if t is not None and bs < t < be})
+        for a, b in zip(points, points[1:]):
+            inside = [iv for iv in intervals if iv.covers(a, b)]
+            groups = {}
+            for iv in inside:
+                groups.setdefault(iv.owner, []).append(iv)
+            piece = Fraction(b - a, be - bs)
+            k = max(k, len(groups))
+            if not groups:
+                unowned += piece
+            for members in groups.values():
+                for iv in members:
+                    owed[iv.key] = owed.get(iv.key, 0) + piece / len(groups) / len(members)
+        parties = [iv.key for iv in intervals if iv.key in owed]
+        for key in parties:        # the most groups at once anywhere in a bucket the party was in
+            most[key] = max(most.get(key, 0), k)
+        fr = [owed[k] for k in parties] + [unowned]
+        for i, v in enumerate(Share.of_window(w)._flat()):
+            exact = [v * f for f in fr]
+            parts = [e.numerator // e.denominator for e in exact]
+            for j in sorted(range(len(fr)), key=lambda j: (-(exact[j] - parts[j]), j))[:v - sum(parts)]:
+                parts[j] += 1
+            for k, p in zip(parties, parts):
+                shares.setdefault(k, [0] * width)[i] += p
+            rest[i] += parts[-1]
+    return {k: Share._unflat(v) for k, v in shares.items()}, Share._unflat(rest), most
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_integer_split_equals_the_exact_rule_with_and_without_the_cache(seed):
+    rnd = random.Random(100 + seed)
+    ws = [Window(i * B, (i + 1) * B, rnd.randint(0, 50), rnd.randint(0, 10**7),
+                 {d: Stat(rnd.randint(1, 5), rnd.randint(0, 10**9), rnd.randint(0, 10**6))
+                  for d in rnd.sample(DIRECTIONS, rnd.randint(0, 3))},
+                 Stat(rnd.randint(0, 2), rnd.randint(0, 999), rnd.randint(0, 99)), 1) for i in range(40)]
+    ivs = []
+    for j in range(rnd.randint(1, 14)):
+        s = rnd.randint(-B, 40 * B)
+        e = None if rnd.random() < 0.2 else s + rnd.randint(1, 20 * B)
+        if e is not None and rnd.random() < 0.6:         # two phases of one request
+            ft = rnd.randint(s, e)
+            ivs += [Interval((j, "prefill"), s, ft, group=j), Interval((j, "decode"), ft, e, group=j)]
+        else:
+            ivs.append(Interval(j, s, e))
+    shares, rest, most = _reference(ws, ident, ivs)
+    a = attribute(ws, ident, ivs)
+    assert a.shares == shares and a.unattributed == rest and a.concurrency_max == most
+    # a cache shared by calls over different subsets of the buckets changes nothing, and `keys`
+    # limits the shares summed to those keys
+    cache = {}
+    for lo in range(0, 40, 7):
+        sub = ws[lo:lo + 13]
+        mine = [iv.key for iv in ivs[:2]]
+        got = attribute(sub, ident, ivs, cache=cache, keys=mine)
+        ref_shares, ref_rest, _ = _reference(sub, ident, ivs)
+        assert got.unattributed == ref_rest
+        assert got.shares == {k: v for k, v in ref_shares.items() if k in mine}
+    assert cache

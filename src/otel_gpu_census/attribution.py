@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from math import gcd
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from .census import DIRECTIONS, ZERO, Stat, Window
@@ -137,30 +138,45 @@ class Attribution:
         return out
 
 
+def split_weights(total: int, weights: Sequence[int], denom: int) -> List[int]:
+    """Split `total` into integers proportional to `weights` (non-negative, summing to `denom`), by
+    largest remainder: each entry gets floor(total * w / denom) and the units left over go one each
+    to the largest remainders; ties go to the earlier entry. The result sums exactly to `total`.
+
+    Integer arithmetic only: the same result as with exact fractions, at a fraction of their cost."""
+    if total == 0:
+        return [0] * len(weights)
+    floors, rems = [], []
+    for w in weights:
+        q, r = divmod(total * w, denom)
+        floors.append(q)
+        rems.append(r)
+    left = total - sum(floors)
+    if left:
+        for i in sorted(range(len(rems)), key=lambda i: (-rems[i], i))[:left]:
+            floors[i] += 1
+    return floors
+
+
 def split_integer(total: int, fractions: Sequence[Fraction]) -> List[int]:
     """Split `total` into integers proportional to `fractions` (which sum to 1), by largest remainder.
 
     Ties in the fractional part go to the earlier entry. The result sums exactly to `total`.
     """
-    if total == 0:
-        return [0] * len(fractions)
-    exact = [total * f for f in fractions]
-    floors = [e.numerator // e.denominator for e in exact]
-    left = total - sum(floors)
-    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
-    for i in order[:left]:
-        floors[i] += 1
-    return floors
+    denom = 1
+    for f in fractions:
+        denom = denom * f.denominator // gcd(denom, f.denominator)
+    return split_weights(total, [f.numerator * (denom // f.denominator) for f in fractions], denom)
 
 
-def bucket_fractions(bs: int, be: int, intervals: Sequence[Interval]
-                     ) -> Tuple[Dict[Hashable, Fraction], Fraction, int]:
-    """Fractions of bucket [bs, be) owed to each interval key, the unattributed fraction, and the
-    largest number of groups in flight at once inside the bucket."""
+def bucket_weights(bs: int, be: int, intervals: Sequence[Interval]
+                   ) -> Tuple[Dict[Hashable, int], int, int, int]:
+    """Integer form of :func:`bucket_fractions`: (weight per key, unattributed weight, denominator,
+    most groups in flight at once); the weights and the unattributed weight sum to the denominator."""
     length = be - bs
     if length <= 0:
         raise ValueError(f"empty bucket [{bs}, {be})")
-    live = [iv for iv in intervals if iv.overlaps(bs, be)]
+    live = [iv for iv in intervals if iv.start_ns < be and (iv.end_ns is None or iv.end_ns > bs)]
     cuts = {bs, be}
     for iv in live:
         if bs < iv.start_ns < be:
@@ -168,57 +184,103 @@ def bucket_fractions(bs: int, be: int, intervals: Sequence[Interval]
         if iv.end_ns is not None and bs < iv.end_ns < be:
             cuts.add(iv.end_ns)
     points = sorted(cuts)
-    owed: Dict[Hashable, Fraction] = {}
-    unattributed = Fraction(0)
+    # A piece of length l shared by k groups owes each member of a group of m intervals l / (k·m)
+    # of the bucket; one common multiple of the divisors k·m makes every share a whole number.
+    pieces = []
+    lcm = 1
     most = 0
     for a, b in zip(points, points[1:]):
-        inside = [iv for iv in live if iv.covers(a, b)]
-        piece = Fraction(b - a, length)
-        groups: Dict[Hashable, List[Interval]] = {}
-        for iv in inside:
-            groups.setdefault(iv.owner, []).append(iv)
-        if not groups:
-            unattributed += piece
-            continue
-        most = max(most, len(groups))
-        per_group = piece / len(groups)
-        for members in groups.values():
-            for iv in members:
-                owed[iv.key] = owed.get(iv.key, Fraction(0)) + per_group / len(members)
-    return owed, unattributed, most
+        groups: Dict[Hashable, List[Hashable]] = {}
+        for iv in live:
+            if iv.start_ns <= a and (iv.end_ns is None or iv.end_ns >= b):
+                groups.setdefault(iv.owner, []).append(iv.key)
+        k = len(groups)
+        most = max(most, k)
+        members = []
+        for keys in groups.values():
+            d = k * len(keys)
+            lcm = lcm * d // gcd(lcm, d)
+            members.extend((key, d) for key in keys)
+        pieces.append((b - a, members))
+    weights: Dict[Hashable, int] = {}
+    unattributed = 0
+    for piece, members in pieces:
+        if not members:
+            unattributed += piece * lcm
+        for key, d in members:
+            weights[key] = weights.get(key, 0) + piece * (lcm // d)
+    return weights, unattributed, length * lcm, most
+
+
+def bucket_fractions(bs: int, be: int, intervals: Sequence[Interval]
+                     ) -> Tuple[Dict[Hashable, Fraction], Fraction, int]:
+    """Fractions of bucket [bs, be) owed to each interval key, the unattributed fraction, and the
+    largest number of groups in flight at once inside the bucket."""
+    weights, rest, denom, most = bucket_weights(bs, be, intervals)
+    return {k: Fraction(w, denom) for k, w in weights.items()}, Fraction(rest, denom), most
+
+
+WIDTH = len(NOTHING._flat())
+
+
+def _split_bucket(values: Sequence[int], bs: int, be: int, ivs: Sequence[Interval], order: Dict[Hashable, int]):
+    """One bucket: (parties in interval order, indices of the non-zero fields, each party's parts of
+    those fields, the unattributed parts, most groups at once)."""
+    weights, rest, denom, k = bucket_weights(bs, be, ivs)
+    parties = sorted(weights, key=order.__getitem__)
+    ws = [weights[p] for p in parties] + [rest]
+    nz = [i for i, v in enumerate(values) if v]
+    columns = [split_weights(values[i], ws, denom) for i in nz]
+    parts = [[col[j] for col in columns] for j in range(len(parties))]
+    return parties, nz, parts, [col[-1] for col in columns], k
 
 
 def attribute(windows: Iterable[Window], to_wall: Callable[[int], int],
-              intervals: Iterable[Interval]) -> Attribution:
+              intervals: Iterable[Interval], cache: Optional[Dict] = None,
+              keys: Optional[Iterable[Hashable]] = None) -> Attribution:
     """Split every bucket in `windows` among `intervals` by the rule in the module docstring.
 
     `to_wall` maps a CUPTI timestamp to wall-clock ns (``ProcessCensus.gpu_to_wall_ns``).
-    Keys of `intervals` must be unique.
+    Keys of `intervals` must be unique. `cache`, a dict kept by the caller, remembers each
+    bucket's split by its wall span, values and the intervals that touch it: a caller that
+    attributes many requests sharing buckets splits each bucket once. With `keys`, only those
+    keys' shares (and concurrency) are summed; totals and the unattributed part are always whole.
     """
     ivs = list(intervals)
-    keys = [iv.key for iv in ivs]
-    if len(set(keys)) != len(keys):
+    order = {iv.key: i for i, iv in enumerate(ivs)}
+    if len(order) != len(ivs):
         raise ValueError("interval keys must be unique")
+    wanted = None if keys is None else set(keys)
     sums: Dict[Hashable, List[int]] = {}
-    width = len(NOTHING._flat())
-    rest = [0] * width
-    total = [0] * width
+    rest = [0] * WIDTH
+    total = [0] * WIDTH
     most: Dict[Hashable, int] = {}
     n = 0
     for w in windows:
         n += 1
         bs, be = to_wall(w.start_ns), to_wall(w.end_ns)
-        owed, unowned, k = bucket_fractions(bs, be, ivs)
-        parties = [key for key in keys if key in owed]
-        fracs = [owed[key] for key in parties] + [unowned]
         values = Share.of_window(w)._flat()
-        for i, v in enumerate(values):
-            total[i] += v
-            parts = split_integer(v, fracs)
-            for key, p in zip(parties, parts):
-                sums.setdefault(key, [0] * width)[i] += p
-            rest[i] += parts[-1]
-        for key in parties:
+        live = [iv for iv in ivs if iv.start_ns < be and (iv.end_ns is None or iv.end_ns > bs)]
+        if cache is not None:
+            # the same ordered intervals and values give the same split, ties included
+            key = (bs, be, tuple(values), tuple((iv.key, iv.start_ns, iv.end_ns, iv.group) for iv in live))
+            hit = cache.get(key)
+            if hit is None:
+                hit = cache[key] = _split_bucket(values, bs, be, live, order)
+            parties, nz, parts, unowned, k = hit
+        else:
+            parties, nz, parts, unowned, k = _split_bucket(values, bs, be, live, order)
+        for i, x in zip(nz, unowned):
+            total[i] += values[i]
+            rest[i] += x
+        for key, row in zip(parties, parts):
+            if wanted is not None and key not in wanted:
+                continue
+            acc = sums.get(key)
+            if acc is None:
+                acc = sums[key] = [0] * WIDTH
+            for i, x in zip(nz, row):
+                acc[i] += x
             most[key] = max(most.get(key, 0), k)
     return Attribution(
         shares={key: Share._unflat(v) for key, v in sums.items()},

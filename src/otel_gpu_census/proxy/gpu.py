@@ -25,6 +25,7 @@ from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIV
 log = logging.getLogger("otel_gpu_census.proxy")
 
 BUCKET_SLACK_NS = 1_000_000_000     # keep finished requests this long before the oldest open one
+MAX_CACHED_SPLITS = 4096            # bucket splits remembered (~80 s of buckets of one process)
 
 # GpuCost.status values
 COMPLETE = "complete"       # census published >= margin after the request ended (or the server exited)
@@ -67,18 +68,39 @@ class CensusSource:
     def read(self, detail: bool = True) -> Tuple[List[ProcessCensus], List[str]]:
         from .. import reader
         censuses, errors = reader.scan(self.directory, detail)
-        notes = []
-        for e in errors:
-            if e.path not in self._warned:
-                self._warned.add(e.path)
-                log.warning("census: cannot read %s: %s", e.path, e.reason)
-            notes.append(f"unreadable segment {e.path}: {e.reason}")
+        notes = self._notes(errors)
         if self.pid is not None:
             if self._root_ticks is None:
                 self._root_ticks = reader.proc_start_ticks(self.pid)
             parents = reader.live_descendants(self.pid)
             censuses = reader.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
         return censuses, notes
+
+    def read_range(self, lo_ns: int, hi_ns: int) -> Tuple[List[ProcessCensus], List[str]]:
+        """The processes that lived during wall [lo, hi), each with only the windows of that range:
+        headers first (~12 KiB a segment), then one copy of each relevant segment, parsed only as
+        far as attribution needs (census_read)."""
+        from .. import reader
+        from .census_read import read_range
+        heads, notes = self.read_headers()
+        out, errors = [], []
+        for h in heads:
+            if not (h.wall_start_ns < hi_ns and (h.alive or h.wall_update_ns >= lo_ns)):
+                continue
+            try:
+                out.append(read_range(h.path, lo_ns, hi_ns))
+            except reader.SegmentError as e:      # gone or damaged since its header was read
+                errors.append(e)
+        return out, notes + self._notes(errors)
+
+    def _notes(self, errors) -> List[str]:
+        notes = []
+        for e in errors:
+            if e.path not in self._warned:
+                self._warned.add(e.path)
+                log.warning("census: cannot read %s: %s", e.path, e.reason)
+            notes.append(f"unreadable segment {e.path}: {e.reason}")
+        return notes
 
 
 @dataclass
@@ -110,9 +132,10 @@ def _wall_span(c: ProcessCensus, lo: int, hi: int):
 
 
 def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[ProcessCensus],
-            intervals: Sequence[Interval]) -> GpuCost:
+            intervals: Sequence[Interval], cache: Optional[Dict] = None) -> GpuCost:
     """The GPU cost of request `key` (wall span `req_span`) in `censuses`, sharing its buckets with
-    every interval in `intervals` (which must include the request's own, keyed (key, phase))."""
+    every interval in `intervals` (which must include the request's own, keyed (key, phase)).
+    `cache`: bucket splits kept between calls (attribution.attribute)."""
     lo, hi = req_span
     cost = GpuCost(status=COMPLETE)
     most = 0
@@ -135,8 +158,8 @@ def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[Process
         if not ws:
             continue
         touching = [iv for iv in intervals if iv.overlaps(wlo, whi)]
-        a = attribute(ws, c.gpu_to_wall_ns, touching)
         mine = [iv.key for iv in touching if iv.owner == key]
+        a = attribute(ws, c.gpu_to_wall_ns, touching, cache=cache, keys=mine)
         cost.share = cost.share + a.group_share(mine)
         cost.prefill = cost.prefill + a.share((key, "prefill"))
         cost.window = cost.window + a.total
@@ -158,6 +181,7 @@ class GpuLedger:
         self.poll_s = poll_s
         self.clock = clock
         self.reqs: Dict[Hashable, _Req] = {}
+        self._splits: Dict = {}         # bucket splits shared by the requests that touch a bucket
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
         self._stopping = False
@@ -218,12 +242,22 @@ class GpuLedger:
                 if not await self._anyone_ready(pending):
                     await self._sleep(self.poll_s)
                     continue
-                censuses, notes = await asyncio.to_thread(self.source.read)
+                censuses, notes = await asyncio.to_thread(self._read, pending)
                 error = None
             except Exception as e:   # a broken folder must not stop the proxy
                 censuses, notes, error = [], [], f"{type(e).__name__}: {e}"
-            self._settle(censuses, notes, error, self.clock())
+            await self._settle(censuses, notes, error, self.clock())
             await self._sleep(self.poll_s)
+
+    def _read(self, pending: Sequence[_Req]) -> Tuple[List[ProcessCensus], List[str]]:
+        """The census for the buckets `pending` may touch (in a worker thread: file reads). A source
+        that cannot read a range (a test's stand-in) reads everything."""
+        read_range = getattr(self.source, "read_range", None)
+        if read_range is None:
+            return self.source.read()
+        lo = min(r.start_ns for r in pending) - BUCKET_SLACK_NS
+        hi = max(r.end_ns for r in pending) + BUCKET_SLACK_NS
+        return read_range(lo, hi)
 
     async def _anyone_ready(self, pending: List[_Req]) -> bool:
         """Whether a full read (windows: ~650 KiB a segment) can settle anyone; a header read decides."""
@@ -250,28 +284,36 @@ class GpuLedger:
         # published after it started (or is still there to publish).
         return [c for c in censuses if c.wall_start_ns < hi and (c.alive or c.wall_update_ns >= lo)]
 
-    def _settle(self, censuses: List[ProcessCensus], notes: List[str], error: Optional[str], now: int) -> None:
+    async def _settle(self, censuses: List[ProcessCensus], notes: List[str], error: Optional[str], now: int) -> None:
+        # The event loop is the proxy's data path: let it run between requests (each costs up to a
+        # few ms of splitting when its buckets were not split before).
         for r in sorted(self._pending(), key=lambda r: r.end_ns):
-            rel = self._relevant(censuses, r.start_ns, r.end_ns)
-            caught_up = self._caught_up(rel, r)
-            out_of_time = now >= r.end_ns + self.max_wait_ns
-            if error is not None:
-                if not out_of_time:
-                    continue
-                self._finish(r, GpuCost(status=READ_ERROR, notes=[error]), now)
+            if r.done:
                 continue
-            if not rel:
-                if out_of_time or not censuses:
-                    self._finish(r, GpuCost(status=NO_SEGMENT, notes=list(notes)), now)
-                continue
-            if not caught_up and not out_of_time:
-                continue
-            cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns))
-            if not caught_up:
-                cost.status = SETTLED if all(c.wall_update_ns >= r.end_ns for c in rel) else STALE
-            cost.notes = notes + cost.notes
-            self._finish(r, cost, now)
+            self._settle_one(r, censuses, notes, error, now)
+            await asyncio.sleep(0)
         self._prune()
+
+    def _settle_one(self, r: _Req, censuses: List[ProcessCensus], notes: List[str], error: Optional[str],
+                    now: int) -> None:
+        rel = self._relevant(censuses, r.start_ns, r.end_ns)
+        out_of_time = now >= r.end_ns + self.max_wait_ns
+        if error is not None:
+            if out_of_time:
+                self._finish(r, GpuCost(status=READ_ERROR, notes=[error]), now)
+            return
+        if not rel:
+            if out_of_time or not censuses:
+                self._finish(r, GpuCost(status=NO_SEGMENT, notes=list(notes)), now)
+            return
+        caught_up = self._caught_up(rel, r)
+        if not caught_up and not out_of_time:
+            return
+        cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns), self._splits)
+        if not caught_up:
+            cost.status = SETTLED if all(c.wall_update_ns >= r.end_ns for c in rel) else STALE
+        cost.notes = notes + cost.notes
+        self._finish(r, cost, now)
 
     def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
         return all(c.wall_update_ns >= r.end_ns + self.margin_ns or not c.alive or c.state != STATE_ACTIVE
@@ -297,6 +339,10 @@ class GpuLedger:
         horizon = min(open_starts + [self.clock()]) - BUCKET_SLACK_NS
         for k in [k for k, r in self.reqs.items() if r.done and r.end_ns is not None and r.end_ns < horizon]:
             del self.reqs[k]
+        if len(self._splits) > MAX_CACHED_SPLITS:
+            # oldest first (insertion order); a bucket split again later costs time, never accuracy
+            for k in list(self._splits)[:len(self._splits) // 2]:
+                del self._splits[k]
 
     async def stop(self) -> None:
         """Hand every waiting request what the census has now: complete when it had caught up (or the
@@ -312,14 +358,15 @@ class GpuLedger:
         if not pending:
             return
         try:
-            censuses, notes = await asyncio.to_thread(self.source.read) if self.source else ([], [])
+            censuses, notes = await asyncio.to_thread(self._read, pending) if self.source else ([], [])
         except Exception:
             censuses, notes = [], []
         now = self.clock()
         for r in pending:
             rel = self._relevant(censuses, r.start_ns, r.end_ns)
             if rel:
-                cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns))
+                cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns),
+                               self._splits)
                 cost.notes = notes + cost.notes
                 if not self._caught_up(rel, r):
                     cost.status = SHUTDOWN
