@@ -70,9 +70,10 @@ def server_tree(segments, records, census_dir, child, dead_pid):
         r.memcpy("dtoh", 4096, T0 + 400 * US, T0 + 402 * US, dst="pinned"),
         r.memcpy("dtod", 8192, T0 + 500 * US, T0 + 501 * US),
         r.memset(256, T0 + 600 * US, T0 + 603 * US),
+        r.peer(65536, T0 + 700 * US, T0 + 704 * US, src_device=1, dst_device=0),   # GPU B sends, A receives
     ]
     segments.segment(census_dir, a, comm="llama-server", final=True, state=GC_STATE_ACTIVE,
-                     edit=_uuids({0: UUID_A}))
+                     edit=_uuids({0: UUID_A, 1: UUID_B}))
     b = [r.kernel(T0, T0 + 1000 * US, device=1), r.memcpy("dtoh", 123, T0 + 2000 * US, T0 + 2005 * US,
                                                           dst="pageable", device=1)]
 
@@ -104,6 +105,9 @@ def _expect(tree):
         ("gpu_census.copy.bytes", cp(A, "dtoh", "pinned"), 4096),
         ("gpu_census.copy.bytes", cp(A, "dtod", "device"), 8192),
         ("gpu_census.copy.bytes", cp(B, "dtoh", "pageable"), 123),
+        ("gpu_census.copy.bytes", cp({**A, "hw.id": HW_B}, "ptop", "device"), 65536),
+        ("gpu_census.peer.received.count", A, 1), ("gpu_census.peer.received.bytes", A, 65536),
+        ("gpu_census.peer.received.time", A, 4e-6),
         ("gpu_census.memset.count", A, 1), ("gpu_census.memset.bytes", A, 256),
         ("gpu_census.memset.time", A, 3e-6),
         ("gpu_census.records.dropped", {"process.pid": tree["b_pid"], "process.executable.name": "worker"}, 5),
@@ -156,6 +160,9 @@ def test_otlp_carries_exact_census_values(protocol, server_tree, census_dir, mon
     busy = [p for p in pts if p.name == "gpu_census.busy.ratio"]
     assert {p.attributes["hw.id"] for p in busy} == {HW_A, HW_B}
     assert all(0.0 <= p.value <= 1.0 for p in busy)
+    # peer-received series exist only where something was received (the llama-server's GPU A)
+    assert {(p.attributes["hw.id"], p.attributes["process.pid"]) for p in pts
+            if p.name == "gpu_census.peer.received.bytes"} == {(HW_A, server_tree["a_pid"])}
 
 
 def test_prometheus_endpoint_scraped_over_http(server_tree, census_dir):

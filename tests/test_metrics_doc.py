@@ -76,7 +76,7 @@ def busy_segment(segments, records, census_dir):
     """One segment with every kind of activity, so every census instrument has a data point."""
     r = records
     segments.segment(census_dir, [r.kernel(10, 20), r.memcpy("htod", 64, 30, 40, src="pinned"),
-                                  r.memset(8, 50, 60), r.graph_trace(70, 80)],
+                                  r.memset(8, 50, 60), r.graph_trace(70, 80), r.peer(32, 90, 95, 0, 1)],
                      final=True, state=census.STATE_ACTIVE)
     return census_dir
 

@@ -132,7 +132,8 @@ def _query(port: int, expr: str):
 def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, records, census_dir, tmp_path):
     r = records
     segments.segment(census_dir, [r.kernel(10**12, 10**12 + 5000), r.memcpy("dtoh", 65536, 10**12 + 6000,
-                                                                               10**12 + 7000, dst="pageable")],
+                                                                               10**12 + 7000, dst="pageable"),
+                                  r.peer(4096, 10**12 + 8000, 10**12 + 9000, src_device=0, dst_device=1)],
                      comm="llama-server", final=True, state=census.STATE_ACTIVE)
     handle = start_sidecar(census_dir, root_pid=os.getpid(), exporter="prometheus", prometheus_port=0, nvml=False)
     web = _free_port()

@@ -158,7 +158,7 @@ def test_odd_seq_of_dead_writer_is_read_and_marked_torn(census_dir, segments, re
 
 _WRITER = r"""
 import mmap, os, sys, time
-sys.path[:0] = [sys.argv[2]]
+sys.path[:0] = [sys.argv[2], sys.argv[2] + "/../src"]
 import cupti_records
 ffi, lib, _ = cupti_records.native()
 fd = os.open(sys.argv[1], os.O_RDWR)

@@ -32,7 +32,7 @@ RECORDS_PER_BATCH = 17                              # 8 external + 8 activity + 
 # The writer: `run SECONDS BATCHES_PER_UPDATE [STALL_S]` or `hold` (stops inside an update, seq odd).
 _WRITER = r"""
 import mmap, os, sys, time
-sys.path[:0] = [sys.argv[1]]
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../src"]
 import cupti_records as cr
 ffi, lib, _ = cr.native()
 fd = os.open(sys.argv[2], os.O_RDWR)

@@ -84,6 +84,12 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
          "Bytes copied, by direction and host memory kind."),
     Spec("gpu_census.copy.time", "counter", "s", _COPY,
          "Summed copy durations, by direction and host memory kind."),
+    Spec("gpu_census.peer.received.count", "counter", "{copy}", _PROC,
+         "Peer copies this GPU received from another GPU (the sender counts them as copy direction ptop)."),
+    Spec("gpu_census.peer.received.bytes", "counter", "By", _PROC,
+         "Bytes this GPU received in peer copies."),
+    Spec("gpu_census.peer.received.time", "counter", "s", _PROC,
+         "Summed durations of the peer copies this GPU received."),
     Spec("gpu_census.memset.count", "counter", "{memset}", _PROC, "Memsets."),
     Spec("gpu_census.memset.bytes", "counter", "By", _PROC, "Bytes set by memsets."),
     Spec("gpu_census.memset.time", "counter", "s", _PROC, "Summed memset durations."),
@@ -293,6 +299,15 @@ class CensusMetrics:
                     v = s.ns / NS_PER_S if field == "ns" else getattr(s, field)
                     yield Observation(v, {HW_ID: hid, **attrs, COPY_DIRECTION: direction, COPY_MEMORY: mem})
 
+    def _peer_received(self, field: str) -> Iterable[Observation]:
+        """Only GPUs that received something: most machines have no peer copies at all."""
+        for rec in self.processes():
+            attrs = rec.attrs
+            for hid, d in rec.devices.items():
+                s = d.peer_recv
+                if s.count:
+                    yield Observation(s.ns / NS_PER_S if field == "ns" else getattr(s, field), {HW_ID: hid, **attrs})
+
     def _io(self) -> Iterable[Observation]:
         for hid, d in sorted(self.device_totals().items()):
             yield Observation(d.copies.get("htod").bytes, {HW_ID: hid, IO_DIRECTION: "receive"})
@@ -309,6 +324,9 @@ class CensusMetrics:
             "gpu_census.copy.count": lambda: self._per_copy("count"),
             "gpu_census.copy.bytes": lambda: self._per_copy("bytes"),
             "gpu_census.copy.time": lambda: self._per_copy("ns"),
+            "gpu_census.peer.received.count": lambda: self._peer_received("count"),
+            "gpu_census.peer.received.bytes": lambda: self._peer_received("bytes"),
+            "gpu_census.peer.received.time": lambda: self._peer_received("ns"),
             "gpu_census.memset.count": lambda: self._per_device(lambda d: d.memset.count),
             "gpu_census.memset.bytes": lambda: self._per_device(lambda d: d.memset.bytes),
             "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s),

@@ -6,7 +6,7 @@ figure people quote ("209,612,345 bytes (209.6 MB) device-to-host per request").
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .census import (DIRECTIONS, FLAG_CONFLICT, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
                      MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus, Stat, merge_devices)
@@ -15,10 +15,11 @@ DIRECTION_LABELS = {
     "htod": "host-to-device",
     "dtoh": "device-to-host",
     "dtod": "device-to-device",
-    "ptop": "peer-to-peer",
+    "ptop": "peer-to-peer sent",
     "htoh": "host-to-host",
     "other": "other copies",
 }
+PEER_RECEIVED_LABEL = "peer-to-peer received"   # DeviceTotals.peer_recv: copies other devices sent here
 HOST_DIRECTIONS = ("htod", "dtoh", "htoh")    # a host side exists: split pageable / pinned
 UNITS_NOTE = "bytes are exact; MB = 10^6 bytes, GB = 10^9 bytes (decimal); times in seconds"
 
@@ -67,13 +68,31 @@ def per(total: int, n: int):
 # ---------------------------------------------------------------------------------------------
 # facts derived from a census
 
-def lifetime_ns(c: ProcessCensus) -> int:
-    """Process wall time under the census: segment creation to its last update (the final flush at exit)."""
+def census_time_ns(c: ProcessCensus) -> int:
+    """Wall time the census covered: from CUDA's initialising it in the process (wall_start_ns)
+    to the segment's last update (the final flush at exit). Not the process lifetime: Python
+    start-up and anything before CUDA initialised are outside it."""
     return max(0, c.wall_update_ns - c.wall_start_ns) if c.wall_update_ns else 0
 
 
+def busy_of_census_time(d: DeviceTotals, census_ns: int) -> Tuple[Optional[float], str]:
+    """(busy_ns / census time, "") or (None, why that ratio would mislead).
+
+    The census time must cover all the GPU activity counted in it; when it is shorter (a segment
+    written by an injector that created it at its first buffer, long after CUDA initialised, or
+    a census time of zero), dividing by it gives a number above 100% that means nothing."""
+    span = max(0, d.last_ns - d.first_ns)
+    if census_ns <= 0:
+        return None, "no census time recorded"
+    if census_ns < span:
+        return None, (f"census time {seconds(census_ns)} s is shorter than the {seconds(span)} s of GPU "
+                      "activity it counted, so the census started after the work did")
+    return d.busy_ns / census_ns, ""
+
+
 def has_activity(d: DeviceTotals) -> bool:
-    return bool(d.kernel_count or d.graph_launches or d.copies.total().count or d.memset.count)
+    return bool(d.kernel_count or d.graph_launches or d.copies.total().count or d.memset.count
+                or d.peer_recv.count)
 
 
 def process_warnings(c: ProcessCensus) -> List[str]:
@@ -141,16 +160,23 @@ def _copies_dict(d: DeviceTotals) -> Dict[str, dict]:
     return out
 
 
-def _device_dict(d: DeviceTotals, life_ns: int) -> dict:
+def _device_dict(d: DeviceTotals, census_ns: Optional[int]) -> dict:
+    """census_ns None: a sum over processes, which has no one census time."""
     span = max(0, d.last_ns - d.first_ns)
-    return {
+    out = {
         "device_id": d.device_id, "uuid": d.uuid,
         "kernel_count": d.kernel_count, "kernel_ns": d.kernel_ns, "busy_ns": d.busy_ns,
-        "busy_ratio_of_lifetime": d.busy_ns / life_ns if life_ns else None,
         "gpu_span_ns": span, "busy_ratio_of_gpu_span": d.busy_ns / span if span else None,
         "graph_launches": d.graph_launches, "graph_ns": d.graph_ns,
         "copies": _copies_dict(d), "memset": _stat_dict(d.memset),
+        "peer_received": _stat_dict(d.peer_recv),
     }
+    if census_ns is not None:
+        ratio, why = busy_of_census_time(d, census_ns)
+        out["busy_ratio_of_census_time"] = ratio
+        if why:
+            out["busy_ratio_of_census_time_unavailable"] = why
+    return out
 
 
 def per_request(censuses: Iterable[ProcessCensus], requests: int) -> dict:
@@ -175,24 +201,28 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             census_dir: Optional[str] = None, hint: Optional[str] = None) -> dict:
     procs = []
     for c in censuses:
-        life = lifetime_ns(c)
+        census_ns = census_time_ns(c)
         procs.append({
             "pid": c.pid, "ppid": c.ppid, "comm": c.comm, "state": c.state_name, "alive": c.alive,
             "torn": c.torn, "path": c.path, "cupti_version": c.cupti_version,
-            "wall_start_ns": c.wall_start_ns, "wall_update_ns": c.wall_update_ns, "lifetime_ns": life,
+            "wall_start_ns": c.wall_start_ns, "wall_update_ns": c.wall_update_ns, "census_time_ns": census_ns,
             "records": c.records, "records_unknown": c.records_unknown, "dropped": c.dropped,
             "buffers": c.buffers, "buffers_refused": c.buffers_refused,
             "step_unmatched": c.step_unmatched, "window_late": c.window_late,
             "flags": c.flags, "note": c.note, "warnings": process_warnings(c),
-            "devices": [_device_dict(d, life) for _, d in sorted(c.devices.items())],
+            "devices": [_device_dict(d, census_ns) for _, d in sorted(c.devices.items())],
         })
     gpus = merge_devices(censuses)
     out = {
         "census_dir": census_dir,
-        "units": {"bytes": "exact", "time": "ns", "busy_ratio": "busy_ns / lifetime_ns (wall_start..wall_update)"},
+        "units": {"bytes": "exact", "time": "ns",
+                  "census_time_ns": "wall_update_ns - wall_start_ns: from CUDA initialising the census to its "
+                                    "last update (not the process lifetime)",
+                  "busy_ratio_of_census_time": "busy_ns / census_time_ns; null (with a reason) when the census "
+                                               "time does not cover the GPU activity"},
         "processes": procs,
         # per physical GPU over all processes; busy_ns adds across processes (an upper bound)
-        "gpus": {key: _device_dict(d, 0) for key, d in sorted(gpus.items())},
+        "gpus": {key: _device_dict(d, None) for key, d in sorted(gpus.items())},
         "no_activity": no_activity_reason(censuses, hint),
         "errors": [{"path": getattr(e, "path", None), "reason": getattr(e, "reason", str(e))} for e in errors],
     }
@@ -204,22 +234,26 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
 # ---------------------------------------------------------------------------------------------
 # text
 
-_COPY_HEADER = f"    {'':<18}{'count':>12}{'bytes':>22}{'size':>12}{'time s':>14}"
+_LABEL_END = 26      # indent + label column: room for "peer-to-peer received"
+_COPY_HEADER = f"{'':<{_LABEL_END}}{'count':>12}{'bytes':>22}{'size':>12}{'time s':>14}"
 
 
 def _copy_row(label: str, s: Stat, indent: int = 4) -> str:
-    return f"{' ' * indent}{label:<{22 - indent}}{s.count:>12,}{s.bytes:>22,}{human_size(s.bytes):>12}{seconds(s.ns):>14}"
+    return (f"{' ' * indent}{label:<{_LABEL_END - indent}}{s.count:>12,}{s.bytes:>22,}{human_size(s.bytes):>12}"
+            f"{seconds(s.ns):>14}")
 
 
-def _device_lines(d: DeviceTotals, life_ns: int) -> List[str]:
+def _device_lines(d: DeviceTotals, census_ns: int) -> List[str]:
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
     lines = [f"  {name}"]
-    busy = f"busy {seconds(d.busy_ns)} s = {percent(d.busy_ns, life_ns)} of the process lifetime"
+    ratio, why = busy_of_census_time(d, census_ns)
+    busy = f"busy {seconds(d.busy_ns)} s" + (f" = {100.0 * ratio:.1f}% of census time" if ratio is not None
+                                              else f" (no share of census time: {why})")
     span = d.last_ns - d.first_ns
     if span > 0:
-        busy += f" ({percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity)"
+        busy += f"; {percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity"
     lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {seconds(d.kernel_ns)} s   {busy}")
     if d.graph_launches:
         lines.append(f"    graph launches {d.graph_launches:,} ({seconds(d.graph_ns)} s), traced per launch")
@@ -234,6 +268,8 @@ def _device_lines(d: DeviceTotals, life_ns: int) -> List[str]:
                 m = d.copies.get(direction, mem)
                 if m.count:
                     rows.append(_copy_row(f"{mem} host", m, indent=6))
+    if d.peer_recv.count:          # not a copy this device made: listed apart from the directions
+        rows.append(_copy_row(PEER_RECEIVED_LABEL, d.peer_recv))
     if d.memset.count:
         rows.append(_copy_row("memset", d.memset))
     if rows:
@@ -243,16 +279,16 @@ def _device_lines(d: DeviceTotals, life_ns: int) -> List[str]:
 
 
 def _process_lines(c: ProcessCensus) -> List[str]:
-    life = lifetime_ns(c)
+    census_ns = census_time_ns(c)
     state = c.state_name if c.alive or c.state != STATE_ACTIVE else "ended"
-    head = (f"pid {c.pid}  {c.comm or '?'}  {state}  lifetime {seconds(life)} s  "
-            f"(ppid {c.ppid}, {c.records:,} records)")
+    head = (f"pid {c.pid}  {c.comm or '?'}  {state}  census time {seconds(census_ns)} s (CUDA init to last "
+            f"update)  (ppid {c.ppid}, {c.records:,} records)")
     lines = [head]
     devices = [d for _, d in sorted(c.devices.items())]
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, life))
+        lines.extend(_device_lines(d, census_ns))
     if c.flags & FLAG_GRAPH_LAUNCHES:
         lines.append("  note: CUDA graphs were traced per launch, so their kernels are not in the kernel count")
     for w in process_warnings(c):
@@ -286,6 +322,8 @@ def _all_processes_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
         for direction, s in d.copies.by_direction().items():
             if s.count:
                 parts.append(f"{DIRECTION_LABELS[direction]} {s.bytes:,} bytes ({human_size(s.bytes)})")
+        if d.peer_recv.count:
+            parts.append(f"{PEER_RECEIVED_LABEL} {d.peer_recv.bytes:,} bytes ({human_size(d.peer_recv.bytes)})")
         lines.append(f"  {key}: " + ", ".join(parts))
     return lines + [""]
 
