@@ -196,8 +196,25 @@ def check_environment(facts: Facts) -> List[Check]:
     return out
 
 
+def check_exporters(facts: Facts) -> List[Check]:
+    """Metrics are optional: an exporter that cannot be imported is a warning naming what is missing."""
+    from . import exporters
+    wanted = [(f"OTLP {proto}", mod) for proto, mod in exporters.OTLP_MODULES.items()]
+    wanted.append(("Prometheus", exporters.PROMETHEUS_MODULE))
+    ok, out = [], []
+    for label, (module, dist) in wanted:
+        try:
+            exporters.import_exporter(module, dist)
+            ok.append(label)
+        except exporters.ExporterUnavailable as e:
+            out.append(Check(WARN, f"{label} exporter", f"{e}; metrics cannot go out this way"))
+    if ok:
+        out.insert(0, Check(OK, "metrics exporters", ", ".join(ok) + " can be imported"))
+    return out
+
+
 CHECKS: List[Callable[[Facts], List[Check]]] = [
-    check_driver, check_nvml, check_cupti, check_injector, check_census_dir, check_environment]
+    check_driver, check_nvml, check_cupti, check_injector, check_census_dir, check_environment, check_exporters]
 
 
 def run_checks() -> List[Check]:

@@ -20,12 +20,14 @@ exception or a log line per retry: the OTel exporters' own per-attempt messages 
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, List, Mapping, Optional, Tuple
+from typing import Callable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -56,6 +58,139 @@ _FAILURE_PREFIXES = ("Failed to export", "Transient error", "Shutdown in progres
 
 class ConfigError(ValueError):
     """An exporter setting that cannot be honoured; the message says which and what is allowed."""
+
+
+class ExporterUnavailable(RuntimeError):
+    """An exporter package that cannot be imported here; the message says what is missing."""
+
+
+# (module to import, the distribution that provides it) per exporter.
+OTLP_MODULES = {
+    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
+    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                      "opentelemetry-exporter-otlp-proto-http"),
+}
+PROMETHEUS_MODULE = ("opentelemetry.exporter.prometheus", "opentelemetry-exporter-prometheus")
+
+
+# -------------------------------------------------------------------------------------------
+# why an exporter cannot be imported
+#
+# The OTel exporters are split over many distributions that must match exactly (1.45.2 of
+# opentelemetry-exporter-otlp-proto-grpc needs opentelemetry-exporter-otlp-common==0.66b2, a
+# distribution older releases did not have). Installed with --no-deps, or next to an old protobuf
+# or grpcio, the import fails deep inside; the dependency metadata says what is actually wrong.
+
+def _packaging():
+    """packaging's Requirement and Version classes, from the package or pip's copy; None if neither."""
+    for base in ("packaging", "pip._vendor.packaging"):
+        try:
+            req = importlib.import_module(base + ".requirements")
+            ver = importlib.import_module(base + ".version")
+            return req.Requirement, ver.Version
+        except Exception:
+            continue
+    return None
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_version(name: str) -> Optional[str]:
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def unmet_requirements(dist: str, limit: int = 100) -> List[str]:
+    """The requirements in `dist`'s dependency closure that are missing or at a version outside
+    their range, as sentences; [] when all hold (or nothing can be learnt). Never raises."""
+    from importlib import metadata
+    tools = _packaging()
+    out: List[str] = []
+    seen: Set[str] = set()
+    todo: List[Tuple[str, frozenset]] = [(dist, frozenset())]
+    while todo and len(seen) < limit:
+        name, extras = todo.pop(0)
+        key = f"{_norm(name)}[{','.join(sorted(extras))}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        version = _installed_version(name)
+        if version is None:
+            continue
+        try:
+            lines = metadata.requires(name) or []
+        except Exception:
+            continue
+        for line in lines:
+            for problem, dep, dep_extras in _check_requirement(line, extras, tools):
+                if problem:
+                    out.append(f"{problem} (needed by {name} {version})")
+                elif dep:
+                    todo.append((dep, dep_extras))
+    return list(dict.fromkeys(out))
+
+
+def _check_requirement(line: str, extras: frozenset, tools) -> Iterator[Tuple[str, str, frozenset]]:
+    """(problem, "", _) for an unmet requirement line, ("", name, extras) for a met one to walk
+    into; nothing for a line that does not apply (another extra, another Python)."""
+    if tools is not None:
+        Requirement, Version = tools
+        try:
+            req = Requirement(line)
+            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (extras | {""})):
+                return
+            have = _installed_version(req.name)
+            if have is None:
+                yield f"{req.name}{req.specifier} is not installed", "", frozenset()
+            elif req.specifier and not req.specifier.contains(Version(have), prereleases=True):
+                yield f"{req.name}{req.specifier} is needed but {have} is installed", "", frozenset()
+            else:
+                yield "", req.name, frozenset(req.extras)
+            return
+        except Exception:
+            pass             # an odd line: fall through to the name-only check
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*([^;]*)(;\s*(.*))?$", line)
+    if not m:
+        return
+    marker = m.group(5) or ""
+    wanted = re.findall(r"extra\s*==\s*[\'\"]([^\'\"]+)", marker)
+    if wanted and not (set(wanted) & extras):
+        return
+    if "python_version" in marker:
+        return               # cannot evaluate it without packaging: do not guess
+    if _installed_version(m.group(1)) is None:
+        yield f"{m.group(1)}{m.group(3).strip()} is not installed", "", frozenset()
+    else:
+        yield "", m.group(1), frozenset(x.strip() for x in (m.group(2) or "[]")[1:-1].split(",") if x.strip())
+
+
+def why_not_importable(module: str, dist: str, exc: BaseException) -> str:
+    """One sentence: what is wrong with the installation of `dist` that made importing `module` fail."""
+    version = _installed_version(dist)
+    if version is None:
+        return f"the {dist} package is not installed (pip install {dist})"
+    what = f"{dist} {version} cannot be imported ({type(exc).__name__}: {exc})"
+    unmet = unmet_requirements(dist)
+    if unmet:
+        return (f"{what}: " + "; ".join(unmet) + f". Install {'it' if len(unmet) == 1 else 'them'}, or install "
+                f"{dist}=={version} with its dependencies (pip without --no-deps)")
+    missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    if missing:
+        return f"{what}, though its declared dependencies are installed: module {missing} is missing or shadowed"
+    return f"{what}, though its declared dependencies are installed: one of them is broken"
+
+
+def import_exporter(module: str, dist: str):
+    """The exporter module, or ExporterUnavailable saying precisely why it cannot be imported."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:      # not only ImportError: an old protobuf fails with TypeError inside
+        raise ExporterUnavailable(why_not_importable(module, dist, e)) from e
 
 
 def choose_exporters(explicit: Optional[str] = None, env: Mapping[str, str] = os.environ) -> List[str]:
@@ -220,14 +355,9 @@ class QuietExporter(MetricExporter):
 
 def _otlp_exporter(env: Mapping[str, str]) -> Tuple[MetricExporter, str]:
     proto = otlp_protocol(env)
-    if proto == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        exporter = OTLPMetricExporter()
-        endpoint = getattr(exporter, "_endpoint", None) or "localhost:4317"
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        exporter = OTLPMetricExporter()
-        endpoint = getattr(exporter, "_endpoint", None) or "http://localhost:4318/v1/metrics"
+    exporter = import_exporter(*OTLP_MODULES[proto]).OTLPMetricExporter()
+    default = "localhost:4317" if proto == "grpc" else "http://localhost:4318/v1/metrics"
+    endpoint = getattr(exporter, "_endpoint", None) or default
     return exporter, f"OTLP {proto} {endpoint}"
 
 
@@ -278,13 +408,15 @@ def build_readers(names: List[str], prometheus_port: Optional[int] = None, inter
                 _add_prometheus(out, prometheus_port, env)
         except ConfigError:
             raise
+        except ExporterUnavailable as e:
+            log.warning("metrics: %s exporter not started: %s", name, e)
         except Exception as e:
             log.warning("metrics: %s exporter not started: %s: %s", name, type(e).__name__, e)
     return out
 
 
 def _add_prometheus(out: Exporting, port: Optional[int], env: Mapping[str, str]) -> None:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    PrometheusMetricReader = import_exporter(*PROMETHEUS_MODULE).PrometheusMetricReader
     from prometheus_client import CollectorRegistry, start_http_server
 
     host = env.get("OTEL_EXPORTER_PROMETHEUS_HOST") or DEFAULT_PROMETHEUS_HOST
