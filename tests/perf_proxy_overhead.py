@@ -68,8 +68,8 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
     """Map a segment for `pid` and publish real records once a second, like the injector: ~1000
-    kernels (one per ms, stepped), a small DtoH per 20 ms and a 32 MiB one per second, each
-    second's records handed over ~0.5 s late as CUPTI does."""
+    kernels (one per ms, stepped), per 20 ms a logits DtoH, an HtoD, a DtoD and a memset, and a
+    32 MiB DtoH per second, each second's records handed over ~0.5 s late as CUPTI does."""
     import cupti_records as cr
     from otel_gpu_census import reader
     ffi, lib, _ = cr.native()
@@ -88,7 +88,10 @@ def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
     corr = [0]
     kern = [cr.kernel(0, 0) for _ in range(1000)]
     ext = [cr.external(0, 0) for _ in range(1000)]
-    small = [cr.memcpy("dtoh", 128_256 * 4, 0, 0, dst="pageable") for _ in range(50)]
+    # per 20 ms bucket, as a decoding llama-server: logits back, a batch in, a KV shuffle, a memset
+    small = [rec for _ in range(50) for rec in (cr.memcpy("dtoh", 128_256 * 4, 0, 0, dst="pageable"),
+                                                cr.memcpy("htod", 4096, 0, 0, src="pinned"),
+                                                cr.memcpy("dtod", 1 << 20, 0, 0), cr.memset(65536, 0, 0))]
     big = cr.memcpy("dtoh", 32 << 20, 0, 0, dst="pinned")
 
     def second(t0: int) -> None:
@@ -102,7 +105,7 @@ def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
             lib.gc_tally_record(tally, ext[j])
             lib.gc_tally_record(tally, k)
         for j, c in enumerate(small):
-            c.start = t0 + j * WINDOW_NS + 700_000
+            c.start = t0 + (j // 4) * WINDOW_NS + 700_000 + (j % 4) * 100_000
             c.end = c.start + 40_000
             lib.gc_tally_record(tally, c)
         big.start, big.end = t0 + 500_000_000, t0 + 502_000_000

@@ -235,3 +235,19 @@ def test_integer_split_equals_the_exact_rule_with_and_without_the_cache(seed):
         assert got.unattributed == ref_rest
         assert got.shares == {k: v for k, v in ref_shares.items() if k in mine}
     assert cache
+
+
+def test_a_cached_split_survives_a_request_ending_after_the_bucket():
+    ws = [win(i, kernels=3, kns=1000 + i, dtoh=(1, 4097 + i, 11)) for i in range(5)]
+    cache = {}
+    running = [Interval("a", 0, None), Interval("b", B // 3, None)]
+    first = attribute(ws, ident, running, cache=cache)
+    n = len(cache)
+    # b ends inside bucket 4: only that bucket is split again; a ends after every bucket: nothing new
+    ended = [Interval("a", 0, 10 * B), Interval("b", B // 3, 4 * B + B // 2)]
+    again = attribute(ws[:4], ident, ended, cache=cache)
+    assert len(cache) == n
+    assert again.share("b") == attribute(ws[:4], ident, running).share("b")
+    attribute(ws, ident, ended, cache=cache)
+    assert len(cache) == n + 1
+    assert first.share("a") != again.share("a")     # (different bucket sets: the cache is per bucket)

@@ -262,8 +262,12 @@ def attribute(windows: Iterable[Window], to_wall: Callable[[int], int],
         values = Share.of_window(w)._flat()
         live = [iv for iv in ivs if iv.start_ns < be and (iv.end_ns is None or iv.end_ns > bs)]
         if cache is not None:
-            # the same ordered intervals and values give the same split, ties included
-            key = (bs, be, tuple(values), tuple((iv.key, iv.start_ns, iv.end_ns, iv.group) for iv in live))
+            # The same values and the same ordered intervals, as seen inside the bucket, give the same
+            # split, ties included: a start before the bucket or an end after it (or none yet) counts
+            # only as "covers that edge", so a request ending later does not undo splits made earlier.
+            key = (bs, be, tuple(values), tuple((iv.key, iv.group, iv.start_ns if iv.start_ns > bs else None,
+                                                 iv.end_ns if iv.end_ns is not None and iv.end_ns < be else None)
+                                                for iv in live))
             hit = cache.get(key)
             if hit is None:
                 hit = cache[key] = _split_bucket(values, bs, be, live, order)
