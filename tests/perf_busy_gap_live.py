@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -37,15 +37,15 @@ BUSY_LOOPS = HERE / "gpu" / "busy_loops.py"
 COLUMNS = perf_busy_gap.GAUGES            # metric name -> column title
 
 
-def steady(table: List[dict]) -> Dict[str, Optional[float]]:
-    """Median of each gauge over the rows while the loop ran: rows with any utilisation or busy
-    above zero, without the first and the last of them (start-up and exit straddle those)."""
+def steady(table: List[dict]) -> Dict[str, Tuple[Optional[float], int]]:
+    """(median, samples) of each gauge over the rows while the loop ran: rows with any utilisation
+    or busy above zero, without the first and the last of them (start-up and exit straddle those)."""
     active = [r for r in table if (r.get("hw.gpu.utilization") or 0) > 0 or (r.get("gpu_census.busy.ratio") or 0) > 0]
     core = active[1:-1] if len(active) > 2 else active
     out = {}
     for name in COLUMNS:
         vals = [r[name] for r in core if r.get(name) is not None]
-        out[name] = statistics.median(vals) if vals else None
+        out[name] = (statistics.median(vals) if vals else None, len(vals))
     return out
 
 
@@ -106,8 +106,9 @@ def run_loop(loop: str, seconds: float, interval: float, python: str, out: Optio
     return {"loop": loop, "rows": table, "steady": steady(table), "report": text, "notes": notes}
 
 
-def _pct(v: Optional[float]) -> str:
-    return "n/a" if v is None else f"{100 * v:.1f}%"
+def _pct(cell: Tuple[Optional[float], int]) -> str:
+    v, n = cell
+    return "n/a" if v is None else f"{100 * v:.1f}% (n={n})"
 
 
 def main() -> int:
@@ -140,7 +141,7 @@ def main() -> int:
         for n in r["notes"]:
             print(f"note: {n}")
         print("\n" + r["report"])
-    print("## medians while each loop ran\n")
+    print("## medians while each loop ran (n: samples)\n")
     print("| loop | " + " | ".join(COLUMNS.values()) + " |")
     print("|---|" + "---|" * len(COLUMNS))
     for r in results:
