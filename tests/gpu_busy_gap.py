@@ -3,7 +3,7 @@ utilisation, the census busy ratio, GPM SM utilisation and SM occupancy, for a l
 matmuls and a loop of tiny kernels (tests/gpu/busy_loops.py).
 
     PYTHONPATH=/tmp/site:$PWD/src OTEL_GPU_CENSUS_LIB=$PWD/native/build/libotel_gpu_census.so \\
-        python3 tests/perf_busy_gap_live.py [--seconds 12] [--loops matmul,tiny] [--out DIR]
+        python3 tests/gpu_busy_gap.py [--seconds 12] [--loops matmul,tiny] [--out DIR]
 
 Each loop runs under the census (the environment `otel-gpu-census run` gives a command) in a
 fresh census folder. This process reads that loop's census segments and NVML through the same
