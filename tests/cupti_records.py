@@ -21,6 +21,10 @@ import cffi
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "native" / "include" / "gpu_census.h"
+try:
+    import otel_gpu_census  # noqa: F401  (installed)
+except ImportError:  # a source checkout, also in subprocess writers that did not set PYTHONPATH
+    sys.path.insert(0, str(ROOT / "src"))
 
 KERNEL_T = "CUpti_ActivityKernel13"
 MEMCPY_T = "CUpti_ActivityMemcpy7"
