@@ -374,7 +374,11 @@ def test_help_lists_every_verb_including_the_reserved_proxy(env):
 
 def test_proxy_help(env):
     p = run_cli(env, "proxy", "--help")
-    assert p.returncode == 0 and "usage: otel-gpu-census proxy" in p.stdout
+    assert p.returncode == 0 and "usage: otel-gpu-census proxy" in p.stdout and "--upstream URL" in p.stdout
+    p = run_cli(env, "proxy")
+    assert p.returncode == 2 and "the following arguments are required: --upstream" in p.stderr
+    p = run_cli(env, "run", "--help")
+    assert "--proxy HOST:PORT" in p.stdout
 
 
 def test_a_broken_proxy_leaves_the_other_verbs_working(monkeypatch, census_dir, capsys):

@@ -189,3 +189,104 @@ def test_start_in_thread_refuses_itself_too():
     with pytest.raises(ConfigError):
         start_proxy_in_thread(ProxyConfig(upstream=f"http://127.0.0.1:{port}", listen_port=port, gpu=False),
                               TracerProvider(), MeterProvider())
+
+
+# ---- run --proxy: the server under the census, the proxy beside it ---------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_env(native, extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLAMA_ARG_"))}
+    env["PYTHONPATH"] = str(SRC)
+    env["OTEL_GPU_CENSUS_LIB"] = native[2]
+    env.update(extra or {})
+    return env
+
+
+def _run_cmd(*args):
+    return [sys.executable, "-m", "otel_gpu_census.cli", "run", *args]
+
+
+def _wait_ok(port, path="/health", timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"nothing answered 200 on port {port}{path}")
+
+
+def test_run_proxy_traces_requests_to_the_command_it_runs(native, census_dir):
+    sport, pport = _free_port(), _free_port()
+    standin = [sys.executable, str(Path(__file__).parent / "llama_standin.py"), "--port", str(sport),
+               "--token-delay", "0"]
+    with TraceReceiver() as rx:
+        env = _run_env(native, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.http_endpoint,
+                                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"})
+        run = subprocess.Popen(_run_cmd("--dir", str(census_dir), "--proxy", f"127.0.0.1:{pport}", "--", *standin),
+                               env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        try:
+            said = ""
+            for _ in range(20):                 # the proxy says where it listens once the command runs
+                line = run.stderr.readline()
+                said += line
+                m = re.search(r"proxy: listening on http://127\.0\.0\.1:(\d+) → http://127\.0\.0\.1:(\d+) "
+                              r"\(census (\S+), pid (\d+) and children\)", line)
+                if m or not line:
+                    break
+            assert m, said
+            assert (int(m.group(1)), int(m.group(2)), m.group(3)) == (pport, sport, str(census_dir))
+            # the proxy attributes the GPU work of the command it started: its pid
+            assert "llama_standin.py" in Path(f"/proc/{m.group(4)}/cmdline").read_text()
+            _wait_ok(pport)               # the stand-in answers through the proxy
+            c = http.client.HTTPConnection("127.0.0.1", pport, timeout=10)
+            c.request("POST", "/completion", json.dumps({"prompt": "x", "n_predict": 3, "stream": True}).encode())
+            assert c.getresponse().read().count(b"data: ") == 4
+            run.send_signal(signal.SIGTERM)           # forwarded to the stand-in, which exits 0
+            assert run.wait(30) == 0
+            err = said + run.stderr.read()
+        finally:
+            if run.poll() is None:
+                run.kill()
+        span = rx.wait_for(lambda ss: [s for s in ss if s.name.startswith("text_completion")])[0]
+    a = span.attributes
+    assert a["gen_ai.usage.output_tokens"] == 3 and a["gpu_census.proxy.upstream"] == f"http://127.0.0.1:{sport}"
+    assert a["gpu_census.attribution.status"] == "no_segment"     # a CPU stand-in writes no census segment
+    assert "Traceback" not in err and "otel-gpu-census report" in err
+
+
+@pytest.mark.parametrize("case", ["bad-port", "itself", "bad-upstream", "in-use", "upstream-alone"])
+def test_run_proxy_checks_its_options_before_starting_the_command(native, census_dir, tmp_path, case):
+    mark = tmp_path / "started"
+    port = _free_port()
+    busy = None
+    cmd = ["sh", "-c", f"touch {mark}", "--port", str(port + 1)]
+    opts, code, said = {
+        "bad-port": (["--proxy", "127.0.0.1:http"], 2, "port 'http' is not a number"),
+        "itself": (["--proxy", f"127.0.0.1:{port + 1}"], 2, "would forward to itself"),
+        "bad-upstream": (["--proxy", f"127.0.0.1:{port}", "--upstream", "ftp://x:1"], 2, "only http://"),
+        "in-use": (["--proxy", f"127.0.0.1:{port}"], 1, "cannot listen on"),
+        "upstream-alone": (["--upstream", "http://127.0.0.1:1"], 2, "--upstream goes with --proxy"),
+    }[case]
+    if case == "in-use":
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+    try:
+        p = subprocess.run(_run_cmd("--dir", str(census_dir), *opts, "--", *cmd), env=_run_env(native),
+                           capture_output=True, text=True, timeout=30)
+    finally:
+        if busy is not None:
+            busy.close()
+    assert p.returncode == code and said in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    assert not mark.exists()          # the command never started

@@ -1,6 +1,6 @@
 """`otel-gpu-census`: run a command under the census, report on segments, check the machine.
 
-    otel-gpu-census run [--dir DIR] [--json FILE] [--requests N] -- CMD ARGS...
+    otel-gpu-census run [--dir DIR] [--json FILE] [--requests N] [--proxy HOST:PORT [--upstream URL]] -- CMD ARGS...
     otel-gpu-census report [DIR|FILE.seg] [--requests N] [--json] [--pid PID]
     otel-gpu-census doctor
     otel-gpu-census proxy ...            (the llama.cpp proxy; issue 4)
@@ -176,6 +176,8 @@ def _cmd_run(args) -> int:
         argv = argv[1:]
     if not argv:
         args.parser.error("no command given (usage: run [options] -- CMD ARGS...)")
+    if args.upstream and args.proxy is None:
+        args.parser.error("--upstream goes with --proxy HOST:PORT")
     from . import reader, report
     from .launcher import build_env
     try:
@@ -195,6 +197,11 @@ def _cmd_run(args) -> int:
             _say(f"cannot write {args.json}: {e.strerror}")
             return 1
     plan = build_env(census_dir)
+    proxy_plan = None
+    if args.proxy is not None:
+        proxy_plan = _proxy_plan(args, argv, plan.env)     # checked before anything starts
+        if isinstance(proxy_plan, int):
+            return proxy_plan
     for w in plan.warnings:
         _say(w)
     try:
@@ -206,7 +213,20 @@ def _cmd_run(args) -> int:
         _say(f"{argv[0]}: cannot run: {e.strerror}")
         return 126
     sidecar = _start_metrics(args, census_dir, child.pid)
+    proxy = None
+    if proxy_plan is not None:
+        proxy = _start_proxy(proxy_plan, census_dir, child)
+        if proxy is None:       # the server is of no use without the proxy that was asked for
+            try:
+                os.kill(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            child.wait()
+            _stop_metrics(sidecar)
+            return 1
     code = child.wait()
+    if proxy is not None:
+        _stop_proxy(proxy)
     _stop_metrics(sidecar)
 
     censuses, errors = reader.scan(census_dir)
@@ -227,6 +247,77 @@ def _cmd_run(args) -> int:
         except OSError as e:
             _say(f"cannot write {args.json}: {e.strerror}")
     return code
+
+
+def _proxy_plan(args, argv: List[str], env: Dict[str, str]):
+    """The proxy `run --proxy` starts beside the command, checked before the command starts: a
+    ProxyConfig without the server's pid, or an exit status after saying what is wrong."""
+    try:
+        from .proxy import ConfigError, ProxyConfig
+        from .proxy.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
+    except ImportError as e:
+        _say(f"--proxy is not available: {e}")
+        return 1
+    try:
+        host, port = parse_host_port(args.proxy, "--proxy")
+        if args.upstream:
+            upstream, prefix = check_upstream(args.upstream), ""
+        else:
+            upstream, prefix = upstream_from_server_args(argv, env)
+        check_not_itself(host, port, upstream)
+    except ConfigError as e:
+        _say(str(e))
+        return 2
+    problem = _cannot_listen(host, port)
+    if problem:
+        _say(f"--proxy: cannot listen on {args.proxy}: {problem}")
+        return 1
+    return ProxyConfig(upstream=upstream, listen_host=host, listen_port=port, api_prefix=prefix)
+
+
+def _cannot_listen(host: str, port: int) -> Optional[str]:
+    """Why the proxy could not listen on host:port, or None (a trial bind, released at once)."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return e.strerror or str(e)
+    family, kind, proto, _, addr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _start_proxy(plan, census_dir, child: "_Child"):
+    """The proxy in a thread of this process, attributing the command's GPU work (its pid and
+    children) to requests; None after saying why it did not start."""
+    import dataclasses
+
+    from .proxy import start_proxy_in_thread
+    cfg = dataclasses.replace(plan, census_dir=str(census_dir), upstream_pid=child.pid)
+    try:
+        handle = start_proxy_in_thread(cfg)
+    except OSError as e:
+        _say(f"proxy: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror or e}; stopping the command")
+        return None
+    except Exception as e:
+        _say(f"proxy did not start ({type(e).__name__}: {e}); stopping the command")
+        return None
+    _say(f"proxy: {handle.describe()}")
+    return handle
+
+
+def _stop_proxy(handle) -> None:
+    """Stop accepting; spans still waiting for the census get --gpu-wait to finish (the server has
+    exited, so its census is final and they settle at once), then telemetry is flushed."""
+    try:
+        handle.stop(drain_s=handle.config.gpu_max_wait_s)
+    except Exception as e:
+        _say(f"proxy did not stop cleanly ({type(e).__name__}: {e})")
 
 
 def _errors_in_tree(errors, pids):
@@ -320,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
     run.add_argument("--metrics-interval", type=_positive_float, metavar="SECONDS",
                      help="seconds between metric exports")
+    run.add_argument("--proxy", metavar="HOST:PORT",
+                     help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
+                     "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "
+                     "traces export as OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP_* say)")
+    run.add_argument("--upstream", metavar="URL",
+                     help="with --proxy: where the server listens (default: from the command's --host/--port "
+                     "or LLAMA_ARG_HOST/LLAMA_ARG_PORT, else http://127.0.0.1:8080)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
     run.set_defaults(func=_cmd_run, parser=run)
 

@@ -74,6 +74,10 @@ class ProxyThread:
         host = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
+    def describe(self) -> str:
+        """'listening on URL → upstream (census ...)', for a start-up message."""
+        return _describe(self.config, self.port, self.proxy)
+
     def start(self, timeout: float = 30.0) -> "ProxyThread":
         self._thread.start()
         if not self._ready.wait(timeout):
