@@ -111,6 +111,7 @@ def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
         big.start, big.end = t0 + 500_000_000, t0 + 502_000_000
         lib.gc_tally_record(tally, big)
         lib.gc_tally_publish(tally, 0)
+        seg.complete_wall_ns = t0 + 1_000_000_000       # as the injector's flusher: complete up to here
         lib.gc_segment_end_update(seg)
 
     now = time.time_ns()

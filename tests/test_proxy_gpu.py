@@ -30,10 +30,12 @@ class FakeGpu:
     """A server that copies `dtoh` bytes and runs one 1 ms kernel in every 20 ms bucket, published
     `lag_s` behind the wall clock (or never after creation, when frozen)."""
 
-    def __init__(self, dtoh=1000, lag_s=0.0, frozen=False, pid=4242):
+    def __init__(self, dtoh=1000, lag_s=0.0, frozen=False, pid=4242, complete_lag_s=None):
         self.wall_ref = time.time_ns() - 2 * 10**9
         self.created = time.time_ns()
         self.dtoh, self.lag_ns, self.frozen, self.pid = dtoh, int(lag_s * 1e9), frozen, pid
+        # the injector's "complete up to" time, this far behind the wall clock (None: not published)
+        self.complete_lag_ns = None if complete_lag_s is None else int(complete_lag_s * 1e9)
         self.reads = 0
 
     def to_wall(self, g):
@@ -49,7 +51,8 @@ class FakeGpu:
             wall_start_ns=self.wall_ref, wall_update_ns=update_ns, clock_ref_gpu_ns=GPU_REF,
             clock_ref_wall_ns=self.wall_ref, cupti_version=130000, state=STATE_ACTIVE, flags=0, records=0,
             records_unknown=0, dropped=0, buffers=0, buffers_refused=0, step_unmatched=0, window_late=0,
-            step_max=0, last_gpu_ns=last, note="", devices={}, windows=windows, alive=True)
+            step_max=0, last_gpu_ns=last, note="", devices={}, windows=windows, alive=True,
+            complete_wall_ns=0 if self.complete_lag_ns is None else time.time_ns() - self.complete_lag_ns)
 
     def read(self):
         self.reads += 1
@@ -194,6 +197,24 @@ def test_span_waits_for_a_lagging_census(make_proxy, standin, rx):
     assert s.attributes["gpu_census.attribution.status"] == "complete"
     assert s.attributes["gpu_census.attribution.wait_s"] >= 0.75
     assert time.monotonic() - t0 < 5
+
+
+def test_complete_up_to_time_settles_a_span_without_the_margin(make_proxy, standin, rx):
+    # publishes stopped at creation, but the flusher says the census is complete up to now
+    fake = FakeGpu(frozen=True, complete_lag_s=0.0)
+    p = make_proxy(fake, gpu_margin_s=1.2, gpu_max_wait_s=3.0)
+    post(p.port)
+    a = rx.wait_for(lambda ss: ss)[0].attributes
+    assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] < 0.8
+
+
+def test_complete_up_to_time_is_waited_for(make_proxy, standin, rx):
+    # fresh publishes, but complete only up to 0.8 s ago: the span waits for that, not for a publish
+    fake = FakeGpu(complete_lag_s=0.8)
+    p = make_proxy(fake, gpu_margin_s=0.1, gpu_max_wait_s=3.0)
+    post(p.port)
+    a = rx.wait_for(lambda ss: ss)[0].attributes
+    assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] >= 0.85
 
 
 def test_stale_census_is_said_so(make_proxy, standin, rx):

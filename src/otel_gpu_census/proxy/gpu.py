@@ -2,8 +2,9 @@
 
 The proxy tells a :class:`GpuLedger` when a request starts, when its first token streams and when it
 ends. CUPTI hands records to the census up to about a second late, so a finished request waits
-(without blocking anything) until every relevant segment was published at least ``margin`` after the
-request ended, the server exited, or ``max_wait`` passed; then its share is computed with
+(without blocking anything) until every relevant segment says it is complete past the request's end
+(the injector's ``complete_wall_ns``; for segments without it, a publish at least ``margin`` after
+the end), the server exited, or ``max_wait`` passed; then its share is computed with
 :func:`attribution.attribute` from the buckets its window touched and every request in flight in
 them, and handed back as a :class:`GpuCost`.
 
@@ -25,6 +26,9 @@ from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIV
 log = logging.getLogger("otel_gpu_census.proxy")
 
 BUCKET_SLACK_NS = 1_000_000_000     # keep finished requests this long before the oldest open one
+# With the injector's "complete up to" time: GPU work that finished before it is counted. A request's
+# last bucket ends at most 20 ms after the request; work started in it may run a little longer.
+COMPLETE_SLACK_NS = 100_000_000
 MAX_CACHED_SPLITS = 4096            # bucket splits remembered (~80 s of buckets of one process)
 
 # GpuCost.status values
@@ -234,7 +238,7 @@ class GpuLedger:
                 await self._wake.wait()
                 continue
             now = self.clock()
-            earliest = min(r.end_ns for r in pending) + self.margin_ns
+            earliest = min(r.end_ns for r in pending) + min(self.margin_ns, COMPLETE_SLACK_NS)
             if now < earliest:       # the census cannot have caught up with anyone yet
                 await self._sleep(min((earliest - now) / 1e9, self.poll_s))
                 continue
@@ -316,8 +320,15 @@ class GpuLedger:
         self._finish(r, cost, now)
 
     def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
-        return all(c.wall_update_ns >= r.end_ns + self.margin_ns or not c.alive or c.state != STATE_ACTIVE
-                   for c in rel)
+        return all(self._covers(c, r.end_ns) for c in rel)
+
+    def _covers(self, c: ProcessCensus, end_ns: int) -> bool:
+        """Whether `c` holds all the GPU work of the buckets up to wall time `end_ns`."""
+        if not c.alive or c.state != STATE_ACTIVE:
+            return True
+        if c.complete_wall_ns:        # the injector's flusher says up to when it is complete
+            return c.complete_wall_ns >= end_ns + COMPLETE_SLACK_NS
+        return c.wall_update_ns >= end_ns + self.margin_ns     # else: CUPTI's ~1 s delivery, plus margin
 
     def _intervals(self, lo: int, hi: int) -> List[Interval]:
         # Buckets reach at most one bucket beyond the request; BUCKET_SLACK_NS is ample.
