@@ -29,6 +29,7 @@ BUCKET_SLACK_NS = 1_000_000_000     # keep finished requests this long before th
 # With the injector's "complete up to" time: GPU work that finished before it is counted. A request's
 # last bucket ends at most 20 ms after the request; work started in it may run a little longer.
 COMPLETE_SLACK_NS = 100_000_000
+INTERVAL_SLACK_NS = 100_000_000     # requests this close to a request's window may share its buckets
 MAX_CACHED_SPLITS = 4096            # bucket splits remembered (~80 s of buckets of one process)
 
 # GpuCost.status values
@@ -115,16 +116,23 @@ class _Req:
     end_ns: Optional[int] = None
     future: Optional["asyncio.Future[GpuCost]"] = None
     done: bool = False
+    _ivs: Tuple = ((), None)        # (intervals, the (first_token_ns, end_ns) they were made for)
 
-    def intervals(self) -> List[Interval]:
+    def intervals(self) -> Sequence[Interval]:
+        made, made_for = self._ivs
+        if made and made_for == (self.first_token_ns, self.end_ns):
+            return made
         k = self.key
         if self.first_token_ns is None:
-            return [Interval((k, "all"), self.start_ns, self.end_ns, group=k)]
-        ft = max(self.first_token_ns, self.start_ns)
-        if self.end_ns is not None:
-            ft = min(ft, self.end_ns)
-        return [Interval((k, "prefill"), self.start_ns, ft, group=k),
-                Interval((k, "decode"), ft, self.end_ns, group=k)]
+            made = (Interval((k, "all"), self.start_ns, self.end_ns, group=k),)
+        else:
+            ft = max(self.first_token_ns, self.start_ns)
+            if self.end_ns is not None:
+                ft = min(ft, self.end_ns)
+            made = (Interval((k, "prefill"), self.start_ns, ft, group=k),
+                    Interval((k, "decode"), ft, self.end_ns, group=k))
+        self._ivs = (made, (self.first_token_ns, self.end_ns))
+        return made
 
 
 def _wall_span(c: ProcessCensus, lo: int, hi: int):
@@ -331,10 +339,11 @@ class GpuLedger:
         return c.wall_update_ns >= end_ns + self.margin_ns     # else: CUPTI's ~1 s delivery, plus margin
 
     def _intervals(self, lo: int, hi: int) -> List[Interval]:
-        # Buckets reach at most one bucket beyond the request; BUCKET_SLACK_NS is ample.
-        out = []
+        # A request's buckets reach at most one bucket (20 ms) beyond it on either side.
+        out: List[Interval] = []
+        lo, hi = lo - INTERVAL_SLACK_NS, hi + INTERVAL_SLACK_NS
         for r in self.reqs.values():
-            if r.start_ns < hi + BUCKET_SLACK_NS and (r.end_ns is None or r.end_ns > lo - BUCKET_SLACK_NS):
+            if r.start_ns < hi and (r.end_ns is None or r.end_ns > lo):
                 out.extend(r.intervals())
         return out
 
