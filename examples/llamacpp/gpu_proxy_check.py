@@ -5,9 +5,12 @@ spans say each request cost the GPU, next to TTFT and throughput.
     gpu_proxy_check.py --llama-server BIN --model GGUF --out DIR [--clients 16 --requests 64
                        --prompt-tokens 1800 --max-tokens 64] [--compare-direct] [-- extra llama-server args]
 
-Writes DIR/summary.json (printed too), DIR/spans.jsonl (every span's attributes) and DIR/server.log.
---compare-direct also drives the same load straight at llama-server, alternating direct/proxy
-twice, and reports the throughput ratio (the proxy's own cost). Needs the census library built
+Writes DIR/summary.json (printed too), DIR/spans.jsonl (every span's attributes), DIR/server.log and
+DIR/proxy.log. The proxy runs as its own process (`otel-gpu-census proxy`, console exporter into
+proxy.log, read back for the spans), as in production, so the load driver here does not share its
+interpreter. --compare-direct also drives the same load straight at llama-server, alternating
+direct/proxy --pairs times, and reports the throughput ratio and client-side TTFT both ways (the
+proxy's own cost). Needs the census library built
 (``make -C native``) and a GPU; without them the spans say ``gpu_census.attribution.status`` no_segment.
 """
 from __future__ import annotations
@@ -102,8 +105,29 @@ def wait_healthy(url: str, proc, timeout: float) -> None:
                     return
         except OSError:
             pass
-        time.sleep(0.5)
-    raise SystemExit(f"llama-server not healthy after {timeout:.0f} s")
+        time.sleep(0.2)
+    raise SystemExit(f"{url} not healthy after {timeout:.0f} s")
+
+
+def console_spans(path: Path):
+    """Spans the console exporter wrote to `path` (pretty-printed JSON objects between log lines)."""
+    from datetime import datetime
+    text = path.read_text(errors="replace")
+    dec = json.JSONDecoder()
+    out, i = [], 0
+    while True:
+        j = text.find("{\n", i)
+        if j < 0:
+            return out
+        try:
+            obj, i = dec.raw_decode(text, j)
+        except ValueError:
+            i = j + 2
+            continue
+        if isinstance(obj, dict) and "attributes" in obj and "start_time" in obj:
+            for k in ("start_time", "end_time"):
+                obj[k] = int(datetime.fromisoformat(obj[k].replace("Z", "+00:00")).timestamp() * 1e9)
+            out.append(obj)
 
 
 def main() -> int:
@@ -117,19 +141,14 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=18080)
     ap.add_argument("--compare-direct", action="store_true")
+    ap.add_argument("--pairs", type=int, default=2, help="direct/proxy pairs with --compare-direct")
     ap.add_argument("server_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     extra = [x for x in a.server_args if x != "--"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     from otel_gpu_census import launcher, reader
-    from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
 
     census = Path(tempfile.mkdtemp(prefix="census-"))
     os.chmod(census, 0o700)
@@ -142,29 +161,37 @@ def main() -> int:
     log = open(out / "server.log", "wb")
     server = subprocess.Popen(cmd, env=plan.env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{a.port}"
-    exporter = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    proxy_url = f"http://127.0.0.1:{a.port + 1}"
     proxy = None
     try:
         wait_healthy(base, server, 600)
-        proxy = start_proxy_in_thread(ProxyConfig(upstream=base, listen_port=0, census_dir=str(census),
-                                                  upstream_pid=server.pid), tp, MeterProvider())
-        asyncio.run(drive(proxy.url, a.clients, a.clients, a.prompt_tokens, a.max_tokens, 10**6))   # warm-up
+        penv = dict(os.environ, OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+        with open(out / "proxy.log", "wb") as plog:
+            proxy = subprocess.Popen([sys.executable, "-m", "otel_gpu_census.cli", "proxy", "--upstream", base,
+                                      "--listen", f"127.0.0.1:{a.port + 1}", "--census-dir", str(census),
+                                      "--upstream-pid", str(server.pid)], env=penv, stdout=plog,
+                                     stderr=subprocess.STDOUT)
+        wait_healthy(proxy_url, proxy, 60)
+        asyncio.run(drive(proxy_url, a.clients, a.clients, a.prompt_tokens, a.max_tokens, 10**6))   # warm-up
         runs = {"proxy": [], "direct": []}
-        order = ["direct", "proxy", "direct", "proxy"] if a.compare_direct else ["proxy"]
+        order = [w for k in range(a.pairs) for w in (("direct", "proxy") if k % 2 == 0 else ("proxy", "direct"))] \
+            if a.compare_direct else ["proxy"]
         measured_from = time.time_ns()
         before = {c.pid: c.totals() for c in reader.process_tree(server.pid, reader.scan(census)[0])}
         for k, which in enumerate(order):
-            url = proxy.url if which == "proxy" else base
+            url = proxy_url if which == "proxy" else base
             res, wall = asyncio.run(drive(url, a.requests, a.clients, a.prompt_tokens, a.max_tokens, k * 10**4))
             runs[which].append({"results": res, "wall_s": wall})
-        proxy.stop(drain_s=10)           # let every span get its GPU cost before stopping
-        proxy = None
+            print(f"{which}: {sum(r.get('tokens', 0) for r in res) / wall:.1f} tok/s, TTFT p50 "
+                  f"{pct([r['ttft_s'] for r in res if r.get('ttft_s') is not None], 50)}", file=sys.stderr)
+        time.sleep(5)                    # every span gets its GPU cost (--gpu-wait 3 s) before the stop
+        proxy.terminate()
+        proxy.wait(30)
         after = reader.process_tree(server.pid, reader.scan(census)[0])
     finally:
-        if proxy is not None:
-            proxy.stop()
+        if proxy is not None and proxy.poll() is None:
+            proxy.kill()
         server.terminate()
         try:
             server.wait(30)
@@ -172,13 +199,13 @@ def main() -> int:
             server.kill()
         log.close()
 
-    spans = [s for s in exporter.get_finished_spans() if s.attributes.get("gen_ai.operation.name")
-             and s.attributes.get("gpu_census.proxy.outcome") == "complete" and s.start_time >= measured_from]
+    spans = [s for s in console_spans(out / "proxy.log") if s["attributes"].get("gen_ai.operation.name")
+             and s["attributes"].get("gpu_census.proxy.outcome") == "complete" and s["start_time"] >= measured_from]
     with open(out / "spans.jsonl", "w") as f:
         for s in spans:
-            f.write(json.dumps({"name": s.name, "start_ns": s.start_time, "end_ns": s.end_time,
-                                "attributes": dict(s.attributes)}, default=list) + "\n")
-    A = [dict(s.attributes) for s in spans]
+            f.write(json.dumps({"name": s["name"], "start_ns": s["start_time"], "end_ns": s["end_time"],
+                                "attributes": s["attributes"]}) + "\n")
+    A = [s["attributes"] for s in spans]
     dtoh = [x.get("gpu_census.copy.dtoh.bytes") for x in A if "gpu_census.copy.dtoh.bytes" in x]
     pre = [x.get("gpu_census.prefill.copy.dtoh.bytes", 0) for x in A if "gpu_census.copy.dtoh.bytes" in x]
     ttft = [x["gen_ai.latency.time_to_first_token"] for x in A if "gen_ai.latency.time_to_first_token" in x]
@@ -213,6 +240,9 @@ def main() -> int:
         p = statistics.mean(tput(r) for r in runs["proxy"])
         d = statistics.mean(tput(r) for r in runs["direct"])
         summary["proxy_over_direct_throughput"] = p / d if d else None
+        for which in ("direct", "proxy"):
+            t = [x["ttft_s"] for r in runs[which] for x in r["results"] if x.get("ttft_s") is not None]
+            summary[f"ttft_s_client_{which}"] = {"p50": pct(t, 50), "p90": pct(t, 90)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     return 0
