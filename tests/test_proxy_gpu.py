@@ -307,3 +307,25 @@ def test_draining_stop_lets_spans_finish_normally(make_proxy, standin, rx):
     p.tp.force_flush()
     a = rx.wait_for(lambda ss: ss, timeout=5)[0].attributes
     assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] >= 0.5
+
+
+def test_range_read_gives_the_windows_the_full_read_gives(segments, records, census_dir):
+    from otel_gpu_census import reader
+    from otel_gpu_census.proxy import census_read
+    assert census_read.LAYOUT_OK          # the fast path is the one taken
+    ms, t0 = 1_000_000, 10**12
+    # 2200 buckets: the ring (2048) wraps, so slots are out of time order; every field non-zero somewhere
+    recs = []
+    for k in range(2200):
+        t = t0 + k * BUCKET
+        recs += [records.kernel(t, t + ms), records.memcpy(("dtoh", "htod", "dtod")[k % 3], 1000 + k, t, t + 5000),
+                 records.memset(64 + k, t + 2 * ms, t + 3 * ms)]
+    path = segments.segment(census_dir, recs, final=False, state=1, gpu_ref_ns=t0)
+    full = reader.read_segment(path)
+    wall = full.gpu_to_wall_ns
+    for lo_k, hi_k in ((0, 2200), (2100, 2150), (300, 301), (2199, 2300), (-5, 10)):
+        lo, hi = wall(t0 + lo_k * BUCKET + 7 * ms), wall(t0 + hi_k * BUCKET + 3 * ms)
+        got = census_read.read_range(path, lo, hi)
+        assert got.windows == full.windows_between(full.wall_to_gpu_ns(lo), full.wall_to_gpu_ns(hi))
+        assert got.devices == full.devices and got.wall_update_ns == full.wall_update_ns and not got.steps
+    assert len(census_read.read_range(path, wall(t0), wall(t0 + 3000 * BUCKET)).windows) == 2048
