@@ -25,6 +25,7 @@ import json
 import mmap
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -273,6 +274,10 @@ def main() -> int:
     finally:
         for p in reversed(procs):
             _stop(p)
+        spans = (work / "proxy.log").read_text(errors="replace").count('"name": "text_completion') \
+            if a.exporter == "console" and (work / "proxy.log").exists() else None
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
     def med(via, key):
         return statistics.median(r[key] for r in runs if r["via"] == via)
@@ -286,8 +291,6 @@ def main() -> int:
                "proxy": {k: med("proxy", k) for k in ("tok_s", "ttft_p50_s", "ttft_p90_s", "gap_max_s",
                                                       "proxy_cpu_s")},
                "ratio_median": round(statistics.median(ratios), 4), "ratio_min": round(min(ratios), 4)}
-    spans = (work / "proxy.log").read_text(errors="replace").count('"name": "text_completion') \
-        if a.exporter == "console" else None
     summary["console_spans"] = spans
     print(json.dumps(summary))
     d, p = summary["direct"], summary["proxy"]
