@@ -13,6 +13,6 @@ timeout 200 python3 bench/server/run_server_bench.py --server $LLAMA_SERVER --mo
   --out /root/work/d/server --rounds 3 --flag-sets nocache --variants plain,census,census+proxy --census-mode env \
   --budget-s 190 --warmup-requests 0 > /root/work/d/server.log 2>&1; tail -8 /root/work/d/server.log
 timeout 70 python3 -m pytest -q -s -p no:cacheprovider -o addopts="" tests/test_metrics_nvml.py > /root/work/d/metrics_nvml.log 2>&1; tail -4 /root/work/d/metrics_nvml.log
-[ -f tests/gpu_busy_gap.py ] && timeout 60 python3 tests/gpu_busy_gap.py > /root/work/d/busy_gap.txt 2>&1
+timeout 75 python3 tests/gpu_busy_gap.py --seconds 10 --out /root/work/d/busy_gap > /root/work/d/busy_gap.txt 2>&1; tail -30 /root/work/d/busy_gap.txt
 echo "total $((SECONDS-T0)) s"
 cd /root/work/d && tar czf $OUT/session_d.tgz --exclude='*.seg' --exclude='*.gguf' . && ls -la $OUT
