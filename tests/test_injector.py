@@ -140,14 +140,17 @@ def test_unusable_census_folder_turns_the_census_off_once(native, mock_lib, tmp_
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     res, err, _ = run_case(native, mock_lib, tmp_path, """
+        import time
         out['init'] = g.InitializeInjection()
         T = 1_700_000_000_000_000_000
         for i in range(3):
             queue(cr.kernel(T + i, T + i + 1), cr.KERNEL_T)
             out.setdefault('flush', []).append(g.gc_flush())
         out['active'] = g.gc_active()
-    """, env={"OTEL_GPU_CENSUS_DIR": str(blocker / "sub")})
-    assert res["init"] == 1 and res["active"] == 0
+        time.sleep(0.3)  # the flusher (20 ms) sees the failure and switches CUPTI's tracing off
+        out['kernels_traced'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    """, env={"OTEL_GPU_CENSUS_DIR": str(blocker / "sub"), "OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res["init"] == 1 and res["active"] == 0 and res["kernels_traced"] == 0
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and "census off: cannot create census folder" in lines[0]
 
@@ -202,6 +205,24 @@ def test_steps_push_and_pop_on_the_calling_thread(native, mock_lib, tmp_path):
         out['zero'] = g.gc_step_begin(0)
     """)
     assert res == {"begin": 0, "top": 42, "end": 0, "id": 42, "zero": -1}
+
+
+def test_exit_while_the_flusher_runs_completes_the_totals(native, mock_lib, tmp_path, records):
+    """A 10 ms flusher racing the exit: the exit waits for it, then flushes once more; nothing lost."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        import time
+        g.InitializeInjection()
+        T = 1_700_000_000_000_000_000
+        for i in range(2000):
+            queue(cr.kernel(T + i * 100, T + i * 100 + 50), cr.KERNEL_T)
+            if i % 100 == 0:
+                time.sleep(0.002)
+        time.sleep(0.05)
+        out['complete'] = 1
+    """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "10"})
+    p = read(native, next(d.glob("*.seg")))
+    assert p.state_name == "exited" and p.devices[0].kernel_count == 2000 and err == ""
+    assert p.complete_wall_ns >= p.wall_start_ns > 0
 
 
 def test_forked_child_never_writes_the_parents_segment(native, mock_lib, tmp_path):

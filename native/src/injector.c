@@ -27,7 +27,9 @@
 #include "gpu_census.h"
 #include "internal.h"
 
-enum { OFF = 0, ACTIVE = 1 };
+/* OFF: never started or a forked child. FAILED: switched itself off after starting (the flusher then
+ * disables the activity kinds, so the server stops paying CUPTI). EXITING: the final flush runs. */
+enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3 };
 
 /* CUPTI entry points, resolved at run time so that a missing libcupti means "census off"
  * rather than a process that cannot start. v2 = CUPTI >= 13.2 multi-subscriber API. */
@@ -44,6 +46,8 @@ static struct {
     CUptiResult (*register_cb_v2)(CUpti_SubscriberHandle, CUpti_BuffersCallbackRequestFunc_v2, CUpti_BuffersCallbackCompleteFunc_v2);
     CUptiResult (*enable)(CUpti_ActivityKind);
     CUptiResult (*enable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
+    CUptiResult (*disable)(CUpti_ActivityKind);
+    CUptiResult (*disable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
     CUptiResult (*next_record)(uint8_t *, size_t, CUpti_Activity **);
     CUptiResult (*next_record_v2)(CUpti_SubscriberHandle, uint8_t *, size_t, CUpti_Activity **);
     CUptiResult (*dropped)(CUcontext, uint32_t, size_t *);
@@ -57,6 +61,9 @@ static struct {
 } cu;
 
 static atomic_int g_state;            /* OFF until InitializeInjection succeeds */
+static atomic_int g_flusher_busy;     /* the flusher is inside CUPTI: exit waits for it */
+static CUpti_ActivityKind g_kinds[8]; /* what we enabled, to disable it when we fail */
+static int g_nkinds;
 static pid_t g_pid;                   /* the process the census belongs to (fork guard) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* tally + segment writes */
 static gc_segment *g_seg;
@@ -162,7 +169,8 @@ static gc_segment *segment(void)
         if (seg) munmap(seg, sizeof(*seg));
         if (seg && !t) gc_log("census off: out of memory for the tally");
         g_seg_failed = 1;
-        atomic_store(&g_state, OFF);
+        int active = ACTIVE;
+        atomic_compare_exchange_strong(&g_state, &active, FAILED);
         return NULL;
     }
     gc_segment_init(seg, NULL, g_start_wall, g_clock_ref_gpu);
@@ -229,23 +237,42 @@ static void CUPTIAPI on_complete_v2(uint8_t *buffer, size_t size, size_t valid,
  * publish that time. Readers (the proxy) then know that GPU work which finished before it is in the
  * totals, also on an idle server where no buffer fills. Runs on its own thread with all signals
  * blocked; it never touches the server's threads. */
+static void disable_kinds(void)
+{
+    for (int i = 0; i < g_nkinds; i++) {
+        if (cu.v2 && cu.disable_v2) cu.disable_v2(cu.sub, g_kinds[i], NULL);
+        else if (!cu.v2 && cu.disable) cu.disable(g_kinds[i]);
+    }
+}
+
 static void *flusher(void *arg)
 {
     (void)arg;
     struct timespec period = {g_flush_ms / 1000, (long)(g_flush_ms % 1000) * 1000000L};
-    while (atomic_load(&g_state) == ACTIVE && getpid() == g_pid) {
+    for (;;) {
         nanosleep(&period, NULL);
-        if (atomic_load(&g_state) != ACTIVE || getpid() != g_pid) break;
-        uint64_t t = gc_wall_ns();
-        if (cu.flush_all(0) != CUPTI_SUCCESS) continue;
-        pthread_mutex_lock(&g_mu);
-        if (g_seg && atomic_load(&g_state) == ACTIVE) {
-            gc_segment_begin_update(g_seg);
-            g_seg->complete_wall_ns = t;
-            count_losses(g_seg, NULL, 0);
-            gc_segment_end_update(g_seg);
+        if (getpid() != g_pid) break;
+        int st = atomic_load(&g_state);
+        if (st == FAILED) { /* outside any CUPTI callback: safe to stop the tracing */
+            disable_kinds();
+            break;
         }
-        pthread_mutex_unlock(&g_mu);
+        if (st != ACTIVE) break;
+        atomic_store(&g_flusher_busy, 1);
+        if (atomic_load(&g_state) == ACTIVE) { /* exit may have begun meanwhile */
+            uint64_t t = gc_wall_ns();
+            if (cu.flush_all(0) == CUPTI_SUCCESS) {
+                pthread_mutex_lock(&g_mu);
+                if (g_seg && atomic_load(&g_state) == ACTIVE) {
+                    gc_segment_begin_update(g_seg);
+                    g_seg->complete_wall_ns = t;
+                    count_losses(g_seg, NULL, 0);
+                    gc_segment_end_update(g_seg);
+                }
+                pthread_mutex_unlock(&g_mu);
+            }
+        }
+        atomic_store(&g_flusher_busy, 0);
     }
     return NULL;
 }
@@ -270,7 +297,13 @@ static int start_flusher(void)
 
 static void at_exit(void)
 {
-    if (atomic_load(&g_state) != ACTIVE || getpid() != g_pid) return;
+    int active = ACTIVE;
+    if (getpid() != g_pid || !atomic_compare_exchange_strong(&g_state, &active, EXITING)) return;
+    /* The flusher starts no new flush now; let one in progress end (bounded: never hang an exit). */
+    for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
     cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
@@ -335,6 +368,8 @@ static void *load_cupti(void)
     RESOLVE(register_cb_v2, "cuptiActivityRegisterCallbacks_v2");
     RESOLVE(enable, "cuptiActivityEnable");
     RESOLVE(enable_v2, "cuptiActivityEnable_v2");
+    RESOLVE(disable, "cuptiActivityDisable");
+    RESOLVE(disable_v2, "cuptiActivityDisable_v2");
     RESOLVE(next_record, "cuptiActivityGetNextRecord");
     RESOLVE(next_record_v2, "cuptiActivityGetNextRecord_v2");
     RESOLVE(dropped, "cuptiActivityGetNumDroppedRecords");
@@ -345,7 +380,7 @@ static void *load_cupti(void)
     RESOLVE(pop_v2, "cuptiActivityPopExternalCorrelationId_v2");
     RESOLVE(flush_all, "cuptiActivityFlushAll");
     RESOLVE(flush_period, "cuptiActivityFlushPeriod");
-    if (!cu.register_cb || !cu.enable || !cu.next_record || !cu.dropped || !cu.push || !cu.pop ||
+    if (!cu.register_cb || !cu.enable || !cu.disable || !cu.next_record || !cu.dropped || !cu.push || !cu.pop ||
         !cu.flush_all || !cu.flush_period) {
         gc_log("census off: the loaded libcupti lacks the activity API");
         return NULL;
@@ -414,8 +449,10 @@ static int start(void)
         r = cu.v2 ? cu.enable_v2(cu.sub, kinds[i], NULL) : cu.enable(kinds[i]);
         if (r != CUPTI_SUCCESS) {
             gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], cupti_error(r));
+            disable_kinds(); /* the ones already on */
             return -1;
         }
+        g_kinds[g_nkinds++] = kinds[i];
     }
     g_flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
     uint64_t ts = 0;
@@ -447,6 +484,7 @@ int InitializeInjection(void)
 uint32_t gc_layout_version(void) { return GC_LAYOUT_VERSION; }
 
 int gc_active(void) { return atomic_load(&g_state) == ACTIVE && getpid() == g_pid; }
+/* (EXITING and FAILED count as not active: no new steps, no forced flushes from callers.) */
 
 int gc_step_begin(uint64_t id)
 {

@@ -8,6 +8,7 @@
  *   MOCK_CUPTI_CONFLICT=1    cuptiSubscribe answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   MOCK_CUPTI_ENABLE_FAIL=1 cuptiActivityEnable fails
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ static int g_flushes;
 static uint8_t g_pending[1 << 20];
 static size_t g_pending_len;
 static int g_outstanding_max;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the injector's flusher flushes too */
 
 static int env_on(const char *name)
 {
@@ -64,6 +66,12 @@ CUptiResult cuptiActivityEnable(CUpti_ActivityKind k)
 {
     if (env_on("MOCK_CUPTI_ENABLE_FAIL")) return CUPTI_ERROR_NOT_COMPATIBLE;
     if ((int)k >= 0 && (int)k < 64) g_enabled[k] = 1;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityDisable(CUpti_ActivityKind k)
+{
+    if ((int)k >= 0 && (int)k < 64) g_enabled[k] = 0;
     return CUPTI_SUCCESS;
 }
 
@@ -114,6 +122,7 @@ CUptiResult cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind 
 CUptiResult cuptiActivityFlushAll(uint32_t flag)
 {
     (void)flag;
+    pthread_mutex_lock(&g_lock);
     g_flushes++;
     size_t done = 0;
     while (done < g_pending_len && g_req && g_done) {
@@ -138,6 +147,7 @@ CUptiResult cuptiActivityFlushAll(uint32_t flag)
         g_done(NULL, 0, buf, size, used);
     }
     g_pending_len = 0;
+    pthread_mutex_unlock(&g_lock);
     return CUPTI_SUCCESS;
 }
 
@@ -146,11 +156,16 @@ CUptiResult cuptiActivityFlushAll(uint32_t flag)
 int mock_queue_record(const void *rec, uint32_t size)
 {
     size_t need = 8 + ((size + 7) & ~7u);
-    if (g_pending_len + need > sizeof(g_pending)) return -1;
+    pthread_mutex_lock(&g_lock);
+    if (g_pending_len + need > sizeof(g_pending)) {
+        pthread_mutex_unlock(&g_lock);
+        return -1;
+    }
     memset(g_pending + g_pending_len, 0, need);
     memcpy(g_pending + g_pending_len, &size, 4);
     memcpy(g_pending + g_pending_len + 8, rec, size);
     g_pending_len += need;
+    pthread_mutex_unlock(&g_lock);
     return 0;
 }
 
