@@ -20,8 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, List, Optional
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
+
+from otlp_receiver import _attrs  # one decoding of OTLP attributes for metrics and traces
 
 KINDS = {trace_pb2.Span.SPAN_KIND_SERVER: "server", trace_pb2.Span.SPAN_KIND_CLIENT: "client",
          trace_pb2.Span.SPAN_KIND_INTERNAL: "internal", trace_pb2.Span.SPAN_KIND_PRODUCER: "producer",
@@ -45,19 +46,6 @@ class Span:
     status_message: str
     resource: Dict[str, object]
     scope: str
-
-
-def _any(v: AnyValue):
-    which = v.WhichOneof("value")
-    if which == "array_value":
-        return tuple(_any(x) for x in v.array_value.values)
-    if which == "kvlist_value":
-        return {kv.key: _any(kv.value) for kv in v.kvlist_value.values}
-    return getattr(v, which) if which else None
-
-
-def _attrs(kvs) -> Dict[str, object]:
-    return {kv.key: _any(kv.value) for kv in kvs}
 
 
 def decode(req: trace_service_pb2.ExportTraceServiceRequest, transport: str) -> List[Span]:
