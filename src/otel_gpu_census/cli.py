@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from typing import Dict, List, Optional
+from .argtypes import positive_float, positive_int
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -38,28 +39,8 @@ def _say(msg: str) -> None:
     print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
-    return v
-
-
 def _port(text: str) -> int:
-    v = _positive_int(text)
+    v = positive_int(text)
     if v > 65535:
         raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
     return v
@@ -404,12 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "$XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>, where segments of "
                      "processes that ended over a day ago are removed when run starts)")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
-    run.add_argument("--requests", type=_positive_int, metavar="N", help="print per-request averages over N requests")
+    run.add_argument("--requests", type=positive_int, metavar="N", help="print per-request averages over N requests")
     run.add_argument("--exporter", choices=EXPORTERS,
                      help="export census metrics while CMD runs (default: as OTEL_METRICS_EXPORTER and "
                      "OTEL_EXPORTER_OTLP_ENDPOINT say, else none)")
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
-    run.add_argument("--metrics-interval", type=_positive_float, metavar="SECONDS",
+    run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
                      help="seconds between metric exports")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
@@ -425,9 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Print, per process and device, kernel count and time, busy %%, and copies "
                          "by direction with exact bytes.")
     rep.add_argument("dir", nargs="?", metavar="DIR", help="census folder or one .seg file (default: as for run)")
-    rep.add_argument("--requests", type=_positive_int, metavar="N", help="print per-request averages over N requests")
+    rep.add_argument("--requests", type=positive_int, metavar="N", help="print per-request averages over N requests")
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
-    rep.add_argument("--pid", type=_positive_int, help="only this process and its descendants")
+    rep.add_argument("--pid", type=positive_int, help="only this process and its descendants")
     rep.set_defaults(func=_cmd_report)
 
     doc = sub.add_parser("doctor", help="check driver, CUPTI, NVML and the injector, in plain words")

@@ -9,6 +9,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from yarl import URL
 
+from ..argtypes import nonneg_float, positive_float
+
 DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_MAX_BODY_BYTES = 256 << 20       # a request body larger than this gets 413
 DEFAULT_UPSTREAM_TIMEOUT_S = 600.0       # longest silence from the upstream (before or between chunks)
@@ -161,26 +163,6 @@ def upstream_from_server_args(argv: Sequence[str], env: Mapping[str, str] = os.e
 # -----------------------------------------------------------------------------------------
 # command line
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
 def _size(text: str) -> int:
     t = text.strip().lower()
     mult = 1
@@ -222,12 +204,12 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         "(default: every process with a segment in the census folder)")
     parser.add_argument("--max-body-bytes", type=_size, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                         help="largest request body forwarded; larger gets 413 (default 256m)")
-    parser.add_argument("--upstream-timeout", type=_positive_float, default=DEFAULT_UPSTREAM_TIMEOUT_S,
+    parser.add_argument("--upstream-timeout", type=positive_float, default=DEFAULT_UPSTREAM_TIMEOUT_S,
                         metavar="S", help="longest silence from the upstream, before the answer or between "
                         f"chunks, before giving up with 504 (default {DEFAULT_UPSTREAM_TIMEOUT_S:g} s)")
-    parser.add_argument("--connect-timeout", type=_positive_float, default=DEFAULT_CONNECT_TIMEOUT_S,
+    parser.add_argument("--connect-timeout", type=positive_float, default=DEFAULT_CONNECT_TIMEOUT_S,
                         metavar="S", help=f"connect timeout (default {DEFAULT_CONNECT_TIMEOUT_S:g} s)")
-    parser.add_argument("--gpu-wait", type=_nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
+    parser.add_argument("--gpu-wait", type=nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
                         help="how long a finished request's span waits for the census to cover its window "
                         f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")
     parser.add_argument("--no-gpu", action="store_true", help="do not read the census (spans without GPU cost)")
