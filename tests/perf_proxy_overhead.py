@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import mmap
 import os
 import random
 import shutil
@@ -75,15 +74,7 @@ def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
     from otel_gpu_census import reader
     ffi, lib, _ = cr.native()
     ticks = reader.proc_start_ticks(pid) or 0
-    path = Path(directory) / f"gpu-census-{pid}-{ticks}.seg"
-    size = ffi.sizeof("gc_segment")
-    with open(path, "wb") as f:
-        f.truncate(size)
-    fd = os.open(path, os.O_RDWR)
-    mm = mmap.mmap(fd, size)
-    os.close(fd)
-    seg = ffi.from_buffer("gc_segment *", mm)
-    lib.gc_segment_init(seg, b"llama-server", 0, 0)      # CUPTI clock == wall clock
+    mm, seg = cr.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server")  # CUPTI clock == wall clock
     seg.pid, seg.ppid, seg.proc_start_ticks, seg.state = pid, os.getppid(), ticks, 1
     tally = lib.gc_tally_create(seg)
     corr = [0]

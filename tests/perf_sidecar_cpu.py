@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import subprocess
 import sys
@@ -51,15 +50,7 @@ def _writer(directory: str, pids: list, root: int) -> None:
     segs = []
     for i, pid in enumerate(pids):
         ticks = reader.proc_start_ticks(pid) or 0
-        path = Path(directory) / f"gpu-census-{pid}-{ticks}.seg"
-        size = ffi.sizeof("gc_segment")
-        with open(path, "wb") as f:
-            f.truncate(size)
-        fd = os.open(path, os.O_RDWR)
-        mm = mmap.mmap(fd, size)
-        os.close(fd)
-        seg = ffi.from_buffer("gc_segment *", mm)
-        lib.gc_segment_init(seg, f"worker{i}".encode(), 0, 0)
+        mm, seg = cr.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", f"worker{i}".encode())
         seg.pid, seg.ppid, seg.proc_start_ticks = pid, root, ticks
         seg.state = 1
         segs.append((mm, seg, lib.gc_tally_create(seg) if real else None))

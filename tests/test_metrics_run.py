@@ -16,18 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # The command under `run`: a process that maps its own segment in $OTEL_GPU_CENSUS_DIR and tallies
 # real CUPTI records into it in two bursts, the second after the sidecar has exported the first.
 WORKER = textwrap.dedent("""
-    import mmap, os, sys, time
+    import os, sys, time
     sys.path[:0] = [{tests!r}]
     import cupti_records as cr
     ffi, lib, _ = cr.native()
     path = os.path.join(os.environ["OTEL_GPU_CENSUS_DIR"], "gpu-census-%d-x.seg" % os.getpid())
-    size = ffi.sizeof("gc_segment")
-    with open(path, "wb") as f:
-        f.truncate(size)
-    fd = os.open(path, os.O_RDWR)
-    mm = mmap.mmap(fd, size)
-    seg = ffi.from_buffer("gc_segment *", mm)
-    lib.gc_segment_init(seg, b"fake-server", 0, 0)
+    mm, seg = cr.map_segment(path, b"fake-server")
     tally = lib.gc_tally_create(seg)
     def burst(recs, state):
         lib.gc_segment_begin_update(seg)
