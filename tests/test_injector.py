@@ -47,7 +47,7 @@ PRELUDE = textwrap.dedent("""
     g = gffi.dlopen({lib!r})
     rffi, rlib = cr.records()
     def queue(rec, type_name):
-        mock.mock_queue_record(rffi.cast("void *", rec), rffi.sizeof(type_name))
+        return mock.mock_queue_record(rffi.cast("void *", rec), rffi.sizeof(type_name))
     def path():
         return gffi.string(g.gc_segment_path()).decode()
     out = {{}}
@@ -251,3 +251,59 @@ def test_forked_child_never_writes_the_parents_segment(native, mock_lib, tmp_pat
     assert len(segs) == 1
     p = read(native, segs[0])
     assert p.devices[0].kernel_count == 2 and p.state_name == "exited"  # the parent's two, not the child's
+
+
+# ---- kernel sampling (OTEL_GPU_CENSUS_KERNELS) ----
+
+WATCH_PHASES = """
+    import time
+    g.InitializeInjection()
+    K, M = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, rlib.CUPTI_ACTIVITY_KIND_MEMCPY
+    t0 = time.monotonic()
+    samples = []
+    while time.monotonic() - t0 < {seconds}:
+        samples.append((round(time.monotonic() - t0, 4), mock.mock_enabled(K), mock.mock_enabled(M)))
+        time.sleep(0.002)
+    out['samples'] = samples
+    T = 1_700_000_000_000_000_000
+    out['copy_queued'] = queue(cr.memcpy('dtoh', 4096, T, T + 10, dst='pageable'), cr.MEMCPY_T)
+"""
+
+
+def test_sampled_kernels_follow_the_schedule_and_copies_stay_on(native, mock_lib, tmp_path, records):
+    """40 ms of every 100 ms: the kernel kind goes on and off on time; the copy kinds never go off;
+    the segment says which schedule ran and how long kernels were traced."""
+    res, err, d = run_case(native, mock_lib, tmp_path, WATCH_PHASES.format(seconds=1.0),
+                           env={"OTEL_GPU_CENSUS_KERNELS": "40/100"})
+    samples = res["samples"]
+    on = [k for _, k, _ in samples]
+    assert all(m == 1 for _, _, m in samples)
+    changes = sum(1 for a, b in zip(on, on[1:]) if a != b)
+    assert 16 <= changes <= 22, changes           # ~10 periods, two switches each
+    share = sum(on) / len(on)
+    assert 0.3 < share < 0.5, share
+    p = read(native, next(d.glob("*.seg")))
+    k = p.kernels
+    assert (k.mode, k.on_ms, k.period_ms, k.name) == (1, 40, 100, "40/100") and err == ""
+    assert p.devices[0].copies.get("dtoh").bytes == 4096       # copies are exact whatever the phase
+    alive_ns = p.complete_wall_ns - p.wall_start_ns
+    assert 0.3 * alive_ns < k.traced_ns < 0.5 * alive_ns, (k.traced_ns, alive_ns)
+    assert k.origin_gpu_ns >= 1_700_000_000_000_000_000
+
+
+def test_kernels_off_never_enables_the_kernel_kind(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, WATCH_PHASES.format(seconds=0.2),
+                           env={"OTEL_GPU_CENSUS_KERNELS": "off"})
+    assert {k for _, k, _ in res["samples"]} == {0} and {m for _, _, m in res["samples"]} == {1}
+    p = read(native, next(d.glob("*.seg")))
+    assert (p.kernels.mode, p.kernels.name, p.kernels.fraction) == (2, "off", 0.0) and err == ""
+    assert p.devices[0].copies.get("dtoh").bytes == 4096 and p.devices[0].kernel_count == 0
+
+
+@pytest.mark.parametrize("value", ["30/100", "100/100", "0/100", "40", "40/", "a/b", "40/100x", "20/7200000"])
+def test_bad_kernel_settings_trace_all_kernels_with_one_line(native, mock_lib, tmp_path, records, value):
+    res, err, d = run_case(native, mock_lib, tmp_path, WATCH_PHASES.format(seconds=0.15),
+                           env={"OTEL_GPU_CENSUS_KERNELS": value})
+    assert {k for _, k, _ in res["samples"]} == {1}
+    assert err.count("\n") == 1 and f"ignoring OTEL_GPU_CENSUS_KERNELS={value}" in err
+    assert read(native, next(d.glob("*.seg"))).kernels.name == "all"

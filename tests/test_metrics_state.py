@@ -21,14 +21,16 @@ S = 1_000_000_000
 
 
 def proc(pid, busy_ns=0, htod=0, kernels=1, start_ticks=100, wall_start_ns=0, alive=True,
-         state=census.STATE_ACTIVE, hw=HW, comm="srv") -> ProcessCensus:
+         state=census.STATE_ACTIVE, hw=HW, comm="srv", tracing=census.KernelTracing(),
+         complete_wall_ns=0) -> ProcessCensus:
     d = DeviceTotals(0, hw, kernel_count=kernels, kernel_ns=busy_ns, busy_ns=busy_ns,
                      copies=CopyTable({("htod", "pinned"): Stat(1, htod, 10)} if htod else {}))
     return ProcessCensus(
         path=f"/x/{pid}", pid=pid, ppid=1, comm=comm, proc_start_ticks=start_ticks, wall_start_ns=wall_start_ns,
         wall_update_ns=0, clock_ref_gpu_ns=0, clock_ref_wall_ns=0, cupti_version=1, state=state, flags=0,
         records=0, records_unknown=0, dropped=0, buffers=0, buffers_refused=0, step_unmatched=0,
-        window_late=0, step_max=0, last_gpu_ns=0, note="", devices={0: d}, alive=alive)
+        window_late=0, step_max=0, last_gpu_ns=0, note="", devices={0: d}, alive=alive, kernels=tracing,
+        complete_wall_ns=complete_wall_ns)
 
 
 class Rig:
@@ -124,6 +126,35 @@ def test_busy_ratio_is_busy_gained_over_wall_time():
     rig.now += 1 * S                          # overlapping processes can add past 1: clamped
     rig.procs = [proc(11, busy_ns=S // 8 + S), proc(12, busy_ns=50 * S + S // 10 + S)]
     assert val(rig.collect(), "gpu_census.busy.ratio", **{"hw.id": HW}) == 1.0
+
+
+def sampled(traced_ns):
+    return census.KernelTracing(census.KERNELS_SAMPLED, 100, 1000, origin_gpu_ns=0, traced_ns=traced_ns)
+
+
+def test_sampled_kernels_scale_busy_by_the_traced_share_and_off_says_nothing():
+    rig = Rig([proc(10, busy_ns=S, tracing=sampled(S // 10)),
+               proc(11, busy_ns=7 * S, tracing=census.KernelTracing(census.KERNELS_OFF))])
+    rig.now += 2 * S
+    # 0.2 s traced in these 2 s, busy 0.1 s of it: half busy
+    rig.procs = [proc(10, busy_ns=S + S // 10, tracing=sampled(3 * S // 10)),
+                 proc(11, busy_ns=9 * S, tracing=census.KernelTracing(census.KERNELS_OFF))]
+    data = rig.collect()
+    assert val(data, "gpu_census.busy.ratio", **{"hw.id": HW}) == pytest.approx(0.5)
+    assert val(data, "gpu_census.kernel.traced.time", **{"process.pid": 10}) == pytest.approx(0.3)
+    assert val(data, "gpu_census.kernel.traced.time", **{"process.pid": 11}) == 0
+    rig.now += 1 * S
+    # no traced time published since: no ratio now (unknown, not idle); the busy waits for the next one
+    rig.procs = [proc(10, busy_ns=S + S // 10 + S // 50, tracing=sampled(3 * S // 10))]
+    assert val(rig.collect(), "gpu_census.busy.ratio", **{"hw.id": HW}) is None
+    rig.now += 1 * S
+    rig.procs = [proc(10, busy_ns=S + S // 10 + S // 20, tracing=sampled(4 * S // 10))]
+    assert val(rig.collect(), "gpu_census.busy.ratio", **{"hw.id": HW}) == pytest.approx(0.5)
+
+
+def test_traced_time_of_a_fully_traced_process_is_its_life_so_far():
+    rig = Rig([proc(10, busy_ns=S, wall_start_ns=3 * S, complete_wall_ns=8 * S)])
+    assert val(rig.collect(), "gpu_census.kernel.traced.time", **{"process.pid": 10}) == pytest.approx(5.0)
 
 
 def test_source_failure_keeps_last_values_with_one_warning(caplog):

@@ -75,3 +75,31 @@ def test_no_census_time_recorded(census_dir, segments, records):
     assert dev["busy_ratio_of_census_time"] is None
     assert dev["busy_ratio_of_census_time_unavailable"] == "no census time recorded"
     assert "no share of census time: no census time recorded" in report.render_text([c])
+
+
+def test_sampled_kernels_give_busy_as_a_share_of_traced_time(census_dir, segments, records):
+    """100 ms of every 1000 ms traced, 2 s traced in all, 0.5 s busy in it: 25% of traced time, and
+    the report says kernel figures are of the traced phases while copies are complete."""
+    def sampled(seg):
+        seg.wall_start_ns, seg.wall_update_ns = 5 * S, 25 * S
+        seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_traced_ns = 1, 100, 1000, 2 * S
+    recs = [records.kernel(T0, T0 + 500 * MS), records.memcpy("dtoh", 4096, T0, T0 + MS, dst="pinned")]
+    c = reader.read_segment(segments.segment(census_dir, recs, edit=sampled))
+    assert c.kernels.name == "100/1000" and c.kernels.traced_ns == 2 * S
+    text = report.render_text([c])
+    assert "busy 0.500000 s = 25.0% of traced time" in text
+    assert "kernels sampled: traced 100 ms of every 1000 ms (2.000000 s in all)" in text
+    proc = report.to_dict([c])["processes"][0]
+    assert proc["kernel_tracing"] == "100/1000" and proc["kernel_traced_ns"] == 2 * S
+    assert proc["devices"][0]["busy_ratio_of_census_time"] == 0.25
+    assert proc["devices"][0]["copies"]["dtoh"]["bytes"] == 4096
+
+
+def test_kernels_off_gives_no_busy_share(census_dir, segments, records):
+    def off(seg):
+        seg.wall_start_ns, seg.wall_update_ns, seg.kernel_mode = 5 * S, 6 * S, 2
+    c = reader.read_segment(segments.segment(census_dir, [records.memcpy("htod", 8, T0, T0 + 5, src="pageable")],
+                                             edit=off))
+    text = report.render_text([c])
+    assert "kernels not traced (OTEL_GPU_CENSUS_KERNELS=off)" in text
+    assert report.to_dict([c])["processes"][0]["kernel_tracing"] == "off"

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define GC_MAGIC            0x53534e4355504743ULL /* "CGPUCNSS" read as little-endian bytes */
-#define GC_LAYOUT_VERSION   1u
+#define GC_LAYOUT_VERSION   2u
 #define GC_MAX_DEVICES      16u
 #define GC_WINDOW_SLOTS     2048u                 /* power of two */
 #define GC_WINDOW_NS        20000000ull           /* 20 ms buckets: 2048 of them hold ~41 s */
@@ -61,6 +61,14 @@ enum gc_state {
     GC_STATE_ACTIVE = 1,   /* writer alive and counting */
     GC_STATE_EXITED = 2,   /* final flush done at exit: totals are complete */
     GC_STATE_OFF = 3       /* census switched itself off; `note` says why; totals up to then hold */
+};
+
+/* Kernel tracing (OTEL_GPU_CENSUS_KERNELS). Copies and memsets are always traced exactly. */
+enum gc_kernels {
+    GC_KERNELS_ALL = 0,      /* every kernel traced */
+    GC_KERNELS_SAMPLED = 1,  /* kernels launched during the first kernel_on_ms of every
+                                kernel_period_ms (schedule from kernel_origin_gpu_ns) traced */
+    GC_KERNELS_OFF = 2       /* no kernel records: kernel counts, time and busy stay 0 */
 };
 
 /* Flags, cumulative. */
@@ -147,7 +155,13 @@ typedef struct gc_segment {
     uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
                                    that finished before it is in the totals (0: not known yet) */
     char     note[GC_NOTE_LEN]; /* why the census stepped aside, when it did */
-    uint64_t reserved[15];
+    uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
+    uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
+    uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */
+    uint32_t kernel_tracing;    /* 1 while kernel records are being collected */
+    uint64_t kernel_origin_gpu_ns; /* ... counted from this CUPTI timestamp (a phase starts on) */
+    uint64_t kernel_traced_ns;  /* SAMPLED: ns kernel tracing was on, as of complete_wall_ns */
+    uint64_t reserved[11];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];

@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -78,6 +79,19 @@ static int g_max_buffers = 32;
 static atomic_int g_outstanding;
 static atomic_ullong g_refused;
 
+/* Kernel sampling (OTEL_GPU_CENSUS_KERNELS = all | off | ON_MS/PERIOD_MS). Kernel records are what
+ * CUPTI charges per launch; copies are few and stay exact. The flusher thread switches the kernel
+ * kind on for ON_MS of every PERIOD_MS, on a schedule fixed in CUPTI time so readers can tell which
+ * windows were traced. Touched only by the start code and then the flusher (and exit, after it). */
+static struct {
+    uint32_t mode, on_ms, period_ms;
+    int tracing;                /* the kernel kind is enabled now */
+    uint64_t origin_gpu;        /* CUPTI timestamp the schedule counts from */
+    int64_t gpu_minus_mono;     /* CUPTI clock - CLOCK_MONOTONIC, read together at start */
+    uint64_t traced_ns;         /* closed on-phases, monotonic ns */
+    uint64_t on_since;          /* monotonic ns the current on-phase began */
+} g_ks;
+
 static const char *cupti_error(CUptiResult r)
 {
     const char *s = NULL;
@@ -96,6 +110,54 @@ static long env_long(const char *name, long dflt, long lo, long hi)
         return dflt;
     }
     return x;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* OTEL_GPU_CENSUS_KERNELS: all (default), off, or ON_MS/PERIOD_MS with both multiples of the
+ * 20 ms window and 0 < ON_MS < PERIOD_MS <= 1 h. Anything else: one line, and all kernels. */
+static void parse_kernels(void)
+{
+    const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
+    g_ks.mode = GC_KERNELS_ALL;
+    if (!v || !*v || strcmp(v, "all") == 0) return;
+    if (strcmp(v, "off") == 0) {
+        g_ks.mode = GC_KERNELS_OFF;
+        return;
+    }
+    const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
+    char *end;
+    unsigned long on = strtoul(v, &end, 10), period = 0;
+    if (end != v && *end == '/') {
+        char *p = end + 1;
+        period = strtoul(p, &end, 10);
+        if (end == p) period = 0;
+    }
+    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) {
+        gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected all, off or ON_MS/PERIOD_MS, multiples of "
+               "%u ms, ON_MS < PERIOD_MS); tracing all kernels", v, w);
+        return;
+    }
+    g_ks.mode = GC_KERNELS_SAMPLED;
+    g_ks.on_ms = (uint32_t)on;
+    g_ks.period_ms = (uint32_t)period;
+}
+
+/* Called with g_mu held: the schedule and how long kernels were traced, as of `mono`. */
+static void publish_kernels(gc_segment *seg, uint64_t mono)
+{
+    seg->kernel_mode = g_ks.mode;
+    seg->kernel_on_ms = g_ks.on_ms;
+    seg->kernel_period_ms = g_ks.period_ms;
+    seg->kernel_origin_gpu_ns = g_ks.origin_gpu;
+    seg->kernel_tracing = g_ks.mode == GC_KERNELS_ALL || g_ks.tracing;
+    if (g_ks.mode == GC_KERNELS_SAMPLED)
+        seg->kernel_traced_ns = g_ks.traced_ns + (g_ks.tracing && mono > g_ks.on_since ? mono - g_ks.on_since : 0);
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -176,6 +238,7 @@ static gc_segment *segment(void)
     gc_segment_init(seg, NULL, g_start_wall, g_clock_ref_gpu);
     seg->cupti_version = 0;
     if (cu.get_version) cu.get_version(&seg->cupti_version);
+    publish_kernels(seg, mono_ns());
     g_tally = t;
     g_seg = seg;
     return seg;
@@ -245,12 +308,50 @@ static void disable_kinds(void)
     }
 }
 
+static int set_kernels(int on)
+{
+    CUptiResult r;
+    if (on) r = cu.v2 ? cu.enable_v2(cu.sub, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, NULL)
+                      : cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    else r = cu.v2 ? cu.disable_v2(cu.sub, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, NULL)
+                   : cu.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    return r == CUPTI_SUCCESS ? 0 : -1;
+}
+
+/* Sampled kernels: switch the kind to what the schedule says for `mono`; returns the monotonic time
+ * of the next phase change. Computed from the schedule, not from the last wake-up, so a late
+ * thread neither drifts nor traces longer than ON_MS; a phase it slept through is skipped. */
+static uint64_t kernel_phase(uint64_t mono)
+{
+    const uint64_t P = (uint64_t)g_ks.period_ms * 1000000ull, ON = (uint64_t)g_ks.on_ms * 1000000ull;
+    uint64_t origin_mono = (uint64_t)((int64_t)g_ks.origin_gpu - g_ks.gpu_minus_mono);
+    uint64_t t = mono > origin_mono ? mono - origin_mono : 0, k = t / P, r = t % P;
+    int want = r < ON;
+    if (want != g_ks.tracing && set_kernels(want) == 0) {
+        pthread_mutex_lock(&g_mu);
+        if (want) g_ks.on_since = mono;
+        else g_ks.traced_ns += mono - g_ks.on_since;
+        g_ks.tracing = want;
+        pthread_mutex_unlock(&g_mu);
+    }
+    return origin_mono + k * P + (want ? ON : P);
+}
+
+static void sleep_until(uint64_t mono)
+{
+    struct timespec ts = {(time_t)(mono / 1000000000ull), (long)(mono % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
 static void *flusher(void *arg)
 {
     (void)arg;
-    struct timespec period = {g_flush_ms / 1000, (long)(g_flush_ms % 1000) * 1000000L};
+    const uint64_t period = (uint64_t)g_flush_ms * 1000000ull;
+    uint64_t next_flush = mono_ns() + period;
+    uint64_t next_phase = UINT64_MAX;
+    if (g_ks.mode == GC_KERNELS_SAMPLED) next_phase = kernel_phase(mono_ns());
     for (;;) {
-        nanosleep(&period, NULL);
+        sleep_until(next_phase < next_flush ? next_phase : next_flush);
         if (getpid() != g_pid) break;
         int st = atomic_load(&g_state);
         if (st == FAILED) { /* outside any CUPTI callback: safe to stop the tracing */
@@ -259,13 +360,19 @@ static void *flusher(void *arg)
         }
         if (st != ACTIVE) break;
         atomic_store(&g_flusher_busy, 1);
-        if (atomic_load(&g_state) == ACTIVE) { /* exit may have begun meanwhile */
+        uint64_t now = mono_ns();
+        if (atomic_load(&g_state) == ACTIVE && now >= next_phase) /* exit may have begun meanwhile */
+            next_phase = kernel_phase(now);
+        if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
+            next_flush = now - next_flush < period ? next_flush + period : now + period;
             uint64_t t = gc_wall_ns();
+            uint64_t m = mono_ns();
             if (cu.flush_all(0) == CUPTI_SUCCESS) {
                 pthread_mutex_lock(&g_mu);
                 if (g_seg && atomic_load(&g_state) == ACTIVE) {
                     gc_segment_begin_update(g_seg);
                     g_seg->complete_wall_ns = t;
+                    publish_kernels(g_seg, m);
                     count_losses(g_seg, NULL, 0);
                     gc_segment_end_update(g_seg);
                 }
@@ -312,6 +419,7 @@ static void at_exit(void)
         gc_segment_begin_update(g_seg);
         gc_tally_publish(g_tally, 1);
         g_seg->complete_wall_ns = t;
+        publish_kernels(g_seg, mono_ns());
         count_losses(g_seg, NULL, 0);
         g_seg->state = GC_STATE_EXITED;
         gc_segment_end_update(g_seg);
@@ -438,8 +546,10 @@ static int start(void)
     }
     const char *graphs = getenv("OTEL_GPU_CENSUS_GRAPHS");
     int per_launch = graphs && strcmp(graphs, "launch") == 0;
+    parse_kernels();
     CUpti_ActivityKind kinds[] = {
-        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+        g_ks.mode == GC_KERNELS_OFF ? CUPTI_ACTIVITY_KIND_INVALID : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+        CUPTI_ACTIVITY_KIND_MEMCPY,
         CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET,
         CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
         per_launch ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_INVALID,
@@ -455,8 +565,19 @@ static int start(void)
         g_kinds[g_nkinds++] = kinds[i];
     }
     g_flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
-    uint64_t ts = 0;
+    uint64_t ts = 0, m0 = mono_ns();
     if (cu.get_timestamp && cu.get_timestamp(&ts) == CUPTI_SUCCESS) g_clock_ref_gpu = ts;
+    uint64_t m1 = mono_ns();
+    /* The schedule starts now, with kernels on (enabled above). Without a CUPTI clock, sampling
+     * cannot be placed on the records' time line: trace every kernel instead. */
+    if (g_ks.mode == GC_KERNELS_SAMPLED && !ts) {
+        gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp; tracing all kernels");
+        g_ks.mode = GC_KERNELS_ALL;
+    }
+    g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
+    g_ks.origin_gpu = ts;
+    g_ks.tracing = g_ks.mode != GC_KERNELS_OFF;
+    g_ks.on_since = m1;
     return 0;
 }
 
@@ -475,7 +596,14 @@ int InitializeInjection(void)
     atexit(at_exit);
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
-    if (start_flusher() != 0) cu.flush_period(g_flush_ms);
+    if (start_flusher() != 0) {
+        cu.flush_period(g_flush_ms);
+        if (g_ks.mode == GC_KERNELS_SAMPLED) { /* nobody to switch kernels off: trace them all */
+            gc_log("no flusher thread: tracing all kernels instead of OTEL_GPU_CENSUS_KERNELS=%u/%u",
+                   g_ks.on_ms, g_ks.period_ms);
+            g_ks.mode = GC_KERNELS_ALL;
+        }
+    }
     return 1;
 }
 

@@ -7,11 +7,13 @@
  * built from the CUPTI headers), and the completion callback gets it back. Behaviour switches:
  *   MOCK_CUPTI_CONFLICT=1    cuptiSubscribe answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   MOCK_CUPTI_ENABLE_FAIL=1 cuptiActivityEnable fails
+ * Like CUPTI, it keeps no record of a kind that is not enabled when the record is queued ("launched").
  */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cupti.h>
 
@@ -43,7 +45,18 @@ CUptiResult cuptiGetResultString(CUptiResult r, const char **s)
     return CUPTI_SUCCESS;
 }
 
-CUptiResult cuptiGetTimestamp(uint64_t *ts) { *ts = 1700000000000000000ull; return CUPTI_SUCCESS; }
+/* A CUPTI-like clock that moves (kernel sampling schedules on it): the epoch-ish origin the tests
+ * use for record timestamps plus CLOCK_MONOTONIC since the first call. */
+CUptiResult cuptiGetTimestamp(uint64_t *ts)
+{
+    static uint64_t mono0;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    uint64_t now = (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+    if (!mono0) mono0 = now;
+    *ts = 1700000000000000000ull + (now - mono0);
+    return CUPTI_SUCCESS;
+}
 
 CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *s, CUpti_CallbackFunc cb, void *u)
 {
@@ -156,6 +169,8 @@ CUptiResult cuptiActivityFlushAll(uint32_t flag)
 int mock_queue_record(const void *rec, uint32_t size)
 {
     size_t need = 8 + ((size + 7) & ~7u);
+    CUpti_ActivityKind kind = ((const CUpti_Activity *)rec)->kind;
+    if ((int)kind >= 0 && (int)kind < 64 && !g_enabled[kind]) return 1; /* not traced */
     pthread_mutex_lock(&g_lock);
     if (g_pending_len + need > sizeof(g_pending)) {
         pthread_mutex_unlock(&g_lock);

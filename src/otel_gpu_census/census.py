@@ -17,6 +17,9 @@ MEMORY_KINDS: Tuple[str, ...] = ("pageable", "pinned", "device", "other")
 STATE_ACTIVE, STATE_EXITED, STATE_OFF = 1, 2, 3
 STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited", STATE_OFF: "off"}
 
+# Kernel tracing modes (gc_kernels); copies and memsets are always traced exactly.
+KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = 0, 1, 2
+
 FLAG_CONFLICT = 0x1
 FLAG_DROPPED = 0x2
 FLAG_RING_OVERRUN = 0x4
@@ -160,6 +163,51 @@ class Step:
 
 
 @dataclass(frozen=True)
+class KernelTracing:
+    """Which kernels the census saw (OTEL_GPU_CENSUS_KERNELS). In SAMPLED mode the injector traces
+    the kernels launched during the first `on_ms` of every `period_ms`, counted from `origin_gpu_ns`
+    (CUPTI clock): kernel counts, time and busy are exact for those phases and absent outside them.
+    Copies and memsets are always complete."""
+
+    mode: int = KERNELS_ALL
+    on_ms: int = 0
+    period_ms: int = 0
+    origin_gpu_ns: int = 0
+    traced_ns: int = 0             # SAMPLED: how long tracing was on, as of complete_wall_ns
+    tracing: bool = True
+
+    @property
+    def name(self) -> str:
+        if self.mode == KERNELS_SAMPLED:
+            return f"{self.on_ms}/{self.period_ms}"
+        return {KERNELS_ALL: "all", KERNELS_OFF: "off"}.get(self.mode, f"unknown({self.mode})")
+
+    @property
+    def fraction(self) -> float:
+        """Share of time kernels are traced: 1 (all), on/period (sampled), 0 (off)."""
+        if self.mode == KERNELS_SAMPLED and self.period_ms:
+            return self.on_ms / self.period_ms
+        return 0.0 if self.mode == KERNELS_OFF else 1.0
+
+    def _on_before(self, t: int) -> int:
+        """Traced ns of the schedule in [origin, t)."""
+        if t <= self.origin_gpu_ns:
+            return 0
+        period, on = self.period_ms * 1_000_000, self.on_ms * 1_000_000
+        k, r = divmod(t - self.origin_gpu_ns, period)
+        return k * on + min(r, on)
+
+    def traced_between(self, gpu_start_ns: int, gpu_end_ns: int) -> int:
+        """How many ns of [gpu_start_ns, gpu_end_ns) (CUPTI clock) were inside a traced phase, by the
+        schedule (the switch itself lands within a millisecond or so of it)."""
+        if gpu_end_ns <= gpu_start_ns or self.mode == KERNELS_OFF:
+            return 0
+        if self.mode != KERNELS_SAMPLED or not self.period_ms:
+            return gpu_end_ns - gpu_start_ns
+        return self._on_before(gpu_end_ns) - self._on_before(gpu_start_ns)
+
+
+@dataclass(frozen=True)
 class ProcessCensus:
     """One segment, read consistently at one moment."""
 
@@ -191,6 +239,7 @@ class ProcessCensus:
     torn: bool = False            # writer died mid-update: values may be mid-change
     alive: bool = True            # the process still runs (same pid and start time)
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
+    kernels: KernelTracing = KernelTracing()
 
     # -- derived ---------------------------------------------------------------------
     @property

@@ -74,6 +74,10 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
          "Summed kernel durations; concurrent kernels add up, so this can exceed wall time."),
     Spec("gpu_census.busy.time", "counter", "s", _PROC,
          "Time with at least one of the process's kernels running (union of kernel intervals)."),
+    Spec("gpu_census.kernel.traced.time", "counter", "s", _PROC,
+         "Time the census traced kernels in the process: its whole life with OTEL_GPU_CENSUS_KERNELS=all, "
+         "the sampled phases with ON_MS/PERIOD_MS, 0 with off. Kernel and busy time divided by this "
+         "is exact for the traced time (copies are always complete)."),
     Spec("gpu_census.graph.count", "counter", "{launch}", _PROC,
          "CUDA graph launches, when graphs are recorded per launch rather than per node."),
     Spec("gpu_census.graph.time", "counter", "s", _PROC,
@@ -112,10 +116,22 @@ def hw_id(d: DeviceTotals) -> str:
     return d.uuid or f"cuda:{d.device_id}"
 
 
+def traced_ns(p: ProcessCensus) -> int:
+    """How long the census traced the process's kernels, up to what its totals cover."""
+    k = p.kernels
+    if k.mode == census.KERNELS_SAMPLED:
+        return k.traced_ns
+    if k.mode == census.KERNELS_OFF:
+        return 0
+    until = p.complete_wall_ns or p.wall_update_ns
+    return max(0, until - p.wall_start_ns)
+
+
 class _Proc:
     """What the metrics keep of one process: its latest totals, not its windows or steps."""
 
-    __slots__ = ("key", "pid", "exe", "wall_start_ns", "devices", "dropped", "counting", "gone_ns")
+    __slots__ = ("key", "pid", "exe", "wall_start_ns", "devices", "dropped", "counting", "gone_ns",
+                 "kernels", "traced_ns")
 
     def __init__(self, p: ProcessCensus):
         self.key = (p.pid, p.proc_start_ticks)
@@ -129,6 +145,8 @@ class _Proc:
         self.devices: Dict[str, DeviceTotals] = {hw_id(d): d for d in p.devices.values()}
         self.dropped = p.dropped
         self.counting = bool(p.alive and p.state == census.STATE_ACTIVE)
+        self.kernels = p.kernels
+        self.traced_ns = traced_ns(p)
 
     @property
     def attrs(self) -> Dict[str, object]:
@@ -156,7 +174,7 @@ class CensusMetrics:
         self._warned: set = set()
         # busy ratio: busy_ns per (process key, hw.id) at the previous ratio observation
         self._ratio_t_ns = clock()
-        self._ratio_base: Dict[Tuple[Tuple[int, int], str], int] = {}
+        self._ratio_base: Dict[Tuple[Tuple[int, int], str], Tuple[int, int]] = {}   # (busy, traced)
         self._ratio_pending: Dict[str, int] = {}       # busy of evicted processes not yet reported
         self.reads = 0
 
@@ -226,8 +244,8 @@ class CensusMetrics:
             base = self._evicted_totals.get(hid)
             self._evicted_totals[hid] = d if base is None else base + d
             b = self._ratio_base.pop((rec.key, hid), None)
-            if b is not None:
-                self._ratio_pending[hid] = self._ratio_pending.get(hid, 0) + d.busy_ns - b
+            if b is not None and rec.kernels.mode == census.KERNELS_ALL:
+                self._ratio_pending[hid] = self._ratio_pending.get(hid, 0) + d.busy_ns - b[0]
 
     def processes(self) -> List[_Proc]:
         with self._lock:
@@ -253,16 +271,30 @@ class CensusMetrics:
             now = self._clock()
             dt = now - self._ratio_t_ns
             gained: Dict[str, int] = dict(self._ratio_pending)
-            base: Dict[Tuple[Tuple[int, int], str], int] = {}
+            base: Dict[Tuple[Tuple[int, int], str], Tuple[int, int]] = {}
             for rec in self._procs.values():
+                if rec.kernels.mode == census.KERNELS_OFF:
+                    continue                     # no kernel records: nothing to say about busy
+                sampled = rec.kernels.mode == census.KERNELS_SAMPLED
                 for hid, d in rec.devices.items():
                     k = (rec.key, hid)
                     if k in self._ratio_base:
-                        prev = self._ratio_base[k]
+                        prev, prev_traced = self._ratio_base[k]
+                    elif rec.wall_start_ns >= self._ratio_t_ns:
+                        prev, prev_traced = 0, 0
                     else:
-                        prev = 0 if rec.wall_start_ns >= self._ratio_t_ns else d.busy_ns
-                    gained[hid] = gained.get(hid, 0) + max(0, d.busy_ns - prev)
-                    base[k] = d.busy_ns
+                        prev, prev_traced = d.busy_ns, rec.traced_ns
+                    g = max(0, d.busy_ns - prev)
+                    if sampled:
+                        # Busy seen in the traced phases, scaled to the interval. No traced time
+                        # published since the last call: carry the base to the next call.
+                        traced = rec.traced_ns - prev_traced
+                        if traced <= 0:
+                            base[k] = (prev, prev_traced)
+                            continue
+                        g = g * dt // traced if dt > 0 else 0
+                    gained[hid] = gained.get(hid, 0) + g
+                    base[k] = (d.busy_ns, rec.traced_ns)
             for hid in self._evicted_totals:
                 gained.setdefault(hid, 0)
             self._ratio_base = base
@@ -308,6 +340,12 @@ class CensusMetrics:
                 if s.count:
                     yield Observation(s.ns / NS_PER_S if field == "ns" else getattr(s, field), {HW_ID: hid, **attrs})
 
+    def _traced(self) -> Iterable[Observation]:
+        for rec in self.processes():
+            attrs = rec.attrs
+            for hid in rec.devices:
+                yield Observation(rec.traced_ns / NS_PER_S, {HW_ID: hid, **attrs})
+
     def _io(self) -> Iterable[Observation]:
         for hid, d in sorted(self.device_totals().items()):
             yield Observation(d.copies.get("htod").bytes, {HW_ID: hid, IO_DIRECTION: "receive"})
@@ -319,6 +357,7 @@ class CensusMetrics:
             "gpu_census.kernel.count": lambda: self._per_device(lambda d: d.kernel_count),
             "gpu_census.kernel.time": lambda: self._per_device(lambda d: d.kernel_ns / s),
             "gpu_census.busy.time": lambda: self._per_device(lambda d: d.busy_ns / s),
+            "gpu_census.kernel.traced.time": self._traced,
             "gpu_census.graph.count": lambda: self._per_device(lambda d: d.graph_launches),
             "gpu_census.graph.time": lambda: self._per_device(lambda d: d.graph_ns / s),
             "gpu_census.copy.count": lambda: self._per_copy("count"),

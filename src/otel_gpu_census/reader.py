@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from .census import DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, ProcessCensus, Stat, Step, Window
+from .census import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, KernelTracing, ProcessCensus, Stat,
+                     Step, Window)
 
 SEGMENT_GLOB = "gpu-census-*.seg"
 READ_TRIES = 50           # seqlock attempts before settling for a possibly torn copy
@@ -265,6 +266,9 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
         complete_wall_ns=seg.complete_wall_ns,
+        kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
+                              origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
+                              tracing=bool(seg.kernel_tracing)),
         note=_cstr(seg.note), devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )

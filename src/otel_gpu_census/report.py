@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .census import (DIRECTIONS, FLAG_CONFLICT, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
-                     MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus, Stat, merge_devices)
+                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus,
+                     Stat, merge_devices)
 
 DIRECTION_LABELS = {
     "htod": "host-to-device",
@@ -75,16 +76,37 @@ def census_time_ns(c: ProcessCensus) -> int:
     return max(0, c.wall_update_ns - c.wall_start_ns) if c.wall_update_ns else 0
 
 
-def busy_of_census_time(d: DeviceTotals, census_ns: int) -> Tuple[Optional[float], str]:
+def kernel_base_ns(c: ProcessCensus) -> int:
+    """What busy time is a share of: the census time, or with sampled kernels the time they were
+    traced; -1 when kernels were not traced at all."""
+    if c.kernels.mode == KERNELS_OFF:
+        return -1
+    return c.kernels.traced_ns if c.kernels.mode == KERNELS_SAMPLED else census_time_ns(c)
+
+
+def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
+    k = c.kernels
+    if k.mode == KERNELS_SAMPLED:
+        return (f"kernels sampled: traced {k.on_ms} ms of every {k.period_ms} ms ({seconds(k.traced_ns)} s in "
+                "all); kernel counts, kernel time and busy time are of those phases, busy % is of the traced "
+                "time; copies and memsets are complete")
+    if k.mode == KERNELS_OFF:
+        return "kernels not traced (OTEL_GPU_CENSUS_KERNELS=off): copies and memsets only"
+    return None
+
+
+def busy_of_census_time(d: DeviceTotals, census_ns: int, sampled: bool = False) -> Tuple[Optional[float], str]:
     """(busy_ns / census time, "") or (None, why that ratio would mislead).
 
     The census time must cover all the GPU activity counted in it; when it is shorter (a segment
     written by an injector that created it at its first buffer, long after CUDA initialised, or
     a census time of zero), dividing by it gives a number above 100% that means nothing."""
     span = max(0, d.last_ns - d.first_ns)
+    if census_ns < 0:
+        return None, "kernels were not traced"
     if census_ns <= 0:
         return None, "no census time recorded"
-    if census_ns < span:
+    if census_ns < span and not sampled:     # sampled: census_ns is the traced time, shorter by design
         return None, (f"census time {seconds(census_ns)} s is shorter than the {seconds(span)} s of GPU "
                       "activity it counted, so the census started after the work did")
     return d.busy_ns / census_ns, ""
@@ -160,7 +182,7 @@ def _copies_dict(d: DeviceTotals) -> Dict[str, dict]:
     return out
 
 
-def _device_dict(d: DeviceTotals, census_ns: Optional[int]) -> dict:
+def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = False) -> dict:
     """census_ns None: a sum over processes, which has no one census time."""
     span = max(0, d.last_ns - d.first_ns)
     out = {
@@ -172,7 +194,7 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int]) -> dict:
         "peer_received": _stat_dict(d.peer_recv),
     }
     if census_ns is not None:
-        ratio, why = busy_of_census_time(d, census_ns)
+        ratio, why = busy_of_census_time(d, census_ns, sampled)
         out["busy_ratio_of_census_time"] = ratio
         if why:
             out["busy_ratio_of_census_time_unavailable"] = why
@@ -203,6 +225,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
     for c in censuses:
         census_ns = census_time_ns(c)
         procs.append({
+            "kernel_tracing": c.kernels.name, "kernel_traced_ns": kernel_base_ns(c) if c.kernels.mode == KERNELS_SAMPLED
+            else None,
             "pid": c.pid, "ppid": c.ppid, "comm": c.comm, "state": c.state_name, "alive": c.alive,
             "torn": c.torn, "path": c.path, "cupti_version": c.cupti_version,
             "wall_start_ns": c.wall_start_ns, "wall_update_ns": c.wall_update_ns, "census_time_ns": census_ns,
@@ -210,7 +234,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "buffers": c.buffers, "buffers_refused": c.buffers_refused,
             "step_unmatched": c.step_unmatched, "window_late": c.window_late,
             "flags": c.flags, "note": c.note, "warnings": process_warnings(c),
-            "devices": [_device_dict(d, census_ns) for _, d in sorted(c.devices.items())],
+            "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED)
+                        for _, d in sorted(c.devices.items())],
         })
     gpus = merge_devices(censuses)
     out = {
@@ -243,14 +268,14 @@ def _copy_row(label: str, s: Stat, indent: int = 4) -> str:
             f"{seconds(s.ns):>14}")
 
 
-def _device_lines(d: DeviceTotals, census_ns: int) -> List[str]:
+def _device_lines(d: DeviceTotals, census_ns: int, of: str = "census time") -> List[str]:
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
     lines = [f"  {name}"]
-    ratio, why = busy_of_census_time(d, census_ns)
-    busy = f"busy {seconds(d.busy_ns)} s" + (f" = {100.0 * ratio:.1f}% of census time" if ratio is not None
-                                              else f" (no share of census time: {why})")
+    ratio, why = busy_of_census_time(d, census_ns, of == "traced time")
+    busy = f"busy {seconds(d.busy_ns)} s" + (f" = {100.0 * ratio:.1f}% of {of}" if ratio is not None
+                                              else f" (no share of {of}: {why})")
     span = d.last_ns - d.first_ns
     if span > 0:
         busy += f"; {percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity"
@@ -288,7 +313,11 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, census_ns))
+        lines.extend(_device_lines(d, kernel_base_ns(c),
+                                   "traced time" if c.kernels.mode == KERNELS_SAMPLED else "census time"))
+    note = kernel_tracing_note(c)
+    if note:
+        lines.append(f"  note: {note}")
     if c.flags & FLAG_GRAPH_LAUNCHES:
         lines.append("  note: CUDA graphs were traced per launch, so their kernels are not in the kernel count")
     for w in process_warnings(c):

@@ -54,6 +54,13 @@ class GpuCost:
     pids: List[int] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     waited_s: float = 0.0
+    kernel_tracing: List[str] = field(default_factory=list)   # each process's mode: all, off, ON/PERIOD
+    kernel_traced_ns: int = 0       # of the request's span (summed over processes), kernels traced ...
+    kernel_span_ns: int = 0         # ... out of this long
+
+    @property
+    def kernel_traced_ratio(self) -> float:
+        return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
 
 
 class CensusSource:
@@ -167,6 +174,10 @@ def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[Process
             flags.append(f"{c.window_late} records arrived too late for the window ring")
         for f in flags:
             cost.notes.append(f"pid {c.pid}: {f}")
+        if c.kernels.name not in cost.kernel_tracing:
+            cost.kernel_tracing.append(c.kernels.name)
+        cost.kernel_traced_ns += c.kernels.traced_between(c.wall_to_gpu_ns(lo), c.wall_to_gpu_ns(hi))
+        cost.kernel_span_ns += max(0, hi - lo)
         if not ws:
             continue
         touching = [iv for iv in intervals if iv.overlaps(wlo, whi)]

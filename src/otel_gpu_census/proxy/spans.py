@@ -15,6 +15,9 @@ GPU attributes (integers, exact; times in ns because the census counts ns):
   previous request — see ``gpu_census.attribution.note``);
 - ``gpu_census.window.*``: everything the buckets of the request's window held (all requests
   together), and ``gpu_census.window.unattributed.*``: the part no request was in flight for;
+- ``gpu_census.kernel.tracing``: ``all``, ``off`` or ``ON_MS/PERIOD_MS`` (OTEL_GPU_CENSUS_KERNELS);
+  when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the request's time kernels were
+  traced, so the kernel figures above are that share of the request's kernels (copies are exact);
 - ``gpu_census.attribution.method`` (``time_window_shared``), ``.status`` (complete, settled, stale,
   no_census, no_segment, read_error, shutdown), ``.concurrency_max``, ``.buckets``, ``.wait_s``,
   ``.note``; ``gpu_census.process.pids``.
@@ -63,6 +66,10 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
             out["gpu_census.attribution.note"] = "; ".join(cost.notes)
         return out
     out.update(share_attributes("gpu_census.", cost.share))
+    if cost.kernel_tracing:
+        out["gpu_census.kernel.tracing"] = ",".join(cost.kernel_tracing)
+        if cost.kernel_tracing != ["all"]:
+            out["gpu_census.kernel.traced_ratio"] = round(cost.kernel_traced_ratio, 4)
     out["gpu_census.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
     out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
     out["gpu_census.prefill.kernel.time_ns"] = cost.prefill.kernel_ns
