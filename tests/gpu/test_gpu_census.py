@@ -264,3 +264,48 @@ def test_two_processes_share_one_gpu_and_merge_exactly(workload, tmp_path):
     assert gpu.kernel_count == sum(w["kernels"] for w in wants)
     assert gpu.copies.get("dtoh").bytes == sum(w["dtoh_pageable"] + w["dtoh_pinned"] for w in wants)
     assert gpu.copies.get("dtod").bytes == sum(w["dtod"] for w in wants)
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory) -> Path:
+    exe = tmp_path_factory.mktemp("bin") / "steady"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(HERE / "steady.cu")], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("api,kernels", [("v2", "100/500"), ("v1", "100/500"), ("v2", "off")])
+def test_sampled_kernels_on_schedule_and_copies_exact(steady, tmp_path, api, kernels):
+    """OTEL_GPU_CENSUS_KERNELS on a real GPU: every copy counted whatever the phase; with 100/500 about a
+    fifth of the kernels (eager and graph nodes), launched inside the schedule's traced phases; with
+    off, none."""
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    from otel_gpu_census import reader
+    env = census_env(tmp_path, OTEL_GPU_CENSUS_CUPTI_API=api, OTEL_GPU_CENSUS_KERNELS=kernels)
+    p = subprocess.run([str(steady), "3", "20"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    want = json.loads(p.stdout)
+    segs = sorted(tmp_path.glob("*.seg"))
+    assert len(segs) == 1
+    c = reader.read_segment(str(segs[0]))
+    d = c.devices[0]
+    k = c.kernels
+    fully = [w for w in c.windows if k.traced_between(w.start_ns, w.end_ns) == w.end_ns - w.start_ns]
+    untraced = [w for w in c.windows if k.traced_between(w.start_ns, w.end_ns) == 0]
+    RESULTS[f"sampled_{api}_{kernels.replace('/', '_')}"] = {
+        "expected": want, "kernel_count": d.kernel_count, "fraction": d.kernel_count / want["kernels"],
+        "kernels_in_untraced_windows": sum(w.kernel_count for w in untraced),
+        "traced_windows_with_kernels": sum(1 for w in fully if w.kernel_count), "traced_windows": len(fully),
+        "traced_ns": k.traced_ns, "mode": k.name, "cupti_version": c.cupti_version, "stderr": p.stderr[-1000:]}
+    assert c.state_name == "exited" and c.dropped == 0 and p.stderr == ""
+    assert d.copies.get("dtoh", "pinned").count == want["dtoh_pinned_count"]
+    assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
+    assert d.copies.get("htod", "pageable").count == want["htod_pageable_count"]
+    assert d.copies.get("htod", "pageable").bytes == want["htod_pageable_bytes"]
+    if kernels == "off":
+        assert k.name == "off" and d.kernel_count == 0 and d.busy_ns == 0
+        return
+    assert k.name == kernels
+    assert 0.15 < d.kernel_count / want["kernels"] < 0.25
+    assert 0.15 * want["seconds"] * 1e9 < k.traced_ns < 0.25 * want["seconds"] * 1e9
+    assert sum(w.kernel_count for w in untraced) <= 0.05 * d.kernel_count
+    assert sum(1 for w in fully if w.kernel_count) >= 0.9 * len(fully) > 0
