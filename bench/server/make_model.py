@@ -213,7 +213,7 @@ def recurrent_state_bytes(c: dict) -> int:
     """F32 bytes of one sequence's recurrent state, as llama.cpp sizes it (llama_hparams::n_embd_r /
     n_embd_s, llama-memory-recurrent): per Mamba2 layer a conv state of (d_conv-1) x (d_inner +
     2*n_group*d_state) and an SSM state of d_state x d_inner. A context checkpoint of a hybrid model
-    is this (plus ~100 bytes of headers); a prompt-cache entry is this plus the attention KV."""
+    is this (plus 12 header bytes per state tensor: < 1 KiB); a prompt-cache entry adds the attention KV."""
     if c.get("arch", "llama") == "llama":
         return 0
     di, ds = d_inner(c), c["d_state"]
