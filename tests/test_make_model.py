@@ -84,8 +84,10 @@ def _expected_hybrid_shapes(c: dict, n_vocab: int) -> dict:
         shapes.update({b + "attn_norm.weight": [e], b + "ffn_norm.weight": [e], b + "ffn_gate.weight": [e, c["n_ff"]],
                        b + "ffn_up.weight": [e, c["n_ff"]], b + "ffn_down.weight": [c["n_ff"], e]})
         if i in attn:
-            shapes.update({b + "attn_q.weight": [e, c["n_head"] * hd], b + "attn_k.weight": [e, c["n_head_kv"] * hd],
-                           b + "attn_v.weight": [e, c["n_head_kv"] * hd], b + "attn_output.weight": [c["n_head"] * hd, e]})
+            shapes.update({b + "attn_q.weight": [e, c["n_head"] * hd],
+                           b + "attn_k.weight": [e, c["n_head_kv"] * hd],
+                           b + "attn_v.weight": [e, c["n_head_kv"] * hd],
+                           b + "attn_output.weight": [c["n_head"] * hd, e]})
         else:
             shapes.update({b + "ssm_in.weight": [e, 2 * di + 2 * ng * ds + nh],
                            b + "ssm_conv1d.weight": [dc, di + 2 * ng * ds], b + "ssm_conv1d.bias": [di + 2 * ng * ds],
