@@ -1,21 +1,43 @@
-"""CPU cost of the metrics sidecar following N census segments (not a pytest test: run it).
+"""CPU cost of the metrics sidecar following N censused processes (not a pytest test: run it).
 
     .venv/bin/python tests/perf_sidecar_cpu.py [--processes 8] [--interval 1] [--seconds 30]
-                                                 [--exporter otlp|prometheus] [--nvml]
+                     [--exporter otlp|prometheus] [--workload synthetic|cuda] [--nvml|--no-nvml] [--out DIR]
 
-N `sleep` processes stand for CUDA processes of the run's tree; each has a census segment, mapped
-and updated once a second by a separate writer process through the native tally (real CUPTI
-records: ~1000 kernels and 50 copies per process per second, window ring full from the start), so
-the sidecar reads live segments, as in a run. The sidecar exports over OTLP/gRPC to a receiver in
-another process (or serves Prometheus, scraped by another process at the same interval). Only this
-process's CPU is counted (time.process_time: all its threads), over `--seconds` of wall time.
-Prints one line of JSON and a sentence; the target is < 1% of one core at 8 processes and 1 s.
+On the H200, one command (after `source tests/gpu/device_setup.sh`; ~60 s: 8 torch processes
+start CUDA in ~10-20 s, 2 s warm-up, 30 s measured, teardown):
+
+    timeout 150 python3 tests/perf_sidecar_cpu.py --workload cuda --seconds 30 --out $OUT/sidecar_cpu
+
+Expected: one JSON line and a sentence, e.g. "sidecar following 8 processes at 1 s (otlp, NVML on,
+GPM on 1 GPU): 0.6% of one core over 30 s"; the JSON has the census reads, OTLP exports that
+succeeded, kernels and D2H bytes the 8 processes did in the window, and the metric names the
+receiver got (`hw.gpu.utilization`, `gpu_census.sm.occupancy` among them). Target: < 1 % of one
+core. Exit 1 if fewer processes were followed than started (or a worker failed).
+
+On the CPU machine (~35 s; as measured for docs/measurements.md §7):
+
+    .venv/bin/python tests/perf_sidecar_cpu.py --seconds 30 [--exporter prometheus]
+
+--workload synthetic (the default): N `sleep` processes stand for CUDA processes of the run's
+tree; each has a census segment, mapped and updated once a second by a separate writer process
+through the native tally (real CUPTI records: ~1000 kernels and 50 copies per process per second,
+window ring full from the start), so the sidecar reads live segments, as in a run.
+--workload cuda: N Python processes (--python, with torch) each run a small CUDA loop (1024²
+matmuls and a small device-to-host copy, ~100 times a second) under the census injector (the
+environment `otel-gpu-census run` gives its command), children of this process as a server's
+workers are of `run`; NVML and GPM sampling are on unless --no-nvml.
+The sidecar exports over OTLP/gRPC to a receiver in another process (or serves Prometheus, scraped
+by another process at the same interval). Only this process's CPU is counted (time.process_time:
+all its threads), over `--seconds` of wall time. With --out: sidecar_cpu.json there (and the
+workers' stderr in cuda mode).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,12 +156,80 @@ def _direct_totals(seg, kernels: int, kernel_ns: int, copies: int) -> None:
 
 
 def _receiver() -> None:
+    """Receive until stdin closes, then print what arrived (names, not every point: runs can be long)."""
+    import threading
     from otlp_receiver import OtlpReceiver
     rx = OtlpReceiver(http_enabled=False)
+    names: set = set()
+    got = {"requests": 0, "points": 0}
+    lock = threading.Lock()
+
+    def fold() -> None:
+        with lock:
+            pts = rx.snapshot()
+            got["requests"] += rx.requests
+            rx.clear()
+            got["points"] += len(pts)
+            names.update(p.name for p in pts)
+
+    def fold_every_minute() -> None:
+        while True:
+            time.sleep(60)
+            fold()
+    threading.Thread(target=fold_every_minute, daemon=True).start()
     print(rx.grpc_port, flush=True)
+    sys.stdin.read()                    # until the parent closes our stdin
+    fold()
+    print(json.dumps({**got, "names": sorted(names)}), flush=True)
+    rx.close()
+
+
+def _cuda_worker(seconds: float) -> None:
+    """A small CUDA loop (the process a GPU server's worker would be): matmuls and a small D2H copy."""
+    import torch
+    x = torch.randn(1024, 1024, device="cuda")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(4):
+            y = x @ x
+        y[:4, :4].cpu()                 # device-to-host, and a sync
+        time.sleep(0.008)
+
+
+def _start_cuda_workers(a, census_dir: str, children: list, out) -> list:
+    """N censused CUDA processes, children of this one; returns them once each has a segment."""
+    from otel_gpu_census import launcher, reader
+    plan = launcher.build_env(census_dir)
+    for w in plan.warnings:
+        print(f"census: {w}", file=sys.stderr)
+    if not plan.census_on:
+        raise RuntimeError("the census is off (see above): nothing to follow")
+    life = a.seconds + a.start_timeout + 60
+    workers = []
+    for i in range(a.processes):
+        err = open(os.path.join(out, f"worker{i}.stderr"), "w") if out else None   # else on our stderr
+        p = subprocess.Popen([a.python, __file__, "--role", "cuda-worker", str(life)], env=plan.env,
+                             stdout=subprocess.DEVNULL, stderr=err)
+        if err:
+            err.close()
+        children.append(p)
+        workers.append(p)
+    pids = {p.pid for p in workers}
+    deadline = time.monotonic() + a.start_timeout
+    where = os.path.join(out, "worker*.stderr") if out else "above"
     while True:
-        time.sleep(3600)
-        rx.clear()
+        dead = [p for p in workers if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{len(dead)} CUDA worker(s) exited (status {dead[0].returncode}) before the "
+                               f"measurement; their stderr: {where}")
+        procs, _ = reader.scan(census_dir, detail=False)
+        have = {c.pid for c in procs} & pids
+        if have == pids:
+            return workers
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(have)} of {len(pids)} CUDA workers wrote a census segment within "
+                               f"{a.start_timeout:g} s (is the census on? the workers' stderr: {where})")
+        time.sleep(0.5)
 
 
 def _scraper(port: int, interval: float) -> None:
@@ -158,10 +248,20 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--exporter", choices=("otlp", "prometheus"), default="otlp")
-    ap.add_argument("--nvml", action="store_true", help="also sample NVML (on a GPU machine)")
+    ap.add_argument("--workload", choices=("synthetic", "cuda"), default="synthetic",
+                    help="synthetic segments (any machine) or real CUDA processes under the census (GPU machine)")
+    ap.add_argument("--nvml", action=argparse.BooleanOptionalAction, default=None,
+                    help="sample NVML and GPM too (default: on with --workload cuda, off otherwise)")
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for --workload cuda")
+    ap.add_argument("--start-timeout", type=float, default=120.0,
+                    help="seconds for the CUDA workers to write their segments (default 120)")
+    ap.add_argument("--out", help="folder for sidecar_cpu.json (and the workers' stderr)")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.role == "cuda-worker":
+        _cuda_worker(float(a.args[0]))
+        return 0
     if a.role == "writer":
         _writer(a.args[0], [int(x) for x in a.args[2:]], int(a.args[1]))
         return 0
@@ -172,25 +272,40 @@ def main() -> int:
         _scraper(int(a.args[0]), float(a.args[1]))
         return 0
 
+    if a.nvml is None:
+        a.nvml = a.workload == "cuda"
+    # An outer `timeout` sends SIGTERM: unwind through `finally`, so no CUDA worker outlives us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    out = a.out
+    if out:
+        os.makedirs(out, exist_ok=True)
     for k in list(os.environ):      # the OTel SDK's settings, not the census's own (OTEL_GPU_CENSUS_LIB)
         if k.startswith("OTEL_") and not k.startswith("OTEL_GPU_CENSUS_"):
             del os.environ[k]
     children = []
     me = [sys.executable, __file__]
+    tmp = tempfile.mkdtemp(prefix="census-perf-")
+    os.chmod(tmp, 0o700)
+    rx = None
     try:
-        sleepers = [subprocess.Popen(["sleep", str(a.seconds + 120)]) for _ in range(a.processes)]
-        children += sleepers
-        tmp = tempfile.mkdtemp(prefix="census-perf-")
-        os.chmod(tmp, 0o700)
-        writer = subprocess.Popen(me + ["--role", "writer", tmp, str(os.getpid())] + [str(p.pid) for p in sleepers],
-                                  stdout=subprocess.PIPE, text=True)
-        children.append(writer)
-        if writer.stdout.readline().strip() != "ready":
-            print("the segment writer failed (its error is above)", file=sys.stderr)
-            return 1
+        if a.workload == "cuda":
+            try:
+                _start_cuda_workers(a, tmp, children, out)
+            except RuntimeError as e:
+                print(f"perf_sidecar_cpu: {e}", file=sys.stderr)
+                return 1
+        else:
+            sleepers = [subprocess.Popen(["sleep", str(a.seconds + 120)]) for _ in range(a.processes)]
+            children += sleepers
+            writer = subprocess.Popen(me + ["--role", "writer", tmp, str(os.getpid())] + [str(p.pid) for p in sleepers],
+                                      stdout=subprocess.PIPE, text=True)
+            children.append(writer)
+            if writer.stdout.readline().strip() != "ready":
+                print("the segment writer failed (its error is above)", file=sys.stderr)
+                return 1
         from otel_gpu_census import metrics, reader
         if a.exporter == "otlp":
-            rx = subprocess.Popen(me + ["--role", "receiver"], stdout=subprocess.PIPE, text=True)
+            rx = subprocess.Popen(me + ["--role", "receiver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             children.append(rx)
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{rx.stdout.readline().strip()}"
         handle = metrics.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
@@ -199,35 +314,62 @@ def main() -> int:
             children.append(subprocess.Popen(me + ["--role", "scraper", str(handle.prometheus_port), str(a.interval)]))
         time.sleep(2 * a.interval)                        # warm up: imports, first exports
         reads0 = handle.census.reads
+        work0 = _work(handle)
         c0, w0 = time.process_time(), time.monotonic()
         time.sleep(a.seconds)
         cpu, wall = time.process_time() - c0, time.monotonic() - w0
         reads = handle.census.reads - reads0
+        handle.census.refresh()
+        work1 = _work(handle)
         followed = len(handle.census.processes())
         otlp = handle._exporting.otlp
         exports_ok = otlp.successes if otlp else None
+        sampler = handle.nvml
+        gpm_gpus = sum(1 for d in sampler.devices if d.gpm) if sampler else 0
         handle.stop()
+        received = None
+        if rx is not None:
+            try:
+                rx_out, _ = rx.communicate(timeout=15)     # closes its stdin: it prints what it received
+                received = json.loads(rx_out.strip().splitlines()[-1])
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                received = {"error": "the receiver did not report"}
         # For comparison: one full reader.scan (windows and steps parsed) of the same folder.
         t = time.process_time()
         for _ in range(5):
             reader.scan(tmp)
         full_scan_ms = (time.process_time() - t) / 5 * 1000
         result = {
-            "processes": a.processes, "followed": followed, "interval_s": a.interval, "exporter": a.exporter,
-            "nvml": a.nvml, "wall_s": round(wall, 2), "cpu_s": round(cpu, 4),
+            "workload": a.workload, "processes": a.processes, "followed": followed, "interval_s": a.interval,
+            "exporter": a.exporter, "nvml": a.nvml, "nvml_open": sampler is not None, "gpm_gpus": gpm_gpus,
+            "wall_s": round(wall, 2), "cpu_s": round(cpu, 4),
             "cpu_pct_of_one_core": round(100 * cpu / wall, 3), "census_reads": reads,
             "otlp_exports_ok": exports_ok, "full_scan_ms_for_comparison": round(full_scan_ms, 2),
+            "kernels_in_window": work1[0] - work0[0], "d2h_bytes_in_window": work1[1] - work0[1],
+            "received": received,
         }
         print(json.dumps(result))
-        print(f"sidecar following {followed} processes at {a.interval:g} s ({a.exporter}): "
+        nv = "" if not a.nvml else (", NVML off: unusable here" if sampler is None else
+                                    f", NVML on, GPM on {gpm_gpus} of {len(sampler.devices)} GPU(s)")
+        print(f"sidecar following {followed} processes at {a.interval:g} s ({a.exporter}{nv}): "
               f"{result['cpu_pct_of_one_core']}% of one core over {wall:.0f} s "
               f"({reads} census reads; a full scan with windows would cost {full_scan_ms:.1f} ms each)")
+        if out:
+            with open(os.path.join(out, "sidecar_cpu.json"), "w") as f:
+                json.dump(result, f, indent=1)
         return 0 if followed == a.processes else 1
     finally:
         for c in children:
-            c.kill()
+            if c.poll() is None:
+                c.kill()
             c.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
+
+def _work(handle) -> tuple:
+    """(kernels, device-to-host bytes) the followed processes did so far, all GPUs."""
+    totals = handle.census.device_totals().values()
+    return (sum(d.kernel_count for d in totals), sum(d.copies.get("dtoh").bytes for d in totals))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -48,7 +48,7 @@ data, plus the load summaries and checks), otlp_points.jsonl (every data point r
 server.log (the `run` command's output, the census report at its end), census_report.json.
 Exit status: 0 with a table; 1 when the server or the load failed or nothing arrived over OTLP, or
 (with --expect-gpu) when a census or NVML column stayed empty; 2 for bad arguments; 3 when the
---max-s watchdog fired (everything it started is killed first).
+--max-s watchdog fired, 143 on SIGTERM (everything it started is killed first).
 """
 from __future__ import annotations
 
@@ -410,21 +410,23 @@ def _make_model(a) -> Optional[str]:
 
 
 class Watchdog:
-    """Kills what this script started and exits 3 if the whole run outlives --max-s."""
+    """Kills what this script started and exits 3 if the whole run outlives --max-s; the same, with
+    status 143, on SIGTERM (an outer `timeout`: the server runs in a session of its own, which that
+    signal would not reach)."""
 
     def __init__(self, seconds: float):
         self.procs: List[subprocess.Popen] = []
-        self._timer = threading.Timer(seconds, self._fire, args=(seconds,))
+        self._timer = threading.Timer(seconds, self._abort, args=(f"still running after --max-s {seconds:g} s", 3))
         self._timer.daemon = True
         self._timer.start()
+        signal.signal(signal.SIGTERM, lambda *_: self._abort("terminated (SIGTERM)", 143))
 
-    def _fire(self, seconds: float) -> None:
-        print(f"llama_metrics_table: still running after --max-s {seconds:g} s: killing the server and "
-              "exiting (no table)", file=sys.stderr, flush=True)
+    def _abort(self, why: str, code: int) -> None:
+        print(f"llama_metrics_table: {why}: killing the server and exiting (no table)", file=sys.stderr, flush=True)
         for p in self.procs:
             if p.poll() is None:
                 _kill_group(p)
-        os._exit(3)
+        os._exit(code)
 
     def cancel(self) -> None:
         self._timer.cancel()
