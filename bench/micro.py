@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import shlex
 import sys
 import time
@@ -119,11 +119,15 @@ def parse_variants(a: argparse.Namespace, log: bl.Log) -> Dict[str, Dict[str, An
              "census": {"base": "census", "env": {}},
              # the lighter mode: one record per graph launch (GRAPH_TRACE) instead of one per node
              "floor-graph": {"base": "floor", "env": {"CUPTI_FLOOR_KINDS": graph_kinds}},
-             "census-graph": {"base": "census", "env": {"OTEL_GPU_CENSUS_GRAPHS": "launch"}}}
+             "census-graph": {"base": "census", "env": {"OTEL_GPU_CENSUS_GRAPHS": "launch"}},
+             # lighter modes: no kernel records at all, or kernels traced ON_MS of every PERIOD_MS
+             "census-kernels-off": {"base": "census", "env": {"OTEL_GPU_CENSUS_KERNELS": "off"}},
+             "census-sampled": {"base": "census", "env": {"OTEL_GPU_CENSUS_KERNELS": a.sample}}}
+    floors = {"census-graph": "floor-graph"}   # the floor each census variant is set against
     out = {}
     for name in a.variants.split(","):
         if name in known:
-            out[name] = dict(known[name], floor=name.replace("census", "floor"))
+            out[name] = dict(known[name], floor=floors.get(name, "floor"))
         elif name:
             log(f"unknown variant {name!r} ignored (define it with --variant)")
     for spec in a.variant or []:
@@ -171,7 +175,16 @@ def run_child(a: argparse.Namespace, variant: Dict[str, Any], census_dir: Path, 
             launches = sum(m["graph_launches"] for m in mine)
             # Every add_ is a kernel (torch's init adds a few more): fewer means records were lost.
             # Per-launch graph mode counts graph launches instead of the kernels inside them.
-            if variant["env"].get("OTEL_GPU_CENSUS_GRAPHS") == "launch":
+            # With kernels off none may be counted; sampled counts a share (reported, not checked).
+            kmode = variant["env"].get("OTEL_GPU_CENSUS_KERNELS", "all")
+            row["census_kernels"] = kernels
+            if kmode == "off":
+                row["census_kernels_ok"] = kernels == 0
+            elif kmode != "all":
+                on, period = (int(x) for x in kmode.split("/"))
+                row["census_kernel_share"] = bl.rnd(kernels / max(res["adds_executed"], 1))
+                row["census_kernel_share_expected"] = bl.rnd(on / period)
+            elif variant["env"].get("OTEL_GPU_CENSUS_GRAPHS") == "launch":
                 row["census_kernels_ok"] = (kernels >= res["adds_eager"]
                                             and launches >= res["graph_launches_executed"])
             else:
@@ -213,7 +226,21 @@ def summarise(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: Dict[
                 "pair_ratios": [bl.rnd(p / v) for p, v, _ in pairs],
             }
             triples = [(p, v, f) for p, v, f in pairs if f is not None]
-            if variants[name]["base"] == "census" and triples:
+            lighter = "OTEL_GPU_CENSUS_KERNELS" in variants[name]["env"]
+            if variants[name]["base"] == "census" and triples and lighter:
+                # fewer kernel records than the floor collects: a comparison, not the 10 % target
+                row["floor_variant"] = ref
+                row["vs_floor_pct"] = bl.rnd(bl.median((v / f - 1) * 100 for _, v, f in triples), 2)
+                shares = [r["census_kernel_share"] for r in runs if r.get("variant") == name
+                          and r.get("census_kernel_share") is not None]
+                counts = [r["census_kernels"] for r in runs if r.get("variant") == name and "census_kernels" in r]
+                row["census_kernels_median"] = bl.median(counts)
+                if shares:
+                    row["census_kernel_share"] = bl.rnd(bl.median(shares))
+                    row["census_kernel_share_expected"] = next(r["census_kernel_share_expected"] for r in runs
+                                                               if r.get("variant") == name
+                                                               and "census_kernel_share_expected" in r)
+            elif variants[name]["base"] == "census" and triples:
                 above = bl.median((v / f - 1) * 100 for _, v, f in triples)
                 f_added = bl.median((f - p) for p, _, f in triples)
                 v_added = bl.median((v - p) for p, v, _ in triples)
@@ -227,15 +254,18 @@ def summarise(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: Dict[
 
 
 def print_table(rows: List[Dict[str, Any]]) -> None:
-    print(f"\n{'workload':<14}{'variant':<16}{'plain/s':>12}{'variant/s':>12}{'ratio':>8}"
-          f"{'us/launch':>11}{'>floor %':>10}{'pairs':>7}")
+    print(f"\n{'workload':<14}{'variant':<20}{'plain/s':>12}{'variant/s':>12}{'ratio':>8}"
+          f"{'us/launch':>11}{'>floor %':>10}{'pairs':>7}  kernels counted")
     for r in rows:
         if "error" in r:
-            print(f"{r['workload']:<14}{r['variant']:<16}  {r['error']}")
+            print(f"{r['workload']:<14}{r['variant']:<20}  {r['error']}")
             continue
-        af = r.get("above_floor_pct")
-        print(f"{r['workload']:<14}{r['variant']:<16}{r['plain']:>12,}{r['census']:>12,}{r['ratio']:>8.4f}"
-              f"{r['us_added_per_launch']:>11.3f}{'' if af is None else f'{af:.2f}':>10}{r['pairs']:>7}")
+        af = r.get("above_floor_pct", r.get("vs_floor_pct"))   # vs_floor: a lighter mode, no target
+        share = (f"  {r['census_kernel_share']:.3f} of launches (expected {r['census_kernel_share_expected']})"
+                 if r.get("census_kernel_share") is not None
+                 else (f"  {r['census_kernels_median']}" if "census_kernels_median" in r else ""))
+        print(f"{r['workload']:<14}{r['variant']:<20}{r['plain']:>12,}{r['census']:>12,}{r['ratio']:>8.4f}"
+              f"{r['us_added_per_launch']:>11.3f}{'' if af is None else f'{af:.2f}':>10}{r['pairs']:>7}{share}")
 
 
 def estimate_child_s(a: argparse.Namespace) -> float:
@@ -253,7 +283,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default="plain,floor,census,floor-graph,census-graph",
                     help="of plain, floor, census, floor-graph, census-graph (GRAPH_TRACE: one record "
-                         "per graph launch) and names given with --variant")
+                         "per graph launch), census-kernels-off (OTEL_GPU_CENSUS_KERNELS=off), "
+                         "census-sampled (OTEL_GPU_CENSUS_KERNELS=--sample) and names given with --variant")
+    ap.add_argument("--sample", default="100/1000",
+                    help="OTEL_GPU_CENSUS_KERNELS of census-sampled: ON_MS/PERIOD_MS (default 100/1000)")
     ap.add_argument("--variant", nargs="+", action="append", metavar="NAME BASE K=V",
                     help="extra variant: name, base (plain|floor|census), env settings; repeatable")
     ap.add_argument("--workloads", default="eager,graph")
@@ -270,6 +303,9 @@ def main() -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.workloads = [w for w in a.workloads.split(",") if w in WORKLOADS]
+    m = re.fullmatch(r"(\d+)/(\d+)", a.sample)
+    if not m or not 0 < int(m.group(1)) <= int(m.group(2)):
+        ap.error(f"--sample {a.sample!r}: want ON_MS/PERIOD_MS with 0 < ON_MS <= PERIOD_MS, e.g. 100/1000")
     if a.child:
         child(a)
         return 0
@@ -310,7 +346,7 @@ def main() -> int:
         "benchmark": "micro", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join(shlex.quote(x) for x in sys.argv), "environment": env,
         "config": {k: getattr(a, k) for k in ("rounds", "workloads", "eager_n", "warmup", "reps",
-                                              "graph_nodes", "graph_replays", "floor_kinds")},
+                                              "graph_nodes", "graph_replays", "floor_kinds", "sample")},
         "variants": variants, "rows": [], "runs": runs,
     }
     rounds_done = 0
@@ -340,7 +376,7 @@ def main() -> int:
                                   for n in variants}
     bl.write_json(out_path, result)
     print_table(result["rows"])
-    print(f"\nprocess wall time (start to exit), median: "
+    print("\nprocess wall time (start to exit), median: "
           + ", ".join(f"{n} {s:.2f}s" for n, s in result["process_s_median"].items() if s))
     print(f"rounds done: {rounds_done}/{a.rounds}; results: {out_path}")
     ok = rounds_done > 0 and all("error" not in r for r in result["rows"])

@@ -5,10 +5,18 @@
          [--prompt-tokens 1800] [--n-predict 64] [--seed 1] [--out load.json]
 
 Each request sends a distinct prompt as a list of token ids (exact length, no tokenizer needed),
-streams the answer and records TTFT (first SSE event), end-to-end time and output tokens. Prompts
-are distinct so every request brings new context, as in production, and llama-server's prompt
-cache and checkpoints do their work (and their copies). ``ignore_eos`` keeps every answer at
-n_predict tokens even with random weights. Every request and the whole run are bounded in time.
+streams the answer and records TTFT (first SSE event), end-to-end time, output tokens and the
+arrival time of every token event. Prompts are distinct so every request brings new context, as in
+production, and llama-server's prompt cache and checkpoints do their work (and their copies).
+``ignore_eos`` keeps every answer at n_predict tokens even with random weights. Every request and
+the whole run are bounded in time.
+
+Two throughputs: ``output_tok_s`` over the whole load (first request sent to last answer done), and
+``steady_tok_s``, the token events that arrived while every client was busy: after the last of the
+first wave of requests (one per client) got its first token, and before the first client finished
+its last request. The steady figure leaves out the ramp-up (all prompts at once) and the tail (fewer
+streams than clients); both are reported. Per request, ``ev`` holds the token events' arrival times
+compactly (see encode_times).
 """
 from __future__ import annotations
 
@@ -32,12 +40,59 @@ def prompt_ids(seed: int, i: int, n: int, lo: int = 1000, hi: int = 100000) -> L
     return [rng.randrange(lo, hi) for _ in range(n)]
 
 
+def encode_times(ts: List[float], t0: float) -> str:
+    """Times (monotonic s) as ms after t0 for the first, then ms steps, comma-separated ints.
+
+    About 3 characters an event; rounding does not accumulate (each step is taken between rounded
+    absolute times), so decode_times is within 0.5 ms of every original time."""
+    out, prev = [], 0
+    for t in ts:
+        ms = round((t - t0) * 1000)
+        out.append(ms - prev)
+        prev = ms
+    return ",".join(map(str, out))
+
+
+def decode_times(s: Optional[str]) -> List[float]:
+    """Inverse of encode_times: seconds after t0."""
+    if not s:
+        return []
+    out, acc = [], 0
+    for d in s.split(","):
+        acc += int(d)
+        out.append(acc / 1000)
+    return out
+
+
+def steady_state(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Tokens a second while every client had a request in flight (see the module docstring).
+
+    Needs per request: client, start, end (s after the load's t0), ev (encode_times against the same
+    t0). Returns steady_tok_s None (with steady_why) when the window is empty: fewer than two
+    requests per client, or a first-wave request without a token."""
+    by_client: Dict[int, List[Dict[str, Any]]] = {}
+    for r in results:
+        by_client.setdefault(r.get("client", 0), []).append(r)
+    firsts = [min(rs, key=lambda r: r["start"]) for rs in by_client.values()]
+    lasts = [max(rs, key=lambda r: r["start"]) for rs in by_client.values()]
+    if any(not r.get("ev") for r in firsts):
+        return {"steady_tok_s": None, "steady_why": "a first-wave request got no token"}
+    t_a = max(decode_times(r["ev"])[0] for r in firsts)
+    t_b = min(r["end"] for r in lasts)
+    if t_b <= t_a:
+        return {"steady_tok_s": None, "steady_why": "no window with every client busy (too few requests per client)"}
+    n = sum(1 for r in results for t in decode_times(r.get("ev")) if t_a < t <= t_b)
+    return {"steady_tok_s": round(n / (t_b - t_a), 2), "steady_tokens": n,
+            "steady_from_s": round(t_a, 3), "steady_to_s": round(t_b, 3)}
+
+
 async def one_request(session: aiohttp.ClientSession, url: str, body: Dict[str, Any],
                       timeout_s: float) -> Dict[str, Any]:
     t0 = time.monotonic()
     r: Dict[str, Any] = {"start": t0}
     content: List[str] = []
     tokens: List[int] = []
+    times: List[float] = []   # arrival of each token event (the final stop event is not a token)
     events = 0
     try:
         async with session.post(url + "/completion", json=body,
@@ -49,10 +104,13 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: Dict[str, 
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
+                now = time.monotonic()
                 if "ttft_s" not in r:
-                    r["ttft_s"] = time.monotonic() - t0
+                    r["ttft_s"] = now - t0
                 ev = json.loads(line[5:])
                 events += 1
+                if not ev.get("stop"):
+                    times.append(now)
                 if ev.get("content"):
                     content.append(ev["content"])
                 tokens.extend(ev.get("tokens") or [])
@@ -70,6 +128,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: Dict[str, 
     r["tokens_out"] = r.get("predicted_n") or max(events - 1, 0)
     r["content"] = "".join(content)
     r["token_ids"] = tokens
+    r["times"] = times
     return r
 
 
@@ -83,7 +142,7 @@ async def run_load_async(url: str, clients: int, requests: int, prompt_tokens: i
     # force_close: llama-server may close a connection after a streamed response.
     conn = aiohttp.TCPConnector(limit=clients, force_close=True)
     async with aiohttp.ClientSession(connector=conn) as session:
-        async def worker() -> None:
+        async def worker(client: int) -> None:
             while True:
                 try:
                     i = queue.get_nowait()
@@ -93,9 +152,10 @@ async def run_load_async(url: str, clients: int, requests: int, prompt_tokens: i
                         "stream": True, "ignore_eos": True, "seed": seed + i, **(extra or {})}
                 r = await one_request(session, url, body, request_timeout_s)
                 r["i"] = i
+                r["client"] = client
                 results.append(r)
 
-        await asyncio.gather(*(worker() for _ in range(clients)))
+        await asyncio.gather(*(worker(c) for c in range(clients)))
     return summarise(results)
 
 
@@ -108,6 +168,7 @@ def summarise(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     for r in results:
         r["start"] = round(r["start"] - t0, 4)
         r["end"] = round(r["end"] - t0, 4)
+        r["ev"] = encode_times(r.pop("times", []), t0)
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
     e2e = [r["e2e_s"] for r in ok]
     return {
@@ -119,6 +180,7 @@ def summarise(results: List[Dict[str, Any]]) -> Dict[str, Any]:
         "cached_tokens": sum(r.get("cache_n") or 0 for r in ok),
         "ttft_p50_s": bl.rnd(bl.quantile(ttft, 0.5)), "ttft_p90_s": bl.rnd(bl.quantile(ttft, 0.9)),
         "e2e_p50_s": bl.rnd(bl.quantile(e2e, 0.5)), "e2e_p90_s": bl.rnd(bl.quantile(e2e, 0.9)),
+        **steady_state(results),
         "per_request": results,
     }
 

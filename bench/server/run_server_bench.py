@@ -1,44 +1,86 @@
 #!/usr/bin/env python3
-"""llama-server under load: plain vs census vs census + proxy, alternating, with bounded cycles.
+"""llama-server under load: plain vs census variants vs census + proxy, alternating, bounded cycles.
 
   python bench/server/run_server_bench.py --server BUILD/cmake/bin/llama-server --model M.gguf \\
-         --out DIR [--rounds 5] [--flag-sets default,nocache] [--variants plain,census[,census+proxy]] \\
+         --out DIR [--rounds 5] [--flag-sets default,nocache] [--variants plain,census[,...]] \\
          [--budget-s 540] [--vocab ggml-vocab-llama-bpe.gguf]   # --vocab: make M.gguf if missing
+  python bench/server/run_server_bench.py ... --proxy-pairs 8 [--flag-sets nocache]   # one server
 
-One cycle = start llama-server (-ngl 99 -np 16 -c 32768 + the flag set), wait for /health, run the
-streaming load (bench/server/load.py: 16 clients, 64 requests of ~1,800 prompt tokens and 64 output
-tokens), stop it (SIGTERM, bounded wait, then SIGKILL) and, for census variants, read the server's
-census segment: device-to-host bytes per request, counted over the load only (a read taken just
-before the load is subtracted). Variants alternate in every round (ABBA order), so each round gives
-one pair per variant and flag set; rows report medians of the pair ratios.
+Restart mode (default). One cycle = start llama-server (-ngl 99 -np 16 -c 32768 + the flag set),
+wait for /health, run the streaming load (bench/server/load.py: 16 clients, 64 requests of ~1,800
+prompt tokens and 64 output tokens), stop it (SIGTERM, bounded wait, then SIGKILL) and, for census
+variants, read the server's census segment: device-to-host bytes per request, counted over the load
+only (a read taken just before the load is subtracted). Variants alternate in every round (ABBA
+order), so each round gives one pair per variant and flag set; rows report medians of the pair
+ratios. The census is injected at process start, so census vs plain needs a fresh server per cycle.
+
+Variants (the environment each adds is recorded in the results, `variant_env`):
+  plain               no census;
+  census              the injector in its default mode;
+  census-kernels-off  OTEL_GPU_CENSUS_KERNELS=off (copies and memsets only);
+  census-sampled      OTEL_GPU_CENSUS_KERNELS=--sample (default 100/1000: kernels traced 100 ms a s);
+  census+proxy        census, loaded through `otel-gpu-census proxy` in front of the server.
+
+Same-server proxy mode (--proxy-pairs N): ONE llama-server under the census (--proxy-census picks
+the variant) with the proxy in front, warmed up, then N pairs of loads alternating direct and
+through the proxy (ABBA) on that server, --gap-s apart. Server start-up variance is gone from the
+pairs; the row's plain is direct, census is through the proxy, ratio the median proxy/direct pair
+ratio (the proxy's cost: target at most 1 % lower). Defaults: 48 requests a load (3 per client),
+about 9 s on the random 8B model on an H200: 8 pairs in about 3 minutes.
+
+Every load reports two throughputs (bench/server/load.py): whole-load output tok/s, the headline
+that `ratio` uses, and steady-state tok/s (tokens that arrived while every client was busy: ramp-up
+and tail left out), with its own `steady_ratio`; rows also give the spread of both, so the quieter
+figure can be chosen from the data.
 
 Flag sets: default (llama-server's own defaults) and nocache (--cache-ram 0 --ctx-checkpoints 0).
 Census modes (--census-mode): env sets CUDA_INJECTION64_PATH / OTEL_GPU_CENSUS_DIR itself; run
 starts the server under `python -m otel_gpu_census.cli run`; auto picks run when the package
-imports. The census+proxy variant puts `otel-gpu-census proxy` in front and loads through it.
-A plan with estimated minutes is printed first; no cycle is started that would end past --budget-s.
+imports. A plan with estimated minutes is printed first; no cycle (or pair) is started that would
+end past --budget-s.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import benchlib as bl  # noqa: E402
+import load  # noqa: E402
 
 FLAG_SETS = {"default": [], "nocache": ["--cache-ram", "0", "--ctx-checkpoints", "0"]}
-VARIANTS = ("plain", "census", "census+proxy")
+VARIANTS = ("plain", "census", "census+proxy", "census-kernels-off", "census-sampled")
+PER_REQUEST_KEYS = ("i", "client", "start", "end", "ttft_s", "e2e_s", "tokens_out", "prompt_n", "cache_n",
+                    "id_slot", "error", "ev")
+
+
+def variant_env(variant: str, sample: str) -> Dict[str, str]:
+    """What a variant adds to the server's environment (besides the injector itself)."""
+    if variant == "census-kernels-off":
+        return {"OTEL_GPU_CENSUS_KERNELS": "off"}
+    if variant == "census-sampled":
+        return {"OTEL_GPU_CENSUS_KERNELS": sample}
+    return {}
+
+
+def sample_arg(s: str) -> str:
+    """argparse type of --sample: ON_MS/PERIOD_MS with 0 < ON_MS <= PERIOD_MS."""
+    m = re.fullmatch(r"(\d+)/(\d+)", s.strip())
+    if not m or not 0 < int(m.group(1)) <= int(m.group(2)):
+        raise argparse.ArgumentTypeError(f"{s!r}: want ON_MS/PERIOD_MS with 0 < ON_MS <= PERIOD_MS, e.g. 100/1000")
+    return f"{int(m.group(1))}/{int(m.group(2))}"
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -83,12 +125,25 @@ def log_evidence(path: Path, limit: int = 6) -> List[str]:
     return [ln.strip()[:240] for ln in lines if any(k in ln.lower() for k in keys)][-limit:]
 
 
+def load_record(res: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """A load's summary and its compact per-request list (token event times included)."""
+    def short(v: Any) -> Any:
+        return round(v, 4) if isinstance(v, float) else v
+    return ({k: v for k, v in res.items() if k != "per_request"},
+            [{k: short(r.get(k)) for k in PER_REQUEST_KEYS} for r in res.get("per_request", [])])
+
+
+def complete(ld: Optional[Dict[str, Any]]) -> bool:
+    return bool(ld) and ld.get("ok") == ld.get("requests") and bool(ld.get("output_tok_s"))
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace, log: bl.Log, work: Path):
         self.a, self.log, self.work = a, log, work
         self.lib = bl.census_lib(a.census_lib)
         self.cycle_no = 0
         self.cycle_s: List[float] = []
+        self.server_env = dict(kv.split("=", 1) for kv in a.server_env)
 
     def census_mode(self) -> str:
         if self.a.census_mode != "auto":
@@ -103,24 +158,29 @@ class Bench:
         env["OTEL_GPU_CENSUS_LIB"] = str(self.lib)
         return env
 
+    def env_of(self, variant: str) -> Dict[str, str]:
+        """The environment a variant's server gets on top of the injector's own variables."""
+        return {**variant_env(variant, self.a.sample), **self.server_env}
+
     def server_cmd(self, port: int, flags: str) -> List[str]:
         a = self.a
         return ([a.server, "-m", a.model, "-ngl", "99", "-np", str(a.np), "-c", str(a.ctx),
                  "--host", "127.0.0.1", "--port", str(port)]
                 + FLAG_SETS[flags] + shlex.split(a.server_args))
 
-    def cycle(self, variant: str, flags: str, rnd: int, requests: Optional[int] = None) -> Dict[str, Any]:
+    def launch(self, variant: str, flags: str, n: int, rec: Dict[str, Any]
+               ) -> Optional[Tuple[subprocess.Popen, str, Path]]:
+        """Start llama-server for a variant and wait for /health; for census variants, take the
+        baseline read. Returns (process, url, census folder), or None with rec["error"] set (the
+        process, if any, already stopped)."""
         a = self.a
-        n = self.cycle_no
-        self.cycle_no += 1
         port = a.port + (n % 40) * 2
         url = f"http://127.0.0.1:{port}"
         cdir = self.work / f"census-{n:03d}"
         slog = self.work / f"server-{n:03d}-{variant.replace('+', '_')}-{flags}.log"
-        rec: Dict[str, Any] = {"cycle": n, "round": rnd, "variant": variant, "flags": flags, "port": port}
+        rec.update(port=port, server_log=slog.name)
         cmd = self.server_cmd(port, flags)
-        censused = variant != "plain"
-        if not censused:
+        if variant == "plain":
             env = bl.plain_env()
         elif rec.setdefault("census_mode", self.census_mode()) == "run":
             cdir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -128,9 +188,8 @@ class Bench:
             cmd = [bl.python(), "-m", "otel_gpu_census.cli", "run", "--dir", str(cdir), "--"] + cmd
         else:
             env = bl.injected_env(self.lib, cdir)
-        env.update(dict(kv.split("=", 1) for kv in a.server_env))
-        t0 = time.monotonic()
-        proxy = None
+        rec["env"] = self.env_of(variant)
+        env.update(rec["env"])
         with open(slog, "w") as lf:
             lf.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
             lf.flush()
@@ -138,53 +197,127 @@ class Bench:
                 proc = subprocess.Popen(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as e:
                 rec["error"] = f"cannot start server: {e}"
-                return rec
-            try:
-                up = wait_health(url, proc, a.startup_timeout)
-                rec["startup_s"] = bl.rnd(up, 2)
-                if up is None:
-                    rec["error"] = (f"server exited rc={proc.returncode} before /health" if proc.poll() is not None
-                                    else f"no /health within {a.startup_timeout} s")
+                return None
+        up = wait_health(url, proc, a.startup_timeout)
+        rec["startup_s"] = bl.rnd(up, 2)
+        if up is None:
+            rec["error"] = (f"server exited rc={proc.returncode} before /health" if proc.poll() is not None
+                            else f"no /health within {a.startup_timeout} s")
+            rec["stop"] = bl.stop(proc, grace_s=a.stop_timeout)
+            return None
+        if variant != "plain":
+            time.sleep(1.2)  # CUPTI flushes every second: let start-up copies land before the baseline
+            rec["census_before"] = server_segments(cdir)
+        return proc, url, cdir
+
+    def census_after(self, rec: Dict[str, Any], cdir: Path, requests_ok: int) -> None:
+        """Device-to-host bytes per request over the loads (the baseline read subtracted)."""
+        after = server_segments(cdir)
+        rec["census_after"] = after
+        before = rec.get("census_before", {})
+        if "error" not in after and not after["processes"]:
+            rec["census_note"] = "no census segment: the server never completed a CUDA activity record"
+        elif "error" not in after and requests_ok:
+            rec["d2h_bytes_per_request"] = (after["dtoh_bytes"] - before.get("dtoh_bytes", 0)) // requests_ok
+            rec["d2h_bytes_per_request_incl_startup"] = after["dtoh_bytes"] // requests_ok
+            rec["census_state"] = [p["state"] for p in after["processes"]]
+        if not self.a.keep_segments:
+            bl.rm_tree(cdir)
+
+    def run_load(self, target: str, seed: int, requests: Optional[int] = None) -> Dict[str, Any]:
+        a = self.a
+        return load.run_load(target, a.clients, requests or a.requests, a.prompt_tokens, a.n_predict,
+                             seed=seed, request_timeout_s=a.request_timeout, total_timeout_s=a.load_timeout)
+
+    def cycle(self, variant: str, flags: str, rnd: int, requests: Optional[int] = None) -> Dict[str, Any]:
+        """Restart mode: a fresh server, one load, stop."""
+        a = self.a
+        n = self.cycle_no
+        self.cycle_no += 1
+        rec: Dict[str, Any] = {"cycle": n, "round": rnd, "variant": variant, "flags": flags}
+        t0 = time.monotonic()
+        srv = self.launch(variant, flags, n, rec)
+        if srv is None:
+            return rec
+        proc, url, cdir = srv
+        proxy = None
+        try:
+            target = url
+            if variant == "census+proxy":
+                proxy, target, why = self.start_proxy(rec["port"] + 1, url, cdir, proc.pid, n)
+                if proxy is None:
+                    rec["error"] = why
                     return rec
-                target = url
-                if censused:
-                    time.sleep(1.2)  # CUPTI flushes every second: let start-up copies land before the baseline
-                    rec["census_before"] = server_segments(cdir)
-                if variant == "census+proxy":
-                    proxy, target, why = self.start_proxy(port + 1, url, cdir, proc.pid, n)
-                    if proxy is None:
-                        rec["error"] = why
-                        return rec
-                import load
-                res = load.run_load(target, a.clients, requests or a.requests, a.prompt_tokens, a.n_predict,
-                                    seed=1000 * rnd + 1, request_timeout_s=a.request_timeout,
-                                    total_timeout_s=a.load_timeout)
-                rec["load"] = {k: v for k, v in res.items() if k != "per_request"}
-                rec["per_request"] = [{k: r.get(k) for k in ("i", "ttft_s", "e2e_s", "tokens_out", "prompt_n",
-                                                              "cache_n", "id_slot", "error")}
-                                      for r in res.get("per_request", [])]
-            finally:
-                if proxy is not None:
-                    rec["proxy_stop"] = bl.stop(proxy, grace_s=10)
-                rec["stop"] = bl.stop(proc, grace_s=a.stop_timeout)
+            rec["load"], rec["per_request"] = load_record(self.run_load(target, 1000 * rnd + 1, requests))
+        finally:
+            if proxy is not None:
+                rec["proxy_stop"] = bl.stop(proxy, grace_s=10)
+            rec["stop"] = bl.stop(proc, grace_s=a.stop_timeout)
         rec["cycle_s"] = round(time.monotonic() - t0, 1)
         self.cycle_s.append(rec["cycle_s"])
-        rec["server_log"] = slog.name
-        rec["log_evidence"] = log_evidence(slog)
-        if censused:
-            after = server_segments(cdir)
-            rec["census_after"] = after
-            before = rec.get("census_before", {})
-            ok = rec.get("load", {}).get("ok") or 0
-            if "error" not in after and not after["processes"]:
-                rec["census_note"] = "no census segment: the server never completed a CUDA activity record"
-            elif "error" not in after and ok:
-                load_dtoh = after["dtoh_bytes"] - before.get("dtoh_bytes", 0)
-                rec["d2h_bytes_per_request"] = load_dtoh // ok
-                rec["d2h_bytes_per_request_incl_startup"] = after["dtoh_bytes"] // ok
-                rec["census_state"] = [p["state"] for p in after["processes"]]
-            if not a.keep_segments:
-                bl.rm_tree(cdir)
+        rec["log_evidence"] = log_evidence(self.work / rec["server_log"])
+        if variant != "plain":
+            self.census_after(rec, cdir, rec.get("load", {}).get("ok") or 0)
+        return rec
+
+    def proxy_session(self, flags: str, pairs: int, on_pair: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+        """Same-server mode: one censused server, the proxy in front, loads alternating direct and
+        through the proxy (ABBA), --gap-s apart, until `pairs` pairs or the budget."""
+        a, log = self.a, self.log
+        n = self.cycle_no
+        self.cycle_no += 1
+        rec: Dict[str, Any] = {"session": n, "flags": flags, "variant": "census+proxy",
+                               "server_variant": a.proxy_census, "loads": []}
+        t0 = time.monotonic()
+        srv = self.launch(a.proxy_census, flags, n, rec)
+        if srv is None:
+            return rec
+        proc, url, cdir = srv
+        proxy = None
+        ok_requests = 0
+        try:
+            proxy, purl, why = self.start_proxy(rec["port"] + 1, url, cdir, proc.pid, n)
+            if proxy is None:
+                rec["error"] = why
+                return rec
+            targets = {"direct": url, "proxy": purl}
+            if a.warmup_requests:   # server (first batches, graphs) and proxy (imports, connections)
+                w = self.run_load(purl, 7, a.warmup_requests)
+                ok_requests += w.get("ok") or 0
+                rec["warmup"] = {k: w.get(k) for k in ("ok", "requests", "wall_s", "output_tok_s", "first_errors")}
+                log(f"warm-up through the proxy: {w.get('ok')}/{w.get('requests')} ok, {w.get('wall_s')} s")
+            walls: List[float] = []
+            for k in range(pairs):
+                if proc.poll() is not None:
+                    rec["error"] = f"server exited (rc={proc.returncode}) after {k} pairs"
+                    break
+                guess = (max(walls[-4:]) if walls else a.load_estimate_s) + a.gap_s
+                if log.elapsed() + 2 * guess * 1.1 + a.stop_timeout / 3 > a.budget_s:
+                    rec["stopped_early"] = f"budget: {k} pairs done ({log.elapsed():.0f} s used)"
+                    log(rec["stopped_early"])
+                    break
+                for via in (("direct", "proxy") if k % 2 == 0 else ("proxy", "direct")):
+                    res = self.run_load(targets[via], 1000 * (k + 1) + (via == "proxy"))
+                    summary, per_request = load_record(res)
+                    ok_requests += summary.get("ok") or 0
+                    rec["loads"].append({"pair": k, "via": via, "load": summary, "per_request": per_request})
+                    walls.append(summary.get("wall_s") or a.load_estimate_s)
+                    time.sleep(a.gap_s)   # the proxy's spans settle (~1 s) before the next load starts
+                d, p = (next(x["load"] for x in rec["loads"] if x["pair"] == k and x["via"] == v)
+                        for v in ("direct", "proxy"))
+                ratio = (p["output_tok_s"] / d["output_tok_s"]) if complete(d) and complete(p) else None
+                log(f"pair {k} {flags}: direct {d.get('output_tok_s')} tok/s (steady {d.get('steady_tok_s')}), "
+                    f"proxy {p.get('output_tok_s')} (steady {p.get('steady_tok_s')}), "
+                    f"ratio {'-' if ratio is None else f'{ratio:.4f}'}; TTFT p50 {d.get('ttft_p50_s')} -> "
+                    f"{p.get('ttft_p50_s')} s, p90 {d.get('ttft_p90_s')} -> {p.get('ttft_p90_s')} s")
+                on_pair(rec)
+        finally:
+            if proxy is not None:
+                rec["proxy_stop"] = bl.stop(proxy, grace_s=10)
+            rec["stop"] = bl.stop(proc, grace_s=a.stop_timeout)
+            rec["session_s"] = round(time.monotonic() - t0, 1)
+        rec["log_evidence"] = log_evidence(self.work / rec["server_log"])
+        self.census_after(rec, cdir, ok_requests)
         return rec
 
     def start_proxy(self, port: int, upstream: str, cdir: Path, server_pid: int, n: int):
@@ -209,19 +342,53 @@ class Bench:
         return p, target, None
 
 
+# ---- rows ------------------------------------------------------------------------------------
+
+def spread(xs: List[float]) -> Optional[float]:
+    """Coefficient of variation (stdev / mean), None for fewer than two values."""
+    xs = [x for x in xs if x]
+    return round(statistics.stdev(xs) / statistics.mean(xs), 4) if len(xs) > 1 else None
+
+
+def compare(pairs: List[Tuple[Dict[str, Any], Dict[str, Any]]]) -> Dict[str, Any]:
+    """Pair ratios (variant / reference) of whole-load and steady-state throughput.
+
+    `ratio` (the headline) is the median of the whole-load pair ratios; `steady_ratio` the median of
+    the steady-state ones; *_spread is max - min of the pair ratios."""
+    whole = [v["output_tok_s"] / p["output_tok_s"] for p, v in pairs]
+    steady = [v["steady_tok_s"] / p["steady_tok_s"] for p, v in pairs if p.get("steady_tok_s") and v.get("steady_tok_s")]
+    out: Dict[str, Any] = {"pairs": len(whole), "pair_ratios": [bl.rnd(x) for x in whole],
+                           "ratio": bl.rnd(bl.median(whole)),
+                           "ratio_spread": bl.rnd(max(whole) - min(whole)) if whole else None,
+                           "steady_pair_ratios": [bl.rnd(x) for x in steady],
+                           "steady_ratio": bl.rnd(bl.median(steady)),
+                           "steady_ratio_spread": bl.rnd(max(steady) - min(steady)) if steady else None}
+    if whole:
+        out["target_ratio_ge_0_99"] = bl.median(whole) >= 0.99
+    return out
+
+
+def load_figures(loads: List[Dict[str, Any]], prefix: str = "") -> Dict[str, Any]:
+    """Medians (and spreads) of a set of load summaries, keys prefixed for the reference side."""
+    def med(key):
+        return bl.median(ld.get(key) for ld in loads)
+    return {f"{prefix}tok_s": bl.rnd(med("output_tok_s"), 2), f"{prefix}steady_tok_s": bl.rnd(med("steady_tok_s"), 2),
+            f"{prefix}ttft_p50_s": bl.rnd(med("ttft_p50_s")), f"{prefix}ttft_p90_s": bl.rnd(med("ttft_p90_s")),
+            f"{prefix}e2e_p50_s": bl.rnd(med("e2e_p50_s")),
+            f"{prefix}tok_s_cv": spread([ld["output_tok_s"] for ld in loads]),
+            f"{prefix}steady_tok_s_cv": spread([ld.get("steady_tok_s") for ld in loads])}
+
+
 def pair_rows(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: List[str]) -> List[Dict[str, Any]]:
+    """Restart mode: one row per flag set and variant; plain's figures and pair ratios beside."""
     rows = []
-    ok = {(r["round"], r["flags"], r["variant"]): r for r in runs
-          if r.get("load", {}).get("ok") == r.get("load", {}).get("requests", -1) and "error" not in r}
-
-    def med(rs, key):
-        return bl.median(r["load"][key] for r in rs if r["load"].get(key) is not None)
-
+    ok = {(r["round"], r["flags"], r["variant"]): r for r in runs if complete(r.get("load")) and "error" not in r}
     for flags in a.flag_sets:
         plain_runs = [r for k, r in ok.items() if k[1] == flags and k[2] == "plain"]
         for v in variants:
             mine = [r for k, r in ok.items() if k[1] == flags and k[2] == v]
             row: Dict[str, Any] = {"workload": "server/llama.cpp", "flags": flags, "variant": v,
+                                   "env": {**variant_env(v, a.sample), **dict(kv.split("=", 1) for kv in a.server_env)},
                                    "unit": "output tok/s", "runs": len(mine),
                                    "failed_runs": sum(1 for r in runs if r["flags"] == flags and r["variant"] == v)
                                    - len(mine)}
@@ -229,42 +396,70 @@ def pair_rows(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: List[
                 row["error"] = "no successful run"
                 rows.append(row)
                 continue
-            row.update({
-                "census": bl.rnd(med(mine, "output_tok_s"), 2),
-                "ttft_p50_s": bl.rnd(med(mine, "ttft_p50_s")), "ttft_p90_s": bl.rnd(med(mine, "ttft_p90_s")),
-                "e2e_p50_s": bl.rnd(med(mine, "e2e_p50_s")),
-            })
+            fig = load_figures([r["load"] for r in mine])
+            row["census"] = fig.pop("tok_s")
+            row.update(fig)
             d2h = [r["d2h_bytes_per_request"] for r in mine if "d2h_bytes_per_request" in r]
             if d2h:
                 row["d2h_bytes_per_request"] = int(bl.median(d2h))
                 row["d2h_mb_per_request"] = round(bl.median(d2h) / 1e6, 1)
             if plain_runs:
-                row["plain"] = bl.rnd(med(plain_runs, "output_tok_s"), 2)
-                row["plain_ttft_p50_s"] = bl.rnd(med(plain_runs, "ttft_p50_s"))
-                row["plain_ttft_p90_s"] = bl.rnd(med(plain_runs, "ttft_p90_s"))
+                pf = load_figures([r["load"] for r in plain_runs], "plain_")
+                row["plain"] = pf.pop("plain_tok_s")
+                row.update(pf)
             if v != "plain":
-                ratios = [ok[(rr, flags, v)]["load"]["output_tok_s"] / ok[(rr, flags, "plain")]["load"]["output_tok_s"]
-                          for (rr, f, vv) in ok if f == flags and vv == v and (rr, flags, "plain") in ok]
-                row["pairs"] = len(ratios)
-                row["pair_ratios"] = [bl.rnd(x) for x in ratios]
-                row["ratio"] = bl.rnd(bl.median(ratios))
-                if ratios:
-                    row["target_ratio_ge_0_99"] = bl.median(ratios) >= 0.99
+                row.update(compare([(ok[(rr, flags, "plain")]["load"], ok[(rr, flags, v)]["load"])
+                                    for (rr, f, vv) in ok if f == flags and vv == v and (rr, flags, "plain") in ok]))
             rows.append(row)
     return rows
 
 
+def proxy_rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Same-server mode: one row per session; plain = direct, census = through the proxy."""
+    rows = []
+    for s in sessions:
+        row: Dict[str, Any] = {"workload": "server/llama.cpp proxy, one server", "flags": s["flags"],
+                               "variant": "census+proxy", "server_variant": s["server_variant"],
+                               "env": s.get("env", {}), "unit": "output tok/s", "reference": "direct"}
+        by = {(x["pair"], x["via"]): x["load"] for x in s.get("loads", [])}
+        pairs = [(by[(k, "direct")], by[(k, "proxy")]) for k in sorted({k for k, _ in by})
+                 if complete(by.get((k, "direct"))) and complete(by.get((k, "proxy")))]
+        row["failed_pairs"] = len({k for k, _ in by}) - len(pairs)
+        if not pairs:
+            row["error"] = s.get("error") or "no complete pair"
+            rows.append(row)
+            continue
+        fig = load_figures([v for _, v in pairs])
+        row["census"] = fig.pop("tok_s")
+        row.update(fig)
+        pf = load_figures([d for d, _ in pairs], "plain_")
+        row["plain"] = pf.pop("plain_tok_s")
+        row.update(pf)
+        row.update(compare(pairs))
+        row["target_ratio_ge_0_99"] = row["ratio"] >= 0.99   # the proxy: at most 1 % lower than direct
+        row["ttft_p50_pair_ratios"] = [bl.rnd(v["ttft_p50_s"] / d["ttft_p50_s"]) for d, v in pairs
+                                       if d.get("ttft_p50_s") and v.get("ttft_p50_s")]
+        keys = ("output_tok_s", "steady_tok_s", "ttft_p50_s", "ttft_p90_s", "wall_s")
+        row["per_pair"] = [{"direct": {k: d.get(k) for k in keys}, "proxy": {k: v.get(k) for k in keys},
+                            "ratio": bl.rnd(v["output_tok_s"] / d["output_tok_s"])} for d, v in pairs]
+        if "d2h_bytes_per_request" in s:
+            row["d2h_bytes_per_request"] = s["d2h_bytes_per_request"]
+        rows.append(row)
+    return rows
+
+
 def print_table(rows: List[Dict[str, Any]]) -> None:
-    print(f"\n{'flags':<9}{'variant':<14}{'tok/s':>9}{'plain':>9}{'ratio':>8}{'pairs':>6}"
+    print(f"\n{'flags':<9}{'variant':<20}{'tok/s':>9}{'ref':>9}{'ratio':>8}{'steady':>8}{'pairs':>6}"
           f"{'TTFT p50':>10}{'p90':>8}{'D2H MB/req':>12}")
     for r in rows:
         if "error" in r:
-            print(f"{r['flags']:<9}{r['variant']:<14}  {r['error']}")
+            print(f"{r['flags']:<9}{r['variant']:<20}  {r['error']}")
             continue
-        ratio = r.get("ratio")
-        print(f"{r['flags']:<9}{r['variant']:<14}{r['census']:>9.1f}{r.get('plain') or 0:>9.1f}"
-              f"{'' if ratio is None else f'{ratio:.4f}':>8}{r.get('pairs', ''):>6}"
-              f"{r['ttft_p50_s']:>10.3f}{r['ttft_p90_s']:>8.3f}{r.get('d2h_mb_per_request', ''):>12}")
+        ratio, steady = r.get("ratio"), r.get("steady_ratio")
+        print(f"{r['flags']:<9}{r['variant']:<20}{r['census']:>9.1f}{r.get('plain') or 0:>9.1f}"
+              f"{'' if ratio is None else f'{ratio:.4f}':>8}{'' if steady is None else f'{steady:.4f}':>8}"
+              f"{r.get('pairs', ''):>6}{r['ttft_p50_s'] or 0:>10.3f}{r['ttft_p90_s'] or 0:>8.3f}"
+              f"{r.get('d2h_mb_per_request', ''):>12}")
 
 
 def main() -> int:
@@ -276,10 +471,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--flag-sets", default="default,nocache", help="of: " + ",".join(FLAG_SETS))
     ap.add_argument("--variants", default="plain,census", help="of: " + ",".join(VARIANTS))
+    ap.add_argument("--sample", type=sample_arg, default="100/1000",
+                    help="OTEL_GPU_CENSUS_KERNELS of census-sampled: ON_MS/PERIOD_MS (default 100/1000)")
+    ap.add_argument("--proxy-pairs", type=int, metavar="N",
+                    help="same-server mode: N direct/proxy pairs of loads on one censused server per flag set")
+    ap.add_argument("--proxy-census", default="census", choices=[v for v in VARIANTS if v not in ("plain", "census+proxy")],
+                    help="census variant of the server in --proxy-pairs mode (default census)")
+    ap.add_argument("--gap-s", type=float, default=1.0, help="--proxy-pairs: pause after each load (spans settle)")
     ap.add_argument("--census-mode", choices=("auto", "env", "run"), default="auto")
     ap.add_argument("--census-lib", help="default $OTEL_GPU_CENSUS_LIB or native/build/libotel_gpu_census.so")
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, help="requests a load (default 64; 48 with --proxy-pairs)")
     ap.add_argument("--prompt-tokens", type=int, default=1800)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--np", type=int, default=16, help="server slots")
@@ -290,12 +492,15 @@ def main() -> int:
     ap.add_argument("--proxy-args", default="", help="extra proxy arguments (one string)")
     ap.add_argument("--proxy-traces-exporter", default="none",
                     help="OTEL_TRACES_EXPORTER for the proxy unless set (default none: no collector here)")
-    ap.add_argument("--warmup-requests", type=int, default=16, help="a first, unrecorded cycle (0: none)")
+    ap.add_argument("--warmup-requests", type=int, default=16,
+                    help="a first, unrecorded cycle (with --proxy-pairs: load through the proxy); 0: none")
     ap.add_argument("--startup-timeout", type=float, default=180)
     ap.add_argument("--load-timeout", type=float, default=180)
     ap.add_argument("--request-timeout", type=float, default=120)
     ap.add_argument("--stop-timeout", type=float, default=30)
     ap.add_argument("--cycle-estimate-s", type=float, default=40, help="first guess of one cycle, for the plan")
+    ap.add_argument("--load-estimate-s", type=float, default=9,
+                    help="--proxy-pairs: first guess of one load, for the plan and the budget")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--keep-segments", action="store_true")
     a = ap.parse_args()
@@ -304,11 +509,25 @@ def main() -> int:
     bad = [f for f in a.flag_sets if f not in FLAG_SETS] + [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"unknown flag set or variant: {', '.join(bad)}")
+    for name in ("rounds", "clients", "prompt_tokens", "n_predict", "np", "ctx"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if any("=" not in kv for kv in a.server_env):
+        ap.error("--server-env wants K=V")
+    if a.proxy_pairs is not None and a.proxy_pairs < 1:
+        ap.error("--proxy-pairs must be at least 1")
+    if a.requests is None:
+        a.requests = 48 if a.proxy_pairs else 64
+    if a.requests < 1:
+        ap.error("--requests must be at least 1")
     if "plain" not in variants:
         variants.insert(0, "plain")
+    if a.proxy_pairs:
+        variants = [a.proxy_census, "census+proxy"]
 
     env_info = {"nvidia_smi": bl.nvidia_smi(), "nvcc": bl.nvcc_version(), "python": sys.version.split()[0]}
-    out_path = bl.results_path(a.out, env_info["nvidia_smi"].get("gpu"), "server-llamacpp")
+    out_path = bl.results_path(a.out, env_info["nvidia_smi"].get("gpu"),
+                               "server-llamacpp-proxy-pairs" if a.proxy_pairs else "server-llamacpp")
     work = out_path.parent / "server-work"
     work.mkdir(parents=True, exist_ok=True)
     log = bl.Log(work / "server-bench.log")
@@ -334,14 +553,33 @@ def main() -> int:
             else (None if b.lib.is_file() else f"{b.lib} does not exist")
         if why:
             log(f"census variants dropped: {why}")
+            if a.proxy_pairs:
+                return 1
             variants = ["plain"]
     if "census+proxy" in variants:
         d = bl.run([bl.python(), "-m", "otel_gpu_census.cli", "proxy", "--help"], timeout=30,
                    env=b.pkg_env(bl.plain_env()))
         if not d.ok or "--upstream" not in d.out:
             log(f"census+proxy dropped: the proxy is not usable here ({d.tail(300).strip()})")
+            if a.proxy_pairs:
+                return 1
             variants.remove("census+proxy")
     env_info["census_mode"] = b.census_mode()
+
+    runs: List[Dict[str, Any]] = []
+    result: Dict[str, Any] = {
+        "benchmark": "server/llama.cpp" + (" proxy pairs" if a.proxy_pairs else ""),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(shlex.quote(x) for x in sys.argv), "environment": env_info,
+        "config": {k: getattr(a, k) for k in ("rounds", "proxy_pairs", "proxy_census", "gap_s", "flag_sets",
+                                              "clients", "requests", "prompt_tokens", "n_predict", "np", "ctx",
+                                              "server_args", "census_mode", "sample", "warmup_requests")},
+        "variants": variants, "variant_env": {v: b.env_of(v) for v in variants},
+        "headline": "ratio = median of whole-load pair ratios; steady_ratio = the same from steady-state tok/s",
+        "rows": [], "runs": runs,
+    }
+    if a.proxy_pairs:
+        return proxy_main(a, b, log, result, out_path)
 
     cycles = a.rounds * len(a.flag_sets) * len(variants)
     est = a.cycle_estimate_s
@@ -350,15 +588,6 @@ def main() -> int:
         f"~{(cycles + (1 if a.warmup_requests else 0)) * est / 60:.1f} min; budget {a.budget_s:.0f} s; "
         f"census mode {env_info['census_mode']}")
     log(f"server: {shlex.join(b.server_cmd(a.port, a.flag_sets[0]))}")
-
-    runs: List[Dict[str, Any]] = []
-    result: Dict[str, Any] = {
-        "benchmark": "server/llama.cpp", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join(shlex.quote(x) for x in sys.argv), "environment": env_info,
-        "config": {k: getattr(a, k) for k in ("rounds", "flag_sets", "clients", "requests", "prompt_tokens",
-                                              "n_predict", "np", "ctx", "server_args", "census_mode")},
-        "variants": variants, "rows": [], "runs": runs,
-    }
     if a.warmup_requests:
         w = b.cycle("plain", a.flag_sets[0], -1, requests=a.warmup_requests)
         result["warmup"] = {k: w.get(k) for k in ("startup_s", "cycle_s", "error", "stop")}
@@ -374,10 +603,11 @@ def main() -> int:
                 r = b.cycle(v, flags, rnd)
                 runs.append(r)
                 ld = r.get("load", {})
-                log(f"r{rnd} {flags:<8} {v:<13} " + (f"ERROR {r['error']}" if "error" in r else
-                    f"{ld.get('output_tok_s')} tok/s ok={ld.get('ok')}/{ld.get('requests')} "
-                    f"ttft p50={ld.get('ttft_p50_s')} p90={ld.get('ttft_p90_s')} startup={r.get('startup_s')}s "
-                    f"stop={r.get('stop', {}).get('how')} {r.get('stop', {}).get('stop_s')}s cycle={r.get('cycle_s')}s"
+                log(f"r{rnd} {flags:<8} {v:<19} " + (f"ERROR {r['error']}" if "error" in r else
+                    f"{ld.get('output_tok_s')} tok/s (steady {ld.get('steady_tok_s')}) ok={ld.get('ok')}/"
+                    f"{ld.get('requests')} ttft p50={ld.get('ttft_p50_s')} p90={ld.get('ttft_p90_s')} "
+                    f"startup={r.get('startup_s')}s stop={r.get('stop', {}).get('how')} "
+                    f"{r.get('stop', {}).get('stop_s')}s cycle={r.get('cycle_s')}s"
                     + (f" D2H/req={r['d2h_bytes_per_request'] / 1e6:.1f}MB" if "d2h_bytes_per_request" in r else "")))
                 result["rows"] = pair_rows(a, runs, variants)
                 bl.write_json(out_path, result)
@@ -394,6 +624,43 @@ def main() -> int:
     print(f"\ncycles: {len(runs)}, failed: {sum(1 for r in runs if 'error' in r)}, hangs: {result['hangs']}; "
           f"results: {out_path}; logs: {work}")
     return 0 if runs and not any("error" in r for r in result["rows"]) else 1
+
+
+def proxy_main(a: argparse.Namespace, b: Bench, log: bl.Log, result: Dict[str, Any], out_path: Path) -> int:
+    """--proxy-pairs: one session (server + proxy, N pairs) per flag set."""
+    sessions: List[Dict[str, Any]] = result["runs"]
+    load_s = a.load_estimate_s + a.gap_s
+    per = 15 + (load_s if a.warmup_requests else 0) + 2 * a.proxy_pairs * load_s
+    log(f"plan: same server, flag sets {a.flag_sets}: start + warm-up + {a.proxy_pairs} pairs (direct/proxy, ABBA) "
+        f"x ~{load_s:.0f} s a load = ~{per / 60:.1f} min each, ~{per * len(a.flag_sets) / 60:.1f} min in all; "
+        f"server {a.proxy_census} {b.env_of(a.proxy_census)}; {a.requests} requests x {a.prompt_tokens} prompt "
+        f"tokens x {a.n_predict} out, {a.clients} clients; budget {a.budget_s:.0f} s")
+    log(f"server: {shlex.join(b.server_cmd(a.port, a.flag_sets[0]))}")
+
+    def save(current: Dict[str, Any]) -> None:
+        result["rows"] = proxy_rows(a, sessions + ([] if any(current is x for x in sessions) else [current]))
+        bl.write_json(out_path, result)
+
+    for flags in a.flag_sets:
+        if log.elapsed() + 60 > a.budget_s:
+            result["stopped_early"] = f"budget: no time for flag set {flags}"
+            log(result["stopped_early"])
+            break
+        s = b.proxy_session(flags, a.proxy_pairs, save)
+        sessions.append(s)
+        if "error" in s:
+            log(f"{flags}: ERROR {s['error']}")
+        save(s)
+    result["rows"] = proxy_rows(a, sessions)
+    result["hangs"] = sum(1 for s in sessions if s.get("stop", {}).get("hang"))
+    bl.write_json(out_path, result)
+    print_table(result["rows"])
+    for r in result["rows"]:
+        if "error" not in r:
+            print(f"{r['flags']}: proxy/direct pair ratios {r['pair_ratios']} (steady {r['steady_pair_ratios']}); "
+                  f"direct tok/s CV {r['plain_tok_s_cv']} (steady {r['plain_steady_tok_s_cv']})")
+    print(f"\nsessions: {len(sessions)}, hangs: {result['hangs']}; results: {out_path}; logs: {b.work}")
+    return 0 if sessions and not any("error" in r for r in result["rows"]) else 1
 
 
 if __name__ == "__main__":
