@@ -326,6 +326,7 @@ def main() -> int:
         exports_ok = otlp.successes if otlp else None
         sampler = handle.nvml
         gpm_gpus = sum(1 for d in sampler.devices if d.gpm) if sampler else 0
+        nvml_cost = _nvml_call_costs(sampler) if sampler else None
         handle.stop()
         received = None
         if rx is not None:
@@ -346,7 +347,7 @@ def main() -> int:
             "cpu_pct_of_one_core": round(100 * cpu / wall, 3), "census_reads": reads,
             "otlp_exports_ok": exports_ok, "full_scan_ms_for_comparison": round(full_scan_ms, 2),
             "kernels_in_window": work1[0] - work0[0], "d2h_bytes_in_window": work1[1] - work0[1],
-            "received": received,
+            "received": received, "nvml_cpu_us_per_call": nvml_cost,
         }
         print(json.dumps(result))
         nv = "" if not a.nvml else (", NVML off: unusable here" if sampler is None else
@@ -364,6 +365,35 @@ def main() -> int:
                 c.kill()
             c.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _nvml_call_costs(sampler, n: int = 50) -> dict:
+    """CPU microseconds per call of each NVML query the sampler makes once per collection (first
+    GPU), and their sum: how much of the sidecar's CPU is NVML's."""
+    import time as _t
+    nv, d = sampler._nvml, sampler.devices[0]
+    calls = {
+        "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(d.handle),
+        "memory_info": lambda: nv.nvmlDeviceGetMemoryInfo(d.handle),
+        "pcie_rx": lambda: nv.nvmlDeviceGetPcieThroughput(d.handle, nv.NVML_PCIE_UTIL_RX_BYTES),
+        "pcie_tx": lambda: nv.nvmlDeviceGetPcieThroughput(d.handle, nv.NVML_PCIE_UTIL_TX_BYTES),
+    }
+    if d.gpm:
+        def gpm():
+            d.prev_t = 0.0
+            sampler._gpm_sample(d)
+        calls["gpm_sample_and_metrics"] = gpm
+    out = {}
+    for name, fn in calls.items():
+        c0, w0 = _t.process_time(), _t.monotonic()
+        for _ in range(n):
+            fn()
+        out[name] = {"cpu_us": round((_t.process_time() - c0) / n * 1e6, 1),
+                     "wall_us": round((_t.monotonic() - w0) / n * 1e6, 1)}
+    # per collection: utilization, memory twice (usage and limit), both PCIe directions, GPM once
+    per = {"utilization": 1, "memory_info": 2, "pcie_rx": 1, "pcie_tx": 1, "gpm_sample_and_metrics": 1}
+    out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in out), 1)
+    return out
 
 
 def _work(handle) -> tuple:

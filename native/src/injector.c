@@ -40,6 +40,7 @@ static struct {
     CUptiResult (*get_version)(uint32_t *);
     CUptiResult (*result_string)(CUptiResult, const char **);
     CUptiResult (*get_timestamp)(uint64_t *);
+    CUptiResult (*get_timestamp_v2)(CUpti_SubscriberHandle, uint64_t *);
     CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
     CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
     CUptiResult (*subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
@@ -469,6 +470,7 @@ static void *load_cupti(void)
     RESOLVE(get_version, "cuptiGetVersion");
     RESOLVE(result_string, "cuptiGetResultString");
     RESOLVE(get_timestamp, "cuptiGetTimestamp");
+    RESOLVE(get_timestamp_v2, "cuptiGetTimestamp_v2");
     RESOLVE(subscribe, "cuptiSubscribe");
     RESOLVE(unsubscribe, "cuptiUnsubscribe");
     RESOLVE(subscribe_v2, "cuptiSubscribe_v2");
@@ -566,12 +568,17 @@ static int start(void)
     }
     g_flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
     uint64_t ts = 0, m0 = mono_ns();
-    if (cu.get_timestamp && cu.get_timestamp(&ts) == CUPTI_SUCCESS) g_clock_ref_gpu = ts;
+    /* Under the v2 API (measured with libcupti 13.5) the legacy cuptiGetTimestamp fails: ask as
+     * our subscriber. */
+    CUptiResult tr = CUPTI_ERROR_NOT_INITIALIZED;
+    if (cu.v2 && cu.get_timestamp_v2 && (tr = cu.get_timestamp_v2(cu.sub, &ts)) != CUPTI_SUCCESS) ts = 0;
+    if (!ts && cu.get_timestamp && (tr = cu.get_timestamp(&ts)) != CUPTI_SUCCESS) ts = 0;
+    g_clock_ref_gpu = ts;
     uint64_t m1 = mono_ns();
     /* The schedule starts now, with kernels on (enabled above). Without a CUPTI clock, sampling
      * cannot be placed on the records' time line: trace every kernel instead. */
     if (g_ks.mode == GC_KERNELS_SAMPLED && !ts) {
-        gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp; tracing all kernels");
+        gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp (%s); tracing all kernels", cupti_error(tr));
         g_ks.mode = GC_KERNELS_ALL;
     }
     g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));

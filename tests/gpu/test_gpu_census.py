@@ -297,6 +297,8 @@ def test_sampled_kernels_on_schedule_and_copies_exact(steady, tmp_path, api, ker
         "traced_windows_with_kernels": sum(1 for w in fully if w.kernel_count), "traced_windows": len(fully),
         "traced_ns": k.traced_ns, "mode": k.name, "cupti_version": c.cupti_version, "stderr": p.stderr[-1000:]}
     assert c.state_name == "exited" and c.dropped == 0 and p.stderr == ""
+    # a real CUPTI clock reference was taken (the fallback copies the wall clock into it)
+    assert c.clock_ref_gpu_ns != c.clock_ref_wall_ns
     assert d.copies.get("dtoh", "pinned").count == want["dtoh_pinned_count"]
     assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
     assert d.copies.get("htod", "pageable").count == want["htod_pageable_count"]
