@@ -40,6 +40,8 @@ class Opts:
     token_delay: float = 0.0              # seconds between tokens
     first_token_delay: float = 0.0        # seconds before the first token (prompt processing)
     close_after: bool = False             # close the connection after every response
+    close_unannounced: bool = False       # close it after every streamed answer without saying so in the
+                                          # headers (they say keep-alive), as llama-server does
     hang_before_headers: float = 0.0      # sleep this long before answering at all
     hang_after_tokens: Optional[int] = None   # stop sending (and sleep hang_for) after this many tokens
     hang_for: float = 3600.0
@@ -65,6 +67,7 @@ class Seen:
     cancelled: bool = False
     elapsed: float = 0.0
     sent: bytes = b""                      # body bytes written to the proxy
+    peer: Any = None                       # (host, port) of the connection it came on
 
 
 class _Forgetful(list):
@@ -147,7 +150,8 @@ class Standin:
 
     async def _record(self, request: web.Request) -> Seen:
         body = await request.read()
-        s = Seen(request.method, request.path, dict(request.headers), body, request.raw_path)
+        s = Seen(request.method, request.path, dict(request.headers), body, request.raw_path,
+                 peer=request.transport.get_extra_info("peername") if request.transport else None)
         self.seen.append(s)
         return s
 
@@ -264,6 +268,8 @@ class Standin:
                 await raw_write(tail)
             await resp.write_eof()
             s.finished = True
+            if o.close_unannounced and request.transport is not None:
+                request.transport.close()
         except (asyncio.CancelledError, ConnectionResetError):
             s.cancelled = True
             raise

@@ -128,6 +128,20 @@ def test_non_streamed_and_odd_bytes_pass_unchanged(make_proxy, standin):
     assert standin.seen[-1].body == raw
 
 
+def test_compressed_request_body_is_forwarded_as_sent_and_still_read(make_proxy, standin, receiver):
+    p = make_proxy()
+    raw = json.dumps({"model": "gz-model", "messages": [], "stream": True, "pad": "x" * 4000}).encode()
+    gz = gzip.compress(raw)
+    status, _, data = request(p.port, "POST", "/v1/chat/completions", gz,
+                              {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert status == 200 and data.endswith(b"data: [DONE]\n\n")
+    seen = standin.seen[-1]
+    assert seen.headers["Content-Encoding"] == "gzip" and int(seen.headers["Content-Length"]) == len(gz)
+    assert seen.body == raw                                # the stand-in (aiohttp) undid the gzip itself
+    a = one_span(receiver, "chat").attributes
+    assert a["gen_ai.request.model"] == "gz-model" and a["http.request.body.size"] == len(gz)
+
+
 def test_gzip_stream_passes_compressed_and_is_still_read(make_proxy, standin, receiver):
     standin.opts.gzip = True
     p = make_proxy()

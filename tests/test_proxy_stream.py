@@ -68,6 +68,25 @@ def test_first_token_time_is_the_chunk_that_carried_it():
     assert f.first_token_ns == 3          # the progress event (chunk 1) and the partial head (2) do not count
 
 
+def test_each_chunk_is_read_after_the_next_and_the_last_at_the_end():
+    body = sse({"choices": [], "prompt_progress": {"processed": 10}}) + COMPLETION
+    cut1, cut2 = body.index(b"data: {\"index\""), body.index(b"data: {\"index\":0,\"content\":\"llo")
+    firsts = []
+    r = BodyReader("text/event-stream", on_first_token=firsts.append)
+    r.feed(body[:cut1], 1)
+    r.feed(body[cut1:cut2], 2)
+    assert r.facts.events == 1 and firsts == []            # the progress event was read, the token not yet
+    r.feed(body[cut2:], 3)
+    assert firsts == [2] and r.facts.first_token_ns == 2   # the time of the chunk that carried it
+    assert not r.facts.done                                # the last chunk (the final event) waits
+    f = r.close(4)
+    assert f.done and f.output_tokens == 2 and f.token_events == 2 and firsts == [2]
+    r = BodyReader("text/event-stream", on_first_token=firsts.append)
+    r.feed(COMPLETION, 7)
+    r.catch_up()                                           # an answer in one chunk: read on demand
+    assert r.facts.first_token_ns == 7 and firsts == [2, 7]
+
+
 def test_chat_stream_ids_usage_and_done():
     body = sse({"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
                 "id": "chatcmpl-1", "model": "x", "object": "chat.completion.chunk"},

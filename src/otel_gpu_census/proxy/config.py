@@ -15,6 +15,7 @@ DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_MAX_BODY_BYTES = 256 << 20       # a request body larger than this gets 413
 DEFAULT_UPSTREAM_TIMEOUT_S = 600.0       # longest silence from the upstream (before or between chunks)
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_UPSTREAM_KEEPALIVE_S = 4.0       # idle upstream connections kept; llama-server closes them at 5 s
 DEFAULT_GPU_MARGIN_S = 1.2               # CUPTI delivers records up to ~1 s late
 DEFAULT_GPU_MAX_WAIT_S = 3.0             # longest a span waits for the census after the response ended
 
@@ -33,6 +34,7 @@ class ProxyConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    upstream_keepalive_s: float = DEFAULT_UPSTREAM_KEEPALIVE_S   # 0: a new connection per request
     gpu_margin_s: float = DEFAULT_GPU_MARGIN_S
     gpu_max_wait_s: float = DEFAULT_GPU_MAX_WAIT_S
     api_prefix: str = ""                  # llama-server --api-prefix
@@ -209,6 +211,10 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         f"chunks, before giving up with 504 (default {DEFAULT_UPSTREAM_TIMEOUT_S:g} s)")
     parser.add_argument("--connect-timeout", type=positive_float, default=DEFAULT_CONNECT_TIMEOUT_S,
                         metavar="S", help=f"connect timeout (default {DEFAULT_CONNECT_TIMEOUT_S:g} s)")
+    parser.add_argument("--upstream-keepalive", type=nonneg_float, default=DEFAULT_UPSTREAM_KEEPALIVE_S,
+                        metavar="S", help="how long an idle upstream connection is kept for the next request; "
+                        f"0: a new connection for every request (default {DEFAULT_UPSTREAM_KEEPALIVE_S:g} s, "
+                        "below llama-server's 5 s)")
     parser.add_argument("--gpu-wait", type=nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
                         help="how long a finished request's span waits for the census to cover its window "
                         f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")
@@ -234,6 +240,7 @@ def config_from_args(args: argparse.Namespace, upstream: Optional[str] = None,
         max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES),
         upstream_timeout_s=getattr(args, "upstream_timeout", DEFAULT_UPSTREAM_TIMEOUT_S),
         connect_timeout_s=getattr(args, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S),
+        upstream_keepalive_s=getattr(args, "upstream_keepalive", DEFAULT_UPSTREAM_KEEPALIVE_S),
         gpu_max_wait_s=wait,
         gpu_margin_s=min(DEFAULT_GPU_MARGIN_S, wait),
         api_prefix=api_prefix,

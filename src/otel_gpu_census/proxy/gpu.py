@@ -31,6 +31,9 @@ BUCKET_SLACK_NS = 1_000_000_000     # keep finished requests this long before th
 COMPLETE_SLACK_NS = 100_000_000
 INTERVAL_SLACK_NS = 100_000_000     # requests this close to a request's window may share its buckets
 MAX_CACHED_SPLITS = 4096            # bucket splits remembered (~80 s of buckets of one process)
+DESCENDANTS_TTL_S = 1.0             # the server's child processes, read from /proc at most this often
+
+_LATER = object()           # _settle_one: wait for the census (and so must every later request)
 
 # GpuCost.status values
 COMPLETE = "complete"       # census published >= margin after the request ended (or the server exited)
@@ -71,6 +74,7 @@ class CensusSource:
         self.pid = pid
         self._root_ticks: Optional[int] = None
         self._warned: set = set()
+        self._parents: Tuple[float, Dict[int, int]] = (float("-inf"), {})
 
     def read_headers(self) -> Tuple[List[ProcessCensus], List[str]]:
         """Same processes, without windows and steps (~12 KiB a segment): enough to decide whether
@@ -84,17 +88,27 @@ class CensusSource:
         if self.pid is not None:
             if self._root_ticks is None:
                 self._root_ticks = reader.proc_start_ticks(self.pid)
-            parents = reader.live_descendants(self.pid)
+            parents = self._descendants()
             censuses = reader.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
         return censuses, notes
 
-    def read_range(self, lo_ns: int, hi_ns: int) -> Tuple[List[ProcessCensus], List[str]]:
+    def _descendants(self) -> Dict[int, int]:
+        # /proc/PID/task/*/children for every thread of the server: dozens of reads for llama-server
+        from .. import reader
+        t, parents = self._parents
+        now = time.monotonic()
+        if now - t >= DESCENDANTS_TTL_S:
+            parents = reader.live_descendants(self.pid)
+            self._parents = (now, parents)
+        return parents
+
+    def read_range(self, lo_ns: int, hi_ns: int, headers=None) -> Tuple[List[ProcessCensus], List[str]]:
         """The processes that lived during wall [lo, hi), each with only the windows of that range:
-        headers first (~12 KiB a segment), then one copy of each relevant segment, parsed only as
-        far as attribution needs (census_read)."""
+        headers first (~12 KiB a segment; `headers`: a read_headers() result just taken), then one
+        copy of each relevant segment, parsed only as far as attribution needs (census_read)."""
         from .. import reader
         from .census_read import read_range
-        heads, notes = self.read_headers()
+        heads, notes = headers if headers is not None else self.read_headers()
         out, errors = [], []
         for h in heads:
             if not (h.wall_start_ns < hi_ns and (h.alive or h.wall_update_ns >= lo_ns)):
@@ -204,6 +218,7 @@ class GpuLedger:
         self.poll_s = poll_s
         self.clock = clock
         self.reqs: Dict[Hashable, _Req] = {}
+        self._waiting: Dict[Hashable, _Req] = {}     # closed, waiting for their cost
         self._splits: Dict = {}         # bucket splits shared by the requests that touch a bucket
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -236,6 +251,7 @@ class GpuLedger:
             fut.set_result(GpuCost(status=NO_CENSUS))
             self._prune()
             return fut
+        self._waiting[key] = r
         self._ensure_task()
         self._wake.set()
         return fut
@@ -247,7 +263,7 @@ class GpuLedger:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="gpu-ledger")
 
     def _pending(self) -> List[_Req]:
-        return [r for r in self.reqs.values() if r.future is not None and not r.done]
+        return list(self._waiting.values())
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -262,17 +278,18 @@ class GpuLedger:
                 await self._sleep(min((earliest - now) / 1e9, self.poll_s))
                 continue
             try:
-                if not await self._anyone_ready(pending):
+                got = await asyncio.to_thread(self._read_when_ready, pending, now)
+                if got is None:
                     await self._sleep(self.poll_s)
                     continue
-                censuses, notes = await asyncio.to_thread(self._read, pending)
+                censuses, notes = got
                 error = None
             except Exception as e:   # a broken folder must not stop the proxy
                 censuses, notes, error = [], [], f"{type(e).__name__}: {e}"
             await self._settle(censuses, notes, error, self.clock())
             await self._sleep(self.poll_s)
 
-    def _read(self, pending: Sequence[_Req]) -> Tuple[List[ProcessCensus], List[str]]:
+    def _read(self, pending: Sequence[_Req], headers=None) -> Tuple[List[ProcessCensus], List[str]]:
         """The census for the buckets `pending` may touch (in a worker thread: file reads). A source
         that cannot read a range (a test's stand-in) reads everything."""
         read_range = getattr(self.source, "read_range", None)
@@ -280,20 +297,25 @@ class GpuLedger:
             return self.source.read()
         lo = min(r.start_ns for r in pending) - BUCKET_SLACK_NS
         hi = max(r.end_ns for r in pending) + BUCKET_SLACK_NS
-        return read_range(lo, hi)
+        return read_range(lo, hi) if headers is None else read_range(lo, hi, headers)
 
-    async def _anyone_ready(self, pending: List[_Req]) -> bool:
-        """Whether a full read (windows: ~650 KiB a segment) can settle anyone; a header read decides."""
-        headers = getattr(self.source, "read_headers", None)
-        if headers is None:
-            return True
-        now = self.clock()
-        if any(now >= r.end_ns + self.max_wait_ns for r in pending):
-            return True
-        censuses, _ = await asyncio.to_thread(headers)
-        if not censuses:
-            return True
-        return any(self._caught_up(self._relevant(censuses, r.start_ns, r.end_ns), r) for r in pending)
+    def _read_when_ready(self, pending: Sequence[_Req], now: int):
+        """In a worker thread (one hand-over per poll): the census for `pending` when it can settle
+        anyone, else None. A header read (~12 KiB a segment) decides before the windows are read
+        (~650 KiB). Only the request that ended first needs checking: a census that covers a later
+        end covers an earlier one, a segment that counts for the earlier request only has ended (so
+        covers it), and running out of time also comes first to the first to end."""
+        read_headers = getattr(self.source, "read_headers", None)
+        if read_headers is None:
+            return self._read(pending)
+        first = min(pending, key=lambda r: r.end_ns)
+        if now >= first.end_ns + self.max_wait_ns:
+            return self._read(pending)
+        headers = read_headers()
+        censuses = headers[0]
+        if censuses and not self._caught_up(self._relevant(censuses, first.start_ns, first.end_ns), first):
+            return None
+        return self._read(pending, headers)
 
     async def _sleep(self, s: float) -> None:
         self._wake.clear()
@@ -313,30 +335,34 @@ class GpuLedger:
         for r in sorted(self._pending(), key=lambda r: r.end_ns):
             if r.done:
                 continue
-            self._settle_one(r, censuses, notes, error, now)
+            if self._settle_one(r, censuses, notes, error, now) is _LATER:
+                break               # requests that ended later cannot settle either (_read_when_ready)
             await asyncio.sleep(0)
         self._prune()
 
     def _settle_one(self, r: _Req, censuses: List[ProcessCensus], notes: List[str], error: Optional[str],
-                    now: int) -> None:
+                    now: int):
+        """None, or _LATER when neither this request nor any that ended after it can settle yet."""
         rel = self._relevant(censuses, r.start_ns, r.end_ns)
         out_of_time = now >= r.end_ns + self.max_wait_ns
         if error is not None:
             if out_of_time:
                 self._finish(r, GpuCost(status=READ_ERROR, notes=[error]), now)
-            return
+                return None
+            return _LATER
         if not rel:
             if out_of_time or not censuses:
                 self._finish(r, GpuCost(status=NO_SEGMENT, notes=list(notes)), now)
-            return
+            return None
         caught_up = self._caught_up(rel, r)
         if not caught_up and not out_of_time:
-            return
+            return _LATER
         cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns), self._splits)
         if not caught_up:
             cost.status = SETTLED if all(c.wall_update_ns >= r.end_ns for c in rel) else STALE
         cost.notes = notes + cost.notes
         self._finish(r, cost, now)
+        return None
 
     def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
         return all(self._covers(c, r.end_ns) for c in rel)
@@ -360,6 +386,7 @@ class GpuLedger:
 
     def _finish(self, r: _Req, cost: GpuCost, now: int) -> None:
         r.done = True
+        self._waiting.pop(r.key, None)
         cost.waited_s = max(0, now - r.end_ns) / 1e9
         if r.future is not None and not r.future.done():
             r.future.set_result(cost)

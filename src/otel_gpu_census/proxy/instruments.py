@@ -53,9 +53,11 @@ class ProxyInstruments:
     def started(self, base: Dict[str, str]) -> None:
         self.active.add(1, base)
 
-    def finished(self, base: Dict[str, str], attrs: Dict[str, str], duration_s: float,
-                 ttft_s: Optional[float], tpot_s: Optional[float]) -> None:
+    def ended(self, base: Dict[str, str]) -> None:
         self.active.add(-1, base)
+
+    def finished(self, attrs: Dict[str, str], duration_s: float, ttft_s: Optional[float],
+                 tpot_s: Optional[float]) -> None:
         self.duration.record(duration_s, attrs)
         ok = {k: v for k, v in attrs.items() if k != "error.type"}
         if ttft_s is not None:

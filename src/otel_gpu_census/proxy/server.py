@@ -1,12 +1,16 @@
 """The reverse proxy: forwards to one upstream, byte for byte, and opens one SERVER span per request.
 
 Data path for a model request (see routes.py for which those are):
-  client ─▶ aiohttp server ─▶ (request body streamed through, first MiB kept to read `model`)
-         ─▶ aiohttp client (new connection per request: llama-server may close after streaming)
+  client ─▶ aiohttp server ─▶ request body: read whole when it has a Content-Length up to 1 MiB (then
+            a stale pooled connection can be retried), else streamed through
+         ─▶ aiohttp client (pooled connections, checked before reuse: upstream.py)
          ─▶ upstream; its answer streamed back chunk by chunk, each chunk written to the client
-            first and then read by stream.BodyReader for tokens, ids and timings.
-When the answer ends, the span gets its GenAI attributes and waits (in the background) for the census
-to cover its window; then it gets its GPU cost (gpu.py) and ends with its real end time.
+            first and then handed to stream.BodyReader, which reads each chunk after the next one
+            went out (the last after the answer's end went out).
+Only the span's start (its id goes upstream in `traceparent`) comes before the first byte is sent on;
+the request body is parsed, attributes are set and metrics recorded after the answer's last byte went
+to the client. Then the span waits (in the background) for the census to cover its window, gets its
+GPU cost (gpu.py) and ends with its real end time.
 
 Failures answer like llama-server does, ``{"error": {"code", "message", "type"}}``:
   connection refused / unreachable → 503; upstream closed or sent garbage before answering → 502;
@@ -33,6 +37,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import spans as spanattrs
+from . import upstream as upstream_conn
 from .config import ProxyConfig, check_not_itself
 from .gpu import CensusSource, GpuLedger
 from .instruments import ProxyInstruments
@@ -47,7 +52,9 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "t
 # Also not forwarded upstream: Host is the upstream's; Expect is answered by this proxy.
 REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
 REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `stream`
+BUFFER_BODY_BYTES = 1 << 20            # bodies up to this (with a Content-Length) are read whole first
 STOP_GRACE_S = 2.0                     # how long answers in flight may go on once the proxy stops
+FINISH_AFTER_S = 0.05                  # a finished request's span work waits this long (see _finish)
 
 # gpu_census.proxy.outcome values
 COMPLETE = "complete"
@@ -102,10 +109,12 @@ class _Exchange:
     resp_bytes: int = 0
     reader: Optional[BodyReader] = None
     ledger_open: bool = False
-    first_token_seen: bool = False
-    head: Optional[bytearray] = None       # start of the request body, to read `model` from
+    head: Any = None                       # start of the request body, to read `model` from
+    body_encoding: str = ""                # the request body's Content-Encoding
     body_too_large: bool = False
     upstream_done: bool = False            # the upstream's answer was read to its end
+    retried: bool = False                  # sent again on a new connection (upstream.py)
+    connection: Any = None                 # the upstream connection's protocol (upstream.py)
 
 
 class Proxy:
@@ -124,7 +133,9 @@ class Proxy:
         self.port: Optional[int] = None
         self._finishing: set = set()
         self._stopping = False
-        self.app = web.Application(handler_args={"max_field_size": 65536}, middlewares=[self._guard])
+        # auto_decompress off: a compressed request body is forwarded as sent, with its Content-Encoding
+        self.app = web.Application(handler_args={"max_field_size": 65536, "auto_decompress": False},
+                                   middlewares=[self._guard])
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
     @web.middleware
@@ -141,13 +152,9 @@ class Proxy:
     async def start(self) -> None:
         cfg = self.config
         check_not_itself(cfg.listen_host, cfg.listen_port, cfg.upstream)
-        if cfg.unix_socket is not None:
-            connector = aiohttp.UnixConnector(path=cfg.unix_socket, force_close=True, limit=0)
-        else:
-            # force_close: never reuse a connection the upstream may have closed after streaming.
-            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+        self.connector = upstream_conn.connector(cfg.unix_socket, cfg.upstream_keepalive_s)
         self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            connector=self.connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
                                           sock_read=cfg.upstream_timeout_s))
@@ -214,12 +221,20 @@ class Proxy:
         for k in ("traceparent", "tracestate"):
             headers.popall(k, None)
         propagate.inject(headers, context=ctx)
-        body = self._request_body(request, ex) if request.body_exists else None
+        body: Any = None
+        ex.body_encoding = request.headers.get("Content-Encoding", "")
+        if request.body_exists:
+            if length is not None and length <= BUFFER_BODY_BYTES:
+                body = await request.read()
+                ex.req_bytes = len(body)
+                if ex.route is not None:
+                    ex.head = body[:REQUEST_PARSE_BYTES]
+            else:
+                body = self._request_body(request, ex)
         url = cfg.upstream_base + raw_path
         too_large = f"request body is over the limit of {cfg.max_body_bytes} bytes"
         try:
-            upstream = await self.session.request(request.method, url, headers=headers, data=body,
-                                                  allow_redirects=False, compress=None)
+            upstream = await self._send(request.method, url, headers, body, ex)
         except BodyTooLarge:
             return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
         except asyncio.TimeoutError:
@@ -235,13 +250,34 @@ class Proxy:
                 return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
             return self._fail(ex, 502, UPSTREAM_ERROR,
                               f"upstream {cfg.upstream} failed before answering: {type(e).__name__}: {e}")
-        if ex.head:
-            ex.request_fields = parse_request_body(bytes(ex.head))
         try:
             return await self._relay(request, upstream, ex)
         finally:
             # An answer not read to its end must not leave a half-read connection behind.
             upstream.release() if ex.upstream_done else upstream.close()
+
+    async def _send(self, method: str, url: str, headers: CIMultiDict, body: Any, ex: _Exchange
+                    ) -> aiohttp.ClientResponse:
+        """The upstream's answer head; once more on a new connection when a reused one was reset
+        before answering and the body is at hand (upstream.retryable)."""
+        attempt = upstream_conn.Attempt()
+        token = upstream_conn.ATTEMPT.set(attempt)
+        try:
+            try:
+                resp = await self.session.request(method, url, headers=headers, data=body,
+                                                  allow_redirects=False, compress=None)
+            except (aiohttp.ClientOSError, ConnectionResetError) as e:
+                if not upstream_conn.retryable(attempt, e, isinstance(body, bytes) or body is None):
+                    raise
+                ex.retried = True
+                attempt = upstream_conn.Attempt(fresh_only=True)
+                upstream_conn.ATTEMPT.set(attempt)
+                resp = await self.session.request(method, url, headers=headers, data=body,
+                                                  allow_redirects=False, compress=None)
+            ex.connection = attempt.protocol
+            return resp
+        finally:
+            upstream_conn.ATTEMPT.reset(token)
 
     def _request_body(self, request: web.Request, ex: _Exchange) -> AsyncIterator[bytes]:
         limit = self.config.max_body_bytes
@@ -264,22 +300,24 @@ class Proxy:
         ex.status = upstream.status
         headers = _strip(upstream.headers, HOP_BY_HOP)
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-        reader = None
+        if upstream.headers.get("Transfer-Encoding", "").lower().endswith("chunked"):
+            self.connector.spend(ex.connection)       # llama-server closes it right after the answer
+        feed = None
         if ex.route is not None:
-            reader = BodyReader(upstream.headers.get("Content-Type", ""),
-                                upstream.headers.get("Content-Encoding", ""), ex.route.body_kind)
-            ex.reader = reader
+            key = ex.key
+            ex.reader = BodyReader(upstream.headers.get("Content-Type", ""),
+                                   upstream.headers.get("Content-Encoding", ""), ex.route.body_kind,
+                                   on_first_token=lambda t_ns: self.ledger.first_token(key, t_ns))
+            feed = ex.reader.feed
         await resp.prepare(request)
         try:
+            # per chunk: a write; feed keeps the chunk and reads the one before (stream.py)
             async for chunk in upstream.content.iter_any():
                 now = time.time_ns()
                 await resp.write(chunk)
                 ex.resp_bytes += len(chunk)
-                if reader is not None:
-                    reader.feed(chunk, now)
-                    if not ex.first_token_seen and reader.facts.first_token_ns is not None:
-                        ex.first_token_seen = True
-                        self.ledger.first_token(ex.key, reader.facts.first_token_ns)
+                if feed is not None:
+                    feed(chunk, now)
             ex.upstream_done = True
         except CLIENT_RESET as e:
             if type(e) is not ConnectionResetError or request.transport is None or request.transport.is_closing():
@@ -354,14 +392,48 @@ class Proxy:
         return {"gen_ai.operation.name": route.operation, "gen_ai.provider.name": route.provider}
 
     def _finish(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> None:
-        """Set what is known at the end of the answer; end the span now or after the GPU wait."""
+        """The answer is over (its last byte is with the client). Now: the ledger learns the end (for
+        GPU attribution) and the in-flight gauge drops. The rest (reading the kept chunks, the request
+        body, span attributes, histograms) follows FINISH_AFTER_S later in a task, off the moment when
+        streams end together and their clients' next requests arrive; the span ends after the GPU wait."""
+        if ex.span is None and ex.route is None:      # untraced (health checks): nothing to record
+            return
+        fut = None
         try:
-            self._finish_inner(ex, end_ns, base_attrs)
+            if ex.ledger_open:
+                if ex.reader is not None and ex.reader.facts.first_token_ns is None:
+                    ex.reader.catch_up()          # the ledger splits prefill from decode at it
+                fut = self.ledger.close(ex.key, end_ns)
+            if ex.route is not None:
+                self.instruments.ended(base_attrs)
         except Exception:      # telemetry must never break the proxy
             log.exception("proxy: could not finish the span of a request")
+        task = asyncio.get_running_loop().create_task(self._complete(ex, end_ns, base_attrs, fut))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
-    def _finish_inner(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> None:
+    async def _complete(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str], fut) -> None:
+        if not self._stopping:
+            await asyncio.sleep(FINISH_AFTER_S)
+        metric_attrs = None
+        try:
+            metric_attrs = self._record(ex, end_ns, base_attrs)
+            if fut is not None:
+                cost = await fut
+                if ex.span is not None:
+                    ex.span.set_attributes(spanattrs.gpu_attributes(cost))
+                self.instruments.gpu(metric_attrs, cost)
+        except Exception:      # telemetry must never break the proxy
+            log.exception("proxy: could not finish the span of a request")
+        finally:
+            if ex.span is not None:
+                ex.span.end(end_time=end_ns)
+
+    def _record(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> Dict[str, str]:
+        """Span attributes and histograms from what the answer said; the metric attributes."""
         facts = ex.reader.close(end_ns) if ex.reader is not None else None
+        if ex.head:
+            ex.request_fields = parse_request_body(bytes(ex.head), ex.body_encoding)
         span = ex.span
         model = ex.request_fields.get("model") if isinstance(ex.request_fields.get("model"), str) else None
         if model is None and facts is not None and facts.model:
@@ -372,6 +444,8 @@ class Proxy:
                                      "http.response.body.size": ex.resp_bytes}
             if ex.status is not None:
                 attrs["http.response.status_code"] = ex.status
+            if ex.retried:
+                attrs["gpu_census.proxy.upstream_retried"] = True
             if ex.route is not None:
                 attrs["gen_ai.request.id"] = (facts.response_id if facts and facts.response_id else ex.key)
                 if model:
@@ -394,12 +468,9 @@ class Proxy:
                 # an error inside a 200 answer (llama-server streams errors as events); 4xx stays unset
                 span.set_status(Status(StatusCode.ERROR, f"upstream error in the answer: {facts.error[:200]}"))
             span.set_attributes(attrs)
-
-        if ex.route is None:
-            if span is not None:
-                span.end(end_time=end_ns)
-            return
         metric_attrs = dict(base_attrs)
+        if ex.route is None:
+            return metric_attrs
         if model:
             metric_attrs["gen_ai.request.model"] = model
         if ex.error_type is not None or (ex.status is not None and ex.status >= 500):
@@ -407,27 +478,8 @@ class Proxy:
         ok = ex.outcome == COMPLETE and ex.status is not None and ex.status < 400
         ttft = spanattrs.time_to_first_token(facts, ex.start_ns) if facts is not None and ok else None
         tpot = spanattrs.time_per_output_token(facts, ex.start_ns, end_ns) if facts is not None and ok else None
-        self.instruments.finished(base_attrs, metric_attrs, (end_ns - ex.start_ns) / 1e9, ttft, tpot)
-        if not ex.ledger_open:
-            if span is not None:
-                span.end(end_time=end_ns)
-            return
-        fut = self.ledger.close(ex.key, end_ns)
-        task = asyncio.get_running_loop().create_task(self._gpu_then_end(fut, span, end_ns, metric_attrs))
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
-
-    async def _gpu_then_end(self, fut, span, end_ns: int, metric_attrs: Dict[str, str]) -> None:
-        try:
-            cost = await fut
-            if span is not None:
-                span.set_attributes(spanattrs.gpu_attributes(cost))
-            self.instruments.gpu(metric_attrs, cost)
-        except Exception:
-            log.exception("proxy: GPU attribution failed for a request")
-        finally:
-            if span is not None:
-                span.end(end_time=end_ns)
+        self.instruments.finished(metric_attrs, (end_ns - ex.start_ns) / 1e9, ttft, tpot)
+        return metric_attrs
 
 
 def _default_source(config: ProxyConfig) -> Optional[CensusSource]:

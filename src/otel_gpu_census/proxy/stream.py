@@ -1,7 +1,10 @@
 """Read facts out of a copy of a response body as it streams past: tokens, ids, usage, timings.
 
 Nothing here touches the bytes the client receives: the proxy writes each chunk to the client first
-and then hands the same chunk to a parser, which keeps at most one partial event in memory.
+and then hands the same chunk to the reader, which keeps it (with its arrival time) and reads the
+chunk before it: a chunk is read after the next one went out, and the last (llama-server's final
+event, with timings and the echoed prompt: the largest) only after the answer's end went out. The
+parser keeps at most one partial event in memory; the facts are those of reading every chunk on arrival.
 
 Three body shapes:
 - ``text/event-stream`` (llama-server, OpenAI style): ``data: {...}`` events separated by a blank
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 MAX_EVENT_BYTES = 4 << 20        # one SSE event or NDJSON line larger than this is skipped
 MAX_JSON_BODY_BYTES = 16 << 20   # a non-streamed body larger than this is not parsed
@@ -153,8 +156,19 @@ class FactCollector:
             f.done = True
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _json(raw: bytes) -> Any:
-    return json.loads(raw)
+    # json.loads(raw) without its per-call encoding detection; a BOM, UTF-16/32 or lone surrogates
+    # still go through it
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return json.loads(raw)
+    if text.startswith("\ufeff"):
+        return json.loads(raw)
+    return _DECODER.decode(text)
 
 
 class SSEParser:
@@ -173,6 +187,15 @@ class SSEParser:
             chunk = chunk[1:]                 # the LF of a CRLF split across chunks
         self.pending_cr = False
         buf = self.buf + chunk if self.buf else chunk
+        if b"\r" not in buf:                  # LF only (llama-server, Ollama): split once
+            lines = buf.split(b"\n")
+            self.buf = lines.pop()
+            for line in lines:
+                self._line(line, now_ns)
+            if len(self.buf) > MAX_EVENT_BYTES:
+                self.buf = b""
+                self.skipping = True
+            return
         pos, n = 0, len(buf)
         while pos < n:
             lf, cr = buf.find(b"\n", pos), buf.find(b"\r", pos)
@@ -326,10 +349,15 @@ class _Decoder:
 
 
 class BodyReader:
-    """Chooses a parser from the response headers and never raises into the proxy's data path."""
+    """Chooses a parser from the response headers and never raises into the proxy's data path.
 
-    def __init__(self, content_type: str, content_encoding: str = "", default_kind: str = "json"):
+    `on_first_token(t_ns)` is called once, when the chunk that carried the first token is read."""
+
+    def __init__(self, content_type: str, content_encoding: str = "", default_kind: str = "json",
+                 on_first_token: Optional[Callable[[int], None]] = None):
         self.facts = StreamFacts()
+        self._on_first_token = on_first_token
+        self._held: Optional[Tuple[bytes, int]] = None          # the latest chunk, not read yet
         ct = (content_type or "").split(";")[0].strip().lower()
         if ct == "text/event-stream":
             kind = "sse"
@@ -358,6 +386,17 @@ class BodyReader:
         self.failed: Optional[str] = None
 
     def feed(self, chunk: bytes, now_ns: int) -> None:
+        held, self._held = self._held, (chunk, now_ns)
+        if held is not None:
+            self._read(*held)
+
+    def catch_up(self) -> None:
+        """Read the chunk held back (at the end of an answer whose first token is still unknown)."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._read(*held)
+
+    def _read(self, chunk: bytes, now_ns: int) -> None:
         if self.parser is None:
             return
         try:
@@ -368,8 +407,16 @@ class BodyReader:
             self.failed = f"{type(e).__name__}: {e}"
             self.facts.note = f"body reader stopped: {self.failed}"
             self.parser = None
+            return
+        if self._on_first_token is not None and self.facts.first_token_ns is not None:
+            callback, self._on_first_token = self._on_first_token, None
+            try:
+                callback(self.facts.first_token_ns)
+            except Exception as e:
+                self.facts.note = f"first-token callback failed: {type(e).__name__}: {e}"
 
     def close(self, now_ns: int) -> StreamFacts:
+        self.catch_up()
         if self.parser is not None:
             try:
                 self.parser.close(now_ns)
@@ -379,11 +426,18 @@ class BodyReader:
         return self.facts
 
 
-def parse_request_body(body: bytes) -> Dict[str, Any]:
-    """Fields of a request body the span wants: model, stream, max tokens. {} when not JSON."""
+def parse_request_body(body: bytes, content_encoding: str = "") -> Dict[str, Any]:
+    """Fields of a request body the span wants: model, stream, max tokens. {} when not JSON.
+    A gzip or deflate body (forwarded as sent) is read from a decompressed copy of its start."""
+    enc = (content_encoding or "").strip().lower()
     try:
+        if enc in ("gzip", "x-gzip", "deflate"):
+            body = zlib.decompressobj(16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS
+                                      ).decompress(body, MAX_JSON_BODY_BYTES)
+        elif enc not in ("", "identity"):
+            return {}
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, zlib.error):
         return {}
     if not isinstance(obj, dict):
         return {}
