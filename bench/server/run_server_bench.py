@@ -5,6 +5,7 @@
          --out DIR [--rounds 5] [--flag-sets default,nocache] [--variants plain,census[,...]] \\
          [--budget-s 540] [--vocab ggml-vocab-llama-bpe.gguf]   # --vocab: make M.gguf if missing
   python bench/server/run_server_bench.py ... --proxy-pairs 8 [--flag-sets nocache]   # one server
+  python bench/server/run_server_bench.py ... --kernel-phase-pairs 8 [--phase-ms 14000/28000]  # one server
 
 Restart mode (default). One cycle = start llama-server (-ngl 99 -np 16 -c 32768 + the flag set),
 wait for /health, run the streaming load (bench/server/load.py: 16 clients, 64 requests of ~1,800
@@ -27,6 +28,15 @@ through the proxy (ABBA) on that server, --gap-s apart. Server start-up variance
 pairs; the row's plain is direct, census is through the proxy, ratio the median proxy/direct pair
 ratio (the proxy's cost: target at most 1 % lower). Defaults: 48 requests a load (3 per client),
 about 9 s on the random 8B model on an H200: 8 pairs in about 3 minutes.
+
+Kernel-phase mode (--kernel-phase-pairs N, bench/server/kernel_phase.py): the cost of kernel
+tracing on ONE server. The server runs under the census with OTEL_GPU_CENSUS_KERNELS=--phase-ms
+(default 14000/28000: kernels traced 14 s of every 28 s); each pair runs one load inside a traced
+phase and one inside an untraced phase (ABBA across pairs), placed on the schedule read from the
+server's census segment; a load that overruns its phase is marked invalid. The row's plain is the
+untraced phase, census the traced one, ratio the median traced/untraced pair ratio; census reads
+around every load check kernels were counted only in traced phases. Defaults: 48 requests a load
+(~9 s on the 8B model on an H200): 8 pairs in about 5.5 minutes.
 
 Every load reports two throughputs (bench/server/load.py): whole-load output tok/s, the headline
 that `ratio` uses, and steady-state tok/s (tokens that arrived while every client was busy: ramp-up
@@ -58,6 +68,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import benchlib as bl  # noqa: E402
+import kernel_phase  # noqa: E402
 import load  # noqa: E402
 
 FLAG_SETS = {"default": [], "nocache": ["--cache-ram", "0", "--ctx-checkpoints", "0"]}
@@ -477,6 +488,21 @@ def main() -> int:
                     help="same-server mode: N direct/proxy pairs of loads on one censused server per flag set")
     ap.add_argument("--proxy-census", default="census", choices=[v for v in VARIANTS if v not in ("plain", "census+proxy")],
                     help="census variant of the server in --proxy-pairs mode (default census)")
+    ap.add_argument("--kernel-phase-pairs", type=int, metavar="N",
+                    help="same-server mode: N traced/untraced pairs of loads in the phases of the census's "
+                         "sampled kernel schedule, one server per flag set")
+    ap.add_argument("--phase-ms", type=kernel_phase.phase_ms_arg, default="14000/28000",
+                    help="--kernel-phase-pairs: OTEL_GPU_CENSUS_KERNELS of the server, ON_MS/PERIOD_MS "
+                         "(default 14000/28000)")
+    ap.add_argument("--phase-lead-s", type=float, default=0.5,
+                    help="--kernel-phase-pairs: a load starts at least this long after its phase began")
+    ap.add_argument("--edge-kernels", type=int, default=16,
+                    help="--kernel-phase-pairs: kernels an untraced load may count (phase edges) before "
+                         "the census check fails")
+    ap.add_argument("--settle-timeout", type=float, default=4.0,
+                    help="--kernel-phase-pairs: wait this long at most for a load's records to reach the segment")
+    ap.add_argument("--segment-timeout", type=float, default=20.0,
+                    help="--kernel-phase-pairs: wait this long at most for the server's census segment")
     ap.add_argument("--gap-s", type=float, default=1.0, help="--proxy-pairs: pause after each load (spans settle)")
     ap.add_argument("--census-mode", choices=("auto", "env", "run"), default="auto")
     ap.add_argument("--census-lib", help="default $OTEL_GPU_CENSUS_LIB or native/build/libotel_gpu_census.so")
@@ -492,15 +518,17 @@ def main() -> int:
     ap.add_argument("--proxy-args", default="", help="extra proxy arguments (one string)")
     ap.add_argument("--proxy-traces-exporter", default="none",
                     help="OTEL_TRACES_EXPORTER for the proxy unless set (default none: no collector here)")
-    ap.add_argument("--warmup-requests", type=int, default=16,
-                    help="a first, unrecorded cycle (with --proxy-pairs: load through the proxy); 0: none")
+    ap.add_argument("--warmup-requests", type=int,
+                    help="a first, unrecorded cycle (with --proxy-pairs: load through the proxy); 0: none "
+                         "(default 16; with --kernel-phase-pairs one load of --requests)")
     ap.add_argument("--startup-timeout", type=float, default=180)
     ap.add_argument("--load-timeout", type=float, default=180)
     ap.add_argument("--request-timeout", type=float, default=120)
     ap.add_argument("--stop-timeout", type=float, default=30)
     ap.add_argument("--cycle-estimate-s", type=float, default=40, help="first guess of one cycle, for the plan")
     ap.add_argument("--load-estimate-s", type=float, default=9,
-                    help="--proxy-pairs: first guess of one load, for the plan and the budget")
+                    help="--proxy-pairs, --kernel-phase-pairs: first guess of one load, for the plan and "
+                         "the budget (default 9)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--keep-segments", action="store_true")
     a = ap.parse_args()
@@ -516,18 +544,35 @@ def main() -> int:
         ap.error("--server-env wants K=V")
     if a.proxy_pairs is not None and a.proxy_pairs < 1:
         ap.error("--proxy-pairs must be at least 1")
+    if a.kernel_phase_pairs is not None and a.kernel_phase_pairs < 1:
+        ap.error("--kernel-phase-pairs must be at least 1")
+    if a.proxy_pairs and a.kernel_phase_pairs:
+        ap.error("--proxy-pairs and --kernel-phase-pairs are separate runs: give one")
+    if not 0 <= a.phase_lead_s < 60 or a.edge_kernels < 0 or a.settle_timeout <= 0 or a.segment_timeout <= 0:
+        ap.error("--phase-lead-s must be in [0, 60), --edge-kernels >= 0, the timeouts > 0")
     if a.requests is None:
-        a.requests = 48 if a.proxy_pairs else 64
+        a.requests = 48 if a.proxy_pairs or a.kernel_phase_pairs else 64
     if a.requests < 1:
         ap.error("--requests must be at least 1")
+    if a.warmup_requests is None:
+        a.warmup_requests = a.requests if a.kernel_phase_pairs else 16
+    if a.warmup_requests < 0:
+        ap.error("--warmup-requests must be at least 0")
     if "plain" not in variants:
         variants.insert(0, "plain")
     if a.proxy_pairs:
         variants = [a.proxy_census, "census+proxy"]
+    if a.kernel_phase_pairs:   # the server's variant: census-sampled on the phase schedule
+        variants = ["census-sampled"]
+        a.sample = a.phase_ms
+        a.on_ms, a.period_ms = map(int, a.phase_ms.split("/"))
+        if min(a.on_ms, a.period_ms - a.on_ms) <= 1000 * a.phase_lead_s:
+            ap.error(f"--phase-ms {a.phase_ms}: both phases must be longer than --phase-lead-s ({a.phase_lead_s} s)")
 
     env_info = {"nvidia_smi": bl.nvidia_smi(), "nvcc": bl.nvcc_version(), "python": sys.version.split()[0]}
     out_path = bl.results_path(a.out, env_info["nvidia_smi"].get("gpu"),
-                               "server-llamacpp-proxy-pairs" if a.proxy_pairs else "server-llamacpp")
+                               "server-llamacpp-proxy-pairs" if a.proxy_pairs else
+                               "server-llamacpp-kernel-phase" if a.kernel_phase_pairs else "server-llamacpp")
     work = out_path.parent / "server-work"
     work.mkdir(parents=True, exist_ok=True)
     log = bl.Log(work / "server-bench.log")
@@ -553,7 +598,7 @@ def main() -> int:
             else (None if b.lib.is_file() else f"{b.lib} does not exist")
         if why:
             log(f"census variants dropped: {why}")
-            if a.proxy_pairs:
+            if a.proxy_pairs or a.kernel_phase_pairs:
                 return 1
             variants = ["plain"]
     if "census+proxy" in variants:
@@ -568,18 +613,25 @@ def main() -> int:
 
     runs: List[Dict[str, Any]] = []
     result: Dict[str, Any] = {
-        "benchmark": "server/llama.cpp" + (" proxy pairs" if a.proxy_pairs else ""),
+        "benchmark": "server/llama.cpp" + (" proxy pairs" if a.proxy_pairs else
+                                           " kernel tracing phases" if a.kernel_phase_pairs else ""),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join(shlex.quote(x) for x in sys.argv), "environment": env_info,
-        "config": {k: getattr(a, k) for k in ("rounds", "proxy_pairs", "proxy_census", "gap_s", "flag_sets",
-                                              "clients", "requests", "prompt_tokens", "n_predict", "np", "ctx",
-                                              "server_args", "census_mode", "sample", "warmup_requests")},
+        "config": {k: getattr(a, k) for k in ("rounds", "proxy_pairs", "proxy_census", "gap_s",
+                                              "kernel_phase_pairs", "phase_ms", "phase_lead_s", "edge_kernels",
+                                              "flag_sets", "clients", "requests", "prompt_tokens", "n_predict",
+                                              "np", "ctx", "server_args", "census_mode", "sample",
+                                              "warmup_requests")},
         "variants": variants, "variant_env": {v: b.env_of(v) for v in variants},
         "headline": "ratio = median of whole-load pair ratios; steady_ratio = the same from steady-state tok/s",
         "rows": [], "runs": runs,
     }
     if a.proxy_pairs:
         return proxy_main(a, b, log, result, out_path)
+    if a.kernel_phase_pairs:
+        result["headline"] = ("ratio = median of traced/untraced whole-load pair ratios (one server; plain = "
+                              "untraced phase, census = traced phase); steady_ratio the same from steady-state tok/s")
+        return kernel_phase.main(a, b, log, result, out_path)
 
     cycles = a.rounds * len(a.flag_sets) * len(variants)
     est = a.cycle_estimate_s
