@@ -4,6 +4,8 @@ pytest test: run it).
     .venv/bin/python tests/perf_proxy_overhead.py [--pairs 5] [--clients 16] [--requests 64]
         [--tokens 64] [--token-rate 25] [--prompt-s 0.2] [--prompt-tokens 1800] [--fast]
         [--exporter console|none|otlp] [--no-census] [--proxy-args "..."] [--json FILE]
+        [--server LLAMA_SERVER --model GGUF [--server-args "..."]] [--proxy-src DIR]
+        [--serial N [--also-src DIR]]
 
 Processes, as on a server host: the llama-server stand-in (tests/llama_standin.py: /completion SSE
 events of llama-server's shape, `--prompt-s` before the first token, then `--token-rate` tokens a
@@ -16,6 +18,14 @@ process, the load: `--clients` concurrent streaming clients sending `--requests`
 `--prompt-tokens` token ids each. Direct and proxied loads alternate (order swapped every pair) so
 drift on a shared machine hits both. Prints per run and the medians: output tok/s, TTFT p50/p90,
 and the proxy/direct throughput ratio; the target (issue 4) is a ratio >= 0.99.
+
+`--server`: a real llama-server (e.g. the CPU build with a tiny random model) instead of the stand-in,
+the same server for both sides of every pair. `--proxy-src`: run the proxy from another checkout's
+src/ (before/after comparisons against the same upstream). `--serial N`: instead of loads, N single
+requests alternating direct and proxied (one client, nothing else in flight): the latency the proxy
+adds to the answer's head, first event and end (medians of the N paired differences) and its CPU time
+per request; with `--also-src DIR` a second proxy from that src/ runs beside the first and takes its
+turn in every round (random order), for a before/after comparison under the same conditions.
 """
 from __future__ import annotations
 
@@ -181,6 +191,46 @@ async def _load(url: str, clients: int, requests: int, prompt_tokens: int, n_pre
             "gap_p90_s": round(_quantile(gaps, 0.9) or 0, 4), "gap_max_s": round(max(gaps, default=0), 4)}
 
 
+async def _serial(targets, n: int, prompt_tokens: int, n_predict: int, pids: dict) -> dict:
+    """Paired single requests: what each proxy adds to one answer's head, first event and end."""
+    import aiohttp
+    rng = random.Random(7)
+
+    async def one(session, url, i):
+        body = {"prompt": [rng.randrange(1000, 100000) for _ in range(prompt_tokens)], "n_predict": n_predict,
+                "stream": True, "ignore_eos": True, "seed": i}
+        t0 = time.perf_counter()
+        first = None
+        async with session.post(url + "/completion", json=body) as r:
+            head = time.perf_counter() - t0
+            async for line in r.content:
+                if first is None and line.startswith(b"data:"):
+                    first = time.perf_counter() - t0
+        return head, first if first is not None else head, time.perf_counter() - t0
+
+    added = {k: [] for k in pids}
+    cpu0 = {k: _cpu_s(p) for k, p in pids.items()}     # all of it: work after an answer counts too
+    order = list(targets)
+    shuffle = random.Random(11).shuffle
+    conn = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
+        for i in range(n):
+            shuffle(order)
+            got = {}
+            for via in order:
+                got[via] = await one(s, targets[via], i)
+            for k in pids:
+                added[k].append([p - d for p, d in zip(got[k], got["direct"])])
+        await asyncio.sleep(4)          # spans settle (census wait), as in a load
+    cpu = {k: _cpu_s(p) - cpu0[k] for k, p in pids.items()}
+    out = {}
+    for k in pids:
+        med = [statistics.median(x[j] for x in added[k]) * 1e3 for j in range(3)]
+        out[k] = {"added_head_ms": round(med[0], 3), "added_first_event_ms": round(med[1], 3),
+                  "added_end_ms": round(med[2], 3), "proxy_cpu_ms_per_request": round(cpu[k] / n * 1e3, 2)}
+    return {"requests": n, **out}
+
+
 def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -212,7 +262,15 @@ def main() -> int:
     ap.add_argument("--proxy-args", default="", help="extra proxy options (one string)")
     ap.add_argument("--json", help="write every run and the summary here")
     ap.add_argument("--keep", help="keep the proxy's log (console spans) in this folder")
+    ap.add_argument("--server", help="a llama-server binary to load instead of the stand-in")
+    ap.add_argument("--model", help="--server: the GGUF model")
+    ap.add_argument("--server-args", default="-np 16 -c 32768", help="--server: more arguments (one string)")
+    ap.add_argument("--proxy-src", help="run the proxy from this src/ folder (another checkout)")
+    ap.add_argument("--serial", type=int, metavar="N", help="N paired single requests instead of loads")
+    ap.add_argument("--also-src", help="--serial: a second proxy from this src/ folder, measured alongside")
     a = ap.parse_args()
+    if a.server and not a.model:
+        ap.error("--server needs --model")
     token_delay = 0.0 if a.fast else 1.0 / a.token_rate
     prompt_s = 0.0 if a.fast else a.prompt_s
     py = sys.executable
@@ -224,11 +282,18 @@ def main() -> int:
     procs = []
     try:
         sport, pport = _free_port(), _free_port()
-        standin = subprocess.Popen([py, str(HERE / "llama_standin.py"), "--port", str(sport), "--tokens",
-                                    str(a.tokens), "--token-delay", str(token_delay), "--first-token-delay",
-                                    str(prompt_s), "--prompt-tokens", str(a.prompt_tokens), "--forget"], env=env)
+        if a.server:
+            slog = open(work / "server.log", "w")
+            standin = subprocess.Popen([a.server, "-m", a.model, "--host", "127.0.0.1", "--port", str(sport)]
+                                       + a.server_args.split(), stdout=slog, stderr=subprocess.STDOUT)
+            slog.close()
+        else:
+            standin = subprocess.Popen([py, str(HERE / "llama_standin.py"), "--port", str(sport), "--tokens",
+                                        str(a.tokens), "--token-delay", str(token_delay), "--first-token-delay",
+                                        str(prompt_s), "--prompt-tokens", str(a.prompt_tokens), "--forget"],
+                                       env=env)
         procs.append(standin)
-        _wait_http(f"http://127.0.0.1:{sport}/health", standin)
+        _wait_http(f"http://127.0.0.1:{sport}/health", standin, timeout=120)
         if not a.no_census:
             writer = subprocess.Popen([py, __file__, "--_writer", str(cdir), str(standin.pid)], env=env,
                                       stdout=subprocess.PIPE, text=True)
@@ -237,6 +302,8 @@ def main() -> int:
                 raise SystemExit("the census writer did not start")
         plog = open(work / "proxy.log", "w")
         penv = dict(env, OTEL_TRACES_EXPORTER=a.exporter, OTEL_METRICS_EXPORTER="none")
+        if a.proxy_src:
+            penv["PYTHONPATH"] = os.pathsep.join([str(Path(a.proxy_src).resolve()), str(HERE)])
         proxy = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
                                   f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{pport}", "--census-dir",
                                   str(cdir), "--upstream-pid", str(standin.pid)] + a.proxy_args.split(),
@@ -247,6 +314,34 @@ def main() -> int:
         targets = {"direct": f"http://127.0.0.1:{sport}", "proxy": f"http://127.0.0.1:{pport}"}
         # one unrecorded warm-up through the proxy (imports, first connections)
         asyncio.run(_load(targets["proxy"], a.clients, a.clients, a.prompt_tokens, a.tokens, 0))
+        if a.serial:
+            pids = {"proxy": proxy.pid}
+            if a.also_src:
+                bport = _free_port()
+                benv = dict(penv, PYTHONPATH=os.pathsep.join([str(Path(a.also_src).resolve()), str(HERE)]))
+                blog = open(work / "proxy-b.log", "w")
+                pb = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
+                                       f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{bport}", "--census-dir",
+                                       str(cdir), "--upstream-pid", str(standin.pid)] + a.proxy_args.split(),
+                                      env=benv, stdout=blog, stderr=subprocess.STDOUT)
+                blog.close()
+                procs.append(pb)
+                _wait_http(f"http://127.0.0.1:{bport}/health", pb)
+                targets["proxy-b"] = f"http://127.0.0.1:{bport}"
+                pids["proxy-b"] = pb.pid
+                asyncio.run(_load(targets["proxy-b"], a.clients, a.clients, a.prompt_tokens, a.tokens, 0))
+            res = asyncio.run(_serial(targets, a.serial, a.prompt_tokens, a.tokens, pids))
+            res.update(server=a.server, proxy_src=a.proxy_src, also_src=a.also_src, census=not a.no_census,
+                       exporter=a.exporter)
+            print(json.dumps(res))
+            for k in pids:
+                r = res[k]
+                print(f"{k}: adds {r['added_head_ms']:.2f} ms to the answer's head, {r['added_first_event_ms']:.2f} ms "
+                      f"to its first event, {r['added_end_ms']:.2f} ms to its end (medians of {a.serial} pairs); "
+                      f"{r['proxy_cpu_ms_per_request']:.2f} ms of proxy CPU per request")
+            if a.json:
+                Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
+            return 0
         runs = []
         print(f"{'pair':>4} {'via':<7}{'tok/s':>9}{'TTFT p50':>10}{'p90':>8}{'gap p90':>9}{'max':>7}"
               f"{'proxy CPU s':>12}", flush=True)
@@ -254,7 +349,9 @@ def main() -> int:
             order = ("direct", "proxy") if pair % 2 == 0 else ("proxy", "direct")
             for via in order:
                 cpu0 = _cpu_s(proxy.pid)
-                r = asyncio.run(_load(targets[via], a.clients, a.requests, a.prompt_tokens, a.tokens, pair + 1))
+                # distinct prompts on each side: a real server would answer the second from its prompt cache
+                seed = 2 * pair + 1 + (via == "proxy")
+                r = asyncio.run(_load(targets[via], a.clients, a.requests, a.prompt_tokens, a.tokens, seed))
                 r.update(pair=pair, via=via, proxy_cpu_s=round(_cpu_s(proxy.pid) - cpu0, 2))
                 runs.append(r)
                 print(f"{pair:>4} {via:<7}{r['tok_s']:>9.1f}{r['ttft_p50_s']:>10.3f}{r['ttft_p90_s']:>8.3f}"
@@ -277,7 +374,7 @@ def main() -> int:
                 next(r for r in runs if r["pair"] == i and r["via"] == "proxy")) for i in range(a.pairs))]
     summary = {"clients": a.clients, "requests": a.requests, "tokens": a.tokens,
                "token_rate": None if a.fast else a.token_rate, "prompt_s": prompt_s, "exporter": a.exporter,
-               "census": not a.no_census,
+               "census": not a.no_census, "server": a.server, "proxy_src": a.proxy_src,
                "direct": {k: med("direct", k) for k in ("tok_s", "ttft_p50_s", "ttft_p90_s", "gap_max_s")},
                "proxy": {k: med("proxy", k) for k in ("tok_s", "ttft_p50_s", "ttft_p90_s", "gap_max_s",
                                                       "proxy_cpu_s")},

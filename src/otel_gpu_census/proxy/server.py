@@ -115,6 +115,7 @@ class _Exchange:
     upstream_done: bool = False            # the upstream's answer was read to its end
     retried: bool = False                  # sent again on a new connection (upstream.py)
     connection: Any = None                 # the upstream connection's protocol (upstream.py)
+    spent: bool = False                    # the connection carried a chunked answer: not reused
 
 
 class Proxy:
@@ -255,6 +256,8 @@ class Proxy:
         finally:
             # An answer not read to its end must not leave a half-read connection behind.
             upstream.release() if ex.upstream_done else upstream.close()
+            if ex.spent and ex.connection is not None:
+                ex.connection.close()     # after the end went out, not on the next request's way
 
     async def _send(self, method: str, url: str, headers: CIMultiDict, body: Any, ex: _Exchange
                     ) -> aiohttp.ClientResponse:
@@ -301,7 +304,8 @@ class Proxy:
         headers = _strip(upstream.headers, HOP_BY_HOP)
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if upstream.headers.get("Transfer-Encoding", "").lower().endswith("chunked"):
-            self.connector.spend(ex.connection)       # llama-server closes it right after the answer
+            ex.spent = True                           # llama-server closes it right after the answer
+            self.connector.spend(ex.connection)
         feed = None
         if ex.route is not None:
             key = ex.key

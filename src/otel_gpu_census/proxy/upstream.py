@@ -9,10 +9,10 @@ the proxy lets go first). Three rules keep reuse from ever costing a request:
   a request sent in between would meet the close.
 - An idle connection is checked before it is handed out: it has nothing to say between answers, so
   if it is readable the upstream closed it (or sent stray bytes); it is dropped and another taken.
-- A request on a reused connection that the upstream resets (RST: its socket was closed when our
-  bytes arrived, so it never read them) before any answer is sent once more, on a new connection,
-  when its body was read whole (up to 1 MiB with a Content-Length; a streamed body is gone).
-  A clean close (FIN) is not retried: the upstream may have read the request and started it.
+- A request on a reused connection that the upstream resets before any answer (RST: the upstream's
+  socket was closed before our request arrived, or with it unread) is sent once more, on a new
+  connection, when its body was read whole (up to 1 MiB with a Content-Length; a streamed body is
+  gone). A clean close (FIN) is not retried: the upstream may have read the request and started it.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _closed_while_idle(protocol) -> bool:
     if transport is None or transport.is_closing():
         return True
     sock = transport.get_extra_info("socket")
-    if sock is None:
+    if sock is None or not hasattr(select, "poll"):
         return False
     try:
         p = select.poll()
