@@ -83,12 +83,14 @@ def test_sampled_kernels_give_busy_as_a_share_of_traced_time(census_dir, segment
     def sampled(seg):
         seg.wall_start_ns, seg.wall_update_ns = 5 * S, 25 * S
         seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_traced_ns = 1, 100, 1000, 2 * S
+        seg.kernel_outside = 7
     recs = [records.kernel(T0, T0 + 500 * MS), records.memcpy("dtoh", 4096, T0, T0 + MS, dst="pinned")]
     c = reader.read_segment(segments.segment(census_dir, recs, edit=sampled))
     assert c.kernels.name == "100/1000" and c.kernels.traced_ns == 2 * S
     text = report.render_text([c])
     assert "busy 0.500000 s = 25.0% of traced time" in text
     assert "kernels sampled: traced 100 ms of every 1000 ms (2.000000 s in all)" in text
+    assert "7 kernel records that started outside those phases were left out" in text and c.kernels.outside == 7
     proc = report.to_dict([c])["processes"][0]
     assert proc["kernel_tracing"] == "100/1000" and proc["kernel_traced_ns"] == 2 * S
     assert proc["devices"][0]["busy_ratio_of_census_time"] == 0.25

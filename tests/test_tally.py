@@ -236,3 +236,28 @@ def test_segment_identity(native):
     assert seg.state == 1 and seg.window_ns_div == W // 1000
     start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
     assert seg.proc_start_ticks == start_ticks
+
+
+def test_sampled_kernels_count_only_those_started_in_a_traced_phase(census, records):
+    """100 ms of every 1000 ms from T0: kernels that start inside the phase or within one window after
+    it (launched at its end, queued) are the sample; the rest (CUDA graph nodes CUPTI still reports
+    while the kernel kind is off, with end times filled in only at exit) are counted apart."""
+    seg = census[0]
+    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = 1, 100, 1000, T0
+    MS = 1_000_000
+    inside = [T0, T0 + 99 * MS, T0 + 1000 * MS + 5 * MS, T0 + 100 * MS + W - 1]      # last: within the grace
+    outside = [T0 - MS, T0 + 100 * MS + W, T0 + 500 * MS, T0 + 1999 * MS]
+    feed(census, *[records.kernel(s, s + 10_000) for s in inside],
+         *[records.kernel(s, s + 7 * 10**9) for s in outside],                            # the bogus ones
+         records.memcpy("dtoh", 4096, T0 + 500 * MS, T0 + 500 * MS + 10, dst="pinned"))  # copies: always
+    d = seg.devices[0]
+    assert (d.kernel_count, d.kernel_ns, seg.kernel_outside) == (len(inside), 10_000 * len(inside), len(outside))
+    assert d.copy[DIR["dtoh"]][MEM["pinned"]].bytes == 4096
+    assert sum(seg.windows[i].kernel_count for i in range(len(seg.windows))) == len(inside)
+
+
+def test_kernels_off_tallies_no_kernel(census, records):
+    seg = census[0]
+    seg.kernel_mode = 2
+    feed(census, records.kernel(T0, T0 + 5), records.memset(64, T0, T0 + 3))
+    assert (seg.devices[0].kernel_count, seg.kernel_outside, seg.devices[0].memset.bytes) == (0, 1, 64)

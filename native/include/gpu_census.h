@@ -161,7 +161,9 @@ typedef struct gc_segment {
     uint32_t kernel_tracing;    /* 1 while kernel records are being collected */
     uint64_t kernel_origin_gpu_ns; /* ... counted from this CUPTI timestamp (a phase starts on) */
     uint64_t kernel_traced_ns;  /* SAMPLED: ns kernel tracing was on, as of complete_wall_ns */
-    uint64_t reserved[11];
+    uint64_t kernel_outside;    /* SAMPLED/OFF: kernel records that started outside a traced phase
+                                   (+ one window of grace), left out of every total */
+    uint64_t reserved[10];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];

@@ -392,10 +392,18 @@ static int start_flusher(void)
     sigset_t all, old;
     if (pthread_attr_init(&attr) != 0) return -1;
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 64 * 1024);
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits "all blocked" */
-    int rc = pthread_create(&th, &attr, flusher, NULL);
+    /* A small stack first; glibc puts the process's static TLS on every thread stack, and with
+     * llama-server's libraries 64 KiB was too small (EINVAL): then the default size (virtual). */
+    int rc = pthread_attr_setstacksize(&attr, 256 * 1024) == 0 ? pthread_create(&th, &attr, flusher, NULL) : EINVAL;
+    if (rc == EINVAL) {
+        pthread_attr_destroy(&attr);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&th, &attr, flusher, NULL);
+    }
+    if (rc != 0) gc_log("cannot start the flusher thread: %s", strerror(rc));
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     return rc == 0 ? 0 : -1;

@@ -280,8 +280,22 @@ static int host_side(int dir, uint8_t src, uint8_t dst)
     }
 }
 
+/* With sampled kernels, only kernels that start inside a traced phase (or within one window after
+ * it: launched at its end, queued) belong to the sample. CUPTI 13.5 still reports the nodes of CUDA
+ * graphs launched while the kernel kind is off, some with end times only filled in at the final
+ * forced flush (seen on llama-server: durations of seconds); they are counted apart, not tallied. */
+static int outside_sample(const gc_segment *seg, uint64_t start)
+{
+    if (seg->kernel_mode == GC_KERNELS_OFF) return 1;
+    if (seg->kernel_mode != GC_KERNELS_SAMPLED || !seg->kernel_period_ms) return 0;
+    if (start < seg->kernel_origin_gpu_ns) return 1;
+    uint64_t r = (start - seg->kernel_origin_gpu_ns) % ((uint64_t)seg->kernel_period_ms * 1000000ull);
+    return r >= (uint64_t)seg->kernel_on_ms * 1000000ull + GC_WINDOW_NS;
+}
+
 static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
 {
+    if (outside_sample(t->seg, k->start)) { t->seg->kernel_outside++; return; }
     gc_device *d = device(t, k->deviceId);
     if (!d) { t->seg->records_unknown++; return; }
     d->kernel_count++;

@@ -175,6 +175,7 @@ class KernelTracing:
     origin_gpu_ns: int = 0
     traced_ns: int = 0             # SAMPLED: how long tracing was on, as of complete_wall_ns
     tracing: bool = True
+    outside: int = 0               # kernel records that started outside a traced phase: not counted
 
     @property
     def name(self) -> str:

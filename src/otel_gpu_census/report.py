@@ -87,9 +87,11 @@ def kernel_base_ns(c: ProcessCensus) -> int:
 def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
     k = c.kernels
     if k.mode == KERNELS_SAMPLED:
+        outside = (f"; {k.outside:,} kernel records that started outside those phases were left out"
+                   if k.outside else "")
         return (f"kernels sampled: traced {k.on_ms} ms of every {k.period_ms} ms ({seconds(k.traced_ns)} s in "
                 "all); kernel counts, kernel time and busy time are of those phases, busy % is of the traced "
-                "time; copies and memsets are complete")
+                f"time; copies and memsets are complete{outside}")
     if k.mode == KERNELS_OFF:
         return "kernels not traced (OTEL_GPU_CENSUS_KERNELS=off): copies and memsets only"
     return None
