@@ -390,7 +390,7 @@ def checks(loads: List[Dict[str, Any]], edge_kernels: int) -> Dict[str, Any]:
 
 def main(a: argparse.Namespace, b: Any, log: bl.Log, result: Dict[str, Any], out_path: Path) -> int:
     """--kernel-phase-pairs: one session (server, warm-up, N pairs) per flag set."""
-    from run_server_bench import print_table
+    from run_server_bench import print_table, run_sessions
     sessions: List[Dict[str, Any]] = result["runs"]
     pairs_s = plan_seconds(a.on_ms, a.period_ms, a.kernel_phase_pairs, a.load_estimate_s, a.phase_lead_s)
     per = 15 + (a.load_estimate_s + SETTLE_GUESS_S if a.warmup_requests else 0) + pairs_s
@@ -405,23 +405,8 @@ def main(a: argparse.Namespace, b: Any, log: bl.Log, result: Dict[str, Any], out
             f"{a.phase_lead_s:g} s lead: loads will overrun")
     log(f"server: {shlex.join(b.server_cmd(a.port, a.flag_sets[0]))}")
 
-    def save(current: Dict[str, Any]) -> None:
-        result["rows"] = rows(a, sessions + ([] if any(current is x for x in sessions) else [current]))
-        bl.write_json(out_path, result)
-
-    for flags in a.flag_sets:
-        if log.elapsed() + 60 > a.budget_s:
-            result["stopped_early"] = f"budget: no time for flag set {flags}"
-            log(result["stopped_early"])
-            break
-        s = run_session(b, flags, a.kernel_phase_pairs, save)
-        sessions.append(s)
-        if "error" in s:
-            log(f"{flags}: ERROR {s['error']}")
-        save(s)
-    result["rows"] = rows(a, sessions)
-    result["hangs"] = sum(1 for s in sessions if s.get("stop", {}).get("hang"))
-    bl.write_json(out_path, result)
+    run_sessions(a, log, result, out_path, lambda ss: rows(a, ss),
+                 lambda flags, save: run_session(b, flags, a.kernel_phase_pairs, save))
     print_table(result["rows"])
     bad_checks = False
     for r in result["rows"]:

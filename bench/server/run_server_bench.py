@@ -678,6 +678,33 @@ def main() -> int:
     return 0 if runs and not any("error" in r for r in result["rows"]) else 1
 
 
+def run_sessions(a: argparse.Namespace, log: bl.Log, result: Dict[str, Any], out_path: Path,
+                 make_rows: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]],
+                 session: Callable[[str, Callable[[Dict[str, Any]], None]], Dict[str, Any]]) -> None:
+    """One same-server session per flag set (the --proxy-pairs and --kernel-phase-pairs modes): rows and
+    the JSON rewritten after every pair (`save`), none started past the budget; fills result's runs,
+    rows and hangs."""
+    sessions: List[Dict[str, Any]] = result["runs"]
+
+    def save(current: Dict[str, Any]) -> None:
+        result["rows"] = make_rows(sessions + ([] if any(current is x for x in sessions) else [current]))
+        bl.write_json(out_path, result)
+
+    for flags in a.flag_sets:
+        if log.elapsed() + 60 > a.budget_s:
+            result["stopped_early"] = f"budget: no time for flag set {flags}"
+            log(result["stopped_early"])
+            break
+        s = session(flags, save)
+        sessions.append(s)
+        if "error" in s:
+            log(f"{flags}: ERROR {s['error']}")
+        save(s)
+    result["rows"] = make_rows(sessions)
+    result["hangs"] = sum(1 for s in sessions if s.get("stop", {}).get("hang"))
+    bl.write_json(out_path, result)
+
+
 def proxy_main(a: argparse.Namespace, b: Bench, log: bl.Log, result: Dict[str, Any], out_path: Path) -> int:
     """--proxy-pairs: one session (server + proxy, N pairs) per flag set."""
     sessions: List[Dict[str, Any]] = result["runs"]
@@ -689,23 +716,8 @@ def proxy_main(a: argparse.Namespace, b: Bench, log: bl.Log, result: Dict[str, A
         f"tokens x {a.n_predict} out, {a.clients} clients; budget {a.budget_s:.0f} s")
     log(f"server: {shlex.join(b.server_cmd(a.port, a.flag_sets[0]))}")
 
-    def save(current: Dict[str, Any]) -> None:
-        result["rows"] = proxy_rows(a, sessions + ([] if any(current is x for x in sessions) else [current]))
-        bl.write_json(out_path, result)
-
-    for flags in a.flag_sets:
-        if log.elapsed() + 60 > a.budget_s:
-            result["stopped_early"] = f"budget: no time for flag set {flags}"
-            log(result["stopped_early"])
-            break
-        s = b.proxy_session(flags, a.proxy_pairs, save)
-        sessions.append(s)
-        if "error" in s:
-            log(f"{flags}: ERROR {s['error']}")
-        save(s)
-    result["rows"] = proxy_rows(a, sessions)
-    result["hangs"] = sum(1 for s in sessions if s.get("stop", {}).get("hang"))
-    bl.write_json(out_path, result)
+    run_sessions(a, log, result, out_path, lambda ss: proxy_rows(a, ss),
+                 lambda flags, save: b.proxy_session(flags, a.proxy_pairs, save))
     print_table(result["rows"])
     for r in result["rows"]:
         if "error" not in r:
