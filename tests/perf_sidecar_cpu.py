@@ -159,7 +159,7 @@ def _receiver() -> None:
     """Receive until stdin closes, then print what arrived (names, not every point: runs can be long)."""
     import threading
     from otlp_receiver import OtlpReceiver
-    rx = OtlpReceiver(http_enabled=False)
+    rx = OtlpReceiver(http_enabled=True)
     names: set = set()
     got = {"requests": 0, "points": 0}
     lock = threading.Lock()
@@ -177,7 +177,7 @@ def _receiver() -> None:
             time.sleep(60)
             fold()
     threading.Thread(target=fold_every_minute, daemon=True).start()
-    print(rx.grpc_port, flush=True)
+    print(rx.grpc_port, rx.http_port, flush=True)
     sys.stdin.read()                    # until the parent closes our stdin
     fold()
     print(json.dumps({**got, "names": sorted(names)}), flush=True)
@@ -307,7 +307,9 @@ def main() -> int:
         if a.exporter == "otlp":
             rx = subprocess.Popen(me + ["--role", "receiver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             children.append(rx)
-            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{rx.stdout.readline().strip()}"
+            grpc_port, http_port = rx.stdout.readline().split()
+            http = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") == "http/protobuf"
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{http_port if http else grpc_port}"
         handle = metrics.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
                                        interval_s=a.interval, nvml=a.nvml)
         if a.exporter == "prometheus":
@@ -315,9 +317,13 @@ def main() -> int:
         time.sleep(2 * a.interval)                        # warm up: imports, first exports
         reads0 = handle.census.reads
         work0 = _work(handle)
+        t0 = _thread_cpu()
         c0, w0 = time.process_time(), time.monotonic()
         time.sleep(a.seconds)
         cpu, wall = time.process_time() - c0, time.monotonic() - w0
+        t1 = _thread_cpu()
+        threads = {f"{n} ({tid})": round((t1[tid][1] - t0.get(tid, (n, 0))[1]) / wall * 100, 3)
+                   for tid, (n, _) in t1.items() if t1[tid][1] - t0.get(tid, (n, 0))[1] > 0}
         reads = handle.census.reads - reads0
         handle.census.refresh()
         work1 = _work(handle)
@@ -347,7 +353,7 @@ def main() -> int:
             "cpu_pct_of_one_core": round(100 * cpu / wall, 3), "census_reads": reads,
             "otlp_exports_ok": exports_ok, "full_scan_ms_for_comparison": round(full_scan_ms, 2),
             "kernels_in_window": work1[0] - work0[0], "d2h_bytes_in_window": work1[1] - work0[1],
-            "received": received, "nvml_cpu_us_per_call": nvml_cost,
+            "received": received, "nvml_cpu_us_per_call": nvml_cost, "cpu_pct_by_thread": threads,
         }
         print(json.dumps(result))
         nv = "" if not a.nvml else (", NVML off: unusable here" if sampler is None else
@@ -365,6 +371,22 @@ def main() -> int:
                 c.kill()
             c.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _thread_cpu() -> dict:
+    """{tid: (thread name, CPU seconds)} for this process's threads, from /proc (which thread costs)."""
+    out, tick = {}, os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                st = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 def _nvml_call_costs(sampler, n: int = 50) -> dict:
