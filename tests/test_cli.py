@@ -68,6 +68,13 @@ def test_run_sets_the_census_environment_for_the_child(env, census_dir, native):
     assert p.stdout.strip() == f"{Path(native[2]).resolve()}|{census_dir}"
 
 
+@pytest.mark.parametrize("value,child_sees", [("100/1000", "100/1000"), ("off", "off"), ("0040/0200", "40/200")])
+def test_run_kernels_sets_the_setting_for_the_child(env, census_dir, value, child_sees):
+    p = run_cli(env, "run", "--dir", str(census_dir), "--kernels", value, "--", "sh", "-c",
+                'echo "$OTEL_GPU_CENSUS_KERNELS"')
+    assert p.returncode == 0 and p.stdout.strip() == child_sees
+
+
 def test_run_keeps_another_injector_and_warns(env, census_dir):
     env["CUDA_INJECTION64_PATH"] = "/opt/nsight/libToolsInjection64.so"
     p = run_cli(env, "run", "--dir", str(census_dir), "--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH"')
@@ -102,6 +109,9 @@ def test_run_without_command_is_a_usage_error(env, census_dir):
     ["run", "--requests", "0", "--", "true"],
     ["run", "--exporter", "carrier-pigeon", "--", "true"],
     ["run", "--prometheus-port", "70000", "--", "true"],
+    ["run", "--kernels", "30/100", "--", "true"],
+    ["run", "--kernels", "100/100", "--", "true"],
+    ["run", "--kernels", "some", "--", "true"],
     ["report", "--bogus"],
     ["report", "--pid", "x"],
     ["frobnicate"],

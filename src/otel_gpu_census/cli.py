@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 from typing import Dict, List, Optional
-from .argtypes import positive_float, positive_int
+from .argtypes import kernel_tracing, positive_float, positive_int
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -178,6 +178,8 @@ def _cmd_run(args) -> int:
             _say(f"cannot write {args.json}: {e.strerror}")
             return 1
     plan = build_env(census_dir)
+    if args.kernels:
+        plan.env["OTEL_GPU_CENSUS_KERNELS"] = args.kernels
     proxy_plan = None
     if args.proxy is not None:
         proxy_plan = _proxy_plan(args, argv, plan.env)     # checked before anything starts
@@ -392,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
     run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
                      help="seconds between metric exports")
+    run.add_argument("--kernels", type=kernel_tracing, metavar="all|off|ON_MS/PERIOD_MS",
+                     help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): all (default), off, or a duty "
+                          "cycle, e.g. 100/1000; copies are always exact")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "
