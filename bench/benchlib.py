@@ -139,6 +139,12 @@ def quantile(xs: Iterable[float], q: float) -> Optional[float]:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def cv(xs: Iterable[Optional[float]], nd: int = 4) -> Optional[float]:
+    """Coefficient of variation (stdev / mean) of the non-empty values; None for fewer than two."""
+    xs = [x for x in xs if x]
+    return round(statistics.stdev(xs) / statistics.mean(xs), nd) if len(xs) > 1 else None
+
+
 def rnd(x: Optional[float], nd: int = 4) -> Optional[float]:
     return None if x is None else round(x, nd)
 

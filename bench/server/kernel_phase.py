@@ -14,7 +14,9 @@ grew in both. Restart-to-restart spread of the server (±5 % on the H200) is gon
 
 Default load: 48 requests (~9 s on the random 8B model on an H200) in phases of 14 s (14000/28000):
 the load takes ~64 % of a phase, 0.5 s lead included ~68 %. Pairs need 1.25 periods each on average
-(a same-side step waits a whole period): 8 pairs ~290 s, ~5.5 min with start and warm-up.
+(a same-side step waits a whole period): 8 pairs ~290 s, ~5.5 min with start and warm-up. With
+--load-mode waves a load is its waves back to back (3 waves of 16, ~2.8 s each: ~8.4 s) and is
+placed and checked as a whole: the phase must hold every wave and the gaps between them.
 """
 from __future__ import annotations
 
@@ -188,7 +190,7 @@ def census_check(side: str, d: Dict[str, Any], edge_kernels: int) -> str:
 def run_session(b: Any, flags: str, pairs: int, on_pair: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
     """ONE censused server (sampled kernels), warmed up, then `pairs` traced/untraced load pairs placed
     on the census's schedule, until done, the budget, or two overruns in a row."""
-    from run_server_bench import log_evidence   # it imports this module: take its helpers when used
+    from run_server_bench import log_evidence, wave_note   # it imports this module: take its helpers when used
     a, log = b.a, b.log
     n = b.cycle_no
     b.cycle_no += 1
@@ -261,7 +263,7 @@ def run_session(b: Any, flags: str, pairs: int, on_pair: Callable[[Dict[str, Any
                 t, u = by["traced"]["load"], by["untraced"]["load"]
                 log(f"pair {k} {flags}: traced {t['output_tok_s']} tok/s, untraced {u['output_tok_s']}, ratio "
                     f"{t['output_tok_s'] / u['output_tok_s']:.4f}; TTFT p50 {u.get('ttft_p50_s')} -> "
-                    f"{t.get('ttft_p50_s')} s")
+                    f"{t.get('ttft_p50_s')} s" + wave_note(t, u))
             on_pair(rec)
     finally:   # also after an early return: the server stops, its last census read is kept
         rec["stop"] = bl.stop(proc, grace_s=a.stop_timeout)
@@ -349,7 +351,7 @@ def rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Dict[str
 
 
 def pair_entry(k: int, t: Optional[Dict[str, Any]], u: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    keys = ("output_tok_s", "steady_tok_s", "ttft_p50_s", "ttft_p90_s", "wall_s")
+    keys = ("output_tok_s", "steady_tok_s", "ttft_p50_s", "ttft_p90_s", "wall_s", "wave_tok_s_cv")
 
     def side(x: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         if x is None:
@@ -390,7 +392,7 @@ def checks(loads: List[Dict[str, Any]], edge_kernels: int) -> Dict[str, Any]:
 
 def main(a: argparse.Namespace, b: Any, log: bl.Log, result: Dict[str, Any], out_path: Path) -> int:
     """--kernel-phase-pairs: one session (server, warm-up, N pairs) per flag set."""
-    from run_server_bench import print_table, run_sessions
+    from run_server_bench import load_shape, print_table, run_sessions
     sessions: List[Dict[str, Any]] = result["runs"]
     pairs_s = plan_seconds(a.on_ms, a.period_ms, a.kernel_phase_pairs, a.load_estimate_s, a.phase_lead_s)
     per = 15 + (a.load_estimate_s + SETTLE_GUESS_S if a.warmup_requests else 0) + pairs_s
@@ -399,7 +401,7 @@ def main(a: argparse.Namespace, b: Any, log: bl.Log, result: Dict[str, Any], out
         f"{a.kernel_phase_pairs} pairs (traced/untraced, ABBA), a load ~{a.load_estimate_s:g} s starting "
         f"{a.phase_lead_s:g} s into its phase: ~{pairs_s:.0f} s of pairs, ~{per / 60:.1f} min each, "
         f"~{per * len(a.flag_sets) / 60:.1f} min in all; {a.requests} requests x {a.prompt_tokens} prompt tokens x "
-        f"{a.n_predict} out, {a.clients} clients; budget {a.budget_s:.0f} s")
+        f"{a.n_predict} out, {a.clients} clients, {load_shape(a)}; budget {a.budget_s:.0f} s")
     if a.load_estimate_s + a.phase_lead_s > min(a.on_ms, a.period_ms - a.on_ms) / 1000:
         log(f"warning: a load of ~{a.load_estimate_s:g} s does not fit a phase of {a.phase_ms} ms after the "
             f"{a.phase_lead_s:g} s lead: loads will overrun")
@@ -427,7 +429,9 @@ def main(a: argparse.Namespace, b: Any, log: bl.Log, result: Dict[str, Any], out
                   f"{u.get('kernels') if u.get('kernels') is not None else '-':>8}  {p['why'] or ''}")
         if "error" not in r:
             print(f"ratio (median traced/untraced) {r['ratio']}, spread {r['ratio_spread']}; untraced tok/s CV "
-                  f"{r['plain_tok_s_cv']}, traced {r['tok_s_cv']}")
+                  f"{r['plain_tok_s_cv']}, traced {r['tok_s_cv']}"
+                  + (f"; CV across waves (median of loads) untraced {r['plain_wave_tok_s_cv']}, traced "
+                     f"{r['wave_tok_s_cv']}" if "wave_tok_s_cv" in r else ""))
         bad_checks |= r["census_checks"]["ok"] is False
     print(f"\nsessions: {len(sessions)}, hangs: {result['hangs']}; results: {out_path}; logs: {b.work}")
     if bad_checks:

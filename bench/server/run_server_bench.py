@@ -6,6 +6,7 @@
          [--budget-s 540] [--vocab ggml-vocab-llama-bpe.gguf]   # --vocab: make M.gguf if missing
   python bench/server/run_server_bench.py ... --proxy-pairs 8 [--flag-sets nocache]   # one server
   python bench/server/run_server_bench.py ... --kernel-phase-pairs 8 [--phase-ms 14000/28000]  # one server
+  any mode: [--load-mode waves [--wave-gap-s 0]]   # requests in waves of --clients (default: free)
 
 Restart mode (default). One cycle = start llama-server (-ngl 99 -np 16 -c 32768 + the flag set),
 wait for /health, run the streaming load (bench/server/load.py: 16 clients, 64 requests of ~1,800
@@ -43,6 +44,13 @@ that `ratio` uses, and steady-state tok/s (tokens that arrived while every clien
 and tail left out), with its own `steady_ratio`; rows also give the spread of both, so the quieter
 figure can be chosen from the data.
 
+Load shape (--load-mode, all modes): free (default) is load.py's closed loop, each client sending its
+next request when its last one ends, which the server batches differently every load (CV ~4 % between
+loads on one H200 server). waves sends the requests in waves of --clients that start together, each
+wave after every request of the previous one ended (+ --wave-gap-s): every wave is the same batch.
+A waves load's tok/s is output tokens / the sum of its wave walls; rows carry the CV across waves of
+every load (`wave_tok_s_cvs`, median `wave_tok_s_cv`). --requests must be a multiple of --clients.
+
 Flag sets: default (llama-server's own defaults) and nocache (--cache-ram 0 --ctx-checkpoints 0).
 Census modes (--census-mode): env sets CUDA_INJECTION64_PATH / OTEL_GPU_CENSUS_DIR itself; run
 starts the server under `python -m otel_gpu_census.cli run`; auto picks run when the package
@@ -55,7 +63,6 @@ import argparse
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -73,8 +80,8 @@ import load  # noqa: E402
 
 FLAG_SETS = {"default": [], "nocache": ["--cache-ram", "0", "--ctx-checkpoints", "0"]}
 VARIANTS = ("plain", "census", "census+proxy", "census-kernels-off", "census-sampled")
-PER_REQUEST_KEYS = ("i", "client", "start", "end", "ttft_s", "e2e_s", "tokens_out", "prompt_n", "cache_n",
-                    "id_slot", "error", "ev")
+PER_REQUEST_KEYS = ("i", "client", "wave", "start", "end", "ttft_s", "e2e_s", "tokens_out", "prompt_n",
+                    "cache_n", "id_slot", "error", "ev")
 
 
 def variant_env(variant: str, sample: str) -> Dict[str, str]:
@@ -141,7 +148,7 @@ def load_record(res: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Dict[str, Any
     def short(v: Any) -> Any:
         return round(v, 4) if isinstance(v, float) else v
     return ({k: v for k, v in res.items() if k != "per_request"},
-            [{k: short(r.get(k)) for k in PER_REQUEST_KEYS} for r in res.get("per_request", [])])
+            [{k: short(r.get(k)) for k in PER_REQUEST_KEYS if k in r} for r in res.get("per_request", [])])
 
 
 def complete(ld: Optional[Dict[str, Any]]) -> bool:
@@ -238,7 +245,8 @@ class Bench:
     def run_load(self, target: str, seed: int, requests: Optional[int] = None) -> Dict[str, Any]:
         a = self.a
         return load.run_load(target, a.clients, requests or a.requests, a.prompt_tokens, a.n_predict,
-                             seed=seed, request_timeout_s=a.request_timeout, total_timeout_s=a.load_timeout)
+                             seed=seed, request_timeout_s=a.request_timeout, total_timeout_s=a.load_timeout,
+                             waves=a.load_mode == "waves", wave_gap_s=a.wave_gap_s)
 
     def cycle(self, variant: str, flags: str, rnd: int, requests: Optional[int] = None) -> Dict[str, Any]:
         """Restart mode: a fresh server, one load, stop."""
@@ -320,7 +328,8 @@ class Bench:
                 log(f"pair {k} {flags}: direct {d.get('output_tok_s')} tok/s (steady {d.get('steady_tok_s')}), "
                     f"proxy {p.get('output_tok_s')} (steady {p.get('steady_tok_s')}), "
                     f"ratio {'-' if ratio is None else f'{ratio:.4f}'}; TTFT p50 {d.get('ttft_p50_s')} -> "
-                    f"{p.get('ttft_p50_s')} s, p90 {d.get('ttft_p90_s')} -> {p.get('ttft_p90_s')} s")
+                    f"{p.get('ttft_p50_s')} s, p90 {d.get('ttft_p90_s')} -> {p.get('ttft_p90_s')} s"
+                    + wave_note(d, p))
                 on_pair(rec)
         finally:
             if proxy is not None:
@@ -357,8 +366,14 @@ class Bench:
 
 def spread(xs: List[float]) -> Optional[float]:
     """Coefficient of variation (stdev / mean), None for fewer than two values."""
-    xs = [x for x in xs if x]
-    return round(statistics.stdev(xs) / statistics.mean(xs), 4) if len(xs) > 1 else None
+    return bl.cv(xs)
+
+
+def wave_note(*loads: Dict[str, Any]) -> str:
+    """For a log line: the CV across waves of each load (waves mode), else nothing."""
+    cvs = [ld.get("wave_tok_s_cv") for ld in loads]
+    return f"; wave CV {' / '.join('-' if c is None else f'{c:.4f}' for c in cvs)}" if any(
+        ld.get("load_mode") == "waves" for ld in loads) else ""
 
 
 def compare(pairs: List[Tuple[Dict[str, Any], Dict[str, Any]]]) -> Dict[str, Any]:
@@ -383,11 +398,15 @@ def load_figures(loads: List[Dict[str, Any]], prefix: str = "") -> Dict[str, Any
     """Medians (and spreads) of a set of load summaries, keys prefixed for the reference side."""
     def med(key):
         return bl.median(ld.get(key) for ld in loads)
-    return {f"{prefix}tok_s": bl.rnd(med("output_tok_s"), 2), f"{prefix}steady_tok_s": bl.rnd(med("steady_tok_s"), 2),
-            f"{prefix}ttft_p50_s": bl.rnd(med("ttft_p50_s")), f"{prefix}ttft_p90_s": bl.rnd(med("ttft_p90_s")),
-            f"{prefix}e2e_p50_s": bl.rnd(med("e2e_p50_s")),
-            f"{prefix}tok_s_cv": spread([ld["output_tok_s"] for ld in loads]),
-            f"{prefix}steady_tok_s_cv": spread([ld.get("steady_tok_s") for ld in loads])}
+    out = {f"{prefix}tok_s": bl.rnd(med("output_tok_s"), 2), f"{prefix}steady_tok_s": bl.rnd(med("steady_tok_s"), 2),
+           f"{prefix}ttft_p50_s": bl.rnd(med("ttft_p50_s")), f"{prefix}ttft_p90_s": bl.rnd(med("ttft_p90_s")),
+           f"{prefix}e2e_p50_s": bl.rnd(med("e2e_p50_s")),
+           f"{prefix}tok_s_cv": spread([ld["output_tok_s"] for ld in loads]),
+           f"{prefix}steady_tok_s_cv": spread([ld.get("steady_tok_s") for ld in loads])}
+    if any(ld.get("load_mode") == "waves" for ld in loads):   # spread inside each load, across its waves
+        out[f"{prefix}wave_tok_s_cvs"] = [ld.get("wave_tok_s_cv") for ld in loads]
+        out[f"{prefix}wave_tok_s_cv"] = bl.rnd(med("wave_tok_s_cv"))
+    return out
 
 
 def pair_rows(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: List[str]) -> List[Dict[str, Any]]:
@@ -450,7 +469,7 @@ def proxy_rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Di
         row["target_ratio_ge_0_99"] = row["ratio"] >= 0.99   # the proxy: at most 1 % lower than direct
         row["ttft_p50_pair_ratios"] = [bl.rnd(v["ttft_p50_s"] / d["ttft_p50_s"]) for d, v in pairs
                                        if d.get("ttft_p50_s") and v.get("ttft_p50_s")]
-        keys = ("output_tok_s", "steady_tok_s", "ttft_p50_s", "ttft_p90_s", "wall_s")
+        keys = ("output_tok_s", "steady_tok_s", "ttft_p50_s", "ttft_p90_s", "wall_s", "wave_tok_s_cv")
         row["per_pair"] = [{"direct": {k: d.get(k) for k in keys}, "proxy": {k: v.get(k) for k in keys},
                             "ratio": bl.rnd(v["output_tok_s"] / d["output_tok_s"])} for d, v in pairs]
         if "d2h_bytes_per_request" in s:
@@ -506,6 +525,11 @@ def main() -> int:
     ap.add_argument("--gap-s", type=float, default=1.0, help="--proxy-pairs: pause after each load (spans settle)")
     ap.add_argument("--census-mode", choices=("auto", "env", "run"), default="auto")
     ap.add_argument("--census-lib", help="default $OTEL_GPU_CENSUS_LIB or native/build/libotel_gpu_census.so")
+    ap.add_argument("--load-mode", choices=("free", "waves"), default="free",
+                    help="free: closed loop, a client's next request when its last ends (default); waves: "
+                         "waves of --clients requests that start together, each after the previous ended")
+    ap.add_argument("--wave-gap-s", type=float, default=0.0,
+                    help="--load-mode waves: pause between waves (not counted in tok/s)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, help="requests a load (default 64; 48 with --proxy-pairs)")
     ap.add_argument("--prompt-tokens", type=int, default=1800)
@@ -554,6 +578,11 @@ def main() -> int:
         a.requests = 48 if a.proxy_pairs or a.kernel_phase_pairs else 64
     if a.requests < 1:
         ap.error("--requests must be at least 1")
+    if a.load_mode == "waves" and a.requests % a.clients:
+        ap.error(f"--load-mode waves: --requests ({a.requests}) must be a multiple of --clients ({a.clients}): "
+                 "every wave the same size")
+    if a.wave_gap_s < 0:
+        ap.error("--wave-gap-s must be at least 0")
     if a.warmup_requests is None:
         a.warmup_requests = a.requests if a.kernel_phase_pairs else 16
     if a.warmup_requests < 0:
@@ -621,7 +650,8 @@ def main() -> int:
                                               "kernel_phase_pairs", "phase_ms", "phase_lead_s", "edge_kernels",
                                               "flag_sets", "clients", "requests", "prompt_tokens", "n_predict",
                                               "np", "ctx", "server_args", "census_mode", "sample",
-                                              "warmup_requests")},
+                                              "warmup_requests", "load_mode", "wave_gap_s")},
+        "load_mode": a.load_mode,
         "variants": variants, "variant_env": {v: b.env_of(v) for v in variants},
         "headline": "ratio = median of whole-load pair ratios; steady_ratio = the same from steady-state tok/s",
         "rows": [], "runs": runs,
@@ -638,7 +668,7 @@ def main() -> int:
     log(f"plan: {a.rounds} rounds x flag sets {a.flag_sets} x variants {variants} = {cycles} cycles "
         f"(+{'1 warm-up' if a.warmup_requests else 'no warm-up'}), ~{est:.0f} s each: "
         f"~{(cycles + (1 if a.warmup_requests else 0)) * est / 60:.1f} min; budget {a.budget_s:.0f} s; "
-        f"census mode {env_info['census_mode']}")
+        f"census mode {env_info['census_mode']}; {load_shape(a)}")
     log(f"server: {shlex.join(b.server_cmd(a.port, a.flag_sets[0]))}")
     if a.warmup_requests:
         w = b.cycle("plain", a.flag_sets[0], -1, requests=a.warmup_requests)
@@ -660,7 +690,8 @@ def main() -> int:
                     f"{ld.get('requests')} ttft p50={ld.get('ttft_p50_s')} p90={ld.get('ttft_p90_s')} "
                     f"startup={r.get('startup_s')}s stop={r.get('stop', {}).get('how')} "
                     f"{r.get('stop', {}).get('stop_s')}s cycle={r.get('cycle_s')}s"
-                    + (f" D2H/req={r['d2h_bytes_per_request'] / 1e6:.1f}MB" if "d2h_bytes_per_request" in r else "")))
+                    + (f" D2H/req={r['d2h_bytes_per_request'] / 1e6:.1f}MB" if "d2h_bytes_per_request" in r else "")
+                    + wave_note(ld)))
                 result["rows"] = pair_rows(a, runs, variants)
                 bl.write_json(out_path, result)
             if stopped_early:
@@ -676,6 +707,14 @@ def main() -> int:
     print(f"\ncycles: {len(runs)}, failed: {sum(1 for r in runs if 'error' in r)}, hangs: {result['hangs']}; "
           f"results: {out_path}; logs: {work}")
     return 0 if runs and not any("error" in r for r in result["rows"]) else 1
+
+
+def load_shape(a: argparse.Namespace) -> str:
+    """The load's shape for plan lines."""
+    if a.load_mode == "waves":
+        return (f"loads in waves: {a.requests // a.clients} waves of {a.clients} requests a load"
+                + (f", {a.wave_gap_s:g} s apart" if a.wave_gap_s else ""))
+    return f"free-running loads ({a.clients} clients in a closed loop)"
 
 
 def run_sessions(a: argparse.Namespace, log: bl.Log, result: Dict[str, Any], out_path: Path,
@@ -713,7 +752,7 @@ def proxy_main(a: argparse.Namespace, b: Bench, log: bl.Log, result: Dict[str, A
     log(f"plan: same server, flag sets {a.flag_sets}: start + warm-up + {a.proxy_pairs} pairs (direct/proxy, ABBA) "
         f"x ~{load_s:.0f} s a load = ~{per / 60:.1f} min each, ~{per * len(a.flag_sets) / 60:.1f} min in all; "
         f"server {a.proxy_census} {b.env_of(a.proxy_census)}; {a.requests} requests x {a.prompt_tokens} prompt "
-        f"tokens x {a.n_predict} out, {a.clients} clients; budget {a.budget_s:.0f} s")
+        f"tokens x {a.n_predict} out, {a.clients} clients, {load_shape(a)}; budget {a.budget_s:.0f} s")
     log(f"server: {shlex.join(b.server_cmd(a.port, a.flag_sets[0]))}")
 
     run_sessions(a, log, result, out_path, lambda ss: proxy_rows(a, ss),
@@ -722,7 +761,9 @@ def proxy_main(a: argparse.Namespace, b: Bench, log: bl.Log, result: Dict[str, A
     for r in result["rows"]:
         if "error" not in r:
             print(f"{r['flags']}: proxy/direct pair ratios {r['pair_ratios']} (steady {r['steady_pair_ratios']}); "
-                  f"direct tok/s CV {r['plain_tok_s_cv']} (steady {r['plain_steady_tok_s_cv']})")
+                  f"direct tok/s CV {r['plain_tok_s_cv']} (steady {r['plain_steady_tok_s_cv']})"
+                  + (f"; CV across waves (median of loads) direct {r['plain_wave_tok_s_cv']}, proxy "
+                     f"{r['wave_tok_s_cv']}" if "wave_tok_s_cv" in r else ""))
     print(f"\nsessions: {len(sessions)}, hangs: {result['hangs']}; results: {out_path}; logs: {b.work}")
     return 0 if sessions and not any("error" in r for r in result["rows"]) else 1
 

@@ -9,6 +9,8 @@ steady-state tok/s with their coefficients of variation, and the pair ratios of 
 result written before load.py kept token event times has no steady-state figure: it is rebuilt from
 each request's TTFT and end-to-end time (clients take the next request when they finish one; tokens
 spread evenly between first token and end), which is close but approximate ("rebuilt" in the output).
+Loads run in waves (--load-mode waves) also show the median, over the loads, of the CV across a
+load's waves: the spread inside one load, beside the spread between loads.
 """
 from __future__ import annotations
 
@@ -78,16 +80,21 @@ def main() -> int:
         clients = d.get("config", {}).get("clients", 16)
         print(f"== {f}")
         table: Dict[Tuple[str, str], Dict[Any, Tuple[float, Optional[float]]]] = {}
+        wave_cvs: Dict[Tuple[str, str], List[float]] = {}
         rebuilt = False
         for flags, variant, key, ld, per in loads_of(d):
             st, rb = steady_of(ld, per, clients)
             rebuilt |= rb
             table.setdefault((flags, variant), {})[key] = (ld["output_tok_s"], st)
+            if ld.get("wave_tok_s_cv") is not None:
+                wave_cvs.setdefault((flags, variant), []).append(ld["wave_tok_s_cv"])
         for (flags, variant), by in table.items():
             w = [v[0] for v in by.values()]
             s = [v[1] for v in by.values() if v[1]]
+            wc = wave_cvs.get((flags, variant))
             print(f"{flags:<8} {variant:<19} n={len(w)}  whole {[round(x) for x in w]} cv {cv(w)}  "
-                  f"steady{' (rebuilt)' if rebuilt else ''} {[round(x) for x in s]} cv {cv(s)}")
+                  f"steady{' (rebuilt)' if rebuilt else ''} {[round(x) for x in s]} cv {cv(s)}"
+                  + (f"  waves: cv inside a load (median) {statistics.median(wc):.4f}" if wc else ""))
         for (flags, variant), by in table.items():
             ref = table.get((flags, "direct" if variant == "proxy" else "plain"))
             if variant in ("plain", "direct") or not ref:

@@ -74,9 +74,11 @@ def test_census_check_says_what_a_phase_should_not_have_counted():
 KERNELS, DTOH, REQUESTS = 40, 65536, 8
 
 
-def test_kernel_phase_pairs_on_one_server(fake, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("mode", ["free", "waves"])
+def test_kernel_phase_pairs_on_one_server(fake, tmp_path, mode):  # noqa: F811
     """Three pairs on 0.8 s / 1.6 s phases; requests that start in a traced phase are made slower
-    (so the sides differ), and pair 1's traced load (seeds 2500+) is slow enough to overrun."""
+    (so the sides differ), and pair 1's traced load (seeds 2500+) is slow enough to overrun (free: each
+    client's two slow requests in a row; waves: two waves of slow requests)."""
     server, model = fake
     out = tmp_path / "kp.json"
     d = run_bench(["--server", str(server), "--model", str(model), "--out", str(out),
@@ -85,7 +87,7 @@ def test_kernel_phase_pairs_on_one_server(fake, tmp_path):  # noqa: F811
                    "--n-predict", "16", "--load-estimate-s", "0.3", "--census-mode", "env",
                    "--server-env", "FAKE_CENSUS=1", "--server-env", "FAKE_TRACED_EXTRA_S=0.05",
                    "--server-env", "FAKE_SLOW=2500-2599:0.8", "--server-env", "FAKE_TOKEN_DELAY=0.005",
-                   "--port", str(free_port_pair())], tmp_path)
+                   "--load-mode", mode, "--port", str(free_port_pair())], tmp_path)
     assert d.returncode == 0, d.stdout[-3000:] + d.stderr[-2000:]
     assert "plan: " in d.stdout.splitlines()[0] and "3 pairs" in d.stdout.splitlines()[0]
     res = json.loads(out.read_text())
@@ -114,6 +116,13 @@ def test_kernel_phase_pairs_on_one_server(fake, tmp_path):  # noqa: F811
         assert x["census"]["kernels"] == (2 * KERNELS * REQUESTS if x["side"] == "traced" else 0)
         assert x["census"]["dtoh_bytes"] == DTOH * REQUESTS and x["census"]["check"] == "ok"
     assert all(len(load.decode_times(r["ev"])) == 16 for x in loads for r in x["per_request"])
+    assert res["load_mode"] == mode and all(x["load"]["load_mode"] == mode for x in loads)
+    if mode == "waves":   # the whole load, both waves, was placed and judged in its phase
+        for x in loads:
+            w = x["load"]["waves"]
+            assert len(w) == 2 and w[1]["start"] >= w[0]["end"]
+            assert x["end_wall_ns"] - x["start_wall_ns"] >= (w[1]["end"] - w[0]["start"]) * 1e9 - 2e6
+        assert slow["load"]["waves"][0]["wall_s"] > 0.8 and slow["load"]["waves"][1]["wall_s"] > 0.8
 
     (row,) = res["rows"]
     assert row["workload"] == "server/llama.cpp kernel tracing, one server" and row["phase_ms"] == "800/1600"
@@ -124,6 +133,7 @@ def test_kernel_phase_pairs_on_one_server(fake, tmp_path):  # noqa: F811
     assert row["pair_ratios"] == [round(r, 4) for r in ratios]
     assert row["ratio"] == round(sum(ratios) / 2, 4) and 0.3 < row["ratio"] < 0.9   # traced is the slow side
     assert row["census"] < row["plain"] and row["ttft_p50_s"] > row["plain_ttft_p50_s"]
+    assert ("wave_tok_s_cv" in row and len(row["plain_wave_tok_s_cvs"]) == 2) == (mode == "waves")
     assert row["census_checks"]["ok"] and row["census_checks"]["traced_loads_with_kernels"] == "2/2"
     assert row["census_checks"]["untraced_loads_without_kernels"] == "3/3"
     assert row["schedule"]["origin_wall_ns"] == sch["origin_wall_ns"]

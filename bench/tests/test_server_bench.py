@@ -149,13 +149,14 @@ def run_bench(args, tmp_path, timeout=120):
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
-def test_proxy_pairs_on_one_server(fake, tmp_path):
+@pytest.mark.parametrize("mode", ["free", "waves"])
+def test_proxy_pairs_on_one_server(fake, tmp_path, mode):
     server, model = fake
     out = tmp_path / "pp.json"
     d = run_bench(["--server", str(server), "--model", str(model), "--out", str(out), "--proxy-pairs", "2",
                    "--flag-sets", "nocache", "--requests", "8", "--clients", "4", "--prompt-tokens", "16",
                    "--n-predict", "16", "--warmup-requests", "4", "--gap-s", "0.2", "--census-mode", "env",
-                   "--port", str(free_port_pair())], tmp_path)
+                   "--load-mode", mode, "--port", str(free_port_pair())], tmp_path)
     assert d.returncode == 0, d.stdout[-2000:] + d.stderr[-2000:]
     res = json.loads(out.read_text())
     (row,) = res["rows"]
@@ -167,6 +168,20 @@ def test_proxy_pairs_on_one_server(fake, tmp_path):
     assert session["warmup"]["ok"] == 4 and session["stop"]["how"] == "SIGTERM"
     assert all(len(load.decode_times(r["ev"])) == 16 for x in session["loads"] for r in x["per_request"])
     assert res["variant_env"] == {"census": {}, "census+proxy": {}}
+    assert res["load_mode"] == res["config"]["load_mode"] == mode
+    assert all(x["load"]["load_mode"] == mode for x in session["loads"])
+    if mode == "free":
+        assert "wave_tok_s_cv" not in row and all("wave" not in r for x in session["loads"] for r in x["per_request"])
+        return
+    for x in session["loads"]:   # two waves of four, one after the other
+        ld, per = x["load"], x["per_request"]
+        assert [w["requests"] for w in ld["waves"]] == [4, 4] and ld["waves"][1]["start"] >= ld["waves"][0]["end"]
+        assert sorted(r["wave"] for r in per) == [0] * 4 + [1] * 4
+        assert ld["output_tok_s"] == pytest.approx(8 * 16 / sum(w["wall_s"] for w in ld["waves"]), rel=2e-3)
+    loads = {via: [x["load"] for x in session["loads"] if x["via"] == via] for via in ("direct", "proxy")}
+    assert row["wave_tok_s_cvs"] == [ld["wave_tok_s_cv"] for ld in loads["proxy"]]
+    assert row["plain_wave_tok_s_cvs"] == [ld["wave_tok_s_cv"] for ld in loads["direct"]]
+    assert row["per_pair"][0]["direct"]["wave_tok_s_cv"] == loads["direct"][0]["wave_tok_s_cv"]
 
 
 def test_restart_mode_records_each_variants_environment(fake, tmp_path):
@@ -199,3 +214,5 @@ def test_bad_options_are_refused_without_a_traceback(tmp_path):
     assert d.returncode == 2 and "ON_MS/PERIOD_MS" in d.stderr and "Traceback" not in d.stderr
     d = run_bench(["--server", "x", "--model", "y", "--server-env", "NOEQUALS"], tmp_path)
     assert d.returncode == 2 and "K=V" in d.stderr and "Traceback" not in d.stderr
+    d = run_bench(["--server", "x", "--model", "y", "--load-mode", "waves", "--requests", "40"], tmp_path)
+    assert d.returncode == 2 and "multiple of --clients" in d.stderr and "Traceback" not in d.stderr
