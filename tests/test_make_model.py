@@ -230,12 +230,7 @@ def _serve_and_ask(binary: str, model: Path, log_path: Path, flags: list) -> lis
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    binary = llama_cpu.binary()
-    if binary is None:
-        pytest.skip("no llama-server binary: " + llama_cpu.HOW)
-    v = llama_cpu.vocab(binary)
-    if v is None:
-        pytest.skip("no vocab-only GGUF found: " + llama_cpu.HOW)
+    binary, v = llama_cpu.binary_and_vocab()
     d = tmp_path_factory.mktemp("hybrid-server")
     c = dict(mm.PRESETS["hybrid-tiny"], preset="hybrid-tiny")
     mm.write_model(d / "hybrid-tiny.gguf", Path(v), c)

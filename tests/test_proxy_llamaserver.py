@@ -40,12 +40,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    binary = llama_cpu.binary()
-    if binary is None:
-        pytest.skip("no llama-server binary: " + llama_cpu.HOW)
-    vocab = llama_cpu.vocab(binary)
-    if vocab is None:
-        pytest.skip("no vocab-only GGUF found: " + llama_cpu.HOW)
+    binary, vocab = llama_cpu.binary_and_vocab()
     d = tmp_path_factory.mktemp("llama")
     model = d / "tiny.gguf"
     subprocess.run([sys.executable, str(EXAMPLE / "make_random_gguf.py"), "--vocab-from", vocab, "-o", str(model)],
