@@ -313,7 +313,7 @@ def one_load(b: Any, reader: Any, path: str, url: str, sched: Schedule, k: int, 
 def rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per session: plain = untraced-phase loads, census = traced-phase loads, ratio = the
     median traced/untraced pair ratio over pairs whose loads both completed inside their phases."""
-    from run_server_bench import compare, load_figures
+    from run_server_bench import pair_figures
     out = []
     for s in sessions:
         row: Dict[str, Any] = {"workload": "server/llama.cpp kernel tracing, one server", "flags": s["flags"],
@@ -334,15 +334,7 @@ def rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Dict[str
             out.append(row)
             continue
         pairs = [(by[(k, "untraced")]["load"], by[(k, "traced")]["load"]) for k in valid]
-        fig = load_figures([t for _, t in pairs])
-        row["census"] = fig.pop("tok_s")
-        row.update(fig)
-        pf = load_figures([u for u, _ in pairs], "plain_")
-        row["plain"] = pf.pop("plain_tok_s")
-        row.update(pf)
-        row.update(compare(pairs))
-        row["ttft_p50_pair_ratios"] = [bl.rnd(t["ttft_p50_s"] / u["ttft_p50_s"]) for u, t in pairs
-                                       if u.get("ttft_p50_s") and t.get("ttft_p50_s")]
+        pair_figures(row, pairs)
         if "d2h_bytes_per_request" in s:
             row["d2h_bytes_per_request"] = s["d2h_bytes_per_request"]
             row["d2h_mb_per_request"] = round(s["d2h_bytes_per_request"] / 1e6, 1)

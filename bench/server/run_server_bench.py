@@ -459,16 +459,8 @@ def proxy_rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Di
             row["error"] = s.get("error") or "no complete pair"
             rows.append(row)
             continue
-        fig = load_figures([v for _, v in pairs])
-        row["census"] = fig.pop("tok_s")
-        row.update(fig)
-        pf = load_figures([d for d, _ in pairs], "plain_")
-        row["plain"] = pf.pop("plain_tok_s")
-        row.update(pf)
-        row.update(compare(pairs))
+        pair_figures(row, pairs)
         row["target_ratio_ge_0_99"] = row["ratio"] >= 0.99   # the proxy: at most 1 % lower than direct
-        row["ttft_p50_pair_ratios"] = [bl.rnd(v["ttft_p50_s"] / d["ttft_p50_s"]) for d, v in pairs
-                                       if d.get("ttft_p50_s") and v.get("ttft_p50_s")]
         keys = ("output_tok_s", "steady_tok_s", "ttft_p50_s", "ttft_p90_s", "wall_s", "wave_tok_s_cv")
         row["per_pair"] = [{"direct": {k: d.get(k) for k in keys}, "proxy": {k: v.get(k) for k in keys},
                             "ratio": bl.rnd(v["output_tok_s"] / d["output_tok_s"])} for d, v in pairs]
@@ -715,6 +707,20 @@ def load_shape(a: argparse.Namespace) -> str:
         return (f"loads in waves: {a.requests // a.clients} waves of {a.clients} requests a load"
                 + (f", {a.wave_gap_s:g} s apart" if a.wave_gap_s else ""))
     return f"free-running loads ({a.clients} clients in a closed loop)"
+
+
+def pair_figures(row: Dict[str, Any], pairs: List[Tuple[Dict[str, Any], Dict[str, Any]]]) -> None:
+    """A same-server row's figures from (reference load, variant load) pairs: the variant's as `census`,
+    the reference's as `plain`, the pair ratios, and TTFT p50 pair ratios."""
+    fig = load_figures([v for _, v in pairs])
+    row["census"] = fig.pop("tok_s")
+    row.update(fig)
+    pf = load_figures([r for r, _ in pairs], "plain_")
+    row["plain"] = pf.pop("plain_tok_s")
+    row.update(pf)
+    row.update(compare(pairs))
+    row["ttft_p50_pair_ratios"] = [bl.rnd(v["ttft_p50_s"] / r["ttft_p50_s"]) for r, v in pairs
+                                   if r.get("ttft_p50_s") and v.get("ttft_p50_s")]
 
 
 def run_sessions(a: argparse.Namespace, log: bl.Log, result: Dict[str, Any], out_path: Path,
