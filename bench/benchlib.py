@@ -216,7 +216,21 @@ def ensure_built(target: Path, make_dir: Path, log: Log, timeout: float = 180) -
 
 
 def census_lib(path: Optional[str] = None) -> Path:
-    return Path(path or os.environ.get("OTEL_GPU_CENSUS_LIB") or CENSUS_LIB_DEFAULT).resolve()
+    """The injector: `path`, else $OTEL_GPU_CENSUS_LIB, else the checkout's build, else the installed
+    package's copy (`pip install .` builds it there, not in native/build)."""
+    explicit = path or os.environ.get("OTEL_GPU_CENSUS_LIB")
+    if explicit or CENSUS_LIB_DEFAULT.is_file():
+        return Path(explicit or CENSUS_LIB_DEFAULT).resolve()
+    pkg, _ = import_package()
+    if pkg is not None:
+        try:
+            from otel_gpu_census import _native
+            found = _native.find_library()
+            if found is not None:
+                return found
+        except Exception:      # a broken install: report the checkout's path, as before
+            pass
+    return CENSUS_LIB_DEFAULT.resolve()
 
 
 def injected_env(lib: Path, census_dir: Optional[Path] = None,

@@ -76,13 +76,13 @@ KERNELS, DTOH, REQUESTS = 40, 65536, 8
 
 @pytest.mark.parametrize("mode", ["free", "waves"])
 def test_kernel_phase_pairs_on_one_server(fake, tmp_path, mode):  # noqa: F811
-    """Three pairs on 0.8 s / 1.6 s phases; requests that start in a traced phase are made slower
+    """Three pairs on 1 s / 2 s phases (slack for a loaded 2-core machine); requests that start in a traced phase are made slower
     (so the sides differ), and pair 1's traced load (seeds 2500+) is slow enough to overrun (free: each
     client's two slow requests in a row; waves: two waves of slow requests)."""
     server, model = fake
     out = tmp_path / "kp.json"
     d = run_bench(["--server", str(server), "--model", str(model), "--out", str(out),
-                   "--kernel-phase-pairs", "3", "--phase-ms", "800/1600", "--phase-lead-s", "0.15",
+                   "--kernel-phase-pairs", "3", "--phase-ms", "1000/2000", "--phase-lead-s", "0.15",
                    "--flag-sets", "nocache", "--requests", str(REQUESTS), "--clients", "4", "--prompt-tokens", "16",
                    "--n-predict", "16", "--load-estimate-s", "0.3", "--census-mode", "env",
                    "--server-env", "FAKE_CENSUS=1", "--server-env", "FAKE_TRACED_EXTRA_S=0.05",
@@ -92,14 +92,14 @@ def test_kernel_phase_pairs_on_one_server(fake, tmp_path, mode):  # noqa: F811
     assert "plan: " in d.stdout.splitlines()[0] and "3 pairs" in d.stdout.splitlines()[0]
     res = json.loads(out.read_text())
     (s,) = res["runs"]
-    assert s["env"]["OTEL_GPU_CENSUS_KERNELS"] == "800/1600" and s["stop"]["how"] == "SIGTERM"
+    assert s["env"]["OTEL_GPU_CENSUS_KERNELS"] == "1000/2000" and s["stop"]["how"] == "SIGTERM"
     sch = s["schedule"]
     # the schedule came from the segment, through its CUPTI-to-wall clock pair (the stand-in starts
     # it 137 ms after the segment, on a clock 1000 s ahead of the monotonic one)
-    assert (sch["on_ms"], sch["period_ms"]) == (800, 1600)
+    assert (sch["on_ms"], sch["period_ms"]) == (1000, 2000)
     assert sch["origin_wall_ns"] - sch["clock_ref_wall_ns"] == 137_000_000
     assert sch["origin_gpu_ns"] != sch["origin_wall_ns"]
-    sched = kp.Schedule(sch["origin_wall_ns"], 800_000_000, 1_600_000_000)
+    sched = kp.Schedule(sch["origin_wall_ns"], 1_000_000_000, 2_000_000_000)
     loads = s["loads"]
     assert [(x["pair"], x["side"]) for x in loads] == [(0, "traced"), (0, "untraced"), (1, "untraced"),
                                                         (1, "traced"), (2, "untraced"), (2, "traced")]
@@ -125,7 +125,7 @@ def test_kernel_phase_pairs_on_one_server(fake, tmp_path, mode):  # noqa: F811
         assert slow["load"]["waves"][0]["wall_s"] > 0.8 and slow["load"]["waves"][1]["wall_s"] > 0.8
 
     (row,) = res["rows"]
-    assert row["workload"] == "server/llama.cpp kernel tracing, one server" and row["phase_ms"] == "800/1600"
+    assert row["workload"] == "server/llama.cpp kernel tracing, one server" and row["phase_ms"] == "1000/2000"
     assert row["invalid_pairs"] == [{"pair": 1, "why": "traced: overran its phase"}] and row["overruns"] == 1
     assert row["pairs"] == 2 and [p["pair"] for p in row["per_pair"] if p["valid"]] == [0, 2]
     by = {(x["pair"], x["side"]): x["load"]["output_tok_s"] for x in loads}
@@ -137,7 +137,7 @@ def test_kernel_phase_pairs_on_one_server(fake, tmp_path, mode):  # noqa: F811
     assert row["census_checks"]["ok"] and row["census_checks"]["traced_loads_with_kernels"] == "2/2"
     assert row["census_checks"]["untraced_loads_without_kernels"] == "3/3"
     assert row["schedule"]["origin_wall_ns"] == sch["origin_wall_ns"]
-    assert res["variant_env"] == {"census-sampled": {"OTEL_GPU_CENSUS_KERNELS": "800/1600", "FAKE_CENSUS": "1",
+    assert res["variant_env"] == {"census-sampled": {"OTEL_GPU_CENSUS_KERNELS": "1000/2000", "FAKE_CENSUS": "1",
                                                      "FAKE_TRACED_EXTRA_S": "0.05", "FAKE_SLOW": "2500-2599:0.8",
                                                      "FAKE_TOKEN_DELAY": "0.005"}}
 
@@ -146,7 +146,7 @@ def test_no_census_segment_is_a_clear_error(fake, tmp_path):  # noqa: F811
     """As on a machine without a GPU: the injector never starts, so the mode stops and says why."""
     server, model = fake
     d = run_bench(["--server", str(server), "--model", str(model), "--out", str(tmp_path / "n.json"),
-                   "--kernel-phase-pairs", "1", "--phase-ms", "800/1600", "--phase-lead-s", "0.15",
+                   "--kernel-phase-pairs", "1", "--phase-ms", "1000/2000", "--phase-lead-s", "0.15",
                    "--flag-sets", "nocache", "--requests", "4", "--clients", "2", "--segment-timeout", "1",
                    "--census-mode", "env", "--port", str(free_port_pair())], tmp_path)
     assert d.returncode == 1 and "Traceback" not in d.stderr
