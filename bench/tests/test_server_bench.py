@@ -130,10 +130,12 @@ def free_port_pair() -> int:
 
 
 @pytest.fixture()
-def fake(tmp_path):
+def fake(tmp_path, monkeypatch):
     lib = bl.census_lib()
     if not lib.is_file():
         pytest.skip(f"no native library at {lib} (make -C native): the proxy needs it")
+    # the bench runs with the checkout's src/ first on its path, where no library is: name this one
+    monkeypatch.setenv("OTEL_GPU_CENSUS_LIB", str(lib))
     server = tmp_path / "llama-server"
     server.write_text(f"#!/bin/sh\nexec {sys.executable} {BENCH / 'tests' / 'fake_llama_server.py'} \"$@\"\n")
     server.chmod(0o755)
