@@ -3,10 +3,13 @@ the tests that run the real server (CI builds it; `examples/llamacpp/build_llama
 from __future__ import annotations
 
 import glob
+import http.client
 import os
 import socket
+import subprocess
+import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 DEFAULT_WORK = Path(os.environ.get("HOME", "/tmp")) / ".cache" / "otel-gpu-census" / "llama-cpu"
 HOW = ("build it with `examples/llamacpp/build_llama_server.sh --cpu` and set LLAMA_SERVER_BIN to the path it "
@@ -47,3 +50,37 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def start(binary_path: str, model, log_path, extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, int]:
+    """A small llama-server (2 slots, 2 threads, 1,024 context) logging to `log_path`, once /health
+    answers 200; fails the test with the log's tail when it exits or is not healthy within 60 s."""
+    import pytest
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([binary_path, "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                 "-c", "1024", "-np", "2", "-t", "2", "--no-webui", *extra],
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            with open(log_path, errors="replace") as f:
+                pytest.fail("llama-server did not come up:\n" + f.read()[-3000:])
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -190,24 +189,8 @@ PROMPTS = ["Once upon a time there was a little robot who", "The quick brown fox
 def _serve_and_ask(binary: str, model: Path, log_path: Path, flags: list) -> list:
     """Start llama-server (trace-level log: checkpoint and prompt-cache lines are LOG_TRC), stream the
     prompts one after another, stop it. Returns each request's SSE events."""
-    port = llama_cpu.free_port()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "1024",
-                                 "-np", "2", "-t", "2", "--no-webui", "-lv", "4"] + flags,
-                                stdout=log, stderr=subprocess.STDOUT)
+    proc, port = llama_cpu.start(binary, model, log_path, ["-lv", "4", *flags])
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "llama-server exited: " + log_path.read_text(errors="replace")[-3000:]
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama-server not healthy in 60 s"
-            time.sleep(0.2)
         answers = []
         for prompt in PROMPTS:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -220,12 +203,7 @@ def _serve_and_ask(binary: str, model: Path, log_path: Path, flags: list) -> lis
             c.close()
         return answers
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        llama_cpu.stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -45,30 +45,9 @@ def llama(tmp_path_factory):
     model = d / "tiny.gguf"
     subprocess.run([sys.executable, str(EXAMPLE / "make_random_gguf.py"), "--vocab-from", vocab, "-o", str(model)],
                    check=True, capture_output=True)
-    port = llama_cpu.free_port()
-    log = open(d / "server.log", "wb")
-    proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "1024",
-                             "-np", "2", "-t", "2", "--no-webui"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("llama-server did not come up:\n" + (d / "server.log").read_text()[-3000:])
-        time.sleep(0.2)
+    proc, port = llama_cpu.start(binary, model, d / "server.log")
     yield proc, port, d / "server.log"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    llama_cpu.stop(proc)
 
 
 @pytest.fixture(scope="module")
