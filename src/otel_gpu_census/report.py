@@ -270,12 +270,13 @@ def _copy_row(label: str, s: Stat, indent: int = 4) -> str:
             f"{seconds(s.ns):>14}")
 
 
-def _device_lines(d: DeviceTotals, census_ns: int, of: str = "census time") -> List[str]:
+def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False) -> List[str]:
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
     lines = [f"  {name}"]
-    ratio, why = busy_of_census_time(d, census_ns, of == "traced time")
+    ratio, why = busy_of_census_time(d, census_ns, sampled)
+    of = "traced time" if sampled else "census time"
     busy = f"busy {seconds(d.busy_ns)} s" + (f" = {100.0 * ratio:.1f}% of {of}" if ratio is not None
                                               else f" (no share of {of}: {why})")
     span = d.last_ns - d.first_ns
@@ -315,8 +316,7 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, kernel_base_ns(c),
-                                   "traced time" if c.kernels.mode == KERNELS_SAMPLED else "census time"))
+        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED))
     note = kernel_tracing_note(c)
     if note:
         lines.append(f"  note: {note}")
