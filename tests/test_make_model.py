@@ -225,9 +225,14 @@ def test_llama_server_loads_hybrid_tiny_and_streams(served):
     for name, (answers, log) in runs.items():
         assert "granitehybrid" in log and "llama_memory_recurrent" in log, name
         for events in answers:
+            # Random weights can sample a token that ends inside a UTF-8 character or starts a stop
+            # word: llama-server holds such a token back and sends its text with a later event, so
+            # there is at most one event per token, and the count of generated tokens is in the last.
             tokens = [e for e in events if not e.get("stop")]
-            assert len(tokens) == 6, name                         # one event per generated token
-            assert events[-1]["stop"] is True and events[-1]["timings"]["prompt_n"] > 0, name
+            assert 1 <= len(tokens) <= 6, name
+            last = events[-1]
+            assert last["stop"] is True and last["timings"]["prompt_n"] > 0, name
+            assert last["timings"]["predicted_n"] == 6 and last["tokens_predicted"] == 6, name
 
 
 def _mib(log: str, pattern: str) -> list:
