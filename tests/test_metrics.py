@@ -75,7 +75,8 @@ def server_tree(segments, records, census_dir, child, dead_pid):
     segments.segment(census_dir, a, comm="llama-server", final=True, state=GC_STATE_ACTIVE,
                      edit=_uuids({0: UUID_A, 1: UUID_B}))
     b = [r.kernel(T0, T0 + 1000 * US, device=1), r.memcpy("dtoh", 123, T0 + 2000 * US, T0 + 2005 * US,
-                                                          dst="pageable", device=1)]
+                                                          dst="pageable", device=1),
+         r.graph_trace(T0 + 3000 * US, T0 + 3040 * US, device=1)]                   # one graph launch
 
     def edit_b(seg):
         _uuids({1: UUID_B})(seg)
@@ -97,8 +98,8 @@ def _expect(tree):
     return [
         ("gpu_census.kernel.count", A, 3), ("gpu_census.kernel.count", B, 1),
         ("gpu_census.kernel.time", A, 400e-6), ("gpu_census.kernel.time", B, 1e-3),
-        ("gpu_census.busy.time", A, 350e-6), ("gpu_census.busy.time", B, 1e-3),
-        ("gpu_census.graph.count", A, 0),
+        ("gpu_census.busy.time", A, 350e-6), ("gpu_census.busy.time", B, 1040e-6),   # B: its kernel and its graph launch
+        ("gpu_census.graph.count", B, 1), ("gpu_census.graph.time", B, 40e-6),
         ("gpu_census.copy.count", cp(A, "htod", "pageable"), 2),
         ("gpu_census.copy.bytes", cp(A, "htod", "pageable"), 2_000_000),
         ("gpu_census.copy.time", cp(A, "htod", "pageable"), 20e-6),
@@ -160,9 +161,16 @@ def test_otlp_carries_exact_census_values(protocol, server_tree, census_dir, mon
     busy = [p for p in pts if p.name == "gpu_census.busy.ratio"]
     assert {p.attributes["hw.id"] for p in busy} == {HW_A, HW_B}
     assert all(0.0 <= p.value <= 1.0 for p in busy)
-    # peer-received series exist only where something was received (the llama-server's GPU A)
-    assert {(p.attributes["hw.id"], p.attributes["process.pid"]) for p in pts
-            if p.name == "gpu_census.peer.received.bytes"} == {(HW_A, server_tree["a_pid"])}
+    # Series most processes never start exist only where they counted something: peer copies
+    # received (the llama-server's GPU A), memsets (A), graph launches (the worker's GPU B).
+    def where(name):
+        return {(p.attributes["hw.id"], p.attributes["process.pid"]) for p in pts if p.name == name}
+    a, b = (HW_A, server_tree["a_pid"]), (HW_B, server_tree["b_pid"])
+    for name in ("gpu_census.peer.received.count", "gpu_census.peer.received.bytes", "gpu_census.peer.received.time",
+                 "gpu_census.memset.count", "gpu_census.memset.bytes", "gpu_census.memset.time"):
+        assert where(name) == {a}, name
+    assert where("gpu_census.graph.count") == where("gpu_census.graph.time") == {b}
+    assert where("gpu_census.kernel.count") >= {a, b}     # every (GPU, process) pair, counted or not
 
 
 def test_prometheus_endpoint_scraped_over_http(server_tree, census_dir):

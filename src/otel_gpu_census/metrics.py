@@ -317,11 +317,15 @@ class CensusMetrics:
                 return []
         return callback
 
-    def _per_device(self, value: Callable[[DeviceTotals], object]) -> Iterable[Observation]:
+    def _per_device(self, value: Callable[[DeviceTotals], object],
+                    counted: Optional[Callable[[DeviceTotals], int]] = None) -> Iterable[Observation]:
+        """One point per (process, GPU); with `counted`, only where it is non-zero (a series that
+        most processes never start, such as graph launches or memsets, costs nothing until then)."""
         for rec in self.processes():
             attrs = rec.attrs
             for hid, d in rec.devices.items():
-                yield Observation(value(d), {HW_ID: hid, **attrs})
+                if counted is None or counted(d):
+                    yield Observation(value(d), {HW_ID: hid, **attrs})
 
     def _per_copy(self, field: str) -> Iterable[Observation]:
         for rec in self.processes():
@@ -331,14 +335,6 @@ class CensusMetrics:
                     v = s.ns / NS_PER_S if field == "ns" else getattr(s, field)
                     yield Observation(v, {HW_ID: hid, **attrs, COPY_DIRECTION: direction, COPY_MEMORY: mem})
 
-    def _peer_received(self, field: str) -> Iterable[Observation]:
-        """Only GPUs that received something: most machines have no peer copies at all."""
-        for rec in self.processes():
-            attrs = rec.attrs
-            for hid, d in rec.devices.items():
-                s = d.peer_recv
-                if s.count:
-                    yield Observation(s.ns / NS_PER_S if field == "ns" else getattr(s, field), {HW_ID: hid, **attrs})
 
     def _traced(self) -> Iterable[Observation]:
         for rec in self.processes():
@@ -353,22 +349,27 @@ class CensusMetrics:
 
     def callbacks(self) -> Dict[str, Callable[[CallbackOptions], List[Observation]]]:
         s = NS_PER_S
+        # Series most processes never start appear at their first count (peer copies: only on
+        # machines with several GPUs; graph launches: only when graphs are recorded per launch).
+        graphs = lambda d: d.graph_launches          # noqa: E731
+        peers = lambda d: d.peer_recv.count          # noqa: E731
+        memsets = lambda d: d.memset.count           # noqa: E731
         fns: Dict[str, Callable[[], Iterable[Observation]]] = {
             "gpu_census.kernel.count": lambda: self._per_device(lambda d: d.kernel_count),
             "gpu_census.kernel.time": lambda: self._per_device(lambda d: d.kernel_ns / s),
             "gpu_census.busy.time": lambda: self._per_device(lambda d: d.busy_ns / s),
             "gpu_census.kernel.traced.time": self._traced,
-            "gpu_census.graph.count": lambda: self._per_device(lambda d: d.graph_launches),
-            "gpu_census.graph.time": lambda: self._per_device(lambda d: d.graph_ns / s),
+            "gpu_census.graph.count": lambda: self._per_device(lambda d: d.graph_launches, graphs),
+            "gpu_census.graph.time": lambda: self._per_device(lambda d: d.graph_ns / s, graphs),
             "gpu_census.copy.count": lambda: self._per_copy("count"),
             "gpu_census.copy.bytes": lambda: self._per_copy("bytes"),
             "gpu_census.copy.time": lambda: self._per_copy("ns"),
-            "gpu_census.peer.received.count": lambda: self._peer_received("count"),
-            "gpu_census.peer.received.bytes": lambda: self._peer_received("bytes"),
-            "gpu_census.peer.received.time": lambda: self._peer_received("ns"),
-            "gpu_census.memset.count": lambda: self._per_device(lambda d: d.memset.count),
-            "gpu_census.memset.bytes": lambda: self._per_device(lambda d: d.memset.bytes),
-            "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s),
+            "gpu_census.peer.received.count": lambda: self._per_device(lambda d: d.peer_recv.count, peers),
+            "gpu_census.peer.received.bytes": lambda: self._per_device(lambda d: d.peer_recv.bytes, peers),
+            "gpu_census.peer.received.time": lambda: self._per_device(lambda d: d.peer_recv.ns / s, peers),
+            "gpu_census.memset.count": lambda: self._per_device(lambda d: d.memset.count, memsets),
+            "gpu_census.memset.bytes": lambda: self._per_device(lambda d: d.memset.bytes, memsets),
+            "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s, memsets),
             "gpu_census.records.dropped": lambda: (Observation(r.dropped, r.attrs) for r in self.processes()),
             "gpu_census.process.counting": lambda: (Observation(int(r.counting), r.attrs) for r in self.processes()),
             "gpu_census.busy.ratio": lambda: (Observation(v, {HW_ID: h}) for h, v in sorted(self.busy_ratios().items())),
