@@ -375,12 +375,17 @@ class Exporting:
     _closers: List[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
-        for fn in self._closers:
-            try:
-                fn()
-            except Exception:
-                pass
-        self._closers.clear()
+        run_closers(self._closers)
+
+
+def run_closers(closers: List[Callable[[], None]]) -> None:
+    """Call each closer once, in order; one that fails does not keep the others from running."""
+    for fn in closers:
+        try:
+            fn()
+        except Exception:
+            pass
+    closers.clear()
 
 
 def build_readers(names: List[str], prometheus_port: Optional[int] = None, interval_s: Optional[float] = None,

@@ -17,6 +17,8 @@ from typing import Callable, List, Mapping, Optional, Sequence
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from ..exporters import run_closers
+
 log = logging.getLogger("otel_gpu_census.proxy")
 
 _TRACE_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
@@ -110,12 +112,7 @@ class Telemetry:
     _closers: List[Callable[[], None]] = field(default_factory=list)
 
     def shutdown(self) -> None:
-        for fn in self._closers:
-            try:
-                fn()
-            except Exception:
-                pass
-        self._closers.clear()
+        run_closers(self._closers)
 
 
 def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True) -> Telemetry:
