@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import http.client
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
+
+from ports import free_port
 
 DEFAULT_WORK = Path(os.environ.get("HOME", "/tmp")) / ".cache" / "otel-gpu-census" / "llama-cpu"
 HOW = ("build it with `examples/llamacpp/build_llama_server.sh --cpu` and set LLAMA_SERVER_BIN to the path it "
@@ -42,14 +43,6 @@ def binary_and_vocab() -> Tuple[str, str]:
     if v is None:
         pytest.skip("no vocab-only GGUF found: " + HOW)
     return b, v
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start(binary_path: str, model, log_path, extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, int]:

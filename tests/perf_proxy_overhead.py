@@ -36,7 +36,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,13 +49,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "src"))
 
+from ports import free_port  # noqa: E402
+
 WINDOW_NS = 20_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -281,7 +276,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE)]))
     procs = []
     try:
-        sport, pport = _free_port(), _free_port()
+        sport, pport = free_port(), free_port()
         if a.server:
             slog = open(work / "server.log", "w")
             standin = subprocess.Popen([a.server, "-m", a.model, "--host", "127.0.0.1", "--port", str(sport)]
@@ -300,33 +295,29 @@ def main() -> int:
             procs.append(writer)
             if writer.stdout.readline().strip() != "ready":
                 raise SystemExit("the census writer did not start")
-        plog = open(work / "proxy.log", "w")
         penv = dict(env, OTEL_TRACES_EXPORTER=a.exporter, OTEL_METRICS_EXPORTER="none")
-        if a.proxy_src:
-            penv["PYTHONPATH"] = os.pathsep.join([str(Path(a.proxy_src).resolve()), str(HERE)])
-        proxy = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
-                                  f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{pport}", "--census-dir",
-                                  str(cdir), "--upstream-pid", str(standin.pid)] + a.proxy_args.split(),
-                                 env=penv, stdout=plog, stderr=subprocess.STDOUT)
-        plog.close()
-        procs.append(proxy)
-        _wait_http(f"http://127.0.0.1:{pport}/health", proxy)
+
+        def start_proxy(port: int, src, log_name: str) -> subprocess.Popen:
+            """The proxy in front of the upstream, from `src` (a src/ folder) or this checkout."""
+            proc_env = dict(penv, PYTHONPATH=os.pathsep.join([str(Path(src).resolve()), str(HERE)])) if src else penv
+            with open(work / log_name, "w") as log:
+                proc = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
+                                         f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{port}", "--census-dir",
+                                         str(cdir), "--upstream-pid", str(standin.pid)] + a.proxy_args.split(),
+                                        env=proc_env, stdout=log, stderr=subprocess.STDOUT)
+            procs.append(proc)
+            _wait_http(f"http://127.0.0.1:{port}/health", proc)
+            return proc
+
+        proxy = start_proxy(pport, a.proxy_src, "proxy.log")
         targets = {"direct": f"http://127.0.0.1:{sport}", "proxy": f"http://127.0.0.1:{pport}"}
         # one unrecorded warm-up through the proxy (imports, first connections)
         asyncio.run(_load(targets["proxy"], a.clients, a.clients, a.prompt_tokens, a.tokens, 0))
         if a.serial:
             pids = {"proxy": proxy.pid}
             if a.also_src:
-                bport = _free_port()
-                benv = dict(penv, PYTHONPATH=os.pathsep.join([str(Path(a.also_src).resolve()), str(HERE)]))
-                blog = open(work / "proxy-b.log", "w")
-                pb = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
-                                       f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{bport}", "--census-dir",
-                                       str(cdir), "--upstream-pid", str(standin.pid)] + a.proxy_args.split(),
-                                      env=benv, stdout=blog, stderr=subprocess.STDOUT)
-                blog.close()
-                procs.append(pb)
-                _wait_http(f"http://127.0.0.1:{bport}/health", pb)
+                bport = free_port()
+                pb = start_proxy(bport, a.also_src, "proxy-b.log")
                 targets["proxy-b"] = f"http://127.0.0.1:{bport}"
                 pids["proxy-b"] = pb.pid
                 asyncio.run(_load(targets["proxy-b"], a.clients, a.clients, a.prompt_tokens, a.tokens, 0))

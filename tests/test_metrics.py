@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_gpu_census import exporters
 from otel_gpu_census.metrics import CENSUS_INSTRUMENTS, start_sidecar
 from otlp_receiver import OtlpReceiver, latest
+from ports import free_port
 
 GC_STATE_ACTIVE = 1
 T0 = 1_000_000_000_000          # a CUPTI timestamp (ns)
@@ -220,21 +221,13 @@ def test_prometheus_port_in_use_warns_once_and_carries_on(server_tree, census_di
     assert len(warnings) == 1 and "cannot listen" in warnings[0].getMessage()
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.mark.parametrize("protocol,timeout", [("grpc", None), ("http/protobuf", "1")])
 def test_collector_unreachable_one_warning_run_carries_on(protocol, timeout, server_tree, census_dir, monkeypatch,
                                                           caplog):
     """Nobody listens on the port. With the default OTLP timeout (10 s) the first export is still
     retrying when the run ends; with 1 s, several exports fail before it. Either way: one warning
     from us, none of the exporter's own retry lines, and stop() does not wait out the retries."""
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
     if timeout:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", timeout)
@@ -256,7 +249,7 @@ def test_collector_unreachable_one_warning_run_carries_on(protocol, timeout, ser
 
 
 def test_collector_coming_back_is_noticed(server_tree, census_dir, monkeypatch, caplog):
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")

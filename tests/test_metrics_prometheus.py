@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -18,6 +17,7 @@ import pytest
 
 from otel_gpu_census import census, metrics, nvml
 from otel_gpu_census.metrics import start_sidecar
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "collector-config"
@@ -111,14 +111,6 @@ def test_prometheus_config_passes_promtool():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _query(port: int, expr: str):
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
@@ -136,7 +128,7 @@ def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, re
                                   r.peer(4096, 10**12 + 8000, 10**12 + 9000, src_device=0, dst_device=1)],
                      comm="llama-server", final=True, state=census.STATE_ACTIVE)
     handle = start_sidecar(census_dir, root_pid=os.getpid(), exporter="prometheus", prometheus_port=0, nvml=False)
-    web = _free_port()
+    web = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: census\n    static_configs:\n"
                    f"      - targets: ['127.0.0.1:{handle.prometheus_port}']\n")

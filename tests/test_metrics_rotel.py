@@ -13,6 +13,7 @@ import pytest
 from otel_gpu_census import census
 from otel_gpu_census.metrics import start_sidecar
 from otlp_receiver import OtlpReceiver, latest
+from ports import free_port
 
 rotel = pytest.importorskip("rotel")
 AGENT = Path(rotel.__file__).parent / "rotel-agent"
@@ -24,14 +25,6 @@ def clean_otel_env(monkeypatch):
     for k in list(os.environ):
         if k.startswith("OTEL_"):
             monkeypatch.delenv(k)
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _wait_listening(port: int, proc, timeout: float = 15.0) -> None:
@@ -59,7 +52,7 @@ def test_census_metrics_through_rotel(into, out_of, segments, records, census_di
             seg.devices[0].uuid[i] = b
     segments.segment(census_dir, [r.kernel(10, 1010), r.memcpy("dtoh", 32_800_000, 2000, 3000, dst="pageable")],
                      comm="llama-server", final=True, state=census.STATE_ACTIVE, edit=edit)
-    grpc_in, http_in = _free_port(), _free_port()
+    grpc_in, http_in = free_port(), free_port()
     with OtlpReceiver() as rx:
         sink = f"http://127.0.0.1:{rx.grpc_port if out_of == 'grpc' else rx.http_port}"
         agent = subprocess.Popen(

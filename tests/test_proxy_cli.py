@@ -17,6 +17,7 @@ import pytest
 
 from llama_standin import Standin
 from otlp_trace_receiver import TraceReceiver
+from ports import free_port
 from otel_gpu_census.proxy import ConfigError, add_proxy_arguments, config_from_args, upstream_from_server_args
 from otel_gpu_census.proxy.config import check_upstream, parse_host_port
 
@@ -193,11 +194,6 @@ def test_start_in_thread_refuses_itself_too():
 
 # ---- run --proxy: the server under the census, the proxy beside it ---------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _run_env(native, extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLAMA_ARG_"))}
@@ -226,7 +222,7 @@ def _wait_ok(port, path="/health", timeout=20):
 
 
 def test_run_proxy_traces_requests_to_the_command_it_runs(native, census_dir):
-    sport, pport = _free_port(), _free_port()
+    sport, pport = free_port(), free_port()
     standin = [sys.executable, str(Path(__file__).parent / "llama_standin.py"), "--port", str(sport),
                "--token-delay", "0"]
     with TraceReceiver() as rx:
@@ -267,7 +263,7 @@ def test_run_proxy_traces_requests_to_the_command_it_runs(native, census_dir):
 @pytest.mark.parametrize("case", ["bad-port", "itself", "bad-upstream", "in-use", "upstream-alone"])
 def test_run_proxy_checks_its_options_before_starting_the_command(native, census_dir, tmp_path, case):
     mark = tmp_path / "started"
-    port = _free_port()
+    port = free_port()
     busy = None
     cmd = ["sh", "-c", f"touch {mark}", "--port", str(port + 1)]
     opts, code, said = {

@@ -60,7 +60,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -74,6 +73,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 for p in (REPO / "tests", REPO / "bench" / "server", REPO / "bench"):
     sys.path.insert(0, str(p))
+
+from ports import free_port  # noqa: E402
 
 SIDECAR_SCOPES = ("otel_gpu_census", "otel_gpu_census.nvml")   # the census sidecar's meters
 FLAG_SETS = {"default": [], "nocache": ["--cache-ram", "0", "--ctx-checkpoints", "0"]}
@@ -261,11 +262,6 @@ def summarise_phase(results: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # processes
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -517,8 +513,8 @@ def main(argv=None) -> int:
 
 
 def _run(a, out: Path, rx, census_dir: Path, watchdog: Watchdog) -> int:
-    port = _free_port()
-    proxy_port = _free_port() if a.proxy else None
+    port = free_port()
+    proxy_port = free_port() if a.proxy else None
     endpoint = rx.grpc_endpoint if a.protocol == "grpc" else rx.http_endpoint
     env = dict(os.environ)
     for k in list(env):        # the OTel SDK's settings of this shell must not redirect the export
