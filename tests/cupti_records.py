@@ -55,6 +55,14 @@ typedef enum {{
     CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1,
     CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, ...
 }} CUpti_ExternalCorrelationKind;
+typedef enum {{
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020, ...
+}} CUpti_runtime_api_trace_cbid;
+typedef enum {{
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent, ...
+}} CUpti_driver_api_trace_cbid;
 typedef struct {{ CUpti_ActivityKind kind; ...; }} CUpti_Activity;
 typedef struct {{
     CUpti_ActivityKind kind; uint64_t start; uint64_t end; uint32_t deviceId; uint32_t contextId;

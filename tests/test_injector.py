@@ -39,11 +39,13 @@ PRELUDE = textwrap.dedent("""
     mffi = cffi.FFI()
     mffi.cdef('''int mock_queue_record(const void *, uint32_t); void mock_set_dropped(size_t);
                 int mock_enabled(int); int mock_registered(void); uint64_t mock_ext_top(void);
-                int mock_hold_buffers(int);''')
+                int mock_hold_buffers(int); int mock_callback_enabled(int, uint32_t);
+                int mock_api_call(int, uint32_t, uint32_t);''')
     mock = mffi.dlopen({mock!r})
     gffi = cffi.FFI()
     gffi.cdef('''int InitializeInjection(void); int gc_active(void); int gc_step_begin(uint64_t);
-                int gc_step_end(uint64_t *); int gc_flush(void); const char *gc_segment_path(void);''')
+                int gc_step_end(uint64_t *); int gc_flush(void); int gc_finish(void);
+                const char *gc_segment_path(void);''')
     g = gffi.dlopen({lib!r})
     rffi, rlib = cr.records()
     def queue(rec, type_name):
@@ -90,7 +92,8 @@ def test_counts_are_exact_and_exit_completes_them(native, mock_lib, tmp_path, re
         queue(cr.memcpy('htod', 64 << 20, T + 4_000_000, T + 5_000_000, src='pinned'), cr.MEMCPY_T)
     """)
     assert res["init"] == 1 and res["active"] == 1 and res["flush"] == 0
-    assert res["kinds"] == [1, 1, 1, 1, 1, 0]  # never KERNEL: it serialises kernels
+    # never KERNEL (it serialises kernels); no EXTERNAL_CORRELATION (steps come from API callbacks)
+    assert res["kinds"] == [1, 1, 1, 1, 0, 0]
     files = list(d.glob("*.seg"))
     assert [str(f) for f in files] == [res["path"]]
     p = read(native, files[0])
@@ -194,17 +197,99 @@ def test_bad_settings_are_ignored_with_a_line(native, mock_lib, tmp_path):
     assert "ignoring OTEL_GPU_CENSUS_BUFFER_KB=lots" in err and "ignoring OTEL_GPU_CENSUS_MAX_BUFFERS=-3" in err
 
 
-def test_steps_push_and_pop_on_the_calling_thread(native, mock_lib, tmp_path):
-    res, _, _ = run_case(native, mock_lib, tmp_path, """
+STEP_CALLS = """
+        import threading
+        RT, DRV = 0, 1
+        LAUNCH, COPY, GRAPH = (getattr(rlib, 'CUPTI_RUNTIME_TRACE_CBID_' + n) for n in
+                               ('cudaLaunchKernel_v7000', 'cudaMemcpyAsync_v3020', 'cudaGraphLaunch_v10000'))
+        T = 1_700_000_000_000_000_000
+        def launch_kernel(corr, cbid=LAUNCH, dom=RT, n=1):
+            called = mock.mock_api_call(dom, cbid, corr)
+            for i in range(n):   # a graph launch: every node's record shares the launch's correlation id
+                queue(cr.kernel(T + corr * 10_000 + i * 100, T + corr * 10_000 + i * 100 + 50, corr=corr), cr.KERNEL_T)
+            return called
+"""
+
+
+def test_steps_tag_the_work_each_thread_launches_through_api_callbacks(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, STEP_CALLS + """
         g.InitializeInjection()
+        out['before'] = mock.mock_callback_enabled(RT, LAUNCH)   # nothing to pay until a step begins
+        launch_kernel(1)                                          # before any step: not a step's
         out['begin'] = g.gc_step_begin(42)
-        out['top'] = mock.mock_ext_top()
+        out['enabled'] = [mock.mock_callback_enabled(RT, c) for c in (LAUNCH, COPY, GRAPH)] + [
+            mock.mock_callback_enabled(DRV, rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel)]
+        out['not_enabled'] = [mock.mock_callback_enabled(RT, rlib.CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020),
+                              mock.mock_callback_enabled(RT, rlib.CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000),
+                              mock.mock_callback_enabled(DRV, rlib.CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent)]
+        launch_kernel(2)
+        launch_kernel(3, cbid=GRAPH, n=5)                         # a graph of 5 kernels
+        launch_kernel(4, cbid=rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, dom=DRV)   # Triton: driver API
+        mock.mock_api_call(RT, COPY, 5)
+        queue(cr.memcpy('dtoh', 4000, T + 60_000, T + 61_000, dst='pinned', corr=5), cr.MEMCPY_T)
+        def other():   # another thread's step, while 42 is open on this one
+            g.gc_step_begin(7)
+            launch_kernel(6)
+            g.gc_step_end(gffi.NULL)
+        th = threading.Thread(target=other); th.start(); th.join()
+        out['nested'] = g.gc_step_begin(43)
+        launch_kernel(8)
         got = gffi.new('uint64_t *')
-        out['end'] = g.gc_step_end(got)
-        out['id'] = got[0]
-        out['zero'] = g.gc_step_begin(0)
+        out['end_inner'] = (g.gc_step_end(got), got[0])
+        launch_kernel(9)                                          # back in 42
+        out['end_outer'] = (g.gc_step_end(got), got[0])
+        out['end_again'] = g.gc_step_end(got)                     # nothing open
+        launch_kernel(10)                                         # after: not a step's
+        out['bad'] = [g.gc_step_begin(0), g.gc_step_begin(1 << 32)]
+        g.gc_flush()
+        out['path'] = path()
     """)
-    assert res == {"begin": 0, "top": 42, "end": 0, "id": 42, "zero": -1}
+    assert res["before"] == 0 and res["begin"] == 0
+    assert res["enabled"] == [1, 1, 1, 1] and res["not_enabled"] == [0, 0, 0]
+    assert res["nested"] == 0 and res["end_inner"] == [0, 43] and res["end_outer"] == [0, 42]
+    assert res["end_again"] == -1 and res["bad"] == [-1, -1]
+    p = read(native, res["path"])
+    assert set(p.steps) == {42, 7, 43}
+    s42, s7, s43 = p.steps[42], p.steps[7], p.steps[43]
+    assert s42.kernel_count == 1 + 5 + 1 + 1 and s42.kernel_ns == 8 * 50      # corr 2, graph 3, 4, 9
+    assert s42.copies["dtoh"].bytes == 4000 and s42.copies["dtoh"].count == 1
+    assert s7.kernel_count == 1 and s43.kernel_count == 1
+    assert p.step_unmatched == 2 and p.step_max == 43                         # corr 1 and 10
+    assert p.devices[0].kernel_count == 11 + 1                                  # totals count everything
+    assert err == ""
+
+
+def test_steps_off_when_cuptis_one_slot_is_taken_and_the_census_counts_on(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, STEP_CALLS + """
+        g.InitializeInjection()
+        out['begin'] = [g.gc_step_begin(5), g.gc_step_begin(6)]
+        out['end'] = g.gc_step_end(gffi.NULL)
+        launch_kernel(1)
+        g.gc_flush()
+        out['active'] = g.gc_active()
+    """, env={"MOCK_CUPTI_SLOT_TAKEN": "1"})
+    assert res == {"begin": [-1, -1], "end": -1, "active": 1}
+    assert err.count("steps off: cannot subscribe to CUPTI callbacks") == 1 and err.count("\n") == 1
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].kernel_count == 1 and p.steps == {}
+
+
+def test_finish_completes_the_census_before_exit_and_stops_paying_cupti(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, STEP_CALLS + """
+        g.InitializeInjection()
+        launch_kernel(1)
+        out['finish'] = g.gc_finish()
+        out['again'] = g.gc_finish()
+        out['active'] = g.gc_active()
+        out['kernels_enabled'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+        out['path'] = path()
+        p = __import__('otel_gpu_census.reader', fromlist=['x']).read_segment(out['path'])
+        out['state'] = p.state_name
+        out['kernels'] = p.devices[0].kernel_count
+    """)
+    assert res["finish"] == 0 and res["again"] == -1 and res["active"] == 0
+    assert res["kernels_enabled"] == 0 and res["state"] == "exited" and res["kernels"] == 1
+    assert err == ""
 
 
 def test_exit_while_the_flusher_runs_completes_the_totals(native, mock_lib, tmp_path, records):

@@ -12,8 +12,8 @@
  *   - devices[]: running totals per CUDA device since the process started;
  *   - windows[]: a ring of fixed time buckets (GPU timestamps), so a reader can ask "what ran
  *     between t0 and t1" exactly, whenever the records arrive (CUPTI delivers them late);
- *   - steps[]:   a ring keyed by external correlation id, the id that gc_step_begin() pushed on
- *     the thread that launched the work, so engine hooks attribute GPU work to their steps.
+ *   - steps[]:   a ring keyed by step id, the id that gc_step_begin() pushed on the thread that
+ *     launched the work, so engine hooks attribute GPU work to their steps.
  *
  * Layout rules: only fixed-width types, every struct a multiple of 8 bytes, no pointers; sizes are
  * asserted below. Bump GC_LAYOUT_VERSION on any change; readers refuse other versions.
@@ -176,13 +176,21 @@ typedef struct gc_segment {
 uint32_t gc_layout_version(void);
 /* 1 while the census counts in this process, else 0. */
 int gc_active(void);
-/* Tally the GPU work this thread launches from now on under step `id` (id > 0).
- * Returns 0 on success, -1 when the census is off. Steps nest per thread (push/pop). */
+/* Tally the GPU work this thread launches from now on under step `id` (0 < id < 2^32): kernels,
+ * graph launches (each node's work), copies and memsets launched by this thread until gc_step_end.
+ * The first call turns CUPTI's launch callbacks on (under the v1 API that takes CUPTI's one
+ * subscriber slot). Returns 0 on success, -1 when the census is off or steps cannot be tagged.
+ * Steps nest per thread (push/pop, 8 deep). */
 int gc_step_begin(uint64_t id);
 /* End the innermost step of this thread; writes its id to *id when id is not NULL. */
 int gc_step_end(uint64_t *id);
-/* Hand CUPTI's filled buffers to the census now (forced flush); 0 on success. */
+/* Have CUPTI hand its completed buffers to the census now (not forced: records of work still
+ * running stay in CUPTI); 0 on success. */
 int gc_flush(void);
+/* The final flush now, as at exit: forced, totals complete, state EXITED; the census stops
+ * counting in this process. For servers that end without running atexit handlers (vLLM's engine
+ * process). 0 on success, -1 when the census was not counting. */
+int gc_finish(void);
 /* Path of this process's segment, or "" when none was created yet. */
 const char *gc_segment_path(void);
 

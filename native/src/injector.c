@@ -26,41 +26,12 @@
 #include <cupti.h>
 
 #include "gpu_census.h"
+#include "cupti.h"
 #include "internal.h"
 
 /* OFF: never started or a forked child. FAILED: switched itself off after starting (the flusher then
  * disables the activity kinds, so the server stops paying CUPTI). EXITING: the final flush runs. */
 enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3 };
-
-/* CUPTI entry points, resolved at run time so that a missing libcupti means "census off"
- * rather than a process that cannot start. v2 = CUPTI >= 13.2 multi-subscriber API. */
-static struct {
-    int v2;
-    CUpti_SubscriberHandle sub;
-    CUptiResult (*get_version)(uint32_t *);
-    CUptiResult (*result_string)(CUptiResult, const char **);
-    CUptiResult (*get_timestamp)(uint64_t *);
-    CUptiResult (*get_timestamp_v2)(CUpti_SubscriberHandle, uint64_t *);
-    CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
-    CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
-    CUptiResult (*subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
-    CUptiResult (*register_cb)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
-    CUptiResult (*register_cb_v2)(CUpti_SubscriberHandle, CUpti_BuffersCallbackRequestFunc_v2, CUpti_BuffersCallbackCompleteFunc_v2);
-    CUptiResult (*enable)(CUpti_ActivityKind);
-    CUptiResult (*enable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
-    CUptiResult (*disable)(CUpti_ActivityKind);
-    CUptiResult (*disable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
-    CUptiResult (*next_record)(uint8_t *, size_t, CUpti_Activity **);
-    CUptiResult (*next_record_v2)(CUpti_SubscriberHandle, uint8_t *, size_t, CUpti_Activity **);
-    CUptiResult (*dropped)(CUcontext, uint32_t, size_t *);
-    CUptiResult (*dropped_v2)(CUpti_SubscriberHandle, CUcontext, uint32_t, size_t *);
-    CUptiResult (*push)(CUpti_ExternalCorrelationKind, uint64_t);
-    CUptiResult (*push_v2)(CUpti_SubscriberHandle, CUpti_ExternalCorrelationKind, uint64_t);
-    CUptiResult (*pop)(CUpti_ExternalCorrelationKind, uint64_t *);
-    CUptiResult (*pop_v2)(CUpti_SubscriberHandle, CUpti_ExternalCorrelationKind, uint64_t *);
-    CUptiResult (*flush_all)(uint32_t);
-    CUptiResult (*flush_period)(uint32_t);
-} cu;
 
 static atomic_int g_state;            /* OFF until InitializeInjection succeeds */
 static atomic_int g_flusher_busy;     /* the flusher is inside CUPTI: exit waits for it */
@@ -74,9 +45,7 @@ static int g_seg_failed;
 static char g_path[4096];
 static uint64_t g_clock_ref_gpu;
 static uint64_t g_start_wall;         /* CLOCK_REALTIME at InitializeInjection */
-static uint32_t g_flush_ms = 1000;
-static size_t g_buffer_size = 2u << 20;
-static int g_max_buffers = 32;
+static struct gc_config g_cfg;
 static atomic_int g_outstanding;
 static atomic_ullong g_refused;
 
@@ -93,60 +62,11 @@ static struct {
     uint64_t on_since;          /* monotonic ns the current on-phase began */
 } g_ks;
 
-static const char *cupti_error(CUptiResult r)
-{
-    const char *s = NULL;
-    if (cu.result_string && cu.result_string(r, &s) == CUPTI_SUCCESS && s) return s;
-    return "unknown CUPTI error";
-}
-
-static long env_long(const char *name, long dflt, long lo, long hi)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi) {
-        gc_log("ignoring %s=%s (expected an integer in [%ld, %ld]); using %ld", name, v, lo, hi, dflt);
-        return dflt;
-    }
-    return x;
-}
-
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* OTEL_GPU_CENSUS_KERNELS: all (default), off, or ON_MS/PERIOD_MS with both multiples of the
- * 20 ms window and 0 < ON_MS < PERIOD_MS <= 1 h. Anything else: one line, and all kernels. */
-static void parse_kernels(void)
-{
-    const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
-    g_ks.mode = GC_KERNELS_ALL;
-    if (!v || !*v || strcmp(v, "all") == 0) return;
-    if (strcmp(v, "off") == 0) {
-        g_ks.mode = GC_KERNELS_OFF;
-        return;
-    }
-    const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
-    char *end;
-    unsigned long on = strtoul(v, &end, 10), period = 0;
-    if (end != v && *end == '/') {
-        char *p = end + 1;
-        period = strtoul(p, &end, 10);
-        if (end == p) period = 0;
-    }
-    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) {
-        gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected all, off or ON_MS/PERIOD_MS, multiples of "
-               "%u ms, ON_MS < PERIOD_MS); tracing all kernels", v, w);
-        return;
-    }
-    g_ks.mode = GC_KERNELS_SAMPLED;
-    g_ks.on_ms = (uint32_t)on;
-    g_ks.period_ms = (uint32_t)period;
 }
 
 /* Called with g_mu held: the schedule and how long kernels were traced, as of `mono`. */
@@ -194,30 +114,23 @@ static void request_buffer(uint8_t **buffer, size_t *size, size_t *max_records)
     *size = 0;
     *max_records = 0;
     /* Over the bound, CUPTI gets no buffer and drops records; it counts them and so do we. */
-    if (atomic_fetch_add(&g_outstanding, 1) >= g_max_buffers) {
+    if (atomic_fetch_add(&g_outstanding, 1) >= g_cfg.max_buffers) {
         atomic_fetch_sub(&g_outstanding, 1);
         atomic_fetch_add(&g_refused, 1);
         return;
     }
     void *p = NULL;
-    if (posix_memalign(&p, 8, g_buffer_size) != 0) {
+    if (posix_memalign(&p, 8, g_cfg.buffer_size) != 0) {
         atomic_fetch_sub(&g_outstanding, 1);
         atomic_fetch_add(&g_refused, 1);
         return;
     }
     *buffer = p;
-    *size = g_buffer_size;
+    *size = g_cfg.buffer_size;
 }
 
 static void CUPTIAPI on_request(uint8_t **buffer, size_t *size, size_t *max_records)
 {
-    request_buffer(buffer, size, max_records);
-}
-
-static void CUPTIAPI on_request_v2(uint8_t **buffer, size_t *size, size_t *max_records,
-                                   CUpti_BufferCallbackRequestInfo *info)
-{
-    (void)info;
     request_buffer(buffer, size, max_records);
 }
 
@@ -237,8 +150,7 @@ static gc_segment *segment(void)
         return NULL;
     }
     gc_segment_init(seg, NULL, g_start_wall, g_clock_ref_gpu);
-    seg->cupti_version = 0;
-    if (cu.get_version) cu.get_version(&seg->cupti_version);
+    seg->cupti_version = gc_cupti_version();
     publish_kernels(seg, mono_ns());
     g_tally = t;
     g_seg = seg;
@@ -249,7 +161,7 @@ static gc_segment *segment(void)
 static void count_losses(gc_segment *seg, CUcontext ctx, uint32_t stream)
 {
     size_t dropped = 0;
-    CUptiResult dr = cu.v2 ? cu.dropped_v2(cu.sub, ctx, stream, &dropped) : cu.dropped(ctx, stream, &dropped);
+    CUptiResult dr = gc_cupti_dropped(ctx, stream, &dropped);
     if (dr == CUPTI_SUCCESS && dropped) seg->dropped += dropped;
     seg->buffers_refused = atomic_load(&g_refused);
     if (seg->dropped || seg->buffers_refused) seg->flags |= GC_FLAG_DROPPED;
@@ -265,9 +177,7 @@ static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t
         CUpti_Activity *r = NULL;
         if (valid > 0) {
             for (;;) {
-                CUptiResult res = cu.v2 ? cu.next_record_v2(cu.sub, buffer, valid, &r)
-                                        : cu.next_record(buffer, valid, &r);
-                if (res != CUPTI_SUCCESS) break;
+                if (gc_cupti_next_record(buffer, valid, &r) != CUPTI_SUCCESS) break;
                 gc_tally_record(g_tally, r);
             }
         }
@@ -288,13 +198,6 @@ static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer
     atomic_fetch_sub(&g_outstanding, 1);
 }
 
-static void CUPTIAPI on_complete_v2(uint8_t *buffer, size_t size, size_t valid,
-                                    CUpti_BufferCallbackCompleteInfo *info)
-{
-    (void)info;
-    on_complete(NULL, 0, buffer, size, valid);
-}
-
 /* ---- the flusher: totals at most one period stale, and a known "complete up to" time ---- */
 
 /* Every period: note the time, have CUPTI hand back every buffer whose records are complete, then
@@ -303,19 +206,13 @@ static void CUPTIAPI on_complete_v2(uint8_t *buffer, size_t size, size_t valid,
  * blocked; it never touches the server's threads. */
 static void disable_kinds(void)
 {
-    for (int i = 0; i < g_nkinds; i++) {
-        if (cu.v2 && cu.disable_v2) cu.disable_v2(cu.sub, g_kinds[i], NULL);
-        else if (!cu.v2 && cu.disable) cu.disable(g_kinds[i]);
-    }
+    for (int i = 0; i < g_nkinds; i++) gc_cupti_disable(g_kinds[i]);
 }
 
 static int set_kernels(int on)
 {
-    CUptiResult r;
-    if (on) r = cu.v2 ? cu.enable_v2(cu.sub, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, NULL)
-                      : cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    else r = cu.v2 ? cu.disable_v2(cu.sub, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, NULL)
-                   : cu.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    CUptiResult r = on ? gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+                       : gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     return r == CUPTI_SUCCESS ? 0 : -1;
 }
 
@@ -347,7 +244,7 @@ static void sleep_until(uint64_t mono)
 static void *flusher(void *arg)
 {
     (void)arg;
-    const uint64_t period = (uint64_t)g_flush_ms * 1000000ull;
+    const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
     uint64_t next_flush = mono_ns() + period;
     uint64_t next_phase = UINT64_MAX;
     if (g_ks.mode == GC_KERNELS_SAMPLED) next_phase = kernel_phase(mono_ns());
@@ -368,7 +265,7 @@ static void *flusher(void *arg)
             next_flush = now - next_flush < period ? next_flush + period : now + period;
             uint64_t t = gc_wall_ns();
             uint64_t m = mono_ns();
-            if (cu.flush_all(0) == CUPTI_SUCCESS) {
+            if (gc_cupti_flush_all(0) == CUPTI_SUCCESS) {
                 pthread_mutex_lock(&g_mu);
                 if (g_seg && atomic_load(&g_state) == ACTIVE) {
                     gc_segment_begin_update(g_seg);
@@ -411,10 +308,12 @@ static int start_flusher(void)
 
 /* ---- process life: exit and fork ---- */
 
-static void at_exit(void)
+/* The final flush: forced, every open busy interval committed, state exited. At exit, or earlier
+ * through gc_finish() for servers that end their process without running atexit (vLLM's engine). */
+static int finish(int at_exit)
 {
     int active = ACTIVE;
-    if (getpid() != g_pid || !atomic_compare_exchange_strong(&g_state, &active, EXITING)) return;
+    if (getpid() != g_pid || !atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
     /* The flusher starts no new flush now; let one in progress end (bounded: never hang an exit). */
     for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
         struct timespec ms = {0, 1000000L};
@@ -422,7 +321,7 @@ static void at_exit(void)
     }
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
-    cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&g_mu);
     if (g_seg) {
         gc_segment_begin_update(g_seg);
@@ -436,7 +335,13 @@ static void at_exit(void)
     }
     atomic_store(&g_state, OFF);
     pthread_mutex_unlock(&g_mu);
+    /* Called by the server (not at exit, where CUPTI may be going down too): nothing will count the
+     * records now, so stop paying CUPTI for the rest of the process's life. */
+    if (!at_exit) disable_kinds();
+    return 0;
 }
+
+static void at_exit(void) { (void)finish(1); }
 
 static void at_fork_child(void)
 {
@@ -453,140 +358,43 @@ static void at_fork_child(void)
 
 /* ---- start ---- */
 
-#define RESOLVE(field, name) (*(void **)&cu.field = dlsym(lib, name))
-
-static void *load_cupti(void)
-{
-    const char *path = getenv("OTEL_GPU_CENSUS_CUPTI");
-    void *lib = NULL;
-    /* A libcupti already loaded (torch links one) must be the one we use: one per process. */
-    lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
-    if (!lib && path && *path) {
-        /* a path the user named and that does not load is an error, not a hint */
-        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!lib) {
-            const char *why = dlerror();
-            gc_log("census off: cannot load OTEL_GPU_CENSUS_CUPTI=%s: %s", path, why ? why : "?");
-            return NULL;
-        }
-    }
-    if (!lib) lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        gc_log("census off: libcupti.so.13 not found; install nvidia-cuda-cupti or set OTEL_GPU_CENSUS_CUPTI");
-        return NULL;
-    }
-    RESOLVE(get_version, "cuptiGetVersion");
-    RESOLVE(result_string, "cuptiGetResultString");
-    RESOLVE(get_timestamp, "cuptiGetTimestamp");
-    RESOLVE(get_timestamp_v2, "cuptiGetTimestamp_v2");
-    RESOLVE(subscribe, "cuptiSubscribe");
-    RESOLVE(unsubscribe, "cuptiUnsubscribe");
-    RESOLVE(subscribe_v2, "cuptiSubscribe_v2");
-    RESOLVE(register_cb, "cuptiActivityRegisterCallbacks");
-    RESOLVE(register_cb_v2, "cuptiActivityRegisterCallbacks_v2");
-    RESOLVE(enable, "cuptiActivityEnable");
-    RESOLVE(enable_v2, "cuptiActivityEnable_v2");
-    RESOLVE(disable, "cuptiActivityDisable");
-    RESOLVE(disable_v2, "cuptiActivityDisable_v2");
-    RESOLVE(next_record, "cuptiActivityGetNextRecord");
-    RESOLVE(next_record_v2, "cuptiActivityGetNextRecord_v2");
-    RESOLVE(dropped, "cuptiActivityGetNumDroppedRecords");
-    RESOLVE(dropped_v2, "cuptiActivityGetNumDroppedRecords_v2");
-    RESOLVE(push, "cuptiActivityPushExternalCorrelationId");
-    RESOLVE(push_v2, "cuptiActivityPushExternalCorrelationId_v2");
-    RESOLVE(pop, "cuptiActivityPopExternalCorrelationId");
-    RESOLVE(pop_v2, "cuptiActivityPopExternalCorrelationId_v2");
-    RESOLVE(flush_all, "cuptiActivityFlushAll");
-    RESOLVE(flush_period, "cuptiActivityFlushPeriod");
-    if (!cu.register_cb || !cu.enable || !cu.disable || !cu.next_record || !cu.dropped || !cu.push || !cu.pop ||
-        !cu.flush_all || !cu.flush_period) {
-        gc_log("census off: the loaded libcupti lacks the activity API");
-        return NULL;
-    }
-    return lib;
-}
-
-/* Multi-subscriber mode (CUPTI >= 13.2) lets torch.profiler or Nsight work beside us. */
-static int want_v2(void)
-{
-    const char *m = getenv("OTEL_GPU_CENSUS_CUPTI_API");
-    if (m && strcmp(m, "v1") == 0) return 0;
-    return cu.subscribe_v2 && cu.register_cb_v2 && cu.enable_v2 && cu.next_record_v2 &&
-           cu.dropped_v2 && cu.push_v2 && cu.pop_v2;
-}
-
 static int start(void)
 {
-    CUptiResult r;
-    if (want_v2()) {
-        char other[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN + 1] = {0};
-        CUpti_SubscriberParams p;
-        memset(&p, 0, sizeof(p));
-        p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
-        p.subscriberName = "otel-gpu-census";
-        p.oldSubscriberName = other;
-        p.oldSubscriberSize = sizeof(other) - 1;
-        p.allowMultipleSubscribers = 1;
-        r = cu.subscribe_v2(&cu.sub, NULL, NULL, &p);
-        if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-            gc_log("census off: CUPTI is in use by %s, which does not share it; the server runs "
-                   "without census", other[0] ? other : "another tool");
-            return -1;
-        }
-        if (r == CUPTI_SUCCESS) cu.v2 = 1;
-        /* anything else: fall back to the single-subscriber API below */
-    }
-    if (!cu.v2 && cu.subscribe && cu.unsubscribe) {
-        /* Probe only: Nsight and friends hold the subscriber slot. Do not keep it ourselves,
-         * so that a later torch.profiler can still subscribe. */
-        CUpti_SubscriberHandle probe;
-        r = cu.subscribe(&probe, NULL, NULL);
-        if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-            gc_log("census off: another CUPTI client (Nsight, a profiler) holds CUPTI; the server "
-                   "runs without census");
-            return -1;
-        }
-        if (r == CUPTI_SUCCESS) cu.unsubscribe(probe);
-    }
-    r = cu.v2 ? cu.register_cb_v2(cu.sub, on_request_v2, on_complete_v2)
-              : cu.register_cb(on_request, on_complete);
+    if (gc_cupti_subscribe(g_cfg.api_v1) != 0) return -1;
+    CUptiResult r = gc_cupti_register(on_request, on_complete);
     if (r != CUPTI_SUCCESS) {
-        gc_log("census off: cannot register activity buffers: %s", cupti_error(r));
+        gc_log("census off: cannot register activity buffers: %s", gc_cupti_error(r));
         return -1;
     }
-    const char *graphs = getenv("OTEL_GPU_CENSUS_GRAPHS");
-    int per_launch = graphs && strcmp(graphs, "launch") == 0;
-    parse_kernels();
+    g_ks.mode = g_cfg.kernel_mode;
+    g_ks.on_ms = g_cfg.kernel_on_ms;
+    g_ks.period_ms = g_cfg.kernel_period_ms;
+    /* No EXTERNAL_CORRELATION kind: CUPTI emits those only beside API records (steps.c says why). */
     CUpti_ActivityKind kinds[] = {
         g_ks.mode == GC_KERNELS_OFF ? CUPTI_ACTIVITY_KIND_INVALID : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
         CUPTI_ACTIVITY_KIND_MEMCPY,
         CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET,
-        CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
-        per_launch ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_INVALID,
+        g_cfg.graphs_per_launch ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_INVALID,
     };
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         if (kinds[i] == CUPTI_ACTIVITY_KIND_INVALID) continue;
-        r = cu.v2 ? cu.enable_v2(cu.sub, kinds[i], NULL) : cu.enable(kinds[i]);
+        r = gc_cupti_enable(kinds[i]);
         if (r != CUPTI_SUCCESS) {
-            gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], cupti_error(r));
+            gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], gc_cupti_error(r));
             disable_kinds(); /* the ones already on */
             return -1;
         }
         g_kinds[g_nkinds++] = kinds[i];
     }
-    g_flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
-    uint64_t ts = 0, m0 = mono_ns();
-    /* Under the v2 API (measured with libcupti 13.5) the legacy cuptiGetTimestamp fails: ask as
-     * our subscriber. */
-    CUptiResult tr = CUPTI_ERROR_NOT_INITIALIZED;
-    if (cu.v2 && cu.get_timestamp_v2 && (tr = cu.get_timestamp_v2(cu.sub, &ts)) != CUPTI_SUCCESS) ts = 0;
-    if (!ts && cu.get_timestamp && (tr = cu.get_timestamp(&ts)) != CUPTI_SUCCESS) ts = 0;
+    uint64_t m0 = mono_ns();
+    CUptiResult tr;
+    uint64_t ts = gc_cupti_timestamp(&tr);
     g_clock_ref_gpu = ts;
     uint64_t m1 = mono_ns();
     /* The schedule starts now, with kernels on (enabled above). Without a CUPTI clock, sampling
      * cannot be placed on the records' time line: trace every kernel instead. */
     if (g_ks.mode == GC_KERNELS_SAMPLED && !ts) {
-        gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp (%s); tracing all kernels", cupti_error(tr));
+        gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp (%s); tracing all kernels", gc_cupti_error(tr));
         g_ks.mode = GC_KERNELS_ALL;
     }
     g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
@@ -600,19 +408,17 @@ int InitializeInjection(void)
 {
     static atomic_int once;
     if (atomic_exchange(&once, 1)) return 1;
-    const char *off = getenv("OTEL_GPU_CENSUS_DISABLED");
-    if (off && *off && strcmp(off, "0") != 0) return 1;
-    g_buffer_size = (size_t)env_long("OTEL_GPU_CENSUS_BUFFER_KB", 2048, 64, 65536) * 1024;
-    g_max_buffers = (int)env_long("OTEL_GPU_CENSUS_MAX_BUFFERS", 32, 2, 4096);
+    if (gc_config_disabled()) return 1;
+    gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
-    if (!load_cupti() || start() != 0) return 1; /* 1 either way: the driver must carry on */
+    if (gc_cupti_load(g_cfg.cupti_path) != 0 || start() != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {
-        cu.flush_period(g_flush_ms);
+        gc_cupti_flush_period(g_cfg.flush_ms);
         if (g_ks.mode == GC_KERNELS_SAMPLED) { /* nobody to switch kernels off: trace them all */
             gc_log("no flusher thread: tracing all kernels instead of OTEL_GPU_CENSUS_KERNELS=%u/%u",
                    g_ks.on_ms, g_ks.period_ms);
@@ -631,24 +437,24 @@ int gc_active(void) { return atomic_load(&g_state) == ACTIVE && getpid() == g_pi
 
 int gc_step_begin(uint64_t id)
 {
-    if (!gc_active() || id == 0) return -1;
-    CUptiResult r = cu.v2 ? cu.push_v2(cu.sub, GC_EXTERNAL_KIND, id) : cu.push(GC_EXTERNAL_KIND, id);
-    return r == CUPTI_SUCCESS ? 0 : -1;
+    if (!gc_active() || id == 0 || id > UINT32_MAX) return -1;
+    if (gc_steps_start() != 0) return -1;
+    return gc_steps_push(id);
 }
 
 int gc_step_end(uint64_t *id)
 {
-    uint64_t last = 0;
-    if (!gc_active()) return -1;
-    CUptiResult r = cu.v2 ? cu.pop_v2(cu.sub, GC_EXTERNAL_KIND, &last) : cu.pop(GC_EXTERNAL_KIND, &last);
-    if (id) *id = last;
-    return r == CUPTI_SUCCESS ? 0 : -1;
+    /* pops also after the census stopped: a caller's begin/end pairs stay balanced */
+    if (getpid() != g_pid) return -1;
+    return gc_steps_pop(id);
 }
 
 int gc_flush(void)
 {
     if (!gc_active()) return -1;
-    return cu.flush_all(0) == CUPTI_SUCCESS ? 0 : -1;
+    return gc_cupti_flush_all(0) == CUPTI_SUCCESS ? 0 : -1;
 }
+
+int gc_finish(void) { return finish(0); }
 
 const char *gc_segment_path(void) { return g_path; }

@@ -17,8 +17,29 @@
 #error "otel-gpu-census builds against CUPTI >= 13.5 headers (pip wheel nvidia-cuda-cupti)"
 #endif
 
-/* The external-correlation kind our steps use; torch/kineto use CUSTOM0 and CUSTOM1. */
+/* The external-correlation kind the tally accepts as steps (records a CUPTI may emit, and tests);
+ * torch/kineto use CUSTOM0 and CUSTOM1. The injector itself tags steps through steps.c. */
 #define GC_EXTERNAL_KIND CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2
+
+/* config.c: the injector's settings, read and checked once at start. */
+struct gc_config {
+    const char *cupti_path;     /* OTEL_GPU_CENSUS_CUPTI */
+    size_t buffer_size;         /* OTEL_GPU_CENSUS_BUFFER_KB */
+    int max_buffers;            /* OTEL_GPU_CENSUS_MAX_BUFFERS */
+    uint32_t flush_ms;          /* OTEL_GPU_CENSUS_FLUSH_MS */
+    uint32_t kernel_mode, kernel_on_ms, kernel_period_ms;   /* OTEL_GPU_CENSUS_KERNELS */
+    int graphs_per_launch;      /* OTEL_GPU_CENSUS_GRAPHS=launch */
+    int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
+};
+int gc_config_disabled(void);
+void gc_config_load(struct gc_config *c);
+
+/* steps.c: the calling thread's step stack, and correlation id -> step for the tally. */
+int gc_steps_start(void);       /* launch callbacks on (once); 0 when steps can be tagged */
+int gc_steps_push(uint64_t id);
+int gc_steps_pop(uint64_t *id);
+uint64_t gc_steps_lookup(uint32_t corr);    /* 0: not launched inside a step (or forgotten) */
+int gc_steps_in_use(void);
 
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
 void gc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

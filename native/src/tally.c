@@ -72,6 +72,7 @@ struct gc_tally {
     gc_segment *seg;
     struct frontier fr[GC_MAX_DEVICES];
     struct corr_entry corr[GC_CORR_SLOTS];
+    int ext_seen;               /* an EXTERNAL_CORRELATION record of ours arrived */
 };
 
 gc_tally *gc_tally_create(gc_segment *seg)
@@ -199,11 +200,14 @@ static void window_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint6
     }
 }
 
+/* The step that launched correlation id `corr`: from an EXTERNAL_CORRELATION record (a CUPTI that
+ * emits them, or a test), else from the launch table the API callbacks fill (steps.c). */
 static gc_step *step_for(gc_tally *t, uint32_t corr)
 {
     struct corr_entry *c = &t->corr[corr & (GC_CORR_SLOTS - 1)];
-    if (!c->valid || c->corr != corr) return NULL;
-    uint64_t id = c->ext;
+    uint64_t id = c->valid && c->corr == corr ? c->ext : gc_steps_lookup(corr);
+    if (!id) return NULL;
+    if (id > t->seg->step_max) t->seg->step_max = id;
     gc_step *st = &t->seg->steps[id & (GC_STEP_SLOTS - 1)];
     if (st->id != id) {
         if (id < st->id) {
@@ -219,7 +223,7 @@ static gc_step *step_for(gc_tally *t, uint32_t corr)
 static void step_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint32_t corr,
                      uint64_t s, uint64_t e, uint64_t bytes)
 {
-    if (t->seg->step_max == 0) return; /* no step was ever begun: nothing to attribute */
+    if (!t->ext_seen && !gc_steps_in_use()) return; /* no step was ever begun: nothing to attribute */
     gc_step *st = step_for(t, corr);
     if (!st) {
         t->seg->step_unmatched++;
@@ -362,6 +366,7 @@ static void tally_external(gc_tally *t, const CUpti_ActivityExternalCorrelation 
     c->corr = x->correlationId;
     c->ext = x->externalId;
     c->valid = 1;
+    t->ext_seen = 1;
     if (x->externalId > t->seg->step_max) t->seg->step_max = x->externalId;
 }
 

@@ -58,15 +58,71 @@ CUptiResult cuptiGetTimestamp(uint64_t *ts)
     return CUPTI_SUCCESS;
 }
 
+/* The callback API, as far as steps use it: one subscriber with a callback, callbacks enabled per
+ * (domain, id), names for a few real ids of the CUPTI headers. */
+static CUpti_CallbackFunc g_api_cb;
+static void *g_api_ud;
+static int g_subscribed;
+static unsigned char g_cb_on[2][4096];
+
 CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *s, CUpti_CallbackFunc cb, void *u)
 {
-    (void)cb; (void)u;
     if (env_on("MOCK_CUPTI_CONFLICT")) return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    /* MOCK_CUPTI_SLOT_TAKEN=1: a profiler subscribed after our probe gave the slot back */
+    if (cb && env_on("MOCK_CUPTI_SLOT_TAKEN")) return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    if (g_subscribed) return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    g_subscribed = 1;
+    g_api_cb = cb;
+    g_api_ud = u;
     *s = (CUpti_SubscriberHandle)(uintptr_t)1;
     return CUPTI_SUCCESS;
 }
 
-CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle s) { (void)s; return CUPTI_SUCCESS; }
+CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle s)
+{
+    (void)s;
+    g_subscribed = 0;
+    g_api_cb = NULL;
+    memset(g_cb_on, 0, sizeof(g_cb_on));
+    return CUPTI_SUCCESS;
+}
+
+static int cb_domain(CUpti_CallbackDomain d)
+{
+    return d == CUPTI_CB_DOMAIN_RUNTIME_API ? 0 : d == CUPTI_CB_DOMAIN_DRIVER_API ? 1 : -1;
+}
+
+CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const char **name)
+{
+    static const struct { int dom; uint32_t id; const char *name; } known[] = {
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020, "cudaMemcpyAsync"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020, "cudaMemsetAsync"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000, "cudaGraphLaunch"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, "cudaGraphAddMemcpyNode"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020, "cudaGetDevice"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent, "cuCtxGetCurrent"},
+    };
+    int dom = cb_domain(d);
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (known[i].dom == dom && known[i].id == cbid) {
+            *name = known[i].name;
+            return CUPTI_SUCCESS;
+        }
+    if (dom < 0 || cbid >= 4096) return CUPTI_ERROR_INVALID_PARAMETER;
+    *name = dom == 0 ? "cudaSomethingElse" : "cuSomethingElse";
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle s, CUpti_CallbackDomain d, CUpti_CallbackId cbid)
+{
+    (void)s;
+    int dom = cb_domain(d);
+    if (!g_subscribed || dom < 0 || cbid >= 4096) return CUPTI_ERROR_INVALID_PARAMETER;
+    g_cb_on[dom][cbid] = enable ? 1 : 0;
+    return CUPTI_SUCCESS;
+}
 
 CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, CUpti_BuffersCallbackCompleteFunc c)
 {
@@ -190,6 +246,22 @@ int mock_flushes(void) { return g_flushes; }
 int mock_registered(void) { return g_req != NULL && g_done != NULL; }
 uint64_t mock_ext_top(void) { return g_ext_depth ? g_ext_stack[g_ext_depth - 1] : 0; }
 int mock_outstanding_max(void) { return g_outstanding_max; }
+int mock_callback_enabled(int dom, uint32_t cbid) { return dom >= 0 && dom < 2 && cbid < 4096 && g_cb_on[dom][cbid]; }
+
+/* An API call by the calling thread, as the driver reports it to a subscriber: 1 when a callback ran. */
+int mock_api_call(int dom, uint32_t cbid, uint32_t corr)
+{
+    if (!mock_callback_enabled(dom, cbid) || !g_api_cb) return 0;
+    CUpti_CallbackData data;
+    memset(&data, 0, sizeof(data));
+    data.correlationId = corr;
+    CUpti_CallbackDomain d = dom == 0 ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
+    data.callbackSite = CUPTI_API_ENTER;
+    g_api_cb(g_api_ud, d, cbid, &data);
+    data.callbackSite = CUPTI_API_EXIT;
+    g_api_cb(g_api_ud, d, cbid, &data);
+    return 1;
+}
 
 /* Ask for buffers without returning them, as CUPTI does when many threads launch at once. */
 int mock_hold_buffers(int n)

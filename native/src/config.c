@@ -1,0 +1,108 @@
+/*
+ * config.c - every OTEL_GPU_CENSUS_* setting the injector reads, read once at start and checked here.
+ * A bad value gets one line and its default; a name nobody knows (a typo) gets one line too.
+ * (OTEL_GPU_CENSUS_DIR is read where the folder is made, segment.c; QUIET by log.c.)
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu_census.h"
+#include "internal.h"
+
+extern char **environ;
+
+/* The injector's names, and those only the Python side reads (so they are not typos). */
+static const char *const KNOWN[] = {
+    "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
+    "QUIET", "LIB", "TEST_BUILD",
+};
+#define PREFIX "OTEL_GPU_CENSUS_"
+
+static long env_long(const char *name, long dflt, long lo, long hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi) {
+        gc_log("ignoring %s=%s (expected an integer in [%ld, %ld]); using %ld", name, v, lo, hi, dflt);
+        return dflt;
+    }
+    return x;
+}
+
+/* One of `choices` (the first is the default); anything else: one line and the default. */
+static int env_choice(const char *name, const char *const *choices, int n)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, choices[i]) == 0) return i;
+    gc_log("ignoring %s=%s (expected %s or %s); using %s", name, v, choices[0], choices[1], choices[0]);
+    return 0;
+}
+
+/* OTEL_GPU_CENSUS_KERNELS: all (default), off, or ON_MS/PERIOD_MS with both multiples of the
+ * 20 ms window and 0 < ON_MS < PERIOD_MS <= 1 h. Anything else: one line, and all kernels. */
+static void parse_kernels(struct gc_config *c)
+{
+    const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
+    c->kernel_mode = GC_KERNELS_ALL;
+    if (!v || !*v || strcmp(v, "all") == 0) return;
+    if (strcmp(v, "off") == 0) {
+        c->kernel_mode = GC_KERNELS_OFF;
+        return;
+    }
+    const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
+    char *end;
+    unsigned long on = strtoul(v, &end, 10), period = 0;
+    if (end != v && *end == '/') {
+        char *p = end + 1;
+        period = strtoul(p, &end, 10);
+        if (end == p) period = 0;
+    }
+    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) {
+        gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected all, off or ON_MS/PERIOD_MS, multiples of "
+               "%u ms, ON_MS < PERIOD_MS); tracing all kernels", v, w);
+        return;
+    }
+    c->kernel_mode = GC_KERNELS_SAMPLED;
+    c->kernel_on_ms = (uint32_t)on;
+    c->kernel_period_ms = (uint32_t)period;
+}
+
+static void warn_unknown(void)
+{
+    const size_t plen = strlen(PREFIX);
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, PREFIX, plen) != 0) continue;
+        const char *name = *e + plen, *eq = strchr(name, '=');
+        size_t n = eq ? (size_t)(eq - name) : strlen(name);
+        int known = 0;
+        for (size_t i = 0; i < sizeof(KNOWN) / sizeof(KNOWN[0]) && !known; i++)
+            known = strlen(KNOWN[i]) == n && strncmp(KNOWN[i], name, n) == 0;
+        if (!known) gc_log("ignoring unknown setting %.*s%.*s", (int)plen, *e, (int)n, name);
+    }
+}
+
+int gc_config_disabled(void)
+{
+    const char *off = getenv("OTEL_GPU_CENSUS_DISABLED");
+    return off && *off && strcmp(off, "0") != 0;
+}
+
+void gc_config_load(struct gc_config *c)
+{
+    static const char *const graphs[] = {"node", "launch"}, *const api[] = {"v2", "v1"};
+    memset(c, 0, sizeof(*c));
+    warn_unknown();
+    c->cupti_path = getenv("OTEL_GPU_CENSUS_CUPTI");
+    c->buffer_size = (size_t)env_long("OTEL_GPU_CENSUS_BUFFER_KB", 2048, 64, 65536) * 1024;
+    c->max_buffers = (int)env_long("OTEL_GPU_CENSUS_MAX_BUFFERS", 32, 2, 4096);
+    c->flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
+    c->graphs_per_launch = env_choice("OTEL_GPU_CENSUS_GRAPHS", graphs, 2) == 1;
+    c->api_v1 = env_choice("OTEL_GPU_CENSUS_CUPTI_API", api, 2) == 1;
+    parse_kernels(c);
+}

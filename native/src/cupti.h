@@ -1,0 +1,36 @@
+/* cupti.h - the CUPTI layer: the one unit that knows CUPTI's two APIs (v1 single-subscriber, v2
+ * multi-subscriber from CUPTI 13.2) and resolves them at run time, so that a missing or old libcupti
+ * means "census off", never a server that cannot start. The rest of the injector calls these. */
+#ifndef GC_CUPTI_H
+#define GC_CUPTI_H
+
+#include <stdint.h>
+#include <cupti.h>
+
+/* Load libcupti: one already in the process (torch's) wins, else `path` (an error when it does not
+ * load), else the soname. 0 on success; a log line and -1 otherwise. */
+int gc_cupti_load(const char *path);
+/* Become a subscriber: v2 (shared with profilers) unless want_v1 or the library lacks it, else a v1
+ * probe that is given back (so a later torch.profiler can still subscribe). -1 with a log line when
+ * another tool holds CUPTI exclusively. */
+int gc_cupti_subscribe(int want_v1);
+int gc_cupti_is_v2(void);
+const char *gc_cupti_error(CUptiResult r);
+uint32_t gc_cupti_version(void);
+
+CUptiResult gc_cupti_register(CUpti_BuffersCallbackRequestFunc req, CUpti_BuffersCallbackCompleteFunc done);
+CUptiResult gc_cupti_enable(CUpti_ActivityKind kind);
+CUptiResult gc_cupti_disable(CUpti_ActivityKind kind);
+CUptiResult gc_cupti_next_record(uint8_t *buffer, size_t valid, CUpti_Activity **record);
+CUptiResult gc_cupti_dropped(CUcontext ctx, uint32_t stream, size_t *dropped);
+CUptiResult gc_cupti_flush_all(uint32_t flag);
+CUptiResult gc_cupti_flush_period(uint32_t ms);
+/* A CUPTI timestamp (0 when none can be had); *why gets the error. */
+uint64_t gc_cupti_timestamp(CUptiResult *why);
+
+/* Callbacks at the entry of every runtime and driver API call that launches GPU work (kernels, graph
+ * launches, copies, memsets), to `cb`. Under v1 this takes CUPTI's one subscriber slot for good.
+ * Returns the number of callbacks enabled (0: none, with a log line). */
+int gc_cupti_launch_callbacks(CUpti_CallbackFunc cb);
+
+#endif
