@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One runner for the GPU machine (an H200 lent without network): every measurement in
+# docs/measurements.md from 2026-12-01 on is one of these phases. Run from the repo root there:
+#   bash bench/device/run.sh PHASE [PHASE ...]        logs and results go to $OUT (else ./device-out)
+# Phases:
+#   setup        carried wheels (.whl/) into /tmp/site, the injector built against CUPTI 13.5
+#   steps        the GPU step tests (exact per-step kernels and copies, eager and graphs, v1 and v2)
+#   gpu-tests    the whole GPU suite (make gpu-test)
+#   vllm-part1 / vllm-part2   copy one carried piece of the vLLM wheel set into /tmp/vp (three calls:
+#                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
+#   vllm         install vLLM, make a random Llama, then bench/device/vllm_e2e.py (the integration end
+#                to end: spans to a real OTLP receiver, conservation, KV offload, stop/start cycles)
+# The .whl set: see bench/device/wheels.sh (run where PyPI is reachable).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+log() { echo "[device $(date +%H:%M:%S)] $*"; }
+
+setup() {
+  if [ ! -f /tmp/site/.done ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && touch /tmp/site/.done || { log "wheel install failed"; return 1; }
+  fi
+  export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+  export OTEL_GPU_CENSUS_CUPTI=/tmp/site/nvidia/cu13/lib/libcupti.so.13
+  export OTEL_GPU_CENSUS_TEST_BUILD=/tmp/gc-build
+  make -s -C native BUILD=/tmp/gc-build/native CUPTI_INCLUDE=/tmp/site/nvidia/cu13/include || return 1
+  export OTEL_GPU_CENSUS_LIB=/tmp/gc-build/native/libotel_gpu_census.so
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } | tee "$OUT/versions.txt"
+}
+
+phase() {
+  case "$1" in
+    setup) setup ;;
+    steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
+    vllm) bash .vllm/part3/install.sh && python3 bench/device/vllm_e2e.py --out "$OUT" 2>&1 | tee "$OUT/vllm.log" ;;
+    *) log "unknown phase $1"; return 2 ;;
+  esac
+}
+
+rc=0
+for p in "$@"; do
+  log "phase $p"
+  phase "$p" || { rc=$?; log "phase $p failed ($rc)"; }
+  [ "$p" = setup ] && [ $rc -ne 0 ] && exit $rc
+done
+exit $rc
