@@ -282,6 +282,45 @@ def read_segment(path, detail: bool = True) -> ProcessCensus:
     return _parse(path, data, torn)
 
 
+_STEP_OFF = ffi.offsetof("gc_segment", "steps")
+_STEP_WORDS = ffi.sizeof("gc_step") // 8          # gc_step is uint64 fields only (gpu_census.h)
+_STEP_FIELD = {n: ffi.offsetof("gc_step", n) // 8 for n in
+               ("id", "kernel_count", "kernel_ns", "first_ns", "last_ns", "copy", "memset", "device_mask")}
+
+
+def _step_row(row: List[int]) -> Step:
+    f = _STEP_FIELD
+    copies = {}
+    for i, d in enumerate(DIRECTIONS):
+        c, b, n = row[f["copy"] + 3 * i: f["copy"] + 3 * i + 3]
+        if c or n:
+            copies[d] = Stat(c, b, n)
+    return Step(id=row[f["id"]], kernel_count=row[f["kernel_count"]], kernel_ns=row[f["kernel_ns"]],
+                first_ns=row[f["first_ns"]], last_ns=row[f["last_ns"]], copies=copies,
+                memset=Stat(*row[f["memset"]:f["memset"] + 3]), device_mask=row[f["device_mask"]])
+
+
+def read_steps(path, lo_id: int, hi_id: int) -> Tuple[ProcessCensus, Dict[int, Step]]:
+    """The segment's header and device totals, and the steps with ids in [lo_id, hi_id] that its ring
+    still holds (a step whose slot was reused by a later one is absent). One consistent copy, parsed
+    only as far as those slots: engine hooks read this every fraction of a second, in the engine's
+    own process, so it must cost well under a millisecond."""
+    data, torn = _snapshot(path, SEGMENT_SIZE)
+    head = _parse(path, bytes(data[:TOTALS_SIZE]), torn)
+    slots = consts.GC_STEP_SLOTS
+    lo_id = max(lo_id, hi_id - slots + 1, 1)
+    ring = memoryview(data)[_STEP_OFF:_STEP_OFF + _STEP_WORDS * 8 * slots].cast("Q")
+    out: Dict[int, Step] = {}
+    try:
+        for sid in range(lo_id, hi_id + 1):
+            k = (sid & (slots - 1)) * _STEP_WORDS
+            if ring[k] == sid:
+                out[sid] = _step_row(ring[k:k + _STEP_WORDS].tolist())
+    finally:
+        ring.release()
+    return head, out
+
+
 # ---------------------------------------------------------------------------------------------
 # a folder of segments
 
