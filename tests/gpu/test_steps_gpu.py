@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu.test_gpu_census import RESULTS, census_env  # noqa: E402  (skips without a GPU)
+from gpu.test_gpu_census import census_env  # noqa: E402  (skips without a GPU)
+
+RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dump():
+    yield
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "steps_gpu.json").write_text(json.dumps(RESULTS, indent=1))
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
