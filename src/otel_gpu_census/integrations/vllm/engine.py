@@ -1,0 +1,251 @@
+"""The engine side of the vLLM integration: steps, requests and their spans, in EngineCore.
+
+With one GPU per engine (tensor and pipeline parallel 1) vLLM runs the worker inside EngineCore, so
+this one process sees everything the join needs:
+
+- every step (``WorkerWrapperBase.execute_model`` and then ``sample_tokens``): its id is pushed on
+  the launching thread (``injector.step_begin``), so the census tallies its kernels and copies
+  under that id, and the step's ``{request id: scheduled tokens}`` goes to the :class:`StepLedger`;
+- every request (``Scheduler.add_request`` .. ``Scheduler._free_request``): arrival time, the
+  caller's trace context (``Request.trace_headers``, which the API-server hook fills even when
+  vLLM's own tracing is off), first token, token counts, how it ended;
+- the census of this process (its own segment), read a few times a second by a settling thread,
+  which splits each completed step among its requests and ends each request's span with its share.
+
+With tensor or pipeline parallelism the workers run in other processes: their steps are tagged the
+same way (the id is the worker's count of execute_model calls, the same on every rank), but the
+per-request join is not made there (the requests live in EngineCore); spans then carry no GPU cost
+and say so.
+
+Everything here runs inside vLLM's engine loop, so the hot path only counts and appends: no reads,
+no locks held across calls, no allocation beyond a dict copy per step. Failures never reach vLLM:
+the instrumentor's guards turn any exception into "integration off" with one log line.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ... import injector
+from ...attribution.ledger import COMPLETE, STALE, GpuCost
+from ...attribution.steps import METHOD, StepLedger
+from ...census import reader
+
+log = logging.getLogger("otel_gpu_census.vllm")
+
+SETTLE_PERIOD_S = 0.25
+OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
+STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
+             "it, each step's kernels and copies split among the step's requests by their scheduled "
+             "tokens; GPU work outside steps (start-up, compilation, graph capture) and steps that "
+             "served nobody are not anyone's")
+
+_INTERNAL_SUFFIX = re.compile(r"-[0-9a-zA-Z]{8}$")      # input_processor: f"{external}-{uuid:.8}"
+_CHILD_PREFIX = re.compile(r"^\d+_")                    # parallel sampling (n > 1): f"{index}_{parent}"
+
+
+def external_id(internal: str) -> str:
+    """The id the client sees (the response's ``id``) of an engine-internal request id."""
+    return _INTERNAL_SUFFIX.sub("", _CHILD_PREFIX.sub("", internal), count=1)
+
+
+FINISH_ERRORS = {"FINISHED_ABORTED": "aborted", "FINISHED_ERROR": "engine_error",
+                 "FINISHED_IGNORED": "ignored"}
+
+
+class EngineTelemetry:
+    """One per engine process: the step counter, the ledger, the requests' spans, the settler."""
+
+    def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S):
+        self.clock = clock
+        self.ledger = StepLedger(read or self._read_own_census, clock=clock)
+        self._telemetry = telemetry          # RequestTelemetry, made on first use (providers from OTEL_*)
+        self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest
+        self._model: Optional[str] = None
+        self.sid = 0                         # the current step (last execute_model)
+        self.has_scheduler = False           # requests live in this process (TP = PP = 1)
+        self.tagging = False                 # the injector is counting here and steps are tagged
+        self._period = settle_period_s
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+        self._shutdown_done = False
+
+    # -- the census of this process --------------------------------------------------------------
+    @staticmethod
+    def _read_own_census(lo: int, hi: int):
+        path = injector.segment_path()
+        if not path:                         # no buffer completed yet: the segment does not exist
+            return None, {}
+        head = reader.read_segment(path, detail=False)
+        return head, {s.id: s for s in reader.read_steps(path, lo, hi)}
+
+    # -- steps (engine thread) --------------------------------------------------------------------
+    def begin_execute(self, scheduler_output) -> int:
+        """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
+        self.sid += 1
+        sid = self.sid
+        if self.has_scheduler:
+            tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+            self.ledger.step_opened(sid, dict(tokens), self.clock())
+        self.tagging = injector.step_begin(sid)
+        return sid
+
+    def begin_sample(self) -> int:
+        """Before sample_tokens: the same step as the execute_model it follows."""
+        if self.sid and injector.step_begin(self.sid):
+            return self.sid
+        return 0
+
+    def end_step(self, sid: int) -> None:
+        injector.step_end()
+        if self.has_scheduler:
+            self.ledger.step_touched(sid, self.clock())
+            self._ensure_settler()
+
+    # -- requests (engine thread) -----------------------------------------------------------------
+    def request_added(self, scheduler, request) -> None:
+        self.has_scheduler = True
+        rid = request.request_id
+        if rid in self._tracked:             # a streaming-input session's next chunk: same request
+            return
+        headers = dict(getattr(request, "trace_headers", None) or {})
+        operation = headers.get(OPERATION_HEADER, "text_completion")
+        model = self._model_name(scheduler)
+        arrival_ns = int(getattr(request, "arrival_time", time.time()) * 1e9)
+        self._tracked[rid] = self.telemetry().start(
+            start_ns=arrival_ns, operation=operation, model=model,
+            span_name=f"{operation} {model}" if model else operation, parent=_extract(headers),
+            attributes={"gen_ai.request.id": external_id(rid), "vllm.request.id": rid})
+
+    def outputs(self, engine_core_outputs) -> None:
+        """After Scheduler.update_from_output: the requests whose first token came out now."""
+        if not self._tracked:
+            return
+        now = None
+        for eco in (engine_core_outputs or {}).values():
+            for o in getattr(eco, "outputs", ()) or ():
+                t = self._tracked.get(o.request_id)
+                if t is not None and t.first_token_ns is None and o.new_token_ids:
+                    now = now or self.clock()
+                    t.first_token(now)
+                    self.ledger.first_token(o.request_id, now)
+
+    def request_freed(self, request) -> None:
+        """Scheduler._free_request: finished, aborted or failed; no later step serves it."""
+        rid = request.request_id
+        t = self._tracked.get(rid)
+        if t is None:
+            return
+        now = self.clock()
+        t.served()
+        status = getattr(getattr(request, "status", None), "name", "")
+        reason = request.get_finished_reason() if hasattr(request, "get_finished_reason") else None
+        facts = {
+            "gen_ai.usage.input_tokens": int(getattr(request, "num_prompt_tokens", 0) or 0),
+            "gen_ai.usage.output_tokens": int(getattr(request, "num_output_tokens", 0) or 0),
+            "vllm.request.status": status,
+        }
+        cached = getattr(request, "num_cached_tokens", -1)
+        if cached is not None and cached >= 0:
+            facts["gen_ai.usage.cache_read.input_tokens"] = int(cached)
+        if reason is not None:
+            facts["gen_ai.response.finish_reasons"] = [str(reason)]
+        self.ledger.request_done(rid, (facts, FINISH_ERRORS.get(status)), now)
+        if not self.tagging:                 # no census here: nothing to wait for
+            self._ensure_settler()
+
+    # -- settling (its own thread) ----------------------------------------------------------------
+    def _ensure_settler(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._run, name="otel-gpu-census-settle", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._period)
+            self._wake.clear()
+            if self._stopped:
+                break
+            try:
+                self.settle()
+            except Exception:                # the census can be unreadable for a moment: try again
+                log.debug("settling failed", exc_info=True)
+
+    def settle(self, final: bool = False) -> int:
+        """Split what the census completed; end the spans of the requests that settled. Their count."""
+        done = self.ledger.settle(final=final)
+        for s in done:
+            t = self._tracked.pop(s.key, None)
+            if t is None:
+                continue
+            facts, error_type = s.facts
+            attrs = dict(facts)
+            arrival = t.start_ns
+            if s.first_step_ns:
+                attrs["gen_ai.latency.time_in_queue"] = max(0, s.first_step_ns - arrival) / 1e9
+            cost = None
+            if self.tagging:
+                cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
+                               steps=s.steps, note=STEP_NOTE, share=s.share, prefill=s.prefill,
+                               pids=[os.getpid()], notes=list(s.notes))
+            t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts["gen_ai.usage.output_tokens"],
+                     error_type=error_type)
+        return len(done)
+
+    # -- the end of the engine ----------------------------------------------------------------------
+    def shutdown(self, timeout_s: float = 3.0) -> None:
+        """After EngineCore.shutdown: the census's final flush (vLLM ends this process without running
+        atexit handlers), every waiting request settled, spans and metrics exported. Bounded."""
+        if self._shutdown_done:
+            return
+        self._shutdown_done = True
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s / 3)
+        injector.finish()
+        if self.has_scheduler:
+            self.settle(final=True)
+        if self._telemetry is not None:
+            self._telemetry_flush(timeout_s)
+
+    def _telemetry_flush(self, timeout_s: float) -> None:
+        for provider in getattr(self, "_providers", ()):
+            try:
+                if hasattr(provider, "force_flush"):
+                    provider.force_flush(int(timeout_s * 1000))
+            except Exception:
+                log.debug("flush at shutdown failed", exc_info=True)
+
+    # -- providers ----------------------------------------------------------------------------------
+    def telemetry(self):
+        if self._telemetry is None:
+            from ...telemetry.request import RequestTelemetry
+            from ...telemetry.setup import engine_providers
+            tp, mp = engine_providers()
+            self._providers = (tp, mp)
+            self._telemetry = RequestTelemetry(tp, mp, provider_name="vllm",
+                                               instrumentation_name="otel_gpu_census.vllm")
+        return self._telemetry
+
+    def _model_name(self, scheduler) -> Optional[str]:
+        if self._model is None:
+            cfg = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
+            name = getattr(cfg, "served_model_name", None) or getattr(cfg, "model", None)
+            if isinstance(name, (list, tuple)):
+                name = name[0] if name else None
+            self._model = str(name) if name else ""
+        return self._model or None
+
+
+def _extract(headers: Mapping[str, str]):
+    """The caller's context from W3C trace headers, or None (a root span)."""
+    if "traceparent" not in headers:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    return TraceContextTextMapPropagator().extract(headers)

@@ -1,0 +1,208 @@
+"""The vLLM instrumentor: where the integration hooks into vLLM, and the guards that keep vLLM safe.
+
+Hooks (wrapt, applied when each module is imported, so a process that never imports a module pays
+nothing for its hooks):
+
+| vLLM                                              | process       | what the hook does                    |
+|---------------------------------------------------|---------------|---------------------------------------|
+| GenerateBaseServing._get_trace_headers            | API server    | keep the caller's traceparent (and the |
+|                                                   |               | operation) even with vLLM tracing off |
+| WorkerWrapperBase.execute_model / sample_tokens   | worker        | one step id around both calls         |
+| Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
+| Scheduler._free_request                           |               |                                       |
+| EngineCore.shutdown                               | EngineCore    | final census flush, last spans out    |
+
+Every hook calls vLLM's method exactly once, with its arguments untouched, and returns its result or
+raises its exception. Our own code around it runs inside a guard: an exception there switches the
+integration off for the rest of the process, with one log line, and vLLM serves on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable, Collection, List, Tuple
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from ... import injector
+from .package import _instruments
+
+log = logging.getLogger("otel_gpu_census.vllm")
+
+NAME = "vllm"       # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS names it
+
+_engine = None
+_engine_lock = threading.Lock()
+_off = False        # a guard tripped: every hook passes straight through
+
+
+def engine():
+    """The process's EngineTelemetry (made on first use)."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                from .engine import EngineTelemetry
+                _engine = EngineTelemetry()
+    return _engine
+
+
+def _guard(what: str, fn: Callable, *args, default=None):
+    """fn(*args), or `default` once the integration is off; an exception turns it off (one line)."""
+    global _off
+    if _off:
+        return default
+    try:
+        return fn(*args)
+    except Exception:
+        _off = True
+        log.exception("otel-gpu-census: the vLLM integration is off for this process (%s failed); "
+                      "vLLM is unaffected", what)
+        return default
+
+
+# -- API server ---------------------------------------------------------------------------------------
+
+def _trace_headers_from(instance, headers, got):
+    if got is not None and "traceparent" in got:
+        out = dict(got)
+    else:
+        out = {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
+        if not out:
+            return got
+        if got:
+            out.update(got)
+    from .engine import OPERATION_HEADER
+    out[OPERATION_HEADER] = "chat" if "Chat" in type(instance).__name__ else "text_completion"
+    return out
+
+
+def _get_trace_headers(wrapped, instance, args, kwargs):
+    async def call():
+        got = await wrapped(*args, **kwargs)
+        headers = args[0] if args else kwargs.get("headers")
+        return _guard("trace headers", _trace_headers_from, instance, headers, got, default=got)
+    return call()
+
+
+# -- worker ---------------------------------------------------------------------------------------------
+
+def _execute_model(wrapped, instance, args, kwargs):
+    so = args[0] if args else kwargs.get("scheduler_output")
+    sid = _guard("step begin", lambda: engine().begin_execute(so), default=0)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if sid:
+            _guard("step end", lambda: engine().end_step(sid))
+
+
+def _sample_tokens(wrapped, instance, args, kwargs):
+    sid = _guard("step begin", lambda: engine().begin_sample(), default=0)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if sid:
+            _guard("step end", lambda: engine().end_step(sid))
+
+
+# -- scheduler (EngineCore) -------------------------------------------------------------------------------
+
+def _add_request(wrapped, instance, args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    out = wrapped(*args, **kwargs)
+    _guard("request start", lambda: engine().request_added(instance, request))
+    return out
+
+
+def _update_from_output(wrapped, instance, args, kwargs):
+    out = wrapped(*args, **kwargs)
+    _guard("first tokens", lambda: engine().outputs(out))
+    return out
+
+
+def _free_request(wrapped, instance, args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    _guard("request end", lambda: engine().request_freed(request))
+    return wrapped(*args, **kwargs)
+
+
+def _shutdown(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if _engine is not None:
+            _guard("shutdown", _engine.shutdown)
+
+
+HOOKS: List[Tuple[str, str, Callable]] = [
+    ("vllm.entrypoints.generate.base.serving", "GenerateBaseServing._get_trace_headers", _get_trace_headers),
+    ("vllm.v1.worker.worker_base", "WorkerWrapperBase.execute_model", _execute_model),
+    ("vllm.v1.worker.worker_base", "WorkerWrapperBase.sample_tokens", _sample_tokens),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.add_request", _add_request),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", _update_from_output),
+    ("vllm.v1.core.sched.scheduler", "Scheduler._free_request", _free_request),
+    ("vllm.v1.engine.core", "EngineCore.shutdown", _shutdown),
+]
+
+
+class VllmInstrumentor(BaseInstrumentor):
+    """Per-request GPU cost for vLLM: ``VllmInstrumentor().instrument()`` (what the
+    ``vllm.general_plugins`` entry point does in every vLLM process)."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        global _off
+        _off = False
+        for module, name, hook in HOOKS:
+            wrapt.when_imported(module)(lambda mod, name=name, hook=hook: _wrap(mod, name, hook))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        global _off
+        _off = True          # hooks not yet applied (modules not imported) pass straight through
+        import sys
+        for module, name, _ in HOOKS:
+            mod = sys.modules.get(module)
+            if mod is None:
+                continue
+            cls_name, meth = name.split(".")
+            cls = getattr(mod, cls_name, None)
+            if cls is not None and isinstance(cls.__dict__.get(meth), wrapt.FunctionWrapper):
+                wrapt.unwrap(cls, meth)
+
+
+def _wrap(module, name: str, hook: Callable) -> None:
+    """Wrap module.Class.method unless it is already wrapped by us (instrument() twice, reloads)."""
+    cls_name, meth = name.split(".")
+    cls = getattr(module, cls_name, None)
+    if cls is None or not hasattr(cls, meth):
+        log.warning("otel-gpu-census: vLLM has no %s.%s; that hook is off", module.__name__, name)
+        return
+    if isinstance(cls.__dict__.get(meth), wrapt.FunctionWrapper):
+        return
+    wrapt.wrap_function_wrapper(module, name, hook)
+
+
+def disabled_by_environment() -> bool:
+    names = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
+    return NAME in {n.strip() for n in names.split(",")}
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: vLLM calls it in every process it starts. Never
+    raises (vLLM would not start): at worst one log line and vLLM runs uninstrumented."""
+    try:
+        if disabled_by_environment():
+            log.info("otel-gpu-census: vLLM integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS")
+            return
+        if not injector.under_census():
+            log.info("otel-gpu-census: vLLM integration idle: this process is not under the census "
+                     "(start vLLM with `otel-gpu-census run -- vllm serve ...`)")
+            return
+        VllmInstrumentor().instrument()
+    except Exception:
+        log.exception("otel-gpu-census: the vLLM integration could not start; vLLM runs without it")
