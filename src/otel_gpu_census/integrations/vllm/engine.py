@@ -23,6 +23,7 @@ the instrumentor's guards turn any exception into "integration off" with one log
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -32,8 +33,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ... import injector
 from ...attribution.ledger import COMPLETE, STALE, GpuCost
+from ...attribution.shares import Share
 from ...attribution.steps import METHOD, StepLedger
 from ...census import reader
+from ...telemetry.attributes import share_attributes
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -74,6 +77,7 @@ class EngineTelemetry:
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         self._shutdown_done = False
+        self._requests_log = RequestLog()
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -195,6 +199,7 @@ class EngineTelemetry:
                                pids=[os.getpid()], notes=list(s.notes))
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts["gen_ai.usage.output_tokens"],
                      error_type=error_type)
+            self._requests_log.write(s, t, facts, error_type)
         return len(done)
 
     # -- the end of the engine ----------------------------------------------------------------------
@@ -211,6 +216,7 @@ class EngineTelemetry:
         injector.finish()
         if self.has_scheduler:
             self.settle(final=True)
+            self._requests_log.summary(self.ledger)
         if self._telemetry is not None:
             self._telemetry_flush(timeout_s)
 
@@ -241,6 +247,73 @@ class EngineTelemetry:
                 name = name[0] if name else None
             self._model = str(name) if name else ""
         return self._model or None
+
+
+class RequestLog:
+    """Each settled request as one JSON line beside the engine's segment
+    (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
+    run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
+    Bounded: at most MAX_LINES requests, then one log line; written by the settling thread."""
+
+    MAX_LINES = 200_000
+
+    def __init__(self):
+        self._f = None
+        self._lines = 0
+        self._failed = False
+
+    def _open(self):
+        if self._f is None and not self._failed:
+            seg = injector.segment_path()
+            if not seg:
+                return None
+            try:
+                fd = os.open(seg[:-len(".seg")] + ".requests.jsonl",
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                self._f = os.fdopen(fd, "a", buffering=1)
+            except OSError as e:
+                self._failed = True
+                log.warning("otel-gpu-census: cannot write the request log beside %s: %s", seg, e)
+        return self._f
+
+    def _put(self, obj) -> None:
+        f = self._open()
+        if f is None:
+            return
+        try:
+            f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        except OSError as e:
+            self._failed = True
+            log.warning("otel-gpu-census: request log write failed: %s", e)
+
+    def write(self, s, tracked, facts, error_type) -> None:
+        if self._lines >= self.MAX_LINES:
+            if self._lines == self.MAX_LINES:
+                log.warning("otel-gpu-census: request log full (%d requests); spans go on", self.MAX_LINES)
+                self._lines += 1
+            return
+        self._lines += 1
+        obj = {"id": external_id(s.key), "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
+               "input_tokens": facts.get("gen_ai.usage.input_tokens"),
+               "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
+               "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+        if tracked.first_token_ns:
+            obj["first_token_time_unix_nano"] = tracked.first_token_ns
+        if error_type:
+            obj["error"] = error_type
+        self._put(obj)
+
+    def summary(self, ledger) -> None:
+        self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid,
+                               "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+                               "total": share_attributes("", Share.from_row(ledger.total)),
+                               "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})
+        if self._f is not None:
+            try:
+                self._f.close()
+            except OSError:
+                pass
+            self._f = None
 
 
 def _extract(headers: Mapping[str, str]):

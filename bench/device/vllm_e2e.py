@@ -1,0 +1,297 @@
+"""vLLM under the census, end to end, on the GPU machine: spans in the caller's trace, exact
+conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
+start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
+
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles]
+
+Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
+`otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
+with --kv-offloading-size. Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed
+in it and the exit code is 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT / "tests" / "support", ROOT / "tests"):
+    sys.path.insert(0, str(p))
+
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+FAILS: list = []
+
+
+def check(ok: bool, what: str) -> bool:
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        FAILS.append(what)
+    return ok
+
+
+def trace_receiver():
+    try:
+        from otlp import TraceReceiver          # tests/support/otlp.py
+    except ImportError:
+        from otlp_trace_receiver import TraceReceiver
+    return TraceReceiver()
+
+
+class Server:
+    def __init__(self, name, port, model, out: Path, census_dir=None, extra=(), env=None):
+        self.name, self.port, self.census_dir = name, port, census_dir
+        e = dict(os.environ, **VLLM_ENV, **(env or {}))
+        e["OTEL_SERVICE_NAME"] = f"vllm-{name}"
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
+               "--host", "127.0.0.1", "--gpu-memory-utilization", "0.25", "--max-model-len", "2048",
+               "--served-model-name", "m", *extra]
+        if census_dir is not None:
+            e["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
+            cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--exporter", "none", "--"] + cmd
+        self.log = open(out / f"server-{name}.log", "w")
+        self.proc = subprocess.Popen(cmd, env=e, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.t0 = time.time()
+
+    def wait(self, timeout=420) -> bool:
+        import urllib.request
+        while time.time() - self.t0 < timeout:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.ready_s = time.time() - self.t0
+                        return True
+            except Exception:
+                time.sleep(1)
+        return False
+
+    def stop(self, sig=signal.SIGINT, timeout=90) -> dict:
+        t = time.time()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)         # to `run` (or vllm): run forwards it
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            rc = "hung"
+        self.log.close()
+        return {"rc": rc, "stop_s": round(time.time() - t, 2)}
+
+
+async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64):
+    import aiohttp
+    results, errors = [], []
+
+    async def client(s, cid):
+        rnd = random.Random(seed * 1000 + cid)
+        for i in range(per_client):
+            tid, sid = f"{rnd.getrandbits(128):032x}", f"{rnd.getrandbits(64):016x}"
+            body = {"model": "m", "prompt": " ".join(rnd.choice(WORDS) for _ in range(prompt_words)),
+                    "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+            t0 = time.time_ns()
+            first, ntok, rid = None, 0, None
+            try:
+                async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                                  headers={"traceparent": f"00-{tid}-{sid}-01"}) as r:
+                    if r.status != 200:
+                        errors.append(r.status)
+                        continue
+                    async for line in r.content:
+                        if line.startswith(b"data: ") and b"[DONE]" not in line:
+                            ev = json.loads(line[6:])
+                            rid = rid or ev.get("id")
+                            if ev.get("choices") and ev["choices"][0].get("text") is not None:
+                                first = first or time.time_ns()
+                                ntok += 1
+            except Exception as e:
+                errors.append(repr(e)[:200])
+                continue
+            results.append({"trace_id": tid, "span_id": sid, "id": rid, "tokens": ntok,
+                            "start_ns": t0, "end_ns": time.time_ns(), "ttft_s": (first - t0) / 1e9 if first else None})
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        await asyncio.gather(*(client(s, c) for c in range(clients)))
+    el = time.perf_counter() - t0
+    toks = sum(r["tokens"] for r in results)
+    return {"requests": results, "errors": errors, "elapsed_s": el, "tok_per_s": toks / el if el else 0.0}
+
+
+def summary(load_res):
+    r = load_res["requests"]
+    ttft = sorted(x["ttft_s"] for x in r if x["ttft_s"] is not None) or [float("nan")]
+    return {"requests": len(r), "errors": len(load_res["errors"]), "tok_per_s": round(load_res["tok_per_s"], 1),
+            "ttft_p50_s": round(ttft[len(ttft) // 2], 4)}
+
+
+def read_census(census_dir: Path):
+    from otel_gpu_census.census import reader
+    segs = [reader.read_segment(str(p)) for p in sorted(census_dir.glob("*.seg"))]
+    logs = []
+    for p in sorted(census_dir.glob("*.requests.jsonl")):
+        logs += [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    return segs, logs
+
+
+def spans_check(rx, load_res, name, census_dir, res):
+    """One span per request, in the client's trace, under the client's span, with GPU attributes."""
+    want = {r["id"]: r for r in load_res["requests"] if r["id"]}
+    try:
+        spans = rx.wait_for(lambda ss: len([s for s in ss if s.resource.get("service.name") == f"vllm-{name}"
+                                            and s.attributes.get("gen_ai.request.id") in want]) >= len(want),
+                            timeout=30)
+    except AssertionError:          # not all came: the checks below say how many did
+        spans = list(rx.spans)
+    ours = {s.attributes.get("gen_ai.request.id"): s for s in spans
+            if s.resource.get("service.name") == f"vllm-{name}" and s.attributes.get("gen_ai.request.id") in want}
+    res["spans"] = len(ours)
+    check(len(ours) == len(want) and len(want) > 0, f"{name}: one span per request ({len(ours)} of {len(want)})")
+    joined = [s for rid, s in ours.items() if s.trace_id == want[rid]["trace_id"]
+              and s.parent_span_id == want[rid]["span_id"]]
+    check(len(joined) == len(ours), f"{name}: every span in its client's trace, under the client's span "
+                                    f"({len(joined)} of {len(ours)})")
+    k = [s.attributes.get("gpu_census.kernel.count", 0) for s in ours.values()]
+    check(all(x > 0 for x in k), f"{name}: every span has kernels attributed")
+    check(all(s.attributes.get("gpu_census.attribution.method") == "step_tokens" for s in ours.values()),
+          f"{name}: attribution by steps")
+    check(all(s.attributes.get("gen_ai.usage.output_tokens") == want[rid]["tokens"] for rid, s in ours.items()),
+          f"{name}: output tokens as the client counted them")
+    res["span_sample"] = {k2: v for k2, v in next(iter(ours.values())).attributes.items()} if ours else {}
+    res["per_request_dtoh_bytes"] = [s.attributes.get("gpu_census.copy.dtoh.bytes", 0) for s in ours.values()]
+    res["per_request_kernel_ns"] = [s.attributes.get("gpu_census.kernel.time_ns", 0) for s in ours.values()]
+    return ours
+
+
+FIELDS = ("kernel.count", "kernel.time_ns", "copy.htod.bytes", "copy.dtoh.bytes", "copy.dtod.bytes")
+
+
+def conservation_check(name, census_dir, all_spans, res):
+    """Sum of the spans' shares + what no request claimed == the steps the ledger split, every field;
+    and those steps + the work outside steps == the census totals."""
+    segs, logs = read_census(census_dir)
+    summ = [l["summary"] for l in logs if "summary" in l]
+    res["segments"] = [{"pid": s.pid, "comm": s.comm, "state": s.state_name, "kernels": s.totals().kernel_count,
+                        "step_max": s.step_max, "step_unmatched": s.step_unmatched} for s in segs]
+    check(any(s.state_name == "exited" for s in segs), f"{name}: the engine's segment is complete (final flush ran)")
+    if not check(len(summ) == 1, f"{name}: the engine wrote its ledger summary"):
+        return
+    sm = summ[0]
+    res["ledger"] = sm
+    reqs = [l for l in logs if "gpu" in l]
+    for f in FIELDS:
+        from_spans = sum(s.attributes.get(f"gpu_census.{f}", 0) for s in all_spans)
+        from_log = sum(l["gpu"].get(f, 0) for l in reqs)
+        check(from_spans == from_log, f"{name}: {f}: spans {from_spans:,} == request log {from_log:,}")
+        check(from_log + sm["unattributed"].get(f, 0) == sm["total"].get(f, 0),
+              f"{name}: {f}: requests {from_log:,} + unattributed {sm['unattributed'].get(f, 0):,} == steps "
+              f"{sm['total'].get(f, 0):,}")
+    eng = [s for s in segs if s.step_max]
+    if eng:
+        t = eng[0].totals()
+        res["census_totals"] = {"kernel.count": t.kernel_count, "kernel.time_ns": t.kernel_ns,
+                                "copy.dtoh.bytes": t.copies.get("dtoh").bytes, "copy.htod.bytes": t.copies.get("htod").bytes}
+        check(sm["total"]["kernel.count"] <= t.kernel_count, f"{name}: steps within the census totals")
+        res["outside_steps"] = {k: res["census_totals"][k] - sm["total"].get(k, 0) for k in res["census_totals"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="spans,throughput,cycles")
+    ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--cycles", type=int, default=4)
+    a = ap.parse_args()
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    only = set(a.only.split(","))
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "checks_failed": FAILS}
+    model = "/tmp/vllm-model"
+    if not Path(model, "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / ".vllm/part3/vllm_model.py"), model], check=True)
+    import vllm
+    res["versions"] = {"vllm": vllm.__version__}
+    base = Path("/tmp/e2e"); base.mkdir(exist_ok=True)
+    rx = trace_receiver().__enter__()
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.http_endpoint, "OTEL_METRICS_EXPORTER": "none",
+           "OTEL_BSP_SCHEDULE_DELAY": "500"}
+    servers = {}
+    try:
+        if only & {"spans", "throughput"}:
+            servers["P"] = Server("P", 8101, model, out)
+            servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
+            servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
+                                  extra=["--kv-offloading-size", "2"])
+            for n, s in servers.items():
+                check(s.wait(), f"{n}: server up")
+                res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
+            asyncio.run(load(8101, 4, 2, 16))           # warm each server once
+            asyncio.run(load(8102, 4, 2, 16))
+            asyncio.run(load(8103, 4, 2, 16))
+        if "spans" in only:
+            for n, port in (("C", 8102), ("K", 8103)):
+                lr = asyncio.run(load(port, 32, 2, 256, seed=1))
+                res[f"spans_{n}"] = {"load": summary(lr)}
+                check(not lr["errors"], f"{n}: load without errors")
+                spans_check(rx, lr, n, base / n, res[f"spans_{n}"])
+        if "throughput" in only:
+            pairs = []
+            for i in range(a.pairs):
+                order = ("P", "C") if i % 2 == 0 else ("C", "P")
+                got = {}
+                for n in order:
+                    got[n] = summary(asyncio.run(load(servers[n].port, 32, 4, 256, seed=100 + i)))
+                pairs.append({"P": got["P"], "C": got["C"], "ratio": round(got["C"]["tok_per_s"] / got["P"]["tok_per_s"], 4)})
+            ratios = [p["ratio"] for p in pairs]
+            res["throughput"] = {"pairs": pairs, "ratio_median": statistics.median(ratios),
+                                 "ratio_min": min(ratios), "ratio_max": max(ratios),
+                                 "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts"}
+            print("throughput C/P:", ratios, flush=True)
+        for n, s in list(servers.items()):
+            res.setdefault("stop", {})[n] = s.stop()
+            check(res["stop"][n]["rc"] in (0, -2, 130), f"{n}: stopped on SIGINT, rc {res['stop'][n]['rc']}")
+        if "spans" in only:
+            time.sleep(2)
+            for n in ("C", "K"):
+                all_spans = [s for s in rx.spans if s.resource.get("service.name") == f"vllm-{n}"]
+                conservation_check(n, base / n, all_spans, res[f"spans_{n}"])
+        if "cycles" in only:
+            cyc = []
+            for i in range(a.cycles):
+                d = base / f"cycle{i}"
+                s = Server(f"cycle{i}", 8110 + i, model, out, census_dir=d, env=env, extra=["--enforce-eager"])
+                up = s.wait()
+                lr = asyncio.run(load(s.port, 8, 2, 32, seed=200 + i)) if up else {"requests": [], "errors": ["down"]}
+                st = s.stop()
+                segs, logs = read_census(d)
+                cyc.append({"up": up, "ready_s": round(getattr(s, "ready_s", -1), 1), "requests": len(lr["requests"]),
+                            "errors": len(lr["errors"]), **st, "segments": len(segs),
+                            "exited": sum(x.state_name == "exited" for x in segs),
+                            "logged": len([l for l in logs if "gpu" in l])})
+                print("cycle", i, cyc[-1], flush=True)
+            res["cycles"] = cyc
+            check(all(c["up"] and not c["errors"] and c["rc"] in (0, -2, 130) and c["exited"] >= 1 for c in cyc),
+                  f"{len(cyc)} start/load/stop cycles: no crash, hang or lost segment")
+    finally:
+        for s in servers.values():
+            if s.proc.poll() is None:
+                s.stop(signal.SIGKILL, 10)
+        rx.__exit__(None, None, None)
+        (out / "vllm_e2e.json").write_text(json.dumps(res, indent=1, default=str))
+    print("FAILED:" if FAILS else "all checks passed", FAILS, flush=True)
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
