@@ -53,7 +53,8 @@ def run_loop(loop: str, seconds: float, interval: float, python: str, out: Optio
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_gpu_census import launcher, metrics, nvml, reader, report
+    from otel_gpu_census import launcher, metrics, nvml, report
+    from otel_gpu_census.census import reader
 
     census_dir = Path(tempfile.mkdtemp(prefix=f"busy-{loop}-"))
     os.chmod(census_dir, 0o700)

@@ -45,8 +45,8 @@ def _uuids(mapping):
 
 
 def _start_ticks(pid):
-    from otel_gpu_census import reader
-    return reader.proc_start_ticks(pid)
+    from otel_gpu_census.census import proctree
+    return proctree.proc_start_ticks(pid)
 
 
 @pytest.fixture

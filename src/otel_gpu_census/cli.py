@@ -58,14 +58,14 @@ class _Child:
     """
 
     def __init__(self, argv: List[str], env: Dict[str, str]):
-        from . import reader
+        from .census import proctree
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         try:
             self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=(), setsigdef=_CHILD_DEFAULT_SIGNALS)
         except OSError:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
             raise
-        self.start_ticks = reader.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
+        self.start_ticks = proctree.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
         self.same_group = os.getpgid(0) == os.getpgid(self.pid)
         self.parents: Dict[int, int] = {}       # descendants seen while running: {pid: ppid}
         self.exited = threading.Event()
@@ -96,12 +96,12 @@ class _Child:
                 pass
 
     def _watch_tree(self) -> None:
-        from . import reader
+        from .census import proctree
         # Processes between the command and a CUDA program (a shell, a launcher script) write no
         # segment; remembering them keeps their CUDA descendants in this run's report.
         while not self.exited.wait(0.5):
             try:
-                self.parents.update(reader.live_descendants(self.pid))
+                self.parents.update(proctree.live_descendants(self.pid))
             except OSError:
                 pass
 
@@ -159,17 +159,18 @@ def _cmd_run(args) -> int:
         args.parser.error("no command given (usage: run [options] -- CMD ARGS...)")
     if args.upstream and args.proxy is None:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
-    from . import reader, report
+    from . import report
+    from .census import folder, proctree, reader
     from .launcher import build_env
     try:
-        census_dir = reader.census_dir(args.dir)
-    except reader.CensusDirError as e:
+        census_dir = folder.census_dir(args.dir)
+    except folder.CensusDirError as e:
         _say(str(e))
         return 1
     if args.dir is None and not os.environ.get("OTEL_GPU_CENSUS_DIR"):
         # The default folder is ours to keep tidy (it is often RAM-backed: /run/user/<uid>); a
         # folder the user named is theirs.
-        reader.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
+        folder.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
     json_out = None
     if args.json:
         try:       # opened now: a path that cannot be written should not cost a whole run
@@ -213,7 +214,7 @@ def _cmd_run(args) -> int:
     _stop_metrics(sidecar)
 
     censuses, errors = reader.scan(census_dir)
-    tree = reader.process_tree(child.pid, censuses, parents=child.parents, root_start_ticks=child.start_ticks)
+    tree = proctree.process_tree(child.pid, censuses, parents=child.parents, root_start_ticks=child.start_ticks)
     hint = None
     if not tree:
         hint = (f"the census was off ({plan.warnings[0]})" if not plan.census_on and plan.warnings else
@@ -305,7 +306,7 @@ def _stop_proxy(handle) -> None:
 
 def _errors_in_tree(errors, pids):
     """Unreadable segments whose file name says they belong to one of `pids`."""
-    from .reader import segment_file_pid
+    from .census.reader import segment_file_pid
     return [e for e in errors if (segment_file_pid(e.path) or (0, 0))[0] in pids]
 
 
@@ -318,7 +319,8 @@ def _say_errors(errors) -> None:
 # report
 
 def _cmd_report(args) -> int:
-    from . import reader, report
+    from . import report
+    from .census import folder, proctree, reader
     target = args.dir
     errors: List[reader.SegmentError] = []
     if target and os.path.isfile(target):
@@ -329,15 +331,15 @@ def _cmd_report(args) -> int:
             censuses, errors = [], [e]
     else:
         try:
-            census_dir = str(reader.readable_dir(target))
-        except reader.CensusDirError as e:
+            census_dir = str(folder.readable_dir(target))
+        except folder.CensusDirError as e:
             _say(str(e))
             return 1
         censuses, errors = reader.scan(census_dir)
     hint = None
     if args.pid is not None:
-        parents = reader.live_descendants(args.pid) if reader.proc_start_ticks(args.pid) else {}
-        censuses = reader.process_tree(args.pid, censuses, parents=parents)
+        parents = proctree.live_descendants(args.pid) if proctree.proc_start_ticks(args.pid) else {}
+        censuses = proctree.process_tree(args.pid, censuses, parents=parents)
         errors = _errors_in_tree(errors, {c.pid for c in censuses} | {args.pid} | set(parents))
         if not censuses:
             hint = f"no census segment for pid {args.pid} or its descendants in {census_dir}"

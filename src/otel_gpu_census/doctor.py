@@ -162,12 +162,12 @@ def check_injector(facts: Facts) -> List[Check]:
 
 def check_census_dir(facts: Facts) -> List[Check]:
     import tempfile
-    from . import reader
+    from .census import folder
     try:
-        d = reader.census_dir()
+        d = folder.census_dir()
         with tempfile.NamedTemporaryFile(dir=d, prefix=".doctor-"):
             pass
-    except reader.CensusDirError as e:
+    except folder.CensusDirError as e:
         return [Check(FAIL, "census folder", str(e))]
     except OSError as e:
         return [Check(FAIL, "census folder", f"cannot write in it: {e}")]

@@ -426,10 +426,10 @@ class ProcessTreeFilter:
     """
 
     def __init__(self, root_pid: int, parents: Optional[Mapping[int, int]] = None):
-        from . import reader
-        self._reader = reader
+        from .census import proctree
+        self._proctree = proctree
         self.root_pid = root_pid
-        self.root_ticks = reader.proc_start_ticks(root_pid) or 0
+        self.root_ticks = proctree.proc_start_ticks(root_pid) or 0
         self._parents = parents
         self._learned: Dict[int, int] = {}
         self._decided: Dict[Tuple[int, int], bool] = {}
@@ -445,7 +445,7 @@ class ProcessTreeFilter:
                 if ok is None and not walked:     # learn the live tree once per read, then retry
                     walked = True
                     try:
-                        self._learned.update(self._reader.live_descendants(self.root_pid))
+                        self._learned.update(self._proctree.live_descendants(self.root_pid))
                     except Exception:
                         pass
                     ok = self._descends(p, links)
@@ -460,7 +460,7 @@ class ProcessTreeFilter:
             pp = source.get(pid)
             if pp:
                 return pp
-        pp = self._reader.proc_ppid(pid)
+        pp = self._proctree.proc_ppid(pid)
         if pp is not None:
             self._learned[pid] = pp
         return pp
@@ -487,7 +487,7 @@ class ProcessTreeFilter:
 def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
     """A census source over one segment file (a process's own, for in-process hooks): its
     totals, or nothing while the file does not exist yet (CUDA not initialised)."""
-    from . import reader
+    from .census import reader
 
     def source() -> List[ProcessCensus]:
         if not os.path.exists(path):
@@ -499,7 +499,7 @@ def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
 def segment_source(census_dir, root_pid: Optional[int] = None,
                    parents: Optional[Mapping[int, int]] = None) -> Callable[[], List[ProcessCensus]]:
     """A census source over the segments in `census_dir` (only `root_pid`'s tree when given)."""
-    from . import reader
+    from .census import reader
     tree = ProcessTreeFilter(root_pid, parents) if root_pid else None
     reported: set = set()
 

@@ -352,7 +352,7 @@ def census_standin(a) -> int:
     import cupti_records as cr
     import perf_sidecar_cpu as psc
     from llama_standin import Standin
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import proctree
     st = Standin(tokens=a.n_predict, token_delay=a.standin_token_delay,
                  first_token_delay=a.standin_first_token_delay).start(port=a.port)
     census_dir = os.environ.get("OTEL_GPU_CENSUS_DIR")
@@ -361,7 +361,7 @@ def census_standin(a) -> int:
         return 1
     _, lib, _ = cr.native()
     pid = os.getpid()
-    ticks = reader.proc_start_ticks(pid) or 0
+    ticks = proctree.proc_start_ticks(pid) or 0
     mm, seg = cr.map_segment(Path(census_dir) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server",
                              wall_start_ns=time.time_ns())
     seg.pid, seg.ppid, seg.proc_start_ticks, seg.state = pid, os.getppid(), ticks, 1

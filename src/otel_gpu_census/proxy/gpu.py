@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..attribution import NOTHING, Interval, Share, attribute
-from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus
+from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, proctree, reader
 
 log = logging.getLogger("otel_gpu_census.proxy")
 
@@ -82,39 +82,35 @@ class CensusSource:
         return self.read(detail=False)
 
     def read(self, detail: bool = True) -> Tuple[List[ProcessCensus], List[str]]:
-        from .. import reader
         censuses, errors = reader.scan(self.directory, detail)
         notes = self._notes(errors)
         if self.pid is not None:
             if self._root_ticks is None:
-                self._root_ticks = reader.proc_start_ticks(self.pid)
+                self._root_ticks = proctree.proc_start_ticks(self.pid)
             parents = self._descendants()
-            censuses = reader.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
+            censuses = proctree.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
         return censuses, notes
 
     def _descendants(self) -> Dict[int, int]:
         # /proc/PID/task/*/children for every thread of the server: dozens of reads for llama-server
-        from .. import reader
         t, parents = self._parents
         now = time.monotonic()
         if now - t >= DESCENDANTS_TTL_S:
-            parents = reader.live_descendants(self.pid)
+            parents = proctree.live_descendants(self.pid)
             self._parents = (now, parents)
         return parents
 
     def read_range(self, lo_ns: int, hi_ns: int, headers=None) -> Tuple[List[ProcessCensus], List[str]]:
         """The processes that lived during wall [lo, hi), each with only the windows of that range:
         headers first (~12 KiB a segment; `headers`: a read_headers() result just taken), then one
-        copy of each relevant segment, parsed only as far as attribution needs (census_read)."""
-        from .. import reader
-        from .census_read import read_range
+        copy of each relevant segment, parsed only as far as attribution needs (reader.read_windows)."""
         heads, notes = headers if headers is not None else self.read_headers()
         out, errors = [], []
         for h in heads:
             if not (h.wall_start_ns < hi_ns and (h.alive or h.wall_update_ns >= lo_ns)):
                 continue
             try:
-                out.append(read_range(h.path, lo_ns, hi_ns))
+                out.append(reader.read_windows(h.path, lo_ns, hi_ns))
             except reader.SegmentError as e:      # gone or damaged since its header was read
                 errors.append(e)
         return out, notes + self._notes(errors)

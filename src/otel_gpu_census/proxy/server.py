@@ -491,8 +491,8 @@ def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
     import os
     from pathlib import Path
 
-    from .. import reader
-    path = Path(config.census_dir) if config.census_dir else reader.default_census_dir()
+    from ..census import folder
+    path = Path(config.census_dir) if config.census_dir else folder.default_census_dir()
     if not path.is_dir():
         if config.census_dir:
             log.warning("census folder %s does not exist (yet): it is read once it does", path)
