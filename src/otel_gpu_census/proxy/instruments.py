@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 from opentelemetry.metrics import MeterProvider, get_meter_provider
 
-from .gpu import COMPLETE, SETTLED, GpuCost
+from ..attribution.ledger import COMPLETE, SETTLED, GpuCost
 
 # Bucket boundaries advised by the GenAI semantic conventions.
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]

@@ -39,7 +39,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import spans as spanattrs
 from . import upstream as upstream_conn
 from .config import ProxyConfig, check_not_itself
-from .gpu import CensusSource, GpuLedger
+from ..attribution.ledger import CensusSource, GpuLedger
 from .instruments import ProxyInstruments
 from .routes import Route, classify, untraced
 from .stream import BodyReader, parse_request_body

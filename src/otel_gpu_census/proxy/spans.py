@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional
 
 from ..attribution import METHOD, Share
 from ..census import DIRECTIONS
-from .gpu import COMPLETE, SETTLED, GpuCost
+from ..attribution.ledger import COMPLETE, SETTLED, GpuCost
 from .stream import StreamFacts
 
 ALWAYS_DIRECTIONS = ("htod", "dtoh")
