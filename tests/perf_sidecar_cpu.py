@@ -304,7 +304,7 @@ def main() -> int:
             if writer.stdout.readline().strip() != "ready":
                 print("the segment writer failed (its error is above)", file=sys.stderr)
                 return 1
-        from otel_gpu_census import metrics
+        from otel_gpu_census.telemetry import sidecar
         from otel_gpu_census.census import reader
         if a.exporter == "otlp":
             rx = subprocess.Popen(me + ["--role", "receiver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -312,7 +312,7 @@ def main() -> int:
             grpc_port, http_port = rx.stdout.readline().split()
             http = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") == "http/protobuf"
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{http_port if http else grpc_port}"
-        handle = metrics.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
+        handle = sidecar.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
                                        interval_s=a.interval, nvml=a.nvml)
         if a.exporter == "prometheus":
             children.append(subprocess.Popen(me + ["--role", "scraper", str(handle.prometheus_port), str(a.interval)]))

@@ -13,7 +13,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu_census import census, metrics
+from otel_gpu_census import census
+from otel_gpu_census.telemetry import census_metrics as metrics
 from otel_gpu_census.census import CopyTable, DeviceTotals, ProcessCensus, Stat
 
 HW = "GPU-00000000-0000-0000-0000-000000000001"

@@ -18,7 +18,7 @@ from llama_standin import Opts, Standin
 from otlp_trace_receiver import TraceReceiver
 from otel_gpu_census.attribution import Interval, attribute
 from otel_gpu_census.census import STATE_ACTIVE, ProcessCensus, Stat, Window
-from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 from otel_gpu_census.attribution.ledger import CensusSource
 
 pytestmark = pytest.mark.timeout(60)

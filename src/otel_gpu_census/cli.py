@@ -31,7 +31,7 @@ _CHILD_DEFAULT_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ}
 _SI_KERNEL = 0x80          # si_code of signals the terminal sends to a whole process group
 EXPORTERS = ("otlp", "prometheus", "console", "none")
 DEFAULT_DIR_KEEP_S = 24 * 3600   # segments of ended processes kept this long in the default folder
-# Without --exporter, these variables ask for metrics (otel_gpu_census.exporters decides which).
+# Without --exporter, these variables ask for metrics (otel_gpu_census.telemetry.setup decides which).
 _METRICS_ENV = ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
@@ -120,13 +120,13 @@ class _Child:
 
 
 def _start_metrics(args, census_dir, root_pid: int):
-    """The metrics sidecar (otel_gpu_census.metrics), when asked for and available; never fatal."""
+    """The metrics sidecar (otel_gpu_census.telemetry.sidecar), when asked for and available; never fatal."""
     if args.exporter == "none" or (args.exporter is None and not any(os.environ.get(v) for v in _METRICS_ENV)):
         return None      # not asked for: do not even import the OpenTelemetry SDK
     try:
-        from . import metrics
+        from .telemetry import sidecar
     except ModuleNotFoundError as e:
-        if e.name == f"{__package__}.metrics":
+        if e.name == f"{__package__}.telemetry.sidecar":
             _say("metrics export is not available in this build; continuing without")
         else:
             _say(f"metrics export needs {e.name}, which is not installed; continuing without")
@@ -135,11 +135,18 @@ def _start_metrics(args, census_dir, root_pid: int):
         _say(f"metrics export cannot load ({e}); continuing without")
         return None
     try:
-        return metrics.start_sidecar(census_dir=census_dir, root_pid=root_pid, exporter=args.exporter,
+        return sidecar.start_sidecar(census_dir=census_dir, root_pid=root_pid, exporter=args.exporter,
                                      prometheus_port=args.prometheus_port, interval_s=args.metrics_interval)
     except Exception as e:    # the command must run whatever the exporter thinks
         _say(f"metrics export did not start ({type(e).__name__}: {e}); continuing without")
         return None
+
+
+def _metrics_lines(sidecar) -> List[str]:
+    """Where the metrics of this run go, one line ('metrics → …')."""
+    if sidecar is None:
+        return ["metrics → none (not asked for: --exporter, OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)"]
+    return sidecar.descriptions()
 
 
 def _stop_metrics(sidecar) -> None:
@@ -197,9 +204,11 @@ def _cmd_run(args) -> int:
         _say(f"{argv[0]}: cannot run: {e.strerror}")
         return 126
     sidecar = _start_metrics(args, census_dir, child.pid)
+    for line in _metrics_lines(sidecar):
+        _say(line)
     proxy = None
     if proxy_plan is not None:
-        proxy = _start_proxy(proxy_plan, census_dir, child)
+        proxy = _start_proxy(proxy_plan, census_dir, child, sidecar)
         if proxy is None:       # the server is of no use without the proxy that was asked for
             try:
                 os.kill(child.pid, signal.SIGTERM)
@@ -237,8 +246,8 @@ def _proxy_plan(args, argv: List[str], env: Dict[str, str]):
     """The proxy `run --proxy` starts beside the command, checked before the command starts: a
     ProxyConfig without the server's pid, or an exit status after saying what is wrong."""
     try:
-        from .proxy import ConfigError, ProxyConfig
-        from .proxy.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
+        from .integrations.llamacpp import ConfigError, ProxyConfig
+        from .integrations.llamacpp.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
     except ImportError as e:
         _say(f"--proxy is not available: {e}")
         return 1
@@ -276,15 +285,18 @@ def _cannot_listen(host: str, port: int) -> Optional[str]:
     return None
 
 
-def _start_proxy(plan, census_dir, child: "_Child"):
+def _start_proxy(plan, census_dir, child: "_Child", sidecar=None):
     """The proxy in a thread of this process, attributing the command's GPU work (its pid and
-    children) to requests; None after saying why it did not start."""
+    children) to requests; None after saying why it did not start. Its metrics go out through the
+    sidecar's provider when there is one: one process, one set of exporters (one Prometheus port),
+    as --exporter chose."""
     import dataclasses
 
-    from .proxy import start_proxy_in_thread
+    from .integrations.llamacpp import start_proxy_in_thread
     cfg = dataclasses.replace(plan, census_dir=str(census_dir), upstream_pid=child.pid)
+    meter_provider = getattr(sidecar, "meter_provider", None)
     try:
-        handle = start_proxy_in_thread(cfg)
+        handle = start_proxy_in_thread(cfg, meter_provider=meter_provider)
     except OSError as e:
         _say(f"proxy: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror or e}; stopping the command")
         return None
@@ -292,6 +304,9 @@ def _start_proxy(plan, census_dir, child: "_Child"):
         _say(f"proxy did not start ({type(e).__name__}: {e}); stopping the command")
         return None
     _say(f"proxy: {handle.describe()}")
+    for line in handle.descriptions():
+        if line.startswith("traces"):
+            _say(line)
     return handle
 
 
@@ -364,13 +379,13 @@ def _cmd_doctor(args) -> int:
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The proxy's options live with the proxy (otel_gpu_census.proxy.config)."""
-    from .proxy import add_proxy_arguments as add
+    """The proxy's options live with the proxy (otel_gpu_census.integrations.llamacpp.config)."""
+    from .integrations.llamacpp import add_proxy_arguments as add
     add(parser)
 
 
 def _cmd_proxy(args) -> int:
-    from .proxy import run_proxy
+    from .integrations.llamacpp import run_proxy
     return run_proxy(args)
 
 
@@ -422,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=_cmd_doctor)
 
     prox = sub.add_parser("proxy", help="HTTP proxy for llama.cpp / Ollama that attributes GPU work to requests",
-                          description="HTTP proxy for llama.cpp / Ollama servers (issue 4).")
+                          description="HTTP proxy for llama.cpp / Ollama servers: one span per request, with "
+                          "TTFT and the GPU work attributed to it.")
     try:
         add_proxy_arguments(prox)
         prox.set_defaults(func=_cmd_proxy)
@@ -437,13 +453,9 @@ def _unavailable(verb: str, error: Exception) -> int:
 
 
 def _version() -> str:
-    from importlib import metadata
     from ._native import LAYOUT_VERSION
-    try:
-        v = metadata.version("otel-gpu-census")
-    except metadata.PackageNotFoundError:
-        v = "(not installed)"
-    return f"{PROG} {v}, segment layout {LAYOUT_VERSION}"
+    from .version import installed_version
+    return f"{PROG} {installed_version() or '(not installed)'}, segment layout {LAYOUT_VERSION}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:

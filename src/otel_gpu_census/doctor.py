@@ -198,7 +198,7 @@ def check_environment(facts: Facts) -> List[Check]:
 
 def check_exporters(facts: Facts) -> List[Check]:
     """Metrics are optional: an exporter that cannot be imported is a warning naming what is missing."""
-    from . import exporters
+    from .telemetry import setup as exporters
     wanted = [(f"OTLP {proto}", mod) for proto, mod in exporters.OTLP_MODULES.items()]
     wanted.append(("Prometheus", exporters.PROMETHEUS_MODULE))
     ok, out = [], []

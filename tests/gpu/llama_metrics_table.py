@@ -30,7 +30,7 @@ What it does: starts a real OTLP receiver in this process (tests/otlp_receiver.p
 with --protocol http/protobuf), then `python -m otel_gpu_census.cli run --exporter otlp
 --metrics-interval 1 --proxy 127.0.0.1:PORT -- llama-server ...` with OTEL_EXPORTER_OTLP_ENDPOINT
 pointing at it (`--server standin` runs tests/llama_standin.py instead). The proxy is only there
-for the in-flight column (`gpu_census.proxy.active_requests`, exported by `run`'s proxy over the
+for the in-flight column (`gpu_census.requests.in_flight`, exported by `run`'s proxy over the
 same OTLP endpoint); --no-proxy loads the server directly and leaves that column empty. Phases:
 3 s idle, --load-s of load (bench/server/load.py's streaming requests from --clients clients, each
 starting a new request as soon as its last one ends), --idle-s idle, --load-s load, 3 s idle. Then
@@ -85,7 +85,7 @@ GAUGES = {            # metric -> (row key, column title)
     "gpu_census.sm.utilization": ("sm_util", "SM util"),
 }
 RATES = {"dtoh": "d2h_Bps", "htod": "h2d_Bps"}
-IN_FLIGHT = "gpu_census.proxy.active_requests"
+IN_FLIGHT = "gpu_census.requests.in_flight"
 IN_FLIGHT_LOOKBACK_NS = 1_500_000_000
 EDGE_IDLE_S = 3.0
 
