@@ -263,7 +263,7 @@ def import_package():
         sys.path.insert(0, str(REPO / "src"))
     try:
         import otel_gpu_census
-        from otel_gpu_census import reader  # noqa: F401
+        from otel_gpu_census.census import reader  # noqa: F401
         return otel_gpu_census, None
     except Exception as e:  # ImportError, a missing header, cffi absent...
         return None, f"otel_gpu_census reader not importable: {type(e).__name__}: {e}"
@@ -285,7 +285,7 @@ def read_segments(census_dir: Path) -> Dict[str, Any]:
     pkg, why = import_package()
     if pkg is None:
         return {"error": why}
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import reader
     try:
         procs, bad = reader.scan(census_dir)
     except Exception as e:  # a bug in the reader must not end a benchmark

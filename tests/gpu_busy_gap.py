@@ -53,7 +53,9 @@ def run_loop(loop: str, seconds: float, interval: float, python: str, out: Optio
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_gpu_census import launcher, metrics, nvml, reader, report
+    from otel_gpu_census import launcher, report
+    from otel_gpu_census.telemetry import census_metrics as metrics, nvml
+    from otel_gpu_census.census import reader
 
     census_dir = Path(tempfile.mkdtemp(prefix=f"busy-{loop}-"))
     os.chmod(census_dir, 0o700)
@@ -128,7 +130,7 @@ def main() -> int:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     try:
-        import otel_gpu_census.metrics  # noqa: F401  (the OTel SDK and the package, before any loop)
+        import otel_gpu_census.telemetry.census_metrics  # noqa: F401  (the OTel SDK and the package, before any loop)
     except ImportError as e:
         print(f"cannot import the package or the OpenTelemetry SDK: {e}", file=sys.stderr)
         return 1

@@ -76,9 +76,9 @@ def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
     kernels (one per ms, stepped), per 20 ms a logits DtoH, an HtoD, a DtoD and a memset, and a
     32 MiB DtoH per second, each second's records handed over ~0.5 s late as CUPTI does."""
     import cupti_records as cr
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import proctree
     ffi, lib, _ = cr.native()
-    ticks = reader.proc_start_ticks(pid) or 0
+    ticks = proctree.proc_start_ticks(pid) or 0
     mm, seg = cr.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server")  # CUPTI clock == wall clock
     seg.pid, seg.ppid, seg.proc_start_ticks, seg.state = pid, os.getppid(), ticks, 1
     tally = lib.gc_tally_create(seg)

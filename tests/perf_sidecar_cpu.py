@@ -60,7 +60,7 @@ def _writer(directory: str, pids: list, root: int) -> None:
     prebuilt library, $OTEL_GPU_CENSUS_LIB, and CUDA headers without crt/), the totals and the
     window ring are written directly under the same seqlock: the sidecar reads the same bytes."""
     import cupti_records as cr
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import proctree
     ffi, lib, _ = cr.native()        # $OTEL_GPU_CENSUS_LIB when set, else built from native/
     try:
         cr.records()
@@ -71,7 +71,7 @@ def _writer(directory: str, pids: list, root: int) -> None:
         real = False
     segs = []
     for i, pid in enumerate(pids):
-        ticks = reader.proc_start_ticks(pid) or 0
+        ticks = proctree.proc_start_ticks(pid) or 0
         mm, seg = cr.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", f"worker{i}".encode())
         seg.pid, seg.ppid, seg.proc_start_ticks = pid, root, ticks
         seg.state = 1
@@ -198,7 +198,8 @@ def _cuda_worker(seconds: float) -> None:
 
 def _start_cuda_workers(a, census_dir: str, children: list, out) -> list:
     """N censused CUDA processes, children of this one; returns them once each has a segment."""
-    from otel_gpu_census import launcher, reader
+    from otel_gpu_census import launcher
+    from otel_gpu_census.census import reader
     plan = launcher.build_env(census_dir)
     for w in plan.warnings:
         print(f"census: {w}", file=sys.stderr)
@@ -303,14 +304,15 @@ def main() -> int:
             if writer.stdout.readline().strip() != "ready":
                 print("the segment writer failed (its error is above)", file=sys.stderr)
                 return 1
-        from otel_gpu_census import metrics, reader
+        from otel_gpu_census.telemetry import sidecar
+        from otel_gpu_census.census import reader
         if a.exporter == "otlp":
             rx = subprocess.Popen(me + ["--role", "receiver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             children.append(rx)
             grpc_port, http_port = rx.stdout.readline().split()
             http = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") == "http/protobuf"
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{http_port if http else grpc_port}"
-        handle = metrics.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
+        handle = sidecar.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
                                        interval_s=a.interval, nvml=a.nvml)
         if a.exporter == "prometheus":
             children.append(subprocess.Popen(me + ["--role", "scraper", str(handle.prometheus_port), str(a.interval)]))

@@ -166,12 +166,12 @@ def test_conservation_on_random_workloads(seed):
         expect = expect + Share.of_window(w)
     assert summed == a.total == expect
     for s in a.shares.values():   # nothing negative, nobody gets more than exists
-        assert all(v >= 0 for v in s._flat())
+        assert all(v >= 0 for v in s.as_row())
 
 
 def _reference(windows, to_wall, intervals):
     """The rule written the slow, obvious way, with exact fractions: what attribute() must equal."""
-    width = len(Share()._flat())
+    width = len(Share().as_row())
     shares, rest, most = {}, [0] * width, {}
     for w in windows:
         bs, be = to_wall(w.start_ns), to_wall(w.end_ns)
@@ -194,7 +194,7 @@ def _reference(windows, to_wall, intervals):
         for key in parties:        # the most groups at once anywhere in a bucket the party was in
             most[key] = max(most.get(key, 0), k)
         fr = [owed[k] for k in parties] + [unowned]
-        for i, v in enumerate(Share.of_window(w)._flat()):
+        for i, v in enumerate(Share.of_window(w).as_row()):
             exact = [v * f for f in fr]
             parts = [e.numerator // e.denominator for e in exact]
             for j in sorted(range(len(fr)), key=lambda j: (-(exact[j] - parts[j]), j))[:v - sum(parts)]:
@@ -202,7 +202,7 @@ def _reference(windows, to_wall, intervals):
             for k, p in zip(parties, parts):
                 shares.setdefault(k, [0] * width)[i] += p
             rest[i] += parts[-1]
-    return {k: Share._unflat(v) for k, v in shares.items()}, Share._unflat(rest), most
+    return {k: Share.from_row(v) for k, v in shares.items()}, Share.from_row(rest), most
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -392,9 +392,9 @@ def test_proxy_help(env):
 
 
 def test_a_broken_proxy_leaves_the_other_verbs_working(monkeypatch, census_dir, capsys):
-    import otel_gpu_census
-    monkeypatch.setitem(sys.modules, "otel_gpu_census.proxy", None)
-    monkeypatch.delattr(otel_gpu_census, "proxy", raising=False)
+    import otel_gpu_census.integrations
+    monkeypatch.setitem(sys.modules, "otel_gpu_census.integrations.llamacpp", None)
+    monkeypatch.delattr(otel_gpu_census.integrations, "llamacpp", raising=False)
     assert cli.main(["report", str(census_dir)]) == 0
     assert cli.main(["proxy"]) == 1
     assert "proxy is not available" in capsys.readouterr().err
@@ -464,9 +464,9 @@ def test_find_cupti_prefers_explicit_then_wheel(tmp_path, monkeypatch):
 
 
 def test_metrics_hook_survives_a_missing_module(monkeypatch, capsys):
-    import otel_gpu_census
-    monkeypatch.setitem(sys.modules, "otel_gpu_census.metrics", None)
-    monkeypatch.delattr(otel_gpu_census, "metrics", raising=False)
+    import otel_gpu_census.telemetry
+    monkeypatch.setitem(sys.modules, "otel_gpu_census.telemetry.sidecar", None)
+    monkeypatch.delattr(otel_gpu_census.telemetry, "sidecar", raising=False)
     args = cli.build_parser().parse_args(["run", "--exporter", "console", "--", "true"])
     assert cli._start_metrics(args, "/tmp", 1) is None
     assert "metrics export is not available" in capsys.readouterr().err
@@ -482,9 +482,9 @@ def test_metrics_hook_calls_start_sidecar_and_stop(monkeypatch):
         def stop(self):
             calls.append("stop")
     fake = types.SimpleNamespace(start_sidecar=lambda **kw: calls.append(kw) or Handle())
-    monkeypatch.setitem(sys.modules, "otel_gpu_census.metrics", fake)
-    import otel_gpu_census
-    monkeypatch.setattr(otel_gpu_census, "metrics", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "otel_gpu_census.telemetry.sidecar", fake)
+    import otel_gpu_census.telemetry
+    monkeypatch.setattr(otel_gpu_census.telemetry, "sidecar", fake, raising=False)
     args = cli.build_parser().parse_args(["run", "--exporter", "prometheus", "--prometheus-port", "9464",
                                           "--metrics-interval", "2.5", "--", "true"])
     h = cli._start_metrics(args, "/d", 77)

@@ -72,7 +72,7 @@ def run_case(native, mock_lib, tmp_path, body: str, env=None, expect_rc=0):
 
 
 def read(native, path):
-    from otel_gpu_census.reader import read_segment
+    from otel_gpu_census.census.reader import read_segment
     return read_segment(str(path))
 
 

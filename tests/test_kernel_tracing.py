@@ -47,8 +47,8 @@ def test_a_request_span_says_how_much_of_its_time_kernels_were_traced():
 
     from otel_gpu_census.attribution import Interval
     from otel_gpu_census.census import ProcessCensus, Stat, Window
-    from otel_gpu_census.proxy.gpu import cost_of
-    from otel_gpu_census.proxy.spans import gpu_attributes
+    from otel_gpu_census.attribution.ledger import cost_of
+    from otel_gpu_census.telemetry.attributes import gpu_attributes
 
     W = 20 * MS
     windows = [Window(i * W, (i + 1) * W, kernel_count=1 if i % 50 < 5 else 0, kernel_ns=W // 2 if i % 50 < 5 else 0,

@@ -13,8 +13,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_gpu_census import exporters
-from otel_gpu_census.metrics import CENSUS_INSTRUMENTS, start_sidecar
+from otel_gpu_census.telemetry import setup as exporters
+from otel_gpu_census.telemetry.census_metrics import CENSUS_INSTRUMENTS
+from otel_gpu_census.telemetry.sidecar import start_sidecar
 from otlp_receiver import OtlpReceiver, latest
 from ports import free_port
 
@@ -45,8 +46,8 @@ def _uuids(mapping):
 
 
 def _start_ticks(pid):
-    from otel_gpu_census import reader
-    return reader.proc_start_ticks(pid)
+    from otel_gpu_census.census import proctree
+    return proctree.proc_start_ticks(pid)
 
 
 @pytest.fixture
@@ -280,7 +281,7 @@ def test_no_exporter_configured_is_inactive(census_dir):
 
 
 def test_nvml_missing_costs_one_warning_and_census_still_flows(server_tree, census_dir, monkeypatch, caplog):
-    from otel_gpu_census import nvml
+    from otel_gpu_census.telemetry import nvml
     if nvml.open_nvml()[0] is not None:
         pytest.skip("NVML works on this machine (the GPU tests cover it)")
     with OtlpReceiver(http_enabled=False) as rx, caplog.at_level(logging.WARNING):

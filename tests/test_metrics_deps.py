@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from otel_gpu_census import exporters
+from otel_gpu_census.telemetry import setup as exporters
 
 
 def _dist(root, name, version, requires=(), module_code=None):

@@ -15,7 +15,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 
-from otel_gpu_census import census, metrics, nvml
+from otel_gpu_census import census
+from otel_gpu_census.telemetry import census_metrics as metrics, nvml
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 KINDS = {"counter": "Counter", "gauge": "Gauge", "updowncounter": "UpDownCounter"}

@@ -14,8 +14,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu_census import nvml
-from otel_gpu_census.metrics import start_sidecar
+from otel_gpu_census.telemetry import nvml
+from otel_gpu_census.telemetry.sidecar import start_sidecar
 from otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import types
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu_census import nvml
+from otel_gpu_census.telemetry import nvml
 
 
 class FakeNvml:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import census, metrics, nvml
-from otel_gpu_census.metrics import start_sidecar
+from otel_gpu_census import census
+from otel_gpu_census.telemetry import census_metrics as metrics, nvml
+from otel_gpu_census.telemetry.sidecar import start_sidecar
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

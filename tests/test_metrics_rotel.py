@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_gpu_census import census
-from otel_gpu_census.metrics import start_sidecar
+from otel_gpu_census.telemetry.sidecar import start_sidecar
 from otlp_receiver import OtlpReceiver, latest
 from ports import free_port
 

@@ -13,7 +13,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu_census import census, metrics
+from otel_gpu_census import census
+from otel_gpu_census.telemetry import census_metrics as metrics
 from otel_gpu_census.census import CopyTable, DeviceTotals, ProcessCensus, Stat
 
 HW = "GPU-00000000-0000-0000-0000-000000000001"
@@ -184,13 +185,13 @@ def test_one_read_serves_a_whole_collection():
 # ---- real segments: liveness as the reader sees it, and the run's process tree ------------------
 
 def test_real_process_exit_is_seen_and_totals_stay(segments, records, census_dir):
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import proctree
     child = subprocess.Popen(["sleep", "60"])
     try:
         r = records
         segments.segment(census_dir, [r.memcpy("htod", 4096, 10, 20, src="pageable")], comm="w",
                          final=True, state=census.STATE_ACTIVE, pid=child.pid, ppid=os.getpid(),
-                         start_ticks=reader.proc_start_ticks(child.pid))
+                         start_ticks=proctree.proc_start_ticks(child.pid))
         rig_reader = InMemoryMetricReader()
         provider = MeterProvider(metric_readers=[rig_reader])
         metrics.register_census_instruments(provider, metrics.segment_source(census_dir, os.getpid()),
@@ -220,13 +221,13 @@ def test_real_process_exit_is_seen_and_totals_stay(segments, records, census_dir
 
 
 def test_process_tree_follows_links_through_processes_without_segments():
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import proctree
     # this test -> sh (no segment) -> sleep (has a segment)
     sh = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
     try:
         grandchild = int(sh.stdout.readline())
-        me = proc(os.getpid(), start_ticks=reader.proc_start_ticks(os.getpid()))
-        gc = dataclasses.replace(proc(grandchild, start_ticks=reader.proc_start_ticks(grandchild)), ppid=sh.pid)
+        me = proc(os.getpid(), start_ticks=proctree.proc_start_ticks(os.getpid()))
+        gc = dataclasses.replace(proc(grandchild, start_ticks=proctree.proc_start_ticks(grandchild)), ppid=sh.pid)
         stranger = dataclasses.replace(proc(1, start_ticks=1), ppid=0)
         keep = metrics.ProcessTreeFilter(os.getpid())([me, gc, stranger])
         assert [p.pid for p in keep] == [os.getpid(), grandchild]
@@ -241,7 +242,7 @@ def test_process_tree_follows_links_through_processes_without_segments():
 def test_totals_read_matches_the_reader(segments, records, census_dir, dead_pid):
     """The sidecar's totals-only read (detail=False) gives the full read's values for everything
     but the rings, peer copies received included."""
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import reader
     r = records
 
     def edit(seg):
@@ -267,8 +268,8 @@ def test_totals_read_matches_the_reader(segments, records, census_dir, dead_pid)
 def test_tree_link_through_an_exited_parent_comes_from_the_launcher(dead_pid):
     """A worker whose parent (not censused) already exited: placed once the launcher's record of
     the tree says where that parent hung, and not ruled out before."""
-    from otel_gpu_census import reader
-    me = reader.proc_start_ticks(os.getpid())
+    from otel_gpu_census.census import proctree
+    me = proctree.proc_start_ticks(os.getpid())
     worker = dataclasses.replace(proc(dead_pid + 100000, start_ticks=me + 1), ppid=dead_pid)
     parents = {}
     tree = metrics.ProcessTreeFilter(os.getpid(), parents)

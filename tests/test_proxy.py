@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from llama_standin import Opts, Standin
 from otlp_trace_receiver import TraceReceiver
-from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -539,22 +539,22 @@ def test_metrics(make_proxy, standin):
     assert sum(d.count for d in dur) == 3 and min(d.min for d in dur) >= 0.05 + 4 * 0.02
     _, tpot = pts["gen_ai.server.time_per_output_token"]
     assert sum(d.count for d in tpot) == 3 and 0.015 < max(d.max for d in tpot) < 0.2
-    unit, active = pts["gpu_census.proxy.active_requests"]
+    unit, active = pts["gpu_census.requests.in_flight"]
     assert unit == "{request}" and sum(d.value for d in active) == 0
 
 
-def test_active_requests_counts_requests_in_flight(make_proxy, standin):
+def test_in_flight_counts_requests_in_flight(make_proxy, standin):
     standin.opts.first_token_delay = 1.0
     p = make_proxy()
     t = threading.Thread(target=request, args=(p.port, "POST", "/completion", {"prompt": "x", "stream": True}))
     t.start()
     assert _wait(lambda: len(standin.seen) == 1)
     time.sleep(0.1)
-    _, active = _points(p.metrics)["gpu_census.proxy.active_requests"]
+    _, active = _points(p.metrics)["gpu_census.requests.in_flight"]
     assert sum(d.value for d in active) == 1
     t.join()
     # the handler finishes just after the client has the last byte
-    assert _wait(lambda: sum(d.value for d in _points(p.metrics)["gpu_census.proxy.active_requests"][1]) == 0)
+    assert _wait(lambda: sum(d.value for d in _points(p.metrics)["gpu_census.requests.in_flight"][1]) == 0)
 
 
 def test_stopping_mid_stream_ends_the_span_and_returns_promptly(make_proxy, standin, receiver):

@@ -18,8 +18,8 @@ import pytest
 from llama_standin import Standin
 from otlp_trace_receiver import TraceReceiver
 from ports import free_port
-from otel_gpu_census.proxy import ConfigError, add_proxy_arguments, config_from_args, upstream_from_server_args
-from otel_gpu_census.proxy.config import check_upstream, parse_host_port
+from otel_gpu_census.integrations.llamacpp import ConfigError, add_proxy_arguments, config_from_args, upstream_from_server_args
+from otel_gpu_census.integrations.llamacpp.config import check_upstream, parse_host_port
 
 pytestmark = pytest.mark.timeout(60)
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -182,7 +182,7 @@ def test_start_in_thread_refuses_itself_too():
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+    from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import llama_cpu
 from otlp_trace_receiver import TraceReceiver
-from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "llamacpp"

@@ -5,8 +5,8 @@ import zlib
 
 import pytest
 
-from otel_gpu_census.proxy import stream
-from otel_gpu_census.proxy.stream import BodyReader, parse_request_body
+from otel_gpu_census.integrations.llamacpp import stream
+from otel_gpu_census.integrations.llamacpp.stream import BodyReader, parse_request_body
 
 
 def sse(*objs, done=False, sep=b"\n"):

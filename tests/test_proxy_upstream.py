@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llama_standin import Standin
-from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread
+from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -289,7 +289,7 @@ def test_an_idle_connection_closed_by_the_upstream_is_seen_before_the_loop_reads
     """The check before reuse: the upstream's FIN is in the kernel, the event loop has not run since."""
     import asyncio
 
-    from otel_gpu_census.proxy.upstream import _closed_while_idle
+    from otel_gpu_census.integrations.llamacpp.upstream import _closed_while_idle
 
     async def main():
         srv = socket.socket()

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import reader
 from otel_gpu_census._native import LAYOUT_VERSION, SEGMENT_SIZE
-from otel_gpu_census.census import FLAG_GRAPH_LAUNCHES, STATE_EXITED, Stat
+from otel_gpu_census.census import FLAG_GRAPH_LAUNCHES, STATE_EXITED, Stat, folder, proctree, reader
 
 MS = 1_000_000
 WINDOW = 20 * MS
@@ -111,11 +110,55 @@ def test_steps_keyed_by_external_id(census_dir, segments, records):
     assert (c.step_max, c.step_unmatched) == (43, 1)
 
 
+def test_read_steps_gives_the_steps_of_an_id_range(census_dir, segments, records):
+    recs = []
+    for sid in (5, 6, 7, 9):
+        recs += [records.external(corr=100 + sid, external_id=sid),
+                 records.kernel(T0 + sid * MS, T0 + sid * MS + 1000 * sid, corr=100 + sid)]
+    path = segments.segment(census_dir, recs)
+    full = reader.read_segment(path).steps
+    assert [s.id for s in reader.read_steps(path, 6, 9)] == [6, 7]          # [lo, hi): 9 is out
+    assert reader.read_steps(path, 0, 2**64) == [full[k] for k in sorted(full)]
+    assert reader.read_steps(path, 6, 7)[0].kernel_ns == 6000
+    assert reader.read_steps(path, 10, 20) == [] and reader.read_steps(path, 7, 7) == []
+
+
+def test_rings_read_as_rows_match_the_struct_fields(census_dir, segments, records):
+    """The window and step rings are read as rows of integers; every field must land where the
+    header's struct puts it (read here field by field through cffi)."""
+    from otel_gpu_census._native import ffi
+    from otel_gpu_census.census import DIRECTIONS
+    recs = [records.external(corr=3, external_id=77)]
+    for k in range(6):
+        t = T0 + k * WINDOW
+        recs += [records.kernel(t, t + MS + k, corr=3), records.memset(64 + k, t + 2 * MS, t + 3 * MS, corr=3),
+                 records.memcpy(("dtoh", "htod", "dtod")[k % 3], 1000 + k, t, t + 5000 + k, corr=3)]
+    path = segments.segment(census_dir, recs)
+    c = reader.read_segment(path)
+    seg = ffi.cast("gc_segment *", ffi.from_buffer(path.read_bytes()))
+
+    def stat(x):
+        return Stat(x.count, x.bytes, x.ns)
+
+    def copies(arr):
+        return {d: stat(arr[i]) for i, d in enumerate(DIRECTIONS) if arr[i].count or arr[i].ns}
+    win_ns = seg.window_ns_div * 1000
+    want = sorted(((w.index * win_ns, (w.index + 1) * win_ns, w.kernel_count, w.kernel_ns, copies(w.copy),
+                    stat(w.memset), w.device_mask) for w in seg.windows if w.index))
+    got = [(w.start_ns, w.end_ns, w.kernel_count, w.kernel_ns, w.copies, w.memset, w.device_mask) for w in c.windows]
+    assert got == want and len(got) == 6 and all(w[4] for w in got)
+    (s,) = [s for s in seg.steps if s.id]
+    st = c.steps[77]
+    assert (st.kernel_count, st.kernel_ns, st.first_ns, st.last_ns, st.copies, st.memset, st.device_mask) == (
+        s.kernel_count, s.kernel_ns, s.first_ns, s.last_ns, copies(s.copy), stat(s.memset), s.device_mask)
+    assert st.kernel_count == 6 and st.memset.count == 6 and len(st.copies) == 3
+
+
 def test_identity_fields(census_dir, segments):
     path = segments.segment(census_dir, [], comm="llama-server", gpu_ref_ns=123_456_789)
     c = reader.read_segment(path)
     assert (c.pid, c.ppid, c.comm) == (os.getpid(), os.getppid(), "llama-server")
-    assert c.proc_start_ticks == reader.proc_start_ticks(os.getpid())
+    assert c.proc_start_ticks == proctree.proc_start_ticks(os.getpid())
     assert c.alive and not c.torn and c.path == str(path)
     assert c.clock_ref_gpu_ns == 123_456_789
     assert c.gpu_to_wall_ns(123_456_789 + 5) == c.clock_ref_wall_ns + 5
@@ -272,7 +315,7 @@ def test_scan_returns_good_segments_and_reports_bad_ones(census_dir, segments, r
     # a live process (our parent) still creating its segment is not an error
     parent = os.getppid()
     segments.segment(census_dir, [], edit=unpublished).rename(
-        census_dir / f"gpu-census-{parent}-{reader.proc_start_ticks(parent)}.seg")
+        census_dir / f"gpu-census-{parent}-{proctree.proc_start_ticks(parent)}.seg")
     good = segments.segment(census_dir, [records.kernel(T0, T0 + MS)])
     (census_dir / f"gpu-census-{dead_pid}-9.seg").write_bytes(b"\x00" * 100)
     (census_dir / "notes.txt").write_text("not a segment")
@@ -289,21 +332,21 @@ def _census(segments, census_dir, pid, ppid, ticks=10**9):
 def test_process_tree_follows_ppid_chains(census_dir, segments):
     cs = [_census(segments, census_dir, pid, ppid) for pid, ppid in
           [(100, 1), (101, 100), (102, 101), (200, 1), (103, 150), (300, 301), (301, 300)]]
-    tree = reader.process_tree(100, cs)
+    tree = proctree.process_tree(100, cs)
     assert sorted(c.pid for c in tree) == [100, 101, 102]
     # 150 wrote no segment (a shell): a parents map bridges it
-    tree = reader.process_tree(100, cs, parents={150: 100})
+    tree = proctree.process_tree(100, cs, parents={150: 100})
     assert sorted(c.pid for c in tree) == [100, 101, 102, 103]
     # a loop in the links ends rather than spinning
-    assert reader.process_tree(999, cs) == []
+    assert proctree.process_tree(999, cs) == []
     # the root need not have a segment of its own
-    assert sorted(c.pid for c in reader.process_tree(101, cs)) == [101, 102]
+    assert sorted(c.pid for c in proctree.process_tree(101, cs)) == [101, 102]
 
 
 def test_process_tree_ignores_processes_older_than_the_root(census_dir, segments):
     old = _census(segments, census_dir, 500, 400, ticks=50)     # pid 400 reused: 500 predates the root
     young = _census(segments, census_dir, 501, 400, ticks=200)
-    tree = reader.process_tree(400, [old, young], root_start_ticks=100)
+    tree = proctree.process_tree(400, [old, young], root_start_ticks=100)
     assert [c.pid for c in tree] == [501]
 
 
@@ -323,7 +366,7 @@ def test_cleanup_removes_only_old_segments_of_dead_processes(census_dir, segment
     corrupt_unknown.write_bytes(b"junk")
     for p in (dead_old, live_old, corrupt_dead, corrupt_unknown):
         os.utime(p, (hour_ago, hour_ago))
-    removed = reader.cleanup(census_dir, older_than_s=600, now=now)
+    removed = folder.cleanup(census_dir, older_than_s=600, now=now)
     assert sorted(removed) == sorted([dead_old, corrupt_dead])
     assert dead_new.exists() and live_old.exists() and corrupt_unknown.exists()
 
@@ -338,18 +381,18 @@ def clean_env(monkeypatch):
 
 
 def test_default_dir_order(clean_env, tmp_path):
-    assert reader.default_census_dir() == Path(f"/tmp/otel-gpu-census-{os.getuid()}")
+    assert folder.default_census_dir() == Path(f"/tmp/otel-gpu-census-{os.getuid()}")
     clean_env.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert reader.default_census_dir() == tmp_path / "otel-gpu-census"
+    assert folder.default_census_dir() == tmp_path / "otel-gpu-census"
     clean_env.setenv("OTEL_GPU_CENSUS_DIR", str(tmp_path / "x"))
-    assert reader.default_census_dir() == tmp_path / "x"
+    assert folder.default_census_dir() == tmp_path / "x"
 
 
 def test_census_dir_is_created_private(clean_env, tmp_path):
     clean_env.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     old = os.umask(0o022)
     try:
-        d = reader.census_dir()
+        d = folder.census_dir()
     finally:
         os.umask(old)
     assert d == tmp_path / "otel-gpu-census" and d.is_dir()
@@ -360,31 +403,31 @@ def test_census_dir_refuses_shared_folders(tmp_path, monkeypatch):
     d = tmp_path / "shared"
     d.mkdir()
     d.chmod(0o777)
-    with pytest.raises(reader.CensusDirError, match="writable by group or others"):
-        reader.census_dir(d)
+    with pytest.raises(folder.CensusDirError, match="writable by group or others"):
+        folder.census_dir(d)
     d.chmod(0o700)
-    assert reader.census_dir(d) == d
+    assert folder.census_dir(d) == d
     monkeypatch.setattr(os, "getuid", lambda: os.stat(d).st_uid + 1)
-    with pytest.raises(reader.CensusDirError, match="belongs to uid"):
-        reader.census_dir(d)
+    with pytest.raises(folder.CensusDirError, match="belongs to uid"):
+        folder.census_dir(d)
 
 
 def test_census_dir_not_a_folder_or_not_creatable(tmp_path):
     f = tmp_path / "file"
     f.write_text("")
-    with pytest.raises(reader.CensusDirError, match="not a folder"):
-        reader.census_dir(f)
-    with pytest.raises(reader.CensusDirError, match="cannot create"):
-        reader.census_dir(f / "sub")
+    with pytest.raises(folder.CensusDirError, match="not a folder"):
+        folder.census_dir(f)
+    with pytest.raises(folder.CensusDirError, match="cannot create"):
+        folder.census_dir(f / "sub")
 
 
 def test_readable_dir_accepts_others_but_needs_existence(tmp_path):
-    with pytest.raises(reader.CensusDirError, match="does not exist"):
-        reader.readable_dir(tmp_path / "missing")
+    with pytest.raises(folder.CensusDirError, match="does not exist"):
+        folder.readable_dir(tmp_path / "missing")
     d = tmp_path / "open"
     d.mkdir()
     d.chmod(0o777)
-    assert reader.readable_dir(d) == d
+    assert folder.readable_dir(d) == d
 
 
 def test_totals_only_read_matches_the_full_read(census_dir, segments, records):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import re
 
-from otel_gpu_census import reader, report
+from otel_gpu_census import report
+from otel_gpu_census.census import reader
 from otel_gpu_census.census import Stat
 
 T0 = 10**12

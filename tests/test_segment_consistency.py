@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import reader
+from otel_gpu_census.census import reader
 from otel_gpu_census._native import SEGMENT_SIZE
 from otel_gpu_census.census import ZERO
 
@@ -94,7 +94,7 @@ _READER = r"""
 import json, sys, time
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../src"]
 import test_segment_consistency as t
-from otel_gpu_census import reader
+from otel_gpu_census.census import reader
 end = time.time() + float(sys.argv[3])
 reads, torn, problems, last = 0, 0, [], None
 while time.time() < end:
@@ -267,7 +267,7 @@ def test_random_damage_gives_a_census_or_a_segment_error_never_another_exception
 _LOOP_READER = r"""
 import sys, time
 sys.path[:0] = [sys.argv[1] + "/../src"]
-from otel_gpu_census import reader
+from otel_gpu_census.census import reader
 end, reads, refused = time.time() + float(sys.argv[3]), 0, 0
 while time.time() < end:
     try:

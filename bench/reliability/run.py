@@ -171,7 +171,7 @@ class Suite:
         if self.pkg is None:
             stats["skipped"] = self.pkg_why
             return
-        from otel_gpu_census import reader
+        from otel_gpu_census.census import reader
         last: Dict[str, tuple] = {}
         while not stop.is_set():
             for path in bl.segment_files(cdir):
@@ -505,7 +505,7 @@ class Suite:
         kills = 0
         env = bl.plain_env()
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(bl.REPO / "src"), env.get("PYTHONPATH")]))
-        code = ("import sys; from otel_gpu_census import reader\n"
+        code = ("import sys; from otel_gpu_census.census import reader\n"
                 "while True: reader.read_segment(sys.argv[1])")
         while files and th.is_alive() and kills < self.a.reader_kills:
             p = subprocess.Popen([bl.python(), "-c", code, str(files[0])], env=env,

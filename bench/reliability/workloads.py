@@ -81,7 +81,7 @@ def _census_count(lib) -> dict:
         return out
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-        from otel_gpu_census import reader
+        from otel_gpu_census.census import reader
         pc = reader.read_segment(path)
         out.update(kernels=sum(d.kernel_count for d in pc.devices.values()), flags=pc.flags, note=pc.note,
                    state=pc.state_name, dropped=pc.dropped, records=pc.records)

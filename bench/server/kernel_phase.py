@@ -200,7 +200,7 @@ def run_session(b: Any, flags: str, pairs: int, on_pair: Callable[[Dict[str, Any
     if pkg is None:
         rec["error"] = why
         return rec
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import reader
     t0 = time.monotonic()
     srv = b.launch("census-sampled", flags, n, rec)
     if srv is None:

@@ -148,7 +148,8 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from otel_gpu_census import launcher, reader
+    from otel_gpu_census import launcher
+    from otel_gpu_census.census import proctree, reader
 
     census = Path(tempfile.mkdtemp(prefix="census-"))
     os.chmod(census, 0o700)
@@ -178,7 +179,7 @@ def main() -> int:
         order = [w for k in range(a.pairs) for w in (("direct", "proxy") if k % 2 == 0 else ("proxy", "direct"))] \
             if a.compare_direct else ["proxy"]
         measured_from = time.time_ns()
-        before = {c.pid: c.totals() for c in reader.process_tree(server.pid, reader.scan(census)[0])}
+        before = {c.pid: c.totals() for c in proctree.process_tree(server.pid, reader.scan(census)[0])}
         for k, which in enumerate(order):
             url = proxy_url if which == "proxy" else base
             res, wall = asyncio.run(drive(url, a.requests, a.clients, a.prompt_tokens, a.max_tokens, k * 10**4))
@@ -188,7 +189,7 @@ def main() -> int:
         time.sleep(5)                    # every span gets its GPU cost (--gpu-wait 3 s) before the stop
         proxy.terminate()
         proxy.wait(30)
-        after = reader.process_tree(server.pid, reader.scan(census)[0])
+        after = proctree.process_tree(server.pid, reader.scan(census)[0])
     finally:
         if proxy is not None and proxy.poll() is None:
             proxy.kill()

@@ -31,7 +31,7 @@ _CHILD_DEFAULT_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ}
 _SI_KERNEL = 0x80          # si_code of signals the terminal sends to a whole process group
 EXPORTERS = ("otlp", "prometheus", "console", "none")
 DEFAULT_DIR_KEEP_S = 24 * 3600   # segments of ended processes kept this long in the default folder
-# Without --exporter, these variables ask for metrics (otel_gpu_census.exporters decides which).
+# Without --exporter, these variables ask for metrics (otel_gpu_census.telemetry.setup decides which).
 _METRICS_ENV = ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
@@ -58,14 +58,14 @@ class _Child:
     """
 
     def __init__(self, argv: List[str], env: Dict[str, str]):
-        from . import reader
+        from .census import proctree
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         try:
             self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=(), setsigdef=_CHILD_DEFAULT_SIGNALS)
         except OSError:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
             raise
-        self.start_ticks = reader.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
+        self.start_ticks = proctree.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
         self.same_group = os.getpgid(0) == os.getpgid(self.pid)
         self.parents: Dict[int, int] = {}       # descendants seen while running: {pid: ppid}
         self.exited = threading.Event()
@@ -96,12 +96,12 @@ class _Child:
                 pass
 
     def _watch_tree(self) -> None:
-        from . import reader
+        from .census import proctree
         # Processes between the command and a CUDA program (a shell, a launcher script) write no
         # segment; remembering them keeps their CUDA descendants in this run's report.
         while not self.exited.wait(0.5):
             try:
-                self.parents.update(reader.live_descendants(self.pid))
+                self.parents.update(proctree.live_descendants(self.pid))
             except OSError:
                 pass
 
@@ -120,13 +120,13 @@ class _Child:
 
 
 def _start_metrics(args, census_dir, root_pid: int):
-    """The metrics sidecar (otel_gpu_census.metrics), when asked for and available; never fatal."""
+    """The metrics sidecar (otel_gpu_census.telemetry.sidecar), when asked for and available; never fatal."""
     if args.exporter == "none" or (args.exporter is None and not any(os.environ.get(v) for v in _METRICS_ENV)):
         return None      # not asked for: do not even import the OpenTelemetry SDK
     try:
-        from . import metrics
+        from .telemetry import sidecar
     except ModuleNotFoundError as e:
-        if e.name == f"{__package__}.metrics":
+        if e.name == f"{__package__}.telemetry.sidecar":
             _say("metrics export is not available in this build; continuing without")
         else:
             _say(f"metrics export needs {e.name}, which is not installed; continuing without")
@@ -135,11 +135,18 @@ def _start_metrics(args, census_dir, root_pid: int):
         _say(f"metrics export cannot load ({e}); continuing without")
         return None
     try:
-        return metrics.start_sidecar(census_dir=census_dir, root_pid=root_pid, exporter=args.exporter,
+        return sidecar.start_sidecar(census_dir=census_dir, root_pid=root_pid, exporter=args.exporter,
                                      prometheus_port=args.prometheus_port, interval_s=args.metrics_interval)
     except Exception as e:    # the command must run whatever the exporter thinks
         _say(f"metrics export did not start ({type(e).__name__}: {e}); continuing without")
         return None
+
+
+def _metrics_lines(sidecar) -> List[str]:
+    """Where the metrics of this run go, one line ('metrics → …')."""
+    if sidecar is None:
+        return ["metrics → none (not asked for: --exporter, OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)"]
+    return sidecar.descriptions()
 
 
 def _stop_metrics(sidecar) -> None:
@@ -159,17 +166,18 @@ def _cmd_run(args) -> int:
         args.parser.error("no command given (usage: run [options] -- CMD ARGS...)")
     if args.upstream and args.proxy is None:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
-    from . import reader, report
+    from . import report
+    from .census import folder, proctree, reader
     from .launcher import build_env
     try:
-        census_dir = reader.census_dir(args.dir)
-    except reader.CensusDirError as e:
+        census_dir = folder.census_dir(args.dir)
+    except folder.CensusDirError as e:
         _say(str(e))
         return 1
     if args.dir is None and not os.environ.get("OTEL_GPU_CENSUS_DIR"):
         # The default folder is ours to keep tidy (it is often RAM-backed: /run/user/<uid>); a
         # folder the user named is theirs.
-        reader.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
+        folder.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
     json_out = None
     if args.json:
         try:       # opened now: a path that cannot be written should not cost a whole run
@@ -196,9 +204,11 @@ def _cmd_run(args) -> int:
         _say(f"{argv[0]}: cannot run: {e.strerror}")
         return 126
     sidecar = _start_metrics(args, census_dir, child.pid)
+    for line in _metrics_lines(sidecar):
+        _say(line)
     proxy = None
     if proxy_plan is not None:
-        proxy = _start_proxy(proxy_plan, census_dir, child)
+        proxy = _start_proxy(proxy_plan, census_dir, child, sidecar)
         if proxy is None:       # the server is of no use without the proxy that was asked for
             try:
                 os.kill(child.pid, signal.SIGTERM)
@@ -213,7 +223,7 @@ def _cmd_run(args) -> int:
     _stop_metrics(sidecar)
 
     censuses, errors = reader.scan(census_dir)
-    tree = reader.process_tree(child.pid, censuses, parents=child.parents, root_start_ticks=child.start_ticks)
+    tree = proctree.process_tree(child.pid, censuses, parents=child.parents, root_start_ticks=child.start_ticks)
     hint = None
     if not tree:
         hint = (f"the census was off ({plan.warnings[0]})" if not plan.census_on and plan.warnings else
@@ -236,8 +246,8 @@ def _proxy_plan(args, argv: List[str], env: Dict[str, str]):
     """The proxy `run --proxy` starts beside the command, checked before the command starts: a
     ProxyConfig without the server's pid, or an exit status after saying what is wrong."""
     try:
-        from .proxy import ConfigError, ProxyConfig
-        from .proxy.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
+        from .integrations.llamacpp import ConfigError, ProxyConfig
+        from .integrations.llamacpp.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
     except ImportError as e:
         _say(f"--proxy is not available: {e}")
         return 1
@@ -275,15 +285,18 @@ def _cannot_listen(host: str, port: int) -> Optional[str]:
     return None
 
 
-def _start_proxy(plan, census_dir, child: "_Child"):
+def _start_proxy(plan, census_dir, child: "_Child", sidecar=None):
     """The proxy in a thread of this process, attributing the command's GPU work (its pid and
-    children) to requests; None after saying why it did not start."""
+    children) to requests; None after saying why it did not start. Its metrics go out through the
+    sidecar's provider when there is one: one process, one set of exporters (one Prometheus port),
+    as --exporter chose."""
     import dataclasses
 
-    from .proxy import start_proxy_in_thread
+    from .integrations.llamacpp import start_proxy_in_thread
     cfg = dataclasses.replace(plan, census_dir=str(census_dir), upstream_pid=child.pid)
+    meter_provider = getattr(sidecar, "meter_provider", None)
     try:
-        handle = start_proxy_in_thread(cfg)
+        handle = start_proxy_in_thread(cfg, meter_provider=meter_provider)
     except OSError as e:
         _say(f"proxy: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror or e}; stopping the command")
         return None
@@ -291,6 +304,9 @@ def _start_proxy(plan, census_dir, child: "_Child"):
         _say(f"proxy did not start ({type(e).__name__}: {e}); stopping the command")
         return None
     _say(f"proxy: {handle.describe()}")
+    for line in handle.descriptions():
+        if line.startswith("traces"):
+            _say(line)
     return handle
 
 
@@ -305,7 +321,7 @@ def _stop_proxy(handle) -> None:
 
 def _errors_in_tree(errors, pids):
     """Unreadable segments whose file name says they belong to one of `pids`."""
-    from .reader import segment_file_pid
+    from .census.reader import segment_file_pid
     return [e for e in errors if (segment_file_pid(e.path) or (0, 0))[0] in pids]
 
 
@@ -318,7 +334,8 @@ def _say_errors(errors) -> None:
 # report
 
 def _cmd_report(args) -> int:
-    from . import reader, report
+    from . import report
+    from .census import folder, proctree, reader
     target = args.dir
     errors: List[reader.SegmentError] = []
     if target and os.path.isfile(target):
@@ -329,15 +346,15 @@ def _cmd_report(args) -> int:
             censuses, errors = [], [e]
     else:
         try:
-            census_dir = str(reader.readable_dir(target))
-        except reader.CensusDirError as e:
+            census_dir = str(folder.readable_dir(target))
+        except folder.CensusDirError as e:
             _say(str(e))
             return 1
         censuses, errors = reader.scan(census_dir)
     hint = None
     if args.pid is not None:
-        parents = reader.live_descendants(args.pid) if reader.proc_start_ticks(args.pid) else {}
-        censuses = reader.process_tree(args.pid, censuses, parents=parents)
+        parents = proctree.live_descendants(args.pid) if proctree.proc_start_ticks(args.pid) else {}
+        censuses = proctree.process_tree(args.pid, censuses, parents=parents)
         errors = _errors_in_tree(errors, {c.pid for c in censuses} | {args.pid} | set(parents))
         if not censuses:
             hint = f"no census segment for pid {args.pid} or its descendants in {census_dir}"
@@ -362,13 +379,13 @@ def _cmd_doctor(args) -> int:
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The proxy's options live with the proxy (otel_gpu_census.proxy.config)."""
-    from .proxy import add_proxy_arguments as add
+    """The proxy's options live with the proxy (otel_gpu_census.integrations.llamacpp.config)."""
+    from .integrations.llamacpp import add_proxy_arguments as add
     add(parser)
 
 
 def _cmd_proxy(args) -> int:
-    from .proxy import run_proxy
+    from .integrations.llamacpp import run_proxy
     return run_proxy(args)
 
 
@@ -420,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=_cmd_doctor)
 
     prox = sub.add_parser("proxy", help="HTTP proxy for llama.cpp / Ollama that attributes GPU work to requests",
-                          description="HTTP proxy for llama.cpp / Ollama servers (issue 4).")
+                          description="HTTP proxy for llama.cpp / Ollama servers: one span per request, with "
+                          "TTFT and the GPU work attributed to it.")
     try:
         add_proxy_arguments(prox)
         prox.set_defaults(func=_cmd_proxy)
@@ -435,13 +453,9 @@ def _unavailable(verb: str, error: Exception) -> int:
 
 
 def _version() -> str:
-    from importlib import metadata
     from ._native import LAYOUT_VERSION
-    try:
-        v = metadata.version("otel-gpu-census")
-    except metadata.PackageNotFoundError:
-        v = "(not installed)"
-    return f"{PROG} {v}, segment layout {LAYOUT_VERSION}"
+    from .version import installed_version
+    return f"{PROG} {installed_version() or '(not installed)'}, segment layout {LAYOUT_VERSION}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -162,12 +162,12 @@ def check_injector(facts: Facts) -> List[Check]:
 
 def check_census_dir(facts: Facts) -> List[Check]:
     import tempfile
-    from . import reader
+    from .census import folder
     try:
-        d = reader.census_dir()
+        d = folder.census_dir()
         with tempfile.NamedTemporaryFile(dir=d, prefix=".doctor-"):
             pass
-    except reader.CensusDirError as e:
+    except folder.CensusDirError as e:
         return [Check(FAIL, "census folder", str(e))]
     except OSError as e:
         return [Check(FAIL, "census folder", f"cannot write in it: {e}")]
@@ -198,7 +198,7 @@ def check_environment(facts: Facts) -> List[Check]:
 
 def check_exporters(facts: Facts) -> List[Check]:
     """Metrics are optional: an exporter that cannot be imported is a warning naming what is missing."""
-    from . import exporters
+    from .telemetry import setup as exporters
     wanted = [(f"OTLP {proto}", mod) for proto, mod in exporters.OTLP_MODULES.items()]
     wanted.append(("Prometheus", exporters.PROMETHEUS_MODULE))
     ok, out = [], []

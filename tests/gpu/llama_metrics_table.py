@@ -30,7 +30,7 @@ What it does: starts a real OTLP receiver in this process (tests/otlp_receiver.p
 with --protocol http/protobuf), then `python -m otel_gpu_census.cli run --exporter otlp
 --metrics-interval 1 --proxy 127.0.0.1:PORT -- llama-server ...` with OTEL_EXPORTER_OTLP_ENDPOINT
 pointing at it (`--server standin` runs tests/llama_standin.py instead). The proxy is only there
-for the in-flight column (`gpu_census.proxy.active_requests`, exported by `run`'s proxy over the
+for the in-flight column (`gpu_census.requests.in_flight`, exported by `run`'s proxy over the
 same OTLP endpoint); --no-proxy loads the server directly and leaves that column empty. Phases:
 3 s idle, --load-s of load (bench/server/load.py's streaming requests from --clients clients, each
 starting a new request as soon as its last one ends), --idle-s idle, --load-s load, 3 s idle. Then
@@ -85,7 +85,7 @@ GAUGES = {            # metric -> (row key, column title)
     "gpu_census.sm.utilization": ("sm_util", "SM util"),
 }
 RATES = {"dtoh": "d2h_Bps", "htod": "h2d_Bps"}
-IN_FLIGHT = "gpu_census.proxy.active_requests"
+IN_FLIGHT = "gpu_census.requests.in_flight"
 IN_FLIGHT_LOOKBACK_NS = 1_500_000_000
 EDGE_IDLE_S = 3.0
 
@@ -352,7 +352,7 @@ def census_standin(a) -> int:
     import cupti_records as cr
     import perf_sidecar_cpu as psc
     from llama_standin import Standin
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import proctree
     st = Standin(tokens=a.n_predict, token_delay=a.standin_token_delay,
                  first_token_delay=a.standin_first_token_delay).start(port=a.port)
     census_dir = os.environ.get("OTEL_GPU_CENSUS_DIR")
@@ -361,7 +361,7 @@ def census_standin(a) -> int:
         return 1
     _, lib, _ = cr.native()
     pid = os.getpid()
-    ticks = reader.proc_start_ticks(pid) or 0
+    ticks = proctree.proc_start_ticks(pid) or 0
     mm, seg = cr.map_segment(Path(census_dir) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server",
                              wall_start_ns=time.time_ns())
     seg.pid, seg.ppid, seg.proc_start_ticks, seg.state = pid, os.getppid(), ticks, 1

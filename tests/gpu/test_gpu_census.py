@@ -255,7 +255,7 @@ def test_two_processes_share_one_gpu_and_merge_exactly(workload, tmp_path):
     RESULTS["two_processes"] = {"expected": wants, "census": got}
     assert [g["kernel_count"] for g in got] == sorted(w["kernels"] for w in wants)
     from otel_gpu_census.census import merge_devices
-    from otel_gpu_census.reader import scan
+    from otel_gpu_census.census.reader import scan
     good, bad = scan(str(tmp_path))
     assert bad == []
     merged = merge_devices(good)
@@ -279,7 +279,7 @@ def test_sampled_kernels_on_schedule_and_copies_exact(steady, tmp_path, api, ker
     fifth of the kernels (eager and graph nodes), launched inside the schedule's traced phases; with
     off, none."""
     sys.path.insert(0, str(HERE.parents[1] / "src"))
-    from otel_gpu_census import reader
+    from otel_gpu_census.census import reader
     env = census_env(tmp_path, OTEL_GPU_CENSUS_CUPTI_API=api, OTEL_GPU_CENSUS_KERNELS=kernels)
     p = subprocess.run([str(steady), "3", "20"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -78,6 +78,7 @@ class EngineTelemetry:
         self._stopped = False
         self._shutdown_done = False
         self._requests_log = RequestLog()
+        self._providers: Tuple = ()
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -86,7 +87,7 @@ class EngineTelemetry:
         if not path:                         # no buffer completed yet: the segment does not exist
             return None, {}
         head = reader.read_segment(path, detail=False)
-        return head, {s.id: s for s in reader.read_steps(path, lo, hi)}
+        return head, {s.id: s for s in reader.read_steps(path, lo, hi + 1)}
 
     # -- steps (engine thread) --------------------------------------------------------------------
     def begin_execute(self, scheduler_output) -> int:
@@ -232,10 +233,10 @@ class EngineTelemetry:
     def telemetry(self):
         if self._telemetry is None:
             from ...telemetry.request import RequestTelemetry
-            from ...telemetry.setup import engine_providers
-            tp, mp = engine_providers()
-            self._providers = (tp, mp)
-            self._telemetry = RequestTelemetry(tp, mp, provider_name="vllm",
+            from ...telemetry.setup import engine_telemetry
+            tel = engine_telemetry()
+            self._providers = (tel.tracer_provider, tel.meter_provider)
+            self._telemetry = RequestTelemetry(tel.tracer_provider, tel.meter_provider, provider_name="vllm",
                                                instrumentation_name="otel_gpu_census.vllm")
         return self._telemetry
 

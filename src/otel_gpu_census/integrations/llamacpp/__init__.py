@@ -6,7 +6,7 @@ Standalone::
 
 Beside a server started under the census (what ``otel-gpu-census run --proxy`` does)::
 
-    from otel_gpu_census.proxy import ProxyConfig, start_proxy_in_thread, upstream_from_server_args
+    from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread, upstream_from_server_args
     upstream, prefix = upstream_from_server_args(server_argv)
     handle = start_proxy_in_thread(ProxyConfig(upstream=upstream, listen_host="127.0.0.1",
                                                listen_port=8081, census_dir=dir, upstream_pid=child.pid,
@@ -15,8 +15,10 @@ Beside a server started under the census (what ``otel-gpu-census run --proxy`` d
     handle.stop()
 
 Modules: config (options), routes (which requests are model work), stream (facts from a copy of the
-answer), gpu (waiting for the census, per-request cost), spans (attribute names), instruments
-(metrics), telemetry (providers from OTEL_* variables), server (the aiohttp proxy).
+answer), spans (llama-server's and Ollama's facts as attributes), upstream (pooled connections),
+server (the aiohttp proxy). The rest is the engine-neutral core: the request lifecycle
+(``telemetry.request``), the wait for the census and the per-request cost (``attribution.ledger``),
+providers from OTEL_* variables (``telemetry.setup``).
 """
 from __future__ import annotations
 
@@ -26,12 +28,11 @@ import logging
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import List, Optional
 
 from .config import (ConfigError, ProxyConfig, add_proxy_arguments, config_from_args,
                      upstream_from_server_args)
 
-__version__ = "0.1.0"
 __all__ = ["ProxyConfig", "ConfigError", "add_proxy_arguments", "config_from_args", "run_proxy",
            "start_proxy_in_thread", "ProxyThread", "upstream_from_server_args"]
 
@@ -78,6 +79,11 @@ class ProxyThread:
         """'listening on URL → upstream (census ...)', for a start-up message."""
         return _describe(self.config, self.port, self.proxy)
 
+    def descriptions(self) -> List[str]:
+        """Where the signals of the providers this proxy built go ('traces → …', 'metrics → …');
+        nothing for providers the caller gave."""
+        return list(self._telemetry.descriptions) if self._telemetry is not None else []
+
     def start(self, timeout: float = 30.0) -> "ProxyThread":
         self._thread.start()
         if not self._ready.wait(timeout):
@@ -91,7 +97,7 @@ class ProxyThread:
         tp, mp = self._providers
         try:
             if tp is None or mp is None:
-                from .telemetry import build_telemetry
+                from ...telemetry.setup import build_telemetry
                 self._telemetry = build_telemetry(traces=tp is None, metrics=mp is None)
                 tp = tp or self._telemetry.tracer_provider
                 mp = mp or self._telemetry.meter_provider
@@ -143,7 +149,7 @@ def run_proxy(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="otel-gpu-census proxy: %(message)s")
     from .server import Proxy
-    from .telemetry import build_telemetry
+    from ...telemetry.setup import build_telemetry
     try:
         tel = build_telemetry()
     except Exception as e:

@@ -4,16 +4,12 @@ Two ways in:
 
 * In-process (engine hooks, any program with its own MeterProvider)::
 
-      from otel_gpu_census.metrics import register_census_instruments, segment_file_source
+      from otel_gpu_census.telemetry.census_metrics import register_census_instruments, segment_file_source
       register_census_instruments(meter_provider, segment_file_source(my_segment_path))
       # any source() -> list[ProcessCensus] will do
 
 * The sidecar that ``otel-gpu-census run`` starts in its own (parent) process, reading the census
-  segments of the server's process tree and exporting as OTel env vars say (see ``exporters``)::
-
-      handle = start_sidecar(census_dir, root_pid=child.pid, exporter=None)
-      ...
-      handle.stop()
+  segments of the server's process tree (``telemetry.sidecar.start_sidecar``).
 
 Every instrument is observable and reads the latest census snapshot; counters are cumulative totals
 exactly as the injector tallied them (counts and bytes as integers, times in seconds). The names,
@@ -32,39 +28,20 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from . import census
-from .census import DeviceTotals, ProcessCensus
+from .. import census
+from ..census import DeviceTotals, ProcessCensus
+from ..version import __version__
+from .specs import COPY_DIRECTION, COPY_MEMORY, HW_ID, IO_DIRECTION, METER_NAME, PROCESS_EXE, PROCESS_PID, Spec, \
+    create_observable
 
 log = logging.getLogger("otel_gpu_census.metrics")
 
-METER_NAME = "otel_gpu_census"
-
-# Attribute keys.
-HW_ID = "hw.id"                              # GPU UUID ("GPU-…", as nvidia-smi prints it)
-PROCESS_PID = "process.pid"
-PROCESS_EXE = "process.executable.name"
-COPY_DIRECTION = "gpu_census.copy.direction"  # census.DIRECTIONS
-COPY_MEMORY = "gpu_census.copy.memory_kind"   # census.MEMORY_KINDS: the host side of the copy
-IO_DIRECTION = "network.io.direction"         # receive | transmit, for hw.gpu.io
-
 _PROC = (HW_ID, PROCESS_PID, PROCESS_EXE)
 _COPY = _PROC + (COPY_DIRECTION, COPY_MEMORY)
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One instrument as docs/metrics.md lists it. Every instrument here is observable."""
-
-    name: str
-    instrument: str          # "counter" | "gauge" | "updowncounter"
-    unit: str
-    attributes: Tuple[str, ...]
-    description: str
 
 
 CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
@@ -378,21 +355,6 @@ class CensusMetrics:
         return {name: self._observe(fn) for name, fn in fns.items()}
 
 
-def _package_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("otel-gpu-census")
-    except Exception:
-        return "0"
-
-
-def create_observable(meter, spec: Spec, callback) -> object:
-    make = {"counter": meter.create_observable_counter,
-            "gauge": meter.create_observable_gauge,
-            "updowncounter": meter.create_observable_up_down_counter}[spec.instrument]
-    return make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
-
-
 def register_census_instruments(meter_provider, source: Callable[[], Iterable[ProcessCensus]], *,
                                 min_refresh_s: float = 0.25, retain_exited: int = 256,
                                 clock: Callable[[], int] = time.time_ns) -> CensusMetrics:
@@ -406,7 +368,7 @@ def register_census_instruments(meter_provider, source: Callable[[], Iterable[Pr
     state = CensusMetrics(source, min_refresh_s=min_refresh_s, retain_exited=retain_exited, clock=clock)
     state.refresh()
     state.busy_ratios()          # start the ratio's first interval now
-    meter = meter_provider.get_meter(METER_NAME, _package_version())
+    meter = meter_provider.get_meter(METER_NAME, __version__)
     callbacks = state.callbacks()
     for spec in CENSUS_INSTRUMENTS:
         create_observable(meter, spec, callbacks[spec.name])
@@ -414,7 +376,7 @@ def register_census_instruments(meter_provider, source: Callable[[], Iterable[Pr
 
 
 # -------------------------------------------------------------------------------------------
-# the sidecar of `otel-gpu-census run`
+# sources: which processes to report
 
 class ProcessTreeFilter:
     """Keeps the censuses of `root_pid` and its descendants (the census folder may be shared).
@@ -426,10 +388,10 @@ class ProcessTreeFilter:
     """
 
     def __init__(self, root_pid: int, parents: Optional[Mapping[int, int]] = None):
-        from . import reader
-        self._reader = reader
+        from ..census import proctree
+        self._proctree = proctree
         self.root_pid = root_pid
-        self.root_ticks = reader.proc_start_ticks(root_pid) or 0
+        self.root_ticks = proctree.proc_start_ticks(root_pid) or 0
         self._parents = parents
         self._learned: Dict[int, int] = {}
         self._decided: Dict[Tuple[int, int], bool] = {}
@@ -445,7 +407,7 @@ class ProcessTreeFilter:
                 if ok is None and not walked:     # learn the live tree once per read, then retry
                     walked = True
                     try:
-                        self._learned.update(self._reader.live_descendants(self.root_pid))
+                        self._learned.update(self._proctree.live_descendants(self.root_pid))
                     except Exception:
                         pass
                     ok = self._descends(p, links)
@@ -460,7 +422,7 @@ class ProcessTreeFilter:
             pp = source.get(pid)
             if pp:
                 return pp
-        pp = self._reader.proc_ppid(pid)
+        pp = self._proctree.proc_ppid(pid)
         if pp is not None:
             self._learned[pid] = pp
         return pp
@@ -487,7 +449,7 @@ class ProcessTreeFilter:
 def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
     """A census source over one segment file (a process's own, for in-process hooks): its
     totals, or nothing while the file does not exist yet (CUDA not initialised)."""
-    from . import reader
+    from ..census import reader
 
     def source() -> List[ProcessCensus]:
         if not os.path.exists(path):
@@ -499,7 +461,7 @@ def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
 def segment_source(census_dir, root_pid: Optional[int] = None,
                    parents: Optional[Mapping[int, int]] = None) -> Callable[[], List[ProcessCensus]]:
     """A census source over the segments in `census_dir` (only `root_pid`'s tree when given)."""
-    from . import reader
+    from ..census import reader
     tree = ProcessTreeFilter(root_pid, parents) if root_pid else None
     reported: set = set()
 
@@ -513,85 +475,3 @@ def segment_source(census_dir, root_pid: Optional[int] = None,
                 log.warning("metrics: skipping %s", e)
         return tree(procs) if tree else list(procs)
     return source
-
-
-class Sidecar:
-    """Handle on the running exporters; :meth:`stop` sends the last values and closes everything."""
-
-    def __init__(self, provider=None, exporting=None, census: Optional[CensusMetrics] = None, nvml=None):
-        self._provider = provider
-        self._exporting = exporting
-        self.census = census
-        self.nvml = nvml
-        self._stopped = False
-
-    @property
-    def active(self) -> bool:
-        return self._provider is not None
-
-    @property
-    def prometheus_port(self) -> Optional[int]:
-        return self._exporting.prometheus_port if self._exporting else None
-
-    def describe(self) -> str:
-        if not self.active:
-            return "metrics: not exported (no exporter configured)"
-        return "metrics: " + "; ".join(self._exporting.descriptions)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        if self.census is not None:
-            self.census.refresh()     # the last export carries the final totals written at exit
-        if self._exporting is not None and self._exporting.otlp is not None:
-            self._exporting.otlp.stopping()
-        try:
-            if self._provider is not None:
-                self._provider.shutdown(timeout_millis=timeout_s * 1000)
-        except Exception as e:
-            log.warning("metrics: stopping the exporters: %s: %s", type(e).__name__, e)
-        if self._exporting is not None:
-            self._exporting.close()
-        if self.nvml is not None:
-            self.nvml.close()
-
-    def __enter__(self) -> "Sidecar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional[str] = None,
-                  prometheus_port: Optional[int] = None, interval_s: Optional[float] = None, *,
-                  parents: Optional[Mapping[int, int]] = None, nvml: bool = True,
-                  source: Optional[Callable[[], List[ProcessCensus]]] = None) -> Sidecar:
-    """Export the census of `root_pid`'s process tree (all of `census_dir` when None) from this process.
-
-    `exporter` is ``otlp``, ``prometheus``, ``console``, ``none`` or None (follow OTEL_* env vars;
-    see ``exporters``). With nothing configured the handle is inactive and costs nothing. Readings
-    happen in the exporters' background threads (the periodic reader, or the Prometheus scrape).
-    An exporter that cannot start, or NVML that cannot be read, costs a warning, never the run.
-    `parents` ({pid: ppid}, may keep changing) helps place processes whose parent already exited.
-    `source` replaces the segment folder (tests, or a caller with its own census source).
-    Raises ``exporters.ConfigError`` only for an invalid explicit `exporter` or interval.
-    """
-    from . import exporters as _exp
-
-    names = _exp.choose_exporters(exporter)
-    if not names:
-        return Sidecar()
-    exporting = _exp.build_readers(names, prometheus_port=prometheus_port, interval_s=interval_s)
-    if not exporting.readers:
-        return Sidecar()
-    from opentelemetry.sdk.metrics import MeterProvider
-    provider = MeterProvider(metric_readers=exporting.readers, resource=_exp.make_resource())
-    state = register_census_instruments(provider, source or segment_source(census_dir, root_pid, parents))
-    sampler = None
-    if nvml:
-        from . import nvml as _nvml
-        sampler = _nvml.register_nvml_instruments(provider)
-    handle = Sidecar(provider, exporting, state, sampler)
-    log.info("%s", handle.describe())
-    return handle

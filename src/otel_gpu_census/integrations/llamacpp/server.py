@@ -10,7 +10,8 @@ Data path for a model request (see routes.py for which those are):
 Only the span's start (its id goes upstream in `traceparent`) comes before the first byte is sent on;
 the request body is parsed, attributes are set and metrics recorded after the answer's last byte went
 to the client. Then the span waits (in the background) for the census to cover its window, gets its
-GPU cost (gpu.py) and ends with its real end time.
+GPU cost (attribution.ledger) and ends with its real end time (telemetry.request: the lifecycle every
+integration shares).
 
 Failures answer like llama-server does, ``{"error": {"code", "message", "type"}}``:
   connection refused / unreachable → 503; upstream closed or sent garbage before answering → 502;
@@ -32,16 +33,15 @@ from typing import Any, AsyncIterator, Dict, Optional
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from ...attribution.ledger import CensusSource, GpuLedger
+from ...telemetry.request import RequestTelemetry, TrackedRequest
 from . import spans as spanattrs
 from . import upstream as upstream_conn
 from .config import ProxyConfig, check_not_itself
-from .gpu import CensusSource, GpuLedger
-from .instruments import ProxyInstruments
-from .routes import Route, classify, untraced
+from .routes import LLAMACPP, Route, classify, untraced
 from .stream import BodyReader, parse_request_body
 
 log = logging.getLogger("otel_gpu_census.proxy")
@@ -55,6 +55,7 @@ REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `st
 BUFFER_BODY_BYTES = 1 << 20            # bodies up to this (with a Content-Length) are read whole first
 STOP_GRACE_S = 2.0                     # how long answers in flight may go on once the proxy stops
 FINISH_AFTER_S = 0.05                  # a finished request's span work waits this long (see _finish)
+SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
 
 # gpu_census.proxy.outcome values
 COMPLETE = "complete"
@@ -99,6 +100,7 @@ class _Exchange:
     start_ns: int
     route: Optional[Route]
     span: Any = None
+    tracked: Optional[TrackedRequest] = None   # model requests: the lifecycle behind `span`
     key: str = ""
     request_fields: Dict[str, Any] = field(default_factory=dict)
     outcome: str = COMPLETE
@@ -124,11 +126,12 @@ class Proxy:
     def __init__(self, config: ProxyConfig, tracer_provider=None, meter_provider=None,
                  census_source: Optional[CensusSource] = None):
         self.config = config
-        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("otel_gpu_census.proxy")
-        self.instruments = ProxyInstruments(meter_provider)
+        self.telemetry = RequestTelemetry(tracer_provider, meter_provider, provider_name=LLAMACPP,
+                                          instrumentation_name=SCOPE)
         if census_source is None and config.gpu:
             census_source = _default_source(config)
-        self.ledger = GpuLedger(census_source, margin_s=config.gpu_margin_s, max_wait_s=config.gpu_max_wait_s)
+        self.ledger = GpuLedger(census_source, margin_s=config.gpu_margin_s, max_wait_s=config.gpu_max_wait_s,
+                                note=spanattrs.NOTE_STATE_SAVE)
         self.session: Optional[aiohttp.ClientSession] = None
         self.runner: Optional[web.AppRunner] = None
         self.port: Optional[int] = None
@@ -194,10 +197,8 @@ class Proxy:
         if route is not None or not untraced(request.path, cfg.api_prefix):
             ex.span = self._start_span(request, ex, parent)
         ctx = trace.set_span_in_context(ex.span, parent) if ex.span is not None else parent
-        base_attrs = self._metric_base(route)
         if route is not None:
             ex.key = uuid.uuid4().hex
-            self.instruments.started(base_attrs)
             self.ledger.open(ex.key, ex.start_ns)
             ex.ledger_open = True
         try:
@@ -209,7 +210,7 @@ class Proxy:
             raise
         finally:
             end_ns = ex.start_ns + (time.monotonic_ns() - t0)
-            self._finish(ex, end_ns, base_attrs)
+            self._finish(ex, end_ns)
 
     async def _forward(self, request: web.Request, ex: _Exchange, ctx, raw_path: str) -> web.StreamResponse:
         cfg = self.config
@@ -308,10 +309,14 @@ class Proxy:
             self.connector.spend(ex.connection)
         feed = None
         if ex.route is not None:
-            key = ex.key
+            key, tracked = ex.key, ex.tracked
+
+            def on_first_token(t_ns: int) -> None:
+                self.ledger.first_token(key, t_ns)
+                tracked.first_token(t_ns)
             ex.reader = BodyReader(upstream.headers.get("Content-Type", ""),
                                    upstream.headers.get("Content-Encoding", ""), ex.route.body_kind,
-                                   on_first_token=lambda t_ns: self.ledger.first_token(key, t_ns))
+                                   on_first_token=on_first_token)
             feed = ex.reader.feed
         await resp.prepare(request)
         try:
@@ -382,22 +387,18 @@ class Proxy:
         if request.query_string:
             attrs["url.query"] = request.query_string
         if ex.route is not None:
-            attrs["gen_ai.operation.name"] = ex.route.operation
+            # the request lifecycle: its span, the in-flight counter, later the GenAI metrics
             attrs["gen_ai.provider.name"] = ex.route.provider
-            name = ex.route.operation
-        else:
-            name = f"{request.method} {request.path}" if len(request.path) <= 64 else request.method
-        return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=ex.start_ns,
-                                      attributes=attrs)
+            ex.tracked = self.telemetry.start(start_ns=ex.start_ns, operation=ex.route.operation,
+                                              span_name=ex.route.operation, parent=parent, attributes=attrs)
+            return ex.tracked.span
+        name = f"{request.method} {request.path}" if len(request.path) <= 64 else request.method
+        return self.telemetry.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=ex.start_ns,
+                                                attributes=attrs)
 
-    def _metric_base(self, route: Optional[Route]) -> Dict[str, str]:
-        if route is None:
-            return {}
-        return {"gen_ai.operation.name": route.operation, "gen_ai.provider.name": route.provider}
-
-    def _finish(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> None:
+    def _finish(self, ex: _Exchange, end_ns: int) -> None:
         """The answer is over (its last byte is with the client). Now: the ledger learns the end (for
-        GPU attribution) and the in-flight gauge drops. The rest (reading the kept chunks, the request
+        GPU attribution) and the in-flight counter drops. The rest (reading the kept chunks, the request
         body, span attributes, histograms) follows FINISH_AFTER_S later in a task, off the moment when
         streams end together and their clients' next requests arrive; the span ends after the GPU wait."""
         if ex.span is None and ex.route is None:      # untraced (health checks): nothing to record
@@ -408,33 +409,35 @@ class Proxy:
                 if ex.reader is not None and ex.reader.facts.first_token_ns is None:
                     ex.reader.catch_up()          # the ledger splits prefill from decode at it
                 fut = self.ledger.close(ex.key, end_ns)
-            if ex.route is not None:
-                self.instruments.ended(base_attrs)
+            if ex.tracked is not None:
+                ex.tracked.served()
         except Exception:      # telemetry must never break the proxy
             log.exception("proxy: could not finish the span of a request")
-        task = asyncio.get_running_loop().create_task(self._complete(ex, end_ns, base_attrs, fut))
+        task = asyncio.get_running_loop().create_task(self._complete(ex, end_ns, fut))
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
 
-    async def _complete(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str], fut) -> None:
+    async def _complete(self, ex: _Exchange, end_ns: int, fut) -> None:
         if not self._stopping:
             await asyncio.sleep(FINISH_AFTER_S)
-        metric_attrs = None
+        cost, attrs, outcome = None, {}, (None, None)
         try:
-            metric_attrs = self._record(ex, end_ns, base_attrs)
+            attrs, outcome = self._record(ex, end_ns)
             if fut is not None:
                 cost = await fut
-                if ex.span is not None:
-                    ex.span.set_attributes(spanattrs.gpu_attributes(cost))
-                self.instruments.gpu(metric_attrs, cost)
         except Exception:      # telemetry must never break the proxy
             log.exception("proxy: could not finish the span of a request")
         finally:
-            if ex.span is not None:
+            if ex.tracked is not None:
+                output_tokens, error = outcome
+                ex.tracked.finish(end_ns, cost=cost, attributes=attrs, output_tokens=output_tokens, error_type=error)
+            elif ex.span is not None:
+                ex.span.set_attributes(attrs)
                 ex.span.end(end_time=end_ns)
 
-    def _record(self, ex: _Exchange, end_ns: int, base_attrs: Dict[str, str]) -> Dict[str, str]:
-        """Span attributes and histograms from what the answer said; the metric attributes."""
+    def _record(self, ex: _Exchange, end_ns: int):
+        """What the answer said: (span attributes, (output tokens for TPOT, error type)). The span's
+        name and error status are set here; the request lifecycle does the rest."""
         facts = ex.reader.close(end_ns) if ex.reader is not None else None
         if ex.head:
             ex.request_fields = parse_request_body(bytes(ex.head), ex.body_encoding)
@@ -442,48 +445,39 @@ class Proxy:
         model = ex.request_fields.get("model") if isinstance(ex.request_fields.get("model"), str) else None
         if model is None and facts is not None and facts.model:
             model = facts.model
-        if span is not None:
-            attrs: Dict[str, Any] = {"gpu_census.proxy.outcome": ex.outcome,
-                                     "http.request.body.size": ex.req_bytes,
-                                     "http.response.body.size": ex.resp_bytes}
-            if ex.status is not None:
-                attrs["http.response.status_code"] = ex.status
-            if ex.retried:
-                attrs["gpu_census.proxy.upstream_retried"] = True
-            if ex.route is not None:
-                attrs["gen_ai.request.id"] = (facts.response_id if facts and facts.response_id else ex.key)
-                if model:
-                    attrs["gen_ai.request.model"] = model
-                if "max_tokens" in ex.request_fields:
-                    attrs["gen_ai.request.max_tokens"] = ex.request_fields["max_tokens"]
-                if "stream" in ex.request_fields:
-                    attrs["gpu_census.proxy.request.stream"] = ex.request_fields["stream"]
-                if facts is not None:
-                    attrs.update(spanattrs.fact_attributes(facts, ex.start_ns, end_ns))
-                if model:
-                    span.update_name(f"{ex.route.operation} {model}")
-            error = ex.error_type
-            if error is None and ex.status is not None and ex.status >= 500:
-                error = str(ex.status)
-            if error is not None:
-                attrs["error.type"] = error
-                span.set_status(Status(StatusCode.ERROR, ex.error_message or f"HTTP {ex.status}"))
-            elif facts is not None and facts.error and (ex.status or 0) < 400:
-                # an error inside a 200 answer (llama-server streams errors as events); 4xx stays unset
-                span.set_status(Status(StatusCode.ERROR, f"upstream error in the answer: {facts.error[:200]}"))
-            span.set_attributes(attrs)
-        metric_attrs = dict(base_attrs)
-        if ex.route is None:
-            return metric_attrs
-        if model:
-            metric_attrs["gen_ai.request.model"] = model
-        if ex.error_type is not None or (ex.status is not None and ex.status >= 500):
-            metric_attrs["error.type"] = ex.error_type or str(ex.status)
+        attrs: Dict[str, Any] = {"gpu_census.proxy.outcome": ex.outcome,
+                                 "http.request.body.size": ex.req_bytes,
+                                 "http.response.body.size": ex.resp_bytes}
+        if ex.status is not None:
+            attrs["http.response.status_code"] = ex.status
+        if ex.retried:
+            attrs["gpu_census.proxy.upstream_retried"] = True
+        if ex.route is not None:
+            attrs["gen_ai.request.id"] = (facts.response_id if facts and facts.response_id else ex.key)
+            if model:
+                attrs["gen_ai.request.model"] = model
+            if "max_tokens" in ex.request_fields:
+                attrs["gen_ai.request.max_tokens"] = ex.request_fields["max_tokens"]
+            if "stream" in ex.request_fields:
+                attrs["gpu_census.proxy.request.stream"] = ex.request_fields["stream"]
+            if facts is not None:
+                if facts.first_token_ns is not None and ex.tracked is not None:
+                    ex.tracked.first_token(facts.first_token_ns)
+                attrs.update(spanattrs.fact_attributes(facts))
+            if model:
+                span.update_name(f"{ex.route.operation} {model}")
+        error = ex.error_type
+        if error is None and ex.status is not None and ex.status >= 500:
+            error = str(ex.status)
+        if error is not None:
+            attrs["error.type"] = error
+            span.set_status(Status(StatusCode.ERROR, ex.error_message or f"HTTP {ex.status}"))
+        elif facts is not None and facts.error and (ex.status or 0) < 400:
+            # an error inside a 200 answer (llama-server streams errors as events); 4xx stays unset
+            span.set_status(Status(StatusCode.ERROR, f"upstream error in the answer: {facts.error[:200]}"))
         ok = ex.outcome == COMPLETE and ex.status is not None and ex.status < 400
-        ttft = spanattrs.time_to_first_token(facts, ex.start_ns) if facts is not None and ok else None
-        tpot = spanattrs.time_per_output_token(facts, ex.start_ns, end_ns) if facts is not None and ok else None
-        self.instruments.finished(metric_attrs, (end_ns - ex.start_ns) / 1e9, ttft, tpot)
-        return metric_attrs
+        output_tokens = spanattrs.output_tokens(facts) if facts is not None and ok else None
+        return attrs, (output_tokens, error)
 
 
 def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
@@ -491,8 +485,8 @@ def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
     import os
     from pathlib import Path
 
-    from .. import reader
-    path = Path(config.census_dir) if config.census_dir else reader.default_census_dir()
+    from ...census import folder
+    path = Path(config.census_dir) if config.census_dir else folder.default_census_dir()
     if not path.is_dir():
         if config.census_dir:
             log.warning("census folder %s does not exist (yet): it is read once it does", path)

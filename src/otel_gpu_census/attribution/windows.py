@@ -1,4 +1,4 @@
-"""Share a process's GPU activity among the requests that were in flight when it ran.
+"""Share a process's GPU activity among the requests that were in flight when it ran, by time window.
 
 The census counts GPU work in 20 ms buckets of the CUPTI clock (``census.Window``); a proxy in
 front of a server that cannot be hooked (llama-server, Ollama) knows only when each request was in
@@ -17,7 +17,8 @@ The rule, for one bucket whose wall-clock span is [bs, be) (mapped with
 3. Every integer in the bucket (kernel count, kernel ns, copy count/bytes/ns per direction, memset)
    is split by those fractions with the largest-remainder method: each party gets the floor of its
    exact share, and the units left over go one each to the largest fractional parts (ties: earlier
-   party first, unattributed last). Shares are integers and sum exactly to the bucket's value.
+   party first, unattributed last; ``shares.split_weights``). Shares are integers and sum exactly to
+   the bucket's value.
 
 Conservation, therefore, per bucket and over any set of buckets:
 ``sum(shares) + unattributed == sum of the buckets``, for every field.
@@ -38,10 +39,11 @@ from fractions import Fraction
 from math import gcd
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
-from .census import DIRECTIONS, ZERO, Stat, Window
+from ..census import Window
+from .shares import NOTHING, ROW_WIDTH, Share, split_weights
 
 METHOD = "time_window_shared"
-"""Value of the span attribute ``gpu.attribution.method`` for this rule."""
+"""Value of ``GpuCost.method`` (span attribute ``gpu_census.attribution.method``) for this rule."""
 
 UNATTRIBUTED = object()
 """Party key of the activity no request can claim (never a valid request key)."""
@@ -68,56 +70,6 @@ class Interval:
         return self.start_ns < b and (self.end_ns is None or self.end_ns > a)
 
 
-@dataclass(frozen=True)
-class Share:
-    """Integer GPU activity owned by one party: the same fields a census Window carries."""
-
-    kernel_count: int = 0
-    kernel_ns: int = 0
-    copies: Dict[str, Stat] = field(default_factory=dict)    # by direction; absent means zero
-    memset: Stat = ZERO
-
-    @classmethod
-    def of_window(cls, w: Window) -> "Share":
-        return cls(w.kernel_count, w.kernel_ns, {d: s for d, s in w.copies.items() if s != ZERO}, w.memset)
-
-    def copy(self, direction: str) -> Stat:
-        return self.copies.get(direction, ZERO)
-
-    def __add__(self, o: "Share") -> "Share":
-        copies = dict(self.copies)
-        for d, s in o.copies.items():
-            copies[d] = copies.get(d, ZERO) + s
-        return Share(self.kernel_count + o.kernel_count, self.kernel_ns + o.kernel_ns,
-                     {d: s for d, s in copies.items() if s != ZERO}, self.memset + o.memset)
-
-    def is_zero(self) -> bool:
-        return (self.kernel_count == 0 and self.kernel_ns == 0 and self.memset == ZERO
-                and all(s == ZERO for s in self.copies.values()))
-
-    # Flattened view for splitting: a fixed order of (name, value) pairs.
-    def _flat(self) -> List[int]:
-        out = [self.kernel_count, self.kernel_ns]
-        for d in DIRECTIONS:
-            s = self.copy(d)
-            out += [s.count, s.bytes, s.ns]
-        out += [self.memset.count, self.memset.bytes, self.memset.ns]
-        return out
-
-    @classmethod
-    def _unflat(cls, v: Sequence[int]) -> "Share":
-        copies = {}
-        for i, d in enumerate(DIRECTIONS):
-            s = Stat(*v[2 + 3 * i: 5 + 3 * i])
-            if s != ZERO:
-                copies[d] = s
-        m = 2 + 3 * len(DIRECTIONS)
-        return cls(v[0], v[1], copies, Stat(*v[m:m + 3]))
-
-
-NOTHING = Share()
-
-
 @dataclass
 class Attribution:
     """The split of a set of buckets: per key, the remainder, and what the buckets held."""
@@ -136,37 +88,6 @@ class Attribution:
         for k in keys:
             out = out + self.share(k)
         return out
-
-
-def split_weights(total: int, weights: Sequence[int], denom: int) -> List[int]:
-    """Split `total` into integers proportional to `weights` (non-negative, summing to `denom`), by
-    largest remainder: each entry gets floor(total * w / denom) and the units left over go one each
-    to the largest remainders; ties go to the earlier entry. The result sums exactly to `total`.
-
-    Integer arithmetic only: the same result as with exact fractions, at a fraction of their cost."""
-    if total == 0:
-        return [0] * len(weights)
-    floors, rems = [], []
-    for w in weights:
-        q, r = divmod(total * w, denom)
-        floors.append(q)
-        rems.append(r)
-    left = total - sum(floors)
-    if left:
-        for i in sorted(range(len(rems)), key=lambda i: (-rems[i], i))[:left]:
-            floors[i] += 1
-    return floors
-
-
-def split_integer(total: int, fractions: Sequence[Fraction]) -> List[int]:
-    """Split `total` into integers proportional to `fractions` (which sum to 1), by largest remainder.
-
-    Ties in the fractional part go to the earlier entry. The result sums exactly to `total`.
-    """
-    denom = 1
-    for f in fractions:
-        denom = denom * f.denominator // gcd(denom, f.denominator)
-    return split_weights(total, [f.numerator * (denom // f.denominator) for f in fractions], denom)
 
 
 def bucket_weights(bs: int, be: int, intervals: Sequence[Interval]
@@ -220,9 +141,6 @@ def bucket_fractions(bs: int, be: int, intervals: Sequence[Interval]
     return {k: Fraction(w, denom) for k, w in weights.items()}, Fraction(rest, denom), most
 
 
-WIDTH = len(NOTHING._flat())
-
-
 def _split_bucket(values: Sequence[int], bs: int, be: int, ivs: Sequence[Interval], order: Dict[Hashable, int]):
     """One bucket: (parties in interval order, indices of the non-zero fields, each party's parts of
     those fields, the unattributed parts, most groups at once)."""
@@ -252,14 +170,14 @@ def attribute(windows: Iterable[Window], to_wall: Callable[[int], int],
         raise ValueError("interval keys must be unique")
     wanted = None if keys is None else set(keys)
     sums: Dict[Hashable, List[int]] = {}
-    rest = [0] * WIDTH
-    total = [0] * WIDTH
+    rest = [0] * ROW_WIDTH
+    total = [0] * ROW_WIDTH
     most: Dict[Hashable, int] = {}
     n = 0
     for w in windows:
         n += 1
         bs, be = to_wall(w.start_ns), to_wall(w.end_ns)
-        values = Share.of_window(w)._flat()
+        values = Share.of_window(w).as_row()
         live = [iv for iv in ivs if iv.start_ns < be and (iv.end_ns is None or iv.end_ns > bs)]
         if cache is not None:
             # The same values and the same ordered intervals, as seen inside the bucket, give the same
@@ -282,14 +200,14 @@ def attribute(windows: Iterable[Window], to_wall: Callable[[int], int],
                 continue
             acc = sums.get(key)
             if acc is None:
-                acc = sums[key] = [0] * WIDTH
+                acc = sums[key] = [0] * ROW_WIDTH
             for i, x in zip(nz, row):
                 acc[i] += x
             most[key] = max(most.get(key, 0), k)
     return Attribution(
-        shares={key: Share._unflat(v) for key, v in sums.items()},
-        unattributed=Share._unflat(rest),
-        total=Share._unflat(total),
+        shares={key: Share.from_row(v) for key, v in sums.items()},
+        unattributed=Share.from_row(rest),
+        total=Share.from_row(total),
         buckets=n,
         concurrency_max=most,
     )

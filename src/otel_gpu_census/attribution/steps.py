@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from .attribution import NOTHING, WIDTH, Share, split_weights
-from .census import ProcessCensus, Step
+from ..census import ProcessCensus, Step
+from .shares import NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
 """Value of the span attribute ``gpu_census.attribution.method`` for this rule."""
@@ -71,7 +71,7 @@ class Settled:
 
 
 def _flat(step: Step) -> List[int]:
-    return Share(step.kernel_count, step.kernel_ns, dict(step.copies), step.memset)._flat()
+    return Share(step.kernel_count, step.kernel_ns, dict(step.copies), step.memset).as_row()
 
 
 def split_step(values: List[int], tokens: Mapping[str, int]) -> List[Tuple[str, List[int]]]:
@@ -100,7 +100,7 @@ class StepLedger:
     """Steps and requests of one engine process, and the split of the census's steps among them.
 
     `read(lo, hi)` returns (the process's census header, {step id: Step}) for step ids [lo, hi], or
-    (None, {}) while the census has no segment yet (``reader.read_steps`` on the injector's path)."""
+    (None, {}) while the census has no segment yet (``census.reader`` on the injector's path)."""
 
     def __init__(self, read: Callable[[int, int], Tuple[Optional[ProcessCensus], Dict[int, Step]]],
                  clock: Callable[[], int] = time.time_ns, max_wait_ns: int = MAX_WAIT_NS):
@@ -175,7 +175,7 @@ class StepLedger:
             acc = self._acc.pop(key, _Acc())
             self._first_token.pop(key, None)
             s = Settled(key, facts, end, "complete" if last <= self.settled_sid else "stale",
-                        Share._unflat(acc.values), Share._unflat(acc.prefill), acc.steps, acc.first_step_ns)
+                        Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns)
             if s.status == "stale":
                 self._closed_early[key] = last
                 s.notes.append(f"closed {max(0, now - end) / 1e9:.1f} s after its end with steps "

@@ -19,7 +19,8 @@ from typing import Dict, List, Optional, Tuple
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from .metrics import HW_ID, IO_DIRECTION, METER_NAME, Spec, _package_version, create_observable
+from ..version import __version__
+from .specs import HW_ID, IO_DIRECTION, METER_NAME, Spec, create_observable
 
 log = logging.getLogger("otel_gpu_census.metrics")
 
@@ -187,7 +188,7 @@ class NvmlSampler:
         return BASE_INSTRUMENTS + (GPM_INSTRUMENTS if any(d.gpm for d in self.devices) else ())
 
     def register(self, meter_provider) -> List[str]:
-        meter = meter_provider.get_meter(METER_NAME + ".nvml", _package_version())
+        meter = meter_provider.get_meter(METER_NAME + ".nvml", __version__)
         cbs = self.callbacks()
         names = []
         for spec in self.specs():

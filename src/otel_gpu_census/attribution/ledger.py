@@ -1,16 +1,21 @@
 """Give each finished request its share of the server's GPU work, once the census has caught up.
 
-The proxy tells a :class:`GpuLedger` when a request starts, when its first token streams and when it
-ends. CUPTI hands records to the census up to about a second late, so a finished request waits
+An integration (the llama.cpp proxy today) tells a :class:`GpuLedger` when a request starts, when its
+first token streams and when it ends. CUPTI hands records to the census up to about a second late, so a finished request waits
 (without blocking anything) until every relevant segment says it is complete past the request's end
 (the injector's ``complete_wall_ns``; for segments without it, a publish at least ``margin`` after
 the end), the server exited, or ``max_wait`` passed; then its share is computed with
-:func:`attribution.attribute` from the buckets its window touched and every request in flight in
+:func:`windows.attribute` from the buckets its window touched and every request in flight in
 them, and handed back as a :class:`GpuCost`.
 
-Which processes count: the upstream process (``--upstream-pid``) and its descendants — Ollama runs
-its model in a child — or, without a pid, every segment in the census folder that was alive during
-the request.
+Which processes count (:class:`CensusSource`): the server process (the proxy's ``--upstream-pid``)
+and its descendants — Ollama runs its model in a child — or, without a pid, every segment in the
+census folder that was alive during the request.
+
+:class:`GpuCost` is engine-neutral: ``method`` says how the share was found (``time_window_shared``
+here; ``step_tokens`` for per-step shares), ``steps`` how many steps it covers (0 for windows), and
+``note`` an integration's explanation of what its spans show (the span attribute
+``gpu_census.attribution.note`` leads with it).
 """
 from __future__ import annotations
 
@@ -20,10 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..attribution import NOTHING, Interval, Share, attribute
-from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus
+from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, proctree, reader
+from .shares import NOTHING, Share
+from .windows import METHOD as WINDOW_METHOD
+from .windows import Interval, attribute
 
-log = logging.getLogger("otel_gpu_census.proxy")
+log = logging.getLogger("otel_gpu_census.attribution")
 
 BUCKET_SLACK_NS = 1_000_000_000     # keep finished requests this long before the oldest open one
 # With the injector's "complete up to" time: GPU work that finished before it is counted. A request's
@@ -47,7 +54,12 @@ SHUTDOWN = "shutdown"       # the proxy stopped before the census caught up
 
 @dataclass
 class GpuCost:
+    """One request's GPU work: its share, what its window (or steps) held, and how sure that is."""
+
     status: str
+    method: str = WINDOW_METHOD     # how the share was found: time_window_shared | step_tokens
+    steps: int = 0                  # steps the share was taken from (step attribution; 0 for windows)
+    note: str = ""                  # the integration's note on what the figures mean (first in the span's)
     share: Share = NOTHING          # this request's share of its window
     prefill: Share = NOTHING        # the part of the share before its first token
     window: Share = NOTHING         # everything in the buckets its window touched
@@ -64,6 +76,16 @@ class GpuCost:
     @property
     def kernel_traced_ratio(self) -> float:
         return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
+
+    @property
+    def has_figures(self) -> bool:
+        """Whether the census gave this request any figures (its status, or buckets or processes seen)."""
+        return self.status in (COMPLETE, SETTLED) or bool(self.buckets or self.pids)
+
+    @property
+    def has_window(self) -> bool:
+        """Whether the figures come with a time window (bucket totals, unattributed part)."""
+        return self.method == WINDOW_METHOD or self.buckets > 0
 
 
 class CensusSource:
@@ -82,39 +104,35 @@ class CensusSource:
         return self.read(detail=False)
 
     def read(self, detail: bool = True) -> Tuple[List[ProcessCensus], List[str]]:
-        from .. import reader
         censuses, errors = reader.scan(self.directory, detail)
         notes = self._notes(errors)
         if self.pid is not None:
             if self._root_ticks is None:
-                self._root_ticks = reader.proc_start_ticks(self.pid)
+                self._root_ticks = proctree.proc_start_ticks(self.pid)
             parents = self._descendants()
-            censuses = reader.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
+            censuses = proctree.process_tree(self.pid, censuses, parents=parents, root_start_ticks=self._root_ticks)
         return censuses, notes
 
     def _descendants(self) -> Dict[int, int]:
         # /proc/PID/task/*/children for every thread of the server: dozens of reads for llama-server
-        from .. import reader
         t, parents = self._parents
         now = time.monotonic()
         if now - t >= DESCENDANTS_TTL_S:
-            parents = reader.live_descendants(self.pid)
+            parents = proctree.live_descendants(self.pid)
             self._parents = (now, parents)
         return parents
 
     def read_range(self, lo_ns: int, hi_ns: int, headers=None) -> Tuple[List[ProcessCensus], List[str]]:
         """The processes that lived during wall [lo, hi), each with only the windows of that range:
         headers first (~12 KiB a segment; `headers`: a read_headers() result just taken), then one
-        copy of each relevant segment, parsed only as far as attribution needs (census_read)."""
-        from .. import reader
-        from .census_read import read_range
+        copy of each relevant segment, parsed only as far as attribution needs (reader.read_windows)."""
         heads, notes = headers if headers is not None else self.read_headers()
         out, errors = [], []
         for h in heads:
             if not (h.wall_start_ns < hi_ns and (h.alive or h.wall_update_ns >= lo_ns)):
                 continue
             try:
-                out.append(read_range(h.path, lo_ns, hi_ns))
+                out.append(reader.read_windows(h.path, lo_ns, hi_ns))
             except reader.SegmentError as e:      # gone or damaged since its header was read
                 errors.append(e)
         return out, notes + self._notes(errors)
@@ -211,8 +229,10 @@ class GpuLedger:
     """Requests in flight and recently finished, and the wait for the census to catch up."""
 
     def __init__(self, source: Optional[CensusSource], margin_s: float = 1.2, max_wait_s: float = 3.0,
-                 poll_s: float = 0.25, clock: Callable[[], int] = time.time_ns):
+                 poll_s: float = 0.25, clock: Callable[[], int] = time.time_ns, note: str = ""):
+        """`note`: the integration's explanation of its figures, put on every cost (GpuCost.note)."""
         self.source = source
+        self.note = note
         self.margin_ns = int(margin_s * 1e9)
         self.max_wait_ns = int(max(max_wait_s, margin_s) * 1e9)
         self.poll_s = poll_s
@@ -388,6 +408,7 @@ class GpuLedger:
         r.done = True
         self._waiting.pop(r.key, None)
         cost.waited_s = max(0, now - r.end_ns) / 1e9
+        cost.note = cost.note or self.note
         if r.future is not None and not r.future.done():
             r.future.set_result(cost)
 

@@ -1,22 +1,34 @@
-"""Build the metric readers the sidecar exports through, configured the way OTel users expect.
+"""One set-up of the tracer and meter providers, configured the way OTel users expect.
 
-Which exporters, in order of precedence:
+Which exporters, one table per signal (first match wins):
 
-1. the explicit choice (``otel-gpu-census run --exporter otlp|prometheus|console|none``);
-2. ``OTEL_METRICS_EXPORTER`` (comma-separated: ``otlp``, ``prometheus``, ``console``, ``none``);
-3. ``otlp`` when ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set;
-4. otherwise none: the end-of-run report is the output. (The OTel SDK would default to otlp
-   towards localhost; a census run that nobody asked to export should not try a network.)
+==========  ====================================================  ===========================================
+            metrics (the sidecar of ``run``, the proxy)           traces (the proxy's spans)
+==========  ====================================================  ===========================================
+1. flag     ``run --exporter otlp|prometheus|console|none``        —
+2. env      ``OTEL_METRICS_EXPORTER`` (otlp, prometheus,          ``OTEL_TRACES_EXPORTER`` (otlp, console,
+            console, none; comma-separated)                        none; comma-separated)
+3. implied  ``otlp`` when ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``  —
+            or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set
+4. default  none: the end-of-run report is the output (the SDK   ``otlp``: spans are what the proxy is for
+            would try localhost; a census run nobody asked to
+            export should not try a network)
+==========  ====================================================  ===========================================
 
-OTLP follows ``OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL`` (``grpc``, the default, or
+OTLP follows ``OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]PROTOCOL`` (``grpc``, the default, or
 ``http/protobuf``); endpoint, headers, timeout, compression and TLS variables are read by the
 OTel exporters themselves. ``OTEL_METRIC_EXPORT_INTERVAL`` (ms) sets the export period unless the
 caller gives one. Prometheus serves on ``OTEL_EXPORTER_PROMETHEUS_HOST``:``_PORT`` (localhost:9464)
 unless the caller gives a port. The resource comes from ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES``, with ``service.name`` defaulting to ``otel-gpu-census``.
 
-A collector that is down costs one warning per outage (and a note when it is back), never an
-exception or a log line per retry: the OTel exporters' own per-attempt messages are filtered.
+A collector that is down costs one warning per outage and signal (and a note when it is back), never
+an exception or a log line per retry: the OTel exporters' own per-attempt messages are filtered by one
+filter for both signals.
+
+:func:`build_telemetry` makes both providers at once and says where each signal goes
+(``Telemetry.descriptions``: ``traces → …``, ``metrics → …``); a caller that already has a meter
+provider (``run`` with its sidecar) passes it, so one process never serves two Prometheus endpoints.
 """
 from __future__ import annotations
 
@@ -36,19 +48,25 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 log = logging.getLogger("otel_gpu_census.metrics")
+trace_log = logging.getLogger("otel_gpu_census.traces")
 
 EXPORTER_NAMES = ("otlp", "prometheus", "console", "none")
+TRACE_EXPORTER_NAMES = ("otlp", "console", "none")
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_SERVICE_NAME = "otel-gpu-census"
 DEFAULT_PROMETHEUS_HOST = "localhost"
 DEFAULT_PROMETHEUS_PORT = 9464
 
-# Loggers of the OTel OTLP exporters whose per-attempt failure lines _QuietExporter replaces.
+# Loggers of the OTel OTLP exporters (both signals) whose per-attempt failure lines the quiet
+# exporters replace with one warning per outage.
 _OTLP_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.proto.http._common",
     "opentelemetry.exporter.http_transport",
 )
@@ -69,6 +87,15 @@ OTLP_MODULES = {
     "grpc": ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
     "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
                       "opentelemetry-exporter-otlp-proto-http"),
+}
+OTLP_TRACE_MODULES = {
+    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
+    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                      "opentelemetry-exporter-otlp-proto-http"),
+}
+OTLP_DEFAULT_TARGETS = {
+    ("grpc", "metrics"): "localhost:4317", ("http/protobuf", "metrics"): "http://localhost:4318/v1/metrics",
+    ("grpc", "traces"): "localhost:4317", ("http/protobuf", "traces"): "http://localhost:4318/v1/traces",
 }
 PROMETHEUS_MODULE = ("opentelemetry.exporter.prometheus", "opentelemetry-exporter-prometheus")
 
@@ -221,11 +248,25 @@ def choose_exporters(explicit: Optional[str] = None, env: Mapping[str, str] = os
     return []
 
 
-def otlp_protocol(env: Mapping[str, str] = os.environ) -> str:
-    raw = (env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+def choose_span_exporter(env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The trace exporter's name by the table in the module docstring; None means none."""
+    names = [n.strip().lower() for n in (env.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
+    for n in names:
+        if n not in TRACE_EXPORTER_NAMES:
+            trace_log.warning("OTEL_TRACES_EXPORTER: ignoring unknown exporter %r (known: %s)",
+                              n, ", ".join(TRACE_EXPORTER_NAMES))
+    if "none" in names:
+        return None
+    return "console" if "console" in names else "otlp"
+
+
+def otlp_protocol(env: Mapping[str, str] = os.environ, signal: str = "metrics") -> str:
+    raw = (env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+           or "grpc")
     proto = raw.strip().lower()
     if proto not in PROTOCOLS:
-        log.warning("OTLP protocol %r is not supported here (use grpc or http/protobuf); using grpc", raw)
+        (trace_log if signal == "traces" else log).warning(
+            "OTLP protocol %r is not supported here (use grpc or http/protobuf); using grpc", raw)
         proto = "grpc"
     return proto
 
@@ -280,6 +321,25 @@ def _install_chatter_filter() -> None:
                 lg.addFilter(_chatter_filter)
 
 
+class _Outage:
+    """One warning when a collector stops answering, one when it is back: never one per batch."""
+
+    def __init__(self, what: str, items: str, target: str, logger: logging.Logger, carry_on: str = ""):
+        self.what, self.items, self.target, self.log, self.carry_on = what, items, target, logger, carry_on
+        self.down = False
+
+    def result(self, ok: bool, err: str = "") -> None:
+        if ok:
+            if self.down:
+                self.log.warning("%s: export to %s works again", self.what, self.target)
+            self.down = False
+        else:
+            if not self.down:
+                self.log.warning("%s: cannot export to %s%s; dropping %s until it answers%s", self.what,
+                                 self.target, f" ({err})" if err else "", self.items, self.carry_on)
+            self.down = True
+
+
 class QuietExporter(MetricExporter):
     """Delegates to an OTLP exporter; turns failures into one warning per outage.
 
@@ -293,7 +353,7 @@ class QuietExporter(MetricExporter):
                          preferred_aggregation=inner._preferred_aggregation)
         self._inner = inner
         self.target = target
-        self.down = False
+        self._outage = _Outage("metrics", "metrics", target, log, " (the run carries on)")
         self.failures = 0
         self.successes = 0
         self._stopping = False
@@ -330,18 +390,17 @@ class QuietExporter(MetricExporter):
             err = f"{type(e).__name__}: {e}"
         finally:
             self._idle.set()
-        if result == MetricExportResult.SUCCESS:
+        ok = result == MetricExportResult.SUCCESS
+        if ok:
             self.successes += 1
-            if self.down:
-                log.warning("metrics: export to %s works again", self.target)
-            self.down = False
         else:       # also an export abandoned at stop: its values did not arrive either
             self.failures += 1
-            if not self.down:
-                log.warning("metrics: cannot export to %s%s; dropping metrics until it answers "
-                            "(the run carries on)", self.target, f" ({err})" if err else "")
-            self.down = True
+        self._outage.result(ok, err)
         return result
+
+    @property
+    def down(self) -> bool:
+        return self._outage.down
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         try:
@@ -353,12 +412,61 @@ class QuietExporter(MetricExporter):
         self._close_inner(timeout_millis)
 
 
-def _otlp_exporter(env: Mapping[str, str]) -> Tuple[MetricExporter, str]:
-    proto = otlp_protocol(env)
-    exporter = import_exporter(*OTLP_MODULES[proto]).OTLPMetricExporter()
-    default = "localhost:4317" if proto == "grpc" else "http://localhost:4318/v1/metrics"
-    endpoint = getattr(exporter, "_endpoint", None) or default
+class QuietSpanExporter(SpanExporter):
+    """Delegates to an OTLP span exporter; turns failures into one warning per outage."""
+
+    def __init__(self, inner: SpanExporter, target: str):
+        self.inner, self.target = inner, target
+        self._outage = _Outage("traces", "spans", target, trace_log)
+
+    @property
+    def down(self) -> bool:
+        return self._outage.down
+
+    def export(self, spans) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+            err = ""
+        except Exception as e:
+            result, err = SpanExportResult.FAILURE, f"{type(e).__name__}: {e}"
+        self._outage.result(result == SpanExportResult.SUCCESS, err)
+        return result
+
+    def shutdown(self) -> None:
+        try:
+            self.inner.shutdown()
+        except Exception:
+            pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            return self.inner.force_flush(timeout_millis)
+        except Exception:
+            return False
+
+
+def _otlp_exporter(env: Mapping[str, str], signal: str = "metrics"):
+    """(the OTel OTLP exporter of `signal`, "OTLP <protocol> <endpoint>"), chatter filter installed."""
+    proto = otlp_protocol(env, signal)
+    module = import_exporter(*(OTLP_MODULES if signal == "metrics" else OTLP_TRACE_MODULES)[proto])
+    exporter = module.OTLPMetricExporter() if signal == "metrics" else module.OTLPSpanExporter()
+    endpoint = getattr(exporter, "_endpoint", None) or OTLP_DEFAULT_TARGETS[(proto, signal)]
+    _install_chatter_filter()
     return exporter, f"OTLP {proto} {endpoint}"
+
+
+def span_exporter(env: Mapping[str, str] = os.environ) -> Optional[SpanExporter]:
+    """The span exporter the traces table picks (None: none); its ``target`` says where spans go."""
+    name = choose_span_exporter(env)
+    if name is None:
+        return None
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+        exporter = ConsoleSpanExporter(out=sys.stderr)
+        exporter.target = "console (stderr)"
+        return exporter
+    inner, target = _otlp_exporter(env, "traces")
+    return QuietSpanExporter(inner, target)
 
 
 # -------------------------------------------------------------------------------------------
@@ -398,7 +506,6 @@ def build_readers(names: List[str], prometheus_port: Optional[int] = None, inter
         try:
             if name == "otlp":
                 inner, target = _otlp_exporter(env)
-                _install_chatter_filter()
                 quiet = QuietExporter(inner, target)
                 out.otlp = quiet
                 out.readers.append(PeriodicExportingMetricReader(quiet, export_interval_millis=interval))
@@ -453,3 +560,75 @@ def _add_prometheus(out: Exporting, port: Optional[int], env: Mapping[str, str])
         httpd.shutdown()
         httpd.server_close()
     out._closers.append(close)
+
+
+# -------------------------------------------------------------------------------------------
+# both signals
+
+@dataclass
+class Telemetry:
+    """A tracer provider and a meter provider, where each signal goes, and how to shut them down."""
+
+    tracer_provider: TracerProvider
+    meter_provider: object
+    descriptions: List[str] = field(default_factory=list)     # one line per signal: "traces → …"
+    _closers: List[Callable[[], None]] = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        run_closers(self._closers)
+
+
+def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True,
+                    exporter: Optional[str] = None, prometheus_port: Optional[int] = None,
+                    interval_s: Optional[float] = None) -> Telemetry:
+    """Both providers from the tables above. With traces/metrics False that provider exports
+    nothing (the caller brings its own); `exporter`, `prometheus_port` and `interval_s` are the
+    metrics flags. Raises ConfigError only for an invalid explicit exporter or interval."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    resource = make_resource()
+    tp = TracerProvider(resource=resource)
+    desc: List[str] = []
+    closers: List[Callable[[], None]] = [tp.shutdown]
+    if traces:
+        try:
+            exp = span_exporter(env)
+        except ExporterUnavailable as e:
+            trace_log.warning("traces: exporter not started: %s", e)
+            exp = None
+            desc.append("traces → none (exporter unavailable)")
+        else:
+            if exp is not None:
+                tp.add_span_processor(BatchSpanProcessor(exp))
+                desc.append(f"traces → {exp.target}")
+            else:
+                desc.append("traces → none (OTEL_TRACES_EXPORTER=none)")
+    readers: List[MetricReader] = []
+    if metrics:
+        out = build_readers(choose_exporters(exporter, env), prometheus_port=prometheus_port,
+                            interval_s=interval_s, env=env)
+        readers = out.readers
+        desc.extend(metrics_descriptions(out))
+        closers.append(out.close)
+    mp = MeterProvider(resource=resource, metric_readers=readers)
+    closers.insert(1, mp.shutdown)
+    return Telemetry(tp, mp, desc, closers)
+
+
+def metrics_descriptions(out: Optional[Exporting]) -> List[str]:
+    """'metrics → …' lines for what build_readers made (one line saying none when nothing)."""
+    if out is None or not out.readers:
+        return ["metrics → none (set OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)"]
+    return [f"metrics → {d}" for d in out.descriptions]
+
+
+def engine_telemetry(env: Mapping[str, str] = os.environ) -> Telemetry:
+    """Providers for an engine process (vLLM's EngineCore) under ``run``: traces as configured;
+    request metrics by OTLP or the console only, since a Prometheus port is run's sidecar's (which
+    serves the census metrics) and a second server on it would fail."""
+    names = choose_exporters(None, env)
+    if "prometheus" in names:
+        log.info("engine: request metrics are not served on the Prometheus port (the sidecar holds "
+                 "it); send them by OTLP (OTEL_METRICS_EXPORTER=otlp) to see them")
+        names = [n for n in names if n != "prometheus"]
+    return build_telemetry(env, exporter=names[0] if len(names) == 1 else ("none" if not names else None))

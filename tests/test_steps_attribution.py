@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from otel_gpu_census.attribution import WIDTH, Share
+from otel_gpu_census.attribution.shares import ROW_WIDTH as WIDTH, Share
 from otel_gpu_census.census import Stat, Step
-from otel_gpu_census.step_shares import StepLedger, split_step
+from otel_gpu_census.attribution.steps import StepLedger, split_step
 
 
 class FakeCensus:
@@ -41,7 +41,7 @@ def step(sid, kernels, kns, dtoh_bytes=0, htod_bytes=0):
 
 
 def flat(sh: Share):
-    return sh._flat()
+    return sh.as_row()
 
 
 def test_split_step_is_exact_by_largest_remainder():

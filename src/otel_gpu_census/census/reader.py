@@ -1,0 +1,326 @@
+"""The one reader of census segments: files into :class:`census.ProcessCensus` values.
+
+A segment is mapped shared by the process it describes; this side only ever copies it and checks
+the writer's sequence counter (odd while an update is in progress), like a perf_event page reader.
+Nothing here can block or change a writer.
+
+Public reads (every other module uses these, never the private helpers):
+
+- :func:`read_segment` — everything (``detail=False``: header and device totals only, ~12 KiB);
+- :func:`read_windows` — header, totals and only the time buckets of one wall-clock range (what a
+  request's attribution needs: well under a millisecond for a full ring);
+- :func:`read_steps` — the steps whose correlation ids fall in one range;
+- :func:`scan` — every segment of a folder, unreadable ones returned as errors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
+from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, KernelTracing, ProcessCensus, Stat, Step,
+               Window)
+from .proctree import is_alive
+
+SEGMENT_GLOB = "gpu-census-*.seg"
+READ_TRIES = 50           # seqlock attempts before settling for a possibly torn copy
+READ_RETRY_SLEEP_S = 0.001
+
+assert (len(DIRECTIONS), len(MEMORY_KINDS)) == (consts.GC_NDIR, consts.GC_NMEM), "census/__init__.py and gpu_census.h disagree"
+
+
+class SegmentError(Exception):
+    """A file that is not a readable census segment; ``reason`` says why in plain words."""
+
+    def __init__(self, path, reason: str, unpublished: bool = False):
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+        self.unpublished = unpublished    # zero magic: possibly a writer still setting it up
+
+
+# ---------------------------------------------------------------------------------------------
+# one segment
+
+def _check_identity(path, head: bytes, length: int) -> None:
+    """Refuse anything that is not a complete segment of this layout, saying which.
+    `head` holds at least the first 16 bytes (magic, version, size) when the file has them."""
+    if length < 16:
+        raise SegmentError(path, f"truncated: {length} bytes, too short for a census segment header")
+    magic = int.from_bytes(head[0:8], "little")
+    version = int.from_bytes(head[8:12], "little")
+    size = int.from_bytes(head[12:16], "little")
+    if magic == 0 and length >= SEGMENT_SIZE:     # the writer reserves the whole file before it fills it
+        raise SegmentError(path, "not initialised (magic is zero): its writer had not published it yet, "
+                                 "or died while creating it", unpublished=True)
+    if magic == 0:
+        raise SegmentError(path, f"truncated: {length} of {SEGMENT_SIZE} bytes, and no identity written")
+    if magic != MAGIC:
+        raise SegmentError(path, f"not a census segment (wrong magic 0x{magic:016x})")
+    if version != LAYOUT_VERSION:
+        raise SegmentError(path, f"layout version {version}; this reader reads version {LAYOUT_VERSION} "
+                                 "(read it with the otel-gpu-census that wrote it)")
+    if size != SEGMENT_SIZE:
+        raise SegmentError(path, f"segment_size says {size} bytes but a version-{LAYOUT_VERSION} segment is "
+                                 f"{SEGMENT_SIZE} bytes (corrupt)")
+    if length < SEGMENT_SIZE:
+        raise SegmentError(path, f"truncated: {length} of {SEGMENT_SIZE} bytes")
+
+
+# Header and per-device totals come first; the window and step rings make up the rest (~630 KiB).
+TOTALS_SIZE = ffi.offsetof("gc_segment", "windows")
+
+
+def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytearray, bool]:
+    """A copy of the first `size` bytes of the segment, taken between two equal, even reads of
+    `seq`; (copy, torn).
+
+    The copy is read with pread() rather than through a mapping: pread sees the same page-cache
+    pages the writer's mapping changes, and a file truncated under it gives a short read (refused
+    here) where a mapping would kill the reader with SIGBUS."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise SegmentError(path, f"cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SegmentError(path, "not a regular file")
+        _check_identity(path, os.pread(fd, 16, 0), st.st_size)
+        data = bytearray(size)
+
+        def copy() -> int:
+            n = os.preadv(fd, [data], 0)
+            if n != size:
+                raise SegmentError(path, f"truncated while being read: {n} of {size} bytes")
+            return int.from_bytes(data[SEQ_OFFSET:SEQ_OFFSET + 8], "little")
+
+        def seq() -> int:
+            raw = os.pread(fd, 8, SEQ_OFFSET)
+            if len(raw) != 8:
+                raise SegmentError(path, "truncated while being read")
+            return int.from_bytes(raw, "little")
+
+        for attempt in range(READ_TRIES):
+            before = seq()
+            if before % 2 == 0 and copy() == before and seq() == before:
+                return data, False
+            time.sleep(READ_RETRY_SLEEP_S)
+        # Still mid-update: the writer died inside an update (or is stopped there). Its last
+        # values are still the best there is; hand them over marked torn.
+        copy()
+        return data, True
+    except OSError as e:
+        raise SegmentError(path, f"cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _cstr(arr) -> str:
+    return ffi.string(arr).decode("utf-8", "replace")
+
+
+def format_uuid(raw: bytes) -> str:
+    """'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' as nvidia-smi prints it; '' when all zero."""
+    if not any(raw):
+        return ""
+    h = raw.hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _stat(s) -> Stat:
+    return Stat(s.count, s.bytes, s.ns)
+
+
+def _device(d) -> DeviceTotals:
+    cells = {}
+    for i, direction in enumerate(DIRECTIONS):
+        for j, mem in enumerate(MEMORY_KINDS):
+            s = _stat(d.copy[i][j])
+            if s != ZERO:
+                cells[(direction, mem)] = s
+    return DeviceTotals(
+        device_id=d.device_id,
+        uuid=format_uuid(bytes(ffi.buffer(d.uuid))),
+        kernel_count=d.kernel_count,
+        kernel_ns=d.kernel_ns,
+        busy_ns=d.busy_ns,
+        first_ns=d.first_ns,
+        last_ns=d.last_ns,
+        graph_launches=d.graph_launches,
+        graph_ns=d.graph_ns,
+        copies=CopyTable(cells),
+        memset=_stat(d.memset),
+        peer_recv=_stat(d.peer_recv),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the window and step rings, read straight out of the copied bytes
+#
+# Building 2048 + 1024 slots through cffi costs ~15 ms of CPU a segment; gc_window and gc_step are
+# made of uint64 fields only (gpu_census.h), so a ring is read as rows of integers instead, and only
+# the slots a caller asked for become Python objects.
+
+_U64 = 8
+
+
+class _Ring:
+    """Where one ring lies in the segment and where each field lies in a slot, in uint64s."""
+
+    def __init__(self, ctype: str, member: str, slots: int):
+        self.offset = ffi.offsetof("gc_segment", member)
+        self.stride = ffi.sizeof(ctype) // _U64
+        self.end = self.offset + ffi.sizeof(ctype) * slots
+        fields = [name for name, _ in ffi.typeof(ctype).fields]
+        self.col = {name: ffi.offsetof(ctype, name) // _U64 for name in fields}
+        # the last field is the uint64 device_mask: then every field before it is uint64s, unpadded
+        assert (ffi.sizeof(ctype) % _U64 == 0 and self.offset % _U64 == 0 and fields[-1] == "device_mask"
+                and ffi.sizeof(ctype) == _U64 * (self.col["device_mask"] + 1)), \
+            f"{ctype} is not a row of uint64 fields: the reader needs changing with gpu_census.h"
+
+    def rows(self, data, keep: Callable[[int], bool]) -> List[List[int]]:
+        """The slots whose first field (index / id, 0 = empty) is non-zero and kept, as int lists."""
+        ring = memoryview(data)[self.offset:self.end].cast("Q")
+        try:
+            return [ring[i * self.stride:(i + 1) * self.stride].tolist()
+                    for i, key in enumerate(ring[0::self.stride].tolist()) if key and keep(key)]
+        finally:
+            ring.release()
+
+
+assert [ffi.offsetof("gc_stat", n) // _U64 for n in ("count", "bytes", "ns")] == [0, 1, 2] \
+    and ffi.sizeof("gc_stat") == 3 * _U64, "gc_stat is not (count, bytes, ns) of uint64"
+_WINDOWS = _Ring("gc_window", "windows", consts.GC_WINDOW_SLOTS)
+_STEPS = _Ring("gc_step", "steps", consts.GC_STEP_SLOTS)
+_WINDOW_NS_DIV = ffi.offsetof("gc_segment", "window_ns_div")
+
+
+def _row_copies(row: Sequence[int], at: int) -> Dict[str, Stat]:
+    """Copies by direction from a row; as everywhere, absent means zero."""
+    out = {}
+    for i, d in enumerate(DIRECTIONS):
+        c, b, n = row[at + 3 * i: at + 3 * i + 3]
+        if c or n:
+            out[d] = Stat(c, b, n)
+    return out
+
+
+def _window(row: Sequence[int], window_ns: int) -> Window:
+    col = _WINDOWS.col
+    idx, m = row[col["index"]], col["memset"]
+    return Window(start_ns=idx * window_ns, end_ns=(idx + 1) * window_ns, kernel_count=row[col["kernel_count"]],
+                  kernel_ns=row[col["kernel_ns"]], copies=_row_copies(row, col["copy"]),
+                  memset=Stat(*row[m:m + 3]), device_mask=row[col["device_mask"]])
+
+
+def _step(row: Sequence[int]) -> Step:
+    col = _STEPS.col
+    m = col["memset"]
+    return Step(id=row[col["id"]], kernel_count=row[col["kernel_count"]], kernel_ns=row[col["kernel_ns"]],
+                first_ns=row[col["first_ns"]], last_ns=row[col["last_ns"]], copies=_row_copies(row, col["copy"]),
+                memset=Stat(*row[m:m + 3]), device_mask=row[col["device_mask"]])
+
+
+def _window_ns(data) -> int:
+    return int.from_bytes(data[_WINDOW_NS_DIV:_WINDOW_NS_DIV + 4], "little") * 1000 or consts.GC_WINDOW_NS
+
+
+def _windows(data, keep: Callable[[int], bool] = bool) -> List[Window]:
+    """The windows whose bucket index is kept, sorted by start."""
+    window_ns = _window_ns(data)
+    return sorted((_window(r, window_ns) for r in _WINDOWS.rows(data, keep)), key=lambda w: w.start_ns)
+
+
+def _steps(data, keep: Callable[[int], bool] = bool) -> List[Step]:
+    """The steps whose id is kept, sorted by id."""
+    return sorted((_step(r) for r in _STEPS.rows(data, keep)), key=lambda s: s.id)
+
+
+def _parse(path, data, torn: bool) -> ProcessCensus:
+    """A ProcessCensus from a copy _snapshot took (and checked); a copy cut at TOTALS_SIZE gives the
+    header and device totals, with no windows or steps."""
+    seg = ffi.cast("gc_segment *", ffi.from_buffer(data))
+    detail = len(data) >= SEGMENT_SIZE
+    windows = _windows(data) if detail else []
+    steps = {s.id: s for s in _steps(data)} if detail else {}
+    devices = {d.device_id: _device(d) for d in seg.devices if d.in_use}
+    return ProcessCensus(
+        path=str(path), pid=seg.pid, ppid=seg.ppid, comm=_cstr(seg.comm),
+        proc_start_ticks=seg.proc_start_ticks,
+        wall_start_ns=seg.wall_start_ns, wall_update_ns=seg.wall_update_ns,
+        clock_ref_gpu_ns=seg.clock_ref_gpu_ns, clock_ref_wall_ns=seg.clock_ref_wall_ns,
+        cupti_version=seg.cupti_version, state=seg.state, flags=seg.flags,
+        records=seg.records, records_unknown=seg.records_unknown, dropped=seg.dropped,
+        buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
+        window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
+        complete_wall_ns=seg.complete_wall_ns,
+        kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
+                              origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
+                              tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside),
+        note=_cstr(seg.note), devices=devices, windows=windows, steps=steps,
+        torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
+    )
+
+
+def read_segment(path, detail: bool = True) -> ProcessCensus:
+    """One consistent read of the segment at `path`; SegmentError says why when it cannot be read.
+    detail=False copies only the header and device totals (no windows, no steps): ~12 KiB instead
+    of ~630 KiB, for readers that export totals often."""
+    data, torn = _snapshot(path, SEGMENT_SIZE if detail else TOTALS_SIZE)
+    return _parse(path, data, torn)
+
+
+def read_windows(path, wall_lo_ns: int, wall_hi_ns: int) -> ProcessCensus:
+    """The segment at `path` with only the windows that overlap wall time [wall_lo_ns, wall_hi_ns)
+    (mapped to the CUPTI clock with the segment's clock reference), and no steps: one consistent copy,
+    parsed only as far as that. Raises SegmentError like :func:`read_segment`."""
+    data, torn = _snapshot(path, SEGMENT_SIZE)
+    head = _parse(path, bytes(data[:TOTALS_SIZE]), torn)
+    window_ns = _window_ns(data)
+    lo = head.wall_to_gpu_ns(wall_lo_ns) // window_ns
+    hi = (head.wall_to_gpu_ns(wall_hi_ns) - 1) // window_ns
+    return dataclasses.replace(head, windows=_windows(data, lambda idx: lo <= idx <= hi))
+
+
+def read_steps(path, lo_id: int, hi_id: int) -> List[Step]:
+    """The steps of the segment at `path` whose correlation id is in [lo_id, hi_id), sorted by id
+    (ids a step ring slot no longer holds are absent). Raises SegmentError like :func:`read_segment`."""
+    data, _torn = _snapshot(path, SEGMENT_SIZE)
+    return _steps(data, lambda sid: lo_id <= sid < hi_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# a folder of segments
+
+def segment_paths(directory) -> List[Path]:
+    return sorted(Path(directory).glob(SEGMENT_GLOB))
+
+
+def scan(directory, detail: bool = True) -> Tuple[List[ProcessCensus], List[SegmentError]]:
+    """Every segment in the folder; files that cannot be read are returned as errors, not raised."""
+    good, bad = [], []
+    for p in segment_paths(directory):
+        try:
+            good.append(read_segment(p, detail))
+        except SegmentError as e:
+            ident = segment_file_pid(p)
+            if e.unpublished and ident is not None and is_alive(*ident):
+                continue        # a process creating its segment right now: not an error
+            bad.append(e)
+    return good, bad
+
+
+def segment_file_pid(path) -> Optional[Tuple[int, int]]:
+    """(pid, start ticks) from a name gpu-census-<pid>-<starttime>.seg, None if it is not one."""
+    parts = Path(path).name[len("gpu-census-"):-len(".seg")].split("-")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+

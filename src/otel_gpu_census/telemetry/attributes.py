@@ -1,0 +1,80 @@
+"""GPU span attributes of one request, engine-neutral: what ``GpuCost`` says, as ``gpu_census.*``.
+
+Integers, exact; times in ns because the census counts ns:
+
+- ``gpu_census.kernel.count``, ``gpu_census.kernel.time_ns``: kernels attributed to the request;
+- ``gpu_census.copy.<dir>.bytes|count|time_ns`` for dir in htod, dtoh (always present) and dtod,
+  ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise;
+- ``gpu_census.prefill.copy.dtoh.bytes``, ``.prefill.copy.htod.bytes``, ``.prefill.kernel.time_ns``:
+  the part of the share before the first token;
+- with window data (time-window attribution): ``gpu_census.window.*``, everything the buckets of the
+  request's window held (all requests together), ``gpu_census.window.unattributed.*``, the part no
+  request was in flight for, and ``gpu_census.attribution.buckets``;
+- ``gpu_census.kernel.tracing``: ``all``, ``off`` or ``ON_MS/PERIOD_MS`` (OTEL_GPU_CENSUS_KERNELS);
+  when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the request's time kernels were
+  traced, so the kernel figures above are that share of the request's kernels (copies are exact);
+- ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``),
+  ``.status`` (complete, settled, stale, no_census, no_segment, read_error, shutdown),
+  ``.concurrency_max``, ``.steps`` (step attribution), ``.wait_s``, ``.note`` (the integration's
+  ``GpuCost.note`` first, then what went wrong); ``gpu_census.process.pids``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from ..attribution.ledger import GpuCost
+from ..attribution.shares import Share
+from ..census import DIRECTIONS
+
+ALWAYS_DIRECTIONS = ("htod", "dtoh")
+
+
+def share_attributes(prefix: str, s: Share, always: bool = True) -> Dict[str, Any]:
+    """`s` as `prefix`kernel.*, copy.<dir>.*, memset.* (htod and dtoh even when zero if `always`)."""
+    out: Dict[str, Any] = {f"{prefix}kernel.count": s.kernel_count, f"{prefix}kernel.time_ns": s.kernel_ns}
+    for d in DIRECTIONS:
+        st = s.copy(d)
+        if (always and d in ALWAYS_DIRECTIONS) or st.count or st.bytes:
+            out[f"{prefix}copy.{d}.bytes"] = st.bytes
+            out[f"{prefix}copy.{d}.count"] = st.count
+            out[f"{prefix}copy.{d}.time_ns"] = st.ns
+    if s.memset.count or s.memset.bytes:
+        out[f"{prefix}memset.bytes"] = s.memset.bytes
+        out[f"{prefix}memset.count"] = s.memset.count
+        out[f"{prefix}memset.time_ns"] = s.memset.ns
+    return out
+
+
+def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
+    """The span attributes of `cost` (the list in the module docstring)."""
+    out: Dict[str, Any] = {
+        "gpu_census.attribution.method": cost.method,
+        "gpu_census.attribution.status": cost.status,
+    }
+    if not cost.has_figures:
+        if cost.notes:
+            out["gpu_census.attribution.note"] = "; ".join(cost.notes)
+        return out
+    out.update(share_attributes("gpu_census.", cost.share))
+    if cost.kernel_tracing:
+        out["gpu_census.kernel.tracing"] = ",".join(cost.kernel_tracing)
+        if cost.kernel_tracing != ["all"]:
+            out["gpu_census.kernel.traced_ratio"] = round(cost.kernel_traced_ratio, 4)
+    out["gpu_census.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
+    out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
+    out["gpu_census.prefill.kernel.time_ns"] = cost.prefill.kernel_ns
+    if cost.has_window:
+        out.update(share_attributes("gpu_census.window.", cost.window))
+        out.update(share_attributes("gpu_census.window.unattributed.", cost.unattributed, always=False))
+    out["gpu_census.attribution.concurrency_max"] = cost.concurrency_max
+    if cost.has_window:
+        out["gpu_census.attribution.buckets"] = cost.buckets
+    if cost.steps:
+        out["gpu_census.attribution.steps"] = cost.steps
+    out["gpu_census.attribution.wait_s"] = round(cost.waited_s, 3)
+    note = [cost.note] if cost.note else []
+    if note or cost.notes:
+        out["gpu_census.attribution.note"] = "; ".join(note + cost.notes)
+    if cost.pids:
+        out["gpu_census.process.pids"] = list(cost.pids)
+    return out

@@ -1,0 +1,197 @@
+"""One request lifecycle for every integration: a span, the GenAI metrics, the GPU cost.
+
+An integration learns a request's boundaries its own way (the llama.cpp proxy from the HTTP stream,
+an engine hook from the engine's steps) and tells this module; everything after that is the same::
+
+    telemetry = RequestTelemetry(tracer_provider, meter_provider, provider_name="vllm")
+    req = telemetry.start(start_ns=t0, operation="chat", model="llama-3", span_name="chat llama-3")
+    ...
+    req.first_token(t1)              # when the first generated token is out
+    req.served()                     # optional: the answer is over, the GPU cost comes later
+    cost = await ledger.close(key, t2)
+    req.finish(t2, cost=cost, output_tokens=n)
+
+:meth:`TrackedRequest.finish` sets ``gen_ai.latency.e2e`` and ``gen_ai.latency.time_to_first_token``,
+the GPU attributes (:func:`attributes.gpu_attributes`), ``error.type`` and an error status, ends the
+span at the request's end (not when finish is called: the GPU cost may come seconds later), and
+records ``gen_ai.server.request.duration``, ``.time_to_first_token``, ``.time_per_output_token`` and
+the per-request GPU histograms with the span's context, so exemplars point at the trace. The
+in-flight counter (``gpu_census.requests.in_flight``) goes up at start and down exactly once, at
+:meth:`TrackedRequest.served` or else at finish. Nothing here raises into the server: a failure
+costs one log line.
+
+No web framework is imported here (nor by anything this imports): engine workers load it as is.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from ..version import __version__
+from .attributes import gpu_attributes
+from .instruments import RequestInstruments
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+    from ..attribution.ledger import GpuCost
+
+log = logging.getLogger("otel_gpu_census.telemetry")
+
+OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
+MODEL = "gen_ai.request.model"
+ERROR_TYPE = "error.type"
+
+
+class RequestTelemetry:
+    """One request lifecycle for every integration: a span, the GenAI metrics, the GPU cost."""
+
+    def __init__(self, tracer_provider=None, meter_provider=None, *, provider_name: str,
+                 instrumentation_name: str = "otel_gpu_census"):
+        """Spans and metrics under the scope `instrumentation_name`; `provider_name` is the
+        ``gen_ai.provider.name`` of every request (a request's own attributes may name another)."""
+        self.provider_name = provider_name
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(instrumentation_name, __version__)
+        self.instruments = RequestInstruments(meter_provider, instrumentation_name)
+
+    def start(self, *, start_ns: int, operation: str, model: Optional[str] = None, span_name: str,
+              parent: "Optional[Context]" = None, attributes: Mapping[str, Any] = (), kind=SpanKind.SERVER
+              ) -> "TrackedRequest":
+        """A request that began at `start_ns` (wall clock, ns): its span starts then, under `parent`
+        (a context extracted from the request's headers, or None), with `attributes` and the GenAI
+        operation, provider and model; the in-flight counter goes up by one."""
+        attrs: Dict[str, Any] = {OPERATION: operation, PROVIDER: self.provider_name}
+        attrs.update(dict(attributes))
+        if model:
+            attrs[MODEL] = model
+        base = {OPERATION: attrs[OPERATION], PROVIDER: attrs[PROVIDER]}
+        try:
+            span = self.tracer.start_span(span_name, context=parent, kind=kind, start_time=start_ns,
+                                          attributes=attrs)
+        except Exception:
+            log.exception("request telemetry: could not start a span")
+            span = trace.INVALID_SPAN
+        req = TrackedRequest(self.instruments, span, start_ns, base, model)
+        try:
+            self.instruments.started(base)
+            req._in_flight = True
+        except Exception:
+            log.exception("request telemetry: could not count a request in flight")
+        return req
+
+
+class TrackedRequest:
+    """One request between :meth:`RequestTelemetry.start` and :meth:`finish`.
+
+    ``span`` is the live span (an integration may put its context on the request it forwards, or
+    rename it once it knows the model)."""
+
+    def __init__(self, instruments: RequestInstruments, span, start_ns: int, base: Dict[str, str],
+                 model: Optional[str]):
+        self.span = span
+        self.start_ns = start_ns
+        self.first_token_ns: Optional[int] = None
+        self.model = model
+        self._instruments = instruments
+        self._base = base
+        self._in_flight = False
+        self._finished = False
+        self._lock = threading.Lock()      # engine hooks may end a request from another thread
+
+    def first_token(self, t_ns: int) -> None:
+        """The first generated token went out at `t_ns` (the first call counts)."""
+        if self.first_token_ns is None:
+            self.first_token_ns = t_ns
+
+    def set_attributes(self, attrs: Mapping[str, Any]) -> None:
+        """Span attributes now; a ``gen_ai.request.model`` among them also labels the metrics."""
+        try:
+            attrs = dict(attrs)
+            self._learn_model(attrs)
+            self.span.set_attributes(attrs)
+        except Exception:
+            log.exception("request telemetry: could not set span attributes")
+
+    def served(self) -> None:
+        """The request is over for its client (the GPU cost may still be on its way): the in-flight
+        counter goes down now rather than at :meth:`finish`. Idempotent."""
+        with self._lock:
+            leave, self._in_flight = self._in_flight, False
+        if leave:
+            try:
+                self._instruments.ended(self._base)
+            except Exception:
+                log.exception("request telemetry: could not count a request out")
+
+    def finish(self, end_ns: int, *, cost: "Optional[GpuCost]" = None, attributes: Mapping[str, Any] = (),
+               output_tokens: Optional[int] = None, error_type: Optional[str] = None) -> None:
+        """End the request: latencies, GPU attributes and error on the span, the span ended at
+        `end_ns`, the histograms recorded, the in-flight counter down (if :meth:`served` did not).
+        `error_type` marks a failure (``error.type``; no TTFT or TPOT is recorded for it);
+        `output_tokens` gives the time per output token. Idempotent; never raises."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        try:
+            self._finish(end_ns, cost, attributes, output_tokens, error_type)
+        except Exception:
+            log.exception("request telemetry: could not finish a request")
+        finally:
+            try:
+                self.span.end(end_time=end_ns)
+            except Exception:
+                log.exception("request telemetry: could not end a span")
+            self.served()
+
+    # -- the parts of finish --------------------------------------------------------------------
+    def _learn_model(self, attrs: Mapping[str, Any]) -> None:
+        model = attrs.get(MODEL)
+        if isinstance(model, str) and model:
+            self.model = model
+
+    def _finish(self, end_ns: int, cost, attributes, output_tokens, error_type) -> None:
+        attrs: Dict[str, Any] = dict(attributes)
+        self._learn_model(attrs)
+        duration_s = max(0, end_ns - self.start_ns) / 1e9
+        ttft_s = None
+        if self.first_token_ns is not None:
+            ttft_s = max(0, self.first_token_ns - self.start_ns) / 1e9
+        attrs["gen_ai.latency.e2e"] = duration_s
+        if ttft_s is not None:
+            attrs["gen_ai.latency.time_to_first_token"] = ttft_s
+        if cost is not None:
+            attrs.update(gpu_attributes(cost))
+        if error_type is not None:
+            attrs[ERROR_TYPE] = error_type
+        self.span.set_attributes(attrs)
+        if error_type is not None and _status_unset(self.span):
+            self.span.set_status(Status(StatusCode.ERROR, error_type))
+        self._record(end_ns, duration_s, ttft_s, cost, output_tokens, error_type)
+
+    def _record(self, end_ns: int, duration_s: float, ttft_s: Optional[float], cost, output_tokens,
+                error_type) -> None:
+        ctx = trace.set_span_in_context(self.span)
+        labels = dict(self._base)
+        if self.model:
+            labels[MODEL] = self.model
+        if error_type is not None:
+            labels[ERROR_TYPE] = error_type
+        ok = error_type is None
+        tpot_s = None
+        if ok and self.first_token_ns is not None and output_tokens is not None and output_tokens >= 2:
+            tpot_s = max(0, end_ns - self.first_token_ns) / 1e9 / (output_tokens - 1)
+        self._instruments.finished(labels, duration_s, ttft_s if ok else None, tpot_s, context=ctx)
+        if cost is not None:
+            self._instruments.gpu(labels, cost, context=ctx)
+
+
+def _status_unset(span) -> bool:
+    """Whether the span has no status yet (an integration may have set a more precise error)."""
+    status = getattr(span, "status", None)
+    return status is None or status.status_code is StatusCode.UNSET
