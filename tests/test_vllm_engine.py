@@ -1,0 +1,205 @@
+"""The vLLM integration's engine side on CPU: steps, requests, the join to the caller's trace, and
+exact conservation, with the census and vLLM's objects stood in for (the real classes are checked in
+tests/test_vllm_hooks.py where vLLM imports)."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_gpu_census import injector
+from otel_gpu_census.attribution.shares import Share
+from otel_gpu_census.census import Stat, Step
+from otel_gpu_census.integrations.vllm import engine as vengine
+from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, EngineTelemetry, external_id
+from otel_gpu_census.telemetry.request import RequestTelemetry
+
+
+class Census:
+    """The engine's own segment as the settler reads it: steps appear when 'the GPU ran them'."""
+
+    def __init__(self):
+        self.steps, self.complete = {}, 0
+
+    def read(self, lo, hi):
+        head = SimpleNamespace(complete_wall_ns=self.complete, alive=True, state_name="active")
+        return head, {i: s for i, s in self.steps.items() if lo <= i <= hi}
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_800_000_000_000_000_000
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def tagged(monkeypatch):
+    """The injector is present and counting: steps are tagged (what step_begin/end would do)."""
+    opened = []
+    monkeypatch.setattr(injector, "step_begin", lambda sid: opened.append(sid) or True)
+    monkeypatch.setattr(injector, "step_end", lambda: opened.pop() if opened else None)
+    monkeypatch.setattr(injector, "finish", lambda: True)
+    monkeypatch.setattr(injector, "segment_path", lambda: "")
+    return opened
+
+
+def make(census, clock):
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    rt = RequestTelemetry(tp, MeterProvider(metric_readers=[reader]), provider_name="vllm",
+                          instrumentation_name="otel_gpu_census.vllm")
+    eng = EngineTelemetry(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
+    return eng, spans, reader
+
+
+def request(rid, arrival_s, trace=None, prompt=16, op=None):
+    headers = {}
+    if trace:
+        headers["traceparent"] = f"00-{trace[0]}-{trace[1]}-01"
+    if op:
+        headers[OPERATION_HEADER] = op
+    return SimpleNamespace(request_id=rid, arrival_time=arrival_s, trace_headers=headers or None,
+                           num_prompt_tokens=prompt, num_output_tokens=0, num_cached_tokens=0,
+                           status=SimpleNamespace(name="FINISHED_LENGTH_CAPPED"),
+                           get_finished_reason=lambda: "length")
+
+
+SCHED = SimpleNamespace(vllm_config=SimpleNamespace(model_config=SimpleNamespace(served_model_name=["m1"])))
+
+
+def outputs(*rids):
+    return {0: SimpleNamespace(outputs=[SimpleNamespace(request_id=r, new_token_ids=[1]) for r in rids])}
+
+
+def test_external_ids_are_what_the_client_sees():
+    assert external_id("cmpl-3f9a2b-0-1a2b3c4d") == "cmpl-3f9a2b-0"
+    assert external_id("chatcmpl-abc-9Zz8Yy7X") == "chatcmpl-abc"
+    assert external_id("2_cmpl-abc-0-1a2b3c4d") == "cmpl-abc-0"          # n > 1: a child request
+    assert external_id("plain") == "plain"
+
+
+def test_a_batch_of_requests_gets_spans_in_their_callers_traces_with_exact_shares(tagged):
+    rnd = random.Random(3)
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    traces = {}
+    live = {}
+    done = []
+    step_values = []
+    for sid in range(1, 120):
+        if len(traces) < 12 and rnd.random() < 0.4:
+            rid = f"cmpl-{len(traces)}-0-abcd{len(traces):04d}"
+            traces[rid] = (f"{rnd.getrandbits(128):032x}", f"{rnd.getrandbits(64):016x}")
+            req = request(rid, clock.t / 1e9, traces[rid], op="chat" if len(traces) % 2 else None)
+            eng.request_added(SCHED, req)
+            live[rid] = [req, 0]
+        tokens = {rid: (16 if n == 0 else 1) for rid, (_, n) in live.items()}
+        sid_got = eng.begin_execute(SimpleNamespace(num_scheduled_tokens=tokens))
+        assert sid_got == sid and tagged == [sid]
+        eng.end_step(sid)
+        assert tagged == []
+        s2 = eng.begin_sample()
+        assert s2 == sid
+        eng.end_step(s2)
+        clock.t += 12_000_000
+        census.steps[sid] = Step(id=sid, kernel_count=rnd.randint(50, 90), kernel_ns=rnd.randint(10**6, 9 * 10**6),
+                                 copies={"dtoh": Stat(1, 4 * len(tokens) + rnd.randint(0, 3), 900)})
+        step_values.append(census.steps[sid])
+        eng.outputs(outputs(*live))
+        for rid in list(live):
+            live[rid][1] += 1
+            if live[rid][1] >= rnd.randint(8, 30):
+                req = live.pop(rid)[0]
+                req.num_output_tokens = 9
+                eng.request_freed(req)
+                done.append(rid)
+        if sid % 10 == 0:
+            census.complete = clock.t - 400_000_000
+            eng.settle()
+    for rid in list(live):
+        req = live.pop(rid)[0]
+        req.num_output_tokens = 9
+        eng.request_freed(req)
+        done.append(rid)
+    census.complete = clock.t + 10**9
+    eng.settle()
+    got = {s.attributes["vllm.request.id"]: s for s in spans.get_finished_spans()}
+    assert set(got) == set(done) == set(traces)
+    for rid, sp in got.items():
+        tid, psid = traces[rid]
+        assert format(sp.context.trace_id, "032x") == tid and format(sp.parent.span_id, "016x") == psid
+        assert sp.attributes["gen_ai.request.id"] == external_id(rid)
+        assert sp.attributes["gpu_census.attribution.method"] == "step_tokens"
+        assert sp.attributes["gpu_census.attribution.status"] == "complete"
+        assert sp.attributes["gen_ai.usage.output_tokens"] == 9 and sp.attributes["gen_ai.usage.input_tokens"] == 16
+        assert sp.attributes["gen_ai.latency.time_to_first_token"] > 0
+        assert sp.attributes["gen_ai.latency.time_in_queue"] >= 0
+        assert sp.name in ("chat m1", "text_completion m1") and sp.attributes["gen_ai.request.model"] == "m1"
+    # conservation: spans + what no request claimed == every step, for every field
+    for attr, field in (("gpu_census.kernel.count", "kernel_count"), ("gpu_census.kernel.time_ns", "kernel_ns")):
+        assert sum(s.attributes[attr] for s in got.values()) + getattr(
+            Share.from_row(eng.ledger.unattributed), field) == sum(getattr(s, field) for s in step_values)
+    assert sum(s.attributes["gpu_census.copy.dtoh.bytes"] for s in got.values()) + Share.from_row(
+        eng.ledger.unattributed).copy("dtoh").bytes == sum(s.copies["dtoh"].bytes for s in step_values)
+
+
+def test_an_aborted_request_ends_in_error_and_its_share_still_counts(tagged):
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    a, b = request("a-00000001", clock.t / 1e9), request("b-00000002", clock.t / 1e9)
+    eng.request_added(SCHED, a); eng.request_added(SCHED, b)
+    sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={"a-00000001": 3, "b-00000002": 1}))
+    eng.end_step(sid)
+    census.steps[sid] = Step(id=sid, kernel_count=8, kernel_ns=800)
+    b.status = SimpleNamespace(name="FINISHED_ABORTED")           # the client hung up
+    eng.request_freed(b)
+    eng.request_freed(a)
+    census.complete = clock.t + 10**9
+    assert eng.settle() == 2
+    got = {s.attributes["vllm.request.id"]: s for s in spans.get_finished_spans()}
+    assert got["b-00000002"].status.status_code.name == "ERROR"
+    assert got["b-00000002"].attributes["error.type"] == "aborted"
+    assert got["a-00000001"].attributes["gpu_census.kernel.count"] == 6
+    assert got["b-00000002"].attributes["gpu_census.kernel.count"] == 2
+
+
+def test_without_steps_in_this_process_spans_carry_no_gpu_cost(monkeypatch):
+    """Tensor parallel: the workers are elsewhere, or the census is off: the span says nothing of GPU."""
+    monkeypatch.setattr(injector, "step_begin", lambda sid: False)
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    r = request("x-00000001", clock.t / 1e9)
+    eng.request_added(SCHED, r)
+    eng.request_freed(r)
+    clock.t += 6 * 10**9                                       # past the ledger's wait
+    eng.settle()
+    (sp,) = spans.get_finished_spans()
+    assert not any(k.startswith("gpu_census.kernel") for k in sp.attributes)
+
+
+def test_shutdown_finishes_the_census_and_settles_everyone(tagged, monkeypatch):
+    finished = []
+    monkeypatch.setattr(injector, "finish", lambda: finished.append(1) or True)
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    r = request("y-00000001", clock.t / 1e9)
+    eng.request_added(SCHED, r)
+    sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={"y-00000001": 4}))
+    eng.end_step(sid)
+    census.steps[sid] = Step(id=sid, kernel_count=5, kernel_ns=50)
+    eng.request_freed(r)
+    eng.shutdown()                                             # census not complete: final settles anyway
+    eng.shutdown()
+    assert finished == [1]
+    (sp,) = spans.get_finished_spans()
+    assert sp.attributes["gpu_census.kernel.count"] == 5
