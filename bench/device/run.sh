@@ -8,8 +8,10 @@
 #   gpu-tests    the whole GPU suite (make gpu-test)
 #   vllm-part1 / vllm-part2   copy one carried piece of the vLLM wheel set into /tmp/vp (three calls:
 #                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
-#   vllm         install vLLM, make a random Llama, then bench/device/vllm_e2e.py (the integration end
-#                to end: spans to a real OTLP receiver, conservation, KV offload, stop/start cycles)
+#   install      the package into /tmp/site (built here; its entry points are how vLLM finds it)
+#   vllm         install vLLM and the package, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (the
+#                integration end to end: spans to a real OTLP receiver, conservation, KV offload,
+#                throughput beside plain vLLM, start/stop cycles)
 # The .whl set: see bench/device/wheels.sh (run where PyPI is reachable).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +38,12 @@ phase() {
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
-    vllm) bash .vllm/part3/install.sh && python3 bench/device/vllm_e2e.py --out "$OUT" 2>&1 | tee "$OUT/vllm.log" ;;
+    install)   # the package itself, built here (its wheel carries the injector), with its entry points
+      python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
+        > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; return 1; }
+      export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
+    vllm) { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && \
+          python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log" ;;
     *) log "unknown phase $1"; return 2 ;;
   esac
 }
