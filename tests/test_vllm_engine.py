@@ -203,3 +203,48 @@ def test_shutdown_finishes_the_census_and_settles_everyone(tagged, monkeypatch):
     assert finished == [1]
     (sp,) = spans.get_finished_spans()
     assert sp.attributes["gpu_census.kernel.count"] == 5
+
+
+def test_register_never_raises_and_is_idle_outside_the_census(monkeypatch, caplog):
+    from otel_gpu_census.integrations.vllm import instrumentor as vi
+    calls = []
+    monkeypatch.setattr(vi.VllmInstrumentor, "instrument", lambda self, **kw: calls.append(1))
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    with caplog.at_level("INFO", logger="otel_gpu_census.vllm"):
+        vi.register()
+    assert "idle" in caplog.text and calls == []
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/x/libotel_gpu_census.so")
+    monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "flask, vllm")
+    vi.register()
+    assert calls == []
+    monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "flask")
+    vi.register()
+    assert calls == [1]
+    monkeypatch.setattr(vi.VllmInstrumentor, "instrument", lambda self, **kw: 1 / 0)
+    vi.register()                                               # logs, never raises into vLLM
+    assert "could not start" in caplog.text
+
+
+def test_a_failing_hook_turns_the_integration_off_and_vllm_runs_on(monkeypatch, caplog):
+    from otel_gpu_census.integrations.vllm import instrumentor as vi
+    monkeypatch.setattr(vi, "_off", False)
+
+    class Boom:
+        def begin_execute(self, so):
+            raise RuntimeError("our bug")
+    monkeypatch.setattr(vi, "_engine", Boom())
+    calls = []
+    out = vi._execute_model(lambda so: calls.append(so) or "model output", None, ("so",), {})
+    assert out == "model output" and calls == ["so"] and vi._off
+    assert caplog.text.count("vLLM integration is off") == 1
+    out = vi._execute_model(lambda so: "again", None, ("so",), {})   # off: straight through, no new line
+    assert out == "again" and caplog.text.count("vLLM integration is off") == 1
+
+    def fails(so):
+        raise ValueError("vllm's")
+    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi, "_engine", None)
+    monkeypatch.setattr(injector, "step_begin", lambda sid: False)
+    with pytest.raises(ValueError, match="vllm's"):            # vLLM's own exception goes through untouched
+        vi._execute_model(fails, None, ("so",), {})
+    assert not vi._off
