@@ -53,6 +53,9 @@ class Server:
         self.name, self.port, self.census_dir = name, port, census_dir
         e = dict(os.environ, **VLLM_ENV, **(env or {}))
         e["OTEL_SERVICE_NAME"] = f"vllm-{name}"
+        # servers started together must not compile into one cache (cycles share theirs, one at a time)
+        cache = f"/tmp/vc-{'cycles' if name.startswith('cycle') else name}"
+        e.update(VLLM_CACHE_ROOT=cache, TRITON_CACHE_DIR=cache + "/triton")
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
                "--host", "127.0.0.1", "--gpu-memory-utilization", "0.25", "--max-model-len", "2048",
                "--served-model-name", "m", *extra]
@@ -230,7 +233,9 @@ def main():
     try:
         if only & {"spans", "throughput"}:
             servers["P"] = Server("P", 8101, model, out)
+            time.sleep(3)           # not all three measuring free GPU memory at the same moment
             servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
+            time.sleep(3)
             servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                   extra=["--kv-offloading-size", "2"])
             for n, s in servers.items():
