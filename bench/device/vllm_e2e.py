@@ -57,7 +57,7 @@ class Server:
         cache = f"/tmp/vc-{'cycles' if name.startswith('cycle') else name}"
         e.update(VLLM_CACHE_ROOT=cache, TRITON_CACHE_DIR=cache + "/triton")
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
-               "--host", "127.0.0.1", "--gpu-memory-utilization", "0.25", "--max-model-len", "2048",
+               "--host", "127.0.0.1", "--gpu-memory-utilization", "0.2", "--max-model-len", "2048",
                "--served-model-name", "m", *extra]
         if census_dir is not None:
             e["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
@@ -238,12 +238,15 @@ def main():
             time.sleep(3)
             servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                   extra=["--kv-offloading-size", "2"])
+            if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
+                time.sleep(3)
+                servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",
+                                      env={**env, "OTEL_GPU_CENSUS_KERNELS": "off"})
             for n, s in servers.items():
                 check(s.wait(), f"{n}: server up")
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
-            asyncio.run(load(8101, 4, 2, 16))           # warm each server once
-            asyncio.run(load(8102, 4, 2, 16))
-            asyncio.run(load(8103, 4, 2, 16))
+            for srv in servers.values():                 # warm each server once
+                asyncio.run(load(srv.port, 4, 2, 16))
         if "spans" in only:
             for n, port in (("C", 8102), ("K", 8103)):
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))
@@ -251,18 +254,21 @@ def main():
                 check(not lr["errors"], f"{n}: load without errors")
                 spans_check(rx, lr, n, base / n, res[f"spans_{n}"])
         if "throughput" in only:
-            pairs = []
+            rounds = []
+            names = [n for n in ("P", "C", "O") if n in servers]
             for i in range(a.pairs):
-                order = ("P", "C") if i % 2 == 0 else ("C", "P")
-                got = {}
-                for n in order:
-                    got[n] = summary(asyncio.run(load(servers[n].port, 32, 4, 256, seed=100 + i)))
-                pairs.append({"P": got["P"], "C": got["C"], "ratio": round(got["C"]["tok_per_s"] / got["P"]["tok_per_s"], 4)})
-            ratios = [p["ratio"] for p in pairs]
-            res["throughput"] = {"pairs": pairs, "ratio_median": statistics.median(ratios),
-                                 "ratio_min": min(ratios), "ratio_max": max(ratios),
-                                 "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts"}
-            print("throughput C/P:", ratios, flush=True)
+                order = names[i % len(names):] + names[:i % len(names)]       # rotate who goes first
+                got = {n: summary(asyncio.run(load(servers[n].port, 32, 4, 256, seed=100 + i))) for n in order}
+                rounds.append({**got, "order": order,
+                               **{f"{n}/P": round(got[n]["tok_per_s"] / got["P"]["tok_per_s"], 4) for n in names[1:]}})
+            res["throughput"] = {"rounds": rounds,
+                                 "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts; "
+                                         "P plain, C census (all kernels) + integration, O census kernels off + integration; "
+                                         "one server each on one GPU, loads in rotating order"}
+            for n in names[1:]:
+                r = [x[f"{n}/P"] for x in rounds]
+                res["throughput"][f"{n}/P"] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
+                print(f"throughput {n}/P:", r, flush=True)
         for n, s in list(servers.items()):
             res.setdefault("stop", {})[n] = s.stop()
             check(res["stop"][n]["rc"] in (0, -2, 130), f"{n}: stopped on SIGINT, rc {res['stop'][n]['rc']}")
