@@ -3,8 +3,8 @@
     .venv/bin/python tests/perf_sidecar_cpu.py [--processes 8] [--interval 1] [--seconds 30]
                      [--exporter otlp|prometheus] [--workload synthetic|cuda] [--nvml|--no-nvml] [--out DIR]
 
-On the H200, one command (after `source tests/gpu/device_setup.sh`; ~60 s: 8 torch processes
-start CUDA in ~10-20 s, 2 s warm-up, 30 s measured, teardown):
+On the H200, one command (`bash bench/device/run.sh setup sidecar`; ~60 s: 8 torch processes
+start CUDA in ~10-20 s, 2 s warm-up, 30 s measured, teardown), which runs:
 
     timeout 150 python3 tests/perf_sidecar_cpu.py --workload cuda --seconds 30 --out $OUT/sidecar_cpu
 

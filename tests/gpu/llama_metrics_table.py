@@ -1,12 +1,10 @@
 #!/usr/bin/env python3
 """llama-server under load, as the metrics arrived over OTLP: a table per second (not a pytest test).
 
-On the H200, one command (after `source tests/gpu/device_setup.sh`; ~70 s: server start-up ~4 s,
-3 + 20 + 10 + 20 + 3 s of phases, request drains, stop; the model line adds its write only when
-/root/work/m8b.gguf is missing):
+On the H200, one command (`bash bench/device/run.sh setup llama metrics-table`; ~70 s after the
+build: server start-up ~4 s, 3 + 20 + 10 + 20 + 3 s of phases, request drains, stop), which runs:
 
-    [ -f /root/work/m8b.gguf ] || python3 bench/server/make_model.py /root/work/m8b.gguf --vocab $VOCAB --preset 8b
-    timeout 150 python3 tests/gpu/llama_metrics_table.py --server $LLAMA_SERVER --model /root/work/m8b.gguf \
+    timeout 150 python3 tests/gpu/llama_metrics_table.py --server $LLAMA_SERVER --model /root/m8b.gguf \
         --flags default --expect-gpu --max-s 140 --out $OUT/llama_metrics
 
 (`--flags nocache` adds --cache-ram 0 --ctx-checkpoints 0: same time again, far fewer D2H bytes.)
