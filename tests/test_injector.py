@@ -283,7 +283,7 @@ def test_finish_completes_the_census_before_exit_and_stops_paying_cupti(native, 
         out['active'] = g.gc_active()
         out['kernels_enabled'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
         out['path'] = path()
-        p = __import__('otel_gpu_census.reader', fromlist=['x']).read_segment(out['path'])
+        p = __import__('otel_gpu_census.census.reader', fromlist=['x']).read_segment(out['path'])
         out['state'] = p.state_name
         out['kernels'] = p.devices[0].kernel_count
     """)
