@@ -197,6 +197,21 @@ def test_bad_settings_are_ignored_with_a_line(native, mock_lib, tmp_path):
     assert "ignoring OTEL_GPU_CENSUS_BUFFER_KB=lots" in err and "ignoring OTEL_GPU_CENSUS_MAX_BUFFERS=-3" in err
 
 
+def test_unknown_values_and_names_get_one_line_each_and_the_defaults(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['active'] = g.gc_active()
+        out['graph_trace'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_GRAPH_TRACE)
+    """, env={"OTEL_GPU_CENSUS_GRAPHS": "xyz", "OTEL_GPU_CENSUS_CUPTI_API": "v9",
+               "OTEL_GPU_CENSUS_KERNEL": "off", "OTEL_GPU_CENSUS_LIB": "/x.so"})
+    assert res["active"] == 1 and res["graph_trace"] == 0           # GRAPHS: the default, per node
+    lines = err.strip().splitlines()
+    assert len(lines) == 3, err
+    assert "ignoring OTEL_GPU_CENSUS_GRAPHS=xyz (expected node or launch); using node" in err
+    assert "ignoring OTEL_GPU_CENSUS_CUPTI_API=v9 (expected v2 or v1); using v2" in err
+    assert "ignoring unknown setting OTEL_GPU_CENSUS_KERNEL" in err   # a typo of KERNELS; LIB is the reader's
+
+
 STEP_CALLS = """
         import threading
         RT, DRV = 0, 1
