@@ -15,6 +15,6 @@ test: install
 	$(VENV)/bin/python -m pytest -q
 
 gpu-test:
-	$(PYTHON) -m pytest -q -m gpu tests/gpu tests/test_metrics_nvml.py
+	$(PYTHON) -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py
 
 .PHONY: install test gpu-test

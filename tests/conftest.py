@@ -1,7 +1,7 @@
 """Shared fixtures: the native library (built once per session) and real census segments.
 
 Segments are written by the C code itself: gc_segment_init, then real CUPTI activity records
-(tests/cupti_records.py) through gc_tally_record, then the writer's seqlock helpers. The bytes
+(tests/support/cupti_records.py) through gc_tally_record, then the writer's seqlock helpers. The bytes
 that land in the file are what the injector would have mapped; the reader under test only sees
 the file.
 """
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SUPPORT = ROOT / "tests" / "support"          # the segment writer, CUPTI records, OTLP receiver, stand-ins
+sys.path.insert(0, str(SUPPORT))
 try:
     import otel_gpu_census  # noqa: F401
 except ImportError:          # a source checkout that was not pip-installed
@@ -59,57 +61,9 @@ def records(native):
     return cupti_records
 
 
-class SegmentWriter:
-    """Writes census segments through the native tally, as the injector would."""
-
-    def __init__(self, native):
-        self.ffi, self.lib, self.path = native
-
-    def new(self, comm="worker", gpu_ref_ns=0):
-        seg = self.ffi.new("gc_segment *")
-        self.lib.gc_segment_init(seg, comm.encode() if comm is not None else self.ffi.NULL, 0, gpu_ref_ns)
-        return seg
-
-    def tally(self, seg, recs, final=True, state=None):
-        """Count `recs` into `seg` inside one seqlock update, as one buffer completion does."""
-        t = self.lib.gc_tally_create(seg)
-        try:
-            self.lib.gc_segment_begin_update(seg)
-            for r in recs:
-                self.lib.gc_tally_record(t, r)
-            self.lib.gc_tally_publish(t, 1 if final else 0)
-            seg.state = state if state is not None else (GC_STATE_EXITED if final else GC_STATE_ACTIVE)
-            self.lib.gc_segment_end_update(seg)
-        finally:
-            self.lib.gc_tally_destroy(t)
-        return seg
-
-    def write(self, directory, seg, name=None) -> Path:
-        directory = Path(directory)
-        name = name or f"gpu-census-{seg.pid}-{seg.proc_start_ticks}.seg"
-        p = directory / name
-        p.write_bytes(bytes(self.ffi.buffer(seg)))
-        return p
-
-    def segment(self, directory, recs=(), comm="worker", final=True, state=None, pid=None, ppid=None,
-                start_ticks=None, gpu_ref_ns=0, edit=None) -> Path:
-        """One segment file holding `recs`; pid/ppid/start_ticks override the identity (to stand for
-        other processes); `edit(seg)` may change anything before it is written."""
-        seg = self.new(comm, gpu_ref_ns)
-        self.tally(seg, recs, final=final, state=state)
-        if pid is not None:
-            seg.pid = pid
-        if ppid is not None:
-            seg.ppid = ppid
-        if start_ticks is not None:
-            seg.proc_start_ticks = start_ticks
-        if edit is not None:
-            edit(seg)
-        return self.write(directory, seg)
-
-
 @pytest.fixture(scope="session")
 def segments(native):
+    from segments import SegmentWriter
     return SegmentWriter(native)
 
 

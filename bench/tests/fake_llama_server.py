@@ -1,10 +1,10 @@
-"""A llama-server command line in front of tests/llama_standin.py, for CPU tests of the bench scripts.
+"""A llama-server command line in front of tests/support/llama_standin.py, for CPU tests of the bench scripts.
 
 Takes llama-server's arguments (only --host and --port matter) and serves the stand-in's /health and
 streaming /completion: FAKE_TOKENS tokens (default 64) FAKE_TOKEN_DELAY s apart (default 0.002).
 
 FAKE_CENSUS=1 (with the injector's OTEL_GPU_CENSUS_DIR, CUDA_INJECTION64_PATH and
-OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS set) writes a stand-in census segment (fake_census.py):
+OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS set) writes a stand-in census segment (tests/support/standin_census.py):
 every /completion request counts FAKE_KERNELS kernels (default 40) when it starts and again when it
 ends, if that moment is in a traced phase, and FAKE_DTOH_BYTES (default 65536) device-to-host bytes.
 FAKE_TRACED_EXTRA_S delays requests that start in a traced phase (tracing made costly, so tests can
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests" / "support"))
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE))
 from aiohttp import web  # noqa: E402
@@ -41,7 +41,7 @@ print("fake-llama-server: OTEL_GPU_CENSUS_KERNELS=" + os.environ.get("OTEL_GPU_C
 
 census = None
 if os.environ.get("FAKE_CENSUS") == "1" and os.environ.get("CUDA_INJECTION64_PATH"):
-    from fake_census import StandinCensus
+    from standin_census import StandinCensus
     census = StandinCensus(os.environ["OTEL_GPU_CENSUS_DIR"], os.environ["CUDA_INJECTION64_PATH"],
                            os.environ.get("OTEL_GPU_CENSUS_KERNELS", ""))
     atexit.register(census.close)

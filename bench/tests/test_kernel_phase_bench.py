@@ -1,6 +1,6 @@
 """CPU tests of run_server_bench.py --kernel-phase-pairs (bench/server/kernel_phase.py): the phase
 arithmetic, the pair order, the plan, the census checks, and the mode end to end against the
-llama-server stand-in writing a stand-in census segment in sampled mode (bench/tests/fake_census.py).
+llama-server stand-in writing a stand-in census segment in sampled mode (tests/support/standin_census.py).
 Run: .venv/bin/python -m pytest -q bench/tests
 """
 from __future__ import annotations

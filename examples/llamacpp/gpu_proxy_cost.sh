@@ -6,7 +6,7 @@
 #
 # One client, nothing else in flight: N requests (1,800-token prompts, 16 tokens out) straight to the
 # server and N through the proxy, alternating; prints what the proxy adds to the answer's head, first
-# event and end, and its CPU per request (tests/perf_proxy_overhead.py --serial). With OLD_SRC (the
+# event and end, and its CPU per request (bench/perf/perf_proxy_overhead.py --serial). With OLD_SRC (the
 # src/ folder of another checkout, e.g. `git archive 8852d29 src native/include | tar -x -C /tmp/old`
 # then OLD_SRC=/tmp/old/src) a second proxy from there takes its turn in every round. Throughput
 # through the proxy under 16 clients on one server: bench/server/run_server_bench.py --proxy-pairs N.
@@ -20,6 +20,6 @@ mkdir -p "$OUT"
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
 cd "$root"
 # --no-census: the server runs without the injector here (the GPU ledger then reads an empty folder)
-"${PYTHON:-python3}" tests/perf_proxy_overhead.py --serial "${N:-100}" --tokens 16 --prompt-tokens 1800 \
+"${PYTHON:-python3}" bench/perf/perf_proxy_overhead.py --serial "${N:-100}" --tokens 16 --prompt-tokens 1800 \
   --server "$LLAMA_SERVER" --model "$MODEL" --server-args "-ngl 99 -np 16 -c 32768" --exporter none \
   --no-census ${OLD_SRC:+--also-src "$OLD_SRC"} --json "$OUT/proxy_serial.json" 2>&1 | tail -4

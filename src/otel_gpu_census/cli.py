@@ -143,10 +143,9 @@ def _start_metrics(args, census_dir, root_pid: int):
 
 
 def _metrics_lines(sidecar) -> List[str]:
-    """Where the metrics of this run go, one line ('metrics → …')."""
-    if sidecar is None:
-        return ["metrics → none (not asked for: --exporter, OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)"]
-    return sidecar.descriptions()
+    """Where the metrics of this run go ('metrics → …'); nothing when none were asked for, so a
+    plain run's output is the command's own."""
+    return sidecar.descriptions() if sidecar is not None else []
 
 
 def _stop_metrics(sidecar) -> None:

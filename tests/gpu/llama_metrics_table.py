@@ -24,10 +24,10 @@ columns' whole path (segment, sidecar, OTLP, table) shows on a CPU; NVML columns
     .venv/bin/python tests/gpu/llama_metrics_table.py --server /work/build/llama-cpu/build/bin/llama-server \
         --model /tmp/tiny.gguf --clients 4 --prompt-tokens 128 --n-predict 16 --out /tmp/lmt-cpu
 
-What it does: starts a real OTLP receiver in this process (tests/otlp_receiver.py; gRPC, or HTTP
+What it does: starts a real OTLP receiver in this process (tests/support/otlp_receiver.py; gRPC, or HTTP
 with --protocol http/protobuf), then `python -m otel_gpu_census.cli run --exporter otlp
 --metrics-interval 1 --proxy 127.0.0.1:PORT -- llama-server ...` with OTEL_EXPORTER_OTLP_ENDPOINT
-pointing at it (`--server standin` runs tests/llama_standin.py instead). The proxy is only there
+pointing at it (`--server standin` runs tests/support/llama_standin.py instead). The proxy is only there
 for the in-flight column (`gpu_census.requests.in_flight`, exported by `run`'s proxy over the
 same OTLP endpoint); --no-proxy loads the server directly and leaves that column empty. Phases:
 3 s idle, --load-s of load (bench/server/load.py's streaming requests from --clients clients, each
@@ -69,7 +69,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-for p in (REPO / "tests", REPO / "bench" / "server", REPO / "bench"):
+for p in (REPO / "tests" / "support", REPO / "bench" / "perf", REPO / "bench" / "server", REPO / "bench"):
     sys.path.insert(0, str(p))
 
 from ports import free_port  # noqa: E402
@@ -329,7 +329,7 @@ STANDINS = ("standin", "standin-census")
 
 def server_command(a, port: int) -> List[str]:
     if a.server == "standin":
-        return [sys.executable, str(REPO / "tests" / "llama_standin.py"), "--host", "127.0.0.1", "--port", str(port),
+        return [sys.executable, str(REPO / "tests" / "support" / "llama_standin.py"), "--host", "127.0.0.1", "--port", str(port),
                 "--tokens", str(a.n_predict), "--token-delay", str(a.standin_token_delay),
                 "--first-token-delay", str(a.standin_first_token_delay), "--forget"]
     if a.server == "standin-census":
@@ -343,11 +343,12 @@ def server_command(a, port: int) -> List[str]:
 
 def census_standin(a) -> int:
     """`--server standin-census`: the stand-in server, plus a census segment for this process that
-    gains, in every second with a /completion request in flight, what tests/perf_sidecar_cpu.py's
+    gains, in every second with a /completion request in flight, what bench/perf/perf_sidecar_cpu.py's
     writer adds (1000 kernels of 0.4 ms, 50 device-to-host copies of 64 KiB: busy 40 %, D2H 3.3 MB/s),
     through the native tally. It proves the census columns' path (segment, sidecar, OTLP, table) on
     a machine without a GPU; the numbers are the stand-in's, not a GPU's."""
     import cupti_records as cr
+    import segments
     import perf_sidecar_cpu as psc
     from llama_standin import Standin
     from otel_gpu_census.census import proctree
@@ -360,7 +361,7 @@ def census_standin(a) -> int:
     _, lib, _ = cr.native()
     pid = os.getpid()
     ticks = proctree.proc_start_ticks(pid) or 0
-    mm, seg = cr.map_segment(Path(census_dir) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server",
+    mm, seg = segments.map_segment(Path(census_dir) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server",
                              wall_start_ns=time.time_ns())
     seg.pid, seg.ppid, seg.proc_start_ticks, seg.state = pid, os.getppid(), ticks, 1
     tally = lib.gc_tally_create(seg)
@@ -432,7 +433,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="See the top of this file for the GPU and CPU commands.")
     ap.add_argument("--server", required=True,
-                    help="llama-server binary; 'standin' (tests/llama_standin.py), or 'standin-census' (the stand-in "
+                    help="llama-server binary; 'standin' (tests/support/llama_standin.py), or 'standin-census' (the stand-in "
                     "with a synthetic census segment that follows its load, to see the census columns on a CPU)")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)

@@ -1,13 +1,13 @@
 """What the tracing proxy costs a streaming load: direct vs through the proxy, alternating (not a
 pytest test: run it).
 
-    .venv/bin/python tests/perf_proxy_overhead.py [--pairs 5] [--clients 16] [--requests 64]
+    .venv/bin/python bench/perf/perf_proxy_overhead.py [--pairs 5] [--clients 16] [--requests 64]
         [--tokens 64] [--token-rate 25] [--prompt-s 0.2] [--prompt-tokens 1800] [--fast]
         [--exporter console|none|otlp] [--no-census] [--proxy-args "..."] [--json FILE]
         [--server LLAMA_SERVER --model GGUF [--server-args "..."]] [--proxy-src DIR]
         [--serial N [--also-src DIR]]
 
-Processes, as on a server host: the llama-server stand-in (tests/llama_standin.py: /completion SSE
+Processes, as on a server host: the llama-server stand-in (tests/support/llama_standin.py: /completion SSE
 events of llama-server's shape, `--prompt-s` before the first token, then `--token-rate` tokens a
 second per stream; `--fast`: no delays, to find the proxy's CPU limit); a census writer that maps a
 real segment for the stand-in's pid and tallies real CUPTI records into it through the native tally
@@ -45,8 +45,9 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+ROOT = HERE.parents[1]
+SUPPORT = ROOT / "tests" / "support"     # the stand-in, the segment writer, free ports
+sys.path.insert(0, str(SUPPORT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from ports import free_port  # noqa: E402
@@ -76,10 +77,11 @@ def census_writer(directory: str, pid: int, stop_after_s: float) -> None:
     kernels (one per ms, stepped), per 20 ms a logits DtoH, an HtoD, a DtoD and a memset, and a
     32 MiB DtoH per second, each second's records handed over ~0.5 s late as CUPTI does."""
     import cupti_records as cr
+    import segments
     from otel_gpu_census.census import proctree
     ffi, lib, _ = cr.native()
     ticks = proctree.proc_start_ticks(pid) or 0
-    mm, seg = cr.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server")  # CUPTI clock == wall clock
+    mm, seg = segments.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", b"llama-server")  # CUPTI clock == wall clock
     seg.pid, seg.ppid, seg.proc_start_ticks, seg.state = pid, os.getppid(), ticks, 1
     tally = lib.gc_tally_create(seg)
     corr = [0]
@@ -273,7 +275,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     cdir = work / "census"
     cdir.mkdir(mode=0o700, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(SUPPORT)]))
     procs = []
     try:
         sport, pport = free_port(), free_port()
@@ -283,7 +285,7 @@ def main() -> int:
                                        + a.server_args.split(), stdout=slog, stderr=subprocess.STDOUT)
             slog.close()
         else:
-            standin = subprocess.Popen([py, str(HERE / "llama_standin.py"), "--port", str(sport), "--tokens",
+            standin = subprocess.Popen([py, str(SUPPORT / "llama_standin.py"), "--port", str(sport), "--tokens",
                                         str(a.tokens), "--token-delay", str(token_delay), "--first-token-delay",
                                         str(prompt_s), "--prompt-tokens", str(a.prompt_tokens), "--forget"],
                                        env=env)
@@ -299,7 +301,7 @@ def main() -> int:
 
         def start_proxy(port: int, src, log_name: str) -> subprocess.Popen:
             """The proxy in front of the upstream, from `src` (a src/ folder) or this checkout."""
-            proc_env = dict(penv, PYTHONPATH=os.pathsep.join([str(Path(src).resolve()), str(HERE)])) if src else penv
+            proc_env = dict(penv, PYTHONPATH=os.pathsep.join([str(Path(src).resolve()), str(SUPPORT)])) if src else penv
             with open(work / log_name, "w") as log:
                 proc = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
                                          f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{port}", "--census-dir",

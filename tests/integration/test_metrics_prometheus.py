@@ -20,7 +20,7 @@ from otel_gpu_census.telemetry import census_metrics as metrics, nvml
 from otel_gpu_census.telemetry.sidecar import start_sidecar
 from ports import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "collector-config"
 DASHBOARD = CONFIGS / "grafana-dashboard.json"
 UNIT_SUFFIX = {"By": "_bytes", "s": "_seconds", "By/s": "_bytes_per_second"}

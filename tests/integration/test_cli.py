@@ -16,8 +16,8 @@ import pytest
 from otel_gpu_census import cli, launcher
 from otel_gpu_census._native import LAYOUT_VERSION
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1] / "support"   # helpers the subprocesses import
 MS = 1_000_000
 T0 = 7_000 * 20 * MS
 

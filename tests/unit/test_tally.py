@@ -1,4 +1,4 @@
-"""The tally on a CPU: real CUPTI record structs (tests/cupti_records.py) into gc_tally_record, and
+"""The tally on a CPU: real CUPTI record structs (tests/support/cupti_records.py) into gc_tally_record, and
 the segment fields checked against what the records say. Every number is derived from the records
 the test builds, never copied from a run."""
 from __future__ import annotations

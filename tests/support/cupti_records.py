@@ -19,7 +19,7 @@ from pathlib import Path
 
 import cffi
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "native" / "include" / "gpu_census.h"
 try:
     import otel_gpu_census  # noqa: F401  (installed)
@@ -201,22 +201,3 @@ def native():
                 raise
             path = str(installed)
     return _native.ffi, _native.ffi.dlopen(path), path
-
-
-def map_segment(path, comm: bytes, wall_start_ns: int = 0, gpu_ref_ns: int = 0):
-    """A segment file mapped shared and initialised as the injector does: (mmap, gc_segment *).
-
-    For test writers that stand in for a censused process; keep the mmap alive while writing."""
-    import mmap
-    ffi, lib, _ = native()
-    size = ffi.sizeof("gc_segment")
-    with open(path, "wb") as f:
-        f.truncate(size)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    seg = ffi.from_buffer("gc_segment *", mm)
-    lib.gc_segment_init(seg, comm, wall_start_ns, gpu_ref_ns)
-    return mm, seg

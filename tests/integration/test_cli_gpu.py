@@ -1,6 +1,6 @@
 """`otel-gpu-census run` end to end on a real GPU, with PyTorch workloads whose copies are known.
 
-    OTEL_GPU_CENSUS_LIB=$PWD/native/build/libotel_gpu_census.so python -m pytest -m gpu tests/test_cli_gpu.py -v
+    OTEL_GPU_CENSUS_LIB=$PWD/native/build/libotel_gpu_census.so python -m pytest -m gpu tests/integration/test_cli_gpu.py -v
 
 Skipped without an NVIDIA GPU or without torch.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 10
 ELEMS = 10_000_000            # float32: 40,000,000 bytes a copy
 

@@ -3,7 +3,7 @@ is documented, with the same instrument, unit and attributes.
 
 Census names are checked against a real export (real segments, real reader, the SDK's in-memory
 reader). NVML names cannot be emitted without a GPU: here they are checked against the specs the
-NVML code registers from and the callbacks it has for them; tests/test_metrics_nvml.py emits them
+NVML code registers from and the callbacks it has for them; tests/integration/test_metrics_nvml.py emits them
 on a GPU.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 from otel_gpu_census import census
 from otel_gpu_census.telemetry import census_metrics as metrics, nvml
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 KINDS = {"counter": "Counter", "gauge": "Gauge", "updowncounter": "UpDownCounter"}
 
 

@@ -2,7 +2,7 @@
 
     otel-gpu-census run --exporter console --metrics-interval 1 -- python3 tests/gpu/busy_loops.py matmul 12 \\
         > matmul.metrics
-    python tests/perf_busy_gap.py matmul.metrics [--json table.json]
+    python bench/perf/perf_busy_gap.py matmul.metrics [--json table.json]
 
 One row per export and GPU: seconds since the first export, nvidia-smi utilisation
 (hw.gpu.utilization), the census busy ratio, GPM SM utilisation and SM occupancy, and the census's

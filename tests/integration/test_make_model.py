@@ -22,7 +22,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 import llama_cpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "server" / "make_model.py"
 _spec = importlib.util.spec_from_file_location("make_model", SCRIPT)
 mm = importlib.util.module_from_spec(_spec)

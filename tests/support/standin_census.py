@@ -1,7 +1,7 @@
 """A stand-in census segment for CPU tests of the kernel-phase bench: what the injector writes in
 sampled mode (OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS), from a process that has no GPU.
 
-The segment is mapped shared and initialised by the native library (gc_segment_init), so the
+The segment is mapped shared and initialised by the native library (segments.map_segment), so the
 package's reader reads it as it reads the injector's. Its "CUPTI clock" is the monotonic clock
 moved by GPU_OFFSET_NS (neither wall nor monotonic time, as on a GPU), and the kernel schedule starts
 ORIGIN_DELAY_NS after the segment. The owner reports work with add(); like CUPTI's buffers, it
@@ -10,7 +10,6 @@ tracing flag and the traced time, as the injector's flusher does.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from otel_gpu_census import _native
 from otel_gpu_census.census import DIRECTIONS, KERNELS_SAMPLED, MEMORY_KINDS, STATE_EXITED
+from segments import map_segment
 
 GPU_OFFSET_NS = 1_000_000_000_000
 ORIGIN_DELAY_NS = 137_000_000
@@ -33,19 +33,10 @@ class StandinCensus:
         if not m:
             raise ValueError(f"stand-in census: want OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS, got {kernels!r}")
         self.on_ns, self.period_ns = int(m.group(1)) * 1_000_000, int(m.group(2)) * 1_000_000
-        self.ffi = _native.ffi
-        self.lib = self.ffi.dlopen(lib_path)
-        size = self.ffi.sizeof("gc_segment")
+        self.lib = _native.ffi.dlopen(lib_path)
         tmp = Path(directory) / f".standin-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.truncate(size)
-        fd = os.open(tmp, os.O_RDWR)
-        try:
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.seg = seg = self.ffi.from_buffer("gc_segment *", self.mm)
-        self.lib.gc_segment_init(seg, comm, 0, self.gpu_ns())
+        self.mm, self.seg = map_segment(tmp, comm, 0, self.gpu_ns(), lib=self.lib)
+        seg = self.seg
         self.origin = seg.clock_ref_gpu_ns + ORIGIN_DELAY_NS
         self.lock = threading.Lock()
         self.kernels = self.dtoh_count = self.dtoh_bytes = 0

@@ -201,12 +201,11 @@ def test_odd_seq_of_dead_writer_is_read_and_marked_torn(census_dir, segments, re
 
 _WRITER = r"""
 import mmap, os, sys, time
-sys.path[:0] = [sys.argv[2], sys.argv[2] + "/../src"]
+sys.path[:0] = [sys.argv[2], sys.argv[2] + "/../../src"]
 import cupti_records
+import segments
 ffi, lib, _ = cupti_records.native()
-fd = os.open(sys.argv[1], os.O_RDWR)
-m = mmap.mmap(fd, ffi.sizeof("gc_segment"))
-seg = ffi.from_buffer("gc_segment *", m)
+m, seg = segments.open_segment(sys.argv[1])
 seg.steps[1023].id = 1023
 print("ready", flush=True)
 i = 0
@@ -223,7 +222,7 @@ while time.time() < end:
 
 def test_reader_never_sees_a_half_update_of_a_live_writer(census_dir, segments):
     path = segments.segment(census_dir, [])
-    tests_dir = str(Path(__file__).parent)
+    tests_dir = str(Path(__file__).resolve().parents[1] / "support")
     w = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), tests_dir, "3"], stdout=subprocess.PIPE, text=True)
     try:
         assert w.stdout.readline().strip() == "ready"

@@ -3,14 +3,14 @@ utilisation, the census busy ratio, GPM SM utilisation and SM occupancy, for a l
 matmuls and a loop of tiny kernels (tests/gpu/busy_loops.py).
 
     PYTHONPATH=/tmp/site:$PWD/src OTEL_GPU_CENSUS_LIB=$PWD/native/build/libotel_gpu_census.so \\
-        python3 tests/gpu_busy_gap.py [--seconds 12] [--loops matmul,tiny] [--out DIR]
+        python3 bench/perf/gpu_busy_gap.py [--seconds 12] [--loops matmul,tiny] [--out DIR]
 
 Each loop runs under the census (the environment `otel-gpu-census run` gives a command) in a
 fresh census folder. This process reads that loop's census segments and NVML through the same
 instruments the metrics sidecar exports, collecting into memory every --interval seconds until
-the loop exits, and once more after. Printed per loop: the table of tests/perf_busy_gap.py, the
+the loop exits, and once more after. Printed per loop: the table of bench/perf/perf_busy_gap.py, the
 medians while the loop ran, and the census report. With --out: <loop>.metrics (the console
-exporter's format, so `python tests/perf_busy_gap.py <loop>.metrics` reads it again),
+exporter's format, so `python bench/perf/perf_busy_gap.py <loop>.metrics` reads it again),
 <loop>.report, <loop>.stderr and busy_gap.json.
 """
 from __future__ import annotations
@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 if not any((Path(p) / "otel_gpu_census").is_dir() for p in sys.path if p):
-    sys.path.insert(0, str(HERE.parent / "src"))          # a checkout without PYTHONPATH set
+    sys.path.insert(0, str(ROOT / "src"))          # a checkout without PYTHONPATH set
 
 import perf_busy_gap  # noqa: E402
 
-BUSY_LOOPS = HERE / "gpu" / "busy_loops.py"
+BUSY_LOOPS = ROOT / "tests" / "gpu" / "busy_loops.py"
 COLUMNS = perf_busy_gap.GAUGES            # metric name -> column title
 
 

@@ -25,19 +25,18 @@ from otel_gpu_census.census import reader
 from otel_gpu_census._native import SEGMENT_SIZE
 from otel_gpu_census.census import ZERO
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"   # helpers the subprocesses import
 HTOD, DTOH, DTOD, MEMSET = 4096, 1000, 64, 256      # bytes per batch
 RECORDS_PER_BATCH = 17                              # 8 external + 8 activity + 1 unknown
 
 # The writer: `run SECONDS BATCHES_PER_UPDATE [STALL_S]` or `hold` (stops inside an update, seq odd).
 _WRITER = r"""
 import mmap, os, sys, time
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../src"]
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../../src"]
 import cupti_records as cr
+import segments
 ffi, lib, _ = cr.native()
-fd = os.open(sys.argv[2], os.O_RDWR)
-m = mmap.mmap(fd, ffi.sizeof("gc_segment"))
-seg = ffi.from_buffer("gc_segment *", m)
+m, seg = segments.open_segment(sys.argv[2])
 seg.pid = os.getpid()                         # this process owns the segment, as the injector would
 seg.proc_start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
 tally = lib.gc_tally_create(seg)
@@ -92,7 +91,7 @@ print("batches", b, flush=True)
 # A reader in another process: reads in a loop and prints what it checked.
 _READER = r"""
 import json, sys, time
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../src"]
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../integration", sys.argv[1] + "/../../src"]
 import test_segment_consistency as t
 from otel_gpu_census.census import reader
 end = time.time() + float(sys.argv[3])
@@ -266,7 +265,7 @@ def test_random_damage_gives_a_census_or_a_segment_error_never_another_exception
 
 _LOOP_READER = r"""
 import sys, time
-sys.path[:0] = [sys.argv[1] + "/../src"]
+sys.path[:0] = [sys.argv[1] + "/../../src"]
 from otel_gpu_census.census import reader
 end, reads, refused = time.time() + float(sys.argv[3]), 0, 0
 while time.time() < end:

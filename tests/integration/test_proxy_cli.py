@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from llama_standin import Standin
-from otlp_trace_receiver import TraceReceiver
+from otlp_receiver import OtlpReceiver
 from ports import free_port
 from otel_gpu_census.integrations.llamacpp import ConfigError, add_proxy_arguments, config_from_args, upstream_from_server_args
 from otel_gpu_census.integrations.llamacpp.config import check_upstream, parse_host_port
 
 pytestmark = pytest.mark.timeout(60)
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.mark.parametrize("argv,env,want", [
@@ -110,7 +110,7 @@ def _port_from(proc):
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_command_exports_spans_from_the_environment_and_stops_cleanly(protocol):
     st = Standin().start()
-    with TraceReceiver(http_enabled=True, grpc_enabled=True) as rx:
+    with OtlpReceiver() as rx:
         endpoint = rx.grpc_endpoint if protocol == "grpc" else f"http://127.0.0.1:{rx.http_port}"
         proc = _start(["--upstream", st.url, "--listen", "127.0.0.1:0", "--no-gpu"],
                       {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
@@ -125,7 +125,7 @@ def test_command_exports_spans_from_the_environment_and_stops_cleanly(protocol):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        spans = rx.wait_for(lambda ss: ss)
+        spans = rx.wait_for_spans(lambda ss: ss)
         assert spans[0].transport == ("grpc" if protocol == "grpc" else "http")
         assert spans[0].resource["service.name"] == "llama-front"
         assert spans[0].attributes["gen_ai.usage.output_tokens"] == 5
@@ -223,10 +223,10 @@ def _wait_ok(port, path="/health", timeout=20):
 
 def test_run_proxy_traces_requests_to_the_command_it_runs(native, census_dir):
     sport, pport = free_port(), free_port()
-    standin = [sys.executable, str(Path(__file__).parent / "llama_standin.py"), "--port", str(sport),
+    standin = [sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "llama_standin.py"), "--port", str(sport),
                "--token-delay", "0"]
-    with TraceReceiver() as rx:
-        env = _run_env(native, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.http_endpoint,
+    with OtlpReceiver(grpc_enabled=False) as rx:
+        env = _run_env(native, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.traces_endpoint,
                                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"})
         run = subprocess.Popen(_run_cmd("--dir", str(census_dir), "--proxy", f"127.0.0.1:{pport}", "--", *standin),
                                env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -253,7 +253,7 @@ def test_run_proxy_traces_requests_to_the_command_it_runs(native, census_dir):
         finally:
             if run.poll() is None:
                 run.kill()
-        span = rx.wait_for(lambda ss: [s for s in ss if s.name.startswith("text_completion")])[0]
+        span = rx.wait_for_spans(lambda ss: [s for s in ss if s.name.startswith("text_completion")])[0]
     a = span.attributes
     assert a["gen_ai.usage.output_tokens"] == 3 and a["gpu_census.proxy.upstream"] == f"http://127.0.0.1:{sport}"
     assert a["gpu_census.attribution.status"] == "no_segment"     # a CPU stand-in writes no census segment
@@ -286,3 +286,69 @@ def test_run_proxy_checks_its_options_before_starting_the_command(native, census
     assert p.returncode == code and said in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
     assert not mark.exists()          # the command never started
+
+
+def _run_proxy_with(native, census_dir, exporter_args, extra_env=None):
+    """`run <exporter_args> --proxy` around the stand-in: (process, proxy port, stand-in port, lines said
+    before the proxy listened). The caller sends requests, then SIGTERM."""
+    sport, pport = free_port(), free_port()
+    standin = [sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "llama_standin.py"), "--port", str(sport),
+               "--token-delay", "0"]
+    env = _run_env(native, {"OTEL_TRACES_EXPORTER": "none", **(extra_env or {})})
+    run = subprocess.Popen(_run_cmd("--dir", str(census_dir), *exporter_args, "--proxy", f"127.0.0.1:{pport}",
+                                    "--", *standin), env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    said = ""
+    for _ in range(20):
+        line = run.stderr.readline()
+        said += line
+        if "proxy: listening on" in line or not line:
+            break
+    said += run.stderr.readline()          # the proxy's traces line follows its listening line
+    _wait_ok(pport)
+    return run, pport, said
+
+
+def _complete(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("POST", "/completion", json.dumps({"prompt": "x", "n_predict": 3}).encode())
+    assert c.getresponse().status == 200
+
+
+def test_run_proxy_with_prometheus_serves_the_proxys_metrics_on_its_one_port(native, census_dir):
+    prom = free_port()
+    run, pport, said = _run_proxy_with(native, census_dir, ["--exporter", "prometheus", "--prometheus-port",
+                                                            str(prom)])
+    try:
+        assert f"metrics → Prometheus http://localhost:{prom}/metrics" in said
+        assert "traces → none" in said
+        _complete(pport)
+        deadline, page = time.monotonic() + 15, ""
+        while time.monotonic() < deadline and "gen_ai_server_request_duration" not in page:
+            time.sleep(0.2)
+            c = http.client.HTTPConnection("127.0.0.1", prom, timeout=5)
+            c.request("GET", "/metrics")
+            page = c.getresponse().read().decode()
+        assert "gen_ai_server_request_duration" in page and "gpu_census_requests_in_flight" in page, page[-2000:]
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(30) == 0
+        err = said + run.stderr.read()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert "Prometheus endpoint not started" not in err and "Traceback" not in err
+
+
+def test_run_proxy_sends_the_proxys_metrics_where_exporter_says(native, census_dir):
+    run, pport, said = _run_proxy_with(native, census_dir, ["--exporter", "console", "--metrics-interval", "0.5"])
+    try:
+        assert "metrics → console (stdout) every 0.5 s" in said
+        _complete(pport)
+        time.sleep(1.0)                    # the request's metrics follow its (empty) census wait
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(30) == 0
+        out = run.stdout.read()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert '"gen_ai.server.request.duration"' in out and '"otel_gpu_census.proxy"' in out

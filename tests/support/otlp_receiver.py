@@ -1,12 +1,15 @@
-"""A real OTLP metrics receiver for tests: gRPC and HTTP/protobuf on 127.0.0.1, in-process.
+"""The one OTLP receiver of the tests: metrics and traces, gRPC and HTTP/protobuf on 127.0.0.1, in-process.
 
-Both servers decode ``ExportMetricsServiceRequest`` with the opentelemetry-proto classes and keep
-every data point as a plain :class:`Point`, so tests assert on what actually crossed the wire.
+Both transports decode ``ExportMetricsServiceRequest`` / ``ExportTraceServiceRequest`` with the
+opentelemetry-proto classes and keep every data point as a plain :class:`Point` and every span as a
+plain :class:`Span`, so tests assert on what actually crossed the wire.
 
     with OtlpReceiver() as rx:
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = rx.grpc_endpoint
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = rx.grpc_endpoint      # or rx.http_endpoint
         ...
         rx.wait_for(lambda pts: any(p.name == "gpu_census.kernel.count" for p in pts))
+        spans = rx.wait_for_spans(lambda ss: len(ss) >= 2)
+    OTLPSpanExporter(endpoint=rx.traces_endpoint)                       # HTTP, the full traces URL
 """
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ from typing import Callable, Dict, List, Optional
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 TEMPORALITY = {
     metrics_pb2.AGGREGATION_TEMPORALITY_UNSPECIFIED: "unspecified",
@@ -86,12 +91,51 @@ def decode(request: metrics_service_pb2.ExportMetricsServiceRequest, transport: 
     return out
 
 
+KINDS = {trace_pb2.Span.SPAN_KIND_SERVER: "server", trace_pb2.Span.SPAN_KIND_CLIENT: "client",
+         trace_pb2.Span.SPAN_KIND_INTERNAL: "internal", trace_pb2.Span.SPAN_KIND_PRODUCER: "producer",
+         trace_pb2.Span.SPAN_KIND_CONSUMER: "consumer"}
+STATUS = {trace_pb2.Status.STATUS_CODE_UNSET: "unset", trace_pb2.Status.STATUS_CODE_OK: "ok",
+          trace_pb2.Status.STATUS_CODE_ERROR: "error"}
+
+
+@dataclass(frozen=True)
+class Span:
+    transport: str
+    name: str
+    trace_id: str           # 32 hex digits
+    span_id: str            # 16 hex digits
+    parent_span_id: str     # "" for a root
+    kind: str
+    start_ns: int
+    end_ns: int
+    attributes: Dict[str, object]
+    status: str
+    status_message: str
+    resource: Dict[str, object]
+    scope: str
+
+
+def decode_spans(req: trace_service_pb2.ExportTraceServiceRequest, transport: str) -> List[Span]:
+    out = []
+    for rs in req.resource_spans:
+        resource = _attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                out.append(Span(transport, s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
+                                KINDS.get(s.kind, str(s.kind)), s.start_time_unix_nano, s.end_time_unix_nano,
+                                _attrs(s.attributes), STATUS.get(s.status.code, "?"), s.status.message,
+                                resource, ss.scope.name))
+    return out
+
+
 class OtlpReceiver:
-    """gRPC on `grpc_port` and HTTP/protobuf on `http_port` on 127.0.0.1 (0: pick a free port)."""
+    """Both signals on gRPC (`grpc_port`) and HTTP/protobuf (`http_port`, paths /v1/metrics and
+    /v1/traces) on 127.0.0.1; port 0 picks a free one."""
 
     def __init__(self, grpc_enabled: bool = True, http_enabled: bool = True, grpc_port: int = 0, http_port: int = 0):
         self._lock = threading.Condition()
         self.points: List[Point] = []
+        self.spans: List[Span] = []
         self.requests = 0
         self._grpc_server: Optional[grpc.Server] = None
         self._http: Optional[ThreadingHTTPServer] = None
@@ -103,9 +147,10 @@ class OtlpReceiver:
 
     # -- collection ---------------------------------------------------------------------
     def _add(self, request, transport: str) -> None:
-        pts = decode(request, transport)
+        is_traces = isinstance(request, trace_service_pb2.ExportTraceServiceRequest)
+        got = decode_spans(request, transport) if is_traces else decode(request, transport)
         with self._lock:
-            self.points.extend(pts)
+            (self.spans if is_traces else self.points).extend(got)
             self.requests += 1
             self._lock.notify_all()
 
@@ -113,35 +158,53 @@ class OtlpReceiver:
         with self._lock:
             return list(self.points)
 
+    def span_snapshot(self) -> List[Span]:
+        with self._lock:
+            return list(self.spans)
+
     def clear(self) -> None:
         with self._lock:
             self.points.clear()
+            self.spans.clear()
             self.requests = 0
+
+    def _wait(self, items: list, pred, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not pred(list(items)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    names = sorted({x.name for x in items})
+                    raise AssertionError(f"OTLP receiver: condition not met in {timeout}s; "
+                                         f"{self.requests} requests, {what} {names}")
+                self._lock.wait(left)
+            return list(items)
 
     def wait_for(self, pred: Callable[[List[Point]], bool], timeout: float = 20.0) -> List[Point]:
         """Block until pred(points) holds; return the points, or raise AssertionError on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while not pred(self.points):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    names = sorted({p.name for p in self.points})
-                    raise AssertionError(f"OTLP receiver: condition not met in {timeout}s; "
-                                         f"{self.requests} requests, metric names {names}")
-                self._lock.wait(left)
-            return list(self.points)
+        return self._wait(self.points, pred, timeout, "metric names")
+
+    def wait_for_spans(self, pred: Callable[[List[Span]], bool], timeout: float = 10.0) -> List[Span]:
+        """Block until pred(spans) holds; return the spans, or raise AssertionError on timeout."""
+        return self._wait(self.spans, pred, timeout, "span names")
 
     # -- gRPC ---------------------------------------------------------------------------
     def _start_grpc(self, port: int) -> None:
         receiver = self
 
-        class Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request, context):
                 receiver._add(request, "grpc")
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
+        class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                receiver._add(request, "grpc")
+                return trace_service_pb2.ExportTraceServiceResponse()
+
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
         self.grpc_port = server.add_insecure_port(f"127.0.0.1:{port}")
         server.start()
         self._grpc_server = server
@@ -153,6 +216,10 @@ class OtlpReceiver:
     # -- HTTP ---------------------------------------------------------------------------
     def _start_http(self, port: int) -> None:
         receiver = self
+        kinds = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
+                                 metrics_service_pb2.ExportMetricsServiceResponse),
+                 "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
+                                trace_service_pb2.ExportTraceServiceResponse)}
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
@@ -162,17 +229,18 @@ class OtlpReceiver:
                     body = gzip.decompress(body)
                 elif enc == "deflate":
                     body = zlib.decompress(body)
-                if self.path != "/v1/metrics" or self.headers.get("Content-Type") != "application/x-protobuf":
-                    self.send_error(404 if self.path != "/v1/metrics" else 415)
+                if self.path not in kinds or self.headers.get("Content-Type") != "application/x-protobuf":
+                    self.send_error(404 if self.path not in kinds else 415)
                     return
-                req = metrics_service_pb2.ExportMetricsServiceRequest()
+                request_type, response_type = kinds[self.path]
+                req = request_type()
                 try:
                     req.ParseFromString(body)
                 except Exception:      # a malformed body is the client's bug: say 400, keep serving
                     self.send_error(400)
                     return
                 receiver._add(req, "http")
-                resp = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                resp = response_type().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(resp)))
@@ -189,8 +257,13 @@ class OtlpReceiver:
 
     @property
     def http_endpoint(self) -> str:
-        """Base URL, as OTEL_EXPORTER_OTLP_ENDPOINT takes it (the exporter appends /v1/metrics)."""
+        """Base URL, as OTEL_EXPORTER_OTLP_ENDPOINT takes it (the exporters append /v1/metrics, /v1/traces)."""
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def traces_endpoint(self) -> str:
+        """The full traces URL, as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and OTLPSpanExporter(endpoint=) take it."""
+        return f"http://127.0.0.1:{self.http_port}/v1/traces"
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

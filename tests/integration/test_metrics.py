@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -358,7 +359,8 @@ def test_last_export_carries_totals_written_just_before_stop(segments, records, 
     assert latest(pts, "gpu_census.kernel.count", {"process.pid": os.getpid()}).value == 2
 
 
-def test_console_exporter_output_makes_the_busy_table(server_tree, census_dir, capsys):
+def test_console_exporter_output_makes_the_busy_table(server_tree, census_dir, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench" / "perf"))
     import perf_busy_gap
     handle = start_sidecar(census_dir, root_pid=os.getpid(), exporter="console", interval_s=0.2, nvml=False)
     time.sleep(0.7)

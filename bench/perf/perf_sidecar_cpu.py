@@ -1,12 +1,12 @@
 """CPU cost of the metrics sidecar following N censused processes (not a pytest test: run it).
 
-    .venv/bin/python tests/perf_sidecar_cpu.py [--processes 8] [--interval 1] [--seconds 30]
+    .venv/bin/python bench/perf/perf_sidecar_cpu.py [--processes 8] [--interval 1] [--seconds 30]
                      [--exporter otlp|prometheus] [--workload synthetic|cuda] [--nvml|--no-nvml] [--out DIR]
 
 On the H200, one command (`bash bench/device/run.sh setup sidecar`; ~60 s: 8 torch processes
 start CUDA in ~10-20 s, 2 s warm-up, 30 s measured, teardown), which runs:
 
-    timeout 150 python3 tests/perf_sidecar_cpu.py --workload cuda --seconds 30 --out $OUT/sidecar_cpu
+    timeout 150 python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 30 --out $OUT/sidecar_cpu
 
 Expected: one JSON line and a sentence, e.g. "sidecar following 8 processes at 1 s (otlp, NVML on,
 GPM on 1 GPU): 0.6% of one core over 30 s"; the JSON has the census reads, OTLP exports that
@@ -16,7 +16,7 @@ core. Exit 1 if fewer processes were followed than started (or a worker failed).
 
 On the CPU machine (~35 s; as measured for docs/measurements.md §7):
 
-    .venv/bin/python tests/perf_sidecar_cpu.py --seconds 30 [--exporter prometheus]
+    .venv/bin/python bench/perf/perf_sidecar_cpu.py --seconds 30 [--exporter prometheus]
 
 --workload synthetic (the default): N `sleep` processes stand for CUDA processes of the run's
 tree; each has a census segment, mapped and updated once a second by a separate writer process
@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "src"))
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "support"))     # the segment writer, the OTLP receiver
+sys.path.insert(0, str(ROOT / "src"))
 
 T0 = 1_000_000_000_000
 WINDOW_NS = 20_000_000
@@ -55,11 +56,12 @@ WINDOW_NS = 20_000_000
 def _writer(directory: str, pids: list, root: int) -> None:
     """Child process: create one mapped segment per pid and keep updating them once a second.
 
-    With real CUPTI records (tests/cupti_records.py compiles their structs from <cupti.h>) the
+    With real CUPTI records (tests/support/cupti_records.py compiles their structs from <cupti.h>) the
     native tally counts them. Where <cupti.h> cannot be compiled (a GPU machine with only a
     prebuilt library, $OTEL_GPU_CENSUS_LIB, and CUDA headers without crt/), the totals and the
     window ring are written directly under the same seqlock: the sidecar reads the same bytes."""
     import cupti_records as cr
+    import segments
     from otel_gpu_census.census import proctree
     ffi, lib, _ = cr.native()        # $OTEL_GPU_CENSUS_LIB when set, else built from native/
     try:
@@ -72,7 +74,7 @@ def _writer(directory: str, pids: list, root: int) -> None:
     segs = []
     for i, pid in enumerate(pids):
         ticks = proctree.proc_start_ticks(pid) or 0
-        mm, seg = cr.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", f"worker{i}".encode())
+        mm, seg = segments.map_segment(Path(directory) / f"gpu-census-{pid}-{ticks}.seg", f"worker{i}".encode())
         seg.pid, seg.ppid, seg.proc_start_ticks = pid, root, ticks
         seg.state = 1
         segs.append((mm, seg, lib.gc_tally_create(seg) if real else None))

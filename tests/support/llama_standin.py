@@ -12,7 +12,7 @@ Formats follow llama.cpp tools/server (server-task.cpp, server-context.cpp, form
 JSON is compact (nlohmann ``dump()`` style). Behaviour knobs live in ``Standin.opts`` and can be changed
 between requests; every request is recorded in ``Standin.seen``.
 
-Run by hand: ``python tests/llama_standin.py --port 8080``.
+Run by hand: ``python tests/support/llama_standin.py --port 8080``.
 """
 from __future__ import annotations
 

@@ -23,10 +23,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import llama_cpu
-from otlp_trace_receiver import TraceReceiver
+from otlp_receiver import OtlpReceiver
 from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llamacpp"
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,7 +52,7 @@ def llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rx():
-    with TraceReceiver() as r:
+    with OtlpReceiver(grpc_enabled=False) as r:
         yield r
 
 
@@ -60,7 +60,7 @@ def rx():
 def proxy(llama, rx):
     _, port, _ = llama
     tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=rx.http_endpoint), schedule_delay_millis=50))
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=rx.traces_endpoint), schedule_delay_millis=50))
     h = start_proxy_in_thread(ProxyConfig(upstream=f"http://127.0.0.1:{port}", listen_port=0, gpu=False),
                               tp, MeterProvider())
     h.tp = tp
@@ -97,7 +97,7 @@ def test_completion_stream_through_the_proxy(proxy, rx):
     ev = _events(data)
     last = ev[-1]
     assert last["stop"] is True and not data.rstrip().endswith(b"[DONE]")
-    s = rx.wait_for(lambda ss: ss)[0]
+    s = rx.wait_for_spans(lambda ss: ss)[0]
     a = s.attributes
     assert s.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and s.parent_span_id == "00f067aa0ba902b7"
     assert a["llamacpp.id_slot"] == last["id_slot"]
@@ -114,7 +114,7 @@ def test_chat_stream_and_ids(proxy, rx):
                             {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True})
     assert status == 200 and data.rstrip().endswith(b"data: [DONE]")
     ev = _events(data)
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gen_ai.response.id"] == ev[0]["id"] and a["gen_ai.request.id"] == ev[0]["id"]
     assert a["gen_ai.usage.output_tokens"] == ev[-1]["timings"]["predicted_n"]
     assert "gen_ai.latency.time_to_first_token" in a
@@ -138,7 +138,7 @@ def test_concurrent_requests(proxy, rx):
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert out == [200] * 4
-    spans = rx.wait_for(lambda ss: len(ss) == 4)
+    spans = rx.wait_for_spans(lambda ss: len(ss) == 4)
     assert {s.attributes["llamacpp.id_slot"] for s in spans} <= {0, 1}
 
 
@@ -162,7 +162,7 @@ def test_client_hangup_stops_generation(proxy, llama, rx):
     while got.count(b"data: ") < 2:
         got += sock.recv(4096)
     sock.close()
-    s = rx.wait_for(lambda ss: ss)[0]
+    s = rx.wait_for_spans(lambda ss: ss)[0]
     assert s.attributes["gpu_census.proxy.outcome"] == "client_disconnected"
     busy = _slots_busy(port)
     if busy is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
@@ -63,7 +63,7 @@ def run_case(native, mock_lib, tmp_path, body: str, env=None, expect_rc=0):
              OTEL_GPU_CENSUS_FLUSH_MS="60000")  # the flusher sleeps: the test decides when to flush
     e.pop("OTEL_GPU_CENSUS_DISABLED", None)
     e.update(env or {})
-    script = PRELUDE.format(tests=str(ROOT / "tests"), mock=mock_lib, lib=native[2]) + textwrap.dedent(body) + \
+    script = PRELUDE.format(tests=str(ROOT / "tests" / "support"), mock=mock_lib, lib=native[2]) + textwrap.dedent(body) + \
         "\nprint('RESULT ' + json.dumps(out))\n"
     p = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=60)
     assert p.returncode == expect_rc, p.stderr[-3000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from otlp_receiver import OtlpReceiver, latest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The command under `run`: a process that maps its own segment in $OTEL_GPU_CENSUS_DIR and tallies
 # real CUPTI records into it in two bursts, the second after the sidecar has exported the first.
@@ -19,9 +19,10 @@ WORKER = textwrap.dedent("""
     import os, sys, time
     sys.path[:0] = [{tests!r}]
     import cupti_records as cr
+    import segments
     ffi, lib, _ = cr.native()
     path = os.path.join(os.environ["OTEL_GPU_CENSUS_DIR"], "gpu-census-%d-x.seg" % os.getpid())
-    mm, seg = cr.map_segment(path, b"fake-server")
+    mm, seg = segments.map_segment(path, b"fake-server")
     tally = lib.gc_tally_create(seg)
     def burst(recs, state):
         lib.gc_segment_begin_update(seg)
@@ -43,7 +44,7 @@ def test_run_exports_while_the_command_runs_and_its_final_totals(native, census_
         if k.startswith("OTEL_"):
             monkeypatch.delenv(k)
     script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(tests=str(ROOT / "tests")))
+    script.write_text(WORKER.format(tests=str(ROOT / "tests" / "support")))
     with OtlpReceiver(http_enabled=False) as rx:
         env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint, OTEL_SERVICE_NAME="run-e2e",
                    OTEL_GPU_CENSUS_LIB=native[2], PYTHONPATH=str(ROOT / "src"))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-CFG = Path(__file__).resolve().parents[1] / "collector-config"
+CFG = Path(__file__).resolve().parents[2] / "collector-config"
 
 
 def _load(name):

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from llama_standin import Opts, Standin
-from otlp_trace_receiver import TraceReceiver
+from otlp_receiver import OtlpReceiver
 from otel_gpu_census.attribution import Interval, attribute
 from otel_gpu_census.census import STATE_ACTIVE, ProcessCensus, Stat, Window
 from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
@@ -75,7 +75,7 @@ def _fresh(standin):
 
 @pytest.fixture
 def rx():
-    with TraceReceiver() as r:
+    with OtlpReceiver(grpc_enabled=False) as r:
         yield r
 
 
@@ -85,7 +85,7 @@ def make_proxy(standin, rx):
 
     def make(source, **cfg):
         tp = TracerProvider()
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=rx.http_endpoint),
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=rx.traces_endpoint),
                                                  schedule_delay_millis=50))
         metrics = InMemoryMetricReader()
         cfg.setdefault("gpu_margin_s", 0.1)
@@ -133,7 +133,7 @@ def test_single_request_gets_its_window(make_proxy, standin, rx):
     fake = FakeGpu(dtoh=1000)
     p = make_proxy(fake)
     assert post(p.port)[0] == 200
-    s = rx.wait_for(lambda ss: ss)[0]
+    s = rx.wait_for_spans(lambda ss: ss)[0]
     a = s.attributes
     G = "gpu_census."
     assert a[G + "attribution.status"] == "complete" and a[G + "attribution.method"] == "time_window_shared"
@@ -169,7 +169,7 @@ def test_concurrent_requests_share_buckets(make_proxy, standin, rx):
     time.sleep(0.15)
     ts[1].start()
     [t.join() for t in ts]
-    spans = rx.wait_for(lambda ss: len(ss) == 2)
+    spans = rx.wait_for_spans(lambda ss: len(ss) == 2)
     exp = expected(fake, spans)
     for s in spans:
         a = s.attributes
@@ -192,7 +192,7 @@ def test_span_waits_for_a_lagging_census(make_proxy, standin, rx):
     t0 = time.monotonic()
     post(p.port)
     done = time.monotonic()
-    s = rx.wait_for(lambda ss: ss)[0]
+    s = rx.wait_for_spans(lambda ss: ss)[0]
     assert time.monotonic() - done >= 0.75          # census publish >= end + margin: 0.8 s after the end
     assert s.attributes["gpu_census.attribution.status"] == "complete"
     assert s.attributes["gpu_census.attribution.wait_s"] >= 0.75
@@ -204,7 +204,7 @@ def test_complete_up_to_time_settles_a_span_without_the_margin(make_proxy, stand
     fake = FakeGpu(frozen=True, complete_lag_s=0.0)
     p = make_proxy(fake, gpu_margin_s=1.2, gpu_max_wait_s=3.0)
     post(p.port)
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] < 0.8
 
 
@@ -213,7 +213,7 @@ def test_complete_up_to_time_is_waited_for(make_proxy, standin, rx):
     fake = FakeGpu(complete_lag_s=0.8)
     p = make_proxy(fake, gpu_margin_s=0.1, gpu_max_wait_s=3.0)
     post(p.port)
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] >= 0.85
 
 
@@ -221,7 +221,7 @@ def test_stale_census_is_said_so(make_proxy, standin, rx):
     fake = FakeGpu(frozen=True)
     p = make_proxy(fake, gpu_margin_s=0.1, gpu_max_wait_s=0.6)
     post(p.port)
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gpu_census.attribution.status"] == "stale"
     assert 0.55 <= a["gpu_census.attribution.wait_s"] < 2
 
@@ -229,7 +229,7 @@ def test_stale_census_is_said_so(make_proxy, standin, rx):
 def test_no_segment_in_folder(make_proxy, standin, rx, tmp_path):
     p = make_proxy(CensusSource(str(tmp_path)))
     post(p.port)
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gpu_census.attribution.status"] == "no_segment" and "gpu_census.copy.dtoh.bytes" not in a
 
 
@@ -238,7 +238,7 @@ def test_failed_request_carries_no_gpu_cost(make_proxy, standin, rx):
     fake = FakeGpu()
     p = make_proxy(fake)
     assert post(p.port)[0] == 502
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert "gpu_census.copy.dtoh.bytes" not in a and fake.reads == 0
 
 
@@ -249,7 +249,7 @@ def test_stopping_the_proxy_ends_waiting_spans(make_proxy, standin, rx):
     time.sleep(0.3)
     p.stop()
     p.tp.force_flush()
-    a = rx.wait_for(lambda ss: ss, timeout=5)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss, timeout=5)[0].attributes
     assert a["gpu_census.attribution.status"] == "shutdown"
 
 
@@ -259,7 +259,7 @@ def test_reading_errors_do_not_break_the_proxy(make_proxy, standin, rx):
             raise OSError("disk on fire")
     p = make_proxy(Broken(), gpu_max_wait_s=0.3)
     assert post(p.port)[0] == 200
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gpu_census.attribution.status"] == "read_error" and "disk on fire" in a["gpu_census.attribution.note"]
     assert post(p.port)[0] == 200
 
@@ -289,7 +289,7 @@ def test_real_segment_copies_land_in_the_right_request_and_phase(make_proxy, sta
     time.sleep(0.3)
     segments.tally(seg, recs, final=False, state=1)        # one buffer completion, published now
     segments.write(census_dir, seg, name=path.name)
-    a = rx.wait_for(lambda ss: ss)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss)[0].attributes
     assert a["gpu_census.attribution.status"] == "complete"
     assert a["gpu_census.copy.dtoh.bytes"] == state_save + logits and a["gpu_census.copy.dtoh.count"] == 2
     assert a["gpu_census.prefill.copy.dtoh.bytes"] == state_save         # before the first token
@@ -305,7 +305,7 @@ def test_draining_stop_lets_spans_finish_normally(make_proxy, standin, rx):
     post(p.port)
     p.stop(drain_s=5)
     p.tp.force_flush()
-    a = rx.wait_for(lambda ss: ss, timeout=5)[0].attributes
+    a = rx.wait_for_spans(lambda ss: ss, timeout=5)[0].attributes
     assert a["gpu_census.attribution.status"] == "complete" and a["gpu_census.attribution.wait_s"] >= 0.5
 
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from llama_standin import Opts, Standin
-from otlp_trace_receiver import TraceReceiver
+from otlp_receiver import OtlpReceiver
 from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,7 +34,7 @@ def standin():
 
 @pytest.fixture(scope="module")
 def receiver():
-    with TraceReceiver() as rx:
+    with OtlpReceiver(grpc_enabled=False) as rx:
         yield rx
 
 
@@ -64,7 +64,7 @@ def make_proxy(standin, receiver):
 
     def make(upstream=None, census_source=None, **cfg):
         tp = TracerProvider()
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=receiver.http_endpoint),
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=receiver.traces_endpoint),
                                                  schedule_delay_millis=50))
         metrics = InMemoryMetricReader()
         cfg.setdefault("gpu", census_source is not None)
@@ -92,7 +92,7 @@ def request(port, method, path, body=None, headers=None, timeout=30):
 
 
 def one_span(receiver, name_prefix="", timeout=10):
-    spans = receiver.wait_for(lambda ss: any(s.name.startswith(name_prefix) for s in ss), timeout)
+    spans = receiver.wait_for_spans(lambda ss: any(s.name.startswith(name_prefix) for s in ss), timeout)
     return [s for s in spans if s.name.startswith(name_prefix)][0]
 
 
@@ -266,7 +266,7 @@ def test_health_is_untraced_other_paths_get_a_plain_span(make_proxy, standin, re
     s = one_span(receiver, "GET /slots")
     assert "gen_ai.operation.name" not in s.attributes
     time.sleep(0.3)
-    assert not [x for x in receiver.snapshot() if "health" in x.name]
+    assert not [x for x in receiver.span_snapshot() if "health" in x.name]
 
 
 def test_upstream_error_status_passes_through_and_marks_the_span(make_proxy, standin, receiver):
@@ -504,7 +504,7 @@ def test_concurrent_streams_do_not_mix(make_proxy, standin, receiver):
         assert status == 200
         body = json.dumps({"model": f"m{i}", "messages": [], "stream": True}).encode()
         assert data == sent[body]
-    spans = receiver.wait_for(lambda ss: len([s for s in ss if s.name.startswith("chat")]) == 8)
+    spans = receiver.wait_for_spans(lambda ss: len([s for s in ss if s.name.startswith("chat")]) == 8)
     assert {s.attributes["gen_ai.request.model"] for s in spans} == {f"m{i}" for i in range(8)}
     assert len({s.attributes["gen_ai.request.id"] for s in spans}) == 8
 
