@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for p in (ROOT / "tests" / "support", ROOT / "tests"):
-    sys.path.insert(0, str(p))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -40,12 +39,9 @@ def check(ok: bool, what: str) -> bool:
     return ok
 
 
-def trace_receiver():
-    try:
-        from otlp import TraceReceiver          # tests/support/otlp.py
-    except ImportError:
-        from otlp_trace_receiver import TraceReceiver
-    return TraceReceiver()
+def otlp_receiver():
+    from otlp_receiver import OtlpReceiver      # tests/support: the tests' one receiver, both signals
+    return OtlpReceiver(grpc_enabled=False)
 
 
 class Server:
@@ -152,11 +148,11 @@ def spans_check(rx, load_res, name, census_dir, res):
     """One span per request, in the client's trace, under the client's span, with GPU attributes."""
     want = {r["id"]: r for r in load_res["requests"] if r["id"]}
     try:
-        spans = rx.wait_for(lambda ss: len([s for s in ss if s.resource.get("service.name") == f"vllm-{name}"
+        spans = rx.wait_for_spans(lambda ss: len([s for s in ss if s.resource.get("service.name") == f"vllm-{name}"
                                             and s.attributes.get("gen_ai.request.id") in want]) >= len(want),
                             timeout=30)
     except AssertionError:          # not all came: the checks below say how many did
-        spans = list(rx.spans)
+        spans = rx.span_snapshot()
     ours = {s.attributes.get("gen_ai.request.id"): s for s in spans
             if s.resource.get("service.name") == f"vllm-{name}" and s.attributes.get("gen_ai.request.id") in want}
     res["spans"] = len(ours)
@@ -225,10 +221,11 @@ def main():
     import vllm
     res["versions"] = {"vllm": vllm.__version__}
     base = Path("/tmp/e2e"); base.mkdir(exist_ok=True)
-    rx = trace_receiver().__enter__()
-    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.http_endpoint, "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_BSP_SCHEDULE_DELAY": "500"}
+    rx = otlp_receiver().__enter__()
+    # traces and the engine's request metrics over OTLP/HTTP; run's sidecar exports nothing (--exporter none)
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rx.http_port}", "OTEL_BSP_SCHEDULE_DELAY": "500",
+           "OTEL_METRIC_EXPORT_INTERVAL": "5000"}
     servers = {}
     try:
         if only & {"spans", "throughput"}:
@@ -275,8 +272,15 @@ def main():
         if "spans" in only:
             time.sleep(2)
             for n in ("C", "K"):
-                all_spans = [s for s in rx.spans if s.resource.get("service.name") == f"vllm-{n}"]
+                all_spans = [s for s in rx.span_snapshot() if s.resource.get("service.name") == f"vllm-{n}"]
                 conservation_check(n, base / n, all_spans, res[f"spans_{n}"])
+        if "spans" in only:
+            names = sorted({p.name for p in rx.snapshot() if p.resource.get("service.name") == "vllm-C"})
+            res["engine_metric_names"] = names
+            check("gen_ai.server.time_to_first_token" in names and "gpu_census.request.copy.size" in names,
+                  f"C: the engine's request metrics arrived over OTLP ({len(names)} names)")
+            ex = [p for p in rx.snapshot() if p.name == "gpu_census.request.kernel.time" and getattr(p, "exemplars", None)]
+            res["kernel_time_points_with_exemplars"] = len(ex)
         if "cycles" in only:
             cyc = []
             for i in range(a.cycles):
