@@ -149,12 +149,13 @@ def spans_check(rx, load_res, name, census_dir, res):
     want = {r["id"]: r for r in load_res["requests"] if r["id"]}
     try:
         spans = rx.wait_for_spans(lambda ss: len([s for s in ss if s.resource.get("service.name") == f"vllm-{name}"
-                                            and s.attributes.get("gen_ai.request.id") in want]) >= len(want),
+                                            and s.attributes.get("gen_ai.response.id") in want]) >= len(want),
                             timeout=30)
     except AssertionError:          # not all came: the checks below say how many did
         spans = rx.span_snapshot()
-    ours = {s.attributes.get("gen_ai.request.id"): s for s in spans
-            if s.resource.get("service.name") == f"vllm-{name}" and s.attributes.get("gen_ai.request.id") in want}
+    res["spans_of_server"] = len([s for s in spans if s.resource.get("service.name") == f"vllm-{name}"])
+    ours = {s.attributes.get("gen_ai.response.id"): s for s in spans
+            if s.resource.get("service.name") == f"vllm-{name}" and s.attributes.get("gen_ai.response.id") in want}
     res["spans"] = len(ours)
     check(len(ours) == len(want) and len(want) > 0, f"{name}: one span per request ({len(ours)} of {len(want)})")
     joined = [s for rid, s in ours.items() if s.trace_id == want[rid]["trace_id"]
@@ -180,6 +181,8 @@ def conservation_check(name, census_dir, all_spans, res):
     """Sum of the spans' shares + what no request claimed == the steps the ledger split, every field;
     and those steps + the work outside steps == the census totals."""
     segs, logs = read_census(census_dir)
+    for p in census_dir.glob("*.requests.jsonl"):
+        (Path(res.get("_out", "/tmp")) / f"{name}-{p.name}").write_bytes(p.read_bytes())
     summ = [l["summary"] for l in logs if "summary" in l]
     res["segments"] = [{"pid": s.pid, "comm": s.comm, "state": s.state_name, "kernels": s.totals().kernel_count,
                         "step_max": s.step_max, "step_unmatched": s.step_unmatched} for s in segs]
@@ -229,8 +232,9 @@ def main():
     servers = {}
     try:
         if only & {"spans", "throughput"}:
-            servers["P"] = Server("P", 8101, model, out)
-            time.sleep(3)           # not all three measuring free GPU memory at the same moment
+            if "throughput" in only:
+                servers["P"] = Server("P", 8101, model, out)
+                time.sleep(3)       # not all of them measuring free GPU memory at the same moment
             servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
             time.sleep(3)
             servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
@@ -247,7 +251,7 @@ def main():
         if "spans" in only:
             for n, port in (("C", 8102), ("K", 8103)):
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))
-                res[f"spans_{n}"] = {"load": summary(lr)}
+                res[f"spans_{n}"] = {"load": summary(lr), "_out": str(out)}
                 check(not lr["errors"], f"{n}: load without errors")
                 spans_check(rx, lr, n, base / n, res[f"spans_{n}"])
         if "throughput" in only:

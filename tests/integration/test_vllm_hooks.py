@@ -20,19 +20,23 @@ from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, EngineTel
 
 def _target(module, name):
     import importlib
+    mod = importlib.import_module(module)
+    if "." not in name:
+        return mod, name
     cls_name, meth = name.split(".")
-    return getattr(importlib.import_module(module), cls_name), meth
+    return getattr(mod, cls_name), meth
 
 
 # the parameter each hook reads, by position or name
 PARAMS = {
     "GenerateBaseServing._get_trace_headers": ["self", "headers"],
     "WorkerWrapperBase.execute_model": ["self", "scheduler_output"],
-    "WorkerWrapperBase.sample_tokens": ["self", "grammar_output"],
+    "Worker.sample_tokens": ["self", "grammar_output"],
     "Scheduler.add_request": ["self", "request"],
     "Scheduler.update_from_output": ["self", "scheduler_output", "model_runner_output"],
     "Scheduler._free_request": ["self", "request", "delay_free_blocks"],
     "EngineCore.shutdown": ["self"],
+    "shutdown": ["procs", "timeout"],
 }
 
 
@@ -40,47 +44,55 @@ def test_every_hooked_method_exists_with_the_parameters_the_hooks_read():
     assert {name for _, name, _ in vi.HOOKS} == set(PARAMS)
     for module, name, _ in vi.HOOKS:
         cls, meth = _target(module, name)
-        fn = inspect.unwrap(cls.__dict__[meth]) if meth in cls.__dict__ else getattr(cls, meth)
+        fn = inspect.unwrap(vars(cls)[meth]) if meth in vars(cls) else getattr(cls, meth)
         assert list(inspect.signature(fn).parameters)[:len(PARAMS[name])] == PARAMS[name], name
     assert inspect.iscoroutinefunction(_target(*vi.HOOKS[0][:2])[0]._get_trace_headers)
 
 
 def test_instrument_wraps_each_hook_once_and_uninstrument_restores_vllm():
     inst = vi.VllmInstrumentor()
-    originals = {name: _target(m, name)[0].__dict__[name.split(".")[1]] for m, name, _ in vi.HOOKS}
+    originals = {(m, name): vars(_target(m, name)[0])[_target(m, name)[1]] for m, name, _ in vi.HOOKS}
     inst.instrument()
     try:
         inst.instrument()                                      # idempotent
         for m, name, _ in vi.HOOKS:
             cls, meth = _target(m, name)
-            w = cls.__dict__[meth]
-            assert isinstance(w, wrapt.FunctionWrapper) and w.__wrapped__ is originals[name], name
+            w = vars(cls)[meth]
+            assert isinstance(w, wrapt.FunctionWrapper) and w.__wrapped__ is originals[(m, name)], name
     finally:
         inst.uninstrument()
     for m, name, _ in vi.HOOKS:
         cls, meth = _target(m, name)
-        assert cls.__dict__[meth] is originals[name], name
+        assert vars(cls)[meth] is originals[(m, name)], name
 
 
 def test_the_api_server_keeps_the_callers_traceparent_with_vllm_tracing_off():
-    from vllm.entrypoints.generate.base.serving import GenerateBaseServing
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    class OpenAIServingChat(OpenAIServingCompletion):   # the operation comes from the serving class's name
+        pass
 
     class Off:
         async def is_tracing_enabled(self):
             return False
-    fake = SimpleNamespace(engine_client=Off())
+
+    def serving(cls):                   # the real class, as vLLM calls it (bound), without its set-up
+        obj = object.__new__(cls)
+        obj.engine_client = Off()
+        return obj
     headers = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "content-type": "application/json"}
     inst = vi.VllmInstrumentor()
     inst.instrument()
     try:
-        got = asyncio.run(GenerateBaseServing._get_trace_headers(fake, headers))
-        plain = asyncio.run(GenerateBaseServing._get_trace_headers(fake, {"content-type": "x"}))
+        got = asyncio.run(serving(OpenAIServingCompletion)._get_trace_headers(headers))
+        chat = asyncio.run(serving(OpenAIServingChat)._get_trace_headers(headers))
+        plain = asyncio.run(serving(OpenAIServingCompletion)._get_trace_headers({"content-type": "x"}))
     finally:
         inst.uninstrument()
     assert got["traceparent"] == headers["traceparent"] and "content-type" not in got
-    assert got[OPERATION_HEADER] == "text_completion"
+    assert got[OPERATION_HEADER] == "text_completion" and chat[OPERATION_HEADER] == "chat"
     assert plain is None                                       # nothing to keep: vLLM's answer as it was
-    assert asyncio.run(GenerateBaseServing._get_trace_headers(fake, headers)) is None   # unwrapped again
+    assert asyncio.run(serving(OpenAIServingCompletion)._get_trace_headers(headers)) is None   # unwrapped again
 
 
 def real_request(rid, n_prompt=5, trace=None):

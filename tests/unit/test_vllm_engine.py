@@ -17,7 +17,7 @@ from otel_gpu_census import injector
 from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.census import Stat, Step
 from otel_gpu_census.integrations.vllm import engine as vengine
-from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, EngineTelemetry, external_id
+from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, EngineTelemetry, external_id, response_id
 from otel_gpu_census.telemetry.request import RequestTelemetry
 
 
@@ -81,11 +81,23 @@ def outputs(*rids):
     return {0: SimpleNamespace(outputs=[SimpleNamespace(request_id=r, new_token_ids=[1]) for r in rids])}
 
 
-def test_external_ids_are_what_the_client_sees():
-    assert external_id("cmpl-3f9a2b-0-1a2b3c4d") == "cmpl-3f9a2b-0"
-    assert external_id("chatcmpl-abc-9Zz8Yy7X") == "chatcmpl-abc"
+def test_ids_are_vllms_request_id_and_the_response_id_the_client_sees():
+    assert external_id("cmpl-3f9a2b-0-1a2b3c4d") == "cmpl-3f9a2b-0"       # as vLLM's llm_request span names it
+    assert response_id("cmpl-3f9a2b-0-1a2b3c4d") == "cmpl-3f9a2b"         # the stream's "id"
+    assert external_id("chatcmpl-abc-9Zz8Yy7X") == response_id("chatcmpl-abc-9Zz8Yy7X") == "chatcmpl-abc"
     assert external_id("2_cmpl-abc-0-1a2b3c4d") == "cmpl-abc-0"          # n > 1: a child request
-    assert external_id("plain") == "plain"
+    assert external_id("plain") == response_id("plain") == "plain"
+
+
+def test_process_shutdown_gives_the_engine_a_grace_period(monkeypatch):
+    from otel_gpu_census.integrations.vllm import instrumentor as vi
+    monkeypatch.setattr(vi, "_off", False)
+    got = []
+    call = lambda procs, timeout=None: got.append(timeout)
+    vi._process_shutdown(call, None, (["p"],), {"timeout": 0})
+    vi._process_shutdown(call, None, (["p"], 10), {})
+    vi._process_shutdown(call, None, (["p"],), {})
+    assert got == [vi.SHUTDOWN_GRACE_S, 10, None]
 
 
 def test_a_batch_of_requests_gets_spans_in_their_callers_traces_with_exact_shares(tagged):

@@ -49,11 +49,20 @@ STEP_NOTE = ("step attribution: this request's share of the GPU work of every en
 
 _INTERNAL_SUFFIX = re.compile(r"-[0-9a-zA-Z]{8}$")      # input_processor: f"{external}-{uuid:.8}"
 _CHILD_PREFIX = re.compile(r"^\d+_")                    # parallel sampling (n > 1): f"{index}_{parent}"
+_PROMPT_INDEX = re.compile(r"^(cmpl-.+)-\d+$")          # completions: f"{response id}-{prompt index}"
 
 
 def external_id(internal: str) -> str:
-    """The id the client sees (the response's ``id``) of an engine-internal request id."""
+    """The request id vLLM's API server gave the engine (what vLLM's own ``llm_request`` span calls
+    ``gen_ai.request.id``), from an engine-internal id."""
     return _INTERNAL_SUFFIX.sub("", _CHILD_PREFIX.sub("", internal), count=1)
+
+
+def response_id(internal: str) -> str:
+    """The ``id`` of the response the client got: completions add the prompt's index to it."""
+    ext = external_id(internal)
+    m = _PROMPT_INDEX.match(ext)
+    return m.group(1) if m else ext
 
 
 FINISH_ERRORS = {"FINISHED_ABORTED": "aborted", "FINISHED_ERROR": "engine_error",
@@ -79,6 +88,7 @@ class EngineTelemetry:
         self._shutdown_done = False
         self._requests_log = RequestLog()
         self._providers: Tuple = ()
+        self.settle_errors = 0
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -125,7 +135,8 @@ class EngineTelemetry:
         self._tracked[rid] = self.telemetry().start(
             start_ns=arrival_ns, operation=operation, model=model,
             span_name=f"{operation} {model}" if model else operation, parent=_extract(headers),
-            attributes={"gen_ai.request.id": external_id(rid), "vllm.request.id": rid})
+            attributes={"gen_ai.request.id": external_id(rid), "gen_ai.response.id": response_id(rid),
+                        "vllm.request.id": rid})
 
     def outputs(self, engine_core_outputs) -> None:
         """After Scheduler.update_from_output: the requests whose first token came out now."""
@@ -179,7 +190,10 @@ class EngineTelemetry:
             try:
                 self.settle()
             except Exception:                # the census can be unreadable for a moment: try again
-                log.debug("settling failed", exc_info=True)
+                self.settle_errors += 1
+                if self.settle_errors == 1:  # but say so once, with the reason
+                    log.warning("otel-gpu-census: settling requests failed (retrying every %.2f s)",
+                                self._period, exc_info=True)
 
     def settle(self, final: bool = False) -> int:
         """Split what the census completed; end the spans of the requests that settled. Their count."""
@@ -217,7 +231,7 @@ class EngineTelemetry:
         injector.finish()
         if self.has_scheduler:
             self.settle(final=True)
-            self._requests_log.summary(self.ledger)
+            self._requests_log.summary(self.ledger, self.settle_errors)
         if self._telemetry is not None:
             self._telemetry_flush(timeout_s)
 
@@ -294,7 +308,7 @@ class RequestLog:
                 self._lines += 1
             return
         self._lines += 1
-        obj = {"id": external_id(s.key), "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
+        obj = {"id": external_id(s.key), "response_id": response_id(s.key), "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
                "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
@@ -304,8 +318,8 @@ class RequestLog:
             obj["error"] = error_type
         self._put(obj)
 
-    def summary(self, ledger) -> None:
-        self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid,
+    def summary(self, ledger, errors: int = 0) -> None:
+        self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
                                "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
                                "total": share_attributes("", Share.from_row(ledger.total)),
                                "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})

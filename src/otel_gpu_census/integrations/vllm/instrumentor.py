@@ -7,10 +7,13 @@ nothing for its hooks):
 |---------------------------------------------------|---------------|---------------------------------------|
 | GenerateBaseServing._get_trace_headers            | API server    | keep the caller's traceparent (and the |
 |                                                   |               | operation) even with vLLM tracing off |
-| WorkerWrapperBase.execute_model / sample_tokens   | worker        | one step id around both calls         |
+| WorkerWrapperBase.execute_model,                  | worker        | one step id around both calls         |
+| gpu_worker.Worker.sample_tokens                   |               |                                       |
 | Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
 | Scheduler._free_request                           |               |                                       |
 | EngineCore.shutdown                               | EngineCore    | final census flush, last spans out    |
+| vllm.v1.utils.shutdown (and its import in         | API server    | a 3 s grace before SIGKILL, so the    |
+| vllm.v1.engine.utils)                             |               | engine's final flush can run          |
 
 Every hook calls vLLM's method exactly once, with its arguments untouched, and returns its result or
 raises its exception. Our own code around it runs inside a guard: an exception there switches the
@@ -25,6 +28,7 @@ from typing import Any, Callable, Collection, List, Tuple
 
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import unwrap
 
 from ... import injector
 from .package import _instruments
@@ -130,21 +134,39 @@ def _free_request(wrapped, instance, args, kwargs):
 
 
 def _shutdown(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        if _engine is not None:
-            _guard("shutdown", _engine.shutdown)
+    # ours first: the census's final flush and the last spans, before vLLM tears the engine down
+    if _engine is not None:
+        _guard("shutdown", _engine.shutdown)
+    return wrapped(*args, **kwargs)
+
+
+SHUTDOWN_GRACE_S = 3.0
+
+
+def _process_shutdown(wrapped, instance, args, kwargs):
+    """vllm.v1.utils.shutdown(procs, timeout): with vLLM's default --shutdown-timeout 0 the API server
+    sends the engine SIGTERM and then SIGKILL at once, and the census loses its final flush and the
+    last spans. Under the census, let the engine take up to SHUTDOWN_GRACE_S to exit by itself (it
+    needs well under a second); an engine that exits sooner costs nothing."""
+    def call(procs, timeout=None):
+        if not _off and timeout is not None and timeout < SHUTDOWN_GRACE_S:
+            timeout = SHUTDOWN_GRACE_S
+        return wrapped(procs, timeout=timeout)
+    return call(*args, **kwargs)
 
 
 HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.entrypoints.generate.base.serving", "GenerateBaseServing._get_trace_headers", _get_trace_headers),
     ("vllm.v1.worker.worker_base", "WorkerWrapperBase.execute_model", _execute_model),
-    ("vllm.v1.worker.worker_base", "WorkerWrapperBase.sample_tokens", _sample_tokens),
+    # WorkerWrapperBase has no sample_tokens of its own (its __getattr__ hands it to the worker)
+    ("vllm.v1.worker.gpu_worker", "Worker.sample_tokens", _sample_tokens),
     ("vllm.v1.core.sched.scheduler", "Scheduler.add_request", _add_request),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", _update_from_output),
     ("vllm.v1.core.sched.scheduler", "Scheduler._free_request", _free_request),
     ("vllm.v1.engine.core", "EngineCore.shutdown", _shutdown),
+    # the function, and the name vllm.v1.engine.utils imported it under (its engine manager calls that)
+    ("vllm.v1.utils", "shutdown", _process_shutdown),
+    ("vllm.v1.engine.utils", "shutdown", _process_shutdown),
 ]
 
 
@@ -169,20 +191,26 @@ class VllmInstrumentor(BaseInstrumentor):
             mod = sys.modules.get(module)
             if mod is None:
                 continue
-            cls_name, meth = name.split(".")
-            cls = getattr(mod, cls_name, None)
-            if cls is not None and isinstance(cls.__dict__.get(meth), wrapt.FunctionWrapper):
-                wrapt.unwrap(cls, meth)
+            owner, attr = _owner(mod, name)
+            if owner is not None and isinstance(vars(owner).get(attr), wrapt.FunctionWrapper):
+                unwrap(owner, attr)
+
+
+def _owner(module, name: str):
+    """(the object holding the hooked attribute, the attribute's name): a class or the module."""
+    if "." not in name:
+        return module, name
+    cls_name, meth = name.split(".")
+    return getattr(module, cls_name, None), meth
 
 
 def _wrap(module, name: str, hook: Callable) -> None:
-    """Wrap module.Class.method unless it is already wrapped by us (instrument() twice, reloads)."""
-    cls_name, meth = name.split(".")
-    cls = getattr(module, cls_name, None)
-    if cls is None or not hasattr(cls, meth):
+    """Wrap module.Class.method (or module.function) unless it is already wrapped by us."""
+    owner, attr = _owner(module, name)
+    if owner is None or not hasattr(owner, attr):
         log.warning("otel-gpu-census: vLLM has no %s.%s; that hook is off", module.__name__, name)
         return
-    if isinstance(cls.__dict__.get(meth), wrapt.FunctionWrapper):
+    if isinstance(vars(owner).get(attr), wrapt.FunctionWrapper):
         return
     wrapt.wrap_function_wrapper(module, name, hook)
 
