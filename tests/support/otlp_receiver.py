@@ -20,7 +20,7 @@ import zlib
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Dict, List, Optional
+from typing import Tuple, Callable, Dict, List, Optional
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
@@ -38,12 +38,12 @@ TEMPORALITY = {
 
 @dataclass(frozen=True)
 class Point:
-    """One number data point as it arrived."""
+    """One data point as it arrived: a number (sums, gauges) or a histogram (value = its sum)."""
 
     transport: str          # "grpc" | "http"
     name: str
     unit: str
-    kind: str               # "sum" | "gauge"
+    kind: str               # "sum" | "gauge" | "histogram"
     monotonic: bool         # sums only
     temporality: str        # sums only
     attributes: Dict[str, object]
@@ -53,6 +53,8 @@ class Point:
     time_ns: int
     resource: Dict[str, object]
     scope: str
+    count: int = 0          # histograms: how many values were recorded
+    exemplars: Tuple = ()   # histograms: the trace ids (hex) of their exemplars
 
 
 def _any(v: AnyValue):
@@ -75,8 +77,11 @@ def decode(request: metrics_service_pb2.ExportMetricsServiceRequest, transport: 
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 which = m.WhichOneof("data")
+                if which == "histogram":
+                    out.extend(_histogram_points(m, transport, resource, sm.scope.name))
+                    continue
                 if which not in ("sum", "gauge"):
-                    continue        # histograms are not used by the census
+                    continue
                 data = getattr(m, which)
                 for dp in data.data_points:
                     is_int = dp.WhichOneof("value") == "as_int"
@@ -89,6 +94,16 @@ def decode(request: metrics_service_pb2.ExportMetricsServiceRequest, transport: 
                         start_ns=dp.start_time_unix_nano, time_ns=dp.time_unix_nano,
                         resource=resource, scope=sm.scope.name))
     return out
+
+
+def _histogram_points(m, transport: str, resource, scope: str) -> List[Point]:
+    h = m.histogram
+    return [Point(transport=transport, name=m.name, unit=m.unit, kind="histogram", monotonic=False,
+                  temporality=TEMPORALITY.get(h.aggregation_temporality, "?"), attributes=_attrs(dp.attributes),
+                  value=dp.sum, is_int=False, start_ns=dp.start_time_unix_nano, time_ns=dp.time_unix_nano,
+                  resource=resource, scope=scope, count=dp.count,
+                  exemplars=tuple(e.trace_id.hex() for e in dp.exemplars))
+            for dp in h.data_points]
 
 
 KINDS = {trace_pb2.Span.SPAN_KIND_SERVER: "server", trace_pb2.Span.SPAN_KIND_CLIENT: "client",
