@@ -12,9 +12,11 @@ executable), like a shell.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 from typing import Dict, List, Optional
@@ -321,7 +323,15 @@ def _cmd_report(args) -> int:
     from . import reader, report
     target = args.dir
     errors: List[reader.SegmentError] = []
-    if target and os.path.isfile(target):
+    kind = None
+    if target:
+        try:
+            kind = os.stat(target).st_mode
+        except OSError as e:      # a folder above it we cannot enter, a name too long, ...
+            if e.errno != errno.ENOENT:
+                _say(f"cannot read {reader.show_path(target)}: {e.strerror}")
+                return 1
+    if kind is not None and not stat.S_ISDIR(kind):       # one segment (read_segment refuses a non-file)
         census_dir = os.path.dirname(os.path.abspath(target))
         try:
             censuses = [reader.read_segment(target)]

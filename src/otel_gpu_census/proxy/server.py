@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -487,18 +488,31 @@ class Proxy:
 
 
 def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
-    """The census folder to read, or None when there is none to read (spans say no_census)."""
-    import os
+    """The census folder to read, or None when there is none to read (spans say no_census).
+    The default folder is read only when it is private and ours, as `run` requires: segments
+    another user planted there would pass for the server's."""
     from pathlib import Path
 
     from .. import reader
-    path = Path(config.census_dir) if config.census_dir else reader.default_census_dir()
-    if not path.is_dir():
-        if config.census_dir:
-            log.warning("census folder %s does not exist (yet): it is read once it does", path)
-            return CensusSource(str(path), config.upstream_pid)
+    named = bool(config.census_dir)
+    path = Path(config.census_dir) if named else reader.default_census_dir()
+    shown = reader.show_path(path)
+    try:
+        if not named and os.path.lexists(path):
+            reader.check_private_dir(path, follow=reader.named_census_dir())
+        if not path.is_dir():
+            if named:
+                log.warning("census folder %s does not exist (yet): it is read once it does", shown)
+                return CensusSource(str(path), config.upstream_pid)
+            return None
+        if not os.access(path, os.R_OK | os.X_OK):
+            log.warning("census folder %s is not readable: spans carry no GPU cost", shown)
+            return None
+    except reader.CensusDirError as e:
+        log.warning("%s; it is not read, so spans carry no GPU cost (name it with --census-dir to read it "
+                    "anyway)", e)
         return None
-    if not os.access(path, os.R_OK | os.X_OK):
-        log.warning("census folder %s is not readable: spans carry no GPU cost", path)
+    except OSError as e:
+        log.warning("census folder %s cannot be read (%s): spans carry no GPU cost", shown, e.strerror)
         return None
     return CensusSource(str(path), config.upstream_pid)
