@@ -312,8 +312,9 @@ def _errors_in_tree(errors, pids):
 
 
 def _say_errors(errors) -> None:
+    from .report import printable
     for e in errors:
-        _say(f"could not read {e.path}: {e.reason}")
+        _say(printable(f"could not read {e.path}: {e.reason}"))
 
 
 # ---------------------------------------------------------------------------------------------

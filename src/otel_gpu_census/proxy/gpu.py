@@ -120,11 +120,12 @@ class CensusSource:
         return out, notes + self._notes(errors)
 
     def _notes(self, errors) -> List[str]:
+        from .. import reader
         notes = []
         for e in errors:
             if e.path not in self._warned:
                 self._warned.add(e.path)
-                log.warning("census: cannot read %s: %s", e.path, e.reason)
+                log.warning("census: cannot read %s: %s", reader.show_path(e.path), e.reason)
             notes.append(f"unreadable segment {e.path}: {e.reason}")
         return notes
 
