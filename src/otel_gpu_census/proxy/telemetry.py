@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, List, Mapping, Optional, Sequence
 
@@ -20,6 +21,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from ..exporters import run_closers
 
 log = logging.getLogger("otel_gpu_census.proxy")
+# Longest the proxy's stop waits for its last spans and metrics to leave. An OTLP exporter retries
+# for up to OTEL_EXPORTER_OTLP_TIMEOUT (10 s) per signal: with the collector down, a stop took 15-21 s.
+SHUTDOWN_S = 2.0
 
 _TRACE_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
                   "opentelemetry.exporter.otlp.proto.http.trace_exporter",
@@ -111,8 +115,19 @@ class Telemetry:
     descriptions: List[str] = field(default_factory=list)
     _closers: List[Callable[[], None]] = field(default_factory=list)
 
-    def shutdown(self) -> None:
-        run_closers(self._closers)
+    def shutdown(self, timeout_s: float = SHUTDOWN_S) -> None:
+        """Flush and close, for at most `timeout_s`: a collector that is down or does not answer
+        costs what was still unsent, never a stuck stop. The flush runs in a daemon thread that is
+        left behind (and ends with the process) when it overstays."""
+        if not self._closers:
+            return
+        done = threading.Thread(target=run_closers, args=(self._closers,), name="otel-gpu-census-telemetry-stop",
+                                daemon=True)
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():
+            log.warning("telemetry: the collector did not take the last spans and metrics within %g s; "
+                        "stopping without them", timeout_s)
 
 
 def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True) -> Telemetry:
@@ -122,7 +137,9 @@ def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, me
 
     from .. import exporters
     resource = exporters.make_resource()
-    tp = TracerProvider(resource=resource)
+    # shutdown_on_exit off: Telemetry.shutdown (bounded) is the one shutdown; the SDK's own at exit
+    # would wait on the same stuck exporter again, unbounded
+    tp = TracerProvider(resource=resource, shutdown_on_exit=False)
     desc: List[str] = []
     closers: List[Callable[[], None]] = [tp.shutdown]
     if traces:
@@ -140,6 +157,6 @@ def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, me
         if not readers:
             desc.append("metrics → none (set OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)")
         closers.append(out.close)
-    mp = MeterProvider(resource=resource, metric_readers=readers)
+    mp = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     closers.insert(1, mp.shutdown)
     return Telemetry(tp, mp, desc, closers)
