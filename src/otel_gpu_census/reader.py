@@ -476,7 +476,7 @@ def census_dir(path=None) -> Path:
 
 
 def readable_dir(path=None) -> Path:
-    """A folder to read segments from (report, proxy): it must exist and be listable. A folder named
+    """A folder to read segments from (report): it must exist and be listable. A folder named
     (`path`) may be anyone's: reading another user's census is a choice. The default folder must be
     private and ours, as for `run`: otherwise segments planted there would pass for our processes."""
     named = path is not None
