@@ -92,62 +92,89 @@ void gc_segment_end_update(gc_segment *seg)
 }
 
 /* The census folder: $OTEL_GPU_CENSUS_DIR, else $XDG_RUNTIME_DIR/otel-gpu-census, else
- * /tmp/otel-gpu-census-<uid>. Created 0700; one we did not create must be ours and private. */
-static int census_dir(char *out, size_t len)
+ * /tmp/otel-gpu-census-<uid>. Created 0700. Returns a descriptor of it, or -1 (and a log line).
+ *
+ * Anyone can plant a symbolic link at /tmp/otel-gpu-census-<uid>, or swap one in between a check
+ * and an open by path, to send our segments into a folder they chose. So the folder is opened once,
+ * without following a link (O_NOFOLLOW), the checks (a folder, ours, not group/world-writable) are
+ * made on that descriptor, and the segment is created relative to it: what is checked is what is
+ * written into. A folder named through a link is refused; `otel-gpu-census run` resolves a folder
+ * the user names before it hands it on. */
+static int census_dir_fd(char *out, size_t len)
 {
     const char *env = getenv("OTEL_GPU_CENSUS_DIR");
     const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int n;
     if (env && *env)
-        snprintf(out, len, "%s", env);
+        n = snprintf(out, len, "%s", env);
     else if (xdg && *xdg)
-        snprintf(out, len, "%s/otel-gpu-census", xdg);
+        n = snprintf(out, len, "%s/otel-gpu-census", xdg);
     else
-        snprintf(out, len, "/tmp/otel-gpu-census-%u", (unsigned)getuid());
+        n = snprintf(out, len, "/tmp/otel-gpu-census-%u", (unsigned)getuid());
+    if (n < 0 || (size_t)n >= len) {
+        gc_log("census off: the census folder's name is longer than %zu bytes", len - 1);
+        return -1;
+    }
     if (mkdir(out, 0700) != 0 && errno != EEXIST) {
         gc_log("census off: cannot create census folder %s: %s", out, strerror(errno));
         return -1;
     }
+    int dfd = open(out, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) {
+        int e = errno;
+        struct stat lst;
+        /* a link gives ELOOP or ENOTDIR (O_DIRECTORY is checked first on some kernels) */
+        if ((e == ELOOP || e == ENOTDIR) && lstat(out, &lst) == 0 && S_ISLNK(lst.st_mode))
+            gc_log("census off: census folder %s is a symbolic link (refused: name the folder itself)", out);
+        else if (e == ENOTDIR)
+            gc_log("census off: %s is not a folder", out);
+        else
+            gc_log("census off: cannot open census folder %s: %s", out, strerror(e));
+        return -1;
+    }
     struct stat st;
-    if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
         gc_log("census off: %s is not a folder", out);
+        close(dfd);
         return -1;
     }
     if (st.st_uid != getuid() || (st.st_mode & 0022)) {
         gc_log("census off: census folder %s must belong to uid %u and not be group/world-writable",
                out, (unsigned)getuid());
+        close(dfd);
         return -1;
     }
-    return 0;
+    return dfd;
 }
 
 gc_segment *gc_segment_open(char *path, size_t path_len)
 {
     char dir[4096 - 64];
-    if (census_dir(dir, sizeof(dir)) != 0) return NULL;
-    snprintf(path, path_len, "%s/gpu-census-%d-%llu.seg", dir, (int)getpid(),
+    char name[64];
+    int dfd = census_dir_fd(dir, sizeof(dir));
+    if (dfd < 0) return NULL;
+    snprintf(name, sizeof(name), "gpu-census-%d-%llu.seg", (int)getpid(),
              (unsigned long long)proc_start_ticks());
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    snprintf(path, path_len, "%s/%s", dir, name);
+    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         gc_log("census off: cannot create %s: %s", path, strerror(errno));
+        close(dfd);
         path[0] = 0;
         return NULL;
     }
+    void *p = MAP_FAILED;
     int err = posix_fallocate(fd, 0, (off_t)sizeof(gc_segment));
-    if (err != 0) {
+    if (err != 0)
         gc_log("census off: cannot reserve %zu bytes for %s: %s", sizeof(gc_segment), path,
                strerror(err));
-        close(fd);
-        unlink(path);
-        path[0] = 0;
-        return NULL;
-    }
-    void *p = mmap(NULL, sizeof(gc_segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    else if ((p = mmap(NULL, sizeof(gc_segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        gc_log("census off: cannot map %s: %s", path, strerror(errno));
     close(fd);
     if (p == MAP_FAILED) {
-        gc_log("census off: cannot map %s: %s", path, strerror(errno));
-        unlink(path);
+        unlinkat(dfd, name, 0);
         path[0] = 0;
-        return NULL;
     }
-    return p;
+    close(dfd);
+    return p == MAP_FAILED ? NULL : p;
 }

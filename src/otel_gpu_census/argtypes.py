@@ -18,15 +18,29 @@ def positive_int(text: str) -> int:
     return v
 
 
-def positive_float(text: str) -> float:
+# Seconds, mostly; nanoseconds of this still fit in an int64 (inf, nan and 1e300 do not, and were
+# a traceback deep inside the proxy).
+MAX_FLOAT = 1e9
+
+
+def _finite(text: str) -> float:
     v = _number(text, float, "a number")
+    if v != v or abs(v) == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number: {text!r}")
+    if v > MAX_FLOAT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_FLOAT:.0f}: {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    v = _finite(text)
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
     return v
 
 
 def nonneg_float(text: str) -> float:
-    v = _number(text, float, "a number")
+    v = _finite(text)
     if not v >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
     return v

@@ -12,9 +12,11 @@ executable), like a shell.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 from typing import Dict, List, Optional
@@ -24,7 +26,17 @@ from .argtypes import kernel_tracing, positive_float, positive_int
 # work even where the package is broken (doctor is what says so).
 
 PROG = "otel-gpu-census"
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Every signal a supervisor or a user may send is the command's (SIGUSR1 asks many servers to reopen
+# logs, SIGWINCH to resize). Not forwarded: what cannot be caught, SIGCHLD (ours), faults and
+# resource limits of this process itself, job-control stops (they stop this process, as for any
+# job), and SIGPIPE, SIGURG, SIGIO, profiling timers (raised by this process's own I/O and timers).
+_NOT_FORWARDED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                  signal.SIGILL, signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT, signal.SIGXCPU, signal.SIGXFSZ,
+                  signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE, signal.SIGURG, signal.SIGIO,
+                  signal.SIGPROF, signal.SIGVTALRM}
+FORWARDED_SIGNALS = tuple(sorted(s for s in signal.valid_signals() if s not in _NOT_FORWARDED))
+# Signals whose default is to do nothing: after the command ended they do not end the report either.
+_HARMLESS_SIGNALS = {signal.SIGWINCH, signal.SIGCONT}
 # Python ignores these for itself; the child gets them back at their defaults, as subprocess's
 # restore_signals does. Other dispositions pass through (under nohup, SIGHUP stays ignored).
 _CHILD_DEFAULT_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ}
@@ -49,24 +61,47 @@ def _port(text: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # run
 
+def _terminal_foreground() -> bool:
+    """This process is in the foreground process group of its terminal (a shell prompt started it)."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
 class _Child:
     """The command's process, with the launcher's signals forwarded to it.
 
     Forwarded signals are blocked in this process and collected by one thread with sigtimedwait,
     which also sees where each came from: a signal the terminal sent to the whole foreground group
     (Ctrl-C) already reached the child and is not sent twice.
+
+    Started from a terminal's foreground, the command stays in this process group, so the terminal's
+    Ctrl-C, Ctrl-Z and Ctrl-\\ reach all of it (and job control keeps working) and a signal sent to
+    this process goes to the command. Otherwise (a supervisor, a script, `docker stop`) the command
+    gets its own process group and every signal goes to the whole group: a shell's children get the
+    SIGTERM too, not only the shell.
     """
 
     def __init__(self, argv: List[str], env: Dict[str, str]):
         from .census import proctree
+        own_group = not _terminal_foreground()
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         try:
-            self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=(), setsigdef=_CHILD_DEFAULT_SIGNALS)
+            self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=(), setsigdef=_CHILD_DEFAULT_SIGNALS,
+                                       **({"setpgroup": 0} if own_group else {}))
         except OSError:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
             raise
         self.start_ticks = proctree.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
-        self.same_group = os.getpgid(0) == os.getpgid(self.pid)
+        self.own_group = own_group
+        try:
+            self.same_group = os.getpgid(0) == os.getpgid(self.pid)
+        except OSError:
+            self.same_group = not own_group
         self.parents: Dict[int, int] = {}       # descendants seen while running: {pid: ppid}
         self.exited = threading.Event()
         threading.Thread(target=self._forward, name="signal-forwarder", daemon=True).start()
@@ -83,6 +118,8 @@ class _Child:
             if self.exited.is_set():
                 # The command is done and the report is being written. The Ctrl-C that ended the
                 # command may be seen only now: let one pass; any further request to stop is obeyed.
+                if info.si_signo in _HARMLESS_SIGNALS:
+                    continue
                 if from_terminal and not absorbed:
                     absorbed = True
                     continue
@@ -90,10 +127,20 @@ class _Child:
                 os._exit(128 + info.si_signo)
             if from_terminal:
                 continue
-            try:
-                os.kill(self.pid, info.si_signo)
-            except ProcessLookupError:
-                pass
+            self.signal(info.si_signo)
+
+    def signal(self, signo: int) -> None:
+        """Send `signo` to the command: to its whole process group when it has its own."""
+        try:
+            if self.own_group:
+                try:
+                    os.killpg(self.pid, signo)
+                    return
+                except ProcessLookupError:    # it moved to another group (a job-control shell): the pid
+                    pass
+            os.kill(self.pid, signo)
+        except ProcessLookupError:
+            pass
 
     def _watch_tree(self) -> None:
         from .census import proctree
@@ -209,10 +256,7 @@ def _cmd_run(args) -> int:
     if proxy_plan is not None:
         proxy = _start_proxy(proxy_plan, census_dir, child, sidecar)
         if proxy is None:       # the server is of no use without the proxy that was asked for
-            try:
-                os.kill(child.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            child.signal(signal.SIGTERM)
             child.wait()
             _stop_metrics(sidecar)
             return 1
@@ -325,8 +369,9 @@ def _errors_in_tree(errors, pids):
 
 
 def _say_errors(errors) -> None:
+    from .report import printable
     for e in errors:
-        _say(f"could not read {e.path}: {e.reason}")
+        _say(printable(f"could not read {e.path}: {e.reason}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +382,15 @@ def _cmd_report(args) -> int:
     from .census import folder, proctree, reader
     target = args.dir
     errors: List[reader.SegmentError] = []
-    if target and os.path.isfile(target):
+    kind = None
+    if target:
+        try:
+            kind = os.stat(target).st_mode
+        except OSError as e:      # a folder above it we cannot enter, a name too long, ...
+            if e.errno != errno.ENOENT:
+                _say(f"cannot read {folder.show_path(target)}: {e.strerror}")
+                return 1
+    if kind is not None and not stat.S_ISDIR(kind):       # one segment (read_segment refuses a non-file)
         census_dir = os.path.dirname(os.path.abspath(target))
         try:
             censuses = [reader.read_segment(target)]

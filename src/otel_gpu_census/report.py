@@ -374,4 +374,14 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
         lines.append(reason)
     elif requests:
         lines.extend(_per_request_lines(censuses, requests))
-    return "\n".join(lines).rstrip() + "\n"
+    return printable("\n".join(lines).rstrip()) + "\n"
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character but the newline escaped (\\x1b, \\u202e): a segment's
+    comm and note, and file names, are written by whoever could write the folder, and terminal
+    escape sequences in them must not reach the terminal."""
+    if text.replace("\n", "").isprintable():
+        return text
+    return "".join(ch if ch == "\n" or ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)

@@ -89,7 +89,7 @@ def test_steps_are_exact_eager_and_in_graph_replays(tmp_path, api):
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[7:])
     assert res["begin1"] and res["end1"] == 1 and res["begin2"] and res["end2"] == 2
-    from otel_gpu_census.reader import read_segment
+    from otel_gpu_census.census.reader import read_segment
     segs = list(tmp_path.glob("*.seg"))
     assert len(segs) == 1, segs
     c = read_segment(str(segs[0]))

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, proctree, reader
+from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, folder, proctree, reader
 from .shares import NOTHING, Share
 from .windows import METHOD as WINDOW_METHOD
 from .windows import Interval, attribute
@@ -142,7 +142,7 @@ class CensusSource:
         for e in errors:
             if e.path not in self._warned:
                 self._warned.add(e.path)
-                log.warning("census: cannot read %s: %s", e.path, e.reason)
+                log.warning("census: cannot read %s: %s", folder.show_path(e.path), e.reason)
             notes.append(f"unreadable segment {e.path}: {e.reason}")
         return notes
 

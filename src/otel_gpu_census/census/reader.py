@@ -71,6 +71,40 @@ def _check_identity(path, head: bytes, length: int) -> None:
         raise SegmentError(path, f"truncated: {length} of {SEGMENT_SIZE} bytes")
 
 
+def _open_segment(path) -> int:
+    """A read-only descriptor of the regular file at `path`, never blocking: anyone who can write
+    the folder can name a FIFO or a device like a segment, and a plain open() of a FIFO waits for a
+    writer forever. O_NONBLOCK makes that open return at once; fstat then refuses it. A symlink is
+    refused too (O_NOFOLLOW): a segment is a file its writer created in this folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        try:                     # a symlink (ELOOP) or a socket (ENXIO): say what it is
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise SegmentError(path, f"not a regular file ({_file_kind(mode)}): refused, not read") from None
+        raise SegmentError(path, f"cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise SegmentError(path, f"cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SegmentError(path, f"not a regular file ({_file_kind(st.st_mode)}): refused, not read")
+    return fd
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
 # Header and per-device totals come first; the window and step rings make up the rest (~630 KiB).
 TOTALS_SIZE = ffi.offsetof("gc_segment", "windows")
 
@@ -82,14 +116,9 @@ def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytearray, bool]:
     The copy is read with pread() rather than through a mapping: pread sees the same page-cache
     pages the writer's mapping changes, and a file truncated under it gives a short read (refused
     here) where a mapping would kill the reader with SIGBUS."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise SegmentError(path, f"cannot open: {e.strerror}") from None
+    fd = _open_segment(path)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SegmentError(path, "not a regular file")
         _check_identity(path, os.pread(fd, 16, 0), st.st_size)
         data = bytearray(size)
 

@@ -574,8 +574,24 @@ class Telemetry:
     descriptions: List[str] = field(default_factory=list)     # one line per signal: "traces → …"
     _closers: List[Callable[[], None]] = field(default_factory=list)
 
-    def shutdown(self) -> None:
-        run_closers(self._closers)
+    def shutdown(self, timeout_s: float = SHUTDOWN_S) -> None:
+        """Flush and close, for at most `timeout_s`: a collector that is down or does not answer
+        costs what was still unsent, never a stuck stop. The flush runs in a daemon thread that is
+        left behind (and ends with the process) when it overstays."""
+        if not self._closers:
+            return
+        done = threading.Thread(target=run_closers, args=(self._closers,), name="otel-gpu-census-telemetry-stop",
+                                daemon=True)
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():
+            trace_log.warning("telemetry: the collector did not take the last spans and metrics within %g s; "
+                              "stopping without them", timeout_s)
+
+
+# Longest a stop waits for the last spans and metrics to leave. An OTLP exporter retries for up to
+# OTEL_EXPORTER_OTLP_TIMEOUT (10 s) per signal: with the collector down, a proxy's stop took 15-21 s.
+SHUTDOWN_S = 2.0
 
 
 def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True,
@@ -587,7 +603,9 @@ def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, me
     from opentelemetry.sdk.metrics import MeterProvider
 
     resource = make_resource()
-    tp = TracerProvider(resource=resource)
+    # shutdown_on_exit off: Telemetry.shutdown (bounded) is the one shutdown; the SDK's own at exit
+    # would wait on the same stuck exporter again, unbounded
+    tp = TracerProvider(resource=resource, shutdown_on_exit=False)
     desc: List[str] = []
     closers: List[Callable[[], None]] = [tp.shutdown]
     if traces:
@@ -610,7 +628,7 @@ def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, me
         readers = out.readers
         desc.extend(metrics_descriptions(out))
         closers.append(out.close)
-    mp = MeterProvider(resource=resource, metric_readers=readers)
+    mp = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     closers.insert(1, mp.shutdown)
     return Telemetry(tp, mp, desc, closers)
 

@@ -18,6 +18,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_UPSTREAM_KEEPALIVE_S = 4.0       # idle upstream connections kept; llama-server closes them at 5 s
 DEFAULT_GPU_MARGIN_S = 1.2               # CUPTI delivers records up to ~1 s late
 DEFAULT_GPU_MAX_WAIT_S = 3.0             # longest a span waits for the census after the response ended
+DEFAULT_CLIENT_TIMEOUT_S = 15.0          # a client connection's longest idle time or wait for a request head
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,7 @@ class ProxyConfig:
     upstream_keepalive_s: float = DEFAULT_UPSTREAM_KEEPALIVE_S   # 0: a new connection per request
     gpu_margin_s: float = DEFAULT_GPU_MARGIN_S
     gpu_max_wait_s: float = DEFAULT_GPU_MAX_WAIT_S
+    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     api_prefix: str = ""                  # llama-server --api-prefix
     gpu: bool = True                      # read the census at all
 
@@ -215,6 +217,9 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         metavar="S", help="how long an idle upstream connection is kept for the next request; "
                         f"0: a new connection for every request (default {DEFAULT_UPSTREAM_KEEPALIVE_S:g} s, "
                         "below llama-server's 5 s)")
+    parser.add_argument("--client-timeout", type=positive_float, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
+                        help="longest a client connection may stay idle, or take to send a request's headers, "
+                        f"before it is closed (default {DEFAULT_CLIENT_TIMEOUT_S:g} s)")
     parser.add_argument("--gpu-wait", type=nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
                         help="how long a finished request's span waits for the census to cover its window "
                         f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")
@@ -242,6 +247,7 @@ def config_from_args(args: argparse.Namespace, upstream: Optional[str] = None,
         connect_timeout_s=getattr(args, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S),
         upstream_keepalive_s=getattr(args, "upstream_keepalive", DEFAULT_UPSTREAM_KEEPALIVE_S),
         gpu_max_wait_s=wait,
+        client_timeout_s=getattr(args, "client_timeout", DEFAULT_CLIENT_TIMEOUT_S),
         gpu_margin_s=min(DEFAULT_GPU_MARGIN_S, wait),
         api_prefix=api_prefix,
         gpu=not getattr(args, "no_gpu", False),

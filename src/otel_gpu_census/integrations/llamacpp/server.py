@@ -16,19 +16,26 @@ integration shares).
 Failures answer like llama-server does, ``{"error": {"code", "message", "type"}}``:
   connection refused / unreachable → 503; upstream closed or sent garbage before answering → 502;
   no answer within --upstream-timeout → 504; request body over --max-body-bytes → 413;
-  absolute-form or CONNECT requests → 400/405 (the proxy talks to its upstream only).
+  absolute-form or CONNECT requests → 400/405 (the proxy talks to its upstream only); a path with a
+  '..' segment, also percent-encoded → 400 (it would climb out of the upstream's path prefix).
 After the answer has started, a failure can only cut the connection: the client sees a truncated
-body, never a clean end.
+body, never a clean end (also when the upstream breaks its chunked encoding).
+A client connection idle, or slow to send a whole request head, for --client-timeout is closed. A
+malformed request costs one short log line at most every LOG_EVERY_S; a client's baggage header
+past the W3C limits is dropped (neither read nor forwarded).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Dict, Optional
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
@@ -56,6 +63,7 @@ BUFFER_BODY_BYTES = 1 << 20            # bodies up to this (with a Content-Lengt
 STOP_GRACE_S = 2.0                     # how long answers in flight may go on once the proxy stops
 FINISH_AFTER_S = 0.05                  # a finished request's span work waits this long (see _finish)
 SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
+WATCH_S = 0.25                         # how often answers in flight are checked for a lost upstream
 
 # gpu_census.proxy.outcome values
 COMPLETE = "complete"
@@ -73,6 +81,118 @@ CLIENT_RESET = (ConnectionResetError, getattr(aiohttp, "ClientConnectionResetErr
 
 class BodyTooLarge(Exception):
     pass
+
+
+class UpstreamLost(aiohttp.ClientPayloadError):
+    """The upstream connection closed mid-answer and the client library never ended the answer."""
+
+
+# W3C Baggage limits (also OpenTelemetry's): a client's header past them is dropped whole.
+BAGGAGE_MAX_BYTES = 8192
+BAGGAGE_MAX_MEMBERS = 180
+BAGGAGE_MAX_MEMBER_BYTES = 4096
+LOG_EVERY_S = 10.0                     # a noisy kind of log line (bad requests, bad baggage) at most this often
+
+
+class _RateLimit:
+    """At most one line every LOG_EVERY_S; how many were held back is told in the next one."""
+
+    def __init__(self):
+        self.next_s, self.held = 0.0, 0
+
+    def allow(self) -> Optional[str]:
+        """None: hold this line back; else the suffix to end it with ('' or how many were held)."""
+        now = time.monotonic()
+        if now < self.next_s:
+            self.held += 1
+            return None
+        suffix = f" ({self.held} more since the last such line)" if self.held else ""
+        self.next_s, self.held = now + LOG_EVERY_S, 0
+        return suffix
+
+
+class _ShortLog(logging.LoggerAdapter):
+    """The logger aiohttp's server is given: each record becomes one short line (aiohttp's reason,
+    escaped and cut at 300 characters; no traceback), rate-limited: a stream of bad requests must not
+    flood the log."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__(logger, {})
+        self.limit = _RateLimit()
+
+    def log(self, level, msg, *args, exc_info=None, **kwargs) -> None:
+        if not self.isEnabledFor(level):
+            return
+        suffix = self.limit.allow()
+        if suffix is None:
+            return
+        try:
+            what = (msg % args if args else str(msg)).replace("Error handling request", "bad request")
+        except Exception:
+            what = "bad request"
+        exc = exc_info if isinstance(exc_info, BaseException) else None
+        if exc is not None:
+            why = " ".join(str(getattr(exc, "message", "") or exc).split())
+            what = f"{what}: {type(exc).__name__}: {why}"
+        what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what[:300])
+        self.logger.log(level, "%s", what + suffix)
+
+
+class _OneLineFilter(logging.Filter):
+    """For a library logger that quotes its input whole: one plain line instead, rate-limited."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text, self.limit = text, _RateLimit()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        suffix = self.limit.allow()
+        if suffix is None:
+            return False
+        record.msg, record.args, record.exc_info, record.exc_text = self.text + suffix, None, None, None
+        return True
+
+
+HTTP_LOG = logging.getLogger("otel_gpu_census.proxy.http")
+# OpenTelemetry logs every baggage entry it refuses, quoted whole (up to 180 of 4 KiB each per request)
+_OTEL_BAGGAGE_FILTER = _OneLineFilter("a client's baggage header had entries OpenTelemetry refused (not the W3C "
+                                      "Baggage format); they are not propagated")
+
+
+def _install_log_filters() -> None:
+    lg = logging.getLogger("opentelemetry.baggage.propagation")
+    if _OTEL_BAGGAGE_FILTER not in lg.filters:
+        lg.addFilter(_OTEL_BAGGAGE_FILTER)
+
+
+def _baggage_problem(values) -> Optional[str]:
+    """Why a client's baggage header(s) must be dropped whole, or None."""
+    n = sum(len(v) for v in values) + max(0, len(values) - 1)
+    if n > BAGGAGE_MAX_BYTES:
+        return f"{n} bytes, over the {BAGGAGE_MAX_BYTES} W3C Baggage allows"
+    joined = ",".join(values)
+    if not (joined.isascii() and joined.isprintable()):
+        return "characters outside printable ASCII"
+    members = joined.split(",")
+    if len(members) > BAGGAGE_MAX_MEMBERS:
+        return f"{len(members)} members, over the {BAGGAGE_MAX_MEMBERS} W3C Baggage allows"
+    if any(len(m) > BAGGAGE_MAX_MEMBER_BYTES for m in members):
+        return f"a member over the {BAGGAGE_MAX_MEMBER_BYTES} bytes W3C Baggage allows"
+    return None
+
+
+def _path_escapes(raw_path: str) -> bool:
+    """Whether the path has a '..' segment, also percent-encoded (%2e%2e) or behind a backslash:
+    joined to the upstream's path prefix it would be resolved above it."""
+    path = raw_path.split("?", 1)[0]
+    if "." not in path and "%" not in path:
+        return False
+    return ".." in re.split(r"[/\\]", unquote(path))
+
+
+# What a response the client library could not parse raises (its pure-Python parser raises these
+# unwrapped; they are not ClientErrors).
+HTTP_PARSE_ERRORS = (aiohttp.http_exceptions.HttpProcessingError,)
 
 
 def _strip(headers, drop) -> CIMultiDict:
@@ -118,6 +238,7 @@ class _Exchange:
     retried: bool = False                  # sent again on a new connection (upstream.py)
     connection: Any = None                 # the upstream connection's protocol (upstream.py)
     spent: bool = False                    # the connection carried a chunked answer: not reused
+    baggage_dropped: bool = False          # the client's baggage header broke W3C limits
 
 
 class Proxy:
@@ -137,8 +258,17 @@ class Proxy:
         self.port: Optional[int] = None
         self._finishing: set = set()
         self._stopping = False
-        # auto_decompress off: a compressed request body is forwarded as sent, with its Content-Encoding
-        self.app = web.Application(handler_args={"max_field_size": 65536, "auto_decompress": False},
+        self._relays: Dict[int, aiohttp.ClientResponse] = {}     # answers being relayed, by exchange
+        self._watcher: Optional[asyncio.Task] = None
+        _install_log_filters()
+        self._baggage_drops = _RateLimit()
+        self._telemetry_errors = _RateLimit()
+        # auto_decompress off: a compressed request body is forwarded as sent, with its Content-Encoding.
+        # keepalive_timeout: aiohttp closes a connection that has not delivered a whole request head
+        # that long after it opened or after its last answer (slowloris), and an idle one.
+        self.app = web.Application(handler_args={"max_field_size": 65536, "auto_decompress": False,
+                                                 "keepalive_timeout": config.client_timeout_s,
+                                                 "logger": _ShortLog(HTTP_LOG)},
                                    middlewares=[self._guard])
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
@@ -150,6 +280,9 @@ class Proxy:
         if not request.raw_path.startswith("/"):
             return self._plain_error(400, "absolute-form request targets are refused: this proxy forwards "
                                      "to its configured upstream only")
+        if _path_escapes(request.raw_path):
+            return self._plain_error(400, "a path with a '..' segment is refused: it would leave the "
+                                     "upstream's path prefix")
         return await handler(request)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -171,6 +304,7 @@ class Proxy:
         await site.start()
         sock = site._server.sockets[0] if site._server and site._server.sockets else None
         self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_relays(), name="proxy-relay-watch")
 
     async def stop(self, drain_s: float = 0.0) -> None:
         """Stop. With drain_s, first give spans waiting for the census that long to finish normally."""
@@ -180,11 +314,35 @@ class Proxy:
         if self.runner is not None:
             # stop listening; answers still streaming get STOP_GRACE_S, then their handlers are cancelled
             await self.runner.cleanup()
+        if self._watcher is not None:
+            self._watcher.cancel()
         await self.ledger.stop()
         if self._finishing:
             await asyncio.wait(list(self._finishing), timeout=5)
         if self.session is not None:
             await self.session.close()
+
+    async def _watch_relays(self) -> None:
+        """Fail an answer whose upstream connection is gone but whose stream neither ended nor failed.
+
+        aiohttp (3.14, with its C parser) closes the connection on a broken chunked encoding but never
+        ends the answer's stream, and drops its read timer: the relay, and the client, would wait
+        forever, past --upstream-timeout. Checking every WATCH_S costs the data path nothing."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            for up in list(self._relays.values()):
+                try:
+                    content, conn = up.content, up.connection
+                    if conn is None or content.is_eof() or content.exception() is not None:
+                        continue
+                    proto = conn.protocol
+                    if proto is not None and proto.transport is None:
+                        why = proto.exception() if hasattr(proto, "exception") else None
+                        detail = " ".join(str(why).split()) if why is not None else ""
+                        content.set_exception(UpstreamLost("the upstream connection closed mid-answer"
+                                                           + (f" ({detail})" if detail else "")))
+                except Exception:      # a check must never break the proxy
+                    log.debug("relay watch failed", exc_info=True)
 
     # -- the handler ------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -193,7 +351,18 @@ class Proxy:
         route = classify(request.method, request.path, cfg.api_prefix)
         ex = _Exchange(start_ns=time.time_ns(), route=route)
         t0 = time.monotonic_ns()
-        parent = propagate.extract(request.headers)
+        carrier = request.headers
+        baggage = carrier.getall("baggage", ())
+        if baggage:
+            problem = _baggage_problem(baggage)
+            if problem is not None:       # dropped whole: neither read nor forwarded
+                carrier = CIMultiDict(carrier)
+                carrier.popall("baggage")
+                ex.baggage_dropped = True
+                suffix = self._baggage_drops.allow()
+                if suffix is not None:
+                    log.warning("dropped a client's baggage header (%s)%s", problem, suffix)
+        parent = propagate.extract(carrier)
         if route is not None or not untraced(request.path, cfg.api_prefix):
             ex.span = self._start_span(request, ex, parent)
         ctx = trace.set_span_in_context(ex.span, parent) if ex.span is not None else parent
@@ -220,7 +389,7 @@ class Proxy:
                               f"request body of {length} bytes is over the limit of {cfg.max_body_bytes}",
                               close=True)
         headers = _strip(request.headers, REQUEST_DROP)
-        for k in ("traceparent", "tracestate"):
+        for k in ("traceparent", "tracestate") + (("baggage",) if ex.baggage_dropped else ()):
             headers.popall(k, None)
         propagate.inject(headers, context=ctx)
         body: Any = None
@@ -247,11 +416,11 @@ class Proxy:
         except aiohttp.ClientConnectorError as e:
             return self._fail(ex, 503, UPSTREAM_UNAVAILABLE, f"cannot connect to upstream {cfg.upstream}: "
                               f"{e.os_error.strerror if e.os_error and e.os_error.strerror else e}")
-        except (aiohttp.ClientError, OSError) as e:
+        except (aiohttp.ClientError, OSError, *HTTP_PARSE_ERRORS) as e:
             if ex.body_too_large:
                 return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
-            return self._fail(ex, 502, UPSTREAM_ERROR,
-                              f"upstream {cfg.upstream} failed before answering: {type(e).__name__}: {e}")
+            return self._fail(ex, 502, UPSTREAM_ERROR, f"upstream {cfg.upstream} failed before answering: "
+                              f"{type(e).__name__}: {' '.join(str(e).split())}")
         try:
             return await self._relay(request, upstream, ex)
         finally:
@@ -319,6 +488,8 @@ class Proxy:
                                    on_first_token=on_first_token)
             feed = ex.reader.feed
         await resp.prepare(request)
+        relays = self._relays
+        relays[id(ex)] = upstream
         try:
             # per chunk: a write; feed keeps the chunk and reads the one before (stream.py)
             async for chunk in upstream.content.iter_any():
@@ -338,9 +509,12 @@ class Proxy:
             self._cut(request, ex, UPSTREAM_TIMEOUT,
                       f"upstream went silent for {self.config.upstream_timeout_s:g} s mid-answer")
             return resp
-        except (aiohttp.ClientError, OSError) as e:
-            self._cut(request, ex, UPSTREAM_ERROR, f"upstream failed mid-answer: {type(e).__name__}: {e}")
+        except (aiohttp.ClientError, OSError, *HTTP_PARSE_ERRORS) as e:
+            self._cut(request, ex, UPSTREAM_ERROR, f"upstream failed mid-answer: {type(e).__name__}: "
+                      f"{' '.join(str(e).split())}")
             return resp
+        finally:
+            relays.pop(id(ex), None)
         try:
             await resp.write_eof()
         except CLIENT_RESET:
@@ -411,8 +585,8 @@ class Proxy:
                 fut = self.ledger.close(ex.key, end_ns)
             if ex.tracked is not None:
                 ex.tracked.served()
-        except Exception:      # telemetry must never break the proxy
-            log.exception("proxy: could not finish the span of a request")
+        except Exception as e:      # telemetry must never break the proxy
+            self._telemetry_failed(e)
         task = asyncio.get_running_loop().create_task(self._complete(ex, end_ns, fut))
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
@@ -425,8 +599,8 @@ class Proxy:
             attrs, outcome = self._record(ex, end_ns)
             if fut is not None:
                 cost = await fut
-        except Exception:      # telemetry must never break the proxy
-            log.exception("proxy: could not finish the span of a request")
+        except Exception as e:      # telemetry must never break the proxy
+            self._telemetry_failed(e)
         finally:
             if ex.tracked is not None:
                 output_tokens, error = outcome
@@ -434,6 +608,13 @@ class Proxy:
             elif ex.span is not None:
                 ex.span.set_attributes(attrs)
                 ex.span.end(end_time=end_ns)
+
+    def _telemetry_failed(self, e: Exception) -> None:
+        suffix = self._telemetry_errors.allow()
+        if suffix is not None:
+            log.warning("could not finish the span of a request: %s: %s%s", type(e).__name__,
+                        " ".join(str(e).split())[:200], suffix)
+        log.debug("span failure", exc_info=e)
 
     def _record(self, ex: _Exchange, end_ns: int):
         """What the answer said: (span attributes, (output tokens for TPOT, error type)). The span's
@@ -481,18 +662,31 @@ class Proxy:
 
 
 def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
-    """The census folder to read, or None when there is none to read (spans say no_census)."""
-    import os
+    """The census folder to read, or None when there is none to read (spans say no_census).
+    The default folder is read only when it is private and ours, as `run` requires: segments
+    another user planted there would pass for the server's."""
     from pathlib import Path
 
     from ...census import folder
-    path = Path(config.census_dir) if config.census_dir else folder.default_census_dir()
-    if not path.is_dir():
-        if config.census_dir:
-            log.warning("census folder %s does not exist (yet): it is read once it does", path)
-            return CensusSource(str(path), config.upstream_pid)
+    named = bool(config.census_dir)
+    path = Path(config.census_dir) if named else folder.default_census_dir()
+    shown = folder.show_path(path)
+    try:
+        if not named and os.path.lexists(path):
+            folder.check_private_dir(path, follow=folder.named_census_dir())
+        if not path.is_dir():
+            if named:
+                log.warning("census folder %s does not exist (yet): it is read once it does", shown)
+                return CensusSource(str(path), config.upstream_pid)
+            return None
+        if not os.access(path, os.R_OK | os.X_OK):
+            log.warning("census folder %s is not readable: spans carry no GPU cost", shown)
+            return None
+    except folder.CensusDirError as e:
+        log.warning("%s; it is not read, so spans carry no GPU cost (name it with --census-dir to read it "
+                    "anyway)", e)
         return None
-    if not os.access(path, os.R_OK | os.X_OK):
-        log.warning("census folder %s is not readable: spans carry no GPU cost", path)
+    except OSError as e:
+        log.warning("census folder %s cannot be read (%s): spans carry no GPU cost", shown, e.strerror)
         return None
     return CensusSource(str(path), config.upstream_pid)

@@ -160,15 +160,19 @@ _DECODER = json.JSONDecoder()
 
 
 def _json(raw: bytes) -> Any:
-    # json.loads(raw) without its per-call encoding detection; a BOM, UTF-16/32 or lone surrogates
-    # still go through it
+    """json.loads(raw) without its per-call encoding detection (a BOM, UTF-16/32 or lone surrogates
+    still go through it). ValueError for anything that is not JSON it can read, including JSON nested
+    deeper than the interpreter's recursion limit (200 kB of ``[[[...``)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return json.loads(raw)
-    if text.startswith("\ufeff"):
-        return json.loads(raw)
-    return _DECODER.decode(text)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return json.loads(raw)
+        if text.startswith("\ufeff"):
+            return json.loads(raw)
+        return _DECODER.decode(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 class SSEParser:
@@ -436,7 +440,7 @@ def parse_request_body(body: bytes, content_encoding: str = "") -> Dict[str, Any
                                       ).decompress(body, MAX_JSON_BODY_BYTES)
         elif enc not in ("", "identity"):
             return {}
-        obj = json.loads(body)
+        obj = _json(body)
     except (ValueError, zlib.error):
         return {}
     if not isinstance(obj, dict):

@@ -1,0 +1,58 @@
+"""Values and bytes a careless or hostile user feeds the commands: numbers that are not finite, and
+terminal escape sequences in what a segment says about its process. One clear line, no traceback,
+nothing raw reaches the terminal."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+SRC = Path(__file__).resolve().parents[1] / "src"
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m"
+
+
+def _cli(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CUDA_INJECTION"))}
+    env.update(PYTHONPATH=str(SRC), XDG_RUNTIME_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", *args], env=env, capture_output=True,
+                       timeout=30)
+    out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err, err
+    return p.returncode, out, err
+
+
+@pytest.mark.parametrize("option", ["--gpu-wait", "--upstream-timeout", "--connect-timeout", "--upstream-keepalive"])
+@pytest.mark.parametrize("value,why", [("inf", "must be a finite number"), ("nan", "must be a finite number"),
+                                       ("1e300", "must be at most")])
+def test_proxy_numbers_that_are_not_finite_are_usage_errors(tmp_path, option, value, why):
+    rc, _, err = _cli(tmp_path, "proxy", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0",
+                      "--no-gpu", option, value)
+    assert rc == 2 and f"argument {option}: {why}" in err
+
+
+def test_run_metrics_interval_inf_is_a_usage_error(tmp_path):
+    rc, _, err = _cli(tmp_path, "run", "--metrics-interval", "inf", "--", "true")
+    assert rc == 2 and "argument --metrics-interval: must be a finite number" in err
+
+
+def test_report_escapes_a_comm_with_terminal_escapes(census_dir, segments, tmp_path):
+    segments.segment(census_dir, [], comm=ESCAPES, pid=4242, start_ticks=1)
+    rc, out, err = _cli(tmp_path, "report", str(census_dir))
+    assert rc == 0 and "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in out
+    # JSON keeps the exact comm (escaped the JSON way)
+    rc, out, _ = _cli(tmp_path, "report", str(census_dir), "--json")
+    assert rc == 0 and "\x1b" not in out
+    assert json.loads(out)["processes"][0]["comm"] == ESCAPES
+
+
+def test_report_escapes_a_file_name_with_terminal_escapes(census_dir, tmp_path):
+    os.mkfifo(census_dir / f"gpu-census-{ESCAPES}.seg")
+    rc, out, err = _cli(tmp_path, "report", str(census_dir))
+    assert rc == 1 and "\x1b" not in err and "\x1b" not in out
+    assert "gpu-census-\\x1b]0;owned\\x07" in err
