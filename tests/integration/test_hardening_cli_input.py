@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.timeout(60)
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m"
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from llama_standin import Standin
-from otlp_trace_receiver import TraceReceiver
+from otlp_receiver import OtlpReceiver
 from otel_gpu_census.census import folder, proctree, reader
 
 pytestmark = pytest.mark.timeout(90)
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 FIFO_NAME = "gpu-census-4242-4242.seg"
 
 
@@ -104,7 +104,7 @@ def test_proxy_census_thread_with_a_fifo_exports_spans_and_stops_on_sigterm(fifo
     st = Standin().start()
     env = _env(tmp_path)
     try:
-        with TraceReceiver() as rx:
+        with OtlpReceiver(grpc_enabled=False) as rx:
             env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rx.http_port}",
                         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"})
             proc = subprocess.Popen([sys.executable, "-m", "otel_gpu_census.proxy", "--upstream", st.url,
@@ -121,7 +121,7 @@ def test_proxy_census_thread_with_a_fifo_exports_spans_and_stops_on_sigterm(fifo
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
                 c.request("POST", "/completion", json.dumps({"prompt": "x", "stream": True}).encode())
                 assert c.getresponse().status == 200
-                spans = rx.wait_for(lambda ss: ss, timeout=15)
+                spans = rx.wait_for_spans(lambda ss: ss, timeout=15)
                 assert spans[0].attributes["gpu_census.attribution.status"] == "no_segment"
                 assert FIFO_NAME in spans[0].attributes["gpu_census.attribution.note"]
                 t0 = time.monotonic()

@@ -17,7 +17,7 @@ from otel_gpu_census.census import folder, proctree, reader
 from otel_gpu_census.integrations.llamacpp.config import ProxyConfig
 
 pytestmark = pytest.mark.timeout(60)
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 NOBODY = 65534
 LONG = "/tmp/" + "d" * 5000
 

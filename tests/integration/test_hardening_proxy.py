@@ -27,7 +27,7 @@ from llama_standin import Opts, Standin
 from otel_gpu_census.integrations.llamacpp import ProxyConfig, server, start_proxy_in_thread
 
 pytestmark = pytest.mark.timeout(60)
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,9 @@ SCHED = SimpleNamespace(vllm_config=SimpleNamespace(model_config=SimpleNamespace
 
 
 def outputs(*rids):
-    return {0: SimpleNamespace(outputs=[SimpleNamespace(request_id=r, new_token_ids=[1]) for r in rids])}
+    return {0: SimpleNamespace(outputs=[SimpleNamespace(request_id=r, new_token_ids=[1],
+                                                        prefill_stats=SimpleNamespace(num_cached_tokens=5))
+                                        for r in rids])}
 
 
 def test_ids_are_vllms_request_id_and_the_response_id_the_client_sees():
@@ -156,6 +158,7 @@ def test_a_batch_of_requests_gets_spans_in_their_callers_traces_with_exact_share
         assert sp.attributes["gen_ai.usage.output_tokens"] == 9 and sp.attributes["gen_ai.usage.input_tokens"] == 16
         assert sp.attributes["gen_ai.latency.time_to_first_token"] > 0
         assert sp.attributes["gen_ai.latency.time_in_queue"] >= 0
+        assert sp.attributes["gen_ai.usage.cache_read.input_tokens"] == 5      # from the first output's prefill stats
         assert sp.name in ("chat m1", "text_completion m1") and sp.attributes["gen_ai.request.model"] == "m1"
     # conservation: spans + what no request claimed == every step, for every field
     for attr, field in (("gpu_census.kernel.count", "kernel_count"), ("gpu_census.kernel.time_ns", "kernel_ns")):

@@ -150,6 +150,11 @@ class EngineTelemetry:
                     now = now or self.clock()
                     t.first_token(now)
                     self.ledger.first_token(o.request_id, now)
+                    # prompt tokens served from the prefix cache: only this first output carries them
+                    ps = getattr(o, "prefill_stats", None)
+                    cached = getattr(ps, "num_cached_tokens", None)
+                    if cached is not None and cached >= 0:
+                        t.set_attributes({"gen_ai.usage.cache_read.input_tokens": int(cached)})
 
     def request_freed(self, request) -> None:
         """Scheduler._free_request: finished, aborted or failed; no later step serves it."""
@@ -166,9 +171,6 @@ class EngineTelemetry:
             "gen_ai.usage.output_tokens": int(getattr(request, "num_output_tokens", 0) or 0),
             "vllm.request.status": status,
         }
-        cached = getattr(request, "num_cached_tokens", -1)
-        if cached is not None and cached >= 0:
-            facts["gen_ai.usage.cache_read.input_tokens"] = int(cached)
         if reason is not None:
             facts["gen_ai.response.finish_reasons"] = [str(reason)]
         self.ledger.request_done(rid, (facts, FINISH_ERRORS.get(status)), now)
