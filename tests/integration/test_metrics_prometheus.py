@@ -1,6 +1,7 @@
 """A real Prometheus server (the Debian `prometheus` package) scrapes the sidecar, and every query of
-the Grafana dashboard runs against it. Also: the shipped configs parse, and the dashboard only names
-metrics the code emits. Server tests are skipped when no `prometheus` binary is installed."""
+the Grafana dashboard runs against it. Also: the dashboard only names metrics the code emits, and
+promtool accepts collector-config/prometheus.yml (test_collector_config.py checks the collector's side).
+Server tests are skipped when no `prometheus` binary is installed."""
 from __future__ import annotations
 
 import json
@@ -88,21 +89,6 @@ def test_dashboard_reads_only_metrics_the_code_emits():
     busy_names = {known[n].name for t in busy_panel["targets"] for n in names_in(t["expr"])}
     assert {"hw.gpu.utilization", "gpu_census.busy.ratio", "gpu_census.sm.occupancy"} <= busy_names
     assert "gpu_census.copy.bytes" in seen
-
-
-def test_configs_parse():
-    yaml = pytest.importorskip("yaml")
-    cfg = yaml.safe_load((CONFIGS / "otelcol-metrics.yaml").read_text())
-    pipe = cfg["service"]["pipelines"]["metrics"]
-    assert pipe["receivers"] == ["otlp"] and "prometheus" in pipe["exporters"]
-    for kind in ("receivers", "processors", "exporters"):
-        for name in pipe[kind]:
-            assert name in cfg[kind], f"pipeline uses undefined {kind[:-1]} {name}"
-    prom = yaml.safe_load((CONFIGS / "prometheus.yml").read_text())
-    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
-    assert jobs["otel-collector"]["static_configs"][0]["targets"] == [cfg["exporters"]["prometheus"]["endpoint"]
-                                                                      .replace("0.0.0.0", "localhost")]
-    assert jobs["otel-gpu-census"]["static_configs"][0]["targets"] == ["localhost:9464"]
 
 
 @pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (Debian package prometheus)")

@@ -276,15 +276,17 @@ def test_real_segment_copies_land_in_the_right_request_and_phase(make_proxy, sta
     segments.tally(seg, [], final=False, state=1)
     path = segments.write(census_dir, seg)
     p = make_proxy(CensusSource(str(census_dir), pid=os.getpid()), gpu_margin_s=0.2, gpu_max_wait_s=5)
-    t_send = time.time_ns()
     assert post(p.port)[0] == 200
     t_recv = time.time_ns()
     ms = 1_000_000
+    # placed from when the stand-in had the request (the span began before): its first token goes out
+    # 0.4 s later, its last 0.6 s later, so the decode copies sit well clear of the first token on a busy CPU
+    t_up = standin.seen[-1].received_ns
     state_save, logits = 200 * 1024 * 1024 + 7, 3 * 128256 * 4
-    recs = [records.memcpy("dtoh", state_save, t_send + 100 * ms, t_send + 130 * ms, dst="pageable"),
-            records.kernel(t_send + 200 * ms, t_send + 250 * ms),
-            records.memcpy("dtoh", logits, t_send + 430 * ms, t_send + 431 * ms, dst="pageable"),
-            records.memcpy("htod", 4096, t_send + 440 * ms, t_send + 441 * ms, src="pinned"),
+    recs = [records.memcpy("dtoh", state_save, t_up + 100 * ms, t_up + 130 * ms, dst="pageable"),
+            records.kernel(t_up + 200 * ms, t_up + 250 * ms),
+            records.memcpy("dtoh", logits, t_up + 550 * ms, t_up + 551 * ms, dst="pageable"),
+            records.memcpy("htod", 4096, t_up + 560 * ms, t_up + 561 * ms, src="pinned"),
             records.memcpy("dtoh", 5, t_recv + 2000 * ms, t_recv + 2001 * ms, dst="pageable")]   # after: nobody's
     time.sleep(0.3)
     segments.tally(seg, recs, final=False, state=1)        # one buffer completion, published now

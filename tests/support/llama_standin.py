@@ -68,6 +68,7 @@ class Seen:
     elapsed: float = 0.0
     sent: bytes = b""                      # body bytes written to the proxy
     peer: Any = None                       # (host, port) of the connection it came on
+    received_ns: int = 0                   # wall clock when the whole request had arrived
 
 
 class _Forgetful(list):
@@ -151,7 +152,8 @@ class Standin:
     async def _record(self, request: web.Request) -> Seen:
         body = await request.read()
         s = Seen(request.method, request.path, dict(request.headers), body, request.raw_path,
-                 peer=request.transport.get_extra_info("peername") if request.transport else None)
+                 peer=request.transport.get_extra_info("peername") if request.transport else None,
+                 received_ns=time.time_ns())
         self.seen.append(s)
         return s
 
