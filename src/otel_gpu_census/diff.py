@@ -34,12 +34,12 @@ class Row:
     figure: str          # stable key, e.g. copies.dtoh.pageable.bytes
     label: str
     unit: str            # count, bytes, ns, GB/s
-    a: float
-    b: float
+    a: Optional[float]
+    b: Optional[float]
 
     @property
     def change(self):
-        return self.b - self.a
+        return None if self.a is None or self.b is None else self.b - self.a
 
 
 def _stat_rows(key: str, label: str, a: Stat, b: Stat, rate: bool = True, indent: str = "") -> List[Row]:
@@ -47,8 +47,8 @@ def _stat_rows(key: str, label: str, a: Stat, b: Stat, rate: bool = True, indent
             Row(f"{key}.bytes", indent + "  bytes", "bytes", a.bytes, b.bytes),
             Row(f"{key}.ns", indent + "  time s", "ns", a.ns, b.ns)]
     if rate and (a.ns or b.ns):
-        rows.append(Row(f"{key}.gb_per_s", indent + "  GB/s", "GB/s", a.bytes / a.ns if a.ns else 0.0,
-                        b.bytes / b.ns if b.ns else 0.0))
+        rows.append(Row(f"{key}.gb_per_s", indent + "  GB/s", "GB/s", a.bytes / a.ns if a.ns else None,
+                        b.bytes / b.ns if b.ns else None))    # None: no copies, no rate
     return rows
 
 
@@ -78,6 +78,8 @@ def rows(a: DeviceTotals, b: DeviceTotals) -> List[Row]:
 
 
 def _value(unit: str, v) -> str:
+    if v is None:
+        return "-"
     if unit == "ns":
         return seconds(v)
     if unit == "GB/s":
@@ -86,6 +88,8 @@ def _value(unit: str, v) -> str:
 
 
 def _change(r: Row, a, b) -> str:
+    if a is None or b is None:
+        return "-"
     ch = b - a
     if r.unit == "ns":
         text = ("+" if ch > 0 else "") + seconds(ch)

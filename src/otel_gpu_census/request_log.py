@@ -90,20 +90,19 @@ def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord
     """Records from the lines of a log (either form above), sorted by start."""
     text = list(lines)
     out: List[RequestRecord] = []
-    try:         # one JSON document over several lines (an OTLP export, pretty-printed)
-        whole = json.loads("".join(text))
-    except ValueError:
-        whole = None
-    docs = [(0, whole)] if isinstance(whole, dict) else None
-    if docs is None:
-        docs = []
-        for i, line in enumerate(text, 1):
-            if not line.strip():
-                continue
-            try:
-                docs.append((i, json.loads(line)))
-            except ValueError as e:
+    docs = []
+    for i, line in enumerate(text, 1):
+        if not line.strip():
+            continue
+        try:
+            docs.append((i, json.loads(line)))
+        except ValueError as e:
+            try:     # one JSON document over several lines (an OTLP export, pretty-printed)
+                whole = json.loads("".join(text))
+            except ValueError:
                 raise RequestLogError(f"{name}, line {i}: not JSON ({e.msg})") from None
+            docs = [(0, whole)]
+            break
     for i, doc in docs:
         where = f"{name}, line {i}" if i else name
         if not isinstance(doc, dict):

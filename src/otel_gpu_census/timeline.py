@@ -172,10 +172,10 @@ IN_FLIGHT_GROUPS = ((0, 0, "0"), (1, 1, "1"), (2, 3, "2-3"), (4, 7, "4-7"), (8, 
 
 
 def by_in_flight(slots: Sequence[Slot]) -> List[Tuple[str, Split]]:
-    """The split of the slots grouped by the requests in flight in each (rounded mean over the slot)."""
+    """The split of the slots grouped by the requests in flight in each (mean over the slot, half up)."""
     groups: Dict[str, List[Slot]] = {}
     for s in slots:
-        k = round(s.in_flight_ns / s.length) if s.length else 0
+        k = (2 * s.in_flight_ns + s.length) // (2 * s.length) if s.length else 0
         label = next(lab for lo, hi, lab in IN_FLIGHT_GROUPS if k >= lo and (hi is None or k <= hi))
         groups.setdefault(label, []).append(s)
     return [(lab, split(groups[lab])) for _, _, lab in IN_FLIGHT_GROUPS if lab in groups]
