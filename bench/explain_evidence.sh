@@ -25,7 +25,8 @@ fi
 [ -f $MODEL ] || timeout 300 python3 bench/server/make_model.py $MODEL --vocab "$VOCAB" --preset 8b > "$W/make_model.log" 2>&1
 
 show() {   # name: the diagnoses of one run's report
-  echo "== $1: $(grep -c '^  \* ' "$W/$1/report.txt" 2>/dev/null || echo 0) diagnoses"
+  local n; n=$(grep -c '^  \* ' "$W/$1/report.txt" 2>/dev/null)
+  echo "== $1: ${n:-0} diagnoses"
   sed -n '/^diagnoses:/,$p' "$W/$1/report.txt" | tail -n +2 | cut -c1-400
 }
 

@@ -78,7 +78,7 @@ def test_report_prints_the_table_with_a_request_log(census_dir, segments, record
     text = report.render_text([c], facts=facts)
     head = next(i for i, ln in enumerate(text.splitlines()) if ln.startswith("where the GPU time went"))
     lines = text.splitlines()[head:]
-    assert "0.980000 s from the first request to the last (1 in the log), by 1 s" in lines[0]
+    assert "the 0.980000 s from the first request to the last (1 in the log), by 1 s" in lines[0]
     all_row = next(ln for ln in lines if ln.strip().startswith("all"))
     # 25 x 5 ms of kernels and of copies in 980 ms
     assert re.findall(r"[\d.]+%", all_row) == ["12.8%", "12.8%", "74.5%"] and all_row.endswith("1.00")
@@ -89,3 +89,13 @@ def test_report_prints_the_table_with_a_request_log(census_dir, segments, record
     assert idle["whole"]["kernel_ns"] == 125 * MS and idle["whole"]["nothing_ns"] == 980 * MS - 250 * MS
     assert idle["by_in_flight"] == [dict(idle["whole"], in_flight="1")]
     assert "idle_time" not in report.to_dict([c])
+
+
+def test_a_log_reaching_before_the_ring_says_what_the_ring_holds(census_dir, segments, records):
+    start = GPU0 + 10 * S
+    c = _census(census_dir, segments, _pattern(records))
+    w0 = to_wall(start)
+    facts = Facts(records=[RequestRecord(w0 - 60 * S, w0 - 59 * S), RequestRecord(w0 - 5 * S, w0 + 49 * W)])
+    head = next(ln for ln in report.render_text([c], facts=facts).splitlines() if ln.startswith("where the GPU"))
+    assert ("the last 0.980000 s of the requests (all the 20 ms window ring holds; 1 of the 2 requests in the log)"
+            in head), head

@@ -266,8 +266,8 @@ def concurrency(c: ProcessCensus, t: Optional[Timeline]) -> Optional[Diagnosis]:
     none_ = [s for s in slots if s.in_flight_ns == 0]
     idle_few = sum(s.idle_ns for s in few)
     idle_none = sum(s.idle_ns for s in none_)
-    head = (f"the GPU ran kernels {_pct(busy)} of the {seconds(sp.span_ns)} s from the first request to the last "
-            f"({len(recs)} requests), with {mean:.2f} requests in flight on average (at most {peak})")
+    head = (f"the GPU ran kernels {_pct(busy)} of {tl_mod.span_words(t, slots)}, with {mean:.2f} requests in "
+            f"flight on average (at most {peak})")
     figures = {"busy_share": busy, "nothing_share": sp.share(sp.idle_ns), "copies_only_share": sp.share(sp.copy_only_ns),
                "mean_in_flight": mean, "peak_in_flight": peak, "serving_ns": sp.span_ns, "requests": len(recs),
                "idle_ns_at_most_one_in_flight": idle_few, "idle_ns_none_in_flight": idle_none}

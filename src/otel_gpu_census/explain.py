@@ -62,9 +62,8 @@ def idle_lines(t: tl_mod.Timeline) -> List[str]:
         return []
     step, rows = tl_mod.intervals(slots)
     whole = tl_mod.split(slots)
-    n = len(t.requests or ())
-    lines = [f"where the GPU time went: pid {t.census.pid} {t.census.comm or '?'}, {seconds(whole.span_ns)} s from "
-             f"the first request to the last ({n} in the log), by {step // 10**9} s:",
+    lines = [f"where the GPU time went: pid {t.census.pid} {t.census.comm or '?'}, {tl_mod.span_words(t, slots)}, "
+             f"by {step // 10**9} s:",
              f"  {'from s':>10}{'kernels':>9}{'copies only':>13}{'nothing':>10}{'in flight':>11}"]
     t0 = slots[0].start_ns
     for start, sp in rows:

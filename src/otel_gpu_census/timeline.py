@@ -77,6 +77,19 @@ class Timeline:
         return [s for s in self.slots if s.end_ns > lo and s.start_ns < hi]
 
 
+def span_words(t: "Timeline", slots: Sequence["Slot"]) -> str:
+    """How a report names the span of `slots` (t.serving()): the requests' span, or the part of it the
+    window ring still holds when the log reaches further back."""
+    total = len(t.requests or ())
+    if not slots:
+        return "no time"
+    inside = sum(1 for r in t.requests or () if r.end_ns > slots[0].start_ns and r.start_ns < slots[-1].end_ns)
+    span = f"{(slots[-1].end_ns - slots[0].start_ns) / 1e9:.6f} s"
+    if t.requests and min(r.start_ns for r in t.requests) < slots[0].start_ns:
+        return f"the last {span} of the requests (all the 20 ms window ring holds; {inside} of the {total} requests in the log)"
+    return f"the {span} from the first request to the last ({total} in the log)"
+
+
 def _in_flight(slots: List[Slot], records: Sequence[RequestRecord], t0: int, width: int) -> List[int]:
     """Request-ns per slot (slots are consecutive buckets of `width` ns starting at t0)."""
     out = [0] * len(slots)
