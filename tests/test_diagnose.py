@@ -217,7 +217,8 @@ def test_busy_but_low_occupancy(census, records):
     d = low_occupancy([c], 0.142)
     assert d is not None and d.kind == "low_occupancy"
     assert d.figures["busy_share"] > 0.98
-    assert "SM occupancy NVML GPM measured was 14.2%" in d.text and "99.0% of the time" in d.text
+    assert "SM occupancy NVML GPM measured was 14.2%" in d.text
+    assert "99.0% of the time from the first GPU activity to the last" in d.text
     assert one(diagnose([c], Facts(sm_occupancy=0.142)), "low_occupancy").text == d.text
 
 
@@ -227,6 +228,18 @@ def test_no_occupancy_diagnosis(census, records, loop, occupancy):
     c = census(extra=recs, comm="python3")
     assert low_occupancy([c], occupancy) is None
     assert "low_occupancy" not in kinds(diagnose([c], Facts(sm_occupancy=occupancy)))
+
+
+def test_occupancy_while_serving_leaves_the_model_load_out(census, records):
+    """A server busy 95 % while serving after a 12 s load of copies only: from first to last GPU
+    activity its kernels ran under half the time, while serving 95 %; the request log decides."""
+    load, end = _model_load(records, n=240, each=250 * MB)            # 12 s of copies, no kernels
+    sv = serve(records, clients=4, requests=8, step_ns=40 * MS, kernel_ns=38 * MS, start_ns=end + S)
+    c = census(sv, extra=load)
+    assert low_occupancy([c], 0.1) is None
+    d = low_occupancy([c], 0.1, with_log(sv).records)
+    assert d is not None and d.figures["while_serving"] and 0.94 < d.figures["busy_share"] < 0.96
+    assert f"on pid {c.pid} kernels ran 95.0% of the time while serving (the " in d.text
 
 
 def test_an_idle_census_has_no_diagnoses(census):

@@ -287,13 +287,24 @@ def concurrency(c: ProcessCensus, t: Optional[Timeline]) -> Optional[Diagnosis]:
     return None
 
 
-def low_occupancy(censuses: Sequence[ProcessCensus], occupancy: Optional[float]) -> Optional[Diagnosis]:
-    """Census busy high, SM occupancy low: the kernels keep the GPU 'busy' but fill little of it."""
+def low_occupancy(censuses: Sequence[ProcessCensus], occupancy: Optional[float],
+                  records: Optional[Sequence[RequestRecord]] = None) -> Optional[Diagnosis]:
+    """Census busy high, SM occupancy low: the kernels keep the GPU 'busy' but fill little of it.
+
+    Busy is the kernels' share of the time while serving when a request log gives it (a server's
+    load and idle start-up would dilute it), else of the time from first to last GPU activity."""
     if occupancy is None:
         return None
     best = None
     for c in censuses:
         if c.kernels.mode == KERNELS_OFF:
+            continue
+        t = tl_mod.build(c, records) if records else None
+        serving = t.serving() if t is not None and t.kernels_traced else []
+        if serving:
+            sp = tl_mod.split(serving)
+            if sp.kernel_ns and (best is None or sp.share(sp.kernel_ns) > best[0]):
+                best = (sp.share(sp.kernel_ns), c, None, f"while serving ({tl_mod.span_words(t, serving)})")
             continue
         for d in c.devices.values():
             span = d.last_ns - d.first_ns
@@ -303,19 +314,20 @@ def low_occupancy(censuses: Sequence[ProcessCensus], occupancy: Optional[float])
                 continue
             ratio = min(1.0, d.busy_ns / span)
             if best is None or ratio > best[0]:
-                best = (ratio, c, d)
+                best = (ratio, c, d, "from the first GPU activity to the last")
     if best is None:
         return None
-    ratio, c, d = best
+    ratio, c, d, when = best
     if ratio < OCCUPANCY_BUSY_MIN or occupancy > OCCUPANCY_LOW:
         return None
-    name = f"cuda:{d.device_id}" + (f" ({d.uuid})" if d.uuid else "")
-    text = (f"kernels fill little of the chip: on {name} kernels ran {_pct(ratio)} of the time from the first GPU "
-            f"activity to the last, but the SM occupancy NVML GPM measured was {_pct(occupancy)} (warp slots in "
-            f"use): GPU utilisation calls this GPU busy while about {1 - occupancy:.0%} of it sits unused. Larger "
-            "batches (more requests at once), longer sequences per kernel, or fused kernels fill more of it.")
-    return Diagnosis("low_occupancy", text, c.pid, {"busy_share": ratio, "sm_occupancy": occupancy,
-                                                    "device_id": d.device_id, "uuid": d.uuid})
+    name = f"pid {c.pid}" if d is None else f"cuda:{d.device_id}" + (f" ({d.uuid})" if d.uuid else "")
+    text = (f"kernels fill little of the chip: on {name} kernels ran {_pct(ratio)} of the time {when}, but the "
+            f"SM occupancy NVML GPM measured was {_pct(occupancy)} (warp slots in use): GPU utilisation calls this "
+            f"GPU busy while about {1 - occupancy:.0%} of it sits unused. Larger batches (more requests at once), "
+            "longer sequences per kernel, or fused kernels fill more of it.")
+    return Diagnosis("low_occupancy", text, c.pid, {
+        "busy_share": ratio, "sm_occupancy": occupancy, "device_id": None if d is None else d.device_id,
+        "uuid": None if d is None else d.uuid, "while_serving": d is None})
 
 
 def _active(c: ProcessCensus) -> bool:
@@ -332,7 +344,7 @@ def diagnose(censuses: Sequence[ProcessCensus], facts: Facts = Facts()) -> List[
         for d in (state_save(c, t), *pageable_hot_path(c, t), weights_copied(c, t), concurrency(c, t)):
             if d is not None:
                 out.append(d)
-    occ = low_occupancy(censuses, facts.sm_occupancy)
+    occ = low_occupancy(censuses, facts.sm_occupancy, facts.records)
     if occ is not None:
         out.append(occ)
     return out
