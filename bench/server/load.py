@@ -259,6 +259,8 @@ def summarise(results: List[Dict[str, Any]], waves: bool = False) -> Dict[str, A
     e2e = [r["e2e_s"] for r in ok]
     out = {
         "load_mode": "waves" if waves else "free",
+        # the wall clock at t0, so start/end (s after t0) can be placed on the census's clock
+        "t0_unix_ns": time.time_ns() - time.monotonic_ns() + round(t0 * 1e9),
         "requests": len(results), "ok": len(ok), "errors": len(results) - len(ok),
         "first_errors": [r["error"] for r in results if "error" in r][:5],
         "wall_s": round(wall, 3), "output_tokens": toks,
@@ -274,6 +276,20 @@ def summarise(results: List[Dict[str, Any]], waves: bool = False) -> Dict[str, A
     else:
         out.update(steady_state(results))
     out["per_request"] = results
+    return out
+
+
+def request_log(res: Dict[str, Any]) -> List[str]:
+    """The load's requests as `otel-gpu-census report --request-log` reads them (JSON lines, Unix ns)."""
+    t0 = res.get("t0_unix_ns")
+    if t0 is None:
+        return []
+    out = []
+    for r in res.get("per_request", []):
+        line = {"start_time_unix_nano": t0 + round(r["start"] * 1e9), "end_time_unix_nano": t0 + round(r["end"] * 1e9)}
+        if "ttft_s" in r:
+            line["first_token_time_unix_nano"] = line["start_time_unix_nano"] + round(r["ttft_s"] * 1e9)
+        out.append(json.dumps(line))
     return out
 
 
@@ -310,6 +326,7 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=120)
     ap.add_argument("--timeout", type=float, default=300, help="bound on the whole run")
     ap.add_argument("--out", help="write the full result JSON here")
+    ap.add_argument("--request-log", help="write the requests here as JSON lines (otel-gpu-census report --request-log)")
     a = ap.parse_args()
     for name in ("clients", "requests", "prompt_tokens", "n_predict"):
         if getattr(a, name) < 1:
@@ -324,6 +341,9 @@ def main() -> int:
                    a.request_timeout, a.timeout, extra, a.waves, a.wave_gap_s)
     if a.out:
         bl.write_json(__import__("pathlib").Path(a.out), res)
+    if a.request_log:
+        with open(a.request_log, "w") as f:
+            f.writelines(line + "\n" for line in request_log(res))
     print(json.dumps({k: v for k, v in res.items() if k not in ("per_request", "waves")}))
     return 0 if res["ok"] == res["requests"] else 1
 

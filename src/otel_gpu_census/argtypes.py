@@ -61,3 +61,22 @@ def kernel_tracing(text: str) -> str:
             return f"{a}/{b}"
     raise argparse.ArgumentTypeError(f"expected all, off or ON_MS/PERIOD_MS (multiples of {WINDOW_MS}, "
                                      f"ON_MS < PERIOD_MS, e.g. 100/1000): {text!r}")
+
+
+def request_counts(text: str):
+    """N, or NA,NB (one count for each side of report --diff)."""
+    parts = text.split(",")
+    if len(parts) > 2:
+        raise argparse.ArgumentTypeError(f"expected N or NA,NB: {text!r}")
+    counts = tuple(positive_int(p.strip()) for p in parts)
+    return counts[0] if len(counts) == 1 else counts
+
+
+def ratio(text: str) -> float:
+    """A ratio 0..1, or a percentage ending in %."""
+    pct = text.endswith("%")
+    v = _number(text[:-1] if pct else text, float, "a ratio or a percentage")
+    v = v / 100.0 if pct else v
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (or 0% and 100%): {text!r}")
+    return v

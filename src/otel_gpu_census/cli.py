@@ -1,7 +1,8 @@
 """`otel-gpu-census`: run a command under the census, report on segments, check the machine.
 
     otel-gpu-census run [--dir DIR] [--json FILE] [--requests N] [--proxy HOST:PORT [--upstream URL]] -- CMD ARGS...
-    otel-gpu-census report [DIR|FILE.seg] [--requests N] [--json] [--pid PID]
+    otel-gpu-census report [DIR|FILE.seg] [--requests N] [--request-log FILE] [--sm-occupancy R] [--json] [--pid PID]
+    otel-gpu-census report --diff A B [--requests N|NA,NB] [--json]
     otel-gpu-census doctor
     otel-gpu-census proxy ...            (the llama.cpp proxy; issue 4)
 
@@ -20,7 +21,7 @@ import stat
 import sys
 import threading
 from typing import Dict, List, Optional
-from .argtypes import kernel_tracing, positive_float, positive_int
+from .argtypes import kernel_tracing, positive_float, positive_int, ratio, request_counts
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -380,6 +381,14 @@ def _say_errors(errors) -> None:
 def _cmd_report(args) -> int:
     from . import report
     from .census import folder, proctree, reader
+    if args.diff:
+        from .diff import run_diff
+        return run_diff(args, _say)
+    if isinstance(args.requests, tuple):
+        args.parser.error("--requests NA,NB goes with --diff")
+    facts = _report_facts(args)
+    if isinstance(facts, int):
+        return facts
     target = args.dir
     errors: List[reader.SegmentError] = []
     kind = None
@@ -413,13 +422,27 @@ def _cmd_report(args) -> int:
     elif not censuses:
         hint = f"no census segment in {census_dir}"
     if args.json:
-        json.dump(report.to_dict(censuses, errors, args.requests, census_dir, hint), sys.stdout, indent=2)
+        json.dump(report.to_dict(censuses, errors, args.requests, census_dir, hint, facts), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(report.render_text(censuses, args.requests, census_dir, hint))
+        sys.stdout.write(report.render_text(censuses, args.requests, census_dir, hint, facts))
     sys.stdout.flush()
     _say_errors(errors)
     return 1 if errors or (args.pid is not None and not censuses) else 0
+
+
+def _report_facts(args):
+    """What report knows besides the census (diagnose.Facts), or an exit status after saying why not."""
+    from .diagnose import Facts
+    records = None
+    if args.request_log:
+        from .request_log import RequestLogError, load
+        try:
+            records = load(args.request_log)
+        except RequestLogError as e:
+            _say(str(e))
+            return 1
+    return Facts(requests=args.requests, records=records, sm_occupancy=args.sm_occupancy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,10 +503,20 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Print, per process and device, kernel count and time, busy %%, and copies "
                          "by direction with exact bytes.")
     rep.add_argument("dir", nargs="?", metavar="DIR", help="census folder or one .seg file (default: as for run)")
-    rep.add_argument("--requests", type=positive_int, metavar="N", help="print per-request averages over N requests")
+    rep.add_argument("--requests", type=request_counts, metavar="N",
+                     help="print per-request averages over N requests (with --diff: N, or NA,NB for each side)")
+    rep.add_argument("--request-log", metavar="FILE",
+                     help="when each request was in flight: JSON lines with start_time_unix_nano and "
+                     "end_time_unix_nano (optional first_token_time_unix_nano), or OTLP JSON traces (SERVER "
+                     "spans); adds where GPU time went next to requests in flight, and the diagnoses that need it")
+    rep.add_argument("--sm-occupancy", type=ratio, metavar="RATIO",
+                     help="SM occupancy NVML GPM measured over the run (gpu_census.sm.occupancy, 0..1 or N%%), "
+                     "for the diagnosis of kernels that fill little of the chip")
+    rep.add_argument("--diff", nargs=2, metavar=("A", "B"),
+                     help="compare two runs (census folders or .seg files): every figure of A and B and the change")
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
     rep.add_argument("--pid", type=positive_int, help="only this process and its descendants")
-    rep.set_defaults(func=_cmd_report)
+    rep.set_defaults(func=_cmd_report, parser=rep)
 
     doc = sub.add_parser("doctor", help="check driver, CUPTI, NVML and the injector, in plain words")
     doc.set_defaults(func=_cmd_doctor)

@@ -222,7 +222,8 @@ def per_request(censuses: Iterable[ProcessCensus], requests: int) -> dict:
 
 
 def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
-            census_dir: Optional[str] = None, hint: Optional[str] = None) -> dict:
+            census_dir: Optional[str] = None, hint: Optional[str] = None, facts=None) -> dict:
+    """facts: a diagnose.Facts (request log, SM occupancy) for the diagnoses."""
     procs = []
     for c in censuses:
         census_ns = census_time_ns(c)
@@ -255,6 +256,9 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
     }
     if requests:
         out["per_request"] = per_request(censuses, requests)
+    if not out["no_activity"]:
+        from . import explain        # it builds on this module
+        out.update(explain.to_dict(censuses, facts, requests))
     return out
 
 
@@ -360,7 +364,8 @@ def _all_processes_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
 
 
 def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = None,
-                census_dir: Optional[str] = None, hint: Optional[str] = None) -> str:
+                census_dir: Optional[str] = None, hint: Optional[str] = None, facts=None) -> str:
+    """facts: a diagnose.Facts (request log, SM occupancy) for the diagnoses."""
     n = len(censuses)
     lines = [f"otel-gpu-census report: {n} process{'es' if n != 1 else ''}"
              + (f", census folder {census_dir}" if census_dir else ""),
@@ -372,8 +377,11 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
     reason = no_activity_reason(censuses, hint)
     if reason:
         lines.append(reason)
-    elif requests:
-        lines.extend(_per_request_lines(censuses, requests))
+    else:
+        if requests:
+            lines.extend(_per_request_lines(censuses, requests))
+        from . import explain        # it builds on this module
+        lines.extend(explain.lines(censuses, facts, requests))
     return printable("\n".join(lines).rstrip()) + "\n"
 
 

@@ -20,6 +20,7 @@ from otel_gpu_census import census
 from otel_gpu_census.telemetry import census_metrics as metrics, nvml
 from otel_gpu_census.telemetry.sidecar import start_sidecar
 from ports import free_port
+import request_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "collector-config"
@@ -67,14 +68,14 @@ def names_in(expr: str):
     for m in re.finditer(r'__name__=~"([a-z_]+)\(_ratio\)\?"', expr):
         found |= {m.group(1), m.group(1) + "_ratio"}
     stripped = re.sub(r'\{[^}]*\}|\b(?:by|without)\s*\([^)]*\)', "", expr)
-    for m in re.finditer(r"\b((?:gpu_census|hw_gpu)_[a-z_]+)\b", stripped):
+    for m in re.finditer(r"\b((?:gpu_census|hw_gpu|gen_ai)_[a-z_]+)\b", stripped):
         found.add(m.group(1))
     return found
 
 
 def test_dashboard_reads_only_metrics_the_code_emits():
     dash, queries = dashboard_queries()
-    known = prometheus_names()
+    known = {**prometheus_names(), **request_metrics.prometheus_names()}
     titles = [p["title"] for p in dash["panels"]]
     assert any("busy is not full" in t.lower() for t in titles)
     assert any("copies by direction" in t.lower() for t in titles)

@@ -1,0 +1,189 @@
+"""`report --diff A B`: two census runs side by side, with the change in every figure.
+
+Each run is a census folder or one segment file; its figures are the totals of all its processes and
+devices. Rows per direction and host memory kind (count, bytes, time, and the copies' GB/s), kernels,
+memsets; with request counts, the same per request. Integers stay exact (B - A); a per-request
+quotient that does not divide keeps two decimals. The case this is for: an upgrade that copies the
+same bytes, but in cheaper copies (same bytes, less time, more GB/s).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, ProcessCensus, Stat
+from .report import DIRECTION_LABELS, HOST_DIRECTIONS, UNITS_NOTE, exact, per, seconds
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str
+    censuses: List[ProcessCensus]
+    requests: Optional[int] = None
+
+    def totals(self) -> DeviceTotals:
+        out = DeviceTotals(device_id=-1)
+        for c in self.censuses:
+            out = out + c.totals()
+        return out
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str          # stable key, e.g. copies.dtoh.pageable.bytes
+    label: str
+    unit: str            # count, bytes, ns, GB/s
+    a: Optional[float]
+    b: Optional[float]
+
+    @property
+    def change(self):
+        return None if self.a is None or self.b is None else self.b - self.a
+
+
+def _stat_rows(key: str, label: str, a: Stat, b: Stat, rate: bool = True, indent: str = "") -> List[Row]:
+    rows = [Row(f"{key}.count", indent + label, "count", a.count, b.count),
+            Row(f"{key}.bytes", indent + "  bytes", "bytes", a.bytes, b.bytes),
+            Row(f"{key}.ns", indent + "  time s", "ns", a.ns, b.ns)]
+    if rate and (a.ns or b.ns):
+        rows.append(Row(f"{key}.gb_per_s", indent + "  GB/s", "GB/s", a.bytes / a.ns if a.ns else None,
+                        b.bytes / b.ns if b.ns else None))    # None: no copies, no rate
+    return rows
+
+
+def rows(a: DeviceTotals, b: DeviceTotals) -> List[Row]:
+    """Every figure either run has, in report order."""
+    out = [Row("kernels.count", "kernels", "count", a.kernel_count, b.kernel_count),
+           Row("kernels.ns", "kernel time s", "ns", a.kernel_ns, b.kernel_ns),
+           Row("busy.ns", "busy s", "ns", a.busy_ns, b.busy_ns)]
+    if a.graph_launches or b.graph_launches:
+        out += [Row("graphs.count", "graph launches", "count", a.graph_launches, b.graph_launches),
+                Row("graphs.ns", "graph time s", "ns", a.graph_ns, b.graph_ns)]
+    for d in DIRECTIONS:
+        sa, sb = a.copies.get(d), b.copies.get(d)
+        if not (sa.count or sb.count):
+            continue
+        out += _stat_rows(f"copies.{d}", f"{DIRECTION_LABELS[d]} copies", sa, sb)
+        if d in HOST_DIRECTIONS:
+            for m in MEMORY_KINDS:
+                ma, mb = a.copies.get(d, m), b.copies.get(d, m)
+                if ma.count or mb.count:
+                    out += _stat_rows(f"copies.{d}.{m}", f"{m} host copies", ma, mb, indent="  ")
+    if a.memset.count or b.memset.count:
+        out += _stat_rows("memset", "memsets", a.memset, b.memset, rate=False)
+    if a.peer_recv.count or b.peer_recv.count:
+        out += _stat_rows("peer_received", "peer-to-peer received", a.peer_recv, b.peer_recv)
+    return out
+
+
+def _value(unit: str, v) -> str:
+    if v is None:
+        return "-"
+    if unit == "ns":
+        return seconds(v)
+    if unit == "GB/s":
+        return f"{v:.2f}"
+    return exact(v)
+
+
+def _change(r: Row, a, b) -> str:
+    if a is None or b is None:
+        return "-"
+    ch = b - a
+    if r.unit == "ns":
+        text = ("+" if ch > 0 else "") + seconds(ch)
+    elif r.unit == "GB/s":
+        text = f"{ch:+.2f}"
+    else:
+        text = ("+" if ch > 0 else "") + exact(ch)
+    if a and ch:
+        text += f" ({100.0 * ch / a:+.1f}%)"
+    return text
+
+
+def _table(rs: Sequence[Row], value: Callable[[Row], Tuple[float, float]]) -> List[str]:
+    lines = [f"{'':<30}{'A':>22}{'B':>22}   change"]
+    for r in rs:
+        a, b = value(r)
+        lines.append(f"{r.label:<30}{_value(r.unit, a):>22}{_value(r.unit, b):>22}   {_change(r, a, b)}")
+    return lines
+
+
+def _describe(run: Run) -> str:
+    n = len(run.censuses)
+    req = f", {run.requests:,} requests" if run.requests else ""
+    return f"{run.source}  ({n} process{'es' if n != 1 else ''}{req})"
+
+
+def render_text(a: Run, b: Run) -> str:
+    rs = rows(a.totals(), b.totals())
+    lines = ["otel-gpu-census diff", f"  A: {_describe(a)}", f"  B: {_describe(b)}", f"({UNITS_NOTE})", ""]
+    lines += _table(rs, lambda r: (r.a, r.b))
+    if a.requests and b.requests:
+        lines += ["", f"per request (A: {a.requests:,}, B: {b.requests:,}):"]
+        lines += _table([r for r in rs if r.unit != "GB/s"],
+                        lambda r: (per(r.a, a.requests), per(r.b, b.requests)))
+    return "\n".join(lines) + "\n"
+
+
+def to_dict(a: Run, b: Run) -> dict:
+    out_rows = []
+    for r in rows(a.totals(), b.totals()):
+        d = {"figure": r.figure, "unit": r.unit, "a": r.a, "b": r.b, "change": r.change}
+        if a.requests and b.requests and r.unit != "GB/s":
+            pa, pb = per(r.a, a.requests), per(r.b, b.requests)
+            d.update(a_per_request=pa, b_per_request=pb, change_per_request=pb - pa)
+        out_rows.append(d)
+    side = lambda run: {"source": run.source, "processes": len(run.censuses), "requests": run.requests}  # noqa: E731
+    return {"units": {"bytes": "exact", "time": "ns", "GB/s": "bytes per ns"}, "a": side(a), "b": side(b),
+            "rows": out_rows}
+
+
+class RunError(Exception):
+    pass
+
+
+def load_run(path: str, requests: Optional[int] = None) -> Run:
+    """A run from a census folder or one segment file; RunError (one line) when it has no segment."""
+    from . import reader
+    if os.path.isfile(path):
+        try:
+            return Run(path, [reader.read_segment(path)], requests)
+        except reader.SegmentError as e:
+            raise RunError(f"could not read {e.path}: {e.reason}") from None
+    try:
+        d = reader.readable_dir(path)
+    except reader.CensusDirError as e:
+        raise RunError(str(e)) from None
+    censuses, errors = reader.scan(d)
+    if errors:
+        raise RunError(f"could not read {errors[0].path}: {errors[0].reason}")
+    if not censuses:
+        raise RunError(f"no census segment in {d}")
+    return Run(str(d), censuses, requests)
+
+
+def run_diff(args, say: Callable[[str], None]) -> int:
+    """The CLI's `report --diff A B [--requests N|NA,NB] [--json]`: 0, or 1 after one line on stderr."""
+    import json
+    import sys
+    if args.pid is not None or getattr(args, "request_log", None) or getattr(args, "sm_occupancy", None) is not None:
+        say("--diff compares whole runs: --pid, --request-log and --sm-occupancy do not go with it")
+        return 2
+    if args.dir:
+        say(f"--diff takes its two runs itself; drop the extra argument {args.dir!r}")
+        return 2
+    counts = args.requests if isinstance(args.requests, tuple) else (args.requests, args.requests)
+    try:
+        a, b = (load_run(p, n) for p, n in zip(args.diff, counts))
+    except RunError as e:
+        say(str(e))
+        return 1
+    if args.json:
+        json.dump(to_dict(a, b), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(a, b))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,126 @@
+"""`report --diff A B`: the same bytes copied, in cheaper copies; every figure side by side with its
+exact change, per direction and host memory kind, and per request."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_gpu_census import diff, reader
+
+ROOT = Path(__file__).resolve().parents[1]
+MS = 1_000_000
+T0 = 10**12
+EACH = 3_375_000
+
+
+def _run(folder: Path, segments, records, mem: str, copy_ns: int, kernels: int = 100):
+    folder.mkdir(mode=0o700)
+    recs = [records.memcpy("dtoh", EACH, T0 + i * 10 * MS, T0 + i * 10 * MS + copy_ns, src="device", dst=mem,
+                           corr=i + 1) for i in range(64)]
+    recs += [records.kernel(T0 + i * MS, T0 + i * MS + 500_000, corr=1000 + i) for i in range(kernels)]
+    segments.segment(folder, recs, comm="llama-server")
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path, segments, records):
+    a = _run(tmp_path / "a", segments, records, "pageable", 1_000_000)     # 3.4 GB/s
+    b = _run(tmp_path / "b", segments, records, "pinned", 125_000)         # 27 GB/s
+    return a, b
+
+
+def _row(text: str, label: str, after: int = 0):
+    lines = text.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith(label))
+    return lines[i + after]
+
+
+def test_same_bytes_cheaper_copies(runs):
+    a, b = (diff.load_run(str(p), 64) for p in runs)
+    text = diff.render_text(a, b)
+    total = 64 * EACH
+    assert re.search(rf"^device-to-host copies\s+64\s+64\s+0$", text, re.M), text
+    assert re.search(rf"^  bytes\s+{total:,}\s+{total:,}\s+0$", text, re.M)
+    assert re.search(r"^  time s\s+0\.064000\s+0\.008000\s+-0\.056000 \(-87\.5%\)$", text, re.M)
+    assert re.search(r"^  GB/s\s+3\.38\s+27\.00\s+\+23\.62 \(\+700\.0%\)$", text, re.M)
+    # by host memory kind: all pageable in A, all pinned in B
+    assert re.search(rf"^  pageable host copies\s+64\s+0\s+-64 \(-100\.0%\)$", text, re.M)
+    assert re.search(rf"^    bytes\s+{total:,}\s+0\s+-{total:,} \(-100\.0%\)$", text, re.M)
+    assert re.search(rf"^  pinned host copies\s+0\s+64\s+\+64$", text, re.M)
+    per = text.split("per request (A: 64, B: 64):")[1]
+    assert re.search(rf"^  bytes\s+{EACH:,}\s+{EACH:,}\s+0$", per, re.M)
+    assert re.search(r"^kernels\s+1\.56\s+1\.56\s+0$", per, re.M)           # 100/64: two decimals
+    assert "GB/s" not in per
+    pinned_rate = text.split("  pinned host copies")[1].splitlines()[3]
+    assert re.fullmatch(r"    GB/s\s+-\s+27\.00\s+-", pinned_rate), pinned_rate    # A had no pinned copies
+
+
+def test_diff_as_json_keeps_integers_exact(runs):
+    a, b = (diff.load_run(str(p), n) for p, n in zip(runs, (64, 32)))
+    rows = {r["figure"]: r for r in diff.to_dict(a, b)["rows"]}
+    r = rows["copies.dtoh.bytes"]
+    assert (r["a"], r["b"], r["change"]) == (64 * EACH, 64 * EACH, 0)
+    assert (r["a_per_request"], r["b_per_request"], r["change_per_request"]) == (EACH, 2 * EACH, EACH)
+    assert rows["copies.dtoh.ns"]["change"] == 64 * 125_000 - 64 * MS
+    assert rows["copies.dtoh.pinned.count"]["a"] == 0 and rows["copies.dtoh.pinned.count"]["b"] == 64
+    assert "a_per_request" not in rows["copies.dtoh.gb_per_s"]
+    assert rows["copies.dtoh.pinned.gb_per_s"]["a"] is None and rows["copies.dtoh.pinned.gb_per_s"]["change"] is None
+    assert all(isinstance(r[k], int) for r in rows.values() if r["unit"] != "GB/s" for k in ("a", "b", "change"))
+
+
+def test_a_segment_file_is_a_run(runs):
+    seg = reader.segment_paths(runs[0])[0]
+    r = diff.load_run(str(seg))
+    assert r.source == str(seg) and len(r.censuses) == 1 and r.totals().copies.get("dtoh").count == 64
+
+
+# ---- the CLI -----------------------------------------------------------------------------------
+
+def _cli(*args, tmp_path=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", *args], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in p.stderr, p.stderr
+    return p
+
+
+def test_cli_diff_text_and_json(runs):
+    a, b = map(str, runs)
+    p = _cli("--diff", a, b, "--requests", "64")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("otel-gpu-census diff\n") and f"  A: {a}  (1 process, 64 requests)" in p.stdout
+    p = _cli("--diff", a, b, "--requests", "64,32", "--json")
+    assert p.returncode == 0
+    d = json.loads(p.stdout)
+    assert d["a"]["requests"] == 64 and d["b"]["requests"] == 32
+
+
+@pytest.mark.parametrize("extra, code, message", [
+    (["--request-log", "x.jsonl"], 2, "--diff compares whole runs"),
+    (["--pid", "5"], 2, "--diff compares whole runs"),
+    (["--requests", "1,2,3"], 2, "expected N or NA,NB"),
+    (["--requests", "0,4"], 2, "must be at least 1"),
+])
+def test_cli_diff_bad_arguments(runs, extra, code, message):
+    p = _cli("--diff", *map(str, runs), *extra)
+    assert p.returncode == code and message in p.stderr, p.stderr
+
+
+def test_cli_diff_missing_or_empty_run(runs, tmp_path):
+    p = _cli("--diff", str(runs[0]), str(tmp_path / "nope"))
+    assert p.returncode == 1 and "does not exist" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = _cli("--diff", str(empty), str(runs[1]))
+    assert p.returncode == 1 and "no census segment in" in p.stderr
+
+
+def test_cli_two_request_counts_need_diff(runs):
+    p = _cli(str(runs[0]), "--requests", "64,32")
+    assert p.returncode == 2 and "--requests NA,NB goes with --diff" in p.stderr
