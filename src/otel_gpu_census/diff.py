@@ -146,15 +146,15 @@ class RunError(Exception):
 
 def load_run(path: str, requests: Optional[int] = None) -> Run:
     """A run from a census folder or one segment file; RunError (one line) when it has no segment."""
-    from . import reader
+    from .census import folder, reader
     if os.path.isfile(path):
         try:
             return Run(path, [reader.read_segment(path)], requests)
         except reader.SegmentError as e:
             raise RunError(f"could not read {e.path}: {e.reason}") from None
     try:
-        d = reader.readable_dir(path)
-    except reader.CensusDirError as e:
+        d = folder.readable_dir(path)
+    except folder.CensusDirError as e:
         raise RunError(str(e)) from None
     censuses, errors = reader.scan(d)
     if errors:

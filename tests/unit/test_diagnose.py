@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from otel_gpu_census import reader
+from otel_gpu_census.census import reader
 from otel_gpu_census.diagnose import Facts, diagnose, low_occupancy
 from otel_gpu_census.request_log import parse
 from serving_census import GPU0, MS, S, clocks, serve

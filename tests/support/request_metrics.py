@@ -5,25 +5,22 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Dict
 
-# The in-flight counter is being renamed engine-neutral (gpu_census.proxy.active_requests ->
-# gpu_census.requests.in_flight) on another branch; until that lands, the old name stands for it.
-# Delete this alias when the code emits the new name.
-RENAMED = {"gpu_census.proxy.active_requests": "gpu_census.requests.in_flight"}
 UNIT_SUFFIX = {"By": "_bytes", "s": "_seconds"}
 
 
 def emitted() -> Dict[str, SimpleNamespace]:
-    """{otel name: (name, kind, unit, attributes)} of every metric point the proxy's instruments made."""
+    """{otel name: (name, kind, unit, attributes)} of every metric point the request instruments made
+    (the ones every integration records through telemetry.request)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_gpu_census.attribution import Share
+    from otel_gpu_census.attribution.ledger import COMPLETE, GpuCost
     from otel_gpu_census.census import Stat
-    from otel_gpu_census.proxy.gpu import COMPLETE, GpuCost
-    from otel_gpu_census.proxy.instruments import ProxyInstruments
+    from otel_gpu_census.telemetry.instruments import RequestInstruments
 
     mem = InMemoryMetricReader()
-    inst = ProxyInstruments(MeterProvider(metric_readers=[mem]))
+    inst = RequestInstruments(MeterProvider(metric_readers=[mem]))
     base = {"gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "llama.cpp"}
     inst.started(base)
     inst.finished(dict(base, **{"gen_ai.request.model": "m"}), 1.0, 0.2, 0.01)
@@ -35,7 +32,7 @@ def emitted() -> Dict[str, SimpleNamespace]:
             for m in sm.metrics:
                 kind = type(m.data).__name__
                 attrs = set().union(*(p.attributes.keys() for p in m.data.data_points))
-                name = RENAMED.get(m.name, m.name)
+                name = m.name
                 out[name] = SimpleNamespace(name=name, kind=kind, unit=m.unit, attributes=attrs)
     return out
 

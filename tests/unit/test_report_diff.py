@@ -13,7 +13,7 @@ import pytest
 
 from otel_gpu_census import diff, reader
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 T0 = 10**12
 EACH = 3_375_000

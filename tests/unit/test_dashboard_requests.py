@@ -8,7 +8,7 @@ from pathlib import Path
 
 import request_metrics
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "collector-config" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "collector-config" / "grafana-dashboard.json"
 
 
 def _panel(title: str) -> dict:

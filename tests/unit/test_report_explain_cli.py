@@ -12,7 +12,7 @@ import pytest
 
 from serving_census import clocks, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MB = 1_000_000
 
 
