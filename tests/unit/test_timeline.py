@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from otel_gpu_census import explain, reader, report, timeline
+from otel_gpu_census import explain, report, timeline
+from otel_gpu_census.census import reader
 from otel_gpu_census.diagnose import Facts
 from otel_gpu_census.request_log import RequestRecord
 from serving_census import GPU0, MS, S, clocks, to_wall
