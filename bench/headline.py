@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""The headline figures, machine-readable: bench/results/headline.json, recomputed from the raw results.
+
+    python bench/headline.py --check     exit 1 when headline.json differs from what the raw files give
+    python bench/headline.py --write     rewrite headline.json from the raw files
+    python bench/headline.py --set NAME=VALUE --source bench/results/FILE [--date YYYY-MM-DD]
+                             [--command CMD] [--device DEV] [--unit UNIT] [--target T|null]
+                                         record a new measurement of NAME (or a new name)
+
+headline.json is a list of objects with exactly the keys name, value, target, unit, date, device,
+command, source (the raw results file under bench/results/ the value comes from). Each value is the
+one measured, whether or not it meets its target.
+
+Most entries have a rule here that derives the value from its raw file. An entry whose source is
+not its rule's source (a measurement recorded with --set) is kept as it is by --write and --check;
+--check still checks its schema and that its source exists. --set takes --date, --command and
+--device from the source's own `date`, `command` and `environment.nvidia_smi` when they are there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+HEADLINE = RESULTS / "headline.json"
+KEYS = ("name", "value", "target", "unit", "date", "device", "command", "source")
+REQUIRED = ("llamacpp_default_throughput_ratio", "vllm_default_throughput_ratio",
+            "llamacpp_proxy_throughput_ratio", "sidecar_cpu_pct_of_one_core",
+            "micro_eager_us_per_launch_default", "micro_graph_us_per_node_default")
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# The machine of docs/measurements.md, for raw files that do not record their own.
+H200 = "1 × NVIDIA H200 (driver 580.159.04, CUDA 13.0)"
+
+
+class HeadlineError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HeadlineError(f"{rel(path)}: no such file")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HeadlineError(f"{rel(path)}: not readable JSON ({e})")
+
+
+def rel(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _row(raw: Dict[str, Any], **match: str) -> Dict[str, Any]:
+    rows = [r for r in raw.get("rows", []) if all(r.get(k) == v for k, v in match.items())]
+    if len(rows) != 1:
+        raise HeadlineError(f"expected one row with {match}, found {len(rows)}")
+    return rows[0]
+
+
+# ---- the rules: one raw file -> one value ------------------------------------------------------
+
+def kernel_phase_ratio(raw: Dict[str, Any]) -> float:
+    """Traced / untraced output tok/s of each valid pair of loads on one server, median."""
+    row = _row(raw, workload="server/llama.cpp kernel tracing, one server")
+    ratios = [p["traced"]["output_tok_s"] / p["untraced"]["output_tok_s"]
+              for p in row["per_pair"] if p.get("valid")]
+    return round(statistics.median(ratios), 3)
+
+
+def proxy_pair_ratio(raw: Dict[str, Any]) -> float:
+    """Through-the-proxy / direct output tok/s of each pair of loads on one server, median."""
+    by_pair: Dict[int, Dict[str, float]] = {}
+    for run in raw["runs"]:
+        for load in run["loads"]:
+            if load.get("load", {}).get("errors") == 0:
+                by_pair.setdefault(load["pair"], {})[load["via"]] = load["load"]["output_tok_s"]
+    ratios = [p["proxy"] / p["direct"] for p in by_pair.values() if "proxy" in p and "direct" in p]
+    return round(statistics.median(ratios), 3)
+
+
+def sidecar_pct(raw: Dict[str, Any]) -> float:
+    return round(100.0 * raw["cpu_s"] / raw["wall_s"], 3)
+
+
+def micro_us_added(workload: str) -> Callable[[Dict[str, Any]], float]:
+    """µs the default census adds per launch (eager) or per graph node against plain, the median over
+    same-round pairs of (census time - plain time) / launches: what bench/micro.py reports as the
+    census row's us_added_per_launch."""
+    def value(raw: Dict[str, Any]) -> float:
+        cfg = raw["config"]
+        launches = cfg["eager_n"] if workload == "eager" else cfg["graph_nodes"] * cfg["graph_replays"]
+        times: Dict[tuple, float] = {}
+        for r in raw["runs"]:
+            if r.get("rc") == 0 and r.get(f"{workload}_s"):
+                times[(r["round"], r["variant"])] = statistics.median(r[f"{workload}_s"])
+        added = [(times[(k, "census")] - times[(k, "plain")]) / launches * 1e6
+                 for k in sorted({k for k, _ in times}) if (k, "census") in times and (k, "plain") in times]
+        return round(statistics.median(added), 3)
+    return value
+
+
+def vllm_separate_servers(raw: Dict[str, Any]) -> float:
+    """Separate servers give no pairs: each census load over the median plain load of its own
+    machine (the machines differ ~35 % in plain throughput), median over every census load."""
+    ratios = []
+    for m in raw["machines"]:
+        plain = statistics.median(m["loads"]["plain"])
+        ratios += [c / plain for c in m["loads"]["census"]]
+    return round(statistics.median(ratios), 3)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    source: str                     # under bench/results/
+    value: Callable[[Dict[str, Any]], float]
+    target: Optional[float]
+    unit: str
+    command: Optional[str] = None   # None: the raw file's own `command`
+    date: Optional[str] = None      # None: the raw file's own `date`
+    why_no_target: str = ""
+
+
+RULES = (
+    Rule("llamacpp_default_throughput_ratio", "2026-11-29-h200-server-llamacpp-kernel-phase.json",
+         kernel_phase_ratio, 0.99, "ratio of output tok/s, every kernel traced / untraced (one server)"),
+    Rule("vllm_default_throughput_ratio", "2026-12-01-h200-vllm-separate-servers.json",
+         vllm_separate_servers, 0.99, "ratio of output tok/s, census / plain (separate servers)",
+         command="separate servers, not pairs on one GPU: plain vLLM and vLLM under `otel-gpu-census run`, "
+                 "one server per load, 32 streaming clients x 12 requests x 256 tokens, on two H200 machines; "
+                 "value = median over the 5 census loads of load / median plain load of the same machine "
+                 "(per machine: 0.884 and 0.778); figures transcribed from the 2026-12-01 design notes"),
+    Rule("llamacpp_proxy_throughput_ratio", "2026-11-29-h200-server-llamacpp-proxy-one-server.json",
+         proxy_pair_ratio, 0.99, "ratio of output tok/s, through the proxy / direct (one server)"),
+    Rule("sidecar_cpu_pct_of_one_core", "2026-11-29-h200-sidecar-cpu-2.json",
+         sidecar_pct, 1.0, "% of one core (8 processes, 1 s interval, NVML and GPM on)",
+         command="bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 25", date="2026-11-29"),
+    Rule("micro_eager_us_per_launch_default", "2026-11-29-h200-micro.json",
+         micro_us_added("eager"), None, "µs added per eager kernel launch vs plain",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_graph_us_per_node_default", "2026-11-29-h200-micro.json",
+         micro_us_added("graph"), None, "µs added per CUDA-graph kernel node vs plain",
+         why_no_target="the overhead issue sets none per node; its target is ≥ 0.99 of server throughput"),
+)
+
+
+def source_device(raw: Any) -> Optional[str]:
+    smi = raw.get("environment", {}).get("nvidia_smi") if isinstance(raw, dict) else None
+    if not isinstance(smi, dict) or not smi.get("gpu"):
+        return None
+    extra = ", ".join(x for x in (f"driver {smi['driver']}" if smi.get("driver") else "",
+                                  f"CUDA {smi['driver_cuda']}" if smi.get("driver_cuda") else "") if x)
+    return f"{smi.get('gpu_count', 1)} × {smi['gpu']}" + (f" ({extra})" if extra else "")
+
+
+def compute(rule: Rule) -> Dict[str, Any]:
+    path = RESULTS / rule.source
+    raw = load_json(path)
+    try:
+        value = rule.value(raw)
+    except HeadlineError as e:
+        raise HeadlineError(f"{rel(path)}: {e}")
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, statistics.StatisticsError) as e:
+        raise HeadlineError(f"{rel(path)}: cannot derive {rule.name} ({type(e).__name__}: {e})")
+    date = rule.date or str(raw.get("date", ""))[:10]
+    command = rule.command or raw.get("command")
+    if not DATE.match(date) or not command:
+        raise HeadlineError(f"{rel(path)}: no date or command for {rule.name}")
+    return {"name": rule.name, "value": value, "target": rule.target, "unit": rule.unit, "date": date,
+            "device": source_device(raw) or H200, "command": command, "source": rel(path)}
+
+
+# ---- the file ----------------------------------------------------------------------------------
+
+def problems(entries: Any) -> List[str]:
+    """Everything wrong with the schema of a headline list (empty: fine)."""
+    if not isinstance(entries, list):
+        return ["not a JSON list"]
+    out, seen = [], set()
+    for i, e in enumerate(entries):
+        where = f"entry {i}" + (f" ({e.get('name')})" if isinstance(e, dict) and e.get("name") else "")
+        if not isinstance(e, dict) or tuple(sorted(e)) != tuple(sorted(KEYS)):
+            out.append(f"{where}: keys must be exactly {', '.join(KEYS)}")
+            continue
+        for k in ("name", "unit", "device", "command", "source"):
+            if not isinstance(e[k], str) or not e[k].strip():
+                out.append(f"{where}: {k} must be a non-empty string")
+        for k in ("value", "target"):
+            v = e[k]
+            if v is None and k == "target":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                out.append(f"{where}: {k} must be a finite number" + (" or null" if k == "target" else ""))
+        if not isinstance(e["date"], str) or not DATE.match(e["date"]):
+            out.append(f"{where}: date must be YYYY-MM-DD")
+        if isinstance(e["source"], str) and e["source"].strip():
+            src = (REPO / e["source"]).resolve()
+            if RESULTS.resolve() not in src.parents or src == HEADLINE.resolve() or not src.is_file():
+                out.append(f"{where}: source {e['source']} is not a results file under bench/results/")
+        if e["name"] in seen:
+            out.append(f"{where}: name appears twice")
+        seen.add(e["name"])
+    missing = [n for n in REQUIRED if n not in seen]
+    if missing:
+        out.append("missing: " + ", ".join(missing))
+    return out
+
+
+def expected(current: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """What the file should hold: every rule's entry computed from its raw file, except where the
+    file records a newer measurement of that name from another source (--set); those are kept."""
+    by_name = {e.get("name"): e for e in current if isinstance(e, dict)}
+    rules = {r.name: r for r in RULES}
+    out = []
+    for r in RULES:
+        e = by_name.get(r.name)
+        out.append(e if e is not None and e.get("source") != f"bench/results/{r.source}" else compute(r))
+    out += [e for e in current if isinstance(e, dict) and e.get("name") not in rules]
+    return out
+
+
+def read_headline(path: Path) -> List[Dict[str, Any]]:
+    if not path.exists():
+        return []
+    entries = load_json(path)
+    if not isinstance(entries, list):
+        raise HeadlineError(f"{rel(path)}: not a JSON list")
+    return entries
+
+
+def write_headline(path: Path, entries: List[Dict[str, Any]]) -> None:
+    bad = problems(entries)
+    if bad:
+        raise HeadlineError(f"refusing to write {rel(path)}: {bad[0]}")
+    text = "[\n" + ",\n".join("  " + json.dumps(e, ensure_ascii=False) for e in entries) + "\n]\n"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def check(path: Path) -> int:
+    if not path.exists():
+        print(f"headline: {rel(path)} does not exist (run --write)")
+        return 1
+    current = read_headline(path)
+    diffs = problems(current)
+    want = expected(current)
+    have = {e.get("name"): e for e in current if isinstance(e, dict)}
+    for w in want:
+        h = have.get(w["name"])
+        if h is None:
+            continue                               # reported by problems() or below
+        for k in KEYS:
+            if h.get(k) != w[k]:
+                diffs.append(f"{w['name']}: {k} is {h.get(k)!r} in the file, the raw files give {w[k]!r}")
+    if [e.get("name") for e in current if isinstance(e, dict)] != [w["name"] for w in want]:
+        diffs.append("entries missing or out of order (run --write)")
+    for d in diffs:
+        print(f"headline: {d}")
+    if not diffs:
+        print(f"headline: {rel(path)} matches the raw results ({len(current)} entries)")
+    return 1 if diffs else 0
+
+
+def number(text: str, what: str, allow_null: bool = False) -> Optional[float]:
+    if allow_null and text.strip().lower() in ("null", "none"):
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v):
+        raise HeadlineError(f"{what} must be a finite number{' or null' if allow_null else ''}, got {text!r}")
+    return v
+
+
+def set_entry(path: Path, a: argparse.Namespace) -> Dict[str, Any]:
+    name, sep, value_text = a.set.partition("=")
+    name = name.strip()
+    if not sep or not re.fullmatch(r"[a-z0-9_]+", name):
+        raise HeadlineError(f"--set wants NAME=VALUE with NAME in [a-z0-9_], got {a.set!r}")
+    value = number(value_text, f"the value of {name}")
+    if a.date is not None and not DATE.match(a.date):
+        raise HeadlineError(f"--date must be YYYY-MM-DD, got {a.date!r}")
+    if not a.source:
+        raise HeadlineError("--set needs --source (the raw results file under bench/results/)")
+    src = Path(a.source)
+    src = (src if src.is_absolute() else Path.cwd() / src).resolve()
+    if RESULTS.resolve() not in src.parents or src == HEADLINE.resolve() or not src.is_file():
+        raise HeadlineError(f"--source {a.source}: not a results file under bench/results/")
+    rule = next((r for r in RULES if r.name == name), None)
+    if rule and src == (RESULTS / rule.source).resolve():
+        raise HeadlineError(f"{name} is derived from {rel(src)} by this script: run --write instead")
+    try:
+        raw = json.loads(src.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        raw = None                                   # a log or table: take everything from the flags
+    entries = read_headline(path)
+    old = next((e for e in entries if isinstance(e, dict) and e.get("name") == name), {})
+    date = a.date or (str(raw.get("date", ""))[:10] if isinstance(raw, dict) else "")
+    command = a.command or (raw.get("command") if isinstance(raw, dict) else None)
+    device = a.device or source_device(raw) or old.get("device")
+    unit = a.unit or old.get("unit") or (rule.unit if rule else None)
+    target = (number(a.target, "--target", allow_null=True) if a.target is not None
+              else old.get("target", rule.target if rule else None))
+    for flag, v in (("--date", date), ("--command", command), ("--device", device), ("--unit", unit)):
+        if not v:
+            raise HeadlineError(f"--set {name}: give {flag} (the source does not say)")
+    if not DATE.match(date):
+        raise HeadlineError(f"--set {name}: the source's date {date!r} is not YYYY-MM-DD: give --date")
+    entry = {"name": name, "value": value, "target": target, "unit": unit, "date": date,
+             "device": device, "command": command, "source": rel(src)}
+    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") == name)] + [entry]
+    write_headline(path, expected(entries))
+    return entry
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 if headline.json differs from the raw files")
+    mode.add_argument("--write", action="store_true", help="rewrite headline.json from the raw files")
+    mode.add_argument("--set", metavar="NAME=VALUE", help="record a new measurement of NAME")
+    ap.add_argument("--source", help="with --set: the raw results file under bench/results/")
+    ap.add_argument("--date", help="with --set: YYYY-MM-DD (default: the source's date)")
+    ap.add_argument("--command", help="with --set: the command that measured it (default: the source's)")
+    ap.add_argument("--device", help="with --set: the machine (default: the source's environment)")
+    ap.add_argument("--unit", help="with --set: the unit (default: the entry's present unit)")
+    ap.add_argument("--target", help="with --set: the target, a number or null (default: the present one)")
+    ap.add_argument("--file", type=Path, default=HEADLINE, help=argparse.SUPPRESS)   # for the tests
+    a = ap.parse_args(argv)
+    try:
+        if a.check:
+            return check(a.file)
+        if a.write:
+            write_headline(a.file, expected(read_headline(a.file)))
+            print(f"headline: wrote {rel(a.file)}")
+            return 0
+        e = set_entry(a.file, a)
+        print(f"headline: {e['name']} = {e['value']} ({e['source']}), wrote {rel(a.file)}")
+        return 0
+    except HeadlineError as e:
+        print(f"headline: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
