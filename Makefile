@@ -1,5 +1,7 @@
 # make test: a fresh virtual environment with the package and its test extras, then the CPU suite.
 # make gpu-test: the GPU suite (on a machine with an NVIDIA GPU, nvcc and PyTorch).
+# make test-vllm: the tests against the real vLLM classes, in a CPU-only environment of its own
+#   (tests/vllm_env.sh: torch 2.13.0 CPU, vLLM 0.25.1 --no-deps and the packages its imports need).
 PYTHON ?= python3
 VENV   ?= .venv
 
@@ -14,7 +16,12 @@ install: $(VENV)/.installed
 test: install
 	$(VENV)/bin/python -m pytest -q
 
+# pytest's exit 5 (no tests collected) is not a failure: the vLLM tests are added file by file.
+test-vllm:
+	tests/vllm_env.sh .venv-vllm
+	.venv-vllm/bin/python -m pytest -q tests/integration/test_vllm_*.py; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+
 gpu-test:
 	$(PYTHON) -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py
 
-.PHONY: install test gpu-test
+.PHONY: install test test-vllm gpu-test

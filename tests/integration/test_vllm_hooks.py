@@ -125,13 +125,8 @@ def test_the_engine_side_reads_real_requests_and_outputs(monkeypatch):
     req = real_request("cmpl-77-0-a1b2c3d4", trace={"traceparent": f"00-{tid}-{psid}-01", OPERATION_HEADER: "chat"})
     sched = SimpleNamespace(vllm_config=SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny")))
     eng.request_added(sched, req)
-    so = SimpleNamespace(num_scheduled_tokens={req.request_id: 5})
-    try:                                                        # the real SchedulerOutput where it builds
-        from vllm.v1.core.sched.output import SchedulerOutput
-        so = SchedulerOutput.make_empty() if hasattr(SchedulerOutput, "make_empty") else so
-        so.num_scheduled_tokens = {req.request_id: 5}
-    except Exception:
-        pass
+    import support_vllm
+    so = support_vllm.make_scheduler_output({req.request_id: 5}, new_requests=[req])   # the real SchedulerOutput
     sid = eng.begin_execute(so)
     eng.end_step(sid)
     steps[sid] = Step(id=sid, kernel_count=12, kernel_ns=3400)
