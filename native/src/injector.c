@@ -26,7 +26,7 @@
 #include <cupti.h>
 
 #include "gpu_census.h"
-#include "cupti.h"
+#include "cupti_api.h"
 #include "internal.h"
 
 /* OFF: never started or a forked child. FAILED: switched itself off after starting (the flusher then

@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cupti.h"
+#include "cupti_api.h"
 #include "internal.h"
 
 #define GC_LAUNCH_SLOTS (1u << 20)     /* power of two: ~26 s of launches at 40,000 a second */

@@ -1,8 +1,8 @@
-/* cupti.h - the CUPTI layer: the one unit that knows CUPTI's two APIs (v1 single-subscriber, v2
+/* cupti_api.h - the CUPTI layer: the one unit that knows CUPTI's two APIs (v1 single-subscriber, v2
  * multi-subscriber from CUPTI 13.2) and resolves them at run time, so that a missing or old libcupti
  * means "census off", never a server that cannot start. The rest of the injector calls these. */
-#ifndef GC_CUPTI_H
-#define GC_CUPTI_H
+#ifndef GC_CUPTI_API_H
+#define GC_CUPTI_API_H
 
 #include <stdint.h>
 #include <cupti.h>

@@ -1,5 +1,5 @@
 /*
- * cupti.c - CUPTI resolved at run time (dlopen), behind one set of calls for both of its APIs.
+ * cupti_api.c - CUPTI resolved at run time (dlopen), behind one set of calls for both of its APIs.
  *
  * v2 (CUPTI >= 13.2) lets torch.profiler or Nsight subscribe beside us; v1 allows one subscriber per
  * process, so there we only probe (and give the slot back) unless steps need API callbacks.
@@ -10,7 +10,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "cupti.h"
+#include "cupti_api.h"
 #include "internal.h"
 
 static struct {
