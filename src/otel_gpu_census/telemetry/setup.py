@@ -565,6 +565,11 @@ def _add_prometheus(out: Exporting, port: Optional[int], env: Mapping[str, str])
 # -------------------------------------------------------------------------------------------
 # both signals
 
+# Longest a stop waits for the last spans and metrics to leave. An OTLP exporter retries for up to
+# OTEL_EXPORTER_OTLP_TIMEOUT (10 s) per signal: with the collector down, a proxy's stop took 15-21 s.
+SHUTDOWN_S = 2.0
+
+
 @dataclass
 class Telemetry:
     """A tracer provider and a meter provider, where each signal goes, and how to shut them down."""
@@ -588,10 +593,6 @@ class Telemetry:
             trace_log.warning("telemetry: the collector did not take the last spans and metrics within %g s; "
                               "stopping without them", timeout_s)
 
-
-# Longest a stop waits for the last spans and metrics to leave. An OTLP exporter retries for up to
-# OTEL_EXPORTER_OTLP_TIMEOUT (10 s) per signal: with the collector down, a proxy's stop took 15-21 s.
-SHUTDOWN_S = 2.0
 
 
 def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True,
