@@ -4,7 +4,9 @@ The census knows what the GPU did and when; only the caller knows when requests 
 request log gives that, so the report can put requests in flight next to GPU time and check whether
 copies follow request boundaries. Two forms are read:
 
-* JSON Lines, one request per line, times in Unix nanoseconds (the OTLP field names):
+* JSON Lines, one request per line, times in Unix nanoseconds (the OTLP field names), as
+  ``bench/server/load.py --request-log`` and the vLLM integration (``*.requests.jsonl`` beside the
+  engine's segment, its last line the ledger's summary) write them:
   ``{"start_time_unix_nano": 1764400000123456789, "end_time_unix_nano": 1764400004123456789,
   "first_token_time_unix_nano": 1764400000623456789}`` (the first token is optional);
 * OTLP JSON traces (what the Collector's file exporter writes, one export a line, or one object):
@@ -107,6 +109,8 @@ def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord
         where = f"{name}, line {i}" if i else name
         if not isinstance(doc, dict):
             raise RequestLogError(f"{where}: expected a JSON object per line")
+        if "summary" in doc and "start_time_unix_nano" not in doc:
+            continue        # an engine integration's closing line (its ledger's totals), not a request
         try:
             out.extend(_spans(doc) if "resourceSpans" in doc else [_plain(doc)])
         except ValueError as e:

@@ -72,3 +72,12 @@ def test_peak_in_flight_inside_a_range():
     assert peak_in_flight(recs, 0, 100) == 2          # an end and a start at 10: not three at once
     assert peak_in_flight(recs, 35, 100) == 1
     assert peak_in_flight(recs, 30, 40) == 0
+
+
+def test_the_vllm_integrations_request_log_reads_with_its_summary_line():
+    from otel_gpu_census.request_log import parse
+    lines = ['{"id":"cmpl-a-0","start_time_unix_nano":1000,"end_time_unix_nano":5000,'
+             '"first_token_time_unix_nano":2000,"gpu":{"kernel.count":3}}',
+             '{"summary":{"method":"step_tokens","total":{"kernel.count":3}}}']
+    (r,) = parse(lines)
+    assert (r.start_ns, r.first_token_ns, r.end_ns) == (1000, 2000, 5000)
