@@ -299,7 +299,7 @@ def census_summary(pc: Any) -> Dict[str, Any]:
     by_dir = t.copies.by_direction()
     return {
         "pid": pc.pid, "comm": pc.comm, "state": pc.state_name, "torn": pc.torn, "alive": pc.alive,
-        "flags": pc.flags, "note": pc.note, "records": pc.records, "dropped": pc.dropped,
+        "flags": pc.flags, "records": pc.records, "dropped": pc.dropped,
         "buffers_refused": pc.buffers_refused, "kernels": t.kernel_count, "kernel_ns": t.kernel_ns,
         "busy_ns": t.busy_ns, "graph_launches": t.graph_launches,
         "copies": {d: {"count": s.count, "bytes": s.bytes} for d, s in by_dir.items() if s.count},

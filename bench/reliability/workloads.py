@@ -83,7 +83,7 @@ def _census_count(lib) -> dict:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
         from otel_gpu_census.census import reader
         pc = reader.read_segment(path)
-        out.update(kernels=sum(d.kernel_count for d in pc.devices.values()), flags=pc.flags, note=pc.note,
+        out.update(kernels=sum(d.kernel_count for d in pc.devices.values()), flags=pc.flags,
                    state=pc.state_name, dropped=pc.dropped, records=pc.records)
     except Exception as e:  # reader not importable here: the suite reads the file after exit
         out["error"] = f"{type(e).__name__}: {e}"

@@ -59,8 +59,7 @@ enum gc_mem {
 /* Segment state. */
 enum gc_state {
     GC_STATE_ACTIVE = 1,   /* writer alive and counting */
-    GC_STATE_EXITED = 2,   /* final flush done at exit: totals are complete */
-    GC_STATE_OFF = 3       /* census switched itself off; `note` says why; totals up to then hold */
+    GC_STATE_EXITED = 2    /* final flush done (at exit, or gc_finish): totals are complete */
 };
 
 /* Kernel tracing (OTEL_GPU_CENSUS_KERNELS). Copies and memsets are always traced exactly. */
@@ -72,7 +71,7 @@ enum gc_kernels {
 };
 
 /* Flags, cumulative. */
-#define GC_FLAG_CONFLICT        0x1u  /* another CUPTI client took the activity API */
+/* 0x1 is unused: no cheap, exact signal tells the injector that another CUPTI client took over */
 #define GC_FLAG_DROPPED         0x2u  /* CUPTI dropped records (buffers refused or full) */
 #define GC_FLAG_RING_OVERRUN    0x4u  /* a window or step slot was reused before readers could see it */
 #define GC_FLAG_GRAPH_LAUNCHES  0x8u  /* graphs reported per launch (GRAPH_TRACE) rather than per node */
@@ -154,7 +153,7 @@ typedef struct gc_segment {
     uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
     uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
                                    that finished before it is in the totals (0: not known yet) */
-    char     note[GC_NOTE_LEN]; /* why the census stepped aside, when it did */
+    char     reserved_text[GC_NOTE_LEN]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .census import (DIRECTIONS, FLAG_CONFLICT, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
-                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, STATE_OFF, DeviceTotals, ProcessCensus,
+from .census import (DIRECTIONS, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
+                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, ProcessCensus,
                      Stat, merge_devices)
 
 DIRECTION_LABELS = {
@@ -125,12 +125,6 @@ def process_warnings(c: ProcessCensus) -> List[str]:
     if c.torn:
         out.append("the segment was caught mid-update (its writer died or is stopped inside an update): "
                    "figures may be partly updated")
-    if c.flags & FLAG_CONFLICT:
-        out.append("another CUPTI client (torch.profiler, Nsight, ...) took the activity API: GPU work while it "
-                   "held it is missing here" + (f" — {c.note}" if c.note else ""))
-    elif c.state == STATE_OFF:
-        out.append("the census switched itself off" + (f": {c.note}" if c.note else "")
-                   + "; figures up to then hold")
     if c.dropped:
         out.append(f"CUPTI dropped {c.dropped:,} activity records: the totals are short by those records")
     elif c.flags & FLAG_DROPPED and not c.buffers_refused:
@@ -156,11 +150,8 @@ def no_activity_reason(censuses: Sequence[ProcessCensus], hint: Optional[str] = 
     if not censuses:
         why = hint or "no census segment was found (no process under the census initialised CUDA)"
     else:
-        offs = [f"pid {c.pid}: {c.note}" for c in censuses if c.note]
         why = (f"{len(censuses)} process(es) initialised CUDA under the census but launched no kernels, "
                "copies or memsets")
-        if offs:
-            why += " (" + "; ".join(offs) + ")"
         if hint:
             why += f"; {hint}"
     return f"no GPU activity was recorded: {why}"
@@ -236,7 +227,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "records": c.records, "records_unknown": c.records_unknown, "dropped": c.dropped,
             "buffers": c.buffers, "buffers_refused": c.buffers_refused,
             "step_unmatched": c.step_unmatched, "window_late": c.window_late,
-            "flags": c.flags, "note": c.note, "warnings": process_warnings(c),
+            "flags": c.flags, "warnings": process_warnings(c),
             "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED)
                         for _, d in sorted(c.devices.items())],
         })

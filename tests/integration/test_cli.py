@@ -317,15 +317,13 @@ def test_report_of_a_dead_process_without_final_flush_says_so(env, census_dir, s
     assert "ended without the census's final flush" in p.stdout
 
 
-def test_report_warnings_for_dropped_records_and_conflict(env, census_dir, segments, records):
+def test_report_warnings_for_dropped_records(env, census_dir, segments, records):
     def trouble(seg):
         seg.dropped = 1234
-        seg.flags |= 0x1 | 0x2
-        seg.note = b"another CUPTI subscriber (torch.profiler?) took the activity API"
+        seg.flags |= 0x2
     _write(segments, census_dir, [records.kernel(T0, T0 + MS)], edit=trouble)
     p = run_cli(env, "report", str(census_dir))
     assert "CUPTI dropped 1,234 activity records" in p.stdout
-    assert "another CUPTI client" in p.stdout and "torch.profiler?" in p.stdout
 
 
 def test_report_empty_folder_says_no_gpu_activity(env, census_dir):

@@ -51,7 +51,7 @@ class FakeGpu:
             wall_start_ns=self.wall_ref, wall_update_ns=update_ns, clock_ref_gpu_ns=GPU_REF,
             clock_ref_wall_ns=self.wall_ref, cupti_version=130000, state=STATE_ACTIVE, flags=0, records=0,
             records_unknown=0, dropped=0, buffers=0, buffers_refused=0, step_unmatched=0, window_late=0,
-            step_max=0, last_gpu_ns=last, note="", devices={}, windows=windows, alive=True,
+            step_max=0, last_gpu_ns=last, devices={}, windows=windows, alive=True,
             complete_wall_ns=0 if self.complete_lag_ns is None else time.time_ns() - self.complete_lag_ns)
 
     def read(self):

@@ -57,7 +57,7 @@ def test_a_request_span_says_how_much_of_its_time_kernels_were_traced():
         path="/x", pid=7, ppid=1, comm="llama-server", proc_start_ticks=1, wall_start_ns=0, wall_update_ns=3 * 10**9,
         clock_ref_gpu_ns=0, clock_ref_wall_ns=0, cupti_version=130500, state=1, flags=0, records=0,
         records_unknown=0, dropped=0, buffers=0, buffers_refused=0, step_unmatched=0, window_late=0, step_max=0,
-        last_gpu_ns=0, note="", devices={}, windows=windows, complete_wall_ns=3 * 10**9,
+        last_gpu_ns=0, devices={}, windows=windows, complete_wall_ns=3 * 10**9,
         kernels=KernelTracing(KERNELS_SAMPLED, 100, 1000, origin_gpu_ns=0, traced_ns=300 * MS))
     span = (0, 100 * W)
     cost = cost_of("r", span, [base], [Interval(("r", "all"), *span, group="r")])

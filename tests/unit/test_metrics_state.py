@@ -30,7 +30,7 @@ def proc(pid, busy_ns=0, htod=0, kernels=1, start_ticks=100, wall_start_ns=0, al
         path=f"/x/{pid}", pid=pid, ppid=1, comm=comm, proc_start_ticks=start_ticks, wall_start_ns=wall_start_ns,
         wall_update_ns=0, clock_ref_gpu_ns=0, clock_ref_wall_ns=0, cupti_version=1, state=state, flags=0,
         records=0, records_unknown=0, dropped=0, buffers=0, buffers_refused=0, step_unmatched=0,
-        window_late=0, step_max=0, last_gpu_ns=0, note="", devices={0: d}, alive=alive, kernels=tracing,
+        window_late=0, step_max=0, last_gpu_ns=0, devices={0: d}, alive=alive, kernels=tracing,
         complete_wall_ns=complete_wall_ns)
 
 

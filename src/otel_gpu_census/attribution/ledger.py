@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..census import FLAG_CONFLICT, FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, folder, proctree, reader
+from ..census import FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, folder, proctree, reader
 from .shares import NOTHING, Share
 from .windows import METHOD as WINDOW_METHOD
 from .windows import Interval, attribute
@@ -198,8 +198,6 @@ def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[Process
             flags.append("window ring overrun")
         if c.flags & FLAG_DROPPED:
             flags.append("CUPTI dropped records")
-        if c.flags & FLAG_CONFLICT:
-            flags.append("another CUPTI client took over")
         if c.torn:
             flags.append("torn read")
         if c.window_late:

@@ -10,20 +10,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from .._native import consts as _c
+
 # Copy directions and host memory kinds, in the order of the C enums gc_dir / gc_mem.
 DIRECTIONS: Tuple[str, ...] = ("htod", "dtoh", "dtod", "ptop", "htoh", "other")
 MEMORY_KINDS: Tuple[str, ...] = ("pageable", "pinned", "device", "other")
 
-STATE_ACTIVE, STATE_EXITED, STATE_OFF = 1, 2, 3
-STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited", STATE_OFF: "off"}
-
-# Kernel tracing modes (gc_kernels); copies and memsets are always traced exactly.
-KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = 0, 1, 2
-
-FLAG_CONFLICT = 0x1
-FLAG_DROPPED = 0x2
-FLAG_RING_OVERRUN = 0x4
-FLAG_GRAPH_LAUNCHES = 0x8
+# Segment states, kernel tracing modes (copies and memsets are always traced exactly) and flags: the
+# values of gpu_census.h, read from the header itself (cffi), never copied by hand.
+STATE_ACTIVE, STATE_EXITED = _c.GC_STATE_ACTIVE, _c.GC_STATE_EXITED
+STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
+KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
+FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
 
 
 @dataclass(frozen=True)
@@ -233,7 +231,6 @@ class ProcessCensus:
     window_late: int
     step_max: int
     last_gpu_ns: int
-    note: str
     devices: Dict[int, DeviceTotals]
     windows: List[Window] = field(default_factory=list)     # sorted by start_ns
     steps: Dict[int, Step] = field(default_factory=dict)

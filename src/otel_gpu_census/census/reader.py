@@ -291,7 +291,7 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
                               origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside),
-        note=_cstr(seg.note), devices=devices, windows=windows, steps=steps,
+        devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )
 
