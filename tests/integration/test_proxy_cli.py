@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy_process import listening_port, start_proxy
 from llama_standin import Standin
 from otlp_receiver import OtlpReceiver
 from ports import free_port
@@ -84,39 +85,16 @@ def test_options_parse_into_a_config():
     assert (c.upstream, c.upstream_pid, c.api_prefix) == ("http://127.0.0.1:8080", 77, "/v")
 
 
-def _start(args, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = str(SRC)
-    env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "otel_gpu_census.proxy", *args], env=env,
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-
-def _port_from(proc):
-    deadline = time.monotonic() + 20
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"listening on http://[^:]+:(\d+)", line)
-        if m:
-            return int(m.group(1)), lines
-    proc.kill()
-    raise AssertionError("proxy did not start: " + "".join(lines))
-
-
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_command_exports_spans_from_the_environment_and_stops_cleanly(protocol):
     st = Standin().start()
     with OtlpReceiver() as rx:
         endpoint = rx.grpc_endpoint if protocol == "grpc" else f"http://127.0.0.1:{rx.http_port}"
-        proc = _start(["--upstream", st.url, "--listen", "127.0.0.1:0", "--no-gpu"],
+        proc = start_proxy(["--upstream", st.url, "--listen", "127.0.0.1:0", "--no-gpu"],
                       {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
                        "OTEL_SERVICE_NAME": "llama-front", "OTEL_BSP_SCHEDULE_DELAY": "100"})
         try:
-            port, _ = _port_from(proc)
+            port, _ = listening_port(proc)
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("POST", "/completion", json.dumps({"prompt": "x", "stream": True}).encode())
             assert c.getresponse().read().count(b"data: ") == 6
@@ -134,7 +112,7 @@ def test_command_exports_spans_from_the_environment_and_stops_cleanly(protocol):
 
 
 def test_bad_upstream_is_a_message_not_a_traceback():
-    proc = _start(["--upstream", "ftp://nowhere:1"])
+    proc = start_proxy(["--upstream", "ftp://nowhere:1"])
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2 and "only http://" in err and "Traceback" not in err
 
@@ -144,7 +122,7 @@ def test_port_in_use_is_a_message_not_a_traceback():
     s.bind(("127.0.0.1", 0))
     s.listen()
     port = s.getsockname()[1]
-    proc = _start(["--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}"],
+    proc = start_proxy(["--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}"],
                   {"OTEL_TRACES_EXPORTER": "none"})
     out, err = proc.communicate(timeout=20)
     s.close()
@@ -157,12 +135,12 @@ def test_collector_down_costs_one_warning():
     dead.bind(("127.0.0.1", 0))
     dead_port = dead.getsockname()[1]
     dead.close()
-    proc = _start(["--upstream", st.url, "--listen", "127.0.0.1:0", "--no-gpu"],
+    proc = start_proxy(["--upstream", st.url, "--listen", "127.0.0.1:0", "--no-gpu"],
                   {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead_port}",
                    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "50",
                    "OTEL_EXPORTER_OTLP_TIMEOUT": "1"})
     try:
-        port, _ = _port_from(proc)
+        port, _ = listening_port(proc)
         for _ in range(3):
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("POST", "/completion", b'{"prompt":"x"}')
