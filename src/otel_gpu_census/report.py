@@ -337,6 +337,36 @@ def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List
     return lines
 
 
+def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
+    """Per-request figures from the requests an engine integration logged beside its segment."""
+    from . import engine_requests
+    lines = []
+    for log in engine_requests.for_segments([c.path for c in censuses]):
+        fig = engine_requests.figures(log)
+        method = (log.summary or {}).get("method", "step_tokens")
+        lines.append(f"per request, as the engine integration attributed them ({len(log.requests):,} requests, "
+                     f"by {method}; {log.path}):")
+        for key, label in (("copy.dtoh.bytes", "device-to-host"), ("copy.htod.bytes", "host-to-device"),
+                           ("copy.dtod.bytes", "device-to-device")):
+            f = fig[key]
+            if f["max"]:
+                lines.append(f"  {label:<16} median {exact(round(f['median']))} bytes, mean {exact(round(f['mean']))}, "
+                             f"max {exact(f['max'])}")
+        k, t = fig["kernel.count"], fig["kernel.time_ns"]
+        lines.append(f"  kernels          median {exact(round(k['median']))}, kernel time median "
+                     f"{seconds(t['median'])} s, max {seconds(t['max'])} s")
+        if "ttft_s" in fig:
+            lines.append(f"  time to first token median {fig['ttft_s']['median']:.4f} s, max {fig['ttft_s']['max']:.4f} s")
+        if log.summary:
+            un = log.summary.get("unattributed", {})
+            lines.append(f"  steps split {exact(log.summary.get('steps_split', 0))}; no request's: "
+                         f"{exact(un.get('kernel.count', 0))} kernels, {exact(un.get('copy.dtoh.bytes', 0))} "
+                         "device-to-host bytes")
+        if log.skipped:
+            lines.append(f"  ({log.skipped} lines of the log were not requests and were skipped)")
+    return lines + ([""] if lines else [])
+
+
 def _all_processes_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
     """Per physical GPU across processes (vLLM / SGLang run one process per GPU or more)."""
     active = [c for c in censuses if any(has_activity(d) for d in c.devices.values())]
@@ -371,6 +401,7 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
     else:
         if requests:
             lines.extend(_per_request_lines(censuses, requests))
+        lines.extend(_engine_request_lines(censuses))
         from . import explain        # it builds on this module
         lines.extend(explain.lines(censuses, facts, requests))
     return printable("\n".join(lines).rstrip()) + "\n"

@@ -1,0 +1,86 @@
+"""The requests an engine integration saw, as it logged them beside its census segment
+(``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/vllm``): for ``report``, which
+prints per-request figures from them, so ``--requests N`` is not needed for an engine it hooks.
+
+The files sit in a folder others may write to: each is opened without following a link or blocking,
+must be a regular file, and is read up to a bound; a line that is not one of ours is skipped and
+counted, never trusted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+MAX_BYTES = 64 << 20            # a request log larger than this is read up to here
+SUFFIX = ".requests.jsonl"
+FIELDS = ("copy.dtoh.bytes", "copy.htod.bytes", "copy.dtod.bytes", "kernel.time_ns", "kernel.count")
+
+
+@dataclass
+class EngineRequests:
+    path: str
+    requests: List[dict] = field(default_factory=list)     # {"gpu": {...}, "first_token_time_unix_nano", ...}
+    summary: Optional[dict] = None
+    skipped: int = 0
+
+
+def log_path(segment_path: str) -> str:
+    return segment_path[:-len(".seg")] + SUFFIX if segment_path.endswith(".seg") else segment_path + SUFFIX
+
+
+def read(path: str) -> Optional[EngineRequests]:
+    """The log at `path`, or None when there is none (or it is not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    out = EngineRequests(path)
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            out.skipped += bool(line.strip())
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("summary"), dict):
+            out.summary = obj["summary"]
+        elif isinstance(obj, dict) and isinstance(obj.get("gpu"), dict):
+            out.requests.append(obj)
+        else:
+            out.skipped += 1
+    return out
+
+
+def for_segments(segment_paths: Sequence[str]) -> List[EngineRequests]:
+    logs = [read(log_path(p)) for p in segment_paths]
+    return [x for x in logs if x is not None and x.requests]
+
+
+def _num(v) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def figures(log: EngineRequests) -> Dict[str, Dict[str, float]]:
+    """Per field: median, mean and max over the log's requests."""
+    out = {}
+    for f in FIELDS:
+        vals = [_num(r["gpu"].get(f)) for r in log.requests]
+        out[f] = {"median": statistics.median(vals), "mean": sum(vals) / len(vals), "max": max(vals)}
+    ttft = [(_num(r.get("first_token_time_unix_nano")) - _num(r.get("start_time_unix_nano"))) / 1e9
+            for r in log.requests if _num(r.get("first_token_time_unix_nano"))]
+    if ttft:
+        out["ttft_s"] = {"median": statistics.median(ttft), "mean": sum(ttft) / len(ttft), "max": max(ttft)}
+    return out
