@@ -48,7 +48,7 @@ phase() {
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
     install)   # the package itself, built here (its wheel carries the injector), with its entry points
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
-        > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; return 1; }
+        > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
     vllm) { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log" ;;

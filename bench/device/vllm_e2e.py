@@ -313,6 +313,12 @@ def main():
                 s.stop(signal.SIGKILL, 10)
         rx.__exit__(None, None, None)
         (out / "vllm_e2e.json").write_text(json.dumps(res, indent=1, default=str))
+        # a call brings back at most 8 files: the server logs travel as one archive
+        logs = sorted(out.glob("server-*.log"))
+        if logs:
+            subprocess.run(["tar", "czf", str(out / "server-logs.tgz"), "-C", str(out)] + [p.name for p in logs])
+            for p in logs:
+                p.unlink()
     print("FAILED:" if FAILS else "all checks passed", FAILS, flush=True)
     return 1 if FAILS else 0
 
