@@ -263,3 +263,22 @@ def test_a_failing_hook_turns_the_integration_off_and_vllm_runs_on(monkeypatch, 
     with pytest.raises(ValueError, match="vllm's"):            # vLLM's own exception goes through untouched
         vi._execute_model(fails, None, ("so",), {})
     assert not vi._off
+
+
+def test_a_vllm_outside_the_supported_versions_gets_one_line_and_no_hooks(monkeypatch, caplog):
+    """BaseInstrumentor's dependency check against _instruments: here vLLM is absent (or of another
+    version): instrument() installs nothing and says why once."""
+    import importlib.metadata as md
+    from otel_gpu_census.integrations.vllm import instrumentor as vi
+    try:
+        md.version("vllm")
+        pytest.skip("vLLM is installed here: tests/integration/test_vllm_hooks.py covers it")
+    except md.PackageNotFoundError:
+        pass
+    hooked = []
+    monkeypatch.setattr(vi.wrapt, "when_imported", lambda name: hooked.append(name) or (lambda f: f))
+    inst = vi.VllmInstrumentor()
+    with caplog.at_level("DEBUG"):
+        inst.instrument()
+    assert hooked == [] and not inst.is_instrumented_by_opentelemetry
+    assert caplog.text.count("only instruments \"vllm >= 0.25.0, < 0.26\"") == 1
