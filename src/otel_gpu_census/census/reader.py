@@ -27,8 +27,9 @@ from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, KernelTr
 from .proctree import is_alive
 
 SEGMENT_GLOB = "gpu-census-*.seg"
-READ_TRIES = 50           # seqlock attempts before settling for a possibly torn copy
-READ_RETRY_SLEEP_S = 0.001
+READ_TRIES = 500          # seqlock attempts (~0.5 s) before settling for a possibly torn copy: a live
+READ_RETRY_SLEEP_S = 0.001  # writer preempted mid-update on a loaded machine can take tens of ms
+ALIVE_CHECK_EVERY = 20    # ... but a writer that died inside an update is given up on at once
 
 assert (len(DIRECTIONS), len(MEMORY_KINDS)) == (consts.GC_NDIR, consts.GC_NMEM), "census/__init__.py and gpu_census.h disagree"
 
@@ -134,10 +135,12 @@ def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytearray, bool]:
                 raise SegmentError(path, "truncated while being read")
             return int.from_bytes(raw, "little")
 
-        for attempt in range(READ_TRIES):
+        for attempt in range(1, READ_TRIES + 1):
             before = seq()
             if before % 2 == 0 and copy() == before and seq() == before:
                 return data, False
+            if attempt % ALIVE_CHECK_EVERY == 0 and not _writer_alive(fd):
+                break
             time.sleep(READ_RETRY_SLEEP_S)
         # Still mid-update: the writer died inside an update (or is stopped there). Its last
         # values are still the best there is; hand them over marked torn.
@@ -147,6 +150,17 @@ def _snapshot(path, size: int = SEGMENT_SIZE) -> Tuple[bytearray, bool]:
         raise SegmentError(path, f"cannot read: {e.strerror}") from None
     finally:
         os.close(fd)
+
+
+_PID_OFF = ffi.offsetof("gc_segment", "pid")
+_TICKS_OFF = ffi.offsetof("gc_segment", "proc_start_ticks")
+
+
+def _writer_alive(fd: int) -> bool:
+    """Whether the process that owns the segment (identity fields, written once) still runs."""
+    pid = int.from_bytes(os.pread(fd, 4, _PID_OFF), "little")
+    ticks = int.from_bytes(os.pread(fd, 8, _TICKS_OFF), "little")
+    return is_alive(pid, ticks)
 
 
 def _cstr(arr) -> str:
