@@ -116,6 +116,18 @@ def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, re
                                   r.peer(4096, 10**12 + 8000, 10**12 + 9000, src_device=0, dst_device=1)],
                      comm="llama-server", final=True, state=census.STATE_ACTIVE)
     handle = start_sidecar(census_dir, root_pid=os.getpid(), exporter="prometheus", prometheus_port=0, nvml=False)
+    # one request through the request lifecycle on the same provider (as `run --proxy` shares it), so the
+    # dashboard's request panels have their series too
+    from otel_gpu_census.attribution.ledger import COMPLETE, GpuCost
+    from otel_gpu_census.attribution.shares import Share
+    from otel_gpu_census.telemetry.request import RequestTelemetry
+    t0 = time.time_ns()
+    req = RequestTelemetry(None, handle.meter_provider, provider_name="llama.cpp").start(
+        start_ns=t0, operation="text_completion", model="m", span_name="text_completion m")
+    req.first_token(t0 + 100_000_000)
+    req.finish(t0 + 900_000_000, output_tokens=9,
+               cost=GpuCost(status=COMPLETE, share=Share(kernel_count=3, kernel_ns=3000,
+                                                         copies={"dtoh": census.Stat(1, 65536, 1000)})))
     web = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: census\n    static_configs:\n"
