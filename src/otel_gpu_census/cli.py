@@ -4,7 +4,7 @@
     otel-gpu-census report [DIR|FILE.seg] [--requests N] [--request-log FILE] [--sm-occupancy R] [--json] [--pid PID]
     otel-gpu-census report --diff A B [--requests N|NA,NB] [--json]
     otel-gpu-census doctor
-    otel-gpu-census proxy ...            (the llama.cpp proxy; issue 4)
+    otel-gpu-census proxy ...            (the llama.cpp proxy)
 
 Bad input never shows a traceback: argparse errors exit 2, an unusable folder or unreadable
 segment exits 1 with a message, a command that cannot be started exits 127 (126 when it is not
