@@ -18,47 +18,18 @@ import time
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llama_standin import Opts, Standin
-from otel_gpu_census.integrations.llamacpp import ProxyConfig, server, start_proxy_in_thread
+from proxy_process import in_thread_proxies
+from otel_gpu_census.integrations.llamacpp import server
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-@pytest.fixture(scope="module")
-def standin():
-    st = Standin().start()
-    yield st
-    st.stop()
-
-
-@pytest.fixture(autouse=True)
-def _fresh(standin):
-    standin.opts = Opts()
-    standin.seen.clear()
 
 
 @pytest.fixture
 def proxy(standin):
-    made = []
-
-    def make(upstream=None, **cfg):
-        spans = InMemorySpanExporter()
-        tp = TracerProvider()
-        tp.add_span_processor(SimpleSpanProcessor(spans))
-        h = start_proxy_in_thread(ProxyConfig(upstream=upstream or standin.url, listen_port=0, gpu=False, **cfg),
-                                  tp, MeterProvider())
-        h.spans = spans
-        made.append(h)
-        return h
-    yield make
-    for h in made:
-        h.stop()
+    with in_thread_proxies(standin.url) as make:
+        yield make
 
 
 def _span(h, timeout=10.0):

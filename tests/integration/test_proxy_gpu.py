@@ -14,14 +14,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from llama_standin import Opts, Standin
 from otlp_receiver import OtlpReceiver
 from otel_gpu_census.attribution import Interval, attribute
 from otel_gpu_census.census import STATE_ACTIVE, ProcessCensus, Stat, Window
 from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
 from otel_gpu_census.attribution.ledger import CensusSource
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
 BUCKET = 20_000_000
 GPU_REF = 10**12
 
@@ -58,19 +57,6 @@ class FakeGpu:
         self.reads += 1
         upd = self.created if self.frozen else time.time_ns() - self.lag_ns
         return [self.census(upd)], []
-
-
-@pytest.fixture(scope="module")
-def standin():
-    st = Standin().start()
-    yield st
-    st.stop()
-
-
-@pytest.fixture(autouse=True)
-def _fresh(standin):
-    standin.opts = Opts()
-    standin.seen.clear()
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import phoenix_server
-from llama_standin import Opts, Standin
 from proxy_process import listening_port, start_proxy
 
 PHOENIX, WHY_NOT = phoenix_server.find()
@@ -37,7 +36,7 @@ if PHOENIX is None:
     pytest.skip(WHY_NOT, allow_module_level=True)
 
 # Phoenix takes 25-50 s to start on 2 cores (imports, then its database migrations)
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.usefixtures("fresh_standin")]
 
 MS = 1_000_000
 # keys that would carry a request's or an answer's text (GenAI, OpenInference and HTTP body names)
@@ -51,19 +50,6 @@ def phoenix(tmp_path_factory):
     ph = phoenix_server.Phoenix(PHOENIX, tmp_path_factory.mktemp("phoenix")).start()
     yield ph
     ph.stop()
-
-
-@pytest.fixture(scope="module")
-def standin():
-    st = Standin().start()
-    yield st
-    st.stop()
-
-
-@pytest.fixture(autouse=True)
-def _fresh(standin):
-    standin.opts = Opts()
-    standin.seen.clear()
 
 
 @pytest.fixture

@@ -10,42 +10,16 @@ import threading
 import time
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llama_standin import Standin
-from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
+from proxy_process import in_thread_proxies
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(scope="module")
-def standin():
-    st = Standin().start()
-    yield st
-    st.stop()
-
-
 @pytest.fixture
-def make_proxy(standin):
-    running = []
-
-    def make(upstream=None, **cfg):
-        spans = InMemorySpanExporter()
-        tp = TracerProvider()
-        tp.add_span_processor(SimpleSpanProcessor(spans))
-        h = start_proxy_in_thread(ProxyConfig(upstream=upstream or standin.url, listen_port=0, gpu=False, **cfg),
-                                  tp, MeterProvider())
-        h.spans = spans
-        running.append(h)
-        return h
-    standin.opts.__init__()
-    standin.seen.clear()
-    yield make
-    for h in running:
-        h.stop()
+def make_proxy(fresh_standin):
+    with in_thread_proxies(fresh_standin.url) as make:
+        yield make
 
 
 def request(port, path, body=None, headers=None, method="POST", chunked=False):

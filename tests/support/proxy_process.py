@@ -2,6 +2,7 @@
 by OTEL_* variables only, for tests that watch it from outside."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -35,3 +36,31 @@ def listening_port(proc: subprocess.Popen, timeout: float = 20.0) -> Tuple[int, 
             return int(m.group(1)), lines
     proc.kill()
     raise AssertionError("proxy did not start: " + "".join(lines))
+
+
+@contextlib.contextmanager
+def in_thread_proxies(default_upstream: str):
+    """make(upstream=None, **config): a proxy in this process's threads (no GPU reading), its spans in
+    memory (`h.spans`); every one made is stopped at the end."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
+    running = []
+
+    def make(upstream=None, **cfg):
+        spans = InMemorySpanExporter()
+        tp = TracerProvider()
+        tp.add_span_processor(SimpleSpanProcessor(spans))
+        h = start_proxy_in_thread(ProxyConfig(upstream=upstream or default_upstream, listen_port=0, gpu=False,
+                                              **cfg), tp, MeterProvider())
+        h.spans = spans
+        running.append(h)
+        return h
+    try:
+        yield make
+    finally:
+        for h in running:
+            h.stop()
