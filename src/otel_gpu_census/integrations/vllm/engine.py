@@ -238,7 +238,7 @@ class EngineTelemetry:
             self._telemetry_flush(timeout_s)
 
     def _telemetry_flush(self, timeout_s: float) -> None:
-        for provider in getattr(self, "_providers", ()):
+        for provider in self._providers:
             try:
                 if hasattr(provider, "force_flush"):
                     provider.force_flush(int(timeout_s * 1000))
