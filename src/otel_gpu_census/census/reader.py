@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, KernelTracing, ProcessCensus, Stat, Step,
+from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
                Window)
 from .proctree import is_alive
 
@@ -196,6 +196,7 @@ def _device(d) -> DeviceTotals:
         last_ns=d.last_ns,
         graph_launches=d.graph_launches,
         graph_ns=d.graph_ns,
+        graph_kernel_count=d.graph_kernel_count,
         copies=CopyTable(cells),
         memset=_stat(d.memset),
         peer_recv=_stat(d.peer_recv),
@@ -305,6 +306,8 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
                               origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside),
+        graphs=GraphTracing(mode=seg.graph_mode, unknown=seg.graph_unknown, inexact=seg.graph_inexact,
+                            paused=bool(seg.paused), paused_ns=seg.paused_ns),
         devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )
