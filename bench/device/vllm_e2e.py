@@ -2,11 +2,13 @@
 conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
 start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
 
-    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles]
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases]
 
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
-with --kv-offloading-size. Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed
+with --kv-offloading-size. `phases`: one server under the census (R) whose census modes are switched
+in alternating phases through the control file (off / graphs per launch / per node), beside plain
+vLLM (P) for the fixed cost of the integration. Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed
 in it and the exit code is 1.
 """
 from __future__ import annotations
@@ -209,12 +211,65 @@ def conservation_check(name, census_dir, all_spans, res):
         res["outside_steps"] = {k: res["census_totals"][k] - sm["total"].get(k, 0) for k in res["census_totals"]}
 
 
+def phases_run(a, model, out, base, env, servers) -> dict:
+    """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
+    sys.path.insert(0, str(ROOT / "bench" / "server"))
+    from control_phases import Phases, delta
+    if "P" not in servers:
+        servers["P"] = Server("P", 8101, model, out)
+        time.sleep(3)
+    servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env)
+    for n in ("P", "R"):
+        check(servers[n].wait(), f"{n}: server up")
+        asyncio.run(load(servers[n].port, 4, 2, 16))
+    ph = Phases(base / "R")
+    modes = ["off", "launch", "node"]
+    rounds = []
+    for i in range(a.phase_rounds):
+        order = modes[i % 3:] + modes[:i % 3]
+        rnd = {"order": order}
+        for m in order:
+            ok = ph.set(m)
+            before = ph.totals()
+            lr = asyncio.run(load(8105, 32, 4, 256, seed=300 + i))
+            time.sleep(1.5)          # the flusher's period: this phase's records into the totals
+            rnd[m] = {**summary(lr), "switched": ok, "census": delta(ph.totals(), before),
+                      "tokens": sum(r["tokens"] for r in lr["requests"])}
+        rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + i)))
+        for m in ("launch", "node"):
+            rnd[f"{m}/off"] = round(rnd[m]["tok_per_s"] / rnd["off"]["tok_per_s"], 4)
+        rnd["off/P"] = round(rnd["off"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
+        rounds.append(rnd)
+        print("phase round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
+    res = {"rounds": rounds, "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, "
+                                     "same seed for every mode of a round; modes rotate who goes first"}
+    for k in ("launch/off", "node/off", "off/P"):
+        r = [x[k] for x in rounds]
+        res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
+        print("phases", k, res[k], flush=True)
+    # per output token, per mode: copies and kernel time (copies must not depend on the mode)
+    per_tok = {}
+    for m in ("off", "launch", "node"):
+        tot: dict = {}
+        toks = sum(x[m]["tokens"] for x in rounds)
+        for x in rounds:
+            for k, v in x[m]["census"].items():
+                tot[k] = tot.get(k, 0) + v
+        per_tok[m] = {k: v / toks for k, v in tot.items()} if toks else {}
+        per_tok[m]["_tokens"] = toks
+    res["per_output_token"] = per_tok
+    check(all(x[m]["switched"] for x in rounds for m in modes), "R: every phase switched the census")
+    res["stop_R"] = servers.pop("R").stop()
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="spans,throughput,cycles")
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=4)
+    ap.add_argument("--phase-rounds", type=int, default=8)
     a = ap.parse_args()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
@@ -290,6 +345,8 @@ def main():
             ex = {t for p in kt for t in p.exemplars}
             res["kernel_time_exemplar_traces"] = len(ex)
             check(bool(ex) and ex <= traces, f"C: kernel-time exemplars point at request traces ({len(ex)})")
+        if "phases" in only:
+            res["phases"] = phases_run(a, model, out, base, env, servers)
         if "cycles" in only:
             cyc = []
             for i in range(a.cycles):
