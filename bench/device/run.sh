@@ -48,7 +48,7 @@ phase() {
   case "$1" in
     setup) setup ;;
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
-    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
     install)   # the package itself, built here (its wheel carries the injector), with its entry points
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \

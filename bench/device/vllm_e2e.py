@@ -211,17 +211,25 @@ def conservation_check(name, census_dir, all_spans, res):
         res["outside_steps"] = {k: res["census_totals"][k] - sm["total"].get(k, 0) for k in res["census_totals"]}
 
 
+def wait_quiet(limit_s=420) -> float:
+    """Wait until no build runs on the machine (the llama.cpp build may still run in the background):
+    throughput is measured on a quiet machine. Returns the seconds waited."""
+    t0 = time.time()
+    while time.time() - t0 < limit_s:
+        if subprocess.run(["pgrep", "-f", "cmake --build|cc1plus|nvcc|ptxas|cicc"], capture_output=True).returncode:
+            break
+        time.sleep(2)
+    return round(time.time() - t0, 1)
+
+
 def phases_run(a, model, out, base, env, servers) -> dict:
     """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
     sys.path.insert(0, str(ROOT / "bench" / "server"))
     from control_phases import Phases, delta
-    if "P" not in servers:
-        servers["P"] = Server("P", 8101, model, out)
-        time.sleep(3)
-    servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env)
     for n in ("P", "R"):
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
+    res = {"waited_for_quiet_s": wait_quiet()}
     ph = Phases(base / "R")
     modes = ["off", "launch", "node"]
     rounds = []
@@ -241,7 +249,8 @@ def phases_run(a, model, out, base, env, servers) -> dict:
         rnd["off/P"] = round(rnd["off"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
         rounds.append(rnd)
         print("phase round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
-    res = {"rounds": rounds, "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, "
+        (out / "phases-partial.json").write_text(json.dumps(rounds, default=str))   # kept if the call is cut
+    res = {**res, "rounds": rounds, "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, "
                                      "same seed for every mode of a round; modes rotate who goes first"}
     for k in ("launch/off", "node/off", "off/P"):
         r = [x[k] for x in rounds]
@@ -287,7 +296,7 @@ def main():
            "OTEL_METRIC_EXPORT_INTERVAL": "5000"}
     servers = {}
     try:
-        if only & {"spans", "throughput"}:
+        if only & {"spans", "throughput", "phases"}:
             if "throughput" in only:
                 servers["P"] = Server("P", 8101, model, out)
                 time.sleep(3)       # not all of them measuring free GPU memory at the same moment
@@ -295,6 +304,12 @@ def main():
             time.sleep(3)
             servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                   extra=["--kv-offloading-size", "2"])
+            if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
+                if "P" not in servers:
+                    time.sleep(3)
+                    servers["P"] = Server("P", 8101, model, out)
+                time.sleep(3)
+                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env)
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",
