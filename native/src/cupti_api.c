@@ -154,6 +154,15 @@ int gc_cupti_subscribe(int want_v1)
 
 int gc_cupti_is_v2(void) { return cu.v2; }
 
+int gc_cupti_downgrade_v1(void)
+{
+    if (!cu.v2) return 0;
+    if (cu.unsubscribe) cu.unsubscribe(cu.sub);
+    cu.v2 = 0;
+    cu.sub = NULL;
+    return gc_cupti_subscribe(1);
+}
+
 uint32_t gc_cupti_version(void)
 {
     uint32_t v = 0;

@@ -15,6 +15,9 @@ int gc_cupti_load(const char *path);
  * another tool holds CUPTI exclusively. */
 int gc_cupti_subscribe(int want_v1);
 int gc_cupti_is_v2(void);
+/* Give the v2 subscription back and take the v1 path (a probe, as gc_cupti_subscribe(1)): for a driver
+ * whose v2 API refuses what we need. Activity buffers must be registered again. 0 on success. */
+int gc_cupti_downgrade_v1(void);
 const char *gc_cupti_error(CUptiResult r);
 uint32_t gc_cupti_version(void);
 

@@ -489,10 +489,24 @@ static int start(void)
     g_ks.on_ms = g_cfg.kernel_on_ms;
     g_ks.period_ms = g_cfg.kernel_period_ms;
     gc_cupti_set_api_callback(on_api);
-    /* Graphs per launch need their contents, learned through callbacks: under the v1 API those would
-     * take CUPTI's one subscriber slot from profilers, so v1 traces graphs node by node. */
+    /* Graphs per launch (GRAPH_TRACE). Drivers before r610 refuse it to the v2 (multi-subscriber) API,
+     * where they also give activity records to one subscriber only: then, unless the API was named,
+     * take the v1 path, which allows it (its callbacks hold CUPTI's one subscriber slot). */
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_cupti_is_v2() && !g_cfg.api_named) {
+        r = gc_cupti_enable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE);
+        if (r == CUPTI_SUCCESS) {
+            gc_cupti_disable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE);
+        } else {
+            if (gc_cupti_downgrade_v1() != 0) return -1;
+            if ((r = gc_cupti_register(on_request, on_complete)) != CUPTI_SUCCESS) {
+                gc_log("census off: cannot register activity buffers: %s", gc_cupti_error(r));
+                return -1;
+            }
+        }
+    }
+    /* Graph contents are learned through callbacks: under the v1 API they hold CUPTI's one slot. */
     g_graph_mode = GC_GRAPHS_NODE;
-    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_cupti_is_v2() && gc_graphs_start() == 0) {
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start() == 0) {
         g_graphs_learned = 1;
         g_graph_mode = GC_GRAPHS_LAUNCH;
     }
@@ -501,16 +515,21 @@ static int start(void)
         g_ks.mode == GC_KERNELS_OFF ? CUPTI_ACTIVITY_KIND_INVALID : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
         CUPTI_ACTIVITY_KIND_MEMCPY,
         CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET,
-        g_graph_mode == GC_GRAPHS_LAUNCH ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_INVALID,
     };
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         if (kinds[i] == CUPTI_ACTIVITY_KIND_INVALID) continue;
-        CUptiResult r = add_kind(kinds[i]);
+        r = add_kind(kinds[i]);
         if (r != CUPTI_SUCCESS) {
             gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], gc_cupti_error(r));
             disable_kinds(); /* the ones already on */
             return -1;
         }
+    }
+    /* Refused per-launch records leave graphs traced node by node: slower, still exact. */
+    if (g_graph_mode == GC_GRAPHS_LAUNCH && (r = add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE)) != CUPTI_SUCCESS) {
+        gc_log("graphs traced node by node: CUPTI refused per-launch graph records (%s)", gc_cupti_error(r));
+        g_graph_mode = GC_GRAPHS_NODE;
+        g_graphs_learned = 0;
     }
     uint64_t m0 = mono_ns();
     CUptiResult tr;

@@ -32,6 +32,7 @@ struct gc_config {
     uint32_t kernel_mode, kernel_on_ms, kernel_period_ms;   /* OTEL_GPU_CENSUS_KERNELS */
     uint32_t graph_mode;        /* OTEL_GPU_CENSUS_GRAPHS: enum gc_graphs (launch unless node) */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
+    int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
