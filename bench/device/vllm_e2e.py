@@ -243,17 +243,21 @@ def phases_run(a, model, out, base, env, servers) -> dict:
             time.sleep(1.5)          # the flusher's period: this phase's records into the totals
             rnd[m] = {**summary(lr), "switched": ok, "census": delta(ph.totals(), before),
                       "tokens": sum(r["tokens"] for r in lr["requests"])}
-        rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + i)))
+        if servers["P"].proc.poll() is None:
+            rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + i)))
         for m in ("launch", "node"):
-            rnd[f"{m}/off"] = round(rnd[m]["tok_per_s"] / rnd["off"]["tok_per_s"], 4)
-        rnd["off/P"] = round(rnd["off"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
+            rnd[f"{m}/off"] = round(rnd[m]["tok_per_s"] / rnd["off"]["tok_per_s"], 4) if rnd["off"]["tok_per_s"] else None
+        if rnd.get("P", {}).get("tok_per_s"):
+            rnd["off/P"] = round(rnd["off"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
         rounds.append(rnd)
         print("phase round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
         (out / "phases-partial.json").write_text(json.dumps(rounds, default=str))   # kept if the call is cut
     res = {**res, "rounds": rounds, "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, "
                                      "same seed for every mode of a round; modes rotate who goes first"}
     for k in ("launch/off", "node/off", "off/P"):
-        r = [x[k] for x in rounds]
+        r = [x[k] for x in rounds if x.get(k)]
+        if not r:
+            continue
         res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
         print("phases", k, res[k], flush=True)
     # per output token, per mode: copies and kernel time (copies must not depend on the mode)
@@ -300,10 +304,11 @@ def main():
             if "throughput" in only:
                 servers["P"] = Server("P", 8101, model, out)
                 time.sleep(3)       # not all of them measuring free GPU memory at the same moment
-            servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
-            time.sleep(3)
-            servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
-                                  extra=["--kv-offloading-size", "2"])
+            if only & {"spans", "throughput"}:
+                servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
+                time.sleep(3)
+                servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
+                                      extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
                 if "P" not in servers:
                     time.sleep(3)
@@ -341,6 +346,8 @@ def main():
                 r = [x[f"{n}/P"] for x in rounds]
                 res["throughput"][f"{n}/P"] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
                 print(f"throughput {n}/P:", r, flush=True)
+        if "phases" in only:
+            res["phases"] = phases_run(a, model, out, base, env, servers)
         for n, s in list(servers.items()):
             res.setdefault("stop", {})[n] = s.stop()
             check(res["stop"][n]["rc"] in (0, -2, 130), f"{n}: stopped on SIGINT, rc {res['stop'][n]['rc']}")
@@ -360,8 +367,6 @@ def main():
             ex = {t for p in kt for t in p.exemplars}
             res["kernel_time_exemplar_traces"] = len(ex)
             check(bool(ex) and ex <= traces, f"C: kernel-time exemplars point at request traces ({len(ex)})")
-        if "phases" in only:
-            res["phases"] = phases_run(a, model, out, base, env, servers)
         if "cycles" in only:
             cyc = []
             for i in range(a.cycles):
