@@ -37,6 +37,7 @@ from ...attribution.shares import Share
 from ...attribution.steps import METHOD, StepLedger
 from ...census import reader
 from ...telemetry.attributes import share_attributes
+from .kv_offload import LOAD, STORE, KvTransfers
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -44,8 +45,9 @@ SETTLE_PERIOD_S = 0.25
 OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
              "it, each step's kernels and copies split among the step's requests by their scheduled "
-             "tokens; GPU work outside steps (start-up, compilation, graph capture) and steps that "
-             "served nobody are not anyone's")
+             "tokens, and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
+             "outside steps (start-up, compilation, graph capture) and steps that served nobody are "
+             "not anyone's")
 
 _INTERNAL_SUFFIX = re.compile(r"-[0-9a-zA-Z]{8}$")      # input_processor: f"{external}-{uuid:.8}"
 _CHILD_PREFIX = re.compile(r"^\d+_")                    # parallel sampling (n > 1): f"{index}_{parent}"
@@ -79,6 +81,7 @@ class EngineTelemetry:
         self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest
         self._model: Optional[str] = None
         self.sid = 0                         # the current step (last execute_model)
+        self._last_id = 0                    # the last id handed out: steps and their sub-steps
         self.has_scheduler = False           # requests live in this process (TP = PP = 1)
         self.tagging = False                 # the injector is counting here and steps are tagged
         self._period = settle_period_s
@@ -89,6 +92,7 @@ class EngineTelemetry:
         self._requests_log = RequestLog()
         self._providers: Tuple = ()
         self.settle_errors = 0
+        self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -102,13 +106,19 @@ class EngineTelemetry:
     # -- steps (engine thread) --------------------------------------------------------------------
     def begin_execute(self, scheduler_output) -> int:
         """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
-        self.sid += 1
-        sid = self.sid
+        sid = self.sid = self.next_sid()
         if self.has_scheduler:
             tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
             self.ledger.step_opened(sid, dict(tokens), self.clock())
         self.tagging = injector.step_begin(sid)
         return sid
+
+    def next_sid(self) -> int:
+        """The next id of the one increasing sequence of steps and sub-steps (the census's step ring
+        takes ids in increasing order). Without requests here (a TP/PP worker) only steps take ids,
+        so every rank numbers its steps alike."""
+        self._last_id += 1
+        return self._last_id
 
     def begin_sample(self) -> int:
         """Before sample_tokens: the same step as the execute_model it follows."""
@@ -128,6 +138,7 @@ class EngineTelemetry:
         rid = request.request_id
         if rid in self._tracked:             # a streaming-input session's next chunk: same request
             return
+        self.ledger.request_started(rid)
         headers = dict(getattr(request, "trace_headers", None) or {})
         operation = headers.get(OPERATION_HEADER, "text_completion")
         model = self._model_name(scheduler)
@@ -173,7 +184,8 @@ class EngineTelemetry:
         }
         if reason is not None:
             facts["gen_ai.response.finish_reasons"] = [str(reason)]
-        self.ledger.request_done(rid, (facts, FINISH_ERRORS.get(status)), now)
+        # its last blocks may be stored after its end (vLLM defers a step's stores to the next step)
+        self.ledger.request_done(rid, (facts, FINISH_ERRORS.get(status)), now, awaiting=self.kv.awaits(rid))
         if not self.tagging:                 # no census here: nothing to wait for
             self._ensure_settler()
 
@@ -210,6 +222,7 @@ class EngineTelemetry:
             if s.first_step_ns:
                 attrs["gen_ai.latency.time_in_queue"] = max(0, s.first_step_ns - arrival) / 1e9
             cost = None
+            attrs.update(kv_attributes(s))
             if self.tagging:
                 cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
                                steps=s.steps, note=STEP_NOTE, share=s.share, prefill=s.prefill,
@@ -314,6 +327,9 @@ class RequestLog:
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
                "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+        if s.weights:
+            obj["kv"] = {"stored_blocks": s.weights.get(STORE, 0), "loaded_blocks": s.weights.get(LOAD, 0),
+                         "gpu": share_attributes("", s.sub, always=False)}
         if tracked.first_token_ns:
             obj["first_token_time_unix_nano"] = tracked.first_token_ns
         if error_type:
@@ -323,6 +339,8 @@ class RequestLog:
     def summary(self, ledger, errors: int = 0) -> None:
         self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
                                "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+                               "kv_sub_steps": ledger.sub_steps,
+                               "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
                                "total": share_attributes("", Share.from_row(ledger.total)),
                                "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})
         if self._f is not None:
@@ -331,6 +349,18 @@ class RequestLog:
             except OSError:
                 pass
             self._f = None
+
+
+def kv_attributes(s) -> Dict[str, Any]:
+    """A settled request's KV-offload figures: blocks it stored and loaded, and the part of its GPU
+    share those transfers were (``gpu_census.kv_offload.*``, included in ``gpu_census.*``)."""
+    out: Dict[str, Any] = {}
+    for kind, name in ((STORE, "vllm.kv_offload.stored_blocks"), (LOAD, "vllm.kv_offload.loaded_blocks")):
+        if s.weights.get(kind):
+            out[name] = s.weights[kind]
+    if out:
+        out.update(share_attributes("gpu_census.kv_offload.", s.sub, always=False))
+    return out
 
 
 def _extract(headers: Mapping[str, str]):

@@ -11,6 +11,9 @@ nothing for its hooks):
 | gpu_worker.Worker.sample_tokens                   |               |                                       |
 | Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
 | Scheduler._free_request                           |               |                                       |
+| OffloadingConnectorWorker.prepare_store_kv,      | worker        | KV-offload jobs -> their requests;    |
+| .handle_preemptions, .start_kv_transfers, and     | (TP = PP = 1) | one sub-step per call and direction   |
+| submit_store / submit_load of its OffloadingWorker|               | around the launches (kv_offload.py)   |
 | EngineCore.shutdown                               | EngineCore    | final census flush, last spans out    |
 | vllm.v1.utils.shutdown (and its import in         | API server    | a 3 s grace before SIGKILL, so the    |
 | vllm.v1.engine.utils)                             |               | engine's final flush can run          |
@@ -31,6 +34,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
 from ... import injector
+from . import kv_offload
 from .package import _instruments
 
 log = logging.getLogger("otel_gpu_census.vllm")
@@ -155,6 +159,8 @@ def _process_shutdown(wrapped, instance, args, kwargs):
     return call(*args, **kwargs)
 
 
+KV_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker"
+
 HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.entrypoints.generate.base.serving", "GenerateBaseServing._get_trace_headers", _get_trace_headers),
     ("vllm.v1.worker.worker_base", "WorkerWrapperBase.execute_model", _execute_model),
@@ -164,6 +170,10 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", _update_from_output),
     ("vllm.v1.core.sched.scheduler", "Scheduler._free_request", _free_request),
     ("vllm.v1.engine.core", "EngineCore.shutdown", _shutdown),
+    # KV offloading (--kv-offloading-size): the transfers belong to the requests whose blocks they move
+    (KV_WORKER, "OffloadingConnectorWorker.prepare_store_kv", kv_offload.prepare_store_kv(_guard, engine)),
+    (KV_WORKER, "OffloadingConnectorWorker.handle_preemptions", kv_offload.transfers(_guard, engine, loads=False)),
+    (KV_WORKER, "OffloadingConnectorWorker.start_kv_transfers", kv_offload.transfers(_guard, engine, loads=True)),
     # the function, and the name vllm.v1.engine.utils imported it under (its engine manager calls that)
     ("vllm.v1.utils", "shutdown", _process_shutdown),
     ("vllm.v1.engine.utils", "shutdown", _process_shutdown),
@@ -187,6 +197,7 @@ class VllmInstrumentor(BaseInstrumentor):
         global _off
         _off = True          # hooks not yet applied (modules not imported) pass straight through
         import sys
+        kv_offload.unwrap_submits()
         for module, name, _ in HOOKS:
             mod = sys.modules.get(module)
             if mod is None:
