@@ -57,14 +57,19 @@ def engine():
     return _engine
 
 
-def _guard(what: str, fn: Callable, *args, default=None):
-    """fn(*args), or `default` once the integration is off; an exception turns it off (one line)."""
+def _guard(what: str, fn: Callable, *args, default=None, closing: bool = False):
+    """fn(*args), or `default` once the integration is off; an exception turns it off (one line).
+    closing: fn ends what a call before it began (a step pushed on this thread): it runs even after the
+    integration went off in between, so no step stays open on the thread."""
     global _off
-    if _off:
+    if _off and not closing:
         return default
     try:
         return fn(*args)
     except Exception:
+        if _off:                     # already off and said so: a closing call failing too
+            log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
+            return default
         _off = True
         log.exception("otel-gpu-census: the vLLM integration is off for this process (%s failed); "
                       "vLLM is unaffected", what)
@@ -104,7 +109,7 @@ def _execute_model(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     finally:
         if sid:
-            _guard("step end", lambda: engine().end_step(sid))
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
 def _sample_tokens(wrapped, instance, args, kwargs):
@@ -113,7 +118,7 @@ def _sample_tokens(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     finally:
         if sid:
-            _guard("step end", lambda: engine().end_step(sid))
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
 # -- scheduler (EngineCore) -------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def transfers(guard, engine, loads: bool):
             return wrapped(*args, **kwargs)
         finally:
             if on:
-                guard("kv transfers end", lambda: engine().kv.call_end())
+                guard("kv transfers end", lambda: engine().kv.call_end(), closing=True)
     return hook
 
 
