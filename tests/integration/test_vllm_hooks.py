@@ -32,6 +32,7 @@ PARAMS = {
     "GenerateBaseServing._get_trace_headers": ["self", "headers"],
     "WorkerWrapperBase.execute_model": ["self", "scheduler_output"],
     "Worker.sample_tokens": ["self", "grammar_output"],
+    "MultiprocExecutor.execute_model": ["self", "scheduler_output"],
     "Scheduler.add_request": ["self", "request"],
     "Scheduler.update_from_output": ["self", "scheduler_output", "model_runner_output"],
     "Scheduler._free_request": ["self", "request", "delay_free_blocks"],

@@ -12,10 +12,11 @@ this one process sees everything the join needs:
 - the census of this process (its own segment), read a few times a second by a settling thread,
   which splits each completed step among its requests and ends each request's span with its share.
 
-With tensor or pipeline parallelism the workers run in other processes: their steps are tagged the
-same way (the id is the worker's count of execute_model calls, the same on every rank), but the
-per-request join is not made there (the requests live in EngineCore); spans then carry no GPU cost
-and say so.
+With tensor or pipeline parallelism the workers run in other processes, EngineCore's children: their
+steps are tagged the same way (the id is the worker's count of execute_model calls, the same on every
+rank), EngineCore counts the same calls (``MultiprocExecutor.execute_model``) and opens each step in
+its ledger, and the settling thread reads every worker's segment (:mod:`.ranks`): a request's share
+is the sum over ranks of its share of each rank's steps.
 
 Everything here runs inside vLLM's engine loop, so the hot path only counts and appends: no reads,
 no locks held across calls, no allocation beyond a dict copy per step. Failures never reach vLLM:
@@ -38,6 +39,7 @@ from ...attribution.steps import METHOD, StepLedger
 from ...census import reader
 from ...telemetry.attributes import share_attributes
 from .kv_offload import LOAD, STORE, KvTransfers
+from .ranks import RankCensus
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -93,6 +95,8 @@ class EngineTelemetry:
         self._providers: Tuple = ()
         self.settle_errors = 0
         self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
+        self.ranks: Optional[RankCensus] = None   # TP/PP > 1: the workers' segments (EngineCore)
+        self._executing: Dict[int, int] = {}      # ... id(scheduler output) -> its step, until its output
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -119,6 +123,36 @@ class EngineTelemetry:
         so every rank numbers its steps alike."""
         self._last_id += 1
         return self._last_id
+
+    # -- steps run by worker processes (EngineCore, TP/PP > 1) --------------------------------------
+    def executor_step(self, executor, scheduler_output) -> None:
+        """Before MultiprocExecutor.execute_model: every worker numbers this step alike; open it here."""
+        if not self.has_scheduler:
+            return
+        if self.ranks is None:
+            n = getattr(executor, "local_world_size", None) or getattr(executor, "world_size", 1)
+            self.ranks = RankCensus(os.getpid(), n)
+            self.ledger.read = self.ranks.read
+            self.tagging = True              # the workers tag their steps; their segments say what ran
+        sid = self.next_sid()
+        tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        self.ledger.step_opened(sid, dict(tokens), self.clock())
+        self._executing[id(scheduler_output)] = sid
+
+    def step_output(self, scheduler_output) -> None:
+        """Scheduler.update_from_output: the step's results came back from the workers: it is over
+        (and so is any earlier one still open)."""
+        if not self._executing:
+            return
+        sid = self._executing.pop(id(scheduler_output), None)
+        if sid is None:
+            return
+        now = self.clock()
+        for key, older in [(k, v) for k, v in self._executing.items() if v < sid]:
+            del self._executing[key]
+            self.ledger.step_touched(older, now)
+        self.ledger.step_touched(sid, now)
+        self._ensure_settler()
 
     def begin_sample(self) -> int:
         """Before sample_tokens: the same step as the execute_model it follows."""
@@ -226,7 +260,7 @@ class EngineTelemetry:
             if self.tagging:
                 cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
                                steps=s.steps, note=STEP_NOTE, share=s.share, prefill=s.prefill,
-                               pids=[os.getpid()], notes=list(s.notes))
+                               pids=self.ranks.pids if self.ranks else [os.getpid()], notes=list(s.notes))
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts["gen_ai.usage.output_tokens"],
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
@@ -243,6 +277,11 @@ class EngineTelemetry:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s / 3)
+        if self.ranks is not None:           # the workers still run (and flush): let their census catch up
+            deadline = time.monotonic() + timeout_s / 2
+            while self.ledger.pending() and time.monotonic() < deadline:
+                self.settle()
+                time.sleep(0.05)
         injector.finish()
         if self.has_scheduler:
             self.settle(final=True)
@@ -340,6 +379,8 @@ class RequestLog:
         self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
                                "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
                                "kv_sub_steps": ledger.sub_steps,
+                               "ranks": {str(pid): {k: share_attributes("", Share.from_row(v)) for k, v in per.items()}
+                                         for pid, per in ledger.per_process.items()},
                                "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
                                "total": share_attributes("", Share.from_row(ledger.total)),
                                "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})

@@ -9,6 +9,7 @@ nothing for its hooks):
 |                                                   |               | operation) even with vLLM tracing off |
 | WorkerWrapperBase.execute_model,                  | worker        | one step id around both calls         |
 | gpu_worker.Worker.sample_tokens                   |               |                                       |
+| MultiprocExecutor.execute_model                   | EngineCore    | TP/PP > 1: the step's id and tokens   |
 | Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
 | Scheduler._free_request                           |               |                                       |
 | OffloadingConnectorWorker.prepare_store_kv,      | worker        | KV-offload jobs -> their requests;    |
@@ -132,8 +133,16 @@ def _add_request(wrapped, instance, args, kwargs):
 
 def _update_from_output(wrapped, instance, args, kwargs):
     out = wrapped(*args, **kwargs)
+    so = args[0] if args else kwargs.get("scheduler_output")
+    _guard("step output", lambda: engine().step_output(so))
     _guard("first tokens", lambda: engine().outputs(out))
     return out
+
+
+def _executor_execute_model(wrapped, instance, args, kwargs):
+    so = args[0] if args else kwargs.get("scheduler_output")
+    _guard("worker step", lambda: engine().executor_step(instance, so))
+    return wrapped(*args, **kwargs)
 
 
 def _free_request(wrapped, instance, args, kwargs):
@@ -171,6 +180,8 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.v1.worker.worker_base", "WorkerWrapperBase.execute_model", _execute_model),
     # WorkerWrapperBase has no sample_tokens of its own (its __getattr__ hands it to the worker)
     ("vllm.v1.worker.gpu_worker", "Worker.sample_tokens", _sample_tokens),
+    # TP/PP > 1: EngineCore numbers the steps its workers run, as each worker does
+    ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.execute_model", _executor_execute_model),
     ("vllm.v1.core.sched.scheduler", "Scheduler.add_request", _add_request),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", _update_from_output),
     ("vllm.v1.core.sched.scheduler", "Scheduler._free_request", _free_request),
