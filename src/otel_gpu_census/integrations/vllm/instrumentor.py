@@ -45,6 +45,7 @@ NAME = "vllm"       # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS names it
 _engine = None
 _engine_lock = threading.Lock()
 _off = False        # a guard tripped: every hook passes straight through
+_instrumented = False
 
 
 def engine():
@@ -204,14 +205,16 @@ class VllmInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _off
+        global _off, _instrumented
         _off = False
+        _instrumented = True
         for module, name, hook in HOOKS:
             wrapt.when_imported(module)(lambda mod, name=name, hook=hook: _wrap(mod, name, hook))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        global _off
-        _off = True          # hooks not yet applied (modules not imported) pass straight through
+        global _off, _instrumented
+        _off = True
+        _instrumented = False   # import hooks still registered (modules not imported yet) wrap nothing
         import sys
         kv_offload.unwrap_submits()
         for module, name, _ in HOOKS:
@@ -232,7 +235,10 @@ def _owner(module, name: str):
 
 
 def _wrap(module, name: str, hook: Callable) -> None:
-    """Wrap module.Class.method (or module.function) unless it is already wrapped by us."""
+    """Wrap module.Class.method (or module.function) unless it is already wrapped by us, or the
+    instrumentor was uninstrumented before the module was imported."""
+    if not _instrumented:
+        return
     owner, attr = _owner(module, name)
     if owner is None or not hasattr(owner, attr):
         log.warning("otel-gpu-census: vLLM has no %s.%s; that hook is off", module.__name__, name)
