@@ -101,6 +101,12 @@ def test_requests_get_the_sum_of_their_shares_over_ranks_conserved_per_rank(segm
     assert sum(a["gpu_census.kernel.count"] for a in got.values()) == (7 + 5) * STEPS
     assert sum(a["gpu_census.copy.dtoh.bytes"] for a in got.values()) == (1000 + 999) * STEPS
     assert all(a["gpu_census.attribution.steps"] >= 5 for a in got.values())   # counted once, not per rank
+    eng.shutdown()                    # EngineCore has no segment here: its log goes beside its workers'
+    (log,) = d.glob(f"gpu-census-{os.getpid()}-*.requests.jsonl")
+    lines = [__import__("json").loads(x) for x in log.read_text().splitlines()]
+    summ = lines[-1]["summary"]
+    assert len(lines) == 7 and set(summ["ranks"]) == {str(p.pid) for p in workers}
+    assert summ["ranks"][str(workers[0].pid)]["total"]["kernel.count"] == 7 * STEPS
 
 
 def test_a_rank_whose_census_never_appears_leaves_requests_stale_not_wrong(segments, records, workers,

@@ -36,7 +36,7 @@ from ... import injector
 from ...attribution.ledger import COMPLETE, STALE, GpuCost
 from ...attribution.shares import Share
 from ...attribution.steps import METHOD, StepLedger
-from ...census import reader
+from ...census import proctree, reader
 from ...telemetry.attributes import share_attributes
 from .kv_offload import LOAD, STORE, KvTransfers
 from .ranks import RankCensus
@@ -91,7 +91,7 @@ class EngineTelemetry:
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         self._shutdown_done = False
-        self._requests_log = RequestLog()
+        self._requests_log = RequestLog(self)
         self._providers: Tuple = ()
         self.settle_errors = 0
         self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
@@ -326,14 +326,26 @@ class RequestLog:
 
     MAX_LINES = 200_000
 
-    def __init__(self):
+    def __init__(self, engine=None):
         self._f = None
         self._lines = 0
         self._failed = False
+        self._engine = engine
+
+    def _segment(self) -> str:
+        """The engine's segment; with TP/PP > 1 EngineCore may launch no GPU work of its own (no
+        segment): then the name its segment would have, in the folder its workers write to."""
+        seg = injector.segment_path()
+        ranks = getattr(self._engine, "ranks", None)
+        if seg or ranks is None or not ranks.paths:
+            return seg
+        ticks = proctree.proc_start_ticks(os.getpid())
+        return os.path.join(os.path.dirname(next(iter(ranks.paths.values()))),
+                            f"gpu-census-{os.getpid()}-{ticks}.seg")
 
     def _open(self):
         if self._f is None and not self._failed:
-            seg = injector.segment_path()
+            seg = self._segment()
             if not seg:
                 return None
             try:
