@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/src/*) native/include/gpu_census.h
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/src/*) native/include/gpu_census.h $(shell find src -name "*.py")
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q '.[test]'

@@ -2,7 +2,7 @@
 conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
 start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
 
-    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases]
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,kv,tp]
 
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
@@ -276,6 +276,55 @@ def phases_run(a, model, out, base, env, servers) -> dict:
     return res
 
 
+def kv_check(name, census_dir, res):
+    """KV offloading: the transfers land on the requests whose blocks they moved. From the engine's
+    request log: every request that stored blocks carries device->host bytes of its own transfers, the
+    same number of bytes per block for every request (one KV layout: a transfer moves blocks x page
+    bytes), none for requests that stored nothing, and the requests' transfer bytes add up to the
+    transfer sub-steps' census (up to jobs the connector launched for requests already settled)."""
+    _, logs = read_census(census_dir)
+    reqs = [l for l in logs if "gpu" in l]
+    summ = [l["summary"] for l in logs if "summary" in l]
+    kv = [(l.get("kv") or {}) for l in reqs]
+    stored = [k for k in kv if k.get("stored_blocks")]
+    per_block = sorted({k["gpu"].get("copy.dtoh.bytes", 0) / k["stored_blocks"] for k in stored})
+    res["kv"] = {"requests": len(reqs), "requests_storing": len(stored),
+                 "requests_loading": sum(1 for k in kv if k.get("loaded_blocks")),
+                 "blocks_stored": sum(k.get("stored_blocks", 0) for k in kv),
+                 "blocks_loaded": sum(k.get("loaded_blocks", 0) for k in kv),
+                 "dtoh_bytes_per_stored_block": per_block[:5],
+                 "requests_kv_dtoh_bytes": sum(k.get("gpu", {}).get("copy.dtoh.bytes", 0) for k in kv)}
+    if summ:
+        res["kv"]["sub_steps"] = summ[0].get("kv_sub_steps")
+        res["kv"]["sub_steps_dtoh_bytes"] = summ[0].get("kv_total", {}).get("copy.dtoh.bytes")
+    check(len(stored) > 0, f"{name}: requests stored KV blocks ({len(stored)} of {len(reqs)})")
+    check(all(k["gpu"].get("copy.dtoh.bytes", 0) > 0 for k in stored),
+          f"{name}: every request that stored blocks carries the device->host bytes of its own transfers")
+    check(len(per_block) == 1, f"{name}: the same bytes per stored block on every request ({per_block[:5]})")
+    check(all(not k.get("gpu", {}).get("copy.dtoh.bytes") for k in kv if not k.get("stored_blocks")),
+          f"{name}: no transfer bytes on requests that stored nothing")
+    if summ:
+        got, total = res["kv"]["requests_kv_dtoh_bytes"], res["kv"]["sub_steps_dtoh_bytes"] or 0
+        check(bool(per_block) and 0 < got <= total and total - got <= per_block[0] * 64,
+              f"{name}: the requests' transfer bytes {got:,} of the sub-steps' {total:,}")
+
+
+def ranks_check(name, census_dir, res, tp):
+    """TP > 1: EngineCore settled its requests from every worker's segment: one ledger entry per rank,
+    each rank's steps split whole (requests + unattributed == its steps, in the summary's totals)."""
+    _, logs = read_census(census_dir)
+    summ = [l["summary"] for l in logs if "summary" in l]
+    if not check(len(summ) == 1, f"{name}: the engine wrote its ledger summary"):
+        return
+    ranks = summ[0].get("ranks") or {}
+    res["ranks"] = ranks
+    check(len(ranks) == tp, f"{name}: the ledger read {len(ranks)} worker segments of {tp}")
+    for f in FIELDS:
+        check(sum(r["total"].get(f, 0) for r in ranks.values()) == summ[0]["total"].get(f, 0),
+              f"{name}: {f}: the ranks' steps add up to the ledger's total")
+    check(all(r["total"].get("kernel.count", 0) > 0 for r in ranks.values()), f"{name}: every rank's steps counted")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -283,6 +332,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=4)
     ap.add_argument("--phase-rounds", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
@@ -300,13 +350,14 @@ def main():
            "OTEL_METRIC_EXPORT_INTERVAL": "5000"}
     servers = {}
     try:
-        if only & {"spans", "throughput", "phases"}:
+        if only & {"spans", "throughput", "kv", "phases"}:
             if "throughput" in only:
                 servers["P"] = Server("P", 8101, model, out)
                 time.sleep(3)       # not all of them measuring free GPU memory at the same moment
             if only & {"spans", "throughput"}:
                 servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
                 time.sleep(3)
+            if only & {"spans", "throughput", "kv"}:
                 servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                       extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
@@ -324,8 +375,11 @@ def main():
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
             for srv in servers.values():                 # warm each server once
                 asyncio.run(load(srv.port, 4, 2, 16))
-        if "spans" in only:
+        span_servers = [n for n in ("C", "K") if "spans" in only or (n == "K" and "kv" in only)]
+        if span_servers:
             for n, port in (("C", 8102), ("K", 8103)):
+                if n not in span_servers:
+                    continue
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))
                 res[f"spans_{n}"] = {"load": summary(lr), "_out": str(out)}
                 check(not lr["errors"], f"{n}: load without errors")
@@ -351,11 +405,13 @@ def main():
         for n, s in list(servers.items()):
             res.setdefault("stop", {})[n] = s.stop()
             check(res["stop"][n]["rc"] in (0, -2, 130), f"{n}: stopped on SIGINT, rc {res['stop'][n]['rc']}")
-        if "spans" in only:
+        if span_servers:
             time.sleep(2)
-            for n in ("C", "K"):
+            for n in span_servers:
                 all_spans = [s for s in rx.span_snapshot() if s.resource.get("service.name") == f"vllm-{n}"]
                 conservation_check(n, base / n, all_spans, res[f"spans_{n}"])
+            if "K" in span_servers:
+                kv_check("K", base / "K", res["spans_K"])
         if "spans" in only:
             names = sorted({p.name for p in rx.snapshot() if p.resource.get("service.name") == "vllm-C"})
             res["engine_metric_names"] = names
@@ -367,6 +423,19 @@ def main():
             ex = {t for p in kt for t in p.exemplars}
             res["kernel_time_exemplar_traces"] = len(ex)
             check(bool(ex) and ex <= traces, f"C: kernel-time exemplars point at request traces ({len(ex)})")
+        if "tp" in only:                 # its own server, after the others stopped
+            s = Server("T", 8105, model, out, census_dir=base / "T", env=env,
+                       extra=["--tensor-parallel-size", str(a.tp)])
+            if check(s.wait(), "T: server up (tensor parallel)"):
+                lr = asyncio.run(load(s.port, 16, 2, 128, seed=3))
+                res["spans_T"] = {"load": summary(lr), "_out": str(out)}
+                check(not lr["errors"], "T: load without errors")
+                spans_check(rx, lr, "T", base / "T", res["spans_T"])
+            res.setdefault("stop", {})["T"] = s.stop()
+            time.sleep(2)
+            all_spans = [x for x in rx.span_snapshot() if x.resource.get("service.name") == "vllm-T"]
+            conservation_check("T", base / "T", all_spans, res.setdefault("spans_T", {}))
+            ranks_check("T", base / "T", res["spans_T"], a.tp)
         if "cycles" in only:
             cyc = []
             for i in range(a.cycles):

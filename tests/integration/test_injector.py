@@ -22,16 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def mock_lib(native, tmp_path_factory):
-    import cupti_records
-    out = tmp_path_factory.mktemp("mock") / "libmock_cupti.so"
-    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
-                    f"-I{cupti_records.cupti_include()}", str(ROOT / "native" / "tests" / "mock_cupti.c"),
-                    "-o", str(out)], check=True)
-    return str(out)
-
-
 PRELUDE = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {tests!r})

@@ -12,10 +12,11 @@ this one process sees everything the join needs:
 - the census of this process (its own segment), read a few times a second by a settling thread,
   which splits each completed step among its requests and ends each request's span with its share.
 
-With tensor or pipeline parallelism the workers run in other processes: their steps are tagged the
-same way (the id is the worker's count of execute_model calls, the same on every rank), but the
-per-request join is not made there (the requests live in EngineCore); spans then carry no GPU cost
-and say so.
+With tensor or pipeline parallelism the workers run in other processes, EngineCore's children: their
+steps are tagged the same way (the id is the worker's count of execute_model calls, the same on every
+rank), EngineCore counts the same calls (``MultiprocExecutor.execute_model``) and opens each step in
+its ledger, and the settling thread reads every worker's segment (:mod:`.ranks`): a request's share
+is the sum over ranks of its share of each rank's steps.
 
 Everything here runs inside vLLM's engine loop, so the hot path only counts and appends: no reads,
 no locks held across calls, no allocation beyond a dict copy per step. Failures never reach vLLM:
@@ -35,8 +36,10 @@ from ... import injector
 from ...attribution.ledger import COMPLETE, STALE, GpuCost
 from ...attribution.shares import Share
 from ...attribution.steps import METHOD, StepLedger
-from ...census import reader
+from ...census import proctree, reader
 from ...telemetry.attributes import share_attributes
+from .kv_offload import LOAD, STORE, KvTransfers
+from .ranks import RankCensus
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -44,8 +47,9 @@ SETTLE_PERIOD_S = 0.25
 OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
              "it, each step's kernels and copies split among the step's requests by their scheduled "
-             "tokens; GPU work outside steps (start-up, compilation, graph capture) and steps that "
-             "served nobody are not anyone's")
+             "tokens, and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
+             "outside steps (start-up, compilation, graph capture) and steps that served nobody are "
+             "not anyone's")
 
 _INTERNAL_SUFFIX = re.compile(r"-[0-9a-zA-Z]{8}$")      # input_processor: f"{external}-{uuid:.8}"
 _CHILD_PREFIX = re.compile(r"^\d+_")                    # parallel sampling (n > 1): f"{index}_{parent}"
@@ -79,6 +83,7 @@ class EngineTelemetry:
         self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest
         self._model: Optional[str] = None
         self.sid = 0                         # the current step (last execute_model)
+        self._last_id = 0                    # the last id handed out: steps and their sub-steps
         self.has_scheduler = False           # requests live in this process (TP = PP = 1)
         self.tagging = False                 # the injector is counting here and steps are tagged
         self._period = settle_period_s
@@ -86,9 +91,12 @@ class EngineTelemetry:
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         self._shutdown_done = False
-        self._requests_log = RequestLog()
+        self._requests_log = RequestLog(self)
         self._providers: Tuple = ()
         self.settle_errors = 0
+        self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
+        self.ranks: Optional[RankCensus] = None   # TP/PP > 1: the workers' segments (EngineCore)
+        self._executing: Dict[int, int] = {}      # ... id(scheduler output) -> its step, until its output
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -102,13 +110,49 @@ class EngineTelemetry:
     # -- steps (engine thread) --------------------------------------------------------------------
     def begin_execute(self, scheduler_output) -> int:
         """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
-        self.sid += 1
-        sid = self.sid
+        sid = self.sid = self.next_sid()
         if self.has_scheduler:
             tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
             self.ledger.step_opened(sid, dict(tokens), self.clock())
         self.tagging = injector.step_begin(sid)
         return sid
+
+    def next_sid(self) -> int:
+        """The next id of the one increasing sequence of steps and sub-steps (the census's step ring
+        takes ids in increasing order). Without requests here (a TP/PP worker) only steps take ids,
+        so every rank numbers its steps alike."""
+        self._last_id += 1
+        return self._last_id
+
+    # -- steps run by worker processes (EngineCore, TP/PP > 1) --------------------------------------
+    def executor_step(self, executor, scheduler_output) -> None:
+        """Before MultiprocExecutor.execute_model: every worker numbers this step alike; open it here."""
+        if not self.has_scheduler:
+            return
+        if self.ranks is None:
+            n = getattr(executor, "local_world_size", None) or getattr(executor, "world_size", 1)
+            self.ranks = RankCensus(os.getpid(), n)
+            self.ledger.read = self.ranks.read
+            self.tagging = True              # the workers tag their steps; their segments say what ran
+        sid = self.next_sid()
+        tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        self.ledger.step_opened(sid, dict(tokens), self.clock())
+        self._executing[id(scheduler_output)] = sid
+
+    def step_output(self, scheduler_output) -> None:
+        """Scheduler.update_from_output: the step's results came back from the workers: it is over
+        (and so is any earlier one still open)."""
+        if not self._executing:
+            return
+        sid = self._executing.pop(id(scheduler_output), None)
+        if sid is None:
+            return
+        now = self.clock()
+        for key, older in [(k, v) for k, v in self._executing.items() if v < sid]:
+            del self._executing[key]
+            self.ledger.step_touched(older, now)
+        self.ledger.step_touched(sid, now)
+        self._ensure_settler()
 
     def begin_sample(self) -> int:
         """Before sample_tokens: the same step as the execute_model it follows."""
@@ -128,6 +172,7 @@ class EngineTelemetry:
         rid = request.request_id
         if rid in self._tracked:             # a streaming-input session's next chunk: same request
             return
+        self.ledger.request_started(rid)
         headers = dict(getattr(request, "trace_headers", None) or {})
         operation = headers.get(OPERATION_HEADER, "text_completion")
         model = self._model_name(scheduler)
@@ -173,7 +218,8 @@ class EngineTelemetry:
         }
         if reason is not None:
             facts["gen_ai.response.finish_reasons"] = [str(reason)]
-        self.ledger.request_done(rid, (facts, FINISH_ERRORS.get(status)), now)
+        # its last blocks may be stored after its end (vLLM defers a step's stores to the next step)
+        self.ledger.request_done(rid, (facts, FINISH_ERRORS.get(status)), now, awaiting=self.kv.awaits(rid))
         if not self.tagging:                 # no census here: nothing to wait for
             self._ensure_settler()
 
@@ -210,10 +256,11 @@ class EngineTelemetry:
             if s.first_step_ns:
                 attrs["gen_ai.latency.time_in_queue"] = max(0, s.first_step_ns - arrival) / 1e9
             cost = None
+            attrs.update(kv_attributes(s))
             if self.tagging:
                 cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
                                steps=s.steps, note=STEP_NOTE, share=s.share, prefill=s.prefill,
-                               pids=[os.getpid()], notes=list(s.notes))
+                               pids=self.ranks.pids if self.ranks else [os.getpid()], notes=list(s.notes))
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts["gen_ai.usage.output_tokens"],
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
@@ -230,6 +277,11 @@ class EngineTelemetry:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s / 3)
+        if self.ranks is not None:           # the workers still run (and flush): let their census catch up
+            deadline = time.monotonic() + timeout_s / 2
+            while self.ledger.pending() and time.monotonic() < deadline:
+                self.settle()
+                time.sleep(0.05)
         injector.finish()
         if self.has_scheduler:
             self.settle(final=True)
@@ -274,14 +326,26 @@ class RequestLog:
 
     MAX_LINES = 200_000
 
-    def __init__(self):
+    def __init__(self, engine=None):
         self._f = None
         self._lines = 0
         self._failed = False
+        self._engine = engine
+
+    def _segment(self) -> str:
+        """The engine's segment; with TP/PP > 1 EngineCore may launch no GPU work of its own (no
+        segment): then the name its segment would have, in the folder its workers write to."""
+        seg = injector.segment_path()
+        ranks = getattr(self._engine, "ranks", None)
+        if seg or ranks is None or not ranks.paths:
+            return seg
+        ticks = proctree.proc_start_ticks(os.getpid())
+        return os.path.join(os.path.dirname(next(iter(ranks.paths.values()))),
+                            f"gpu-census-{os.getpid()}-{ticks}.seg")
 
     def _open(self):
         if self._f is None and not self._failed:
-            seg = injector.segment_path()
+            seg = self._segment()
             if not seg:
                 return None
             try:
@@ -314,6 +378,9 @@ class RequestLog:
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
                "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+        if s.weights:
+            obj["kv"] = {"stored_blocks": s.weights.get(STORE, 0), "loaded_blocks": s.weights.get(LOAD, 0),
+                         "gpu": share_attributes("", s.sub, always=False)}
         if tracked.first_token_ns:
             obj["first_token_time_unix_nano"] = tracked.first_token_ns
         if error_type:
@@ -323,6 +390,10 @@ class RequestLog:
     def summary(self, ledger, errors: int = 0) -> None:
         self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
                                "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+                               "kv_sub_steps": ledger.sub_steps,
+                               "ranks": {str(pid): {k: share_attributes("", Share.from_row(v)) for k, v in per.items()}
+                                         for pid, per in ledger.per_process.items()},
+                               "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
                                "total": share_attributes("", Share.from_row(ledger.total)),
                                "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})
         if self._f is not None:
@@ -331,6 +402,18 @@ class RequestLog:
             except OSError:
                 pass
             self._f = None
+
+
+def kv_attributes(s) -> Dict[str, Any]:
+    """A settled request's KV-offload figures: blocks it stored and loaded, and the part of its GPU
+    share those transfers were (``gpu_census.kv_offload.*``, included in ``gpu_census.*``)."""
+    out: Dict[str, Any] = {}
+    for kind, name in ((STORE, "vllm.kv_offload.stored_blocks"), (LOAD, "vllm.kv_offload.loaded_blocks")):
+        if s.weights.get(kind):
+            out[name] = s.weights[kind]
+    if out:
+        out.update(share_attributes("gpu_census.kv_offload.", s.sub, always=False))
+    return out
 
 
 def _extract(headers: Mapping[str, str]):
