@@ -259,6 +259,9 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=120.0,
                     help="seconds for the CUDA workers to write their segments (default 120)")
     ap.add_argument("--out", help="folder for sidecar_cpu.json (and the workers' stderr)")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="cProfile every periodic collection (census read, NVML, SDK, export) into FILE "
+                         "(pstats) and print the top functions; the profiler inflates the CPU figure")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -316,6 +319,7 @@ def main() -> int:
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{http_port if http else grpc_port}"
         handle = sidecar.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
                                        interval_s=a.interval, nvml=a.nvml)
+        prof = _profile_collections(handle) if a.profile else None
         if a.exporter == "prometheus":
             children.append(subprocess.Popen(me + ["--role", "scraper", str(handle.prometheus_port), str(a.interval)]))
         time.sleep(2 * a.interval)                        # warm up: imports, first exports
@@ -337,7 +341,10 @@ def main() -> int:
         sampler = handle.nvml
         gpm_gpus = sum(1 for d in sampler.devices if d.gpm) if sampler else 0
         nvml_cost = _nvml_call_costs(sampler) if sampler else None
+        stages = _stage_costs(handle)
         handle.stop()
+        if prof is not None:
+            _report_profile(prof, a.profile, reads)
         received = None
         if rx is not None:
             try:
@@ -358,6 +365,7 @@ def main() -> int:
             "otlp_exports_ok": exports_ok, "full_scan_ms_for_comparison": round(full_scan_ms, 2),
             "kernels_in_window": work1[0] - work0[0], "d2h_bytes_in_window": work1[1] - work0[1],
             "received": received, "nvml_cpu_us_per_call": nvml_cost, "cpu_pct_by_thread": threads,
+            "stage_cpu_ms_per_collection": stages,
         }
         print(json.dumps(result))
         nv = "" if not a.nvml else (", NVML off: unusable here" if sampler is None else
@@ -375,6 +383,35 @@ def main() -> int:
                 c.kill()
             c.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _profile_collections(handle):
+    """Run each periodic reader's collect() (its callbacks, the SDK's aggregation and the export)
+    under one cProfile.Profile, in the reader's own thread."""
+    import cProfile
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    prof = cProfile.Profile(time.thread_time)     # CPU of the reader thread, not wall time
+    for r in handle._exporting.readers:
+        if isinstance(r, PeriodicExportingMetricReader):
+            inner = r.collect
+
+            def collect(*args, _inner=inner, **kw):
+                prof.enable()
+                try:
+                    return _inner(*args, **kw)
+                finally:
+                    prof.disable()
+            r.collect = collect
+    return prof
+
+
+def _report_profile(prof, path: str, collections: int) -> None:
+    import pstats
+    prof.dump_stats(path)
+    st = pstats.Stats(path, stream=sys.stderr)
+    print(f"profile of ~{collections} collections ({path}; CPU time of the collecting thread), by cumulative time:", file=sys.stderr)
+    st.sort_stats("cumulative").print_stats(30)
+    st.sort_stats("tottime").print_stats(20)
 
 
 def _thread_cpu() -> dict:
@@ -419,6 +456,40 @@ def _nvml_call_costs(sampler, n: int = 50) -> dict:
     # per collection: utilization, memory twice (usage and limit), both PCIe directions, GPM once
     per = {"utilization": 1, "memory_info": 2, "pcie_rx": 1, "pcie_tx": 1, "gpm_sample_and_metrics": 1}
     out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in out), 1)
+    return out
+
+
+def _stage_costs(handle, n: int = 20) -> dict:
+    """CPU milliseconds per collection, stage by stage, on warm caches (each stage n times in a
+    row, in this thread): the census read of the segments; the NVML callbacks; the SDK's
+    collection (every callback, census reads excluded: they are fresh); OTLP encoding; the export
+    (encoding and the gRPC call). The running sidecar pays more (cold caches once a second)."""
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    def per(fn) -> float:
+        c = time.process_time()
+        for _ in range(n):
+            fn()
+        return round((time.process_time() - c) / n * 1000, 3)
+
+    out = {"census_read": per(handle.census.refresh)}
+    sampler = handle.nvml
+    if sampler is not None:
+        cbs = sampler.callbacks()
+        names = [s.name for s in sampler.specs()]
+        out["nvml_callbacks"] = per(lambda: [cbs[k](None) for k in names])
+    reader = next((r for r in handle._exporting.readers if isinstance(r, PeriodicExportingMetricReader)), None)
+    if reader is None:
+        return out
+    handle.census.refresh()       # the SDK's callbacks below find a fresh snapshot and do not read
+    data = reader._collect(reader, timeout_millis=10_000)
+    out["sdk_collect"] = per(lambda: (handle.census.refresh(force=False), reader._collect(reader, timeout_millis=10_000)))
+    out["points"] = sum(len(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics
+                        for m in sm.metrics)
+    exporter = getattr(reader._exporter, "_inner", reader._exporter)
+    if hasattr(exporter, "_translate_data"):
+        out["otlp_encode"] = per(lambda: exporter._translate_data(data))
+        out["otlp_export"] = per(lambda: reader._exporter.export(data))
     return out
 
 
