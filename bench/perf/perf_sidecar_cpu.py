@@ -9,10 +9,15 @@ start CUDA in ~10-20 s, 2 s warm-up, 30 s measured, teardown), which runs:
     timeout 150 python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 30 --out $OUT/sidecar_cpu
 
 Expected: one JSON line and a sentence, e.g. "sidecar following 8 processes at 1 s (otlp, NVML on,
-GPM on 1 GPU): 0.6% of one core over 30 s"; the JSON has the census reads, OTLP exports that
+GPM on 1 GPU, PCIe counters): 0.6% of one core over 30 s"; the JSON has the census reads, OTLP exports that
 succeeded, kernels and D2H bytes the 8 processes did in the window, and the metric names the
 receiver got (`hw.gpu.utilization`, `gpu_census.sm.occupancy` among them). Target: < 1 % of one
-core. Exit 1 if fewer processes were followed than started (or a worker failed).
+core. Exit 1 if fewer processes were followed than started (or a worker failed). The JSON also has
+`stage_cpu_ms_per_collection` (census read, NVML callbacks, the SDK's collection, OTLP encoding and
+export, each timed on warm caches after the window), `nvml_cpu_us_per_call` (and `pcie_mode`:
+`counters` where NVML has the PCIe byte counter fields, else `sample`), and `package`: the
+otel_gpu_census it measured (this checkout's src/, which comes first on sys.path). `--profile FILE`
+cProfiles the collections (CPU time of the collecting thread) and prints the top functions.
 
 On the CPU machine (~35 s; as measured for docs/measurements.md §7):
 
@@ -360,6 +365,8 @@ def main() -> int:
         result = {
             "workload": a.workload, "processes": a.processes, "followed": followed, "interval_s": a.interval,
             "exporter": a.exporter, "nvml": a.nvml, "nvml_open": sampler is not None, "gpm_gpus": gpm_gpus,
+            "pcie_modes": {d.uuid: d.pcie for d in sampler.devices} if sampler else None,
+            "package": str(Path(sys.modules["otel_gpu_census"].__file__).parent),   # this tree's src/?
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 4),
             "cpu_pct_of_one_core": round(100 * cpu / wall, 3), "census_reads": reads,
             "otlp_exports_ok": exports_ok, "full_scan_ms_for_comparison": round(full_scan_ms, 2),
@@ -368,8 +375,10 @@ def main() -> int:
             "stage_cpu_ms_per_collection": stages,
         }
         print(json.dumps(result))
+        pcie = sorted({d.pcie for d in sampler.devices}) if sampler else []
         nv = "" if not a.nvml else (", NVML off: unusable here" if sampler is None else
-                                    f", NVML on, GPM on {gpm_gpus} of {len(sampler.devices)} GPU(s)")
+                                    f", NVML on, GPM on {gpm_gpus} of {len(sampler.devices)} GPU(s), "
+                                    f"PCIe {'/'.join(pcie)}")
         print(f"sidecar following {followed} processes at {a.interval:g} s ({a.exporter}{nv}): "
               f"{result['cpu_pct_of_one_core']}% of one core over {wall:.0f} s "
               f"({reads} census reads; a full scan with windows would cost {full_scan_ms:.1f} ms each)")
@@ -431,8 +440,10 @@ def _thread_cpu() -> dict:
 
 
 def _nvml_call_costs(sampler, n: int = 50) -> dict:
-    """CPU microseconds per call of each NVML query the sampler makes once per collection (first
-    GPU), and their sum: how much of the sidecar's CPU is NVML's."""
+    """CPU microseconds per call of each NVML query the sampler can make once per collection (first
+    GPU), and the sum of those it does make: how much of the sidecar's CPU is NVML's. `pcie_mode`:
+    counters (one field-values call for both directions) or sample (the 20 ms throughput call, once
+    per direction: where the counters are missing)."""
     import time as _t
     nv, d = sampler._nvml, sampler.devices[0]
     calls = {
@@ -441,21 +452,30 @@ def _nvml_call_costs(sampler, n: int = 50) -> dict:
         "pcie_rx": lambda: nv.nvmlDeviceGetPcieThroughput(d.handle, nv.NVML_PCIE_UTIL_RX_BYTES),
         "pcie_tx": lambda: nv.nvmlDeviceGetPcieThroughput(d.handle, nv.NVML_PCIE_UTIL_TX_BYTES),
     }
+    if d.pcie_ids:
+        calls["pcie_counters"] = lambda: nv.nvmlDeviceGetFieldValues(d.handle, list(d.pcie_ids))
     if d.gpm:
         def gpm():
             d.prev_t = 0.0
             sampler._gpm_sample(d)
         calls["gpm_sample_and_metrics"] = gpm
-    out = {}
+    out = {"pcie_mode": d.pcie, "pcie_why_not_counters": d.pcie_why}
     for name, fn in calls.items():
         c0, w0 = _t.process_time(), _t.monotonic()
-        for _ in range(n):
-            fn()
-        out[name] = {"cpu_us": round((_t.process_time() - c0) / n * 1e6, 1),
-                     "wall_us": round((_t.monotonic() - w0) / n * 1e6, 1)}
-    # per collection: utilization, memory twice (usage and limit), both PCIe directions, GPM once
-    per = {"utilization": 1, "memory_info": 2, "pcie_rx": 1, "pcie_tx": 1, "gpm_sample_and_metrics": 1}
-    out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in out), 1)
+        try:
+            for _ in range(10 if name in ("pcie_rx", "pcie_tx") else n):   # 20 ms of wall each
+                fn()
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        k = 10 if name in ("pcie_rx", "pcie_tx") else n
+        out[name] = {"cpu_us": round((_t.process_time() - c0) / k * 1e6, 1),
+                     "wall_us": round((_t.monotonic() - w0) / k * 1e6, 1)}
+    # per collection now: utilization, memory once (the limit is read once), PCIe as its mode says, GPM once
+    per = {"utilization": 1, "memory_info": 1, "gpm_sample_and_metrics": 1}
+    per.update({"pcie_counters": 1} if d.pcie == "counters" else {"pcie_rx": 1, "pcie_tx": 1})
+    out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in per
+                                             if isinstance(out.get(k), dict) and "cpu_us" in out[k]), 1)
     return out
 
 

@@ -27,11 +27,11 @@ class FakeNvml:
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 197, 198
     NVML_ERROR_NOT_SUPPORTED = 3
 
-    def __init__(self, clock, load, occupancy=0.14, gpm=True, pcie_fields=True):
+    def __init__(self, clock, load, occupancy=0.14, gpm=True, pcie_fields=True, value_type=3):
         self.clock, self.load, self.occupancy, self.gpm = clock, load, occupancy, gpm
         self.metric_calls = []
         self.calls = collections.Counter()
-        self.pcie_fields = pcie_fields
+        self.pcie_fields, self.value_type = pcie_fields, value_type
         # cumulative bytes at time t: 1 GB/s into the GPU and 2 MB/s out of it
         self.rx_bytes = lambda t: int(1e9 * t)
         self.tx_bytes = lambda t: int(2e6 * t)
@@ -97,9 +97,9 @@ class FakeNvml:
             ok = self.pcie_fields and fid in (self.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, self.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
             v = (self.rx_bytes if fid == self.NVML_FI_DEV_PCIE_COUNT_RX_BYTES else self.tx_bytes)(self.clock.now)
             out.append(types.SimpleNamespace(
-                fieldId=fid, timestamp=int(self.clock.now * 1e6) + 1_700_000_000_000_000, valueType=3,
+                fieldId=fid, timestamp=int(self.clock.now * 1e6) + 1_700_000_000_000_000, valueType=self.value_type,
                 nvmlReturn=self.NVML_SUCCESS if ok else self.NVML_ERROR_NOT_SUPPORTED,
-                value=types.SimpleNamespace(ullVal=v if ok else 0)))
+                value=types.SimpleNamespace(ullVal=v if ok else 0, uiVal=(v if ok else 0) % 2**32)))
         return out
 
     def nvmlShutdown(self):
@@ -206,11 +206,13 @@ def test_collections_closer_than_the_minimum_keep_the_previous_pcie_values(monke
     assert collect(3.0)[(PCIE, "receive")] == pytest.approx(5e9)         # measured from 2.0
 
 
-@pytest.mark.parametrize("why", ["unsupported", "old_pynvml"])
+@pytest.mark.parametrize("why", ["unsupported", "old_pynvml", "32-bit"])
 def test_without_the_byte_counters_the_20ms_sample_is_used_decided_once(monkeypatch, why):
     def hook(fake):
         if why == "old_pynvml":
             monkeypatch.delattr(FakeNvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")
+        if why == "32-bit":
+            fake.value_type = 1        # NVML_VALUE_TYPE_UNSIGNED_INT
     fake, collect, sampler = _rig(monkeypatch, load=lambda t: 0.0, pcie_fields=why != "unsupported",
                                   fake_hook=hook)
     d = sampler.devices[0]

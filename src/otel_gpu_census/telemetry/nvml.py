@@ -61,6 +61,7 @@ def _text(v) -> str:
 
 # nvmlValue_t's member for each nvmlValueType_t
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_WIDE = (2, 3, 4)      # unsigned long (64-bit on Linux), unsigned and signed long long
 
 
 def _field_value(f) -> int:
@@ -103,11 +104,12 @@ class NvmlSampler:
             self._init_pcie(d)
 
     # -- PCIe byte counters ---------------------------------------------------------------
-    def _read_pcie_counters(self, d: _Device) -> Tuple[Tuple[int, ...], float]:
-        """(RX, TX byte counters, when NVML read them in seconds) in one call; raises when either
-        field failed."""
+    def _read_pcie_counters(self, d: _Device, got=None) -> Tuple[Tuple[int, ...], float]:
+        """(RX, TX byte counters, when NVML read them in seconds) in one call (or from `got`, that
+        call's answer); raises when either field failed."""
         n = self._nvml
-        got = n.nvmlDeviceGetFieldValues(d.handle, list(d.pcie_ids))
+        if got is None:
+            got = n.nvmlDeviceGetFieldValues(d.handle, list(d.pcie_ids))
         for f in got:
             if f.nvmlReturn != n.NVML_SUCCESS:
                 raise getattr(n, "NVMLError", RuntimeError)(f.nvmlReturn)
@@ -126,9 +128,14 @@ class NvmlSampler:
             return
         d.pcie_ids = ids
         try:
-            d.pcie_prev, d.pcie_t = self._read_pcie_counters(d)
+            got = n.nvmlDeviceGetFieldValues(d.handle, list(ids))
+            narrow = [f.valueType for f in got if f.nvmlReturn == n.NVML_SUCCESS and f.valueType not in _WIDE]
+            d.pcie_prev, d.pcie_t = self._read_pcie_counters(d, got)
         except Exception as e:
             d.pcie_why = f"PCIe byte counters not readable: {_text(e)}"
+            return
+        if narrow:     # a 32-bit byte counter wraps every ~0.1 s at PCIe Gen5 speed: useless at 1 s
+            d.pcie_why = f"PCIe byte counters are not 64-bit (NVML value type {narrow[0]})"
             return
         d.pcie = PCIE_COUNTERS
 
