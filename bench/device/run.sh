@@ -20,7 +20,10 @@
 #   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
-#                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log
+#                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log. proxy-pairs records
+#                the proxy's event-loop lag per load (run_server_bench.py --proxy-loop-lag, default 20 ms);
+#                sidecar's JSON has CPU per stage and NVML's cost per call (PCIe counters or sample)
+#   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
 # The carried folders: .whl/ (bench/device/wheels.sh makes it where PyPI is reachable), .vllm/part1..3
 # (../shared/vllm-offline/vllm_wheels.sh), .llama/ (the llama.cpp sdist and a vocab GGUF).
 # History: until 2026-11-30 each session had its own script (tests/gpu/device_session1-8.sh); what each
@@ -84,6 +87,7 @@ phase() {
                    --vocab .llama/ggml-vocab-llama-bpe.gguf --budget-s 540 --cycles 200 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/reliability.log" ;;
     metrics-table) timeout 150 python3 tests/gpu/llama_metrics_table.py --server "$(cat /root/llama-server.path)" \
                      --model /root/m8b.gguf --flags default --expect-gpu --max-s 140 --out "$OUT/llama_metrics" ;;
+    nvml-tests) python3 -m pytest -q -s -m gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/nvml-tests.log" ;;
     sidecar) python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 25 --out "$OUT/sidecar_cpu" 2>&1 | tee "$OUT/sidecar.log" ;;
     *) log "unknown phase $1"; return 2 ;;
   esac
