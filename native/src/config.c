@@ -103,6 +103,8 @@ void gc_config_load(struct gc_config *c)
     c->max_buffers = (int)env_long("OTEL_GPU_CENSUS_MAX_BUFFERS", 32, 2, 4096);
     c->flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
     c->graph_mode = env_choice("OTEL_GPU_CENSUS_GRAPHS", graphs, 2) == 1 ? GC_GRAPHS_NODE : GC_GRAPHS_LAUNCH;
+    const char *gv = getenv("OTEL_GPU_CENSUS_GRAPHS");
+    c->graph_named = gv && strcmp(gv, "launch") == 0;
     c->api_v1 = env_choice("OTEL_GPU_CENSUS_CUPTI_API", api, 2) == 1;
     const char *named = getenv("OTEL_GPU_CENSUS_CUPTI_API");
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);

@@ -525,9 +525,11 @@ static int start(void)
             return -1;
         }
     }
-    /* Refused per-launch records leave graphs traced node by node: slower, still exact. */
+    /* Refused per-launch records leave graphs traced node by node: slower, still exact (the segment
+     * says which; a line only when the user asked for launch by name). */
     if (g_graph_mode == GC_GRAPHS_LAUNCH && (r = add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE)) != CUPTI_SUCCESS) {
-        gc_log("graphs traced node by node: CUPTI refused per-launch graph records (%s)", gc_cupti_error(r));
+        if (g_cfg.graph_named)
+            gc_log("graphs traced node by node: CUPTI refused per-launch graph records (%s)", gc_cupti_error(r));
         g_graph_mode = GC_GRAPHS_NODE;
         g_graphs_learned = 0;
     }

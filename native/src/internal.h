@@ -31,6 +31,7 @@ struct gc_config {
     uint32_t flush_ms;          /* OTEL_GPU_CENSUS_FLUSH_MS */
     uint32_t kernel_mode, kernel_on_ms, kernel_period_ms;   /* OTEL_GPU_CENSUS_KERNELS */
     uint32_t graph_mode;        /* OTEL_GPU_CENSUS_GRAPHS: enum gc_graphs (launch unless node) */
+    int graph_named;            /* OTEL_GPU_CENSUS_GRAPHS was set: say so when it cannot be had */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
     int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
 };

@@ -104,6 +104,9 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs):
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
     assert got["graph_kernel_count"] == (want["graph_kernels"] if per_launch else 0)
     assert got["graph_unknown"] == got["graph_inexact"] == 0
+    # launch named with v2 named, refused by the driver: one line says so; otherwise a healthy census is silent
+    refused = graphs == "launch" and not per_launch
+    assert p.stderr.count("graphs traced node by node") == int(refused) and p.stderr.count("\n") == int(refused), p.stderr
     assert got["state"] == 2  # EXITED: final flush ran
     assert got["kernel_count"] == want["kernels"]
     assert got["htod_pageable"]["bytes"] == want["htod_pageable"] and got["htod_pageable"]["count"] == 1
