@@ -87,6 +87,11 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             rc = "hung"
+        if sig == signal.SIGKILL:       # the whole group: vLLM's own processes too (a port left taken
+            try:                        # made the next call's benchmark measure a stale server)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.log.close()
         return {"rc": rc, "stop_s": round(time.time() - t, 2)}
 
@@ -225,53 +230,30 @@ def wait_quiet(limit_s=420) -> float:
 def phases_run(a, model, out, base, env, servers) -> dict:
     """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
     sys.path.insert(0, str(ROOT / "bench" / "server"))
-    from control_phases import Phases, delta
+    from control_phases import Phases, run_rounds, summarise
     for n in ("P", "R"):
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
     res = {"waited_for_quiet_s": wait_quiet()}
     ph = Phases(base / "R")
-    modes = ["off", "launch", "node"]
-    rounds = []
-    for i in range(a.phase_rounds):
-        order = modes[i % 3:] + modes[:i % 3]
-        rnd = {"order": order}
-        for m in order:
-            ok = ph.set(m)
-            before = ph.totals()
-            lr = asyncio.run(load(8105, 32, 4, 256, seed=300 + i))
-            time.sleep(1.5)          # the flusher's period: this phase's records into the totals
-            rnd[m] = {**summary(lr), "switched": ok, "census": delta(ph.totals(), before),
-                      "tokens": sum(r["tokens"] for r in lr["requests"])}
+
+    def one(mode, i):
+        lr = asyncio.run(load(8105, 32, 4, 256, seed=300 + i))
+        return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
+
+    def beside(rnd):      # plain vLLM after each round, and the round kept if the call is cut
         if servers["P"].proc.poll() is None:
-            rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + i)))
-        for m in ("launch", "node"):
-            rnd[f"{m}/off"] = round(rnd[m]["tok_per_s"] / rnd["off"]["tok_per_s"], 4) if rnd["off"]["tok_per_s"] else None
-        if rnd.get("P", {}).get("tok_per_s"):
-            rnd["off/P"] = round(rnd["off"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
-        rounds.append(rnd)
-        print("phase round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
-        (out / "phases-partial.json").write_text(json.dumps(rounds, default=str))   # kept if the call is cut
-    res = {**res, "rounds": rounds, "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, "
-                                     "same seed for every mode of a round; modes rotate who goes first"}
-    for k in ("launch/off", "node/off", "off/P"):
-        r = [x[k] for x in rounds if x.get(k)]
-        if not r:
-            continue
-        res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
-        print("phases", k, res[k], flush=True)
-    # per output token, per mode: copies and kernel time (copies must not depend on the mode)
-    per_tok = {}
-    for m in ("off", "launch", "node"):
-        tot: dict = {}
-        toks = sum(x[m]["tokens"] for x in rounds)
-        for x in rounds:
-            for k, v in x[m]["census"].items():
-                tot[k] = tot.get(k, 0) + v
-        per_tok[m] = {k: v / toks for k, v in tot.items()} if toks else {}
-        per_tok[m]["_tokens"] = toks
-    res["per_output_token"] = per_tok
-    check(all(x[m]["switched"] for x in rounds for m in modes), "R: every phase switched the census")
+            rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + len(done))))
+            if rnd["P"]["tok_per_s"] and rnd["off"]["tok_s"]:
+                rnd["off/P"] = round(rnd["off"]["tok_s"] / rnd["P"]["tok_per_s"], 4)
+        done.append(rnd)
+        (out / "phases-partial.json").write_text(json.dumps(done, default=str))
+    done: list = []
+    rounds = run_rounds(ph, a.phase_rounds, one, after=beside)
+    res = {**res, "rounds": rounds, **summarise(rounds),
+           "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, same seed for "
+                   "every mode of a round; modes rotate who goes first"}
+    check(res["all_switched"], "R: every phase switched the census")
     res["stop_R"] = servers.pop("R").stop()
     return res
 

@@ -78,3 +78,51 @@ class Phases:
 
 def delta(after: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def run_rounds(phases: Phases, rounds: int, load, modes=("off", "launch", "node"), after=None,
+               settle_s: float = 1.5) -> list:
+    """`rounds` rounds; in each, every mode in turn (rotating who goes first) runs load(mode, round)
+    -> {"tok_s", "tokens", ...}. Each phase gets the census's figures for its load (`census`) and
+    whether the switch took (`switched`); each round its ratios mode/off. after(round_dict) is called
+    once a round is done (to keep partial results)."""
+    out = []
+    modes = list(modes)
+    for i in range(rounds):
+        order = modes[i % len(modes):] + modes[:i % len(modes)]
+        rnd = {"order": order}
+        for m in order:
+            ok = phases.set(m)
+            before = phases.totals()
+            got = load(m, i)
+            time.sleep(settle_s)    # the flusher's period: this phase's records into the totals
+            rnd[m] = {**got, "switched": ok, "census": delta(phases.totals(), before)}
+        for m in modes:
+            if m != "off" and rnd[m].get("tok_s") and rnd.get("off", {}).get("tok_s"):
+                rnd[f"{m}/off"] = round(rnd[m]["tok_s"] / rnd["off"]["tok_s"], 4)
+        out.append(rnd)
+        print("round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
+        if after:
+            after(rnd)
+    return out
+
+
+def summarise(rounds: list, modes=("off", "launch", "node")) -> dict:
+    """Median and spread of every ratio the rounds hold, every phase switched, and per output token
+    and mode the census's figures (copies must not depend on the mode)."""
+    import statistics
+    res: dict = {"all_switched": all(x[m]["switched"] for x in rounds for m in modes)}
+    for k in sorted({k for x in rounds for k in x if "/" in k}):
+        r = [x[k] for x in rounds if x.get(k)]
+        if r:
+            res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
+    per_tok = {}
+    for m in modes:
+        tot: Dict[str, int] = {}
+        toks = sum(x[m].get("tokens") or 0 for x in rounds)
+        for x in rounds:
+            for k, v in x[m]["census"].items():
+                tot[k] = tot.get(k, 0) + v
+        per_tok[m] = {"_tokens": toks, **({k: v / toks for k, v in tot.items()} if toks else {})}
+    res["per_output_token"] = per_tok
+    return res

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from control_phases import Phases, delta  # noqa: E402
+from control_phases import Phases, run_rounds, summarise  # noqa: E402
 from load import run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
 
@@ -56,37 +55,13 @@ def main() -> int:
         run_load(url, a.clients, a.clients, n_predict=16, seed=999)        # warm-up (and the segment)
         time.sleep(1.5)
         ph = Phases(census)
-        modes = ["off", "launch", "node"]
-        for i in range(a.rounds):
-            order = modes[i % 3:] + modes[:i % 3]
-            rnd = {"order": order}
-            for m in order:
-                ok = ph.set(m)
-                before = ph.totals()
-                ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=100 + i)
-                time.sleep(1.5)     # the flusher's period: this phase's records into the totals
-                rnd[m] = {"switched": ok, "tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"),
-                          "errors": ld.get("errors"), "ttft_p50_s": ld.get("ttft_p50_s"),
-                          "census": delta(ph.totals(), before)}
-            for m in ("launch", "node"):
-                if rnd[m]["tok_s"] and rnd["off"]["tok_s"]:
-                    rnd[f"{m}/off"] = round(rnd[m]["tok_s"] / rnd["off"]["tok_s"], 4)
-            res["rounds"].append(rnd)
-            print("round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
-        for k in ("launch/off", "node/off"):
-            r = [x[k] for x in res["rounds"] if k in x]
-            if r:
-                res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
-                print(k, res[k], flush=True)
-        per_tok = {}
-        for m in modes:
-            tot: dict = {}
-            toks = sum(x[m]["tokens"] or 0 for x in res["rounds"])
-            for x in res["rounds"]:
-                for k, v in x[m]["census"].items():
-                    tot[k] = tot.get(k, 0) + v
-            per_tok[m] = {"_tokens": toks, **({k: v / toks for k, v in tot.items()} if toks else {})}
-        res["per_output_token"] = per_tok
+
+        def one(mode, i):
+            ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=100 + i)
+            return {"tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"), "errors": ld.get("errors"),
+                    "ttft_p50_s": ld.get("ttft_p50_s")}
+        res["rounds"] = run_rounds(ph, a.rounds, one)
+        res.update(summarise(res["rounds"]))
         return 0
     finally:
         if proc.poll() is None:

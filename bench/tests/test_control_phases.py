@@ -1,0 +1,96 @@
+"""CPU tests of bench/server/control_phases.py: modes written to every segment's control file, a switch
+waited for until the segment shows it, each phase's census figures, rotation, ratios and their summary.
+A thread stands in for the injector's flusher: it reads the control file and publishes the mode in the
+segment, as native/src/injector.c (control_poll) does; the "load" counts copies into the segment."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench" / "server"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
+import control_phases as cp  # noqa: E402
+import cupti_records as cr  # noqa: E402
+from segments import map_segment  # noqa: E402
+
+T0 = 1_700_000_000_000_000_000
+
+
+class StandIn:
+    """The flusher's half of the control file: census=off -> paused, graphs=... -> graph_mode."""
+
+    def __init__(self, path: Path):
+        self.mm, self.seg = map_segment(path, b"server")
+        self.ctl = path.with_suffix(".control")
+        self.ffi, self.lib, _ = cr.native()
+        self.stop = threading.Event()
+        self.seen = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        last = None
+        while not self.stop.is_set():
+            text = self.ctl.read_text() if self.ctl.exists() else None
+            if text and text != last:
+                last = text
+                self.seen.append(text.strip())
+                self.lib.gc_segment_begin_update(self.seg)
+                self.seg.paused = int("census=off" in text)
+                if "graphs=" in text:
+                    self.seg.graph_mode = 1 if "graphs=launch" in text else 0
+                self.lib.gc_segment_end_update(self.seg)
+            time.sleep(0.01)
+
+    def copy(self, nbytes):
+        t = self.lib.gc_tally_create(self.seg)
+        self.lib.gc_segment_begin_update(self.seg)
+        self.lib.gc_tally_record(t, cr.memcpy("dtoh", nbytes, T0, T0 + 10, dst="pinned"))
+        self.lib.gc_tally_publish(t, 0)
+        self.lib.gc_segment_end_update(self.seg)
+        self.lib.gc_tally_destroy(t)
+
+
+@pytest.fixture
+def standin(tmp_path):
+    s = StandIn(tmp_path / "gpu-census-7-8.seg")
+    yield s
+    s.stop.set()
+    s.thread.join(2)
+
+
+def test_rounds_switch_every_segment_and_count_each_phase(standin, tmp_path):
+    tok_s = {"off": 100.0, "launch": 99.0, "node": 80.0}
+    order = []
+
+    def load(mode, i):
+        order.append(mode)
+        standin.copy(1000 + i)            # what this phase's load copied
+        return {"tok_s": tok_s[mode] + i, "tokens": 10}
+    rounds = cp.run_rounds(cp.Phases(tmp_path), 3, load, settle_s=0)
+    assert order == ["off", "launch", "node", "launch", "node", "off", "node", "off", "launch"]
+    assert standin.seen[:3] == ["census=off", "census=on graphs=launch", "census=on graphs=node"]
+    for i, r in enumerate(rounds):
+        for m in ("off", "launch", "node"):
+            assert r[m]["switched"]
+            assert r[m]["census"] == {"copy.dtoh.pinned.count": 1, "copy.dtoh.pinned.bytes": 1000 + i}
+        assert r["launch/off"] == round((99.0 + i) / (100.0 + i), 4)
+        assert r["node/off"] == round((80.0 + i) / (100.0 + i), 4)
+    s = cp.summarise(rounds)
+    assert s["all_switched"] and s["node/off"]["min"] == 0.8 and s["node/off"]["median"] == round(81 / 101, 4)
+    assert s["per_output_token"]["off"] == {"_tokens": 30, "copy.dtoh.pinned.count": 0.1,
+                                            "copy.dtoh.pinned.bytes": (1000 + 1001 + 1002) / 30}
+
+
+def test_a_switch_the_census_never_shows_is_reported_not_waited_for_ever(tmp_path):
+    keep = map_segment(tmp_path / "gpu-census-9-9.seg", b"server")   # nobody reads its control file
+    t = time.monotonic()
+    assert cp.Phases(tmp_path).set("off", timeout=0.3) is False
+    assert time.monotonic() - t < 2
+    assert (tmp_path / "gpu-census-9-9.control").read_text() == "census=off\n"
+    assert keep
