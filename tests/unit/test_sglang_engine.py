@@ -219,8 +219,9 @@ def test_a_rank_that_does_not_report_emits_no_spans_but_splits_the_same(tagged):
     assert Share.from_row(eng.ledger.total).kernel_count == 5 and Share.from_row(eng.ledger.unattributed).kernel_count == 0
 
 
-def test_the_trace_context_travels_in_sglangs_time_stats_and_survives_its_conversions():
+def test_the_trace_context_travels_in_sglangs_time_stats_and_survives_its_conversions(monkeypatch):
     """The HTTP side's hooks on a stand-in of SGLang's time stats (the real class: the integration test)."""
+    monkeypatch.setattr(si, "_off", False)
     class TimeStats:
         def __init__(self):
             self.created_time = 0.0
