@@ -6,7 +6,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/src/*) native/include/gpu_census.h
+# the package is installed as a copy (not editable): reinstall when its Python sources change too
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/src/*) native/include/gpu_census.h $(shell find src -name "*.py")
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q '.[test]'

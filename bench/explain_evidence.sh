@@ -9,20 +9,17 @@
 #   matmul / tiny  tests/gpu/busy_loops.py, SM occupancy from NVML GPM -> the occupancy diagnosis
 # then `report --request-log` on each (report.txt / report.json in each run's folder) and
 # `report --diff default nocache` (diff.txt). Prints every run's diagnoses; a run that fails says why
-# and the others go on. Needs what tests/gpu/device_setup.sh sets up (carried wheels, libcupti 13.5,
-# llama-server binaries, the vocab) and torch for the busy loops.
+# and the others go on. Run through `bash bench/device/run.sh setup llama explain` (the carried wheels,
+# the injector against libcupti 13.5, llama-server built for sm_90 and the 8B model), and torch for
+# the busy loops.
 set -u
 cd "$(dirname "$0")/.."
-source tests/gpu/device_setup.sh
 W=${OUT:-/tmp}/explain; mkdir -p "$W"
 OGC="python3 -m otel_gpu_census.cli"
-MODEL=/root/work/m8b.gguf
+MODEL=${MODEL:-/root/m8b.gguf}
+LLAMA_SERVER=${LLAMA_SERVER:-$(cat /root/llama-server.path 2>/dev/null)}
 PORT=8191
-if [ ! -f native/build/libotel_gpu_census.so ]; then
-  inc=$(python3 -c 'import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],"cu13","include"))')
-  make -s -C native BUILD=build CUPTI_INCLUDE="$inc" > "$W/native-build.log" 2>&1 || { echo "native build failed: $W/native-build.log"; exit 1; }
-fi
-[ -f $MODEL ] || timeout 300 python3 bench/server/make_model.py $MODEL --vocab "$VOCAB" --preset 8b > "$W/make_model.log" 2>&1
+[ -x "$LLAMA_SERVER" ] && [ -f "$MODEL" ] || { echo "explain: no llama-server or model (run.sh llama first)"; exit 1; }
 
 show() {   # name: the diagnoses of one run's report
   local n; n=$(grep -c '^  \* ' "$W/$1/report.txt" 2>/dev/null)

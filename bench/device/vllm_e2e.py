@@ -2,11 +2,13 @@
 conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
 start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
 
-    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles]
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,kv,tp]
 
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
-with --kv-offloading-size. Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed
+with --kv-offloading-size. `phases`: one server under the census (R) whose census modes are switched
+in alternating phases through the control file (off / graphs per launch / per node), beside plain
+vLLM (P) for the fixed cost of the integration. Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed
 in it and the exit code is 1.
 """
 from __future__ import annotations
@@ -209,12 +211,128 @@ def conservation_check(name, census_dir, all_spans, res):
         res["outside_steps"] = {k: res["census_totals"][k] - sm["total"].get(k, 0) for k in res["census_totals"]}
 
 
+def wait_quiet(limit_s=420) -> float:
+    """Wait until no build runs on the machine (the llama.cpp build may still run in the background):
+    throughput is measured on a quiet machine. Returns the seconds waited."""
+    t0 = time.time()
+    while time.time() - t0 < limit_s:
+        if subprocess.run(["pgrep", "-f", "cmake --build|cc1plus|nvcc|ptxas|cicc"], capture_output=True).returncode:
+            break
+        time.sleep(2)
+    return round(time.time() - t0, 1)
+
+
+def phases_run(a, model, out, base, env, servers) -> dict:
+    """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
+    sys.path.insert(0, str(ROOT / "bench" / "server"))
+    from control_phases import Phases, delta
+    for n in ("P", "R"):
+        check(servers[n].wait(), f"{n}: server up")
+        asyncio.run(load(servers[n].port, 4, 2, 16))
+    res = {"waited_for_quiet_s": wait_quiet()}
+    ph = Phases(base / "R")
+    modes = ["off", "launch", "node"]
+    rounds = []
+    for i in range(a.phase_rounds):
+        order = modes[i % 3:] + modes[:i % 3]
+        rnd = {"order": order}
+        for m in order:
+            ok = ph.set(m)
+            before = ph.totals()
+            lr = asyncio.run(load(8105, 32, 4, 256, seed=300 + i))
+            time.sleep(1.5)          # the flusher's period: this phase's records into the totals
+            rnd[m] = {**summary(lr), "switched": ok, "census": delta(ph.totals(), before),
+                      "tokens": sum(r["tokens"] for r in lr["requests"])}
+        if servers["P"].proc.poll() is None:
+            rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + i)))
+        for m in ("launch", "node"):
+            rnd[f"{m}/off"] = round(rnd[m]["tok_per_s"] / rnd["off"]["tok_per_s"], 4) if rnd["off"]["tok_per_s"] else None
+        if rnd.get("P", {}).get("tok_per_s"):
+            rnd["off/P"] = round(rnd["off"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
+        rounds.append(rnd)
+        print("phase round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
+        (out / "phases-partial.json").write_text(json.dumps(rounds, default=str))   # kept if the call is cut
+    res = {**res, "rounds": rounds, "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, "
+                                     "same seed for every mode of a round; modes rotate who goes first"}
+    for k in ("launch/off", "node/off", "off/P"):
+        r = [x[k] for x in rounds if x.get(k)]
+        if not r:
+            continue
+        res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
+        print("phases", k, res[k], flush=True)
+    # per output token, per mode: copies and kernel time (copies must not depend on the mode)
+    per_tok = {}
+    for m in ("off", "launch", "node"):
+        tot: dict = {}
+        toks = sum(x[m]["tokens"] for x in rounds)
+        for x in rounds:
+            for k, v in x[m]["census"].items():
+                tot[k] = tot.get(k, 0) + v
+        per_tok[m] = {k: v / toks for k, v in tot.items()} if toks else {}
+        per_tok[m]["_tokens"] = toks
+    res["per_output_token"] = per_tok
+    check(all(x[m]["switched"] for x in rounds for m in modes), "R: every phase switched the census")
+    res["stop_R"] = servers.pop("R").stop()
+    return res
+
+
+def kv_check(name, census_dir, res):
+    """KV offloading: the transfers land on the requests whose blocks they moved. From the engine's
+    request log: every request that stored blocks carries device->host bytes of its own transfers, the
+    same number of bytes per block for every request (one KV layout: a transfer moves blocks x page
+    bytes), none for requests that stored nothing, and the requests' transfer bytes add up to the
+    transfer sub-steps' census (up to jobs the connector launched for requests already settled)."""
+    _, logs = read_census(census_dir)
+    reqs = [l for l in logs if "gpu" in l]
+    summ = [l["summary"] for l in logs if "summary" in l]
+    kv = [(l.get("kv") or {}) for l in reqs]
+    stored = [k for k in kv if k.get("stored_blocks")]
+    per_block = sorted({k["gpu"].get("copy.dtoh.bytes", 0) / k["stored_blocks"] for k in stored})
+    res["kv"] = {"requests": len(reqs), "requests_storing": len(stored),
+                 "requests_loading": sum(1 for k in kv if k.get("loaded_blocks")),
+                 "blocks_stored": sum(k.get("stored_blocks", 0) for k in kv),
+                 "blocks_loaded": sum(k.get("loaded_blocks", 0) for k in kv),
+                 "dtoh_bytes_per_stored_block": per_block[:5],
+                 "requests_kv_dtoh_bytes": sum(k.get("gpu", {}).get("copy.dtoh.bytes", 0) for k in kv)}
+    if summ:
+        res["kv"]["sub_steps"] = summ[0].get("kv_sub_steps")
+        res["kv"]["sub_steps_dtoh_bytes"] = summ[0].get("kv_total", {}).get("copy.dtoh.bytes")
+    check(len(stored) > 0, f"{name}: requests stored KV blocks ({len(stored)} of {len(reqs)})")
+    check(all(k["gpu"].get("copy.dtoh.bytes", 0) > 0 for k in stored),
+          f"{name}: every request that stored blocks carries the device->host bytes of its own transfers")
+    check(len(per_block) == 1, f"{name}: the same bytes per stored block on every request ({per_block[:5]})")
+    check(all(not k.get("gpu", {}).get("copy.dtoh.bytes") for k in kv if not k.get("stored_blocks")),
+          f"{name}: no transfer bytes on requests that stored nothing")
+    if summ:
+        got, total = res["kv"]["requests_kv_dtoh_bytes"], res["kv"]["sub_steps_dtoh_bytes"] or 0
+        check(bool(per_block) and 0 < got <= total and total - got <= per_block[0] * 64,
+              f"{name}: the requests' transfer bytes {got:,} of the sub-steps' {total:,}")
+
+
+def ranks_check(name, census_dir, res, tp):
+    """TP > 1: EngineCore settled its requests from every worker's segment: one ledger entry per rank,
+    each rank's steps split whole (requests + unattributed == its steps, in the summary's totals)."""
+    _, logs = read_census(census_dir)
+    summ = [l["summary"] for l in logs if "summary" in l]
+    if not check(len(summ) == 1, f"{name}: the engine wrote its ledger summary"):
+        return
+    ranks = summ[0].get("ranks") or {}
+    res["ranks"] = ranks
+    check(len(ranks) == tp, f"{name}: the ledger read {len(ranks)} worker segments of {tp}")
+    for f in FIELDS:
+        check(sum(r["total"].get(f, 0) for r in ranks.values()) == summ[0]["total"].get(f, 0),
+              f"{name}: {f}: the ranks' steps add up to the ledger's total")
+    check(all(r["total"].get("kernel.count", 0) > 0 for r in ranks.values()), f"{name}: every rank's steps counted")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="spans,throughput,cycles")
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=4)
+    ap.add_argument("--phase-rounds", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
@@ -232,14 +350,22 @@ def main():
            "OTEL_METRIC_EXPORT_INTERVAL": "5000"}
     servers = {}
     try:
-        if only & {"spans", "throughput"}:
+        if only & {"spans", "throughput", "kv", "phases"}:
             if "throughput" in only:
                 servers["P"] = Server("P", 8101, model, out)
                 time.sleep(3)       # not all of them measuring free GPU memory at the same moment
-            servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
-            time.sleep(3)
-            servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
-                                  extra=["--kv-offloading-size", "2"])
+            if only & {"spans", "throughput"}:
+                servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
+                time.sleep(3)
+            if only & {"spans", "throughput", "kv"}:
+                servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
+                                      extra=["--kv-offloading-size", "2"])
+            if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
+                if "P" not in servers:
+                    time.sleep(3)
+                    servers["P"] = Server("P", 8101, model, out)
+                time.sleep(3)
+                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env)
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",
@@ -249,8 +375,11 @@ def main():
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
             for srv in servers.values():                 # warm each server once
                 asyncio.run(load(srv.port, 4, 2, 16))
-        if "spans" in only:
+        span_servers = [n for n in ("C", "K") if "spans" in only or (n == "K" and "kv" in only)]
+        if span_servers:
             for n, port in (("C", 8102), ("K", 8103)):
+                if n not in span_servers:
+                    continue
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))
                 res[f"spans_{n}"] = {"load": summary(lr), "_out": str(out)}
                 check(not lr["errors"], f"{n}: load without errors")
@@ -271,14 +400,18 @@ def main():
                 r = [x[f"{n}/P"] for x in rounds]
                 res["throughput"][f"{n}/P"] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
                 print(f"throughput {n}/P:", r, flush=True)
+        if "phases" in only:
+            res["phases"] = phases_run(a, model, out, base, env, servers)
         for n, s in list(servers.items()):
             res.setdefault("stop", {})[n] = s.stop()
             check(res["stop"][n]["rc"] in (0, -2, 130), f"{n}: stopped on SIGINT, rc {res['stop'][n]['rc']}")
-        if "spans" in only:
+        if span_servers:
             time.sleep(2)
-            for n in ("C", "K"):
+            for n in span_servers:
                 all_spans = [s for s in rx.span_snapshot() if s.resource.get("service.name") == f"vllm-{n}"]
                 conservation_check(n, base / n, all_spans, res[f"spans_{n}"])
+            if "K" in span_servers:
+                kv_check("K", base / "K", res["spans_K"])
         if "spans" in only:
             names = sorted({p.name for p in rx.snapshot() if p.resource.get("service.name") == "vllm-C"})
             res["engine_metric_names"] = names
@@ -290,6 +423,19 @@ def main():
             ex = {t for p in kt for t in p.exemplars}
             res["kernel_time_exemplar_traces"] = len(ex)
             check(bool(ex) and ex <= traces, f"C: kernel-time exemplars point at request traces ({len(ex)})")
+        if "tp" in only:                 # its own server, after the others stopped
+            s = Server("T", 8105, model, out, census_dir=base / "T", env=env,
+                       extra=["--tensor-parallel-size", str(a.tp)])
+            if check(s.wait(), "T: server up (tensor parallel)"):
+                lr = asyncio.run(load(s.port, 16, 2, 128, seed=3))
+                res["spans_T"] = {"load": summary(lr), "_out": str(out)}
+                check(not lr["errors"], "T: load without errors")
+                spans_check(rx, lr, "T", base / "T", res["spans_T"])
+            res.setdefault("stop", {})["T"] = s.stop()
+            time.sleep(2)
+            all_spans = [x for x in rx.span_snapshot() if x.resource.get("service.name") == "vllm-T"]
+            conservation_check("T", base / "T", all_spans, res.setdefault("spans_T", {}))
+            ranks_check("T", base / "T", res["spans_T"], a.tp)
         if "cycles" in only:
             cyc = []
             for i in range(a.cycles):

@@ -5,7 +5,7 @@ pytest test: run it).
         [--tokens 64] [--token-rate 25] [--prompt-s 0.2] [--prompt-tokens 1800] [--fast]
         [--exporter console|none|otlp] [--no-census] [--proxy-args "..."] [--json FILE]
         [--server LLAMA_SERVER --model GGUF [--server-args "..."]] [--proxy-src DIR]
-        [--serial N [--also-src DIR]]
+        [--serial N [--also-src DIR]] [--loop-lag MS]
 
 Processes, as on a server host: the llama-server stand-in (tests/support/llama_standin.py: /completion SSE
 events of llama-server's shape, `--prompt-s` before the first token, then `--token-rate` tokens a
@@ -26,6 +26,9 @@ requests alternating direct and proxied (one client, nothing else in flight): th
 adds to the answer's head, first event and end (medians of the N paired differences) and its CPU time
 per request; with `--also-src DIR` a second proxy from that src/ runs beside the first and takes its
 turn in every round (random order), for a before/after comparison under the same conditions.
+`--loop-lag MS`: the proxy runs its event-loop lag probe (`--loop-lag-probe MS`), reset before each
+load and read after it: each run gets `loop_lag` (how late the proxy's loop woke: p50/p99/max ms, and
+how many wake-ups were 5, 20, 100 ms late), during direct loads too (the idle proxy's baseline).
 """
 from __future__ import annotations
 
@@ -234,6 +237,22 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _lag_summary(lags) -> dict:
+    """Over the loads of one side: median p50/p99, the worst max, wake-ups late by 20 ms+ in all."""
+    if not lags:
+        return {}
+    return {"p50_ms_median": statistics.median(x.get("p50_ms", 0) for x in lags),
+            "p99_ms_median": statistics.median(x.get("p99_ms", 0) for x in lags),
+            "max_ms": max(x.get("max_ms", 0) for x in lags),
+            "over_20ms": sum(x.get("over_20ms", 0) for x in lags),
+            "wakeups": sum(x.get("wakeups", 0) for x in lags)}
+
+
 def _stop(p: subprocess.Popen) -> None:
     if p.poll() is None:
         p.send_signal(signal.SIGTERM)
@@ -265,6 +284,8 @@ def main() -> int:
     ap.add_argument("--proxy-src", help="run the proxy from this src/ folder (another checkout)")
     ap.add_argument("--serial", type=int, metavar="N", help="N paired single requests instead of loads")
     ap.add_argument("--also-src", help="--serial: a second proxy from this src/ folder, measured alongside")
+    ap.add_argument("--loop-lag", type=float, metavar="MS",
+                    help="run the proxy's event-loop lag probe at this interval and record its figures per load")
     a = ap.parse_args()
     if a.server and not a.model:
         ap.error("--server needs --model")
@@ -303,9 +324,10 @@ def main() -> int:
             """The proxy in front of the upstream, from `src` (a src/ folder) or this checkout."""
             proc_env = dict(penv, PYTHONPATH=os.pathsep.join([str(Path(src).resolve()), str(SUPPORT)])) if src else penv
             with open(work / log_name, "w") as log:
+                lag = ["--loop-lag-probe", f"{a.loop_lag:g}"] if a.loop_lag else []
                 proc = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
                                          f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{port}", "--census-dir",
-                                         str(cdir), "--upstream-pid", str(standin.pid)] + a.proxy_args.split(),
+                                         str(cdir), "--upstream-pid", str(standin.pid)] + lag + a.proxy_args.split(),
                                         env=proc_env, stdout=log, stderr=subprocess.STDOUT)
             procs.append(proc)
             _wait_http(f"http://127.0.0.1:{port}/health", proc)
@@ -336,19 +358,27 @@ def main() -> int:
                 Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
             return 0
         runs = []
+        lag_url = targets["proxy"] + "/.otel-gpu-census/loop-lag?reset=1" if a.loop_lag else None
         print(f"{'pair':>4} {'via':<7}{'tok/s':>9}{'TTFT p50':>10}{'p90':>8}{'gap p90':>9}{'max':>7}"
-              f"{'proxy CPU s':>12}", flush=True)
+              f"{'proxy CPU s':>12}" + (f"{'lag p99 ms':>11}{'max':>8}{'>20ms':>6}" if lag_url else ""), flush=True)
         for pair in range(a.pairs):
             order = ("direct", "proxy") if pair % 2 == 0 else ("proxy", "direct")
             for via in order:
                 cpu0 = _cpu_s(proxy.pid)
+                if lag_url:
+                    _get_json(lag_url)          # a new period for this load
                 # distinct prompts on each side: a real server would answer the second from its prompt cache
                 seed = 2 * pair + 1 + (via == "proxy")
                 r = asyncio.run(_load(targets[via], a.clients, a.requests, a.prompt_tokens, a.tokens, seed))
                 r.update(pair=pair, via=via, proxy_cpu_s=round(_cpu_s(proxy.pid) - cpu0, 2))
+                lag = ""
+                if lag_url:
+                    r["loop_lag"] = _get_json(lag_url)
+                    lag = (f"{r['loop_lag'].get('p99_ms', 0):>11.2f}{r['loop_lag'].get('max_ms', 0):>8.1f}"
+                           f"{r['loop_lag'].get('over_20ms', 0):>6}")
                 runs.append(r)
                 print(f"{pair:>4} {via:<7}{r['tok_s']:>9.1f}{r['ttft_p50_s']:>10.3f}{r['ttft_p90_s']:>8.3f}"
-                      f"{r['gap_p90_s']:>9.3f}{r['gap_max_s']:>7.3f}{r['proxy_cpu_s']:>12.2f}" + (f"  errors {r['n_errors']}: {r['errors']}" if r['errors'] else ""),
+                      f"{r['gap_p90_s']:>9.3f}{r['gap_max_s']:>7.3f}{r['proxy_cpu_s']:>12.2f}{lag}" + (f"  errors {r['n_errors']}: {r['errors']}" if r['errors'] else ""),
                       flush=True)
         # spans still waiting for the census finish before the proxy stops
         time.sleep(4)
@@ -373,11 +403,20 @@ def main() -> int:
                                                       "proxy_cpu_s")},
                "ratio_median": round(statistics.median(ratios), 4), "ratio_min": round(min(ratios), 4)}
     summary["console_spans"] = spans
+    if a.loop_lag:
+        summary["loop_lag"] = {via: _lag_summary([r["loop_lag"] for r in runs if r["via"] == via and "loop_lag" in r])
+                               for via in ("direct", "proxy")}
     print(json.dumps(summary))
     d, p = summary["direct"], summary["proxy"]
     print(f"proxy/direct throughput {summary['ratio_median']:.3f} (median of {a.pairs} pairs, worst "
           f"{summary['ratio_min']:.3f}); TTFT p50 {d['ttft_p50_s']:.3f} -> {p['ttft_p50_s']:.3f} s, "
           f"p90 {d['ttft_p90_s']:.3f} -> {p['ttft_p90_s']:.3f} s")
+    if a.loop_lag:
+        lp, ld = summary["loop_lag"]["proxy"], summary["loop_lag"]["direct"]
+        print(f"proxy event-loop lag during proxied loads: p50 {lp.get('p50_ms_median')} ms, p99 "
+              f"{lp.get('p99_ms_median')} ms (medians of the loads), max {lp.get('max_ms')} ms, "
+              f"{lp.get('over_20ms')} of {lp.get('wakeups')} wake-ups >= 20 ms late; idle (direct loads): p99 "
+              f"{ld.get('p99_ms_median')} ms, max {ld.get('max_ms')} ms")
     if a.json:
         Path(a.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=2) + "\n")
     return 0

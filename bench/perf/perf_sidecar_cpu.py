@@ -9,10 +9,15 @@ start CUDA in ~10-20 s, 2 s warm-up, 30 s measured, teardown), which runs:
     timeout 150 python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 30 --out $OUT/sidecar_cpu
 
 Expected: one JSON line and a sentence, e.g. "sidecar following 8 processes at 1 s (otlp, NVML on,
-GPM on 1 GPU): 0.6% of one core over 30 s"; the JSON has the census reads, OTLP exports that
+GPM on 1 GPU, PCIe counters): 0.6% of one core over 30 s"; the JSON has the census reads, OTLP exports that
 succeeded, kernels and D2H bytes the 8 processes did in the window, and the metric names the
 receiver got (`hw.gpu.utilization`, `gpu_census.sm.occupancy` among them). Target: < 1 % of one
-core. Exit 1 if fewer processes were followed than started (or a worker failed).
+core. Exit 1 if fewer processes were followed than started (or a worker failed). The JSON also has
+`stage_cpu_ms_per_collection` (census read, NVML callbacks, the SDK's collection, OTLP encoding and
+export, each timed on warm caches after the window), `nvml_cpu_us_per_call` (and `pcie_mode`:
+`counters` where NVML has the PCIe byte counter fields, else `sample`), and `package`: the
+otel_gpu_census it measured (this checkout's src/, which comes first on sys.path). `--profile FILE`
+cProfiles the collections (CPU time of the collecting thread) and prints the top functions.
 
 On the CPU machine (~35 s; as measured for docs/measurements.md §7):
 
@@ -259,6 +264,9 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=120.0,
                     help="seconds for the CUDA workers to write their segments (default 120)")
     ap.add_argument("--out", help="folder for sidecar_cpu.json (and the workers' stderr)")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="cProfile every periodic collection (census read, NVML, SDK, export) into FILE "
+                         "(pstats) and print the top functions; the profiler inflates the CPU figure")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -316,6 +324,7 @@ def main() -> int:
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{http_port if http else grpc_port}"
         handle = sidecar.start_sidecar(tmp, root_pid=os.getpid(), exporter=a.exporter, prometheus_port=0,
                                        interval_s=a.interval, nvml=a.nvml)
+        prof = _profile_collections(handle) if a.profile else None
         if a.exporter == "prometheus":
             children.append(subprocess.Popen(me + ["--role", "scraper", str(handle.prometheus_port), str(a.interval)]))
         time.sleep(2 * a.interval)                        # warm up: imports, first exports
@@ -337,7 +346,10 @@ def main() -> int:
         sampler = handle.nvml
         gpm_gpus = sum(1 for d in sampler.devices if d.gpm) if sampler else 0
         nvml_cost = _nvml_call_costs(sampler) if sampler else None
+        stages = _stage_costs(handle)
         handle.stop()
+        if prof is not None:
+            _report_profile(prof, a.profile, reads)
         received = None
         if rx is not None:
             try:
@@ -353,15 +365,20 @@ def main() -> int:
         result = {
             "workload": a.workload, "processes": a.processes, "followed": followed, "interval_s": a.interval,
             "exporter": a.exporter, "nvml": a.nvml, "nvml_open": sampler is not None, "gpm_gpus": gpm_gpus,
+            "pcie_modes": {d.uuid: d.pcie for d in sampler.devices} if sampler else None,
+            "package": str(Path(sys.modules["otel_gpu_census"].__file__).parent),   # this tree's src/?
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 4),
             "cpu_pct_of_one_core": round(100 * cpu / wall, 3), "census_reads": reads,
             "otlp_exports_ok": exports_ok, "full_scan_ms_for_comparison": round(full_scan_ms, 2),
             "kernels_in_window": work1[0] - work0[0], "d2h_bytes_in_window": work1[1] - work0[1],
             "received": received, "nvml_cpu_us_per_call": nvml_cost, "cpu_pct_by_thread": threads,
+            "stage_cpu_ms_per_collection": stages,
         }
         print(json.dumps(result))
+        pcie = sorted({d.pcie for d in sampler.devices}) if sampler else []
         nv = "" if not a.nvml else (", NVML off: unusable here" if sampler is None else
-                                    f", NVML on, GPM on {gpm_gpus} of {len(sampler.devices)} GPU(s)")
+                                    f", NVML on, GPM on {gpm_gpus} of {len(sampler.devices)} GPU(s), "
+                                    f"PCIe {'/'.join(pcie)}")
         print(f"sidecar following {followed} processes at {a.interval:g} s ({a.exporter}{nv}): "
               f"{result['cpu_pct_of_one_core']}% of one core over {wall:.0f} s "
               f"({reads} census reads; a full scan with windows would cost {full_scan_ms:.1f} ms each)")
@@ -375,6 +392,35 @@ def main() -> int:
                 c.kill()
             c.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _profile_collections(handle):
+    """Run each periodic reader's collect() (its callbacks, the SDK's aggregation and the export)
+    under one cProfile.Profile, in the reader's own thread."""
+    import cProfile
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    prof = cProfile.Profile(time.thread_time)     # CPU of the reader thread, not wall time
+    for r in handle._exporting.readers:
+        if isinstance(r, PeriodicExportingMetricReader):
+            inner = r.collect
+
+            def collect(*args, _inner=inner, **kw):
+                prof.enable()
+                try:
+                    return _inner(*args, **kw)
+                finally:
+                    prof.disable()
+            r.collect = collect
+    return prof
+
+
+def _report_profile(prof, path: str, collections: int) -> None:
+    import pstats
+    prof.dump_stats(path)
+    st = pstats.Stats(path, stream=sys.stderr)
+    print(f"profile of ~{collections} collections ({path}; CPU time of the collecting thread), by cumulative time:", file=sys.stderr)
+    st.sort_stats("cumulative").print_stats(30)
+    st.sort_stats("tottime").print_stats(20)
 
 
 def _thread_cpu() -> dict:
@@ -394,8 +440,10 @@ def _thread_cpu() -> dict:
 
 
 def _nvml_call_costs(sampler, n: int = 50) -> dict:
-    """CPU microseconds per call of each NVML query the sampler makes once per collection (first
-    GPU), and their sum: how much of the sidecar's CPU is NVML's."""
+    """CPU microseconds per call of each NVML query the sampler can make once per collection (first
+    GPU), and the sum of those it does make: how much of the sidecar's CPU is NVML's. `pcie_mode`:
+    counters (one field-values call for both directions) or sample (the 20 ms throughput call, once
+    per direction: where the counters are missing)."""
     import time as _t
     nv, d = sampler._nvml, sampler.devices[0]
     calls = {
@@ -404,21 +452,64 @@ def _nvml_call_costs(sampler, n: int = 50) -> dict:
         "pcie_rx": lambda: nv.nvmlDeviceGetPcieThroughput(d.handle, nv.NVML_PCIE_UTIL_RX_BYTES),
         "pcie_tx": lambda: nv.nvmlDeviceGetPcieThroughput(d.handle, nv.NVML_PCIE_UTIL_TX_BYTES),
     }
+    if d.pcie_ids:
+        calls["pcie_counters"] = lambda: nv.nvmlDeviceGetFieldValues(d.handle, list(d.pcie_ids))
     if d.gpm:
         def gpm():
             d.prev_t = 0.0
             sampler._gpm_sample(d)
         calls["gpm_sample_and_metrics"] = gpm
-    out = {}
+    out = {"pcie_mode": d.pcie, "pcie_why_not_counters": d.pcie_why}
     for name, fn in calls.items():
         c0, w0 = _t.process_time(), _t.monotonic()
+        try:
+            for _ in range(10 if name in ("pcie_rx", "pcie_tx") else n):   # 20 ms of wall each
+                fn()
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        k = 10 if name in ("pcie_rx", "pcie_tx") else n
+        out[name] = {"cpu_us": round((_t.process_time() - c0) / k * 1e6, 1),
+                     "wall_us": round((_t.monotonic() - w0) / k * 1e6, 1)}
+    # per collection now: utilization, memory once (the limit is read once), PCIe as its mode says, GPM once
+    per = {"utilization": 1, "memory_info": 1, "gpm_sample_and_metrics": 1}
+    per.update({"pcie_counters": 1} if d.pcie == "counters" else {"pcie_rx": 1, "pcie_tx": 1})
+    out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in per
+                                             if isinstance(out.get(k), dict) and "cpu_us" in out[k]), 1)
+    return out
+
+
+def _stage_costs(handle, n: int = 20) -> dict:
+    """CPU milliseconds per collection, stage by stage, on warm caches (each stage n times in a
+    row, in this thread): the census read of the segments; the NVML callbacks; the SDK's
+    collection (every callback, census reads excluded: they are fresh); OTLP encoding; the export
+    (encoding and the gRPC call). The running sidecar pays more (cold caches once a second)."""
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    def per(fn) -> float:
+        c = time.process_time()
         for _ in range(n):
             fn()
-        out[name] = {"cpu_us": round((_t.process_time() - c0) / n * 1e6, 1),
-                     "wall_us": round((_t.monotonic() - w0) / n * 1e6, 1)}
-    # per collection: utilization, memory twice (usage and limit), both PCIe directions, GPM once
-    per = {"utilization": 1, "memory_info": 2, "pcie_rx": 1, "pcie_tx": 1, "gpm_sample_and_metrics": 1}
-    out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in out), 1)
+        return round((time.process_time() - c) / n * 1000, 3)
+
+    out = {"census_read": per(handle.census.refresh)}
+    sampler = handle.nvml
+    if sampler is not None:
+        cbs = sampler.callbacks()
+        names = [s.name for s in sampler.specs()]
+        out["nvml_callbacks"] = per(lambda: [cbs[k](None) for k in names])
+    reader = next((r for r in handle._exporting.readers if isinstance(r, PeriodicExportingMetricReader)), None)
+    if reader is None:
+        return out
+    handle.census.refresh()       # the SDK's callbacks below find a fresh snapshot and do not read
+    data = reader._collect(reader, timeout_millis=10_000)
+    out["sdk_collect"] = per(lambda: (handle.census.refresh(force=False), reader._collect(reader, timeout_millis=10_000)))
+    out["points"] = sum(len(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics
+                        for m in sm.metrics)
+    exporter = getattr(reader._exporter, "_inner", reader._exporter)
+    if hasattr(exporter, "_translate_data"):
+        out["otlp_encode"] = per(lambda: exporter._translate_data(data))
+        out["otlp_export"] = per(lambda: reader._exporter.export(data))
     return out
 
 

@@ -60,9 +60,11 @@ end past --budget-s.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -316,10 +318,17 @@ class Bench:
                     log(rec["stopped_early"])
                     break
                 for via in (("direct", "proxy") if k % 2 == 0 else ("proxy", "direct")):
+                    loop_lag(purl, a)             # the proxy's lag probe: a new period for this load
                     res = self.run_load(targets[via], 1000 * (k + 1) + (via == "proxy"))
                     summary, per_request = load_record(res)
                     ok_requests += summary.get("ok") or 0
                     rec["loads"].append({"pair": k, "via": via, "load": summary, "per_request": per_request})
+                    lag = loop_lag(purl, a)
+                    if lag is not None:
+                        rec["loads"][-1]["loop_lag"] = lag
+                        log(f"pair {k} {via}: proxy event-loop lag p50 {lag.get('p50_ms')} ms, p99 "
+                            f"{lag.get('p99_ms')} ms, max {lag.get('max_ms')} ms, {lag.get('over_20ms')} of "
+                            f"{lag.get('wakeups')} wake-ups >= 20 ms late")
                     walls.append(summary.get("wall_s") or a.load_estimate_s)
                     time.sleep(a.gap_s)   # the proxy's spans settle (~1 s) before the next load starts
                 d, p = (next(x["load"] for x in rec["loads"] if x["pair"] == k and x["via"] == v)
@@ -343,8 +352,9 @@ class Bench:
     def start_proxy(self, port: int, upstream: str, cdir: Path, server_pid: int, n: int):
         a = self.a
         listen = f"127.0.0.1:{port}"
+        lag = ["--loop-lag-probe", f"{a.proxy_loop_lag:g}"] if a.proxy_loop_lag and a.proxy_pairs else []
         cmd = [bl.python(), "-m", "otel_gpu_census.cli", "proxy", "--upstream", upstream, "--listen", listen,
-               "--census-dir", str(cdir), "--upstream-pid", str(server_pid)] + shlex.split(a.proxy_args)
+               "--census-dir", str(cdir), "--upstream-pid", str(server_pid)] + lag + shlex.split(a.proxy_args)
         env = self.pkg_env(bl.plain_env())
         env.setdefault("OTEL_TRACES_EXPORTER", a.proxy_traces_exporter)
         env.setdefault("OTEL_METRICS_EXPORTER", "none")
@@ -360,6 +370,18 @@ class Bench:
             bl.stop(p, grace_s=5)
             return None, "", f"proxy did not answer /health (see proxy-{n:03d}.log)"
         return p, target, None
+
+
+def loop_lag(proxy_url: str, a: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """The proxy's event-loop lag since the last call (its probe's figures, then reset); None when the
+    probe is off or did not answer (a proxy from before the probe existed)."""
+    if not a.proxy_loop_lag:
+        return None
+    try:
+        with urllib.request.urlopen(proxy_url + "/.otel-gpu-census/loop-lag?reset=1", timeout=10) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
 
 
 # ---- rows ------------------------------------------------------------------------------------
@@ -466,6 +488,15 @@ def proxy_rows(a: argparse.Namespace, sessions: List[Dict[str, Any]]) -> List[Di
                             "ratio": bl.rnd(v["output_tok_s"] / d["output_tok_s"])} for d, v in pairs]
         if "d2h_bytes_per_request" in s:
             row["d2h_bytes_per_request"] = s["d2h_bytes_per_request"]
+        for via in ("proxy", "direct"):   # the proxy's loop during its own loads, and idle (direct loads)
+            lags = [x["loop_lag"] for x in s.get("loads", []) if x["via"] == via and x.get("loop_lag", {}).get("wakeups")]
+            if lags:
+                row[f"loop_lag_{via}_loads"] = {
+                    "p50_ms_median": statistics.median(x.get("p50_ms", 0) for x in lags),
+                    "p99_ms_median": statistics.median(x.get("p99_ms", 0) for x in lags),
+                    "max_ms": max(x.get("max_ms", 0) for x in lags),
+                    "over_20ms": sum(x.get("over_20ms", 0) for x in lags),
+                    "wakeups": sum(x.get("wakeups", 0) for x in lags), "loads": len(lags)}
         rows.append(row)
     return rows
 
@@ -532,6 +563,9 @@ def main() -> int:
     ap.add_argument("--server-args", default="", help="extra llama-server arguments (one string)")
     ap.add_argument("--server-env", action="append", default=[], metavar="K=V", help="extra server environment")
     ap.add_argument("--proxy-args", default="", help="extra proxy arguments (one string)")
+    ap.add_argument("--proxy-loop-lag", type=float, default=20.0, metavar="MS",
+                    help="--proxy-pairs: the proxy's event-loop lag probe interval; its figures are read per "
+                    "load (loads[].loop_lag, rows' loop_lag_proxy_loads/_direct_loads); 0: off (default 20)")
     ap.add_argument("--proxy-traces-exporter", default="none",
                     help="OTEL_TRACES_EXPORTER for the proxy unless set (default none: no collector here)")
     ap.add_argument("--warmup-requests", type=int,

@@ -168,6 +168,9 @@ def test_proxy_pairs_on_one_server(fake, tmp_path, mode):
     (session,) = res["runs"]
     assert [(x["pair"], x["via"]) for x in session["loads"]] == [(0, "direct"), (0, "proxy"), (1, "proxy"), (1, "direct")]
     assert session["warmup"]["ok"] == 4 and session["stop"]["how"] == "SIGTERM"
+    # the proxy's event-loop lag probe (on by default here), read per load, direct loads too
+    assert all(x["loop_lag"]["wakeups"] > 0 and "p99_ms" in x["loop_lag"] for x in session["loads"])
+    assert row["loop_lag_proxy_loads"]["loads"] == row["loop_lag_direct_loads"]["loads"] == 2
     assert all(len(load.decode_times(r["ev"])) == 16 for x in session["loads"] for r in x["per_request"])
     assert res["variant_env"] == {"census": {}, "census+proxy": {}}
     assert res["load_mode"] == res["config"]["load_mode"] == mode

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define GC_MAGIC            0x53534e4355504743ULL /* "CGPUCNSS" read as little-endian bytes */
-#define GC_LAYOUT_VERSION   2u
+#define GC_LAYOUT_VERSION   3u
 #define GC_MAX_DEVICES      16u
 #define GC_WINDOW_SLOTS     2048u                 /* power of two */
 #define GC_WINDOW_NS        20000000ull           /* 20 ms buckets: 2048 of them hold ~41 s */
@@ -75,6 +75,14 @@ enum gc_kernels {
 #define GC_FLAG_DROPPED         0x2u  /* CUPTI dropped records (buffers refused or full) */
 #define GC_FLAG_RING_OVERRUN    0x4u  /* a window or step slot was reused before readers could see it */
 #define GC_FLAG_GRAPH_LAUNCHES  0x8u  /* graphs reported per launch (GRAPH_TRACE) rather than per node */
+#define GC_FLAG_GRAPH_INEXACT   0x10u /* graph launches of unknown or inexact contents (graph_unknown/_inexact) */
+
+/* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
+enum gc_graphs {
+    GC_GRAPHS_NODE = 0,      /* one CUPTI record per node of every launch (CUPTI's cost per node) */
+    GC_GRAPHS_LAUNCH = 1     /* one record per launch; its kernels, copies and memsets learned from the
+                                graph once (graphs.c): exact counts and bytes, kernel time = graph span */
+};
 
 typedef struct gc_stat {
     uint64_t count;
@@ -92,11 +100,12 @@ typedef struct gc_device {
     uint64_t first_ns;          /* earliest start seen (CUPTI timestamp, ns) */
     uint64_t last_ns;           /* latest end seen */
     uint64_t graph_launches;    /* GRAPH_TRACE records: one per graph launch */
-    uint64_t graph_ns;
+    uint64_t graph_ns;          /* their spans (first node's start to last node's end) */
     gc_stat  copy[GC_NDIR][GC_NMEM];  /* PTOP: sent by this device */
     gc_stat  memset;
     gc_stat  peer_recv;               /* peer copies received from other devices */
-    uint64_t reserved[3];
+    uint64_t graph_kernel_count;      /* of kernel_count: kernels counted from graph launches' contents */
+    uint64_t reserved[2];
 } gc_device;
 
 /* One time bucket: everything that *started* in [index*GC_WINDOW_NS, (index+1)*GC_WINDOW_NS).
@@ -162,7 +171,12 @@ typedef struct gc_segment {
     uint64_t kernel_traced_ns;  /* SAMPLED: ns kernel tracing was on, as of complete_wall_ns */
     uint64_t kernel_outside;    /* SAMPLED/OFF: kernel records that started outside a traced phase
                                    (+ one window of grace), left out of every total */
-    uint64_t reserved[10];
+    uint32_t graph_mode;        /* enum gc_graphs now in force */
+    uint32_t paused;            /* 1 while a control file has the census paused (nothing traced) */
+    uint64_t graph_unknown;     /* graph launches whose contents were not known (only their span counted) */
+    uint64_t graph_inexact;     /* graph launches with conditional or changed nodes (counts are a floor) */
+    uint64_t paused_ns;         /* CLOCK_MONOTONIC ns the census was paused, as of complete_wall_ns */
+    uint64_t reserved[6];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];
@@ -195,6 +209,18 @@ const char *gc_segment_path(void);
 
 /* ---- The tally: pure record arithmetic, no CUDA needed (tests feed it real CUPTI records) ---- */
 
+/* What one launch of a CUDA graph puts on the GPU, learned from its nodes (not part of the segment). */
+#define GC_GRAPH_INEXACT 0x1u  /* conditional nodes, or nodes changed in the exec after instantiation */
+typedef struct gc_graph_contents {
+    uint32_t kernels;           /* kernel nodes, child graphs included */
+    uint32_t memsets;
+    uint64_t memset_bytes;
+    uint32_t copies[GC_NDIR][GC_NMEM];
+    uint64_t copy_bytes[GC_NDIR][GC_NMEM];
+    uint32_t flags;             /* GC_GRAPH_INEXACT */
+    uint32_t reserved;
+} gc_graph_contents;
+
 typedef struct gc_tally gc_tally;
 
 /* Private writer state (busy-interval frontier, correlation map) bound to a segment. */
@@ -202,6 +228,10 @@ gc_tally *gc_tally_create(gc_segment *seg);
 void gc_tally_destroy(gc_tally *t);
 /* Count one CUPTI activity record (any CUpti_Activity*; unknown kinds are counted as such). */
 void gc_tally_record(gc_tally *t, const void *record);
+/* Count one GRAPH_TRACE record (CUpti_ActivityGraphTrace2) whose launch put `contents` on the GPU
+ * (NULL: not known; only the span counts). gc_tally_record does this with the contents graphs.c
+ * learned for the record's correlation id. */
+void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *contents);
 /* Fold private state (busy union) into the segment. Call inside a seq-odd section.
  * final != 0 commits every open interval (at exit: nothing more will arrive). */
 void gc_tally_publish(gc_tally *t, int final);

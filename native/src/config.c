@@ -95,14 +95,16 @@ int gc_config_disabled(void)
 
 void gc_config_load(struct gc_config *c)
 {
-    static const char *const graphs[] = {"node", "launch"}, *const api[] = {"v2", "v1"};
+    static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
     c->cupti_path = getenv("OTEL_GPU_CENSUS_CUPTI");
     c->buffer_size = (size_t)env_long("OTEL_GPU_CENSUS_BUFFER_KB", 2048, 64, 65536) * 1024;
     c->max_buffers = (int)env_long("OTEL_GPU_CENSUS_MAX_BUFFERS", 32, 2, 4096);
     c->flush_ms = (uint32_t)env_long("OTEL_GPU_CENSUS_FLUSH_MS", 1000, 10, 60000);
-    c->graphs_per_launch = env_choice("OTEL_GPU_CENSUS_GRAPHS", graphs, 2) == 1;
+    c->graph_mode = env_choice("OTEL_GPU_CENSUS_GRAPHS", graphs, 2) == 1 ? GC_GRAPHS_NODE : GC_GRAPHS_LAUNCH;
     c->api_v1 = env_choice("OTEL_GPU_CENSUS_CUPTI_API", api, 2) == 1;
+    const char *named = getenv("OTEL_GPU_CENSUS_CUPTI_API");
+    c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
     parse_kernels(c);
 }

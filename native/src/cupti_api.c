@@ -42,7 +42,7 @@ static struct {
 /* The v2 buffer callbacks carry extra info we do not need: adapt them to the v1 shapes. */
 static CUpti_BuffersCallbackRequestFunc g_req;
 static CUpti_BuffersCallbackCompleteFunc g_done;
-static _Atomic(CUpti_CallbackFunc) g_api_cb;    /* set once launch callbacks are wanted */
+static _Atomic(CUpti_CallbackFunc) g_api_cb;    /* the injector's dispatcher (steps, graphs) */
 
 static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
@@ -124,7 +124,7 @@ int gc_cupti_subscribe(int want_v1)
         p.oldSubscriberName = other;
         p.oldSubscriberSize = sizeof(other) - 1;
         p.allowMultipleSubscribers = 1;
-        /* on_api does nothing until launch callbacks are enabled (steps) */
+        /* on_api reaches only the callbacks enabled later (graphs at start, steps at the first step) */
         r = cu.subscribe_v2(&cu.sub, on_api, NULL, &p);
         if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
             gc_log("census off: CUPTI is in use by %s, which does not share it; the server runs "
@@ -153,6 +153,15 @@ int gc_cupti_subscribe(int want_v1)
 }
 
 int gc_cupti_is_v2(void) { return cu.v2; }
+
+int gc_cupti_downgrade_v1(void)
+{
+    if (!cu.v2) return 0;
+    if (cu.unsubscribe) cu.unsubscribe(cu.sub);
+    cu.v2 = 0;
+    cu.sub = NULL;
+    return gc_cupti_subscribe(1);
+}
 
 uint32_t gc_cupti_version(void)
 {
@@ -209,39 +218,42 @@ uint64_t gc_cupti_timestamp(CUptiResult *why)
     return ts;
 }
 
-/* The API calls that put work on the GPU, by name prefix. Graph-node setters (cudaGraphAddMemcpyNode…)
- * do not match: they launch nothing. */
-static int launches_work(CUpti_CallbackDomain dom, const char *name)
+void gc_cupti_set_api_callback(CUpti_CallbackFunc cb)
 {
-    static const char *const runtime[] = {"cudaLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset"};
-    static const char *const driver[] = {"cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset"};
-    const char *const *p = dom == CUPTI_CB_DOMAIN_RUNTIME_API ? runtime : driver;
-    for (int i = 0; i < 4; i++)
-        if (strncmp(name, p[i], strlen(p[i])) == 0) return 1;
-    return 0;
+    atomic_store_explicit(&g_api_cb, cb, memory_order_release);
 }
 
-int gc_cupti_launch_callbacks(CUpti_CallbackFunc cb)
+/* v1 has one subscriber slot: callbacks need it for the process's life. Called with `mu` held. */
+static int callback_subscriber(const char *who)
 {
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static int done, enabled;
-    pthread_mutex_lock(&mu);
-    if (done) goto out;
-    done = 1;
+    static int state; /* 0 untried, 1 subscribed (or v2), -1 failed */
+    if (state) return state;
+    state = -1;
     if (!cu.enable_callback || !cu.callback_name) {
-        gc_log("steps off: the loaded libcupti lacks the callback API");
-        goto out;
+        gc_log("%s: the loaded libcupti lacks the callback API", who);
+        return state;
     }
     if (!cu.v2) {
-        /* v1 has one subscriber slot: steps need it for the process's life. */
         CUptiResult r = cu.subscribe ? cu.subscribe(&cu.sub, on_api, NULL) : CUPTI_ERROR_NOT_INITIALIZED;
         if (r != CUPTI_SUCCESS) {
-            gc_log("steps off: cannot subscribe to CUPTI callbacks (%s); another tool may hold CUPTI's one "
-                   "subscriber slot", gc_cupti_error(r));
-            goto out;
+            gc_log("%s: cannot subscribe to CUPTI callbacks (%s); another tool may hold CUPTI's one "
+                   "subscriber slot", who, gc_cupti_error(r));
+            return state;
         }
     }
-    atomic_store_explicit(&g_api_cb, cb, memory_order_release);
+    return state = 1;
+}
+
+static pthread_mutex_t g_cb_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int gc_cupti_enable_api(const char *who, int (*want)(CUpti_CallbackDomain, CUpti_CallbackId, const char *))
+{
+    int enabled = 0;
+    pthread_mutex_lock(&g_cb_mu);
+    if (callback_subscriber(who) < 0) {
+        pthread_mutex_unlock(&g_cb_mu);
+        return -1;
+    }
     static const struct { CUpti_CallbackDomain dom; uint32_t n; } domains[] = {
         {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_SIZE},
         {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_SIZE},
@@ -251,13 +263,20 @@ int gc_cupti_launch_callbacks(CUpti_CallbackFunc cb)
             const char *name = NULL;
             /* an older libcupti knows fewer ids: those fail here and are skipped */
             if (cu.callback_name(domains[d].dom, id, &name) != CUPTI_SUCCESS || !name) continue;
-            if (launches_work(domains[d].dom, name) &&
-                cu.enable_callback(1, cu.sub, domains[d].dom, id) == CUPTI_SUCCESS)
+            if (want(domains[d].dom, id, name) && cu.enable_callback(1, cu.sub, domains[d].dom, id) == CUPTI_SUCCESS)
                 enabled++;
         }
     }
-    if (!enabled) gc_log("steps off: CUPTI enabled none of the launch callbacks");
-out:
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&g_cb_mu);
+    if (!enabled) gc_log("%s: CUPTI enabled none of the callbacks", who);
     return enabled;
+}
+
+int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid)
+{
+    pthread_mutex_lock(&g_cb_mu);
+    int ok = callback_subscriber(who) > 0 &&
+             cu.enable_callback(1, cu.sub, CUPTI_CB_DOMAIN_RESOURCE, cbid) == CUPTI_SUCCESS;
+    pthread_mutex_unlock(&g_cb_mu);
+    return ok ? 0 : -1;
 }

@@ -15,6 +15,9 @@ int gc_cupti_load(const char *path);
  * another tool holds CUPTI exclusively. */
 int gc_cupti_subscribe(int want_v1);
 int gc_cupti_is_v2(void);
+/* Give the v2 subscription back and take the v1 path (a probe, as gc_cupti_subscribe(1)): for a driver
+ * whose v2 API refuses what we need. Activity buffers must be registered again. 0 on success. */
+int gc_cupti_downgrade_v1(void);
 const char *gc_cupti_error(CUptiResult r);
 uint32_t gc_cupti_version(void);
 
@@ -28,9 +31,13 @@ CUptiResult gc_cupti_flush_period(uint32_t ms);
 /* A CUPTI timestamp (0 when none can be had); *why gets the error. */
 uint64_t gc_cupti_timestamp(CUptiResult *why);
 
-/* Callbacks at the entry of every runtime and driver API call that launches GPU work (kernels, graph
- * launches, copies, memsets), to `cb`. Under v1 this takes CUPTI's one subscriber slot for good.
- * Returns the number of callbacks enabled (0: none, with a log line). */
-int gc_cupti_launch_callbacks(CUpti_CallbackFunc cb);
+/* The one function that CUPTI's API and resource callbacks reach (the injector's dispatcher). */
+void gc_cupti_set_api_callback(CUpti_CallbackFunc cb);
+/* Enable the callbacks of every runtime and driver API call whose name `want` accepts (found by name,
+ * so every CUPTI 13.x works). Under v1 the first enabling takes CUPTI's one subscriber slot for good.
+ * Returns how many were enabled, or -1 when no callback can be had (a log line begins with `who`). */
+int gc_cupti_enable_api(const char *who, int (*want)(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name));
+/* Enable one resource callback (CUPTI_CBID_RESOURCE_*); 0 on success. */
+int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid);
 
 #endif

@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -35,7 +38,7 @@ enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3 };
 
 static atomic_int g_state;            /* OFF until InitializeInjection succeeds */
 static atomic_int g_flusher_busy;     /* the flusher is inside CUPTI: exit waits for it */
-static CUpti_ActivityKind g_kinds[8]; /* what we enabled, to disable it when we fail */
+static CUpti_ActivityKind g_kinds[8]; /* what we enabled, to disable it when we fail or pause */
 static int g_nkinds;
 static pid_t g_pid;                   /* the process the census belongs to (fork guard) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* tally + segment writes */
@@ -62,6 +65,17 @@ static struct {
     uint64_t on_since;          /* monotonic ns the current on-phase began */
 } g_ks;
 
+/* How graph launches are traced now (enum gc_graphs); launch needs graphs.c's callbacks (v2 API). */
+static uint32_t g_graph_mode;
+static int g_graphs_learned;          /* graphs.c is learning graph contents */
+
+/* The control file (see control_poll); touched by the flusher only, published under g_mu. */
+static struct {
+    int paused;
+    uint64_t paused_since, paused_ns; /* monotonic ns */
+    char last[128];                   /* the content last applied */
+} g_ctl;
+
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
@@ -79,6 +93,9 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->kernel_tracing = g_ks.mode == GC_KERNELS_ALL || g_ks.tracing;
     if (g_ks.mode == GC_KERNELS_SAMPLED)
         seg->kernel_traced_ns = g_ks.traced_ns + (g_ks.tracing && mono > g_ks.on_since ? mono - g_ks.on_since : 0);
+    seg->graph_mode = g_graph_mode;
+    seg->paused = g_ctl.paused;
+    seg->paused_ns = g_ctl.paused_ns + (g_ctl.paused && mono > g_ctl.paused_since ? mono - g_ctl.paused_since : 0);
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -241,6 +258,8 @@ static void sleep_until(uint64_t mono)
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
 }
 
+static void control_poll(uint64_t mono);
+
 static void *flusher(void *arg)
 {
     (void)arg;
@@ -263,6 +282,7 @@ static void *flusher(void *arg)
             next_phase = kernel_phase(now);
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
+            control_poll(now);
             uint64_t t = gc_wall_ns();
             uint64_t m = mono_ns();
             if (gc_cupti_flush_all(0) == CUPTI_SUCCESS) {
@@ -356,6 +376,105 @@ static void at_fork_child(void)
     g_path[0] = 0;
 }
 
+/* ---- kinds ---- */
+
+static int kind_index(CUpti_ActivityKind k)
+{
+    for (int i = 0; i < g_nkinds; i++)
+        if (g_kinds[i] == k) return i;
+    return -1;
+}
+
+/* Enable a kind and remember it (to disable it when we fail or pause). */
+static CUptiResult add_kind(CUpti_ActivityKind k)
+{
+    if (kind_index(k) >= 0) return CUPTI_SUCCESS;
+    CUptiResult r = g_ctl.paused ? CUPTI_SUCCESS : gc_cupti_enable(k);
+    if (r == CUPTI_SUCCESS) g_kinds[g_nkinds++] = k;
+    return r;
+}
+
+static void drop_kind(CUpti_ActivityKind k)
+{
+    int i = kind_index(k);
+    if (i < 0) return;
+    if (!g_ctl.paused) gc_cupti_disable(k);
+    g_kinds[i] = g_kinds[--g_nkinds];
+}
+
+static void enable_kinds(void)
+{
+    for (int i = 0; i < g_nkinds; i++) gc_cupti_enable(g_kinds[i]);
+}
+
+/* ---- the control file: switch a running census without restarting its server ---- */
+
+/* <segment>.control beside the segment (the census folder is the user's own, checked at start), read
+ * by the flusher at every wake. Space-separated words: `census=off` disables every activity kind (the
+ * server then pays CUPTI nothing but the callbacks), `census=on` enables them again; `graphs=node` or
+ * `graphs=launch` switches how graph launches are traced. For comparing modes side by side on one
+ * running server, and for an operator who wants the exact per-node mode for a while. The segment
+ * says what is in force (paused, paused_ns, graph_mode). Not with sampled kernels (their schedule
+ * switches the kernel kind itself). */
+static void control_poll(uint64_t mono)
+{
+    size_t len = strlen(g_path);
+    if (len < 4 || strcmp(g_path + len - 4, ".seg") != 0 || g_ks.mode == GC_KERNELS_SAMPLED) return;
+    char path[sizeof(g_path) + 8];
+    snprintf(path, sizeof(path), "%.*s.control", (int)(len - 4), g_path);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st;
+    char buf[sizeof(g_ctl.last)];
+    ssize_t n = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() && st.st_size < (off_t)sizeof(buf))
+        n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n < 0) return;
+    buf[n] = 0;
+    if (strcmp(buf, g_ctl.last) == 0) return;
+    memcpy(g_ctl.last, buf, (size_t)n + 1);
+    int pause = g_ctl.paused;
+    uint32_t graphs = g_graph_mode;
+    char *save = NULL;
+    for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+        if (strcmp(w, "census=off") == 0) pause = 1;
+        else if (strcmp(w, "census=on") == 0) pause = 0;
+        else if (strcmp(w, "graphs=node") == 0) graphs = GC_GRAPHS_NODE;
+        else if (strcmp(w, "graphs=launch") == 0 && g_graphs_learned) graphs = GC_GRAPHS_LAUNCH;
+        else if (strcmp(w, "graphs=launch") == 0)
+            gc_log("control file %s: ignoring \"graphs=launch\" (graph contents are learned only through "
+                   "CUPTI's v2 API, from the start)", path);
+        else gc_log("control file %s: ignoring \"%.40s\" (census=on|off, graphs=node|launch)", path, w);
+    }
+    pthread_mutex_lock(&g_mu);
+    if (graphs != g_graph_mode) {
+        if (graphs == GC_GRAPHS_LAUNCH ? add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) == CUPTI_SUCCESS
+                                        : (drop_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE), 1))
+            g_graph_mode = graphs;
+    }
+    if (pause != g_ctl.paused) {
+        if (pause) {
+            disable_kinds();
+            g_ctl.paused_since = mono;
+        } else {
+            enable_kinds();
+            g_ctl.paused_ns += mono - g_ctl.paused_since;
+        }
+        g_ctl.paused = pause;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Every CUPTI callback we enable lands here: graph contents first (a launch notes its graph's version),
+ * then steps (a launch notes its step). */
+static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
+{
+    (void)ud;
+    gc_graphs_callback(dom, cbid, data);
+    gc_steps_callback(dom, data);
+}
+
 /* ---- start ---- */
 
 static int start(void)
@@ -369,22 +488,48 @@ static int start(void)
     g_ks.mode = g_cfg.kernel_mode;
     g_ks.on_ms = g_cfg.kernel_on_ms;
     g_ks.period_ms = g_cfg.kernel_period_ms;
+    gc_cupti_set_api_callback(on_api);
+    /* Graphs per launch (GRAPH_TRACE). Drivers before r610 refuse it to the v2 (multi-subscriber) API,
+     * where they also give activity records to one subscriber only: then, unless the API was named,
+     * take the v1 path, which allows it (its callbacks hold CUPTI's one subscriber slot). */
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_cupti_is_v2() && !g_cfg.api_named) {
+        r = gc_cupti_enable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE);
+        if (r == CUPTI_SUCCESS) {
+            gc_cupti_disable(CUPTI_ACTIVITY_KIND_GRAPH_TRACE);
+        } else {
+            if (gc_cupti_downgrade_v1() != 0) return -1;
+            if ((r = gc_cupti_register(on_request, on_complete)) != CUPTI_SUCCESS) {
+                gc_log("census off: cannot register activity buffers: %s", gc_cupti_error(r));
+                return -1;
+            }
+        }
+    }
+    /* Graph contents are learned through callbacks: under the v1 API they hold CUPTI's one slot. */
+    g_graph_mode = GC_GRAPHS_NODE;
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start() == 0) {
+        g_graphs_learned = 1;
+        g_graph_mode = GC_GRAPHS_LAUNCH;
+    }
     /* No EXTERNAL_CORRELATION kind: CUPTI emits those only beside API records (steps.c says why). */
     CUpti_ActivityKind kinds[] = {
         g_ks.mode == GC_KERNELS_OFF ? CUPTI_ACTIVITY_KIND_INVALID : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
         CUPTI_ACTIVITY_KIND_MEMCPY,
         CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET,
-        g_cfg.graphs_per_launch ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_INVALID,
     };
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         if (kinds[i] == CUPTI_ACTIVITY_KIND_INVALID) continue;
-        r = gc_cupti_enable(kinds[i]);
+        r = add_kind(kinds[i]);
         if (r != CUPTI_SUCCESS) {
             gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], gc_cupti_error(r));
             disable_kinds(); /* the ones already on */
             return -1;
         }
-        g_kinds[g_nkinds++] = kinds[i];
+    }
+    /* Refused per-launch records leave graphs traced node by node: slower, still exact. */
+    if (g_graph_mode == GC_GRAPHS_LAUNCH && (r = add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE)) != CUPTI_SUCCESS) {
+        gc_log("graphs traced node by node: CUPTI refused per-launch graph records (%s)", gc_cupti_error(r));
+        g_graph_mode = GC_GRAPHS_NODE;
+        g_graphs_learned = 0;
     }
     uint64_t m0 = mono_ns();
     CUptiResult tr;

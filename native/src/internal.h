@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <cupti.h>
 
+#include "gpu_census.h"
+
 /* The newest record structs of the CUPTI headers we build with. tally.c reads only fields
  * whose offsets every 13.x version shares, and asserts that. */
 #if CUPTI_API_VERSION >= 130500
@@ -28,11 +30,17 @@ struct gc_config {
     int max_buffers;            /* OTEL_GPU_CENSUS_MAX_BUFFERS */
     uint32_t flush_ms;          /* OTEL_GPU_CENSUS_FLUSH_MS */
     uint32_t kernel_mode, kernel_on_ms, kernel_period_ms;   /* OTEL_GPU_CENSUS_KERNELS */
-    int graphs_per_launch;      /* OTEL_GPU_CENSUS_GRAPHS=launch */
+    uint32_t graph_mode;        /* OTEL_GPU_CENSUS_GRAPHS: enum gc_graphs (launch unless node) */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
+    int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
+
+/* graphs.c: the contents of graph launches, learned from their graphs (needs the v2 API's callbacks). */
+int gc_graphs_start(void);      /* 0: graph launches can be counted from their contents */
+void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
+int gc_graphs_contents(uint32_t corr, gc_graph_contents *out);   /* -1: not known */
 
 /* steps.c: the calling thread's step stack, and correlation id -> step for the tally. */
 int gc_steps_start(void);       /* launch callbacks on (once); 0 when steps can be tagged */
@@ -40,6 +48,7 @@ int gc_steps_push(uint64_t id);
 int gc_steps_pop(uint64_t *id);
 uint64_t gc_steps_lookup(uint32_t corr);    /* 0: not launched inside a step (or forgotten) */
 int gc_steps_in_use(void);
+void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
 
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
 void gc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

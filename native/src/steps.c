@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cupti_api.h"
 #include "internal.h"
@@ -31,10 +32,23 @@ static __thread uint32_t t_stack[GC_STEP_DEPTH];
 static __thread uint32_t t_depth;
 static __thread uint32_t t_top;        /* t_stack[t_depth - 1], or 0: what the callback reads */
 
-static void CUPTIAPI on_launch(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
+/* The API calls that put work on the GPU, by name prefix. Graph-node setters (cudaGraphAddMemcpyNode…)
+ * do not match: they launch nothing. */
+static int launches_work(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
 {
-    (void)ud; (void)dom; (void)cbid;
+    (void)cbid;
+    static const char *const runtime[] = {"cudaLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset"};
+    static const char *const driver[] = {"cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset"};
+    const char *const *p = dom == CUPTI_CB_DOMAIN_RUNTIME_API ? runtime : driver;
+    for (int i = 0; i < 4; i++)
+        if (strncmp(name, p[i], strlen(p[i])) == 0) return 1;
+    return 0;
+}
+
+void gc_steps_callback(CUpti_CallbackDomain dom, const void *data)
+{
     uint32_t id = t_top;
+    if (dom == CUPTI_CB_DOMAIN_RESOURCE) return;
     if (!id) return;                    /* most calls of a server outside steps end here */
     const CUpti_CallbackData *cb = data;
     if (cb->callbackSite != CUPTI_API_ENTER) return;
@@ -57,7 +71,7 @@ int gc_steps_start(void)
             gc_log("steps off: no memory for the launch table");
         } else {
             atomic_store(&g_map, map);
-            if (gc_cupti_launch_callbacks(on_launch) > 0) s = 1;
+            if (gc_cupti_enable_api("steps off", launches_work) > 0) s = 1;
         }
         if (s != 1) s = -1;
         atomic_store(&state, s);

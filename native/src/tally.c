@@ -131,6 +131,13 @@ static inline void stat_add(gc_stat *st, uint64_t bytes, uint64_t ns)
     st->ns += ns;
 }
 
+static inline void stat_add_n(gc_stat *st, uint64_t n, uint64_t bytes, uint64_t ns)
+{
+    st->count += n;
+    st->bytes += bytes;
+    st->ns += ns;
+}
+
 static inline uint64_t dur(uint64_t s, uint64_t e) { return e > s ? e - s : 0; }
 
 static gc_device *device(gc_tally *t, uint32_t id)
@@ -164,8 +171,10 @@ static gc_window *window_slot(gc_tally *t, uint64_t idx)
 
 enum what { W_KERNEL, W_COPY, W_MEMSET };
 
+/* `n` pieces of work (a graph launch's kernels or copies of one kind) that began at s; the time from
+ * s to e is split over the buckets it spans. */
 static void window_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint64_t s, uint64_t e,
-                       uint64_t bytes)
+                       uint64_t n, uint64_t bytes)
 {
     if (s == 0) return;
     uint64_t idx = s / GC_WINDOW_NS;
@@ -180,9 +189,9 @@ static void window_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint6
     uint64_t first_ns = dur(s, e);
     if (e > (idx + 1) * GC_WINDOW_NS) first_ns = (idx + 1) * GC_WINDOW_NS - s;
     switch (what) {
-    case W_KERNEL: w->kernel_count++; w->kernel_ns += first_ns; break;
-    case W_COPY: stat_add(&w->copy[dir], bytes, first_ns); break;
-    case W_MEMSET: stat_add(&w->memset, bytes, first_ns); break;
+    case W_KERNEL: w->kernel_count += n; w->kernel_ns += first_ns; break;
+    case W_COPY: stat_add_n(&w->copy[dir], n, bytes, first_ns); break;
+    case W_MEMSET: stat_add_n(&w->memset, n, bytes, first_ns); break;
     }
     uint64_t last = e ? (e - 1) / GC_WINDOW_NS : idx;
     if (last > idx + GC_WINDOW_SLOTS) last = idx + GC_WINDOW_SLOTS; /* bounded work per record */
@@ -221,7 +230,7 @@ static gc_step *step_for(gc_tally *t, uint32_t corr)
 }
 
 static void step_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint32_t corr,
-                     uint64_t s, uint64_t e, uint64_t bytes)
+                     uint64_t s, uint64_t e, uint64_t n, uint64_t bytes)
 {
     if (!t->ext_seen && !gc_steps_in_use()) return; /* no step was ever begun: nothing to attribute */
     gc_step *st = step_for(t, corr);
@@ -233,9 +242,9 @@ static void step_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint32_
     if (s && (st->first_ns == 0 || s < st->first_ns)) st->first_ns = s;
     if (e > st->last_ns) st->last_ns = e;
     switch (what) {
-    case W_KERNEL: st->kernel_count++; st->kernel_ns += dur(s, e); break;
-    case W_COPY: stat_add(&st->copy[dir], bytes, dur(s, e)); break;
-    case W_MEMSET: stat_add(&st->memset, bytes, dur(s, e)); break;
+    case W_KERNEL: st->kernel_count += n; st->kernel_ns += dur(s, e); break;
+    case W_COPY: stat_add_n(&st->copy[dir], n, bytes, dur(s, e)); break;
+    case W_MEMSET: stat_add_n(&st->memset, n, bytes, dur(s, e)); break;
     }
 }
 
@@ -306,8 +315,8 @@ static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
     d->kernel_ns += dur(k->start, k->end);
     seen(t, d, k->start, k->end);
     frontier_add(&t->fr[k->deviceId], k->start, k->end);
-    window_add(t, W_KERNEL, 0, k->deviceId, k->start, k->end, 0);
-    step_add(t, W_KERNEL, 0, k->deviceId, k->correlationId, k->start, k->end, 0);
+    window_add(t, W_KERNEL, 0, k->deviceId, k->start, k->end, 1, 0);
+    step_add(t, W_KERNEL, 0, k->deviceId, k->correlationId, k->start, k->end, 1, 0);
 }
 
 static void tally_copy(gc_tally *t, uint32_t dev, int dir, int mem, uint32_t corr,
@@ -317,8 +326,8 @@ static void tally_copy(gc_tally *t, uint32_t dev, int dir, int mem, uint32_t cor
     if (!d) { t->seg->records_unknown++; return; }
     stat_add(&d->copy[dir][mem], bytes, dur(s, e));
     seen(t, d, s, e);
-    window_add(t, W_COPY, dir, dev, s, e, bytes);
-    step_add(t, W_COPY, dir, dev, corr, s, e, bytes);
+    window_add(t, W_COPY, dir, dev, s, e, 1, bytes);
+    step_add(t, W_COPY, dir, dev, corr, s, e, 1, bytes);
 }
 
 static void tally_memcpy(gc_tally *t, const GC_MEMCPY_T *m)
@@ -343,20 +352,60 @@ static void tally_memset(gc_tally *t, const GC_MEMSET_T *m)
     if (!d) { t->seg->records_unknown++; return; }
     stat_add(&d->memset, m->bytes, dur(m->start, m->end));
     seen(t, d, m->start, m->end);
-    window_add(t, W_MEMSET, 0, m->deviceId, m->start, m->end, m->bytes);
-    step_add(t, W_MEMSET, 0, m->deviceId, m->correlationId, m->start, m->end, m->bytes);
+    window_add(t, W_MEMSET, 0, m->deviceId, m->start, m->end, 1, m->bytes);
+    step_add(t, W_MEMSET, 0, m->deviceId, m->correlationId, m->start, m->end, 1, m->bytes);
 }
 
-/* One record per graph launch (GRAPH_TRACE mode): busy and graph time, not per-kernel counts. */
-static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)
+/* One record per graph launch (GRAPH_TRACE), with what the launch put on the GPU as graphs.c learned
+ * it. Copies and memsets count exactly, always (their own durations are not known: 0 ns); kernels
+ * count by node, and their time, the busy union and the windows take the graph's span, like a kernel
+ * record that covers the graph (sampled like kernel records). Unknown contents: only the span. */
+void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *c)
 {
+    const CUpti_ActivityGraphTrace2 *g = record;
     gc_device *d = device(t, g->deviceId);
     if (!d) { t->seg->records_unknown++; return; }
+    t->seg->flags |= GC_FLAG_GRAPH_LAUNCHES;
     d->graph_launches++;
     d->graph_ns += dur(g->start, g->end);
     seen(t, d, g->start, g->end);
+    if (!c) {
+        t->seg->graph_unknown++;
+        t->seg->flags |= GC_FLAG_GRAPH_INEXACT;
+    } else {
+        if (c->flags & GC_GRAPH_INEXACT) {
+            t->seg->graph_inexact++;
+            t->seg->flags |= GC_FLAG_GRAPH_INEXACT;
+        }
+        for (int dir = 0; dir < GC_NDIR; dir++)
+            for (int mem = 0; mem < GC_NMEM; mem++) {
+                uint64_t n = c->copies[dir][mem], bytes = c->copy_bytes[dir][mem];
+                if (!n) continue;
+                stat_add_n(&d->copy[dir][mem], n, bytes, 0);
+                window_add(t, W_COPY, dir, g->deviceId, g->start, g->start, n, bytes);
+                step_add(t, W_COPY, dir, g->deviceId, g->correlationId, g->start, g->start, n, bytes);
+            }
+        if (c->memsets) {
+            stat_add_n(&d->memset, c->memsets, c->memset_bytes, 0);
+            window_add(t, W_MEMSET, 0, g->deviceId, g->start, g->start, c->memsets, c->memset_bytes);
+            step_add(t, W_MEMSET, 0, g->deviceId, g->correlationId, g->start, g->start, c->memsets, c->memset_bytes);
+        }
+        if (!c->kernels) return; /* a graph of copies alone: no kernel time */
+    }
+    uint64_t k = c ? c->kernels : 0;
+    if (outside_sample(t->seg, g->start)) { t->seg->kernel_outside += k; return; }
+    d->kernel_count += k;
+    d->graph_kernel_count += k;
+    d->kernel_ns += dur(g->start, g->end);
     frontier_add(&t->fr[g->deviceId], g->start, g->end);
-    t->seg->flags |= GC_FLAG_GRAPH_LAUNCHES;
+    window_add(t, W_KERNEL, 0, g->deviceId, g->start, g->end, k, 0);
+    step_add(t, W_KERNEL, 0, g->deviceId, g->correlationId, g->start, g->end, k, 0);
+}
+
+static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)
+{
+    gc_graph_contents c;
+    gc_tally_graph_launch(t, g, gc_graphs_contents(g->correlationId, &c) == 0 ? &c : NULL);
 }
 
 static void tally_external(gc_tally *t, const CUpti_ActivityExternalCorrelation *x)

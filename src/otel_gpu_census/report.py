@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .census import (DIRECTIONS, FLAG_DROPPED, FLAG_GRAPH_LAUNCHES, FLAG_RING_OVERRUN,
+from .census import (DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
                      KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, ProcessCensus,
                      Stat, merge_devices)
 
@@ -132,6 +132,12 @@ def process_warnings(c: ProcessCensus) -> List[str]:
     if c.buffers_refused:
         out.append(f"{c.buffers_refused:,} activity buffers were refused to keep memory bounded "
                    "(their records were dropped)")
+    if c.graphs.unknown:
+        out.append(f"{c.graphs.unknown:,} CUDA graph launches were of graphs the census did not see made: "
+                   "their kernels and copies are not counted (only their time)")
+    if c.graphs.inexact:
+        out.append(f"{c.graphs.inexact:,} CUDA graph launches had conditional nodes or nodes changed after "
+                   "instantiation: their kernel and copy counts are a floor")
     if c.flags & FLAG_RING_OVERRUN:
         out.append("the window/step rings were overrun: per-window and per-step figures are incomplete "
                    "(the totals are not affected)")
@@ -182,7 +188,7 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = Fals
         "device_id": d.device_id, "uuid": d.uuid,
         "kernel_count": d.kernel_count, "kernel_ns": d.kernel_ns, "busy_ns": d.busy_ns,
         "gpu_span_ns": span, "busy_ratio_of_gpu_span": d.busy_ns / span if span else None,
-        "graph_launches": d.graph_launches, "graph_ns": d.graph_ns,
+        "graph_launches": d.graph_launches, "graph_ns": d.graph_ns, "graph_kernel_count": d.graph_kernel_count,
         "copies": _copies_dict(d), "memset": _stat_dict(d.memset),
         "peer_received": _stat_dict(d.peer_recv),
     }
@@ -221,6 +227,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
         procs.append({
             "kernel_tracing": c.kernels.name, "kernel_traced_ns": kernel_base_ns(c) if c.kernels.mode == KERNELS_SAMPLED
             else None,
+            "graph_tracing": c.graphs.name, "graph_launches_unknown": c.graphs.unknown,
+            "graph_launches_inexact": c.graphs.inexact, "paused_ns": c.graphs.paused_ns,
             "pid": c.pid, "ppid": c.ppid, "comm": c.comm, "state": c.state_name, "alive": c.alive,
             "torn": c.torn, "path": c.path, "cupti_version": c.cupti_version,
             "wall_start_ns": c.wall_start_ns, "wall_update_ns": c.wall_update_ns, "census_time_ns": census_ns,
@@ -279,7 +287,8 @@ def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False) -> Lis
         busy += f"; {percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity"
     lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {seconds(d.kernel_ns)} s   {busy}")
     if d.graph_launches:
-        lines.append(f"    graph launches {d.graph_launches:,} ({seconds(d.graph_ns)} s), traced per launch")
+        lines.append(f"    graph launches {d.graph_launches:,} ({seconds(d.graph_ns)} s), traced per launch: "
+                     f"{d.graph_kernel_count:,} of the kernels ran inside them (kernel time: their spans)")
     rows = []
     for direction in DIRECTIONS:
         s = d.copies.get(direction)
@@ -315,8 +324,9 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     note = kernel_tracing_note(c)
     if note:
         lines.append(f"  note: {note}")
-    if c.flags & FLAG_GRAPH_LAUNCHES:
-        lines.append("  note: CUDA graphs were traced per launch, so their kernels are not in the kernel count")
+    if c.graphs.paused_ns:
+        lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"
+                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then")
     for w in process_warnings(c):
         lines.append(f"  warning: {w}")
     return lines

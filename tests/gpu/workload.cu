@@ -21,7 +21,7 @@ __global__ void spin_kernel(unsigned long long ns) {
 int main(int argc, char **argv) {
     const size_t MiB = 1 << 20;
     const int eager = argc > 1 ? atoi(argv[1]) : 1000;
-    const int graph_nodes = 100, graph_replays = 10;
+    const int graph_nodes = 100, graph_replays = 10, update_replays = 5;
     CK(cudaSetDevice(0));
     char *d0, *d1, *pinned, *pageable;
     CK(cudaMalloc(&d0, 64 * MiB));
@@ -53,6 +53,24 @@ int main(int argc, char **argv) {
     for (int i = 0; i < graph_replays; i++) CK(cudaGraphLaunch(ge, s));
     CK(cudaStreamSynchronize(s));
 
+    // The same exec updated from a graph of the same shape whose copy is 2 MiB (as llama.cpp updates
+    // its graph every token), replayed: the census must count the new contents. Where the driver
+    // refuses the update, the exec is made anew (the census then learns a new exec).
+    cudaGraph_t g2;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < graph_nodes; i++) empty_kernel<<<1, 1, 0, s>>>();
+    CK(cudaMemcpyAsync(pinned, d0, 2 * MiB, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamEndCapture(s, &g2));
+    cudaGraphExecUpdateResultInfo info;
+    int updated = cudaGraphExecUpdate(ge, g2, &info) == cudaSuccess;
+    if (!updated) {
+        (void)cudaGetLastError();
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphInstantiate(&ge, g2, 0));
+    }
+    for (int i = 0; i < update_replays; i++) CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+
     // Two 20 ms spins on two streams at once: summed kernel time ~40 ms, busy ~20 ms.
     cudaStream_t a, b;
     CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
@@ -63,8 +81,11 @@ int main(int argc, char **argv) {
 
     printf("{\"kernels\": %d, \"htod_pageable\": %zu, \"htod_pinned\": %zu, \"dtoh_pageable\": %zu, "
            "\"dtoh_pinned\": %zu, \"dtod\": %zu, \"memset\": %zu, \"copies_htod\": 2, \"copies_dtoh\": %d, "
-           "\"copies_dtod\": 1, \"memsets\": 1, \"spin_ns\": 20000000}\n",
-           eager + graph_nodes * graph_replays + 2, 64 * MiB, 64 * MiB, 64 * MiB,
-           32 * MiB + (size_t)graph_replays * MiB, 16 * MiB, 8 * MiB, 2 + graph_replays);
+           "\"copies_dtod\": 1, \"memsets\": 1, \"spin_ns\": 20000000, \"graph_kernels\": %d, "
+           "\"graph_launches\": %d, \"exec_updated\": %d}\n",
+           eager + graph_nodes * (graph_replays + update_replays) + 2, 64 * MiB, 64 * MiB, 64 * MiB,
+           32 * MiB + (size_t)graph_replays * MiB + (size_t)update_replays * 2 * MiB, 16 * MiB, 8 * MiB,
+           2 + graph_replays + update_replays, graph_nodes * (graph_replays + update_replays),
+           graph_replays + update_replays, updated);
     return 0;
 }

@@ -1,5 +1,10 @@
-"""Fixtures the proxy's integration tests share: the llama-server stand-in, one per module."""
+"""Fixtures the integration tests share: the llama-server stand-in (one per module) for the proxy's
+tests, and the mock libcupti (native/tests/mock_cupti.c) for the injector's life in a process."""
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +24,15 @@ def fresh_standin(standin):
     standin.opts = Opts()
     standin.seen.clear()
     return standin
+
+
+@pytest.fixture(scope="session")
+def mock_lib(native, tmp_path_factory):
+    """Path of the mock libcupti, built once (OTEL_GPU_CENSUS_CUPTI points the injector at it)."""
+    import cupti_records
+    out = tmp_path_factory.mktemp("mock") / "libmock_cupti.so"
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
+                    f"-I{cupti_records.cupti_include()}", str(root / "native" / "tests" / "mock_cupti.c"),
+                    "-o", str(out)], check=True)
+    return str(out)

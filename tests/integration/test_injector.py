@@ -22,16 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def mock_lib(native, tmp_path_factory):
-    import cupti_records
-    out = tmp_path_factory.mktemp("mock") / "libmock_cupti.so"
-    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
-                    f"-I{cupti_records.cupti_include()}", str(ROOT / "native" / "tests" / "mock_cupti.c"),
-                    "-o", str(out)], check=True)
-    return str(out)
-
-
 PRELUDE = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {tests!r})
@@ -204,10 +194,11 @@ def test_unknown_values_and_names_get_one_line_each_and_the_defaults(native, moc
         out['graph_trace'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_GRAPH_TRACE)
     """, env={"OTEL_GPU_CENSUS_GRAPHS": "xyz", "OTEL_GPU_CENSUS_CUPTI_API": "v9",
                "OTEL_GPU_CENSUS_KERNEL": "off", "OTEL_GPU_CENSUS_LIB": "/x.so"})
-    assert res["active"] == 1 and res["graph_trace"] == 0           # GRAPHS: the default, per node
+    # GRAPHS: the default, launch, needs the v2 API's callbacks; the mock is v1, so graphs go per node
+    assert res["active"] == 1 and res["graph_trace"] == 0
     lines = err.strip().splitlines()
     assert len(lines) == 3, err
-    assert "ignoring OTEL_GPU_CENSUS_GRAPHS=xyz (expected node or launch); using node" in err
+    assert "ignoring OTEL_GPU_CENSUS_GRAPHS=xyz (expected launch or node); using launch" in err
     assert "ignoring OTEL_GPU_CENSUS_CUPTI_API=v9 (expected v2 or v1); using v2" in err
     assert "ignoring unknown setting OTEL_GPU_CENSUS_KERNEL" in err   # a typo of KERNELS; LIB is the reader's
 
@@ -407,3 +398,57 @@ def test_bad_kernel_settings_trace_all_kernels_with_one_line(native, mock_lib, t
     assert {k for _, k, _ in res["samples"]} == {1}
     assert err.count("\n") == 1 and f"ignoring OTEL_GPU_CENSUS_KERNELS={value}" in err
     assert read(native, next(d.glob("*.seg"))).kernels.name == "all"
+
+
+def test_control_file_pauses_and_resumes_a_running_census(native, mock_lib, tmp_path, records):
+    """<segment>.control switches a running census: census=off disables every activity kind (the server
+    pays CUPTI nothing more), census=on enables them again; the segment says how long it was paused.
+    graphs=launch needs the v2 API's callbacks (the mock is v1): refused with one line."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        import time
+        T = 1_700_000_000_000_000_000
+        kinds = lambda: [mock.mock_enabled(getattr(rlib, 'CUPTI_ACTIVITY_KIND_' + k))
+                         for k in ('CONCURRENT_KERNEL', 'MEMCPY', 'MEMCPY2', 'MEMSET')]
+        g.InitializeInjection()
+        queue(cr.kernel(T, T + 600), cr.KERNEL_T)
+        g.gc_flush()
+        ctl = path()[:-4] + '.control'
+        def wait_for(want):
+            for _ in range(200):
+                if kinds() == want:
+                    return True
+                time.sleep(0.01)
+            return False
+        open(ctl, 'w').write('census=off graphs=launch\\n')
+        out['paused'] = wait_for([0, 0, 0, 0])
+        time.sleep(0.2)
+        open(ctl, 'w').write('census=on\\n')
+        out['resumed'] = wait_for([1, 1, 1, 1])
+    """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res["paused"] and res["resumed"], res
+    p = read(native, next(d.glob("*.seg")))
+    assert not p.graphs.paused and 0.15e9 < p.graphs.paused_ns < 5e9, p.graphs
+    assert p.graphs.name == "node"          # v1: graphs per node, whatever the file asked
+    assert err.count("\n") == 1 and 'ignoring "graphs=launch"' in err, err
+
+
+def test_a_control_file_that_is_a_link_or_a_fifo_is_not_read(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        import time
+        T = 1_700_000_000_000_000_000
+        g.InitializeInjection()
+        queue(cr.kernel(T, T + 600), cr.KERNEL_T)
+        g.gc_flush()
+        ctl = path()[:-4] + '.control'
+        target = os.path.join(os.path.dirname(ctl), 'elsewhere')
+        open(target, 'w').write('census=off')
+        os.symlink(target, ctl)
+        time.sleep(0.2)
+        out['after_link'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_MEMCPY)
+        os.unlink(ctl)
+        os.mkfifo(ctl)
+        time.sleep(0.2)
+        out['after_fifo'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_MEMCPY)
+        out['active'] = g.gc_active()
+    """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res == {"after_link": 1, "after_fifo": 1, "active": 1} and err == ""

@@ -1,5 +1,6 @@
 """NVML instruments on a real GPU (skipped without one): every NVML name the docs list is emitted,
-with the GPU's UUID as hw.id and values in range; GPM ones where the GPU supports GPM."""
+with the GPU's UUID as hw.id and values in range; GPM ones where the GPU supports GPM; PCIe
+throughput from NVML's byte counters where the GPU has them, agreeing with a copy loop's own count."""
 from __future__ import annotations
 
 import importlib.util
@@ -162,6 +163,94 @@ def test_gpm_sees_a_matmul_loop(sampler_rig):
     assert diag["loop still running at the end"], report
     assert util is not None and sm is not None and occ is not None, report
     assert util > 0.5 and sm > 0.3 and 0 < occ <= 1, report
+
+
+# Host-to-device copies from pinned memory back to back; after warming up it says "busy", then one
+# line "<wall time> <bytes copied so far>" per batch, until killed (at most argv[1] seconds).
+_COPY_LOOP = r"""
+import sys, time, torch
+n = 256 << 20
+h = torch.empty(n, dtype=torch.uint8).pin_memory()
+d = torch.empty(n, dtype=torch.uint8, device="cuda")
+for _ in range(3):
+    d.copy_(h, non_blocking=True)
+torch.cuda.synchronize()
+print("busy", flush=True)
+end, copied = time.time() + float(sys.argv[1]), 0
+print(time.time(), copied, flush=True)
+while time.time() < end:
+    for _ in range(4):
+        d.copy_(h, non_blocking=True)
+    torch.cuda.synchronize()
+    copied += 4 * n
+    print(time.time(), copied, flush=True)
+"""
+
+
+def test_pcie_counters_chosen_where_nvml_has_them(sampler_rig):
+    """The once-per-GPU decision agrees with what NVML answers for the two byte-counter fields."""
+    sampler, _ = sampler_rig
+    n = sampler._nvml
+    for d in sampler.devices:
+        ids = [getattr(n, name, None) for name, _ in nvml.PCIE_FIELDS]
+        if None in ids:
+            assert d.pcie == nvml.PCIE_SAMPLE, d.pcie_why
+            continue
+        got = n.nvmlDeviceGetFieldValues(d.handle, ids)
+        supported = all(f.nvmlReturn == n.NVML_SUCCESS for f in got)
+        print(f"GPU {d.index} {d.name} driver {sampler.driver}: PCIe {d.pcie} {d.pcie_why}")
+        assert d.pcie == (nvml.PCIE_COUNTERS if supported else nvml.PCIE_SAMPLE), d.pcie_why
+
+
+def test_pcie_counters_see_a_host_to_device_copy_loop(sampler_rig):
+    """A pinned host-to-device copy loop in a child process: the receive throughput the counters give
+    over a 2 s interval is about the bytes the loop copied in it per second (bytes, not KiB; into the
+    GPU is receive), and well above transmit. Run with -s to see the figures."""
+    sampler, reader = sampler_rig
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: no load to measure")
+    counted = [d for d in sampler.devices if d.pcie == nvml.PCIE_COUNTERS]
+    if not counted:
+        pytest.skip("no GPU here has NVML's PCIe byte counters: " + "; ".join(d.pcie_why for d in sampler.devices))
+    errors = tempfile.TemporaryFile("w+")
+    load = subprocess.Popen([sys.executable, "-c", _COPY_LOOP, "120"], stdout=subprocess.PIPE, stderr=errors,
+                            text=True)
+    try:
+        if _wait_line(load, 180) != "busy":
+            load.kill()
+            load.wait()
+            errors.seek(0)
+            pytest.fail(f"the copy loop never got busy; its stderr:\n{errors.read()[-3000:]}")
+        time.sleep(0.5)
+        _collect(reader)
+        t1 = time.time()
+        time.sleep(2.0)
+        data = _collect(reader)
+        t2 = time.time()
+        running = load.poll() is None
+    finally:
+        if load.poll() is None:
+            load.kill()
+        out, _ = load.communicate()
+        errors.close()
+    marks = [tuple(map(float, line.split())) for line in out.splitlines() if len(line.split()) == 2]
+    before = max((m for m in marks if m[0] <= t1), default=None)
+    after = min((m for m in marks if m[0] >= t2), default=None)
+    assert running and before is not None and after is not None, (running, len(marks))
+    loop_rate = (after[1] - before[1]) / (after[0] - before[0])
+    rates = {}
+    for attrs, value, _ in data.get("gpu_census.pcie.throughput", []):
+        rates.setdefault(attrs["hw.id"], {})[attrs["network.io.direction"]] = value
+    d = counted[0] if len(counted) == 1 else max(counted, key=lambda g: rates.get(g.uuid, {}).get("receive", 0))
+    got = rates.get(d.uuid, {})
+    report = (f"copy loop {loop_rate / 1e9:.2f} GB/s host to device; NVML counters on {d.uuid}: receive "
+              f"{got.get('receive', 0) / 1e9:.2f} GB/s, transmit {got.get('transmit', 0) / 1e9:.3f} GB/s; every GPU: {rates}")
+    print(report)
+    assert loop_rate > 1e9, report
+    # the counters cover all PCIe traffic (descriptors, the loop's syncs) and an interval a little
+    # off the loop's own marks: within 30 % below and 50 % above
+    assert 0.7 * loop_rate <= got.get("receive", 0) <= 1.5 * loop_rate, report
+    assert got.get("transmit", 0) < 0.2 * got["receive"], report
 
 
 def test_sidecar_exports_nvml_next_to_census(census_dir, monkeypatch):

@@ -592,3 +592,23 @@ def test_unix_socket_upstream(make_proxy, receiver, tmp_path):
         assert one_span(receiver, "text_completion").attributes["gpu_census.proxy.upstream"] == "unix:" + sock
     finally:
         st.stop()
+
+
+def test_loop_lag_probe_is_answered_by_the_proxy_itself(make_proxy, standin, receiver):
+    """With --loop-lag-probe the proxy serves its loop's lag at its own path: never forwarded, never
+    traced, reset on request. Without it that path is the upstream's like any other."""
+    p = make_proxy(loop_lag_s=0.005)
+    time.sleep(0.2)
+    status, headers, body = request(p.port, "GET", "/.otel-gpu-census/loop-lag?reset=1")
+    first = json.loads(body)
+    assert status == 200 and first["interval_ms"] == 5 and first["wakeups"] >= 10, first
+    assert {"p50_ms", "p99_ms", "max_ms", "over_20ms"} <= set(first)
+    assert request(p.port, "GET", "/.otel-gpu-census/loop-lag")[0] == 200
+    second = json.loads(request(p.port, "GET", "/.otel-gpu-census/loop-lag")[2])
+    assert second["wakeups"] < first["wakeups"] and second["seconds"] < first["seconds"]   # it was reset
+    assert request(p.port, "GET", "/slots")[0] == 200
+    one_span(receiver, "GET /slots")
+    assert not [s for s in receiver.span_snapshot() if "loop-lag" in s.name]
+    off = make_proxy()
+    assert request(off.port, "GET", "/.otel-gpu-census/loop-lag")[0] == 404     # the stand-in's answer
+    one_span(receiver, "GET /.otel-gpu-census/loop-lag")

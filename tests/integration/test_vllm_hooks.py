@@ -32,10 +32,14 @@ PARAMS = {
     "GenerateBaseServing._get_trace_headers": ["self", "headers"],
     "WorkerWrapperBase.execute_model": ["self", "scheduler_output"],
     "Worker.sample_tokens": ["self", "grammar_output"],
+    "MultiprocExecutor.execute_model": ["self", "scheduler_output"],
     "Scheduler.add_request": ["self", "request"],
     "Scheduler.update_from_output": ["self", "scheduler_output", "model_runner_output"],
     "Scheduler._free_request": ["self", "request", "delay_free_blocks"],
     "EngineCore.shutdown": ["self"],
+    "OffloadingConnectorWorker.prepare_store_kv": ["self", "metadata"],
+    "OffloadingConnectorWorker.handle_preemptions": ["self", "kv_connector_metadata"],
+    "OffloadingConnectorWorker.start_kv_transfers": ["self", "metadata"],
     "shutdown": ["procs", "timeout"],
 }
 

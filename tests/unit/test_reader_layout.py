@@ -63,3 +63,48 @@ def test_library_search_order(monkeypatch, tmp_path):
     assert _native.find_library() == lib.resolve()
     monkeypatch.setenv("OTEL_GPU_CENSUS_LIB", str(tmp_path / "missing.so"))
     assert _native.find_library() is None       # an explicit path that is wrong is not silently replaced
+
+
+def test_device_totals_read_from_bytes_match_the_struct_field_by_field(tmp_path):
+    """The reader takes device totals out of the copied bytes (not through cffi): every field of
+    every device slot in use, each copy cell included, must come out as the struct holds it."""
+    from otel_gpu_census.census import DIRECTIONS, MEMORY_KINDS, ZERO, reader
+    from segments import map_segment
+
+    mm, seg = map_segment(tmp_path / "gpu-census-1-1.seg", b"x")
+    n = iter(range(1, 1 << 20))
+    used = (0, 3, 15)                   # first, middle and last slot; the others stay unused
+    for k in used:
+        d = seg.devices[k]
+        d.in_use, d.device_id = 1, 10 + k
+        d.uuid = bytes(range(k, k + 16))
+        for f in ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches", "graph_ns"):
+            setattr(d, f, next(n))
+        for i in range(len(DIRECTIONS)):
+            for j in range(len(MEMORY_KINDS)):
+                if (i + j + k) % 3:     # some cells all zero: those are absent
+                    c = d.copy[i][j]
+                    c.count, c.bytes, c.ns = next(n), next(n), next(n)
+        d.copy[0][0].count, d.copy[0][0].bytes, d.copy[0][0].ns = 0, 0, 7      # only a duration: kept
+        if k:
+            d.memset.count, d.memset.bytes, d.memset.ns = next(n), next(n), next(n)
+            d.peer_recv.count, d.peer_recv.bytes, d.peer_recv.ns = next(n), next(n), next(n)
+    mm.flush()
+    got = reader.read_segment(tmp_path / "gpu-census-1-1.seg", detail=False).devices
+    assert sorted(got) == [10 + k for k in used]
+    for k in used:
+        d, t = seg.devices[k], got[10 + k]
+        assert t.device_id == 10 + k and t.uuid == reader.format_uuid(bytes(range(k, k + 16)))
+        for f in ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches", "graph_ns"):
+            assert getattr(t, f) == getattr(d, f), f
+        want = {(DIRECTIONS[i], MEMORY_KINDS[j]): (d.copy[i][j].count, d.copy[i][j].bytes, d.copy[i][j].ns)
+                for i in range(len(DIRECTIONS)) for j in range(len(MEMORY_KINDS))
+                if (d.copy[i][j].count, d.copy[i][j].bytes, d.copy[i][j].ns) != (0, 0, 0)}
+        assert {key: (s.count, s.bytes, s.ns) for key, s in t.copies.cells.items()} == want
+        assert (t.memset.count, t.memset.bytes, t.memset.ns) == (d.memset.count, d.memset.bytes, d.memset.ns)
+        assert (t.peer_recv.count, t.peer_recv.bytes, t.peer_recv.ns) == \
+            (d.peer_recv.count, d.peer_recv.bytes, d.peer_recv.ns)
+        if not k:
+            assert t.memset == ZERO and t.peer_recv == ZERO
+    del seg
+    mm.close()

@@ -105,12 +105,92 @@ def test_graph_nodes_count_one_by_one(census, records):
     assert d.graph_launches == 0
 
 
-def test_graph_trace_records_count_launches(census, records):
+def test_graph_trace_records_of_unknown_graphs_count_their_span_only(census, records):
+    """A launch whose graph the census never saw made (graphs.c learned nothing for its correlation id):
+    its span is GPU time, but no kernel or copy can be claimed, and the segment says so."""
     seg = census[0]
     feed(census, records.graph_trace(T0, T0 + 5000), records.graph_trace(T0 + 4000, T0 + 9000, corr=2))
     d = seg.devices[0]
-    assert (d.graph_launches, d.graph_ns, d.busy_ns, d.kernel_count) == (2, 10000, 9000, 0)
-    assert seg.flags & 0x8
+    assert (d.graph_launches, d.graph_ns, d.busy_ns, d.kernel_count, d.kernel_ns) == (2, 10000, 9000, 0, 10000)
+    assert seg.graph_unknown == 2 and seg.graph_inexact == 0
+    assert seg.flags & 0x8 and seg.flags & 0x10
+
+
+def contents(ffi, kernels=0, copies=(), memsets=(), inexact=False):
+    """A gc_graph_contents: copies as (direction, memory kind, bytes) per copy node."""
+    c = ffi.new("gc_graph_contents *")
+    c.kernels = kernels
+    for direction, mem, nbytes in copies:
+        c.copies[DIR[direction]][MEM[mem]] += 1
+        c.copy_bytes[DIR[direction]][MEM[mem]] += nbytes
+    for nbytes in memsets:
+        c.memsets += 1
+        c.memset_bytes += nbytes
+    c.flags = 1 if inexact else 0
+    return c
+
+
+def launch(census, record, c):
+    seg, t, lib, _ = census
+    lib.gc_segment_begin_update(seg)
+    lib.gc_tally_graph_launch(t, record, c)
+    lib.gc_tally_publish(t, 0)
+    lib.gc_segment_end_update(seg)
+
+
+def test_graph_launches_count_their_learned_contents_exactly(census, records):
+    """Per-launch mode: each GRAPH_TRACE record adds what its graph holds: every kernel node, every copy
+    node's bytes by direction and host memory kind, every memset node; kernel time and busy are the
+    graph's span; copies inside a graph have no duration of their own."""
+    seg, _, _, ffi = census
+    c = contents(ffi, kernels=100, copies=[("dtoh", "pinned", MiB), ("dtoh", "pinned", 3), ("htod", "pinned", 4096)],
+                 memsets=[512])
+    spans = [(T0 + i * 2 * W, T0 + i * 2 * W + 7000) for i in range(3)]
+    for i, (s, e) in enumerate(spans):
+        launch(census, records.graph_trace(s, e, corr=20 + i), c)
+    d = seg.devices[0]
+    assert (d.graph_launches, d.kernel_count, d.graph_kernel_count) == (3, 300, 300)
+    assert d.kernel_ns == d.graph_ns == d.busy_ns == 3 * 7000
+    dtoh = d.copy[DIR["dtoh"]][MEM["pinned"]]
+    assert (dtoh.count, dtoh.bytes, dtoh.ns) == (6, 3 * (MiB + 3), 0)
+    htod = d.copy[DIR["htod"]][MEM["pinned"]]
+    assert (htod.count, htod.bytes) == (3, 3 * 4096)
+    assert (d.memset.count, d.memset.bytes) == (3, 3 * 512)
+    assert seg.graph_unknown == seg.graph_inexact == 0 and not seg.flags & 0x10
+    # the windows: each launch in the bucket it started in, its copies counted there too
+    idx = {seg.windows[i].index: seg.windows[i] for i in range(2048) if seg.windows[i].index}
+    for s, _ in spans:
+        w = idx[s // W]
+        assert (w.kernel_count, w.kernel_ns) == (100, 7000)
+        assert (w.copy[DIR["dtoh"]].count, w.copy[DIR["dtoh"]].bytes) == (2, MiB + 3)
+        assert (w.memset.count, w.memset.bytes) == (1, 512)
+
+
+def test_graph_of_copies_alone_has_no_kernel_time_and_inexact_graphs_are_counted(census, records):
+    seg, _, _, ffi = census
+    launch(census, records.graph_trace(T0, T0 + 5000, corr=3), contents(ffi, copies=[("dtod", "device", 64)]))
+    d = seg.devices[0]
+    assert (d.kernel_count, d.kernel_ns, d.busy_ns, d.graph_ns) == (0, 0, 0, 5000)
+    assert d.copy[DIR["dtod"]][MEM["device"]].bytes == 64
+    launch(census, records.graph_trace(T0 + W, T0 + W + 10, corr=4), contents(ffi, kernels=2, inexact=True))
+    assert (seg.graph_inexact, seg.graph_unknown, d.kernel_count) == (1, 0, 2)
+    assert seg.flags & 0x10
+
+
+def test_graph_launches_land_in_the_step_that_launched_them(census, records):
+    """The launch's correlation id names its step (here through EXTERNAL_CORRELATION records, as the CPU
+    tests feed steps); all of the graph's kernels and copies are that step's."""
+    seg, _, _, ffi = census
+    feed(census, records.external(30, 7), records.external(31, 8))
+    c = contents(ffi, kernels=40, copies=[("dtoh", "pinned", 1000)])
+    launch(census, records.graph_trace(T0, T0 + 900, corr=30), c)
+    launch(census, records.graph_trace(T0 + 1000, T0 + 1500, corr=31), c)
+    launch(census, records.graph_trace(T0 + 2000, T0 + 2100, corr=32), c)  # launched outside any step
+    s7, s8 = seg.steps[7], seg.steps[8]
+    assert (s7.id, s7.kernel_count, s7.kernel_ns, s7.copy[DIR["dtoh"]].bytes) == (7, 40, 900, 1000)
+    assert (s8.id, s8.kernel_count, s8.kernel_ns, s8.copy[DIR["dtoh"]].count) == (8, 40, 500, 1)
+    # one unmatched launch: its kernels and its copy kind each miss a step
+    assert seg.step_unmatched == 2
 
 
 COPY_KINDS = [
@@ -230,7 +310,7 @@ def test_segment_identity(native):
     seg = ffi.new("gc_segment *")
     lib.gc_segment_init(seg, b"llama-server", 0, 12345)
     import os
-    assert seg.magic == 0x53534E4355504743 and seg.layout_version == 2
+    assert seg.magic == 0x53534E4355504743 and seg.layout_version == 3
     assert seg.segment_size == ffi.sizeof("gc_segment") and seg.pid == os.getpid() and seg.ppid == os.getppid()
     assert ffi.string(seg.comm) == b"llama-server" and seg.clock_ref_gpu_ns == 12345
     assert seg.state == 1 and seg.window_ns_div == W // 1000
@@ -261,3 +341,16 @@ def test_kernels_off_tallies_no_kernel(census, records):
     seg.kernel_mode = 2
     feed(census, records.kernel(T0, T0 + 5), records.memset(64, T0, T0 + 3))
     assert (seg.devices[0].kernel_count, seg.kernel_outside, seg.devices[0].memset.bytes) == (0, 1, 64)
+
+
+def test_sampled_kernels_leave_graph_copies_exact(census, records):
+    """With kernels sampled, a launch outside a traced phase counts apart (kernel_outside, by node), but
+    its copies count, like every copy."""
+    seg, _, _, ffi = census
+    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = 1, 100, 1000, T0
+    c = contents(ffi, kernels=10, copies=[("dtoh", "pinned", 77)])
+    launch(census, records.graph_trace(T0 + 10 * 1_000_000, T0 + 11 * 1_000_000, corr=1), c)    # traced
+    launch(census, records.graph_trace(T0 + 500 * 1_000_000, T0 + 501 * 1_000_000, corr=2), c)  # not
+    d = seg.devices[0]
+    assert (d.kernel_count, d.kernel_ns, seg.kernel_outside) == (10, 1_000_000, 10)
+    assert (d.copy[DIR["dtoh"]][MEM["pinned"]].count, d.copy[DIR["dtoh"]][MEM["pinned"]].bytes) == (2, 154)

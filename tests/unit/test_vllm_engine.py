@@ -282,3 +282,67 @@ def test_a_vllm_outside_the_supported_versions_gets_one_line_and_no_hooks(monkey
         inst.instrument()
     assert hooked == [] and not inst.is_instrumented_by_opentelemetry
     assert caplog.text.count("only instruments \"vllm >= 0.25.0, < 0.26\"") == 1
+
+
+def test_kv_submits_outside_a_connector_call_pass_through_and_a_failure_never_reaches_vllm(tagged, monkeypatch, caplog):
+    """The OffloadingWorker's submit_* wrappers (kv_offload.wrap_submits): outside the connector's
+    calls nothing is tagged; our failure inside one switches the integration off, and vLLM's own
+    call still runs and returns its result (the real classes: tests/integration/test_vllm_kv_offload.py)."""
+    from otel_gpu_census.integrations.vllm import instrumentor as vi, kv_offload
+
+    class Worker:                                   # stands in for vLLM's CPUOffloadingWorker
+        def __init__(self):
+            self.calls = []
+
+        def submit_store(self, job_id, src_spec, dst_spec):
+            self.calls.append(job_id)
+            return True
+
+        def submit_load(self, job_id, src_spec, dst_spec):
+            self.calls.append(-job_id)
+            return True
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    monkeypatch.setattr(vi, "_engine", eng)
+    monkeypatch.setattr(vi, "_off", False)
+    eng.request_added(SCHED, request("a-00000001", clock.t / 1e9))
+    cw = SimpleNamespace(worker=Worker())
+    meta = SimpleNamespace(load_jobs={5: SimpleNamespace(req_id="a-00000001")}, store_jobs={})
+    spec = SimpleNamespace(block_ids=[1, 2, 3])
+    try:
+        sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={"a-00000001": 4}))
+        start = kv_offload.transfers(vi._guard, vi.engine, loads=True)
+        start(lambda m: cw.worker.submit_load(5, None, spec), cw, (meta,), {})
+        assert tagged == [sid] and eng.kv.sub_steps == 1            # the sub-step closed, the step is open
+        assert eng.ledger._book[-1].tokens == {"a-00000001": 3} and eng.ledger._book[-1].kind == kv_offload.LOAD
+        assert cw.worker.submit_store(6, spec, None) is True        # outside a connector call: no sub-step
+        assert eng.kv.sub_steps == 1
+        monkeypatch.setattr(eng.kv, "submit", lambda *a: 1 / 0)
+        out = start(lambda m: cw.worker.submit_store(7, spec, None) and "vllm's", cw, (meta,), {})
+        assert out == "vllm's" and cw.worker.calls == [-5, 6, 7] and vi._off
+        assert caplog.text.count("vLLM integration is off") == 1
+        assert eng.kv._thread is None and eng.kv._open is None and tagged == [sid]   # the call closed anyway
+        vi._execute_model(lambda so: None, None, ("so",), {})      # off: passes through, pushes nothing
+        assert tagged == [sid]
+        eng.end_step(sid)
+    finally:
+        kv_offload.unwrap_submits()
+    assert tagged == []
+    assert "submit_store" in vars(Worker) and not isinstance(vars(Worker)["submit_store"], vi.wrapt.FunctionWrapper)
+
+
+def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, monkeypatch):
+    """The hook that turned the integration off ran inside execute_model: the step it pushed on this
+    thread is popped anyway, or every later launch of the thread would be tagged with it."""
+    from otel_gpu_census.integrations.vllm import instrumentor as vi
+    census, clock = Census(), Clock()
+    eng, _, _ = make(census, clock)
+    monkeypatch.setattr(vi, "_engine", eng)
+    monkeypatch.setattr(vi, "_off", False)
+
+    def body(so):
+        vi._guard("something inside the step", lambda: 1 / 0)   # e.g. a KV hook failing mid-step
+        assert vi._off and tagged == [1]
+        return "out"
+    assert vi._execute_model(body, None, (SimpleNamespace(num_scheduled_tokens={}),), {}) == "out"
+    assert tagged == []

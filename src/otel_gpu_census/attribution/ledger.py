@@ -295,17 +295,32 @@ class GpuLedger:
             if now < earliest:       # the census cannot have caught up with anyone yet
                 await self._sleep(min((earliest - now) / 1e9, self.poll_s))
                 continue
-            try:
-                got = await asyncio.to_thread(self._read_when_ready, pending, now)
-                if got is None:
-                    await self._sleep(self.poll_s)
-                    continue
-                censuses, notes = got
-                error = None
-            except Exception as e:   # a broken folder must not stop the proxy
-                censuses, notes, error = [], [], f"{type(e).__name__}: {e}"
-            await self._settle(censuses, notes, error, self.clock())
+            # One hand-over to a worker thread reads the census and works out every cost it can
+            # settle (bucket splits take milliseconds a request): the loop relays streams meanwhile,
+            # and only hands the results out.
+            others = list(self.reqs.values())          # the intervals that share buckets, as of now
+            settled = await asyncio.to_thread(self._read_and_settle, pending, now, others)
+            if settled is None:
+                await self._sleep(self.poll_s)
+                continue
+            for r, cost, at in settled:
+                if not r.done:
+                    self._finish(r, cost, at)
+            self._prune()
             await self._sleep(self.poll_s)
+
+    def _read_and_settle(self, pending: Sequence[_Req], now: int, others: Sequence[_Req]):
+        """In a worker thread: None when the census cannot settle anyone yet, else [(request, cost,
+        now)] for those it settles, in end order (see _settle)."""
+        try:
+            got = self._read_when_ready(pending, now)
+            if got is None:
+                return None
+            censuses, notes = got
+            error = None
+        except Exception as e:   # a broken folder must not stop the proxy
+            censuses, notes, error = [], [], f"{type(e).__name__}: {e}"
+        return self._settle(pending, censuses, notes, error, self.clock(), others)
 
     def _read(self, pending: Sequence[_Req], headers=None) -> Tuple[List[ProcessCensus], List[str]]:
         """The census for the buckets `pending` may touch (in a worker thread: file reads). A source
@@ -347,40 +362,44 @@ class GpuLedger:
         # published after it started (or is still there to publish).
         return [c for c in censuses if c.wall_start_ns < hi and (c.alive or c.wall_update_ns >= lo)]
 
-    async def _settle(self, censuses: List[ProcessCensus], notes: List[str], error: Optional[str], now: int) -> None:
-        # The event loop is the proxy's data path: let it run between requests (each costs up to a
-        # few ms of splitting when its buckets were not split before).
-        for r in sorted(self._pending(), key=lambda r: r.end_ns):
+    def _settle(self, pending: Sequence[_Req], censuses: List[ProcessCensus], notes: List[str],
+                error: Optional[str], now: int, others: Sequence[_Req]) -> List[Tuple[_Req, GpuCost, int]]:
+        """The costs `censuses` settles (pure: nothing is finished here, so it can run off the loop).
+        `others`: every request whose intervals may share a bucket (a snapshot of self.reqs)."""
+        out = []
+        for r in sorted(pending, key=lambda r: r.end_ns):
             if r.done:
                 continue
-            if self._settle_one(r, censuses, notes, error, now) is _LATER:
+            cost = self._settle_one(r, censuses, notes, error, now, others)
+            if cost is _LATER:
                 break               # requests that ended later cannot settle either (_read_when_ready)
-            await asyncio.sleep(0)
-        self._prune()
+            if cost is not None:
+                out.append((r, cost, now))
+        return out
 
     def _settle_one(self, r: _Req, censuses: List[ProcessCensus], notes: List[str], error: Optional[str],
-                    now: int):
-        """None, or _LATER when neither this request nor any that ended after it can settle yet."""
+                    now: int, others: Sequence[_Req]):
+        """The request's cost, None when it cannot settle yet, or _LATER when neither it nor any
+        request that ended after it can settle yet."""
         rel = self._relevant(censuses, r.start_ns, r.end_ns)
         out_of_time = now >= r.end_ns + self.max_wait_ns
         if error is not None:
             if out_of_time:
-                self._finish(r, GpuCost(status=READ_ERROR, notes=[error]), now)
-                return None
+                return GpuCost(status=READ_ERROR, notes=[error])
             return _LATER
         if not rel:
             if out_of_time or not censuses:
-                self._finish(r, GpuCost(status=NO_SEGMENT, notes=list(notes)), now)
+                return GpuCost(status=NO_SEGMENT, notes=list(notes))
             return None
         caught_up = self._caught_up(rel, r)
         if not caught_up and not out_of_time:
             return _LATER
-        cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns), self._splits)
+        cost = cost_of(r.key, (r.start_ns, r.end_ns), rel, self._intervals(r.start_ns, r.end_ns, others),
+                       self._splits)
         if not caught_up:
             cost.status = SETTLED if all(c.wall_update_ns >= r.end_ns for c in rel) else STALE
         cost.notes = notes + cost.notes
-        self._finish(r, cost, now)
-        return None
+        return cost
 
     def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
         return all(self._covers(c, r.end_ns) for c in rel)
@@ -393,11 +412,11 @@ class GpuLedger:
             return c.complete_wall_ns >= end_ns + COMPLETE_SLACK_NS
         return c.wall_update_ns >= end_ns + self.margin_ns     # else: CUPTI's ~1 s delivery, plus margin
 
-    def _intervals(self, lo: int, hi: int) -> List[Interval]:
+    def _intervals(self, lo: int, hi: int, reqs: Optional[Sequence[_Req]] = None) -> List[Interval]:
         # A request's buckets reach at most one bucket (20 ms) beyond it on either side.
         out: List[Interval] = []
         lo, hi = lo - INTERVAL_SLACK_NS, hi + INTERVAL_SLACK_NS
-        for r in self.reqs.values():
+        for r in (self.reqs.values() if reqs is None else reqs):
             if r.start_ns < hi and (r.end_ns is None or r.end_ns > lo):
                 out.extend(r.intervals())
         return out

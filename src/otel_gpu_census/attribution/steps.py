@@ -9,16 +9,32 @@ largest remainder (``attribution.split_weights``: ties to the request scheduled 
 
     sum of the requests' shares + what no request can claim == the steps' totals, for every field.
 
+A *sub-step* is GPU work inside a step that belongs to particular requests whatever the batch, such
+as the KV-cache blocks a transfer moves for the requests it serves: the hook tags it with an id of its
+own (the next id of the same sequence: steps nest per thread), opens it with a ``kind`` other than
+:data:`TOKENS` and no weights, and claims it for each request with its weight as it launches that
+request's part (``step_claimed``: blocks moved). It is split like a step, by those weights, counted
+in the requests' ``sub`` share (and their ``weights`` per kind), not in their step count. A request
+may end before the sub-step that carries its last transfer opens (vLLM stores a request's last
+blocks at the next step): ``request_done(..., awaiting=True)`` keeps it waiting for its next claim
+(bounded by ``max_wait_ns``); a claim for a request that has already settled, or that the ledger
+never saw start (``request_started``), is counted but unclaimed.
+
 What no request can claim: steps that served no request, and the parts of requests whose span had to
 be closed before the census completed their steps (``late``). GPU work outside any step (start-up,
 compilation, CUDA-graph capture, other threads) is the census total minus the steps (``StepLedger``
 does not see it; report and the conservation test do).
 
+The census may be several processes (ranks) that run every step with the same id (tensor or
+pipeline parallel workers): ``read`` then returns one ``(header, steps)`` pair per process, each
+process's step is split by the same weights, a request's share is the sum over processes, and
+conservation holds per process (``per_process``) as well as in total.
+
 Steps are split in id order, each once, when the census is complete past the step's end
-(``complete_wall_ns``), so a step shared by a request that ends now and one that ends in a minute is
-split one way only. A request settles when every step up to its last one is split. The engine
-thread only appends to a deque; splitting and reading the census happen on the caller's thread
-(``settle``), a few hundred microseconds per batch of steps.
+(``complete_wall_ns``; of every process), so a step shared by a request that ends now and one that
+ends in a minute is split one way only. A request settles when every step up to its last one is
+split. The engine thread only appends to a deque; splitting and reading the census happen on the
+caller's thread (``settle``), a few hundred microseconds per batch of steps.
 """
 from __future__ import annotations
 
@@ -27,7 +43,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
 from ..census import ProcessCensus, Step
 from .shares import NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
@@ -35,23 +51,30 @@ from .shares import NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 METHOD = "step_tokens"
 """Value of the span attribute ``gpu_census.attribution.method`` for this rule."""
 
+TOKENS = "tokens"                   # the kind of a step: weights are scheduled tokens
 COMPLETE_SLACK_NS = 200_000_000     # a step's GPU work ends this soon after its last launch returned
 MAX_WAIT_NS = 5_000_000_000         # a request waits at most this long after its end for the census
 MAX_BOOK = 65536                    # steps remembered while the census lags (then the oldest go)
+TOUCH_SEARCH = 16                   # step_touched / step_claimed look this far back for their step
+
+Census = Tuple[Optional[ProcessCensus], Dict[int, Step]]
 
 
 @dataclass
 class _Entry:
     sid: int
-    tokens: Mapping[str, int]
+    tokens: MutableMapping[Hashable, int]   # weights: scheduled tokens, or what a sub-step moves
     opened_ns: int
     closed_ns: int = 0
+    kind: str = TOKENS
 
 
 @dataclass
 class _Acc:
     values: List[int] = field(default_factory=lambda: [0] * WIDTH)
     prefill: List[int] = field(default_factory=lambda: [0] * WIDTH)
+    sub: List[int] = field(default_factory=lambda: [0] * WIDTH)
+    weights: Dict[str, int] = field(default_factory=dict)
     steps: int = 0
     first_step_ns: int = 0
 
@@ -68,13 +91,15 @@ class Settled:
     steps: int = 0                  # steps that served it
     first_step_ns: int = 0          # wall time its first step began (queue time ends there)
     notes: List[str] = field(default_factory=list)
+    sub: Share = NOTHING            # the part of `share` from sub-steps (e.g. KV transfers)
+    weights: Dict[str, int] = field(default_factory=dict)   # its sub-step weights, by kind
 
 
 def _flat(step: Step) -> List[int]:
     return Share(step.kernel_count, step.kernel_ns, dict(step.copies), step.memset).as_row()
 
 
-def split_step(values: List[int], tokens: Mapping[str, int]) -> List[Tuple[str, List[int]]]:
+def split_step(values: List[int], tokens: Mapping[Hashable, int]) -> List[Tuple[Hashable, List[int]]]:
     """One step's flat values split among `tokens`' requests (in their order) by token count; the
     parts sum to `values` exactly. Requests with 0 tokens get nothing."""
     keys = [k for k, n in tokens.items() if n > 0]
@@ -97,49 +122,83 @@ def split_step(values: List[int], tokens: Mapping[str, int]) -> List[Tuple[str, 
 
 
 class StepLedger:
-    """Steps and requests of one engine process, and the split of the census's steps among them.
+    """Steps and requests of one engine, and the split of the census's steps among them.
 
     `read(lo, hi)` returns (the process's census header, {step id: Step}) for step ids [lo, hi], or
-    (None, {}) while the census has no segment yet (``census.reader`` on the injector's path)."""
+    (None, {}) while the census has no segment yet (``census.reader`` on the injector's path); or a
+    list of such pairs, one per process that runs the steps (ranks)."""
 
-    def __init__(self, read: Callable[[int, int], Tuple[Optional[ProcessCensus], Dict[int, Step]]],
+    def __init__(self, read: Callable[[int, int], Any],
                  clock: Callable[[], int] = time.time_ns, max_wait_ns: int = MAX_WAIT_NS):
         self.read = read
         self.clock = clock
         self.max_wait_ns = max_wait_ns
         self._book: Deque[_Entry] = collections.deque()
-        self._acc: Dict[str, _Acc] = {}
-        self._first_token: Dict[str, int] = {}
-        self._done: Dict[str, Tuple[Any, int, int]] = {}       # key -> (facts, end_ns, last sid)
-        self._closed_early: Dict[str, int] = {}                 # settled before their steps: key -> last sid
+        self._acc: Dict[Hashable, _Acc] = {}
+        self._first_token: Dict[Hashable, int] = {}
+        self._done: Dict[Hashable, Tuple[Any, int, int]] = {}   # key -> (facts, end_ns, last sid)
+        self._awaiting: Set[Hashable] = set()                   # done, waiting for a sub-step's claim
+        self._live: Set[Hashable] = set()                       # started (request_started), not settled
+        self._closed_early: Dict[Hashable, int] = {}            # settled before their steps: key -> last sid
         self._lock = threading.Lock()                           # settle() against itself
         self.last_sid = 0           # newest step opened
         self.settled_sid = 0        # every step up to this one is split
         self.unattributed = [0] * WIDTH   # steps that served no request, and late parts
         self.total = [0] * WIDTH          # all steps split
+        self.sub_total = [0] * WIDTH      # of `total`, the sub-steps
+        self.sub_steps = 0          # sub-steps split
         self.steps_missing = 0      # steps the census ring no longer held when their turn came
         self.steps_dropped = 0      # steps forgotten because the census lagged MAX_BOOK steps behind
+        self.per_process: Dict[Any, Dict[str, Any]] = {}   # with several processes: pid -> totals
 
     # -- from the engine thread: cheap appends --------------------------------------------------
-    def step_opened(self, sid: int, tokens: Mapping[str, int], wall_ns: int) -> None:
-        self._book.append(_Entry(sid, tokens, wall_ns))
+    def step_opened(self, sid: int, tokens: MutableMapping[Hashable, int], wall_ns: int,
+                    kind: str = TOKENS) -> None:
+        """Step `sid` began at wall_ns serving `tokens` ({request: weight}); `kind` other than
+        TOKENS: a sub-step, whose weights come from step_claimed."""
+        self._book.append(_Entry(sid, tokens, wall_ns, kind=kind))
         self.last_sid = sid
         if len(self._book) > MAX_BOOK:
             self._book.popleft()
             self.steps_dropped += 1
 
+    def _entry(self, sid: int) -> Optional[_Entry]:
+        for e in itertools.islice(reversed(self._book), TOUCH_SEARCH):
+            if e.sid == sid:
+                return e
+        return None
+
     def step_touched(self, sid: int, wall_ns: int) -> None:
         """The step's last launch returned at wall_ns (execute_model, then sample_tokens)."""
-        book = self._book
-        if book and book[-1].sid == sid:
-            book[-1].closed_ns = wall_ns
+        e = self._entry(sid)
+        if e is not None:
+            e.closed_ns = wall_ns
 
-    def first_token(self, key: str, wall_ns: int) -> None:
+    def step_claimed(self, sid: int, key: Hashable, weight: int) -> None:
+        """Sub-step `sid` (open) moves `weight` for request `key`; a request done and waiting for it
+        now waits for this sub-step."""
+        e = self._entry(sid)
+        if e is None or e.closed_ns or weight <= 0:
+            return
+        e.tokens[key] = e.tokens.get(key, 0) + weight
+        d = self._done.get(key)
+        if d is not None and d[2] < sid:
+            self._done[key] = (d[0], d[1], sid)
+            self._awaiting.discard(key)
+
+    def request_started(self, key: Hashable) -> None:
+        """A request the ledger may later see claimed by a sub-step."""
+        self._live.add(key)
+
+    def first_token(self, key: Hashable, wall_ns: int) -> None:
         self._first_token.setdefault(key, wall_ns)
 
-    def request_done(self, key: str, facts: Any, end_ns: int) -> None:
-        """The request ended at end_ns (finished, aborted, failed); no later step serves it."""
+    def request_done(self, key: Hashable, facts: Any, end_ns: int, awaiting: bool = False) -> None:
+        """The request ended at end_ns (finished, aborted, failed); no later step serves it.
+        awaiting: a sub-step still to open will claim it (wait for that claim, up to max_wait_ns)."""
         self._done[key] = (facts, end_ns, self.last_sid)
+        if awaiting:
+            self._awaiting.add(key)
 
     # -- from the settling thread ---------------------------------------------------------------
     def settle(self, final: bool = False) -> List[Settled]:
@@ -148,42 +207,64 @@ class StepLedger:
         with self._lock:
             return self._settle(final)
 
+    def _read(self, lo: int, hi: int) -> List[Census]:
+        got = self.read(lo, hi)
+        return got if isinstance(got, list) else [got]
+
     def _settle(self, final: bool) -> List[Settled]:
         now = self.clock()
         book = self._book
         closed = list(itertools.takewhile(lambda e: e.closed_ns or final, list(book)))
         if closed:
-            head, steps = self.read(closed[0].sid, closed[-1].sid)
-            complete = self._complete_up_to(head, final)
+            sources = self._read(closed[0].sid, closed[-1].sid)
+            complete = min((self._complete_up_to(h, final) for h, _ in sources), default=0)
             for e in closed:
                 if not final and e.closed_ns + COMPLETE_SLACK_NS > complete:
                     break
                 if not book or book[0] is not e:
                     break
                 book.popleft()
-                step = steps.get(e.sid)
-                if step is None:
-                    if head is not None:
-                        self.steps_missing += 1
-                else:
-                    self._split(e, _flat(step))
+                rows = []
+                for n, (head, steps) in enumerate(sources):
+                    step = steps.get(e.sid)
+                    if step is None:
+                        if head is not None:
+                            self.steps_missing += 1
+                    else:
+                        rows.append((self._process_key(head, n) if len(sources) > 1 else None, _flat(step)))
+                self._split(e, rows)
                 self.settled_sid = e.sid
         out = []
         for key in [k for k, (_, end, last) in self._done.items()
-                    if last <= self.settled_sid or final or now >= end + self.max_wait_ns]:
+                    if (last <= self.settled_sid and k not in self._awaiting) or final
+                    or now >= end + self.max_wait_ns]:
             facts, end, last = self._done.pop(key)
+            waited = key in self._awaiting
+            self._awaiting.discard(key)
+            self._live.discard(key)
             acc = self._acc.pop(key, _Acc())
             self._first_token.pop(key, None)
-            s = Settled(key, facts, end, "complete" if last <= self.settled_sid else "stale",
-                        Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns)
-            if s.status == "stale":
-                self._closed_early[key] = last
-                s.notes.append(f"closed {max(0, now - end) / 1e9:.1f} s after its end with steps "
-                               f"{self.settled_sid + 1}..{last} not yet counted by the census")
+            ok = last <= self.settled_sid and not waited
+            s = Settled(key, facts, end, "complete" if ok else "stale",
+                        Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns,
+                        sub=Share.from_row(acc.sub), weights=dict(acc.weights))
+            if not ok:
+                self._closed_early[key] = max(last, self.last_sid) if waited else last
+                if waited:
+                    s.notes.append(f"closed {max(0, now - end) / 1e9:.1f} s after its end still waiting "
+                                   f"for a transfer of its own to be launched")
+                else:
+                    s.notes.append(f"closed {max(0, now - end) / 1e9:.1f} s after its end with steps "
+                                   f"{self.settled_sid + 1}..{last} not yet counted by the census")
             out.append(s)
         for key in [k for k, last in self._closed_early.items() if last <= self.settled_sid]:
             del self._closed_early[key]
         return out
+
+    @staticmethod
+    def _process_key(head, n: int):
+        pid = getattr(head, "pid", None)
+        return pid if pid is not None else n
 
     def _complete_up_to(self, head: Optional[ProcessCensus], final: bool) -> int:
         if head is None:
@@ -192,31 +273,62 @@ class StepLedger:
             return 1 << 62
         return head.complete_wall_ns
 
-    def _split(self, e: _Entry, values: List[int]) -> None:
+    def _split(self, e: _Entry, rows: Sequence[Tuple[Any, List[int]]]) -> None:
+        sub = e.kind != TOKENS
+        if sub:
+            self.sub_steps += 1
+        served = set()
+        for proc, values in rows:
+            self._split_one(e, values, proc, served)
+        for key in served:
+            acc = self._acc[key]
+            if sub:
+                acc.weights[e.kind] = acc.weights.get(e.kind, 0) + e.tokens[key]
+            else:
+                acc.steps += 1
+
+    def _split_one(self, e: _Entry, values: List[int], proc, served: set) -> None:
+        sub = e.kind != TOKENS
+        rank = None
+        if proc is not None:
+            rank = self.per_process.setdefault(proc, {"total": [0] * WIDTH, "unattributed": [0] * WIDTH})
         for i, v in enumerate(values):
             self.total[i] += v
+            if sub:
+                self.sub_total[i] += v
+            if rank is not None:
+                rank["total"][i] += v
         parts = split_step(values, e.tokens)
         if not parts:
-            for i, v in enumerate(values):
-                self.unattributed[i] += v
+            self._unclaimed(values, rank)
             return
         for key, part in parts:
-            if key in self._closed_early:           # its span is gone: count the part, unclaimed
-                for i, v in enumerate(part):
-                    self.unattributed[i] += v
+            # its span is gone (or a sub-step claimed a request the ledger does not follow): unclaimed
+            if key in self._closed_early or (sub and key not in self._live and key not in self._done
+                                             and key not in self._acc):
+                self._unclaimed(part, rank)
                 continue
             acc = self._acc.get(key)
             if acc is None:
                 acc = self._acc[key] = _Acc(first_step_ns=e.opened_ns)
-            acc.steps += 1
+            served.add(key)
             vals = acc.values
             for i, v in enumerate(part):
                 vals[i] += v
+            if sub:
+                for i, v in enumerate(part):
+                    acc.sub[i] += v
             ft = self._first_token.get(key)
             if ft is None or e.opened_ns < ft:
                 pre = acc.prefill
                 for i, v in enumerate(part):
                     pre[i] += v
+
+    def _unclaimed(self, values: List[int], rank) -> None:
+        for i, v in enumerate(values):
+            self.unattributed[i] += v
+            if rank is not None:
+                rank["unattributed"][i] += v
 
     def pending(self) -> int:
         return len(self._done)

@@ -22,6 +22,8 @@ STATE_ACTIVE, STATE_EXITED = _c.GC_STATE_ACTIVE, _c.GC_STATE_EXITED
 STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
 KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
+FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
+GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,9 @@ class DeviceTotals:
     busy_ns: int = 0               # union of kernel intervals
     first_ns: int = 0              # CUPTI timestamps
     last_ns: int = 0
-    graph_launches: int = 0
-    graph_ns: int = 0
+    graph_launches: int = 0        # graph launches traced per launch (GRAPH_TRACE)
+    graph_ns: int = 0              # their spans on the GPU
+    graph_kernel_count: int = 0    # of kernel_count: kernels counted from those launches' graphs
     copies: CopyTable = field(default_factory=CopyTable)   # ("ptop", "device"): sent to another device
     memset: Stat = ZERO
     peer_recv: Stat = ZERO         # peer copies this device received from other devices
@@ -109,6 +112,7 @@ class DeviceTotals:
             first_ns=o.last_ns if o.last_ns else self.first_ns,
             graph_launches=self.graph_launches - o.graph_launches,
             graph_ns=self.graph_ns - o.graph_ns,
+            graph_kernel_count=self.graph_kernel_count - o.graph_kernel_count,
             copies=self.copies - o.copies,
             memset=self.memset - o.memset,
             peer_recv=self.peer_recv - o.peer_recv,
@@ -127,6 +131,7 @@ class DeviceTotals:
             last_ns=max(self.last_ns, o.last_ns),
             graph_launches=self.graph_launches + o.graph_launches,
             graph_ns=self.graph_ns + o.graph_ns,
+            graph_kernel_count=self.graph_kernel_count + o.graph_kernel_count,
             copies=self.copies + o.copies,
             memset=self.memset + o.memset,
             peer_recv=self.peer_recv + o.peer_recv,
@@ -207,6 +212,24 @@ class KernelTracing:
 
 
 @dataclass(frozen=True)
+class GraphTracing:
+    """How CUDA graph launches were counted (OTEL_GPU_CENSUS_GRAPHS). LAUNCH: one record per launch,
+    its kernels, copies and memsets learned from the graph when it was instantiated or updated (exact
+    counts and bytes; a graph's kernel time is its span). NODE: one record per node of every launch.
+    `paused_ns`: time a control file had the census paused (nothing counted then)."""
+
+    mode: int = GRAPHS_NODE
+    unknown: int = 0               # launches whose graph was not known: only their span counted
+    inexact: int = 0               # launches of graphs with conditional or changed nodes
+    paused: bool = False
+    paused_ns: int = 0
+
+    @property
+    def name(self) -> str:
+        return {GRAPHS_NODE: "node", GRAPHS_LAUNCH: "launch"}.get(self.mode, f"unknown({self.mode})")
+
+
+@dataclass(frozen=True)
 class ProcessCensus:
     """One segment, read consistently at one moment."""
 
@@ -238,6 +261,7 @@ class ProcessCensus:
     alive: bool = True            # the process still runs (same pid and start time)
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
     kernels: KernelTracing = KernelTracing()
+    graphs: GraphTracing = GraphTracing()
 
     # -- derived ---------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, KernelTracing, ProcessCensus, Stat, Step,
+from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
                Window)
 from .proctree import is_alive
 
@@ -175,31 +175,61 @@ def format_uuid(raw: bytes) -> str:
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def _stat(s) -> Stat:
-    return Stat(s.count, s.bytes, s.ns)
+_U64 = 8
+
+# A device's totals are read straight out of the copied bytes too: through cffi its 26 gc_stat cells
+# cost most of a totals-only read (what the metrics sidecar does once a collection). From
+# kernel_count on, gc_device is uint64 fields only (gpu_census.h); the copy cells follow in
+# [direction][memory kind] order, each (count, bytes, ns).
+_DEV_OFF = ffi.offsetof("gc_segment", "devices")
+_DEV_SIZE = ffi.sizeof("gc_device")
+_DEV_U64 = ffi.offsetof("gc_device", "kernel_count")
+_DEV_IN_USE = ffi.offsetof("gc_device", "in_use")
+_DEV_ID = ffi.offsetof("gc_device", "device_id")
+_DEV_UUID = ffi.offsetof("gc_device", "uuid")
+_DEV_COL = {name: (ffi.offsetof("gc_device", name) - _DEV_U64) // _U64
+            for name in ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches",
+                         "graph_ns", "copy", "memset", "peer_recv", "graph_kernel_count")}
+_DEV_CELLS = [(3 * (i * len(MEMORY_KINDS) + j), (direction, mem))
+              for i, direction in enumerate(DIRECTIONS) for j, mem in enumerate(MEMORY_KINDS)]
+assert (_DEV_U64 % _U64 == 0 and _DEV_OFF % _U64 == 0 and _DEV_SIZE % _U64 == 0
+        and [_DEV_COL[n] for n in list(_DEV_COL)[:8]] == list(range(8)) and _DEV_COL["memset"] == 7 + 3 * len(_DEV_CELLS)
+        and _DEV_COL["peer_recv"] == _DEV_COL["memset"] + 3
+        and _DEV_COL["graph_kernel_count"] == _DEV_COL["peer_recv"] + 3
+        and ffi.sizeof(dict(ffi.typeof("gc_device").fields)["copy"].type) == 3 * _U64 * len(_DEV_CELLS)), \
+    "gc_device is not what the reader expects: the reader needs changing with gpu_census.h"
 
 
-def _device(d) -> DeviceTotals:
-    cells = {}
-    for i, direction in enumerate(DIRECTIONS):
-        for j, mem in enumerate(MEMORY_KINDS):
-            s = _stat(d.copy[i][j])
-            if s != ZERO:
-                cells[(direction, mem)] = s
-    return DeviceTotals(
-        device_id=d.device_id,
-        uuid=format_uuid(bytes(ffi.buffer(d.uuid))),
-        kernel_count=d.kernel_count,
-        kernel_ns=d.kernel_ns,
-        busy_ns=d.busy_ns,
-        first_ns=d.first_ns,
-        last_ns=d.last_ns,
-        graph_launches=d.graph_launches,
-        graph_ns=d.graph_ns,
-        copies=CopyTable(cells),
-        memset=_stat(d.memset),
-        peer_recv=_stat(d.peer_recv),
-    )
+def _devices(data) -> Dict[int, DeviceTotals]:
+    """The devices in use, by CUDA ordinal, from a copy of the segment (at least TOTALS_SIZE)."""
+    out = {}
+    view = memoryview(data)
+    try:
+        for k in range(consts.GC_MAX_DEVICES):
+            at = _DEV_OFF + k * _DEV_SIZE
+            if not int.from_bytes(view[at + _DEV_IN_USE:at + _DEV_IN_USE + 4], "little"):
+                continue
+            row = view[at + _DEV_U64:at + _DEV_SIZE].cast("Q").tolist()
+            c = _DEV_COL["copy"]
+            cells = {}
+            for off, key in _DEV_CELLS:
+                n, b, t = row[c + off:c + off + 3]
+                if n or b or t:
+                    cells[key] = Stat(n, b, t)
+            m, pr = _DEV_COL["memset"], _DEV_COL["peer_recv"]
+            device_id = int.from_bytes(view[at + _DEV_ID:at + _DEV_ID + 4], "little")
+            out[device_id] = DeviceTotals(
+                device_id=device_id,
+                uuid=format_uuid(bytes(view[at + _DEV_UUID:at + _DEV_UUID + 16])),
+                kernel_count=row[0], kernel_ns=row[1], busy_ns=row[2], first_ns=row[3], last_ns=row[4],
+                graph_launches=row[5], graph_ns=row[6], graph_kernel_count=row[_DEV_COL["graph_kernel_count"]],
+                copies=CopyTable(cells),
+                memset=Stat(*row[m:m + 3]) if any(row[m:m + 3]) else ZERO,
+                peer_recv=Stat(*row[pr:pr + 3]) if any(row[pr:pr + 3]) else ZERO,
+            )
+    finally:
+        view.release()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +238,6 @@ def _device(d) -> DeviceTotals:
 # Building 2048 + 1024 slots through cffi costs ~15 ms of CPU a segment; gc_window and gc_step are
 # made of uint64 fields only (gpu_census.h), so a ring is read as rows of integers instead, and only
 # the slots a caller asked for become Python objects.
-
-_U64 = 8
 
 
 class _Ring:
@@ -291,7 +319,7 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
     detail = len(data) >= SEGMENT_SIZE
     windows = _windows(data) if detail else []
     steps = {s.id: s for s in _steps(data)} if detail else {}
-    devices = {d.device_id: _device(d) for d in seg.devices if d.in_use}
+    devices = _devices(data)
     return ProcessCensus(
         path=str(path), pid=seg.pid, ppid=seg.ppid, comm=_cstr(seg.comm),
         proc_start_ticks=seg.proc_start_ticks,
@@ -305,6 +333,8 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
                               origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside),
+        graphs=GraphTracing(mode=seg.graph_mode, unknown=seg.graph_unknown, inexact=seg.graph_inexact,
+                            paused=bool(seg.paused), paused_ns=seg.paused_ns),
         devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )

@@ -7,15 +7,23 @@ An engine hook tells :class:`StepEngine` three things, from the engine's own thr
   hands the step's tokens to the :class:`~otel_gpu_census.attribution.steps.StepLedger`;
   ``reopen_step()`` tags later launches of the same step (vLLM's ``sample_tokens``, SGLang's delayed
   sampling); ``end_step(sid)`` pops it;
-- a request starts (``start_request``), has its first token (``first_token``), ends (``request_done``);
+- ids come from one increasing sequence (``next_sid``) shared by steps and their *sub-steps* (GPU work
+  inside a step that belongs to particular requests, such as vLLM's KV-offload transfers: opened on the
+  ledger with a kind of their own and claimed per request, ``StepLedger.step_claimed``);
+- a request starts (``start_request``: the ledger follows it from then, ``request_started``), has its
+  first token (``first_token``), ends (``request_done``; ``awaiting=True`` when a sub-step still to open
+  will claim it);
 - the engine shuts down (``shutdown``): the census's final flush, every request settled, spans out.
 
-A settling thread reads this process's own census segment a few times a second, splits each completed
-step among its requests (``attribution/steps.py``) and ends each request's span through the one request
-lifecycle (``telemetry/request.py``), with its share; each settled request is also one JSON line beside
-the segment (:class:`RequestLog`, what ``report`` reads). The engine thread only counts and appends.
-Subclasses (``integrations/vllm/engine.py``, ``integrations/sglang/engine.py``) read their engine's
-objects and call these methods; nothing here knows an engine.
+A settling thread reads the census a few times a second, splits each completed step among its requests
+(``attribution/steps.py``) and ends each request's span through the one request lifecycle
+(``telemetry/request.py``), with its share; each settled request is also one JSON line beside the
+segment (:class:`RequestLog`, what ``report`` reads). The census is this process's own segment, or
+(``ledger.read`` replaced by a subclass) the segments of the processes that run its steps, one
+``(header, steps)`` pair each (vLLM's TP/PP workers, ``integrations/vllm/ranks.py``): a request's share is
+then the sum over processes. The engine thread only counts and appends. Subclasses
+(``integrations/vllm/engine.py``, ``integrations/sglang/engine.py``) read their engine's objects and call
+these methods; nothing here knows an engine.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import injector
 from ..attribution.ledger import COMPLETE, STALE, GpuCost
@@ -45,11 +53,14 @@ STEP_NOTE = ("step attribution: this request's share of the GPU work of every en
 class StepEngine:
     """One per engine process: the step counter, the ledger, the requests' spans, the settler.
 
-    Subclasses set PROVIDER (``gen_ai.provider.name``) and SCOPE (the instrumentation scope), and may
-    override :meth:`request_ids` (the ids a request's log line carries)."""
+    Subclasses set PROVIDER (``gen_ai.provider.name``), SCOPE (the instrumentation scope) and NOTE (the
+    cost's note), and may override :meth:`request_ids` (the ids a request's log line carries),
+    :meth:`census_pids` / :meth:`census_elsewhere` / :meth:`log_segment` (when the steps run in other
+    processes), :meth:`span_attributes` and :meth:`log_fields` (what a settled request adds)."""
 
     PROVIDER = "engine"
     SCOPE = "otel_gpu_census.engine"
+    NOTE = STEP_NOTE
 
     def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S):
         self.clock = clock
@@ -57,6 +68,7 @@ class StepEngine:
         self._telemetry = telemetry          # RequestTelemetry, made on first use (providers from OTEL_*)
         self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest
         self.sid = 0                         # the current step (last open_step)
+        self._last_id = 0                    # the last id handed out: steps and their sub-steps
         self.has_scheduler = False           # requests live in this process
         self.tagging = False                 # the injector is counting here and steps are tagged
         self._period = settle_period_s
@@ -64,7 +76,7 @@ class StepEngine:
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         self._shutdown_done = False
-        self._requests_log = RequestLog(self.request_ids)
+        self._requests_log = RequestLog(self)
         self._providers: Tuple = ()
         self.settle_errors = 0
 
@@ -81,12 +93,18 @@ class StepEngine:
     def open_step(self, tokens: Optional[Mapping[str, int]]) -> int:
         """A new step id, tagged on this thread; `tokens` ({request: scheduled tokens}, or None where
         the requests live in another process) go to the ledger."""
-        self.sid += 1
-        sid = self.sid
+        sid = self.sid = self.next_sid()
         if self.has_scheduler and tokens is not None:
             self.ledger.step_opened(sid, dict(tokens), self.clock())
         self.tagging = injector.step_begin(sid)
         return sid
+
+    def next_sid(self) -> int:
+        """The next id of the one increasing sequence of steps and sub-steps (the census's step ring
+        takes ids in increasing order). Without requests here (a TP/PP worker) only steps take ids,
+        so every rank numbers its steps alike."""
+        self._last_id += 1
+        return self._last_id
 
     def reopen_step(self) -> int:
         """The same step as the last open_step, tagged again on this thread (0: nothing to tag)."""
@@ -110,6 +128,7 @@ class StepEngine:
         self.has_scheduler = True
         if key in self._tracked:
             return
+        self.ledger.request_started(key)
         self._tracked[key] = self.telemetry().start(
             start_ns=start_ns, operation=operation, model=model,
             span_name=f"{operation} {model}" if model else operation, parent=extract(headers),
@@ -126,20 +145,44 @@ class StepEngine:
             t.set_attributes(attributes)
         return True
 
-    def request_done(self, key: str, facts: Dict[str, Any], error_type: Optional[str] = None) -> None:
+    def request_done(self, key: str, facts: Dict[str, Any], error_type: Optional[str] = None,
+                     awaiting: bool = False) -> None:
         """The request ended now (finished, aborted, failed); no later step serves it. `facts` are its
-        span attributes (``gen_ai.usage.output_tokens`` among them)."""
+        span attributes (``gen_ai.usage.output_tokens`` among them). awaiting: a sub-step still to
+        open will claim it (its last KV blocks are stored after its end): the ledger waits for that."""
         t = self._tracked.get(key)
         if t is None:
             return
         t.served()
-        self.ledger.request_done(key, (facts, error_type), self.clock())
+        self.ledger.request_done(key, (facts, error_type), self.clock(), awaiting=awaiting)
         if not self.tagging:                 # no census here: nothing to wait for
             self._ensure_settler()
 
     def request_ids(self, key: str) -> Tuple[str, str]:
         """(the request's id, the id of the response its client got), for its log line."""
         return key, key
+
+    # -- where the census is, what a settled request adds (subclasses) ------------------------------
+    def census_pids(self) -> List[int]:
+        """The processes whose census the ledger reads (a cost's ``pids``)."""
+        return [os.getpid()]
+
+    def census_elsewhere(self) -> bool:
+        """Whether the steps' GPU work is in other processes' segments (still running, and flushing,
+        when this one shuts down)."""
+        return False
+
+    def log_segment(self) -> str:
+        """The segment the request log is written beside ("": none yet)."""
+        return injector.segment_path()
+
+    def span_attributes(self, s) -> Dict[str, Any]:
+        """Attributes a settled request's span gets beyond its facts (e.g. its sub-steps' figures)."""
+        return {}
+
+    def log_fields(self, s) -> Dict[str, Any]:
+        """Fields a settled request's log line gets beyond the common ones."""
+        return {}
 
     # -- settling (its own thread) ----------------------------------------------------------------
     def _ensure_settler(self) -> None:
@@ -174,10 +217,11 @@ class StepEngine:
             if s.first_step_ns:
                 attrs["gen_ai.latency.time_in_queue"] = max(0, s.first_step_ns - arrival) / 1e9
             cost = None
+            attrs.update(self.span_attributes(s))
             if self.tagging:
                 cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
-                               steps=s.steps, note=STEP_NOTE, share=s.share, prefill=s.prefill,
-                               pids=[os.getpid()], notes=list(s.notes))
+                               steps=s.steps, note=self.NOTE, share=s.share, prefill=s.prefill,
+                               pids=self.census_pids(), notes=list(s.notes))
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
@@ -194,6 +238,11 @@ class StepEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s / 3)
+        if self.census_elsewhere():          # those processes still run (and flush): let their census catch up
+            deadline = time.monotonic() + timeout_s / 2
+            while self.ledger.pending() and time.monotonic() < deadline:
+                self.settle()
+                time.sleep(0.05)
         injector.finish()
         if self.has_scheduler:
             self.settle(final=True)
@@ -229,15 +278,18 @@ class RequestLog:
 
     MAX_LINES = 200_000
 
-    def __init__(self, ids=lambda key: (key, key)):
-        self._ids = ids
+    def __init__(self, engine=None):
+        self._engine = engine                # its request_ids, log_segment, log_fields (StepEngine)
         self._f = None
         self._lines = 0
         self._failed = False
 
+    def _segment(self) -> str:
+        return self._engine.log_segment() if self._engine is not None else injector.segment_path()
+
     def _open(self):
         if self._f is None and not self._failed:
-            seg = injector.segment_path()
+            seg = self._segment()
             if not seg:
                 return None
             try:
@@ -266,11 +318,14 @@ class RequestLog:
                 self._lines += 1
             return
         self._lines += 1
-        rid, response = self._ids(s.key)
+        eng = self._engine
+        rid, response = eng.request_ids(s.key) if eng is not None else (s.key, s.key)
         obj = {"id": rid, "response_id": response, "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
                "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+        if eng is not None:
+            obj.update(eng.log_fields(s))
         if tracked.first_token_ns:
             obj["first_token_time_unix_nano"] = tracked.first_token_ns
         if error_type:
@@ -280,6 +335,10 @@ class RequestLog:
     def summary(self, ledger, errors: int = 0) -> None:
         self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
                                "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+                               "kv_sub_steps": ledger.sub_steps,
+                               "ranks": {str(pid): {k: share_attributes("", Share.from_row(v)) for k, v in per.items()}
+                                         for pid, per in ledger.per_process.items()},
+                               "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
                                "total": share_attributes("", Share.from_row(ledger.total)),
                                "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})
         if self._f is not None:

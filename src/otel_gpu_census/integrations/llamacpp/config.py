@@ -41,6 +41,7 @@ class ProxyConfig:
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     api_prefix: str = ""                  # llama-server --api-prefix
     gpu: bool = True                      # read the census at all
+    loop_lag_s: float = 0.0               # > 0: the event-loop lag probe's interval (telemetry.loop_lag)
 
     @property
     def unix_socket(self) -> Optional[str]:
@@ -224,6 +225,10 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         help="how long a finished request's span waits for the census to cover its window "
                         f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")
     parser.add_argument("--no-gpu", action="store_true", help="do not read the census (spans without GPU cost)")
+    parser.add_argument("--loop-lag-probe", type=positive_float, metavar="MS",
+                        help="measure the proxy's event-loop lag: wake every MS milliseconds and record how "
+                        "late; figures at GET /.otel-gpu-census/loop-lag (?reset=1 starts a new period) and "
+                        "in a line at exit (default off)")
 
 
 def config_from_args(args: argparse.Namespace, upstream: Optional[str] = None,
@@ -251,4 +256,5 @@ def config_from_args(args: argparse.Namespace, upstream: Optional[str] = None,
         gpu_margin_s=min(DEFAULT_GPU_MARGIN_S, wait),
         api_prefix=api_prefix,
         gpu=not getattr(args, "no_gpu", False),
+        loop_lag_s=(getattr(args, "loop_lag_probe", None) or 0.0) / 1000.0,
     )

@@ -44,6 +44,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ...attribution.ledger import CensusSource, GpuLedger
+from ...telemetry.loop_lag import LoopLagProbe
 from ...telemetry.request import RequestTelemetry, TrackedRequest
 from . import spans as spanattrs
 from . import upstream as upstream_conn
@@ -64,6 +65,7 @@ STOP_GRACE_S = 2.0                     # how long answers in flight may go on on
 FINISH_AFTER_S = 0.05                  # a finished request's span work waits this long (see _finish)
 SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
 WATCH_S = 0.25                         # how often answers in flight are checked for a lost upstream
+LOOP_LAG_PATH = "/.otel-gpu-census/loop-lag"   # the lag probe's figures (only with --loop-lag-probe)
 
 # gpu_census.proxy.outcome values
 COMPLETE = "complete"
@@ -260,6 +262,7 @@ class Proxy:
         self._stopping = False
         self._relays: Dict[int, aiohttp.ClientResponse] = {}     # answers being relayed, by exchange
         self._watcher: Optional[asyncio.Task] = None
+        self.loop_lag: Optional[LoopLagProbe] = LoopLagProbe(config.loop_lag_s) if config.loop_lag_s > 0 else None
         _install_log_filters()
         self._baggage_drops = _RateLimit()
         self._telemetry_errors = _RateLimit()
@@ -270,6 +273,8 @@ class Proxy:
                                                  "keepalive_timeout": config.client_timeout_s,
                                                  "logger": _ShortLog(HTTP_LOG)},
                                    middlewares=[self._guard])
+        if self.loop_lag is not None:     # answered here, never forwarded (and never traced)
+            self.app.router.add_route("GET", LOOP_LAG_PATH, self._loop_lag_figures)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
     @web.middleware
@@ -305,6 +310,12 @@ class Proxy:
         sock = site._server.sockets[0] if site._server and site._server.sockets else None
         self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
         self._watcher = asyncio.get_running_loop().create_task(self._watch_relays(), name="proxy-relay-watch")
+        if self.loop_lag is not None:
+            self.loop_lag.start()
+
+    async def _loop_lag_figures(self, request: web.Request) -> web.Response:
+        reset = request.query.get("reset", "") not in ("", "0")
+        return web.json_response(self.loop_lag.stats(reset=reset))
 
     async def stop(self, drain_s: float = 0.0) -> None:
         """Stop. With drain_s, first give spans waiting for the census that long to finish normally."""
@@ -316,6 +327,9 @@ class Proxy:
             await self.runner.cleanup()
         if self._watcher is not None:
             self._watcher.cancel()
+        if self.loop_lag is not None:
+            self.loop_lag.stop()
+            log.warning("event-loop lag since the last reset: %s", json.dumps(self.loop_lag.stats()))
         await self.ledger.stop()
         if self._finishing:
             await asyncio.wait(list(self._finishing), timeout=5)

@@ -12,29 +12,43 @@ this one process sees everything the join needs:
 - the census of this process (its own segment), read a few times a second by a settling thread,
   which splits each completed step among its requests and ends each request's span with its share.
 
-With tensor or pipeline parallelism the workers run in other processes: their steps are tagged the
-same way (the id is the worker's count of execute_model calls, the same on every rank), but the
-per-request join is not made there (the requests live in EngineCore); spans then carry no GPU cost
-and say so.
+With tensor or pipeline parallelism the workers run in other processes, EngineCore's children: their
+steps are tagged the same way (the id is the worker's count of execute_model calls, the same on every
+rank), EngineCore counts the same calls (``MultiprocExecutor.execute_model``) and opens each step in
+its ledger, and the settling thread reads every worker's segment (:mod:`.ranks`): a request's share
+is the sum over ranks of its share of each rank's steps.
 
-The engine-neutral part (steps, settling, the request log) is ``integrations/engine_steps.py``, which
-the SGLang integration shares. Everything here runs inside vLLM's engine loop, so the hot path only counts and appends: no reads,
-no locks held across calls, no allocation beyond a dict copy per step. Failures never reach vLLM:
-the instrumentor's guards turn any exception into "integration off" with one log line.
+KV-offload transfers are sub-steps of the requests whose blocks they move (:mod:`.kv_offload`).
+
+The engine-neutral part (step and sub-step ids, settling, the request log, shutdown) is
+``integrations/engine_steps.py``, which the SGLang integration shares. Everything here runs inside
+vLLM's engine loop, so the hot path only counts and appends: no reads, no locks held across calls, no
+allocation beyond a dict copy per step. Failures never reach vLLM: the instrumentor's guards turn any
+exception into "integration off" with one log line.
 """
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-from typing import Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from ..engine_steps import SETTLE_PERIOD_S, STEP_NOTE, RequestLog, StepEngine  # noqa: F401  (their old home)
+from ...census import proctree
+from ...telemetry.attributes import share_attributes
+from ..engine_steps import SETTLE_PERIOD_S, RequestLog, StepEngine  # noqa: F401  (their old home)
 from ..engine_steps import extract as _extract  # noqa: F401
+from .kv_offload import LOAD, STORE, KvTransfers
+from .ranks import RankCensus
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
 OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
+STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
+             "it, each step's kernels and copies split among the step's requests by their scheduled "
+             "tokens, and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
+             "outside steps (start-up, compilation, graph capture) and steps that served nobody are "
+             "not anyone's")
 
 _INTERNAL_SUFFIX = re.compile(r"-[0-9a-zA-Z]{8}$")      # input_processor: f"{external}-{uuid:.8}"
 _CHILD_PREFIX = re.compile(r"^\d+_")                    # parallel sampling (n > 1): f"{index}_{parent}"
@@ -63,19 +77,80 @@ class EngineTelemetry(StepEngine):
 
     PROVIDER = "vllm"
     SCOPE = "otel_gpu_census.vllm"
+    NOTE = STEP_NOTE
 
     def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S):
         super().__init__(telemetry=telemetry, read=read, clock=clock, settle_period_s=settle_period_s)
         self._model: Optional[str] = None
+        self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
+        self.ranks: Optional[RankCensus] = None   # TP/PP > 1: the workers' segments (EngineCore)
+        self._executing: Dict[int, int] = {}      # ... id(scheduler output) -> its step, until its output
 
     def request_ids(self, key: str) -> Tuple[str, str]:
         return external_id(key), response_id(key)
+
+    # -- where the census is (TP/PP > 1: the workers'), what a settled request adds -----------------
+    def census_pids(self) -> List[int]:
+        return self.ranks.pids if self.ranks else [os.getpid()]
+
+    def census_elsewhere(self) -> bool:
+        return self.ranks is not None
+
+    def log_segment(self) -> str:
+        """The engine's segment; with TP/PP > 1 EngineCore may launch no GPU work of its own (no
+        segment): then the name its segment would have, in the folder its workers write to."""
+        seg = super().log_segment()
+        ranks = self.ranks
+        if seg or ranks is None or not ranks.paths:
+            return seg
+        ticks = proctree.proc_start_ticks(os.getpid())
+        return os.path.join(os.path.dirname(next(iter(ranks.paths.values()))),
+                            f"gpu-census-{os.getpid()}-{ticks}.seg")
+
+    def span_attributes(self, s) -> Dict[str, Any]:
+        return kv_attributes(s)
+
+    def log_fields(self, s) -> Dict[str, Any]:
+        if not s.weights:
+            return {}
+        return {"kv": {"stored_blocks": s.weights.get(STORE, 0), "loaded_blocks": s.weights.get(LOAD, 0),
+                       "gpu": share_attributes("", s.sub, always=False)}}
 
     # -- steps (engine thread) --------------------------------------------------------------------
     def begin_execute(self, scheduler_output) -> int:
         """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         return self.open_step(tokens)
+
+    # -- steps run by worker processes (EngineCore, TP/PP > 1) --------------------------------------
+    def executor_step(self, executor, scheduler_output) -> None:
+        """Before MultiprocExecutor.execute_model: every worker numbers this step alike; open it here."""
+        if not self.has_scheduler:
+            return
+        if self.ranks is None:
+            n = getattr(executor, "local_world_size", None) or getattr(executor, "world_size", 1)
+            self.ranks = RankCensus(os.getpid(), n)
+            self.ledger.read = self.ranks.read
+            self.tagging = True              # the workers tag their steps; their segments say what ran
+        sid = self.next_sid()
+        tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        self.ledger.step_opened(sid, dict(tokens), self.clock())
+        self._executing[id(scheduler_output)] = sid
+
+    def step_output(self, scheduler_output) -> None:
+        """Scheduler.update_from_output: the step's results came back from the workers: it is over
+        (and so is any earlier one still open)."""
+        if not self._executing:
+            return
+        sid = self._executing.pop(id(scheduler_output), None)
+        if sid is None:
+            return
+        now = self.clock()
+        for key, older in [(k, v) for k, v in self._executing.items() if v < sid]:
+            del self._executing[key]
+            self.ledger.step_touched(older, now)
+        self.ledger.step_touched(sid, now)
+        self._ensure_settler()
 
     def begin_sample(self) -> int:
         """Before sample_tokens: the same step as the execute_model it follows."""
@@ -127,7 +202,8 @@ class EngineTelemetry(StepEngine):
         }
         if reason is not None:
             facts["gen_ai.response.finish_reasons"] = [str(reason)]
-        self.request_done(rid, facts, FINISH_ERRORS.get(status))
+        # its last blocks may be stored after its end (vLLM defers a step's stores to the next step)
+        self.request_done(rid, facts, FINISH_ERRORS.get(status), awaiting=self.kv.awaits(rid))
 
     def _model_name(self, scheduler) -> Optional[str]:
         if self._model is None:
@@ -137,3 +213,15 @@ class EngineTelemetry(StepEngine):
                 name = name[0] if name else None
             self._model = str(name) if name else ""
         return self._model or None
+
+
+def kv_attributes(s) -> Dict[str, Any]:
+    """A settled request's KV-offload figures: blocks it stored and loaded, and the part of its GPU
+    share those transfers were (``gpu_census.kv_offload.*``, included in ``gpu_census.*``)."""
+    out: Dict[str, Any] = {}
+    for kind, name in ((STORE, "vllm.kv_offload.stored_blocks"), (LOAD, "vllm.kv_offload.loaded_blocks")):
+        if s.weights.get(kind):
+            out[name] = s.weights[kind]
+    if out:
+        out.update(share_attributes("gpu_census.kv_offload.", s.sub, always=False))
+    return out

@@ -9,8 +9,12 @@ nothing for its hooks):
 |                                                   |               | operation) even with vLLM tracing off |
 | WorkerWrapperBase.execute_model,                  | worker        | one step id around both calls         |
 | gpu_worker.Worker.sample_tokens                   |               |                                       |
+| MultiprocExecutor.execute_model                   | EngineCore    | TP/PP > 1: the step's id and tokens   |
 | Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
 | Scheduler._free_request                           |               |                                       |
+| OffloadingConnectorWorker.prepare_store_kv,      | worker        | KV-offload jobs -> their requests;    |
+| .handle_preemptions, .start_kv_transfers, and     | (TP = PP = 1) | one sub-step per call and direction   |
+| submit_store / submit_load of its OffloadingWorker|               | around the launches (kv_offload.py)   |
 | EngineCore.shutdown                               | EngineCore    | final census flush, last spans out    |
 | vllm.v1.utils.shutdown (and its import in         | API server    | a 3 s grace before SIGKILL, so the    |
 | vllm.v1.engine.utils)                             |               | engine's final flush can run          |
@@ -31,6 +35,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
 from ... import injector
+from . import kv_offload
 from .package import _instruments
 
 log = logging.getLogger("otel_gpu_census.vllm")
@@ -40,6 +45,7 @@ NAME = "vllm"       # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS names it
 _engine = None
 _engine_lock = threading.Lock()
 _off = False        # a guard tripped: every hook passes straight through
+_instrumented = False
 
 
 def engine():
@@ -53,14 +59,19 @@ def engine():
     return _engine
 
 
-def _guard(what: str, fn: Callable, *args, default=None):
-    """fn(*args), or `default` once the integration is off; an exception turns it off (one line)."""
+def _guard(what: str, fn: Callable, *args, default=None, closing: bool = False):
+    """fn(*args), or `default` once the integration is off; an exception turns it off (one line).
+    closing: fn ends what a call before it began (a step pushed on this thread): it runs even after the
+    integration went off in between, so no step stays open on the thread."""
     global _off
-    if _off:
+    if _off and not closing:
         return default
     try:
         return fn(*args)
     except Exception:
+        if _off:                     # already off and said so: a closing call failing too
+            log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
+            return default
         _off = True
         log.exception("otel-gpu-census: the vLLM integration is off for this process (%s failed); "
                       "vLLM is unaffected", what)
@@ -100,7 +111,7 @@ def _execute_model(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     finally:
         if sid:
-            _guard("step end", lambda: engine().end_step(sid))
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
 def _sample_tokens(wrapped, instance, args, kwargs):
@@ -109,7 +120,7 @@ def _sample_tokens(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     finally:
         if sid:
-            _guard("step end", lambda: engine().end_step(sid))
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
 # -- scheduler (EngineCore) -------------------------------------------------------------------------------
@@ -123,8 +134,16 @@ def _add_request(wrapped, instance, args, kwargs):
 
 def _update_from_output(wrapped, instance, args, kwargs):
     out = wrapped(*args, **kwargs)
+    so = args[0] if args else kwargs.get("scheduler_output")
+    _guard("step output", lambda: engine().step_output(so))
     _guard("first tokens", lambda: engine().outputs(out))
     return out
+
+
+def _executor_execute_model(wrapped, instance, args, kwargs):
+    so = args[0] if args else kwargs.get("scheduler_output")
+    _guard("worker step", lambda: engine().executor_step(instance, so))
+    return wrapped(*args, **kwargs)
 
 
 def _free_request(wrapped, instance, args, kwargs):
@@ -155,15 +174,23 @@ def _process_shutdown(wrapped, instance, args, kwargs):
     return call(*args, **kwargs)
 
 
+KV_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker"
+
 HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.entrypoints.generate.base.serving", "GenerateBaseServing._get_trace_headers", _get_trace_headers),
     ("vllm.v1.worker.worker_base", "WorkerWrapperBase.execute_model", _execute_model),
     # WorkerWrapperBase has no sample_tokens of its own (its __getattr__ hands it to the worker)
     ("vllm.v1.worker.gpu_worker", "Worker.sample_tokens", _sample_tokens),
+    # TP/PP > 1: EngineCore numbers the steps its workers run, as each worker does
+    ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.execute_model", _executor_execute_model),
     ("vllm.v1.core.sched.scheduler", "Scheduler.add_request", _add_request),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", _update_from_output),
     ("vllm.v1.core.sched.scheduler", "Scheduler._free_request", _free_request),
     ("vllm.v1.engine.core", "EngineCore.shutdown", _shutdown),
+    # KV offloading (--kv-offloading-size): the transfers belong to the requests whose blocks they move
+    (KV_WORKER, "OffloadingConnectorWorker.prepare_store_kv", kv_offload.prepare_store_kv(_guard, engine)),
+    (KV_WORKER, "OffloadingConnectorWorker.handle_preemptions", kv_offload.transfers(_guard, engine, loads=False)),
+    (KV_WORKER, "OffloadingConnectorWorker.start_kv_transfers", kv_offload.transfers(_guard, engine, loads=True)),
     # the function, and the name vllm.v1.engine.utils imported it under (its engine manager calls that)
     ("vllm.v1.utils", "shutdown", _process_shutdown),
     ("vllm.v1.engine.utils", "shutdown", _process_shutdown),
@@ -178,15 +205,18 @@ class VllmInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _off
+        global _off, _instrumented
         _off = False
+        _instrumented = True
         for module, name, hook in HOOKS:
             wrapt.when_imported(module)(lambda mod, name=name, hook=hook: _wrap(mod, name, hook))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        global _off
-        _off = True          # hooks not yet applied (modules not imported) pass straight through
+        global _off, _instrumented
+        _off = True
+        _instrumented = False   # import hooks still registered (modules not imported yet) wrap nothing
         import sys
+        kv_offload.unwrap_submits()
         for module, name, _ in HOOKS:
             mod = sys.modules.get(module)
             if mod is None:
@@ -205,7 +235,10 @@ def _owner(module, name: str):
 
 
 def _wrap(module, name: str, hook: Callable) -> None:
-    """Wrap module.Class.method (or module.function) unless it is already wrapped by us."""
+    """Wrap module.Class.method (or module.function) unless it is already wrapped by us, or the
+    instrumentor was uninstrumented before the module was imported."""
+    if not _instrumented:
+        return
     owner, attr = _owner(module, name)
     if owner is None or not hasattr(owner, attr):
         log.warning("otel-gpu-census: vLLM has no %s.%s; that hook is off", module.__name__, name)

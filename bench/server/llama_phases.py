@@ -1,0 +1,103 @@
+"""Census modes side by side on ONE llama-server, in alternating phases (bench/server/control_phases.py):
+off (nothing traced), launch (the default: graphs per launch, contents learned), node (every graph node
+traced). Each phase runs the same load (same seed); the modes rotate who goes first. Throughput ratios
+launch/off and node/off per round, with their median and spread, and the census's copies per output
+token per mode (copies must not depend on the mode).
+
+    python3 bench/server/llama_phases.py --server PATH --model M.gguf --out phases.json [--rounds 8]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from control_phases import Phases, delta  # noqa: E402
+from load import run_load  # noqa: E402
+from run_server_bench import wait_health  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--port", type=int, default=8193)
+    ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
+                    help="llama-server flags beside -m -ngl 99 -np CLIENTS")
+    a = ap.parse_args()
+    census = Path(tempfile.mkdtemp(prefix="llama-phases-"))
+    os.chmod(census, 0o700)
+    url = f"http://127.0.0.1:{a.port}"
+    cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--dir", str(census), "--exporter", "none", "--",
+           a.server, "-m", a.model, "-ngl", "99", "-np", str(a.clients), "-c", str(2048 * a.clients),
+           "--host", "127.0.0.1", "--port", str(a.port), *a.flags.split()]
+    log = open(Path(a.out).with_suffix(".server.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(cmd), "rounds": []}
+    try:
+        ready = wait_health(url, proc, 300)
+        if ready is None:
+            res["error"] = "llama-server did not come up"
+            return 1
+        run_load(url, a.clients, a.clients, n_predict=16, seed=999)        # warm-up (and the segment)
+        time.sleep(1.5)
+        ph = Phases(census)
+        modes = ["off", "launch", "node"]
+        for i in range(a.rounds):
+            order = modes[i % 3:] + modes[:i % 3]
+            rnd = {"order": order}
+            for m in order:
+                ok = ph.set(m)
+                before = ph.totals()
+                ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=100 + i)
+                time.sleep(1.5)     # the flusher's period: this phase's records into the totals
+                rnd[m] = {"switched": ok, "tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"),
+                          "errors": ld.get("errors"), "ttft_p50_s": ld.get("ttft_p50_s"),
+                          "census": delta(ph.totals(), before)}
+            for m in ("launch", "node"):
+                if rnd[m]["tok_s"] and rnd["off"]["tok_s"]:
+                    rnd[f"{m}/off"] = round(rnd[m]["tok_s"] / rnd["off"]["tok_s"], 4)
+            res["rounds"].append(rnd)
+            print("round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
+        for k in ("launch/off", "node/off"):
+            r = [x[k] for x in res["rounds"] if k in x]
+            if r:
+                res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
+                print(k, res[k], flush=True)
+        per_tok = {}
+        for m in modes:
+            tot: dict = {}
+            toks = sum(x[m]["tokens"] or 0 for x in res["rounds"])
+            for x in res["rounds"]:
+                for k, v in x[m]["census"].items():
+                    tot[k] = tot.get(k, 0) + v
+            per_tok[m] = {"_tokens": toks, **({k: v / toks for k, v in tot.items()} if toks else {})}
+        res["per_output_token"] = per_tok
+        return 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        Path(a.out).write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

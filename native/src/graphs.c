@@ -1,0 +1,370 @@
+/*
+ * graphs.c - what a CUDA graph launch puts on the GPU, learned once per graph instead of traced node
+ * by node.
+ *
+ * CUPTI's per-node records cost every node of every replay, and copies alike: enabling only the MEMCPY
+ * kind made graph replay as slow as tracing every kernel (measured on an H200). Its GRAPH_TRACE kind
+ * costs one record per launch but says nothing of what ran. So when a graph is instantiated, or an exec
+ * is updated from another graph, we walk the graph once: kernel nodes, memcpy nodes with their bytes,
+ * direction and host memory kind, memset nodes, child graphs. That makes a "version" of the exec's
+ * contents. Each launch notes "correlation id -> the version its exec had then" (a lock-free table,
+ * like steps.c); the tally adds that version's contents for the launch's GRAPH_TRACE record. Kernel
+ * and copy counts and bytes stay exact; a graph's kernel time is its span on the GPU.
+ *
+ * What cannot be exact is counted, never hidden: a conditional node (its body runs any number of
+ * times), a node changed in the exec after instantiation (cuGraphExec*SetParams, cuGraphNodeSetEnabled),
+ * a graph whose walk failed, a launch of an exec we never saw.
+ *
+ * Costs: the walk runs in the thread that instantiates or updates (never on a plain launch); a launch
+ * pays one hash probe. Memory: at most GV_SLOTS versions (allocated at the first graph), bounded.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "cupti_api.h"
+#include "gpu_census.h"
+#include "internal.h"
+
+#define GV_SLOTS 4096u           /* versions of graph contents (power of two) */
+#define GX_SLOTS 8192u           /* exec handle -> current version, open addressing (power of two) */
+#define GX_PROBES 64u
+#define GL_SLOTS (1u << 16)      /* correlation id -> version, direct-mapped (power of two) */
+#define MAX_DEPTH 8
+#define MAX_NODES (1u << 20)
+
+struct version {
+    _Atomic uint32_t n;          /* the version number this slot holds; 0: none */
+    _Atomic uint32_t flags;      /* GC_GRAPH_INEXACT may be set later (a node changed in the exec) */
+    gc_graph_contents c;
+};
+
+struct exec_slot {
+    _Atomic uint64_t key;        /* the CUgraphExec; 0: never used */
+    _Atomic uint32_t n;          /* its current version; 0: destroyed (a tombstone) or unknown */
+    uint32_t pad;
+};
+
+static struct {
+    struct version *v;           /* GV_SLOTS */
+    struct exec_slot *x;         /* GX_SLOTS */
+    _Atomic uint64_t *launch;    /* GL_SLOTS: (correlation id << 32) | version */
+    _Atomic uint32_t next;       /* the last version number handed out */
+    pthread_mutex_t mu;          /* writers of the exec table */
+    /* the driver's graph queries, from the libcuda already in the process */
+    CUresult (*get_nodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*node_type)(CUgraphNode, CUgraphNodeType *);
+    CUresult (*memcpy_params)(CUgraphNode, CUDA_MEMCPY3D *);
+    CUresult (*memset_params)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS *);
+    CUresult (*child_graph)(CUgraphNode, CUgraph *);
+    CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+enum role { R_NONE = 0, R_LAUNCH, R_UPDATE, R_CHANGE };
+#define ROLE_IDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
+                  ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
+static uint8_t g_role[2][ROLE_IDS];  /* [driver?][cbid]: what a callback of ours is for */
+static atomic_int g_on;
+
+/* ---- the walk ---- */
+
+struct side { int host, mem, dev; };
+
+/* One end of a copy: host or device, its memory kind, its device (-1: unknown). */
+static struct side side_of(CUmemorytype type, const void *host, CUdeviceptr dptr)
+{
+    struct side s = {0, GC_MEM_DEVICE, -1};
+    unsigned int mt = 0, managed = 0;
+    int ord = -1;
+    switch (type) {
+    case CU_MEMORYTYPE_HOST:
+        /* registered or cudaHostAlloc'd memory is known to the driver; pageable memory is not */
+        s.host = 1;
+        s.mem = g.ptr_attr(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)host) == CUDA_SUCCESS
+                    ? GC_MEM_PINNED : GC_MEM_PAGEABLE;
+        return s;
+    case CU_MEMORYTYPE_ARRAY:
+        return s;
+    case CU_MEMORYTYPE_DEVICE:
+    case CU_MEMORYTYPE_UNIFIED:
+    default:
+        if (g.ptr_attr(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr) != CUDA_SUCCESS) {
+            if (type == CU_MEMORYTYPE_UNIFIED) s.host = 1, s.mem = GC_MEM_PAGEABLE;
+            return s;
+        }
+        if (g.ptr_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, dptr) == CUDA_SUCCESS && managed) {
+            s.mem = GC_MEM_OTHER;
+            return s;
+        }
+        if (mt == CU_MEMORYTYPE_HOST) {
+            s.host = 1;
+            s.mem = GC_MEM_PINNED;
+            return s;
+        }
+        if (g.ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr) == CUDA_SUCCESS) s.dev = ord;
+        return s;
+    }
+}
+
+static void add_memcpy(gc_graph_contents *c, const CUDA_MEMCPY3D *m)
+{
+    struct side src = side_of(m->srcMemoryType, m->srcHost, m->srcDevice);
+    struct side dst = side_of(m->dstMemoryType, m->dstHost, m->dstDevice);
+    int dir, mem;
+    if (src.host && dst.host) dir = GC_DIR_HTOH, mem = src.mem;
+    else if (src.host) dir = GC_DIR_HTOD, mem = src.mem;
+    else if (dst.host) dir = GC_DIR_DTOH, mem = dst.mem;
+    else if (src.dev >= 0 && dst.dev >= 0 && src.dev != dst.dev) dir = GC_DIR_PTOP, mem = GC_MEM_DEVICE;
+    else dir = GC_DIR_DTOD, mem = GC_MEM_DEVICE;
+    size_t h = m->Height ? m->Height : 1, d = m->Depth ? m->Depth : 1;
+    c->copies[dir][mem]++;
+    c->copy_bytes[dir][mem] += (uint64_t)m->WidthInBytes * h * d;
+}
+
+/* 0, or -1 when the graph could not be read (the contents are then unknown). */
+static int walk(CUgraph graph, gc_graph_contents *c, int depth)
+{
+    size_t n = 0;
+    if (depth > MAX_DEPTH || g.get_nodes(graph, NULL, &n) != CUDA_SUCCESS || n > MAX_NODES) return -1;
+    if (n == 0) return 0;
+    CUgraphNode *nodes = malloc(n * sizeof(*nodes));
+    if (!nodes) return -1;
+    size_t got = n;
+    int rc = g.get_nodes(graph, nodes, &got) == CUDA_SUCCESS ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < got && i < n; i++) {
+        CUgraphNodeType t;
+        if (g.node_type(nodes[i], &t) != CUDA_SUCCESS) { rc = -1; break; }
+        switch (t) {
+        case CU_GRAPH_NODE_TYPE_KERNEL: c->kernels++; break;
+        case CU_GRAPH_NODE_TYPE_MEMCPY: {
+            CUDA_MEMCPY3D m;
+            memset(&m, 0, sizeof(m));
+            if (g.memcpy_params(nodes[i], &m) != CUDA_SUCCESS) { rc = -1; break; }
+            add_memcpy(c, &m);
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEMSET: {
+            CUDA_MEMSET_NODE_PARAMS m;
+            memset(&m, 0, sizeof(m));
+            if (g.memset_params(nodes[i], &m) != CUDA_SUCCESS) { rc = -1; break; }
+            c->memsets++;
+            c->memset_bytes += (uint64_t)m.elementSize * m.width * (m.height ? m.height : 1);
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_GRAPH: {
+            CUgraph child;
+            if (g.child_graph(nodes[i], &child) != CUDA_SUCCESS) { rc = -1; break; }
+            rc = walk(child, c, depth + 1);
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL: c->flags |= GC_GRAPH_INEXACT; break;
+        default: break; /* host, event, wait, allocation, empty nodes: no GPU work of ours to count */
+        }
+    }
+    free(nodes);
+    return rc;
+}
+
+/* ---- versions and the exec table ---- */
+
+static uint32_t publish_version(const gc_graph_contents *c)
+{
+    uint32_t n = atomic_fetch_add(&g.next, 1) + 1;
+    if (n == 0) n = atomic_fetch_add(&g.next, 1) + 1; /* 0 means "none" */
+    struct version *v = &g.v[n & (GV_SLOTS - 1)];
+    atomic_store_explicit(&v->n, 0, memory_order_relaxed); /* readers of the old version see it go */
+    atomic_thread_fence(memory_order_release);
+    v->c = *c;
+    atomic_store_explicit(&v->flags, c->flags, memory_order_relaxed);
+    atomic_store_explicit(&v->n, n, memory_order_release);
+    return n;
+}
+
+static inline uint32_t hash_exec(uint64_t k) { return (uint32_t)((k >> 4) * 0x9E3779B97F4A7C15ull >> 40); }
+
+/* The exec's current version (0: unknown). Lock-free: launches call it. */
+static uint32_t exec_version(uint64_t key)
+{
+    uint32_t h = hash_exec(key);
+    for (uint32_t i = 0; i < GX_PROBES; i++) {
+        struct exec_slot *s = &g.x[(h + i) & (GX_SLOTS - 1)];
+        uint64_t k = atomic_load_explicit(&s->key, memory_order_acquire);
+        if (k == key) return atomic_load_explicit(&s->n, memory_order_acquire);
+        if (k == 0) return 0;
+    }
+    return 0;
+}
+
+/* Set the exec's current version (n = 0: destroyed). Writers hold g.mu. A tombstone (n = 0) is
+ * reused by the next new exec along its probe path, so the table never fills with dead execs. */
+static void exec_set(uint64_t key, uint32_t n)
+{
+    uint32_t h = hash_exec(key);
+    struct exec_slot *tomb = NULL;
+    pthread_mutex_lock(&g.mu);
+    for (uint32_t i = 0; i < GX_PROBES; i++) {
+        struct exec_slot *s = &g.x[(h + i) & (GX_SLOTS - 1)];
+        uint64_t k = atomic_load_explicit(&s->key, memory_order_relaxed);
+        if (k == key) {
+            atomic_store_explicit(&s->n, n, memory_order_release);
+            goto out;
+        }
+        if (k != 0 && !tomb && atomic_load_explicit(&s->n, memory_order_relaxed) == 0) tomb = s;
+        if (k == 0) {
+            if (!tomb) tomb = s;
+            break;
+        }
+    }
+    if (n && tomb) {
+        atomic_store_explicit(&tomb->n, 0, memory_order_relaxed);
+        atomic_store_explicit(&tomb->key, key, memory_order_release);
+        atomic_store_explicit(&tomb->n, n, memory_order_release);
+    } else if (n) {
+        gc_log("graphs: more than %u live CUDA graphs; launches of the others count as unknown", GX_SLOTS);
+    }
+out:
+    pthread_mutex_unlock(&g.mu);
+}
+
+static void learn(CUgraphExec exec, CUgraph graph)
+{
+    gc_graph_contents c;
+    memset(&c, 0, sizeof(c));
+    if (walk(graph, &c, 0) != 0) {
+        exec_set((uint64_t)(uintptr_t)exec, 0); /* unknown: its launches say so */
+        return;
+    }
+    /* An update that changed nothing we count (llama.cpp updates its graph every token) keeps its
+     * version: fewer versions, and records of earlier launches stay readable for longer. */
+    uint32_t cur = exec_version((uint64_t)(uintptr_t)exec);
+    if (cur) {
+        struct version *v = &g.v[cur & (GV_SLOTS - 1)];
+        if (atomic_load_explicit(&v->n, memory_order_acquire) == cur &&
+            !(atomic_load_explicit(&v->flags, memory_order_relaxed) & GC_GRAPH_INEXACT) &&
+            memcmp(&v->c, &c, sizeof(c)) == 0)
+            return;
+    }
+    exec_set((uint64_t)(uintptr_t)exec, publish_version(&c));
+}
+
+static void mark_changed(CUgraphExec exec)
+{
+    uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
+    struct version *v = n ? &g.v[n & (GV_SLOTS - 1)] : NULL;
+    if (v && atomic_load_explicit(&v->n, memory_order_acquire) == n)
+        atomic_fetch_or_explicit(&v->flags, GC_GRAPH_INEXACT, memory_order_relaxed);
+}
+
+/* ---- callbacks ---- */
+
+static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
+{
+    static const struct { const char *prefix; uint8_t role; int driver_only; } table[] = {
+        {"cuGraphLaunch", R_LAUNCH, 0}, {"cudaGraphLaunch", R_LAUNCH, 0},
+        /* The runtime's calls reach the driver's, whose callbacks fire too: walk once, there. */
+        {"cuGraphExecUpdate", R_UPDATE, 1},
+        {"cuGraphExecMemcpyNodeSetParams", R_CHANGE, 1}, {"cuGraphExecMemsetNodeSetParams", R_CHANGE, 1},
+        {"cuGraphExecNodeSetParams", R_CHANGE, 1}, {"cuGraphExecChildGraphNodeSetParams", R_CHANGE, 1},
+        {"cuGraphNodeSetEnabled", R_CHANGE, 1},
+    };
+    int d = dom == CUPTI_CB_DOMAIN_DRIVER_API;
+    if (cbid >= sizeof(g_role[0])) return 0;
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
+        if (table[i].driver_only && !d) continue;
+        if (strncmp(name, table[i].prefix, strlen(table[i].prefix)) == 0) {
+            g_role[d][cbid] = table[i].role;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
+{
+    if (!atomic_load_explicit(&g_on, memory_order_acquire)) return;
+    if (dom == CUPTI_CB_DOMAIN_RESOURCE) {
+        const CUpti_ResourceData *r = data;
+        const CUpti_GraphData *gd = r ? r->resourceDescriptor : NULL;
+        if (!gd || !gd->graphExec) return;
+        if (cbid == CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) learn(gd->graphExec, gd->graph);
+        else if (cbid == CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING) exec_set((uint64_t)(uintptr_t)gd->graphExec, 0);
+        return;
+    }
+    if (dom != CUPTI_CB_DOMAIN_DRIVER_API && dom != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+    if (cbid >= sizeof(g_role[0])) return;
+    uint8_t role = g_role[dom == CUPTI_CB_DOMAIN_DRIVER_API][cbid];
+    if (role == R_NONE) return;
+    const CUpti_CallbackData *cb = data;
+    /* every call these roles name takes the exec first (and the update its new graph second) */
+    void *const *p = cb->functionParams;
+    if (!p) return;
+    CUgraphExec exec = (CUgraphExec)p[0];
+    if (role == R_LAUNCH) {
+        if (cb->callbackSite != CUPTI_API_ENTER) return;
+        uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
+        atomic_store_explicit(&g.launch[cb->correlationId & (GL_SLOTS - 1)],
+                              ((uint64_t)cb->correlationId << 32) | n, memory_order_release);
+        return;
+    }
+    if (cb->callbackSite != CUPTI_API_EXIT || !cb->functionReturnValue ||
+        *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS)
+        return;
+    if (role == R_UPDATE) learn(exec, (CUgraph)p[1]);
+    else mark_changed(exec);
+}
+
+int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
+{
+    if (!g.launch) return -1;
+    uint64_t e = atomic_load_explicit(&g.launch[corr & (GL_SLOTS - 1)], memory_order_acquire);
+    uint32_t n = (uint32_t)e;
+    if ((uint32_t)(e >> 32) != corr || n == 0) return -1;
+    struct version *v = &g.v[n & (GV_SLOTS - 1)];
+    if (atomic_load_explicit(&v->n, memory_order_acquire) != n) return -1;
+    *out = v->c;
+    uint32_t flags = atomic_load_explicit(&v->flags, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&v->n, memory_order_relaxed) != n) return -1; /* reused while copied */
+    out->flags |= flags;
+    return 0;
+}
+
+int gc_graphs_start(void)
+{
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!cuda) return -1;
+#define SYM(field, name) (*(void **)&g.field = dlsym(cuda, name))
+    SYM(get_nodes, "cuGraphGetNodes");
+    SYM(node_type, "cuGraphNodeGetType");
+    SYM(memcpy_params, "cuGraphMemcpyNodeGetParams");
+    SYM(memset_params, "cuGraphMemsetNodeGetParams");
+    SYM(child_graph, "cuGraphChildGraphNodeGetGraph");
+    SYM(ptr_attr, "cuPointerGetAttribute");
+#undef SYM
+    if (!g.get_nodes || !g.node_type || !g.memcpy_params || !g.memset_params || !g.child_graph || !g.ptr_attr) {
+        gc_log("graphs traced node by node: the CUDA driver lacks the graph queries");
+        return -1;
+    }
+    g.v = calloc(GV_SLOTS, sizeof(*g.v));
+    g.x = calloc(GX_SLOTS, sizeof(*g.x));
+    g.launch = calloc(GL_SLOTS, sizeof(*g.launch));
+    if (!g.v || !g.x || !g.launch) {
+        free(g.v), free(g.x), free((void *)g.launch);
+        g.v = NULL, g.x = NULL, g.launch = NULL;
+        gc_log("graphs traced node by node: no memory for the graph tables");
+        return -1;
+    }
+    atomic_store(&g_on, 1);
+    if (gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) != 0 ||
+        gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING) != 0 ||
+        gc_cupti_enable_api("graphs traced node by node", wanted) <= 0) {
+        atomic_store(&g_on, 0); /* tables stay: a launch callback may be reading them */
+        return -1;
+    }
+    return 0;
+}
