@@ -13,7 +13,8 @@ An engine hook tells :class:`StepEngine` three things, from the engine's own thr
 - a request starts (``start_request``: the ledger follows it from then, ``request_started``), has its
   first token (``first_token``), ends (``request_done``; ``awaiting=True`` when a sub-step still to open
   will claim it);
-- the engine shuts down (``shutdown``): the census's final flush, every request settled, spans out.
+- the engine shuts down (``shutdown``): the census's final flush first, then every request settled,
+  spans out.
 
 A settling thread reads the census a few times a second, splits each completed step among its requests
 (``attribution/steps.py``) and ends each request's span through the one request lifecycle
@@ -230,10 +231,16 @@ class StepEngine:
     # -- the end of the engine ----------------------------------------------------------------------
     def shutdown(self, timeout_s: float = 3.0) -> None:
         """At the engine's end: the census's final flush (engines may end their process without
-        running atexit handlers), every waiting request settled, spans and metrics exported. Bounded."""
+        running atexit handlers), every waiting request settled, spans and metrics exported. Bounded.
+
+        The flush comes first: the engine may be killed within a short grace (vLLM SIGKILLs its engine
+        3 s after SIGTERM), and under CPU load joining the settler and settling can take most of it;
+        a segment without the final flush loses the totals of its last buffers. Settling reads the
+        flushed census after it."""
         if self._shutdown_done:
             return
         self._shutdown_done = True
+        injector.finish()
         self._stopped = True
         self._wake.set()
         if self._thread is not None:
@@ -243,7 +250,6 @@ class StepEngine:
             while self.ledger.pending() and time.monotonic() < deadline:
                 self.settle()
                 time.sleep(0.05)
-        injector.finish()
         if self.has_scheduler:
             self.settle(final=True)
             self._requests_log.summary(self.ledger, self.settle_errors)
