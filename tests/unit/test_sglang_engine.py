@@ -285,6 +285,32 @@ def test_a_failing_hook_turns_the_integration_off_and_sglang_runs_on(monkeypatch
     monkeypatch.setattr(si, "_off", False)
 
 
+def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, monkeypatch):
+    """A hook that turned the integration off inside run_batch (or the delayed sampling): the step pushed
+    on the scheduler thread is popped anyway, or every later launch of the thread would carry it."""
+    census, clock = Census(), Clock()
+    eng, _, _ = make(census, clock)
+    monkeypatch.setattr(si, "_engine", eng)
+    monkeypatch.setattr(si, "_off", False)
+    batch = SimpleNamespace(reqs=[], forward_mode=None, extend_lens=None)
+
+    def body(self, b):
+        si._guard("something inside the step", lambda: 1 / 0)
+        assert si._off and tagged == [1]
+        return "out"
+    assert si._run_batch(body, "sched", batch) == "out"
+    assert tagged == []
+    monkeypatch.setattr(si, "_off", False)
+
+    def sample(self, result, b):
+        assert tagged == [1]                                   # the same step, tagged again
+        si._guard("something inside the sampling", lambda: 1 / 0)
+        return "sampled"
+    assert si._launch_batch_sample(sample, "sched", "result", batch) == "sampled"
+    assert tagged == []
+    monkeypatch.setattr(si, "_off", False)
+
+
 def test_register_never_raises_and_is_idle_outside_the_census(monkeypatch, caplog):
     calls = []
     monkeypatch.setattr(si.SglangInstrumentor, "instrument", lambda self, **kw: calls.append(1))

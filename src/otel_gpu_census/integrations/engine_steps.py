@@ -6,7 +6,8 @@ An engine hook tells :class:`StepEngine` three things, from the engine's own thr
   thread (``injector.step_begin``), so the census tallies its kernels and copies under that id, and
   hands the step's tokens to the :class:`~otel_gpu_census.attribution.steps.StepLedger`;
   ``reopen_step()`` tags later launches of the same step (vLLM's ``sample_tokens``, SGLang's delayed
-  sampling); ``end_step(sid)`` pops it;
+  sampling); ``end_step(sid)`` pops it (the instrumentors' closing guards pop it even when the
+  integration went off in between, so no step stays open on the engine thread);
 - ids come from one increasing sequence (``next_sid``) shared by steps and their *sub-steps* (GPU work
   inside a step that belongs to particular requests, such as vLLM's KV-offload transfers: opened on the
   ledger with a kind of their own and claimed per request, ``StepLedger.step_claimed``);

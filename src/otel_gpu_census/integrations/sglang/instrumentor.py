@@ -55,14 +55,19 @@ def engine():
     return _engine
 
 
-def _guard(what: str, fn: Callable, *args, default=None):
-    """fn(*args), or `default` once the integration is off; an exception turns it off (one line)."""
+def _guard(what: str, fn: Callable, *args, default=None, closing: bool = False):
+    """fn(*args), or `default` once the integration is off; an exception turns it off (one line).
+    closing: fn ends what a call before it began (a step pushed on this thread): it runs even after the
+    integration went off in between, so no step stays open on the thread."""
     global _off
-    if _off:
+    if _off and not closing:
         return default
     try:
         return fn(*args)
     except Exception:
+        if _off:                     # already off and said so: a closing call failing too
+            log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
+            return default
         _off = True
         log.exception("otel-gpu-census: the SGLang integration is off for this process (%s failed); "
                       "SGLang is unaffected", what)
@@ -146,7 +151,7 @@ def _run_batch(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     finally:
         if sid:
-            _guard("step end", lambda: engine().end_step(sid))
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
 def _launch_batch_sample(original, self, *args, **kwargs):
@@ -159,7 +164,7 @@ def _launch_batch_sample(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     finally:
         if sid:
-            _guard("step end", lambda: engine().end_step(sid))
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
 def _add_request_to_queue(original, self, *args, **kwargs):
