@@ -1,5 +1,5 @@
 """The requests an engine integration saw, as it logged them beside its census segment
-(``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/vllm``): for ``report``, which
+(``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/engine_steps.py`` for vLLM and SGLang): for ``report``, which
 prints per-request figures from them, so ``--requests N`` is not needed for an engine it hooks.
 
 The files sit in a folder others may write to: each is opened without following a link or blocking,

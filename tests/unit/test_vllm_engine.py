@@ -220,6 +220,33 @@ def test_shutdown_finishes_the_census_and_settles_everyone(tagged, monkeypatch):
     assert sp.attributes["gpu_census.kernel.count"] == 5
 
 
+def test_shutdown_flushes_the_census_first_before_joining_the_settler_and_settling(tagged, monkeypatch):
+    # vLLM SIGKILLs its engine 3 s after SIGTERM: under CPU load joining the settler and settling could
+    # take that long, and the segment ended without the census's final flush. The flush comes first.
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    order = []
+    monkeypatch.setattr(injector, "finish", lambda: order.append("finish") or True)
+    settle = eng.settle
+    monkeypatch.setattr(eng, "settle", lambda final=False: order.append(("settle", final)) or settle(final))
+    r = request("z-00000001", clock.t / 1e9)
+    eng.request_added(SCHED, r)
+    sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={"z-00000001": 4}))
+    eng.end_step(sid)                                          # the settler thread runs from here
+    assert eng._thread is not None and eng._thread.is_alive()
+    thread = eng._thread
+    joined = []
+    join = thread.join
+    monkeypatch.setattr(thread, "join", lambda *a: joined.append(order[:]) or join(*a))
+    census.steps[sid] = Step(id=sid, kernel_count=3, kernel_ns=30)
+    eng.request_freed(r)
+    eng.shutdown()
+    assert order[0] == "finish" and joined == [["finish"]]
+    assert ("settle", True) in order and order.index(("settle", True)) > 0
+    (sp,) = spans.get_finished_spans()
+    assert sp.attributes["gpu_census.kernel.count"] == 3
+
+
 def test_register_never_raises_and_is_idle_outside_the_census(monkeypatch, caplog):
     from otel_gpu_census.integrations.vllm import instrumentor as vi
     calls = []

@@ -1,0 +1,364 @@
+"""What every engine integration (vLLM, SGLang) does with its hooks, once: steps, requests, settling.
+
+An engine hook tells :class:`StepEngine` three things, from the engine's own thread:
+
+- a step begins: ``open_step({request id: scheduled tokens})`` pushes a new step id on the launching
+  thread (``injector.step_begin``), so the census tallies its kernels and copies under that id, and
+  hands the step's tokens to the :class:`~otel_gpu_census.attribution.steps.StepLedger`;
+  ``reopen_step()`` tags later launches of the same step (vLLM's ``sample_tokens``, SGLang's delayed
+  sampling); ``end_step(sid)`` pops it (the instrumentors' closing guards pop it even when the
+  integration went off in between, so no step stays open on the engine thread);
+- ids come from one increasing sequence (``next_sid``) shared by steps and their *sub-steps* (GPU work
+  inside a step that belongs to particular requests, such as vLLM's KV-offload transfers: opened on the
+  ledger with a kind of their own and claimed per request, ``StepLedger.step_claimed``);
+- a request starts (``start_request``: the ledger follows it from then, ``request_started``), has its
+  first token (``first_token``), ends (``request_done``; ``awaiting=True`` when a sub-step still to open
+  will claim it);
+- the engine shuts down (``shutdown``): the census's final flush first, then every request settled,
+  spans out.
+
+A settling thread reads the census a few times a second, splits each completed step among its requests
+(``attribution/steps.py``) and ends each request's span through the one request lifecycle
+(``telemetry/request.py``), with its share; each settled request is also one JSON line beside the
+segment (:class:`RequestLog`, what ``report`` reads). The census is this process's own segment, or
+(``ledger.read`` replaced by a subclass) the segments of the processes that run its steps, one
+``(header, steps)`` pair each (vLLM's TP/PP workers, ``integrations/vllm/ranks.py``): a request's share is
+then the sum over processes. The engine thread only counts and appends. Subclasses
+(``integrations/vllm/engine.py``, ``integrations/sglang/engine.py``) read their engine's objects and call
+these methods; nothing here knows an engine.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .. import injector
+from ..attribution.ledger import COMPLETE, STALE, GpuCost
+from ..attribution.shares import Share
+from ..attribution.steps import METHOD, StepLedger
+from ..census import reader
+from ..telemetry.attributes import share_attributes
+
+log = logging.getLogger("otel_gpu_census.engine")
+
+SETTLE_PERIOD_S = 0.25
+STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
+             "it, each step's kernels and copies split among the step's requests by their scheduled "
+             "tokens; GPU work outside steps (start-up, compilation, graph capture) and steps that "
+             "served nobody are not anyone's")
+
+
+class StepEngine:
+    """One per engine process: the step counter, the ledger, the requests' spans, the settler.
+
+    Subclasses set PROVIDER (``gen_ai.provider.name``), SCOPE (the instrumentation scope) and NOTE (the
+    cost's note), and may override :meth:`request_ids` (the ids a request's log line carries),
+    :meth:`census_pids` / :meth:`census_elsewhere` / :meth:`log_segment` (when the steps run in other
+    processes), :meth:`span_attributes` and :meth:`log_fields` (what a settled request adds)."""
+
+    PROVIDER = "engine"
+    SCOPE = "otel_gpu_census.engine"
+    NOTE = STEP_NOTE
+
+    def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S):
+        self.clock = clock
+        self.ledger = StepLedger(read or self._read_own_census, clock=clock)
+        self._telemetry = telemetry          # RequestTelemetry, made on first use (providers from OTEL_*)
+        self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest
+        self.sid = 0                         # the current step (last open_step)
+        self._last_id = 0                    # the last id handed out: steps and their sub-steps
+        self.has_scheduler = False           # requests live in this process
+        self.tagging = False                 # the injector is counting here and steps are tagged
+        self._period = settle_period_s
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+        self._shutdown_done = False
+        self._requests_log = RequestLog(self)
+        self._providers: Tuple = ()
+        self.settle_errors = 0
+
+    # -- the census of this process --------------------------------------------------------------
+    @staticmethod
+    def _read_own_census(lo: int, hi: int):
+        path = injector.segment_path()
+        if not path:                         # no buffer completed yet: the segment does not exist
+            return None, {}
+        head = reader.read_segment(path, detail=False)
+        return head, {s.id: s for s in reader.read_steps(path, lo, hi + 1)}
+
+    # -- steps (engine thread) --------------------------------------------------------------------
+    def open_step(self, tokens: Optional[Mapping[str, int]]) -> int:
+        """A new step id, tagged on this thread; `tokens` ({request: scheduled tokens}, or None where
+        the requests live in another process) go to the ledger."""
+        sid = self.sid = self.next_sid()
+        if self.has_scheduler and tokens is not None:
+            self.ledger.step_opened(sid, dict(tokens), self.clock())
+        self.tagging = injector.step_begin(sid)
+        return sid
+
+    def next_sid(self) -> int:
+        """The next id of the one increasing sequence of steps and sub-steps (the census's step ring
+        takes ids in increasing order). Without requests here (a TP/PP worker) only steps take ids,
+        so every rank numbers its steps alike."""
+        self._last_id += 1
+        return self._last_id
+
+    def reopen_step(self) -> int:
+        """The same step as the last open_step, tagged again on this thread (0: nothing to tag)."""
+        if self.sid and injector.step_begin(self.sid):
+            return self.sid
+        return 0
+
+    def end_step(self, sid: int) -> None:
+        injector.step_end()
+        if self.has_scheduler:
+            self.ledger.step_touched(sid, self.clock())
+            self._ensure_settler()
+
+    # -- requests (engine thread) -----------------------------------------------------------------
+    def tracked(self, key: str) -> bool:
+        return key in self._tracked
+
+    def start_request(self, key: str, *, start_ns: int, operation: str, model: Optional[str],
+                      headers: Mapping[str, str], attributes: Mapping[str, Any]) -> None:
+        """A request the engine took in: its span starts at start_ns under the caller's context."""
+        self.has_scheduler = True
+        if key in self._tracked:
+            return
+        self.ledger.request_started(key)
+        self._tracked[key] = self.telemetry().start(
+            start_ns=start_ns, operation=operation, model=model,
+            span_name=f"{operation} {model}" if model else operation, parent=extract(headers),
+            attributes=attributes)
+
+    def first_token(self, key: str, now: int, attributes: Optional[Mapping[str, Any]] = None) -> bool:
+        """The request's first token came out at `now` (the first call counts); False if untracked."""
+        t = self._tracked.get(key)
+        if t is None or t.first_token_ns is not None:
+            return False
+        t.first_token(now)
+        self.ledger.first_token(key, now)
+        if attributes:
+            t.set_attributes(attributes)
+        return True
+
+    def request_done(self, key: str, facts: Dict[str, Any], error_type: Optional[str] = None,
+                     awaiting: bool = False) -> None:
+        """The request ended now (finished, aborted, failed); no later step serves it. `facts` are its
+        span attributes (``gen_ai.usage.output_tokens`` among them). awaiting: a sub-step still to
+        open will claim it (its last KV blocks are stored after its end): the ledger waits for that."""
+        t = self._tracked.get(key)
+        if t is None:
+            return
+        t.served()
+        self.ledger.request_done(key, (facts, error_type), self.clock(), awaiting=awaiting)
+        if not self.tagging:                 # no census here: nothing to wait for
+            self._ensure_settler()
+
+    def request_ids(self, key: str) -> Tuple[str, str]:
+        """(the request's id, the id of the response its client got), for its log line."""
+        return key, key
+
+    # -- where the census is, what a settled request adds (subclasses) ------------------------------
+    def census_pids(self) -> List[int]:
+        """The processes whose census the ledger reads (a cost's ``pids``)."""
+        return [os.getpid()]
+
+    def census_elsewhere(self) -> bool:
+        """Whether the steps' GPU work is in other processes' segments (still running, and flushing,
+        when this one shuts down)."""
+        return False
+
+    def log_segment(self) -> str:
+        """The segment the request log is written beside ("": none yet)."""
+        return injector.segment_path()
+
+    def span_attributes(self, s) -> Dict[str, Any]:
+        """Attributes a settled request's span gets beyond its facts (e.g. its sub-steps' figures)."""
+        return {}
+
+    def log_fields(self, s) -> Dict[str, Any]:
+        """Fields a settled request's log line gets beyond the common ones."""
+        return {}
+
+    # -- settling (its own thread) ----------------------------------------------------------------
+    def _ensure_settler(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._run, name="otel-gpu-census-settle", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._period)
+            self._wake.clear()
+            if self._stopped:
+                break
+            try:
+                self.settle()
+            except Exception:                # the census can be unreadable for a moment: try again
+                self.settle_errors += 1
+                if self.settle_errors == 1:  # but say so once, with the reason
+                    log.warning("otel-gpu-census: settling requests failed (retrying every %.2f s)",
+                                self._period, exc_info=True)
+
+    def settle(self, final: bool = False) -> int:
+        """Split what the census completed; end the spans of the requests that settled. Their count."""
+        done = self.ledger.settle(final=final)
+        for s in done:
+            t = self._tracked.pop(s.key, None)
+            if t is None:
+                continue
+            facts, error_type = s.facts
+            attrs = dict(facts)
+            arrival = t.start_ns
+            if s.first_step_ns:
+                attrs["gen_ai.latency.time_in_queue"] = max(0, s.first_step_ns - arrival) / 1e9
+            cost = None
+            attrs.update(self.span_attributes(s))
+            if self.tagging:
+                cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
+                               steps=s.steps, note=self.NOTE, share=s.share, prefill=s.prefill,
+                               pids=self.census_pids(), notes=list(s.notes))
+            t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
+                     error_type=error_type)
+            self._requests_log.write(s, t, facts, error_type)
+        return len(done)
+
+    # -- the end of the engine ----------------------------------------------------------------------
+    def shutdown(self, timeout_s: float = 3.0) -> None:
+        """At the engine's end: the census's final flush (engines may end their process without
+        running atexit handlers), every waiting request settled, spans and metrics exported. Bounded.
+
+        The flush comes first: the engine may be killed within a short grace (vLLM SIGKILLs its engine
+        3 s after SIGTERM), and under CPU load joining the settler and settling can take most of it;
+        a segment without the final flush loses the totals of its last buffers. Settling reads the
+        flushed census after it."""
+        if self._shutdown_done:
+            return
+        self._shutdown_done = True
+        injector.finish()
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s / 3)
+        if self.census_elsewhere():          # those processes still run (and flush): let their census catch up
+            deadline = time.monotonic() + timeout_s / 2
+            while self.ledger.pending() and time.monotonic() < deadline:
+                self.settle()
+                time.sleep(0.05)
+        if self.has_scheduler:
+            self.settle(final=True)
+            self._requests_log.summary(self.ledger, self.settle_errors)
+        if self._telemetry is not None:
+            self._telemetry_flush(timeout_s)
+
+    def _telemetry_flush(self, timeout_s: float) -> None:
+        for provider in self._providers:
+            try:
+                if hasattr(provider, "force_flush"):
+                    provider.force_flush(int(timeout_s * 1000))
+            except Exception:
+                log.debug("flush at shutdown failed", exc_info=True)
+
+    # -- providers ----------------------------------------------------------------------------------
+    def telemetry(self):
+        if self._telemetry is None:
+            from ..telemetry.request import RequestTelemetry
+            from ..telemetry.setup import engine_telemetry
+            tel = engine_telemetry()
+            self._providers = (tel.tracer_provider, tel.meter_provider)
+            self._telemetry = RequestTelemetry(tel.tracer_provider, tel.meter_provider,
+                                               provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)
+        return self._telemetry
+
+
+class RequestLog:
+    """Each settled request as one JSON line beside the engine's segment
+    (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
+    run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
+    Bounded: at most MAX_LINES requests, then one log line; written by the settling thread."""
+
+    MAX_LINES = 200_000
+
+    def __init__(self, engine=None):
+        self._engine = engine                # its request_ids, log_segment, log_fields (StepEngine)
+        self._f = None
+        self._lines = 0
+        self._failed = False
+
+    def _segment(self) -> str:
+        return self._engine.log_segment() if self._engine is not None else injector.segment_path()
+
+    def _open(self):
+        if self._f is None and not self._failed:
+            seg = self._segment()
+            if not seg:
+                return None
+            try:
+                fd = os.open(seg[:-len(".seg")] + ".requests.jsonl",
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                self._f = os.fdopen(fd, "a", buffering=1)
+            except OSError as e:
+                self._failed = True
+                log.warning("otel-gpu-census: cannot write the request log beside %s: %s", seg, e)
+        return self._f
+
+    def _put(self, obj) -> None:
+        f = self._open()
+        if f is None:
+            return
+        try:
+            f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        except OSError as e:
+            self._failed = True
+            log.warning("otel-gpu-census: request log write failed: %s", e)
+
+    def write(self, s, tracked, facts, error_type) -> None:
+        if self._lines >= self.MAX_LINES:
+            if self._lines == self.MAX_LINES:
+                log.warning("otel-gpu-census: request log full (%d requests); spans go on", self.MAX_LINES)
+                self._lines += 1
+            return
+        self._lines += 1
+        eng = self._engine
+        rid, response = eng.request_ids(s.key) if eng is not None else (s.key, s.key)
+        obj = {"id": rid, "response_id": response, "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
+               "input_tokens": facts.get("gen_ai.usage.input_tokens"),
+               "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
+               "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+        if eng is not None:
+            obj.update(eng.log_fields(s))
+        if tracked.first_token_ns:
+            obj["first_token_time_unix_nano"] = tracked.first_token_ns
+        if error_type:
+            obj["error"] = error_type
+        self._put(obj)
+
+    def summary(self, ledger, errors: int = 0) -> None:
+        self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
+                               "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+                               "kv_sub_steps": ledger.sub_steps,
+                               "ranks": {str(pid): {k: share_attributes("", Share.from_row(v)) for k, v in per.items()}
+                                         for pid, per in ledger.per_process.items()},
+                               "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
+                               "total": share_attributes("", Share.from_row(ledger.total)),
+                               "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})
+        if self._f is not None:
+            try:
+                self._f.close()
+            except OSError:
+                pass
+            self._f = None
+
+
+def extract(headers: Mapping[str, str]):
+    """The caller's context from W3C trace headers, or None (a root span)."""
+    if "traceparent" not in headers:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    return TraceContextTextMapPropagator().extract(headers)

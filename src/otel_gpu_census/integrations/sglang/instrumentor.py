@@ -1,0 +1,290 @@
+"""The SGLang instrumentor: where the integration hooks into SGLang, and the guards that keep SGLang safe.
+
+Hooks, registered with SGLang's own ``HookRegistry`` (``sglang.srt.plugins``), which applies them in
+every SGLang process after its plugins are loaded (with wrapt, when each module is imported, on an
+SGLang without the registry):
+
+| SGLang                                        | process        | what the hook does                      |
+|-----------------------------------------------|----------------|-----------------------------------------|
+| TokenizerManager._init_req_state              | HTTP server    | keep the caller's traceparent, the      |
+|                                               |                | operation and the arrival time with the |
+|                                               |                | request, even with SGLang tracing off   |
+| ReqTimeStatsBase.__getstate__ / new_from_obj  | all            | carry them to the scheduler (inside the |
+|                                               |                | request's time stats, which SGLang      |
+|                                               |                | pickles to the scheduler)               |
+| Scheduler.run_batch,                          | scheduler      | one step id around both (the overlap    |
+| Scheduler.launch_batch_sample_if_needed       | (every rank)   | scheduler samples a batch later)        |
+| Scheduler._add_request_to_queue               | scheduler      | a request's span starts                 |
+| SchedulerOutputStreamer.stream_output         | scheduler      | first token; the request's last output  |
+| Scheduler.run_event_loop                      | scheduler      | at its end: final flush, last spans     |
+
+Every hook calls SGLang's function exactly once, with its arguments untouched, and returns its result or
+raises its exception. Our own code around it runs inside a guard: an exception there switches the
+integration off for the rest of the process, with one log line, and SGLang serves on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Collection, List, Tuple
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from ... import injector
+from .package import _instruments
+
+log = logging.getLogger("otel_gpu_census.sglang")
+
+NAME = "sglang"     # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS and SGLANG_PLUGINS name it
+
+_engine = None
+_engine_lock = threading.Lock()
+_off = False        # a guard tripped (or uninstrumented): every hook passes straight through
+
+
+def engine():
+    """The process's SchedulerTelemetry (made on first use)."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                from .engine import SchedulerTelemetry
+                _engine = SchedulerTelemetry()
+    return _engine
+
+
+def _guard(what: str, fn: Callable, *args, default=None, closing: bool = False):
+    """fn(*args), or `default` once the integration is off; an exception turns it off (one line).
+    closing: fn ends what a call before it began (a step pushed on this thread): it runs even after the
+    integration went off in between, so no step stays open on the thread."""
+    global _off
+    if _off and not closing:
+        return default
+    try:
+        return fn(*args)
+    except Exception:
+        if _off:                     # already off and said so: a closing call failing too
+            log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
+            return default
+        _off = True
+        log.exception("otel-gpu-census: the SGLang integration is off for this process (%s failed); "
+                      "SGLang is unaffected", what)
+        return default
+
+
+def _arg(args, kwargs, i: int, name: str):
+    """Parameter `name` at position i (after self) of an AROUND hook's call."""
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+# -- HTTP server ----------------------------------------------------------------------------------------
+
+TRACE_HEADERS = ("traceparent", "tracestate")     # what SGLang's own extract_trace_headers keeps
+OPERATION_KEY = "x-otel-gpu-census-operation"
+
+
+def _set_external(obj, request) -> None:
+    """Before SGLang reads the request: its trace headers on ``obj.external_trace_header``, as SGLang's
+    own tracing puts them there when it is on (with it off SGLang reads them nowhere), plus the
+    operation. Sub-requests (a batch, n > 1) are copies of obj and inherit them."""
+    from .engine import operation_for
+    headers = request.headers
+    ext = {k: headers[k] for k in TRACE_HEADERS if k in headers}
+    ext[OPERATION_KEY] = operation_for(getattr(getattr(request, "url", None), "path", "") or "")
+    obj.external_trace_header = ext
+
+
+def _keep_trace_context(tm, obj) -> None:
+    """After SGLang made the request's state: the context goes on its time stats, which SGLang pickles
+    to the scheduler (ReqTimeStatsBase.__getstate__ below adds it to what SGLang sends)."""
+    from .engine import CARRY_KEY
+    ext = getattr(obj, "external_trace_header", None)
+    ext = ext if isinstance(ext, dict) else {}
+    carried = {k: ext[k] for k in TRACE_HEADERS if isinstance(ext.get(k), str)}
+    op = ext.get(OPERATION_KEY)
+    carried["operation"] = op if isinstance(op, str) else "text_completion"
+    carried["start_ns"] = time.time_ns()
+    rids = [obj.rid] if isinstance(obj.rid, str) else list(obj.rid or ())
+    states = getattr(tm, "rid_to_state", {})
+    for rid in rids:
+        ts = getattr(states.get(rid), "time_stats", None)
+        if ts is not None and hasattr(ts, "__dict__"):
+            ts.__dict__[CARRY_KEY] = dict(carried)
+
+
+def _init_req_state(original, self, *args, **kwargs):
+    obj = _arg(args, kwargs, 0, "obj")
+    request = _arg(args, kwargs, 1, "request")
+    if not _off and request is not None and getattr(obj, "external_trace_header", None) is None:
+        _guard("trace context", _set_external, obj, request)
+    out = original(self, *args, **kwargs)
+    _guard("trace context", _keep_trace_context, self, obj)
+    return out
+
+
+def _getstate(result, self, *args, **kwargs):
+    """AFTER ReqTimeStatsBase.__getstate__: our carried context goes along (SGLang lists its keys)."""
+    from .engine import CARRY_KEY
+    carried = self.__dict__.get(CARRY_KEY)
+    if carried and isinstance(result, dict) and not _off:
+        result[CARRY_KEY] = carried
+    return result
+
+
+def _new_from_obj(result, cls, obj=None, *args, **kwargs):
+    """AFTER ReqTimeStatsBase.new_from_obj: SGLang copies only the keys its new class declares."""
+    from .engine import CARRY_KEY
+    carried = getattr(obj, "__dict__", {}).get(CARRY_KEY) if obj is not None else None
+    if carried and result is not None and not _off:
+        result.__dict__[CARRY_KEY] = carried
+    return result
+
+
+# -- scheduler ------------------------------------------------------------------------------------------
+
+def _run_batch(original, self, *args, **kwargs):
+    batch = _arg(args, kwargs, 0, "batch")
+    sid = _guard("step begin", lambda: engine().batch_begin(batch), default=0)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        if sid:
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
+
+
+def _launch_batch_sample(original, self, *args, **kwargs):
+    result = _arg(args, kwargs, 0, "batch_result")
+    batch = _arg(args, kwargs, 1, "cur_batch")
+    sid = 0
+    if result is not None:
+        sid = _guard("step begin", lambda: engine().sample_begin(batch), default=0)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        if sid:
+            _guard("step end", lambda: engine().end_step(sid), closing=True)
+
+
+def _add_request_to_queue(original, self, *args, **kwargs):
+    req = _arg(args, kwargs, 0, "req")
+    _guard("request start", lambda: engine().request_queued(self, req))     # before: it may end inside
+    return original(self, *args, **kwargs)
+
+
+def _stream_output(original, self, *args, **kwargs):
+    reqs = _arg(args, kwargs, 0, "reqs")
+    skip = _arg(args, kwargs, 2, "skip_req")
+    if _engine is not None:
+        _guard("request outputs", lambda: _engine.outputs(reqs, skip))
+    return original(self, *args, **kwargs)
+
+
+def _run_event_loop(original, self, *args, **kwargs):
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        if _engine is not None:
+            _guard("shutdown", _engine.shutdown)
+
+
+SCHED = "sglang.srt.managers.scheduler.Scheduler"
+HOOKS: List[Tuple[str, str, Callable]] = [
+    # (target, HookType name, hook)
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state", "AROUND", _init_req_state),
+    ("sglang.srt.observability.req_time_stats.ReqTimeStatsBase.__getstate__", "AFTER", _getstate),
+    ("sglang.srt.observability.req_time_stats.ReqTimeStatsBase.new_from_obj", "AFTER", _new_from_obj),
+    (f"{SCHED}.run_batch", "AROUND", _run_batch),
+    (f"{SCHED}.launch_batch_sample_if_needed", "AROUND", _launch_batch_sample),
+    (f"{SCHED}._add_request_to_queue", "AROUND", _add_request_to_queue),
+    (f"{SCHED}.run_event_loop", "AROUND", _run_event_loop),
+    ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output",
+     "AROUND", _stream_output),
+]
+
+_registered = False
+
+
+def _registry():
+    """SGLang's HookRegistry and HookType, or (None, None) on an SGLang without them."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:
+        return None, None
+    return HookRegistry, HookType
+
+
+class SglangInstrumentor(BaseInstrumentor):
+    """Per-request GPU cost for SGLang: ``SglangInstrumentor().instrument()`` (what the
+    ``sglang.srt.plugins`` entry point does in every SGLang process)."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        global _off, _registered
+        _off = False
+        if _registered:
+            return
+        registry, types = _registry()
+        if registry is not None:
+            for target, kind, hook in HOOKS:
+                registry.register(target, hook, getattr(types, kind))
+            if _plugins_loaded():
+                # after SGLang's own plugin loading (opentelemetry-instrument, by hand): apply now
+                registry.apply_hooks()
+        else:
+            _wrapt_hooks()
+        _registered = True
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        # SGLang's registry cannot take back an applied hook: ours become pass-throughs
+        global _off
+        _off = True
+
+
+def _plugins_loaded() -> bool:
+    try:
+        import sglang.srt.plugins as plugins
+    except ImportError:
+        return False
+    return bool(getattr(plugins, "_plugins_loaded", False))
+
+
+def _wrapt_hooks() -> None:
+    """An SGLang without HookRegistry: the same hooks through wrapt, when each module is imported."""
+    import wrapt
+
+    def adapt(kind, hook):
+        if kind == "AROUND":
+            return lambda wrapped, instance, args, kwargs: hook(lambda _self, *a, **kw: wrapped(*a, **kw),
+                                                                 instance, *args, **kwargs)
+        return lambda wrapped, instance, args, kwargs: hook(wrapped(*args, **kwargs), instance, *args, **kwargs)
+
+    for target, kind, hook in HOOKS:
+        module, cls, meth = target.rsplit(".", 2)
+        wrapt.when_imported(module)(
+            lambda mod, cls=cls, meth=meth, kind=kind, hook=hook:
+            hasattr(getattr(mod, cls, None), meth) and wrapt.wrap_function_wrapper(mod, f"{cls}.{meth}", adapt(kind, hook)))
+
+
+def disabled_by_environment() -> bool:
+    names = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
+    return NAME in {n.strip() for n in names.split(",")}
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: SGLang calls it in every process it starts, before it
+    applies the registered hooks. Never raises: at worst one log line and SGLang runs uninstrumented."""
+    try:
+        if disabled_by_environment():
+            log.info("otel-gpu-census: SGLang integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS")
+            return
+        if not injector.under_census():
+            log.info("otel-gpu-census: SGLang integration idle: this process is not under the census "
+                     "(start SGLang with `otel-gpu-census run -- python -m sglang.launch_server ...`)")
+            return
+        SglangInstrumentor().instrument()
+    except Exception:
+        log.exception("otel-gpu-census: the SGLang integration could not start; SGLang runs without it")

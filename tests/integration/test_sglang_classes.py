@@ -1,0 +1,245 @@
+"""The SGLang hooks against the real SGLang classes (skipped where SGLang does not import: `make
+test-sglang` installs SGLang 0.5.23 on a CPU-only machine). An SGLang release that renames a hooked
+method, changes its parameters, or the batch, request and time-stats fields the hooks read fails here.
+
+The hooks are loaded the way SGLang loads them: its own plugin loader (``load_plugins``, our
+``sglang.srt.plugins`` entry point, ``SGLANG_PLUGINS``) and its ``HookRegistry``, in this test process.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import inspect
+import pickle
+import pkgutil
+import sys
+import warnings
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+import sglang_cpu  # noqa: E402
+
+sglang_cpu.prepare()
+warnings.filterwarnings("ignore", message="Only CUDA")
+sglang = pytest.importorskip("sglang", reason="SGLang is not installed here (make test-sglang installs it)")
+
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from sglang.srt.managers.io_struct import GenerateReqInput, unwrap_from_pickle, wrap_as_pickle  # noqa: E402
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.observability.req_time_stats import (  # noqa: E402
+    APIServerReqTimeStats,
+    DPControllerReqTimeStats,
+    SchedulerReqTimeStats,
+)
+from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from starlette.requests import Request as HttpRequest  # noqa: E402
+
+from otel_gpu_census import injector  # noqa: E402
+from otel_gpu_census.attribution.shares import Share  # noqa: E402
+from otel_gpu_census.census import Stat, Step  # noqa: E402
+from otel_gpu_census.integrations.sglang import instrumentor as si  # noqa: E402
+from otel_gpu_census.integrations.sglang.engine import CARRY_KEY, SchedulerTelemetry  # noqa: E402
+from otel_gpu_census.telemetry.request import RequestTelemetry  # noqa: E402
+
+# the parameters each hook reads, by position or name (after unwrapping SGLang's own decorators)
+PARAMS = {
+    "TokenizerManager._init_req_state": ["self", "obj", "request"],
+    "ReqTimeStatsBase.__getstate__": ["self"],
+    "ReqTimeStatsBase.new_from_obj": ["cls", "obj"],
+    "Scheduler.run_batch": ["self", "batch"],
+    "Scheduler.launch_batch_sample_if_needed": ["self", "batch_result", "cur_batch"],
+    "Scheduler._add_request_to_queue": ["self", "req", "is_retracted"],
+    "Scheduler.run_event_loop": ["self"],
+    "SchedulerOutputStreamer.stream_output": ["self", "reqs", "return_logprob", "skip_req"],
+}
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _raw(target: str):
+    owner, attr = target.rsplit(".", 1)
+    cls = pkgutil.resolve_name(owner)
+    raw = cls.__dict__[attr]
+    fn = raw.__func__ if isinstance(raw, classmethod) else raw
+    return cls, attr, inspect.unwrap(fn)
+
+
+@pytest.fixture(scope="module")
+def loaded(monkeypatch_module):
+    """Our plugin loaded by SGLang's own loader, as in every SGLang process started under the census."""
+    import sglang.srt.plugins as plugins
+    monkeypatch_module.setenv("CUDA_INJECTION64_PATH", "/nonexistent/libotel_gpu_census.so")
+    monkeypatch_module.setenv("SGLANG_PLUGINS", "otel_gpu_census")
+    monkeypatch_module.setattr(plugins, "_plugins_loaded", False)
+    plugins.load_plugins()
+    yield
+    si._off = True            # the registry cannot take hooks back: ours pass straight through
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture
+def tagged(monkeypatch):
+    opened = []
+    monkeypatch.setattr(injector, "step_begin", lambda sid: opened.append(sid) or True)
+    monkeypatch.setattr(injector, "step_end", lambda: opened.pop() if opened else None)
+    monkeypatch.setattr(injector, "segment_path", lambda: "")
+    return opened
+
+
+def test_the_supported_version_is_the_one_installed():
+    assert md.version("sglang") == "0.5.23"
+    from packaging.requirements import Requirement
+    (req,) = [Requirement(r) for r in si._instruments]
+    assert req.name == "sglang" and req.specifier.contains(md.version("sglang"))
+
+
+def test_every_hooked_method_exists_with_the_parameters_the_hooks_read():
+    assert {t.split(".", )[-2] + "." + t.split(".")[-1] for t, _, _ in si.HOOKS} == set(PARAMS)
+    for target, _, _ in si.HOOKS:
+        _, attr, fn = _raw(target)
+        name = target.split(".")[-2] + "." + attr
+        assert list(inspect.signature(fn).parameters)[:len(PARAMS[name])] == PARAMS[name], name
+    assert isinstance(pkgutil.resolve_name("sglang.srt.observability.req_time_stats.ReqTimeStatsBase")
+                      .__dict__["new_from_obj"], classmethod)
+
+
+def test_sglangs_plugin_loader_finds_our_entry_point_and_applies_every_hook(loaded):
+    eps = {ep.name: ep.value for ep in md.entry_points(group="sglang.srt.plugins")}
+    assert eps.get("otel_gpu_census") == "otel_gpu_census.integrations.sglang:register"
+    for target, kind, hook in si.HOOKS:
+        assert target in HookRegistry._patched, target
+        assert any(h is hook and t.name == kind for t, h, _ in HookRegistry._hooks[target]), target
+        cls, attr, _ = _raw(target)
+        current = cls.__dict__[attr]
+        current = current.__func__ if isinstance(current, classmethod) else current
+        assert hasattr(current, "__wrapped__"), target      # SGLang's wrapper around the original
+
+
+def _http_request(path="/v1/chat/completions", traceparent=TRACEPARENT):
+    headers = [(b"content-type", b"application/json")]
+    if traceparent:
+        headers.append((b"traceparent", traceparent.encode()))
+    return HttpRequest({"type": "http", "method": "POST", "path": path, "headers": headers, "query_string": b""})
+
+
+def _through_the_http_side(rid, request, dp=False):
+    """The request state the TokenizerManager makes (its real _init_req_state with our hook, on a
+    stand-in manager), pickled as SGLang sends it to the scheduler (via the DP controller with dp)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    obj = GenerateReqInput(text="hello", rid=rid)
+    obj.normalize_batch_and_arguments()
+    tm = object.__new__(TokenizerManager)
+    tm.rid_to_state, tm.enable_trace, tm.disaggregation_mode = {}, False, None
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    tm.disaggregation_mode = DisaggregationMode.NULL
+    TokenizerManager._init_req_state(tm, obj, request)             # the hooked method, as SGLang calls it
+    ts = tm.rid_to_state[rid].time_stats
+    assert isinstance(ts, APIServerReqTimeStats)
+    sent = unwrap_from_pickle(pickle.loads(pickle.dumps(wrap_as_pickle(ts))))
+    if dp:
+        dpc = DPControllerReqTimeStats.new_from_obj(sent)
+        sent = unwrap_from_pickle(pickle.loads(pickle.dumps(wrap_as_pickle(dpc))))
+    return sent
+
+
+def _req(rid, time_stats, prompt=12):
+    return Req(rid, "hello", array("q", range(prompt)), SamplingParams(max_new_tokens=8), time_stats=time_stats)
+
+
+def _engine(census):
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    rt = RequestTelemetry(tp, None, provider_name="sglang", instrumentation_name="otel_gpu_census.sglang")
+    return SchedulerTelemetry(telemetry=rt, read=census.read, settle_period_s=3600, reports=True), spans
+
+
+class Census:
+    def __init__(self):
+        self.steps = {}
+
+    def read(self, lo, hi):
+        head = SimpleNamespace(complete_wall_ns=1 << 62, alive=True, state_name="active")
+        return head, {i: s for i, s in self.steps.items() if lo <= i <= hi}
+
+
+SCHED = SimpleNamespace(server_args=SimpleNamespace(served_model_name="qwen", model_path="/m/qwen"))
+
+
+@pytest.mark.parametrize("dp", [False, True])
+def test_the_callers_traceparent_reaches_the_schedulers_req_with_sglang_tracing_off(loaded, dp):
+    sent = _through_the_http_side("rid-1", _http_request(), dp=dp)
+    req = _req("rid-1", sent)                                       # Req.__init__: SchedulerReqTimeStats.new_from_obj
+    assert isinstance(req.time_stats, SchedulerReqTimeStats)
+    carried = req.time_stats.__dict__[CARRY_KEY]
+    assert carried["traceparent"] == TRACEPARENT and carried["operation"] == "chat" and carried["start_ns"] > 0
+    # and nothing of ours goes back to the tokenizer with the scheduler's own stats
+    assert CARRY_KEY not in (req.time_stats.__getstate__() or {})
+
+
+def test_a_request_without_a_traceparent_carries_only_its_operation(loaded):
+    sent = _through_the_http_side("rid-2", _http_request("/v1/completions", traceparent=None))
+    carried = _req("rid-2", sent).time_stats.__dict__[CARRY_KEY]
+    assert "traceparent" not in carried and carried["operation"] == "text_completion"
+
+
+def test_real_batches_and_requests_give_spans_in_the_callers_trace_with_exact_shares(loaded, tagged):
+    census = Census()
+    eng, spans = _engine(census)
+    a = _req("a", _through_the_http_side("a", _http_request()), prompt=30)
+    b = _req("b", _through_the_http_side("b", _http_request("/generate", traceparent=None)), prompt=10)
+    si._engine = eng
+    try:
+        for r in (a, b):
+            si._add_request_to_queue(lambda self, req, is_retracted=False: None, SCHED, r)  # our hook, SGLang's args
+        prefill = ScheduleBatch(reqs=[a, b], forward_mode=ForwardMode.EXTEND, extend_lens=[30, 10])
+        ran = []
+        out = si._run_batch(lambda self, batch: ran.append(list(tagged)) or "result", SCHED, prefill)
+        assert out == "result" and ran == [[1]] and tagged == []
+        result = SimpleNamespace(delay_sample_func=lambda: None)
+        si._launch_batch_sample(lambda self, r, bb: ran.append(list(tagged)), SCHED, result, prefill)
+        assert ran[-1] == [1]
+        census.steps[1] = Step(id=1, kernel_count=41, kernel_ns=4001, copies={"htod": Stat(3, 161, 30)}, memset=Stat(1, 7, 1))
+        for r in (a, b):
+            r.output_ids.append(5)
+        si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, [a, b], False)
+        decode = ScheduleBatch(reqs=[a, b], forward_mode=ForwardMode.DECODE)
+        si._run_batch(lambda self, batch: None, SCHED, decode)
+        census.steps[2] = Step(id=2, kernel_count=9, kernel_ns=901, copies={"dtoh": Stat(1, 9, 3)})
+        a.output_ids.append(6)
+        a.finished_reason = FINISH_LENGTH(length=2)
+        b.finished_reason = FINISH_ABORT("client went away")
+        si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, [a, b], False)
+    finally:
+        si._engine = None
+    assert eng.settle() == 2
+    got = {s.attributes["sglang.request.id"]: s for s in spans.get_finished_spans()}
+    assert format(got["a"].context.trace_id, "032x") == TRACEPARENT.split("-")[1]
+    assert format(got["a"].parent.span_id, "016x") == TRACEPARENT.split("-")[2]
+    assert got["b"].parent is None                                   # no traceparent: a root span
+    assert got["a"].name == "chat qwen" and got["b"].name == "text_completion qwen"
+    assert got["a"].attributes["gen_ai.usage.input_tokens"] == 30 and got["a"].attributes["gen_ai.usage.output_tokens"] == 2
+    assert got["a"].attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert got["b"].attributes["error.type"] == "aborted"
+    # step 1 split 30:10, step 2 one each: shares + unclaimed == the census of both steps, every field
+    assert got["a"].attributes["gpu_census.kernel.count"] == 31 + 5 and got["b"].attributes["gpu_census.kernel.count"] == 10 + 4
+    una = Share.from_row(eng.ledger.unattributed)
+    for attr, total, unclaimed in (("gpu_census.kernel.count", 50, una.kernel_count),
+                                   ("gpu_census.kernel.time_ns", 4902, una.kernel_ns),
+                                   ("gpu_census.copy.htod.bytes", 161, una.copy("htod").bytes),
+                                   ("gpu_census.copy.dtoh.bytes", 9, una.copy("dtoh").bytes)):
+        assert sum(s.attributes.get(attr, 0) for s in got.values()) + unclaimed == total, attr
+    rows = [Share(s.kernel_count, s.kernel_ns, dict(s.copies), s.memset).as_row() for s in census.steps.values()]
+    assert eng.ledger.total == [sum(c) for c in zip(*rows)]
