@@ -31,9 +31,12 @@ class Phases:
         return sorted(self.dir.glob("*.seg"))
 
     def set(self, mode: str, timeout: float = 10.0) -> bool:
-        """Write the mode to every segment's control file and wait until each segment shows it."""
+        """Write the mode to every segment's control file and wait until each segment shows it. False
+        when it did not show in time, or when there is no segment to switch (no CUDA work yet)."""
         from otel_gpu_census.census.reader import read_segment
         want = MODES[mode]
+        if not self.segments():
+            return False
         for seg in self.segments():
             seg.with_suffix(".control").write_text(want)
         paused = mode == "off"

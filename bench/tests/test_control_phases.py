@@ -93,3 +93,8 @@ def test_a_switch_the_census_never_shows_is_reported_not_waited_for_ever(tmp_pat
     assert cp.Phases(tmp_path).set("off", timeout=0.3) is False
     assert time.monotonic() - t < 2
     assert (tmp_path / "gpu-census-9-9.control").read_text() == "census=off\n"
+
+
+def test_no_segment_to_switch_is_not_a_switch(tmp_path):
+    assert cp.Phases(tmp_path).set("launch", timeout=0.2) is False
+    assert not list(tmp_path.iterdir())
