@@ -79,7 +79,7 @@ def loaded(monkeypatch_module):
     monkeypatch_module.setattr(plugins, "_plugins_loaded", False)
     plugins.load_plugins()
     yield
-    si._off = True            # the registry cannot take hooks back: ours pass straight through
+    si.GUARD.off = True            # the registry cannot take hooks back: ours pass straight through
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_real_batches_and_requests_give_spans_in_the_callers_trace_with_exact_sh
     eng, spans = _engine(census)
     a = _req("a", _through_the_http_side("a", _http_request()), prompt=30)
     b = _req("b", _through_the_http_side("b", _http_request("/generate", traceparent=None)), prompt=10)
-    si._engine = eng
+    si.GUARD.current = eng
     try:
         for r in (a, b):
             si._add_request_to_queue(lambda self, req, is_retracted=False: None, SCHED, r)  # our hook, SGLang's args
@@ -223,7 +223,7 @@ def test_real_batches_and_requests_give_spans_in_the_callers_trace_with_exact_sh
         b.finished_reason = FINISH_ABORT("client went away")
         si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, [a, b], False)
     finally:
-        si._engine = None
+        si.GUARD.current = None
     assert eng.settle() == 2
     got = {s.attributes["sglang.request.id"]: s for s in spans.get_finished_spans()}
     assert format(got["a"].context.trace_id, "032x") == TRACEPARENT.split("-")[1]

@@ -61,8 +61,8 @@ def test_aborted_and_failed_requests_end_in_error_and_their_shares_conserve(monk
     eng = EngineTelemetry(telemetry=RequestTelemetry(tp, None, provider_name="vllm"), settle_period_s=3600,
                           read=lambda lo, hi: (SimpleNamespace(complete_wall_ns=1 << 62, alive=True,
                                                                state_name="active"), steps))
-    monkeypatch.setattr(vi, "_engine", eng)
-    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi.GUARD, "current", eng)
+    monkeypatch.setattr(vi.GUARD, "off", False)
     inst = vi.VllmInstrumentor()
     inst.instrument()
     try:

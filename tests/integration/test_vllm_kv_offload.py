@@ -112,8 +112,8 @@ def setup(monkeypatch):
     tp.add_span_processor(SimpleSpanProcessor(spans))
     eng = EngineTelemetry(telemetry=RequestTelemetry(tp, None, provider_name="vllm"), read=gpu.read,
                           settle_period_s=3600)
-    monkeypatch.setattr(vi, "_engine", eng)
-    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi.GUARD, "current", eng)
+    monkeypatch.setattr(vi.GUARD, "off", False)
     inst = vi.VllmInstrumentor()
     inst.instrument()
     cw = OffloadingConnectorWorker(spec=None)          # its spec is only used by register_kv_caches

@@ -221,7 +221,7 @@ def test_a_rank_that_does_not_report_emits_no_spans_but_splits_the_same(tagged):
 
 def test_the_trace_context_travels_in_sglangs_time_stats_and_survives_its_conversions(monkeypatch):
     """The HTTP side's hooks on a stand-in of SGLang's time stats (the real class: the integration test)."""
-    monkeypatch.setattr(si, "_off", False)
+    monkeypatch.setattr(si.GUARD, "off", False)
     class TimeStats:
         def __init__(self):
             self.created_time = 0.0
@@ -257,32 +257,32 @@ def test_the_trace_context_travels_in_sglangs_time_stats_and_survives_its_conver
 
 
 def test_a_failing_hook_turns_the_integration_off_and_sglang_runs_on(monkeypatch, caplog):
-    monkeypatch.setattr(si, "_off", False)
+    monkeypatch.setattr(si.GUARD, "off", False)
 
     class Boom:
         def batch_begin(self, b):
             raise RuntimeError("our bug")
-    monkeypatch.setattr(si, "_engine", Boom())
+    monkeypatch.setattr(si.GUARD, "current", Boom())
     calls = []
     out = si._run_batch(lambda self, b: calls.append(b) or "result", "sched", "batch")
-    assert out == "result" and calls == ["batch"] and si._off
+    assert out == "result" and calls == ["batch"] and si.GUARD.off
     assert caplog.text.count("SGLang integration is off") == 1
     out = si._run_batch(lambda self, b: "again", "sched", "batch")
     assert out == "again" and caplog.text.count("SGLang integration is off") == 1
-    monkeypatch.setattr(si, "_off", False)
-    monkeypatch.setattr(si, "_engine", None)
+    monkeypatch.setattr(si.GUARD, "off", False)
+    monkeypatch.setattr(si.GUARD, "current", None)
     monkeypatch.setattr(injector, "step_begin", lambda sid: False)
 
     def fails(self, b):
         raise ValueError("sglang's")
     with pytest.raises(ValueError, match="sglang's"):          # SGLang's own exception goes through untouched
         si._run_batch(fails, "sched", "batch")
-    assert not si._off
+    assert not si.GUARD.off
     # the HTTP side: a request object we cannot read costs one line, never the request
-    monkeypatch.setattr(si, "_off", False)
+    monkeypatch.setattr(si.GUARD, "off", False)
     assert si._init_req_state(lambda self, obj, request=None: "state", object(), object(), object()) == "state"
-    assert si._off and caplog.text.count("SGLang integration is off") == 2
-    monkeypatch.setattr(si, "_off", False)
+    assert si.GUARD.off and caplog.text.count("SGLang integration is off") == 2
+    monkeypatch.setattr(si.GUARD, "off", False)
 
 
 def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, monkeypatch):
@@ -290,17 +290,17 @@ def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, mon
     on the scheduler thread is popped anyway, or every later launch of the thread would carry it."""
     census, clock = Census(), Clock()
     eng, _, _ = make(census, clock)
-    monkeypatch.setattr(si, "_engine", eng)
-    monkeypatch.setattr(si, "_off", False)
+    monkeypatch.setattr(si.GUARD, "current", eng)
+    monkeypatch.setattr(si.GUARD, "off", False)
     batch = SimpleNamespace(reqs=[], forward_mode=None, extend_lens=None)
 
     def body(self, b):
         si._guard("something inside the step", lambda: 1 / 0)
-        assert si._off and tagged == [1]
+        assert si.GUARD.off and tagged == [1]
         return "out"
     assert si._run_batch(body, "sched", batch) == "out"
     assert tagged == []
-    monkeypatch.setattr(si, "_off", False)
+    monkeypatch.setattr(si.GUARD, "off", False)
 
     def sample(self, result, b):
         assert tagged == [1]                                   # the same step, tagged again
@@ -308,7 +308,7 @@ def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, mon
         return "sampled"
     assert si._launch_batch_sample(sample, "sched", "result", batch) == "sampled"
     assert tagged == []
-    monkeypatch.setattr(si, "_off", False)
+    monkeypatch.setattr(si.GUARD, "off", False)
 
 
 def test_register_never_raises_and_is_idle_outside_the_census(monkeypatch, caplog):

@@ -93,7 +93,7 @@ def test_ids_are_vllms_request_id_and_the_response_id_the_client_sees():
 
 def test_process_shutdown_gives_the_engine_a_grace_period(monkeypatch):
     from otel_gpu_census.integrations.vllm import instrumentor as vi
-    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi.GUARD, "off", False)
     got = []
     call = lambda procs, timeout=None: got.append(timeout)
     vi._process_shutdown(call, None, (["p"],), {"timeout": 0})
@@ -269,27 +269,27 @@ def test_register_never_raises_and_is_idle_outside_the_census(monkeypatch, caplo
 
 def test_a_failing_hook_turns_the_integration_off_and_vllm_runs_on(monkeypatch, caplog):
     from otel_gpu_census.integrations.vllm import instrumentor as vi
-    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi.GUARD, "off", False)
 
     class Boom:
         def begin_execute(self, so):
             raise RuntimeError("our bug")
-    monkeypatch.setattr(vi, "_engine", Boom())
+    monkeypatch.setattr(vi.GUARD, "current", Boom())
     calls = []
     out = vi._execute_model(lambda so: calls.append(so) or "model output", None, ("so",), {})
-    assert out == "model output" and calls == ["so"] and vi._off
+    assert out == "model output" and calls == ["so"] and vi.GUARD.off
     assert caplog.text.count("vLLM integration is off") == 1
     out = vi._execute_model(lambda so: "again", None, ("so",), {})   # off: straight through, no new line
     assert out == "again" and caplog.text.count("vLLM integration is off") == 1
 
     def fails(so):
         raise ValueError("vllm's")
-    monkeypatch.setattr(vi, "_off", False)
-    monkeypatch.setattr(vi, "_engine", None)
+    monkeypatch.setattr(vi.GUARD, "off", False)
+    monkeypatch.setattr(vi.GUARD, "current", None)
     monkeypatch.setattr(injector, "step_begin", lambda sid: False)
     with pytest.raises(ValueError, match="vllm's"):            # vLLM's own exception goes through untouched
         vi._execute_model(fails, None, ("so",), {})
-    assert not vi._off
+    assert not vi.GUARD.off
 
 
 def test_a_vllm_outside_the_supported_versions_gets_one_line_and_no_hooks(monkeypatch, caplog):
@@ -330,8 +330,8 @@ def test_kv_submits_outside_a_connector_call_pass_through_and_a_failure_never_re
             return True
     census, clock = Census(), Clock()
     eng, spans, _ = make(census, clock)
-    monkeypatch.setattr(vi, "_engine", eng)
-    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi.GUARD, "current", eng)
+    monkeypatch.setattr(vi.GUARD, "off", False)
     eng.request_added(SCHED, request("a-00000001", clock.t / 1e9))
     cw = SimpleNamespace(worker=Worker())
     meta = SimpleNamespace(load_jobs={5: SimpleNamespace(req_id="a-00000001")}, store_jobs={})
@@ -346,7 +346,7 @@ def test_kv_submits_outside_a_connector_call_pass_through_and_a_failure_never_re
         assert eng.kv.sub_steps == 1
         monkeypatch.setattr(eng.kv, "submit", lambda *a: 1 / 0)
         out = start(lambda m: cw.worker.submit_store(7, spec, None) and "vllm's", cw, (meta,), {})
-        assert out == "vllm's" and cw.worker.calls == [-5, 6, 7] and vi._off
+        assert out == "vllm's" and cw.worker.calls == [-5, 6, 7] and vi.GUARD.off
         assert caplog.text.count("vLLM integration is off") == 1
         assert eng.kv._thread is None and eng.kv._open is None and tagged == [sid]   # the call closed anyway
         vi._execute_model(lambda so: None, None, ("so",), {})      # off: passes through, pushes nothing
@@ -364,12 +364,12 @@ def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, mon
     from otel_gpu_census.integrations.vllm import instrumentor as vi
     census, clock = Census(), Clock()
     eng, _, _ = make(census, clock)
-    monkeypatch.setattr(vi, "_engine", eng)
-    monkeypatch.setattr(vi, "_off", False)
+    monkeypatch.setattr(vi.GUARD, "current", eng)
+    monkeypatch.setattr(vi.GUARD, "off", False)
 
     def body(so):
         vi._guard("something inside the step", lambda: 1 / 0)   # e.g. a KV hook failing mid-step
-        assert vi._off and tagged == [1]
+        assert vi.GUARD.off and tagged == [1]
         return "out"
     assert vi._execute_model(body, None, (SimpleNamespace(num_scheduled_tokens={}),), {}) == "out"
     assert tagged == []

@@ -26,52 +26,28 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import Any, Callable, Collection, List, Tuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ... import injector
+from ..guard import HookGuard
 from .package import _instruments
 
 log = logging.getLogger("otel_gpu_census.sglang")
 
 NAME = "sglang"     # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS and SGLANG_PLUGINS name it
 
-_engine = None
-_engine_lock = threading.Lock()
-_off = False        # a guard tripped (or uninstrumented): every hook passes straight through
+
+def _make_engine():
+    from .engine import SchedulerTelemetry
+    return SchedulerTelemetry()
 
 
-def engine():
-    """The process's SchedulerTelemetry (made on first use)."""
-    global _engine
-    if _engine is None:
-        with _engine_lock:
-            if _engine is None:
-                from .engine import SchedulerTelemetry
-                _engine = SchedulerTelemetry()
-    return _engine
-
-
-def _guard(what: str, fn: Callable, *args, default=None, closing: bool = False):
-    """fn(*args), or `default` once the integration is off; an exception turns it off (one line).
-    closing: fn ends what a call before it began (a step pushed on this thread): it runs even after the
-    integration went off in between, so no step stays open on the thread."""
-    global _off
-    if _off and not closing:
-        return default
-    try:
-        return fn(*args)
-    except Exception:
-        if _off:                     # already off and said so: a closing call failing too
-            log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
-            return default
-        _off = True
-        log.exception("otel-gpu-census: the SGLang integration is off for this process (%s failed); "
-                      "SGLang is unaffected", what)
-        return default
+GUARD = HookGuard("SGLang", _make_engine, log)
+engine = GUARD.engine       # the process's SchedulerTelemetry (made on first use)
+_guard = GUARD              # _guard(what, fn, *args, default=None, closing=False)
 
 
 def _arg(args, kwargs, i: int, name: str):
@@ -117,7 +93,7 @@ def _keep_trace_context(tm, obj) -> None:
 def _init_req_state(original, self, *args, **kwargs):
     obj = _arg(args, kwargs, 0, "obj")
     request = _arg(args, kwargs, 1, "request")
-    if not _off and request is not None and getattr(obj, "external_trace_header", None) is None:
+    if not GUARD.off and request is not None and getattr(obj, "external_trace_header", None) is None:
         _guard("trace context", _set_external, obj, request)
     out = original(self, *args, **kwargs)
     _guard("trace context", _keep_trace_context, self, obj)
@@ -128,7 +104,7 @@ def _getstate(result, self, *args, **kwargs):
     """AFTER ReqTimeStatsBase.__getstate__: our carried context goes along (SGLang lists its keys)."""
     from .engine import CARRY_KEY
     carried = self.__dict__.get(CARRY_KEY)
-    if carried and isinstance(result, dict) and not _off:
+    if carried and isinstance(result, dict) and not GUARD.off:
         result[CARRY_KEY] = carried
     return result
 
@@ -137,7 +113,7 @@ def _new_from_obj(result, cls, obj=None, *args, **kwargs):
     """AFTER ReqTimeStatsBase.new_from_obj: SGLang copies only the keys its new class declares."""
     from .engine import CARRY_KEY
     carried = getattr(obj, "__dict__", {}).get(CARRY_KEY) if obj is not None else None
-    if carried and result is not None and not _off:
+    if carried and result is not None and not GUARD.off:
         result.__dict__[CARRY_KEY] = carried
     return result
 
@@ -176,8 +152,8 @@ def _add_request_to_queue(original, self, *args, **kwargs):
 def _stream_output(original, self, *args, **kwargs):
     reqs = _arg(args, kwargs, 0, "reqs")
     skip = _arg(args, kwargs, 2, "skip_req")
-    if _engine is not None:
-        _guard("request outputs", lambda: _engine.outputs(reqs, skip))
+    if GUARD.current is not None:
+        _guard("request outputs", lambda: GUARD.current.outputs(reqs, skip))
     return original(self, *args, **kwargs)
 
 
@@ -185,8 +161,8 @@ def _run_event_loop(original, self, *args, **kwargs):
     try:
         return original(self, *args, **kwargs)
     finally:
-        if _engine is not None:
-            _guard("shutdown", _engine.shutdown)
+        if GUARD.current is not None:
+            _guard("shutdown", GUARD.current.shutdown)
 
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -223,8 +199,8 @@ class SglangInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _off, _registered
-        _off = False
+        global _registered
+        GUARD.off = False
         if _registered:
             return
         registry, types = _registry()
@@ -240,8 +216,7 @@ class SglangInstrumentor(BaseInstrumentor):
 
     def _uninstrument(self, **kwargs: Any) -> None:
         # SGLang's registry cannot take back an applied hook: ours become pass-throughs
-        global _off
-        _off = True
+        GUARD.off = True
 
 
 def _plugins_loaded() -> bool:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Any, Callable, Collection, List, Tuple
 
 import wrapt
@@ -35,6 +34,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
 from ... import injector
+from ..guard import HookGuard
 from . import kv_offload
 from .package import _instruments
 
@@ -42,40 +42,15 @@ log = logging.getLogger("otel_gpu_census.vllm")
 
 NAME = "vllm"       # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS names it
 
-_engine = None
-_engine_lock = threading.Lock()
-_off = False        # a guard tripped: every hook passes straight through
+def _make_engine():
+    from .engine import EngineTelemetry
+    return EngineTelemetry()
+
+
+GUARD = HookGuard("vLLM", _make_engine, log)
+engine = GUARD.engine       # the process's EngineTelemetry (made on first use)
+_guard = GUARD              # _guard(what, fn, *args, default=None, closing=False)
 _instrumented = False
-
-
-def engine():
-    """The process's EngineTelemetry (made on first use)."""
-    global _engine
-    if _engine is None:
-        with _engine_lock:
-            if _engine is None:
-                from .engine import EngineTelemetry
-                _engine = EngineTelemetry()
-    return _engine
-
-
-def _guard(what: str, fn: Callable, *args, default=None, closing: bool = False):
-    """fn(*args), or `default` once the integration is off; an exception turns it off (one line).
-    closing: fn ends what a call before it began (a step pushed on this thread): it runs even after the
-    integration went off in between, so no step stays open on the thread."""
-    global _off
-    if _off and not closing:
-        return default
-    try:
-        return fn(*args)
-    except Exception:
-        if _off:                     # already off and said so: a closing call failing too
-            log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
-            return default
-        _off = True
-        log.exception("otel-gpu-census: the vLLM integration is off for this process (%s failed); "
-                      "vLLM is unaffected", what)
-        return default
 
 
 # -- API server ---------------------------------------------------------------------------------------
@@ -154,8 +129,8 @@ def _free_request(wrapped, instance, args, kwargs):
 
 def _shutdown(wrapped, instance, args, kwargs):
     # ours first: the census's final flush and the last spans, before vLLM tears the engine down
-    if _engine is not None:
-        _guard("shutdown", _engine.shutdown)
+    if GUARD.current is not None:
+        _guard("shutdown", GUARD.current.shutdown)
     return wrapped(*args, **kwargs)
 
 
@@ -168,7 +143,7 @@ def _process_shutdown(wrapped, instance, args, kwargs):
     last spans. Under the census, let the engine take up to SHUTDOWN_GRACE_S to exit by itself (it
     needs well under a second); an engine that exits sooner costs nothing."""
     def call(procs, timeout=None):
-        if not _off and timeout is not None and timeout < SHUTDOWN_GRACE_S:
+        if not GUARD.off and timeout is not None and timeout < SHUTDOWN_GRACE_S:
             timeout = SHUTDOWN_GRACE_S
         return wrapped(procs, timeout=timeout)
     return call(*args, **kwargs)
@@ -205,15 +180,15 @@ class VllmInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _off, _instrumented
-        _off = False
+        global _instrumented
+        GUARD.off = False
         _instrumented = True
         for module, name, hook in HOOKS:
             wrapt.when_imported(module)(lambda mod, name=name, hook=hook: _wrap(mod, name, hook))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        global _off, _instrumented
-        _off = True
+        global _instrumented
+        GUARD.off = True
         _instrumented = False   # import hooks still registered (modules not imported yet) wrap nothing
         import sys
         kv_offload.unwrap_submits()

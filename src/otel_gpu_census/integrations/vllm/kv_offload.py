@@ -175,8 +175,8 @@ def wrap_submits(cls) -> None:
 def _submit(kind: str, gpu_arg: int):
     def hook(wrapped, instance, args, kwargs):
         from . import instrumentor as vi
-        if vi._engine is not None and not vi._off:
-            vi._guard("kv submit", _note_submit, vi._engine, kind, gpu_arg, args, kwargs)
+        if vi.GUARD.current is not None and not vi.GUARD.off:
+            vi.GUARD("kv submit", _note_submit, vi.GUARD.current, kind, gpu_arg, args, kwargs)
         return wrapped(*args, **kwargs)
     return hook
 

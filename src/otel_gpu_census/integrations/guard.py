@@ -1,0 +1,45 @@
+"""The fail-soft state of one engine integration in one process, shared by the vLLM and SGLang hooks.
+
+Engine hooks never raise into the engine: every piece of our work inside a hook goes through the
+guard, and the first exception turns the integration off for the process with one log line, after
+which hooks pass straight through. `closing` calls (ending a step pushed on this thread before) run
+even then, so no step stays open on a thread whose later launches it would claim.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Optional
+
+
+class HookGuard:
+    def __init__(self, engine_name: str, make_engine: Callable[[], Any], log: logging.Logger):
+        self.name = engine_name
+        self._make = make_engine
+        self._log = log
+        self._lock = threading.Lock()
+        self.off = False                   # a guard tripped (or uninstrumented): hooks pass straight through
+        self.current: Optional[Any] = None  # the process's telemetry engine, once made
+
+    def engine(self) -> Any:
+        """The process's telemetry engine (made on first use)."""
+        if self.current is None:
+            with self._lock:
+                if self.current is None:
+                    self.current = self._make()
+        return self.current
+
+    def __call__(self, what: str, fn: Callable, *args, default=None, closing: bool = False):
+        """fn(*args), or `default` once the integration is off; an exception turns it off (one line)."""
+        if self.off and not closing:
+            return default
+        try:
+            return fn(*args)
+        except Exception:
+            if self.off:                   # already off and said so: a closing call failing too
+                self._log.debug("otel-gpu-census: %s failed after the integration went off", what, exc_info=True)
+                return default
+            self.off = True
+            self._log.exception("otel-gpu-census: the %s integration is off for this process (%s failed); "
+                                "%s is unaffected", self.name, what, self.name)
+            return default
