@@ -225,7 +225,9 @@ static void exec_set(uint64_t key, uint32_t n)
         atomic_store_explicit(&tomb->key, key, memory_order_release);
         atomic_store_explicit(&tomb->n, n, memory_order_release);
     } else if (n) {
-        gc_log("graphs: more than %u live CUDA graphs; launches of the others count as unknown", GX_SLOTS);
+        static int said; /* under g.mu */
+        if (!said && (said = 1))
+            gc_log("graphs: more than %u live CUDA graphs; launches of the others count as unknown", GX_SLOTS);
     }
 out:
     pthread_mutex_unlock(&g.mu);
