@@ -80,3 +80,16 @@ def dead_pid():
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+@pytest.fixture
+def tagged(monkeypatch):
+    """The injector is present and counting, for engine-hook tests: steps are tagged (what
+    step_begin/end would do); returns the thread's open step ids."""
+    from otel_gpu_census import injector
+    opened = []
+    monkeypatch.setattr(injector, "step_begin", lambda sid: opened.append(sid) or True)
+    monkeypatch.setattr(injector, "step_end", lambda: opened.pop() if opened else None)
+    monkeypatch.setattr(injector, "finish", lambda: True)
+    monkeypatch.setattr(injector, "segment_path", lambda: "")
+    return opened

@@ -26,9 +26,6 @@ sglang_cpu.prepare()
 warnings.filterwarnings("ignore", message="Only CUDA")
 sglang = pytest.importorskip("sglang", reason="SGLang is not installed here (make test-sglang installs it)")
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from sglang.srt.managers.io_struct import GenerateReqInput, unwrap_from_pickle, wrap_as_pickle  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
@@ -41,12 +38,11 @@ from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from starlette.requests import Request as HttpRequest  # noqa: E402
 
-from otel_gpu_census import injector  # noqa: E402
 from otel_gpu_census.attribution.shares import Share  # noqa: E402
 from otel_gpu_census.census import Stat, Step  # noqa: E402
 from otel_gpu_census.integrations.sglang import instrumentor as si  # noqa: E402
 from otel_gpu_census.integrations.sglang.engine import CARRY_KEY, SchedulerTelemetry  # noqa: E402
-from otel_gpu_census.telemetry.request import RequestTelemetry  # noqa: E402
+from engine_standins import Census, in_memory_telemetry  # noqa: E402  (tests/support)
 
 # the parameters each hook reads, by position or name (after unwrapping SGLang's own decorators)
 PARAMS = {
@@ -87,15 +83,6 @@ def monkeypatch_module():
     mp = pytest.MonkeyPatch()
     yield mp
     mp.undo()
-
-
-@pytest.fixture
-def tagged(monkeypatch):
-    opened = []
-    monkeypatch.setattr(injector, "step_begin", lambda sid: opened.append(sid) or True)
-    monkeypatch.setattr(injector, "step_end", lambda: opened.pop() if opened else None)
-    monkeypatch.setattr(injector, "segment_path", lambda: "")
-    return opened
 
 
 def test_the_supported_version_is_the_one_installed():
@@ -159,20 +146,8 @@ def _req(rid, time_stats, prompt=12):
 
 
 def _engine(census):
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    rt = RequestTelemetry(tp, None, provider_name="sglang", instrumentation_name="otel_gpu_census.sglang")
+    rt, spans, _ = in_memory_telemetry("sglang", metrics=False)
     return SchedulerTelemetry(telemetry=rt, read=census.read, settle_period_s=3600, reports=True), spans
-
-
-class Census:
-    def __init__(self):
-        self.steps = {}
-
-    def read(self, lo, hi):
-        head = SimpleNamespace(complete_wall_ns=1 << 62, alive=True, state_name="active")
-        return head, {i: s for i, s in self.steps.items() if lo <= i <= hi}
 
 
 SCHED = SimpleNamespace(server_args=SimpleNamespace(served_model_name="qwen", model_path="/m/qwen"))
@@ -196,7 +171,7 @@ def test_a_request_without_a_traceparent_carries_only_its_operation(loaded):
 
 
 def test_real_batches_and_requests_give_spans_in_the_callers_trace_with_exact_shares(loaded, tagged):
-    census = Census()
+    census = Census(complete=1 << 62)
     eng, spans = _engine(census)
     a = _req("a", _through_the_http_side("a", _http_request()), prompt=30)
     b = _req("b", _through_the_http_side("b", _http_request("/generate", traceparent=None)), prompt=10)

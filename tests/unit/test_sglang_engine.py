@@ -8,54 +8,17 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_gpu_census import injector
 from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.census import Stat, Step
 from otel_gpu_census.integrations.sglang import instrumentor as si
 from otel_gpu_census.integrations.sglang.engine import CARRY_KEY, SchedulerTelemetry, operation_for, step_tokens
-from otel_gpu_census.telemetry.request import RequestTelemetry
-
-
-class Census:
-    def __init__(self):
-        self.steps, self.complete = {}, 0
-
-    def read(self, lo, hi):
-        head = SimpleNamespace(complete_wall_ns=self.complete, alive=True, state_name="active")
-        return head, {i: s for i, s in self.steps.items() if lo <= i <= hi}
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1_800_000_000_000_000_000
-
-    def __call__(self):
-        return self.t
-
-
-@pytest.fixture
-def tagged(monkeypatch):
-    opened = []
-    monkeypatch.setattr(injector, "step_begin", lambda sid: opened.append(sid) or True)
-    monkeypatch.setattr(injector, "step_end", lambda: opened.pop() if opened else None)
-    monkeypatch.setattr(injector, "finish", lambda: True)
-    monkeypatch.setattr(injector, "segment_path", lambda: "")
-    return opened
+from engine_standins import Census, Clock, in_memory_telemetry  # tests/support
 
 
 def make(census, clock, reports=True):
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    rt = RequestTelemetry(tp, MeterProvider(metric_readers=[reader]), provider_name="sglang",
-                          instrumentation_name="otel_gpu_census.sglang")
+    rt, spans, reader = in_memory_telemetry("sglang")
     eng = SchedulerTelemetry(telemetry=rt if reports else None, read=census.read, clock=clock,
                              settle_period_s=3600, reports=reports)
     return eng, spans, reader

@@ -7,57 +7,16 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_gpu_census import injector
 from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.census import Stat, Step
-from otel_gpu_census.integrations.vllm import engine as vengine
 from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, EngineTelemetry, external_id, response_id
-from otel_gpu_census.telemetry.request import RequestTelemetry
-
-
-class Census:
-    """The engine's own segment as the settler reads it: steps appear when 'the GPU ran them'."""
-
-    def __init__(self):
-        self.steps, self.complete = {}, 0
-
-    def read(self, lo, hi):
-        head = SimpleNamespace(complete_wall_ns=self.complete, alive=True, state_name="active")
-        return head, {i: s for i, s in self.steps.items() if lo <= i <= hi}
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1_800_000_000_000_000_000
-
-    def __call__(self):
-        return self.t
-
-
-@pytest.fixture
-def tagged(monkeypatch):
-    """The injector is present and counting: steps are tagged (what step_begin/end would do)."""
-    opened = []
-    monkeypatch.setattr(injector, "step_begin", lambda sid: opened.append(sid) or True)
-    monkeypatch.setattr(injector, "step_end", lambda: opened.pop() if opened else None)
-    monkeypatch.setattr(injector, "finish", lambda: True)
-    monkeypatch.setattr(injector, "segment_path", lambda: "")
-    return opened
+from engine_standins import Census, Clock, in_memory_telemetry  # tests/support
 
 
 def make(census, clock):
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    rt = RequestTelemetry(tp, MeterProvider(metric_readers=[reader]), provider_name="vllm",
-                          instrumentation_name="otel_gpu_census.vllm")
+    rt, spans, reader = in_memory_telemetry("vllm")
     eng = EngineTelemetry(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
     return eng, spans, reader
 
