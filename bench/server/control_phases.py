@@ -2,7 +2,7 @@
 
 A server started under `otel-gpu-census run` keeps one segment per CUDA process; beside each, the
 injector reads `<segment>.control` at every flush (native/src/injector.c, control_poll). Writing
-`census=off`, `census=on graphs=launch` or `census=on graphs=node` there switches the running census,
+`census=off`, `census=on graphs=launch kernels=all` and the like there switches the running census,
 so throughput of the modes can be compared on one server, in alternating phases, without the
 restart-to-restart spread of separate servers (±15 % seen with vLLM on the H200).
 
@@ -16,11 +16,14 @@ import time
 from pathlib import Path
 from typing import Dict
 
-MODES = {
-    "off": "census=off\n",                       # nothing traced: what the server pays without records
-    "launch": "census=on graphs=launch\n",       # the default: graphs per launch, contents learned
-    "node": "census=on graphs=node\n",           # every graph node traced (the exact per-node mode)
+MODES = {      # the whole state each phase runs in: census, graph mode, kernel tracing
+    "off": "census=off\n",                                          # nothing traced
+    "launch": "census=on graphs=launch kernels=all\n",              # graphs per launch, every kernel
+    "node": "census=on graphs=node kernels=all\n",                  # every graph node traced
+    "sampled": "census=on graphs=launch kernels=100/1000\n",        # kernels traced 10 % of the time
+    "nokernels": "census=on graphs=launch kernels=off\n",           # copies and memsets only
 }
+KERNELS = {"launch": "all", "node": "all", "sampled": "100/1000", "nokernels": "off"}
 
 
 class Phases:
@@ -40,13 +43,15 @@ class Phases:
         for seg in self.segments():
             seg.with_suffix(".control").write_text(want)
         paused = mode == "off"
-        graph_mode = {"launch": 1, "node": 0}.get(mode)
+        graph_mode = {"launch": 1, "node": 0, "sampled": 1, "nokernels": 1}.get(mode)
+        kernels = KERNELS.get(mode)
         t0 = time.time()
         while time.time() - t0 < timeout:
             ok = True
             for seg in self.segments():
                 c = read_segment(str(seg), detail=False)
-                if c.graphs.paused != paused or (graph_mode is not None and c.graphs.mode != graph_mode):
+                if c.graphs.paused != paused or (graph_mode is not None and c.graphs.mode != graph_mode) \
+                        or (kernels is not None and c.kernels.name != kernels):
                     ok = False
             if ok:
                 return True

@@ -1,10 +1,11 @@
 """Census modes side by side on ONE llama-server, in alternating phases (bench/server/control_phases.py):
-off (nothing traced), launch (the default: graphs per launch, contents learned), node (every graph node
-traced). Each phase runs the same load (same seed); the modes rotate who goes first. Throughput ratios
-launch/off and node/off per round, with their median and spread, and the census's copies per output
-token per mode (copies must not depend on the mode).
+off (nothing traced), launch (graphs per launch, every kernel traced), sampled (kernels traced 100 ms of
+every 1000 ms), nokernels (copies and memsets only), node (every graph node traced) as --modes names
+them. Each phase runs the same load (same seed); the modes rotate who goes first. Throughput ratios
+mode/off per round, with their median and spread, and the census's copies per output token per mode
+(copies must not depend on the mode).
 
-    python3 bench/server/llama_phases.py --server PATH --model M.gguf --out phases.json [--rounds 8]
+    python3 bench/server/llama_phases.py --server PATH --model M.gguf --out phases.json [--rounds 8] [--modes ...]
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--port", type=int, default=8193)
+    ap.add_argument("--modes", default="off,launch,sampled,nokernels",
+                    help="census modes of control_phases.MODES, each a phase of every round")
     ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
                     help="llama-server flags beside -m -ngl 99 -np CLIENTS")
     a = ap.parse_args()
@@ -60,8 +63,9 @@ def main() -> int:
             ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=100 + i)
             return {"tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"), "errors": ld.get("errors"),
                     "ttft_p50_s": ld.get("ttft_p50_s")}
-        res["rounds"] = run_rounds(ph, a.rounds, one)
-        res.update(summarise(res["rounds"]))
+        modes = a.modes.split(",")
+        res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes)
+        res.update(summarise(res["rounds"], modes=modes))
         return 0
     finally:
         if proc.poll() is None:

@@ -44,16 +44,18 @@ static int env_choice(const char *name, const char *const *choices, int n)
     return 0;
 }
 
-/* OTEL_GPU_CENSUS_KERNELS: all (default), off, or ON_MS/PERIOD_MS with both multiples of the
- * 20 ms window and 0 < ON_MS < PERIOD_MS <= 1 h. Anything else: one line, and all kernels. */
-static void parse_kernels(struct gc_config *c)
+/* A kernel tracing setting: all, off, or ON_MS/PERIOD_MS with both multiples of the 20 ms window and
+ * 0 < ON_MS < PERIOD_MS <= 1 h. 0 and the mode (and schedule) set, or -1. Used for
+ * OTEL_GPU_CENSUS_KERNELS and for the control file's kernels= word. */
+int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *period_ms)
 {
-    const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
-    c->kernel_mode = GC_KERNELS_ALL;
-    if (!v || !*v || strcmp(v, "all") == 0) return;
+    if (!v || !*v || strcmp(v, "all") == 0) {
+        *mode = GC_KERNELS_ALL;
+        return 0;
+    }
     if (strcmp(v, "off") == 0) {
-        c->kernel_mode = GC_KERNELS_OFF;
-        return;
+        *mode = GC_KERNELS_OFF;
+        return 0;
     }
     const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
     char *end;
@@ -63,14 +65,24 @@ static void parse_kernels(struct gc_config *c)
         period = strtoul(p, &end, 10);
         if (end == p) period = 0;
     }
-    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) {
+    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) return -1;
+    *mode = GC_KERNELS_SAMPLED;
+    *on_ms = (uint32_t)on;
+    *period_ms = (uint32_t)period;
+    return 0;
+}
+
+/* OTEL_GPU_CENSUS_KERNELS: all (default), off, or ON_MS/PERIOD_MS. Anything else: one line, and all
+ * kernels. */
+static void parse_kernels(struct gc_config *c)
+{
+    const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
+    c->kernel_mode = GC_KERNELS_ALL;
+    if (gc_parse_kernels(v, &c->kernel_mode, &c->kernel_on_ms, &c->kernel_period_ms) != 0) {
+        c->kernel_mode = GC_KERNELS_ALL;
         gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected all, off or ON_MS/PERIOD_MS, multiples of "
-               "%u ms, ON_MS < PERIOD_MS); tracing all kernels", v, w);
-        return;
+               "%u ms, ON_MS < PERIOD_MS); tracing all kernels", v, (unsigned)(GC_WINDOW_NS / 1000000ull));
     }
-    c->kernel_mode = GC_KERNELS_SAMPLED;
-    c->kernel_on_ms = (uint32_t)on;
-    c->kernel_period_ms = (uint32_t)period;
 }
 
 static void warn_unknown(void)

@@ -83,6 +83,15 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Called with g_mu held: the kernel kind went on or off at `mono` (traced time accrues while on). */
+static void note_tracing(int on, uint64_t mono)
+{
+    if (on == g_ks.tracing) return;
+    if (on) g_ks.on_since = mono;
+    else g_ks.traced_ns += mono > g_ks.on_since ? mono - g_ks.on_since : 0;
+    g_ks.tracing = on;
+}
+
 /* Called with g_mu held: the schedule and how long kernels were traced, as of `mono`. */
 static void publish_kernels(gc_segment *seg, uint64_t mono)
 {
@@ -90,9 +99,8 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->kernel_on_ms = g_ks.on_ms;
     seg->kernel_period_ms = g_ks.period_ms;
     seg->kernel_origin_gpu_ns = g_ks.origin_gpu;
-    seg->kernel_tracing = g_ks.mode == GC_KERNELS_ALL || g_ks.tracing;
-    if (g_ks.mode == GC_KERNELS_SAMPLED)
-        seg->kernel_traced_ns = g_ks.traced_ns + (g_ks.tracing && mono > g_ks.on_since ? mono - g_ks.on_since : 0);
+    seg->kernel_tracing = g_ks.tracing;
+    seg->kernel_traced_ns = g_ks.traced_ns + (g_ks.tracing && mono > g_ks.on_since ? mono - g_ks.on_since : 0);
     seg->graph_mode = g_graph_mode;
     seg->paused = g_ctl.paused;
     seg->paused_ns = g_ctl.paused_ns + (g_ctl.paused && mono > g_ctl.paused_since ? mono - g_ctl.paused_since : 0);
@@ -241,15 +249,13 @@ static uint64_t kernel_phase(uint64_t mono)
     const uint64_t P = (uint64_t)g_ks.period_ms * 1000000ull, ON = (uint64_t)g_ks.on_ms * 1000000ull;
     uint64_t origin_mono = (uint64_t)((int64_t)g_ks.origin_gpu - g_ks.gpu_minus_mono);
     uint64_t t = mono > origin_mono ? mono - origin_mono : 0, k = t / P, r = t % P;
-    int want = r < ON;
+    int on = r < ON, want = on && !g_ctl.paused; /* a paused census keeps every kind off */
     if (want != g_ks.tracing && set_kernels(want) == 0) {
         pthread_mutex_lock(&g_mu);
-        if (want) g_ks.on_since = mono;
-        else g_ks.traced_ns += mono - g_ks.on_since;
-        g_ks.tracing = want;
+        note_tracing(want, mono);
         pthread_mutex_unlock(&g_mu);
     }
-    return origin_mono + k * P + (want ? ON : P);
+    return origin_mono + k * P + (on ? ON : P);
 }
 
 static void sleep_until(uint64_t mono)
@@ -260,15 +266,17 @@ static void sleep_until(uint64_t mono)
 
 static void control_poll(uint64_t mono);
 
+/* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */
+static uint64_t g_next_phase = UINT64_MAX;
+
 static void *flusher(void *arg)
 {
     (void)arg;
     const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
     uint64_t next_flush = mono_ns() + period;
-    uint64_t next_phase = UINT64_MAX;
-    if (g_ks.mode == GC_KERNELS_SAMPLED) next_phase = kernel_phase(mono_ns());
+    if (g_ks.mode == GC_KERNELS_SAMPLED) g_next_phase = kernel_phase(mono_ns());
     for (;;) {
-        sleep_until(next_phase < next_flush ? next_phase : next_flush);
+        sleep_until(g_next_phase < next_flush ? g_next_phase : next_flush);
         if (getpid() != g_pid) break;
         int st = atomic_load(&g_state);
         if (st == FAILED) { /* outside any CUPTI callback: safe to stop the tracing */
@@ -278,8 +286,8 @@ static void *flusher(void *arg)
         if (st != ACTIVE) break;
         atomic_store(&g_flusher_busy, 1);
         uint64_t now = mono_ns();
-        if (atomic_load(&g_state) == ACTIVE && now >= next_phase) /* exit may have begun meanwhile */
-            next_phase = kernel_phase(now);
+        if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
+            g_next_phase = g_ks.mode == GC_KERNELS_SAMPLED ? kernel_phase(now) : UINT64_MAX;
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
             control_poll(now);
@@ -412,14 +420,17 @@ static void enable_kinds(void)
 /* <segment>.control beside the segment (the census folder is the user's own, checked at start), read
  * by the flusher at every wake. Space-separated words: `census=off` disables every activity kind (the
  * server then pays CUPTI nothing but the callbacks), `census=on` enables them again; `graphs=node` or
- * `graphs=launch` switches how graph launches are traced. For comparing modes side by side on one
- * running server, and for an operator who wants the exact per-node mode for a while. The segment
- * says what is in force (paused, paused_ns, graph_mode). Not with sampled kernels (their schedule
- * switches the kernel kind itself). */
+ * `graphs=launch` switches how graph launches are traced; `kernels=all|off|ON_MS/PERIOD_MS` switches
+ * kernel tracing as OTEL_GPU_CENSUS_KERNELS would have from the start (a sampled schedule keeps the
+ * process's origin). For comparing modes side by side on one running server, and for an operator who
+ * wants the exact mode for a while. The segment says what is in force (paused, paused_ns, graph_mode,
+ * kernel_mode); kernel_traced_ns counts every moment the kernel kind was on, whatever the mode. */
+static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono);
+
 static void control_poll(uint64_t mono)
 {
     size_t len = strlen(g_path);
-    if (len < 4 || strcmp(g_path + len - 4, ".seg") != 0 || g_ks.mode == GC_KERNELS_SAMPLED) return;
+    if (len < 4 || strcmp(g_path + len - 4, ".seg") != 0) return;
     char path[sizeof(g_path) + 8];
     snprintf(path, sizeof(path), "%.*s.control", (int)(len - 4), g_path);
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -436,6 +447,7 @@ static void control_poll(uint64_t mono)
     memcpy(g_ctl.last, buf, (size_t)n + 1);
     int pause = g_ctl.paused;
     uint32_t graphs = g_graph_mode;
+    uint32_t kmode = g_ks.mode, kon = g_ks.on_ms, kperiod = g_ks.period_ms;
     char *save = NULL;
     for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
         if (strcmp(w, "census=off") == 0) pause = 1;
@@ -445,8 +457,22 @@ static void control_poll(uint64_t mono)
         else if (strcmp(w, "graphs=launch") == 0)
             gc_log("control file %s: ignoring \"graphs=launch\" (graph contents are learned only through "
                    "CUPTI's v2 API, from the start)", path);
-        else gc_log("control file %s: ignoring \"%.40s\" (census=on|off, graphs=node|launch)", path, w);
+        else if (strncmp(w, "kernels=", 8) == 0) {
+            uint32_t m = GC_KERNELS_ALL, on = kon, per = kperiod;
+            if (gc_parse_kernels(w + 8, &m, &on, &per) == 0) {
+                kmode = m;
+                kon = on;
+                kperiod = per;
+            } else {
+                gc_log("control file %s: ignoring \"%.40s\" (kernels=all|off|ON_MS/PERIOD_MS, multiples of "
+                       "20 ms)", path, w);
+            }
+        } else gc_log("control file %s: ignoring \"%.40s\" (census=on|off, graphs=node|launch, "
+                      "kernels=all|off|ON_MS/PERIOD_MS)", path, w);
     }
+    /* Records of the mode ending are judged by the mode in force when they are tallied: hand back the
+     * completed ones first (not forced: no half-filled records mid-run). */
+    if (kmode != g_ks.mode || kon != g_ks.on_ms || kperiod != g_ks.period_ms) gc_cupti_flush_all(0);
     pthread_mutex_lock(&g_mu);
     if (graphs != g_graph_mode) {
         if (graphs == GC_GRAPHS_LAUNCH ? add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) == CUPTI_SUCCESS
@@ -456,14 +482,51 @@ static void control_poll(uint64_t mono)
     if (pause != g_ctl.paused) {
         if (pause) {
             disable_kinds();
+            note_tracing(0, mono);
             g_ctl.paused_since = mono;
         } else {
-            enable_kinds();
+            enable_kinds(); /* the kernel kind too, where it is in force: a schedule takes it off */
+            note_tracing(kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0, mono);
             g_ctl.paused_ns += mono - g_ctl.paused_since;
+            if (g_ks.mode == GC_KERNELS_SAMPLED) g_next_phase = mono;
         }
         g_ctl.paused = pause;
     }
+    apply_kernels(kmode, kon, kperiod, mono);
     pthread_mutex_unlock(&g_mu);
+}
+
+/* Called with g_mu held, by the flusher: kernel tracing as `mode` says from now on. The kernel kind is
+ * in g_kinds whenever the mode is not off (a schedule switches it itself). */
+static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono)
+{
+    if (mode == g_ks.mode && (mode != GC_KERNELS_SAMPLED || (on_ms == g_ks.on_ms && period_ms == g_ks.period_ms)))
+        return;
+    if (mode == GC_KERNELS_SAMPLED && !g_ks.origin_gpu) {
+        gc_log("control file: ignoring kernels=%u/%u (no CUPTI clock to place the schedule on)", on_ms, period_ms);
+        return;
+    }
+    if (mode == GC_KERNELS_OFF) {
+        drop_kind(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+        note_tracing(0, mono);
+    } else {
+        int had = kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0;
+        if (!had && add_kind(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) return;
+        /* from a schedule's off phase: on again now (the schedule, if any, decides at once) */
+        if (had && !g_ks.tracing && !g_ctl.paused && set_kernels(1) != 0) return;
+        note_tracing(!g_ctl.paused, mono);
+    }
+    g_ks.mode = mode;
+    if (mode == GC_KERNELS_SAMPLED) {
+        g_ks.on_ms = on_ms;
+        g_ks.period_ms = period_ms;
+    }
+    g_next_phase = mode == GC_KERNELS_SAMPLED ? mono : UINT64_MAX;
+    if (g_seg) {
+        gc_segment_begin_update(g_seg);
+        publish_kernels(g_seg, mono);
+        gc_segment_end_update(g_seg);
+    }
 }
 
 /* Every CUPTI callback we enable lands here: graph contents first (a launch notes its graph's version),

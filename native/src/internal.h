@@ -37,6 +37,7 @@ struct gc_config {
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
+int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *period_ms);
 
 /* graphs.c: the contents of graph launches, learned from their graphs (needs the v2 API's callbacks). */
 int gc_graphs_start(void);      /* 0: graph launches can be counted from their contents */

@@ -452,3 +452,59 @@ def test_a_control_file_that_is_a_link_or_a_fifo_is_not_read(native, mock_lib, t
         out['active'] = g.gc_active()
     """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "20"})
     assert res == {"after_link": 1, "after_fifo": 1, "active": 1} and err == ""
+
+
+def test_control_file_switches_kernel_tracing_of_a_running_census(native, mock_lib, tmp_path, records):
+    """kernels=off|ON/PERIOD|all in the control file switch kernel tracing as OTEL_GPU_CENSUS_KERNELS would
+    have from the start: off takes only the kernel kind away (copies stay on); a schedule toggles it on
+    time; a pause keeps it off whatever the schedule says; all puts it back for good. The segment says
+    which mode is in force, and traced time accrues only while the kernel kind was on."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        import time
+        from otel_gpu_census.census.reader import read_segment
+        T = 1_700_000_000_000_000_000
+        K, M = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, rlib.CUPTI_ACTIVITY_KIND_MEMCPY
+        g.InitializeInjection()
+        queue(cr.kernel(T, T + 600), cr.KERNEL_T)
+        g.gc_flush()
+        ctl = path()[:-4] + '.control'
+        def watch(seconds):
+            t0, s = time.monotonic(), []
+            while time.monotonic() - t0 < seconds:
+                s.append((mock.mock_enabled(K), mock.mock_enabled(M)))
+                time.sleep(0.002)
+            return s
+        def mode():
+            c = read_segment(path(), detail=False)
+            return c.kernels.name, c.graphs.paused
+        def switch(text, want_mode, seconds, paused=False):
+            open(ctl, 'w').write(text)
+            for _ in range(300):
+                if mode() == (want_mode, paused):
+                    break
+                time.sleep(0.01)
+            return [mode()[0], watch(seconds)]
+        out['off'] = switch('kernels=off\\n', 'off', 0.3)
+        out['sampled'] = switch('kernels=40/100\\n', '40/100', 1.0)
+        out['paused'] = switch('census=off kernels=40/100\\n', '40/100', 0.4, paused=True)
+        out['bad'] = switch('census=on kernels=30/100\\n', '40/100', 0.3)
+        out['all'] = switch('census=on kernels=all\\n', 'all', 0.3)
+    """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    name, s = res["off"]
+    assert name == "off" and {k for k, _ in s} == {0} and {m for _, m in s} == {1}
+    name, s = res["sampled"]
+    on = [k for k, _ in s]
+    assert name == "40/100" and {m for _, m in s} == {1}
+    assert 14 <= sum(1 for a, b in zip(on, on[1:]) if a != b) <= 22 and 0.3 < sum(on) / len(on) < 0.5
+    name, s = res["paused"]
+    assert set(map(tuple, s)) == {(0, 0)}                    # paused: nothing on, the schedule neither
+    name, s = res["bad"]                                     # 30 ms is not a multiple of the 20 ms window
+    assert name == "40/100" and {m for _, m in s} == {1} and 0 < sum(k for k, _ in s) < len(s)
+    name, s = res["all"]
+    assert name == "all" and set(map(tuple, s)) == {(1, 1)}
+    assert err.count("\n") == 1 and 'ignoring "kernels=30/100"' in err, err
+    p = read(native, next(d.glob("*.seg")))
+    alive = p.complete_wall_ns - p.wall_start_ns
+    # on: before off, ~40 % of the sampled second and of the bad 0.3 s, all of the last 0.3 s
+    assert 0.2e9 < p.kernels.traced_ns < alive - 0.5e9, (p.kernels.traced_ns, alive)
+    assert p.kernels.tracing and p.kernels.mode == 0
