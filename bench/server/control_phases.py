@@ -102,9 +102,12 @@ def run_rounds(phases: Phases, rounds: int, load, modes=("off", "launch", "node"
         for m in order:
             ok = phases.set(m)
             before = phases.totals()
+            t0 = time.time_ns()
             got = load(m, i)
+            t1 = time.time_ns()
             time.sleep(settle_s)    # the flusher's period: this phase's records into the totals
-            rnd[m] = {**got, "switched": ok, "census": delta(phases.totals(), before)}
+            # the load's wall times: requests logged by the engine are placed in their phase by them
+            rnd[m] = {**got, "switched": ok, "t0_ns": t0, "t1_ns": t1, "census": delta(phases.totals(), before)}
         for m in modes:
             if m != "off" and rnd[m].get("tok_s") and rnd.get("off", {}).get("tok_s"):
                 rnd[f"{m}/off"] = round(rnd[m]["tok_s"] / rnd["off"]["tok_s"], 4)

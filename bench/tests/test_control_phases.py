@@ -22,7 +22,8 @@ T0 = 1_700_000_000_000_000_000
 
 
 class StandIn:
-    """The flusher's half of the control file: census=off -> paused, graphs=... -> graph_mode."""
+    """The flusher's half of the control file: census=off -> paused, graphs=... -> graph_mode,
+    kernels=all|off|ON/PERIOD -> kernel_mode (and the schedule)."""
 
     def __init__(self, path: Path):
         self.mm, self.seg = map_segment(path, b"server")
@@ -44,6 +45,12 @@ class StandIn:
                 self.seg.paused = int("census=off" in text)
                 if "graphs=" in text:
                     self.seg.graph_mode = 1 if "graphs=launch" in text else 0
+                k = next((w[8:] for w in text.split() if w.startswith("kernels=")), None)
+                if k == "all" or k == "off":
+                    self.seg.kernel_mode = 0 if k == "all" else 2
+                elif k:
+                    on, period = map(int, k.split("/"))
+                    self.seg.kernel_mode, self.seg.kernel_on_ms, self.seg.kernel_period_ms = 1, on, period
                 self.lib.gc_segment_end_update(self.seg)
             time.sleep(0.01)
 
@@ -74,10 +81,10 @@ def test_rounds_switch_every_segment_and_count_each_phase(standin, tmp_path):
         return {"tok_s": tok_s[mode] + i, "tokens": 10}
     rounds = cp.run_rounds(cp.Phases(tmp_path), 3, load, settle_s=0)
     assert order == ["off", "launch", "node", "launch", "node", "off", "node", "off", "launch"]
-    assert standin.seen[:3] == ["census=off", "census=on graphs=launch", "census=on graphs=node"]
+    assert standin.seen[:3] == ["census=off", "census=on graphs=launch kernels=all", "census=on graphs=node kernels=all"]
     for i, r in enumerate(rounds):
         for m in ("off", "launch", "node"):
-            assert r[m]["switched"]
+            assert r[m]["switched"] and r[m]["t0_ns"] <= r[m]["t1_ns"]
             assert r[m]["census"] == {"copy.dtoh.pinned.count": 1, "copy.dtoh.pinned.bytes": 1000 + i}
         assert r["launch/off"] == round((99.0 + i) / (100.0 + i), 4)
         assert r["node/off"] == round((80.0 + i) / (100.0 + i), 4)
@@ -98,3 +105,15 @@ def test_a_switch_the_census_never_shows_is_reported_not_waited_for_ever(tmp_pat
 def test_no_segment_to_switch_is_not_a_switch(tmp_path):
     assert cp.Phases(tmp_path).set("launch", timeout=0.2) is False
     assert not list(tmp_path.iterdir())
+
+
+def test_kernel_modes_wait_until_the_segment_traces_kernels_as_asked(standin, tmp_path):
+    """sampled and nokernels switch kernel tracing too; a segment still tracing every kernel has not
+    switched yet, so the phase waits for it (and says so when it never comes)."""
+    ph = cp.Phases(tmp_path)
+    assert ph.set("sampled") and standin.seen[-1] == "census=on graphs=launch kernels=100/1000"
+    assert ph.set("nokernels") and standin.seen[-1] == "census=on graphs=launch kernels=off"
+    assert ph.set("launch") and standin.seen[-1] == "census=on graphs=launch kernels=all"
+    standin.stop.set()
+    standin.thread.join(2)                      # the census stops answering: the switch is not seen
+    assert ph.set("sampled", timeout=0.3) is False
