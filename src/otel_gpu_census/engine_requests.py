@@ -1,6 +1,8 @@
 """The requests an engine integration saw, as it logged them beside its census segment
 (``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/engine_steps.py`` for vLLM and SGLang): for ``report``, which
-prints per-request figures from them, so ``--requests N`` is not needed for an engine it hooks.
+prints per-request figures from them, so ``--requests N`` is not needed for an engine it hooks. Under
+sampled kernel tracing a line's kernel figures are a sample (its ``kernel_traced_ratio``): ``report``
+says so and shows the scaled estimate beside them (:func:`kernel_sample`).
 
 The files sit in a folder others may write to: each is opened without following a link or blocking,
 must be a regular file, and is read up to a bound; a line that is not one of ours is skipped and
@@ -83,4 +85,31 @@ def figures(log: EngineRequests) -> Dict[str, Dict[str, float]]:
             for r in log.requests if _num(r.get("first_token_time_unix_nano"))]
     if ttft:
         out["ttft_s"] = {"median": statistics.median(ttft), "mean": sum(ttft) / len(ttft), "max": max(ttft)}
+    return out
+
+
+def _ratio(r: dict) -> Optional[float]:
+    v = r.get("kernel_traced_ratio")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 else None
+
+
+def kernel_sample(log: EngineRequests) -> Optional[dict]:
+    """None unless some requests' kernel figures are a sample (sampled kernel tracing: their line has
+    ``kernel_tracing`` and ``kernel_traced_ratio``). Then: the modes, how many requests, their median
+    traced ratio, and the kernel time scaled to the whole (kernel.time_ns / ratio; a line without the
+    keys was traced whole) over the requests it can be estimated for (ratio > 0)."""
+    sampled = [r for r in log.requests if isinstance(r.get("kernel_tracing"), str)]
+    if not sampled:
+        return None
+    ratios = [x for x in map(_ratio, sampled) if x is not None]
+    est = []
+    for r in log.requests:
+        x = _ratio(r) if isinstance(r.get("kernel_tracing"), str) else 1.0
+        if x:
+            est.append(_num(r["gpu"].get("kernel.time_ns")) / x)
+    out = {"modes": sorted({r["kernel_tracing"][:40] for r in sampled})[:4], "requests": len(sampled),
+           "ratio_median": statistics.median(ratios) if ratios else None, "estimate": None}
+    if est:
+        out["estimate"] = {"median": statistics.median(est), "mean": sum(est) / len(est), "max": max(est),
+                           "requests": len(est)}
     return out

@@ -365,6 +365,16 @@ def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
         k, t = fig["kernel.count"], fig["kernel.time_ns"]
         lines.append(f"  kernels          median {exact(round(k['median']))}, kernel time median "
                      f"{seconds(t['median'])} s, max {seconds(t['max'])} s")
+        ks = engine_requests.kernel_sample(log)
+        if ks:
+            traced = (f", median {ks['ratio_median']:.1%} of their steps' time traced"
+                      if ks["ratio_median"] is not None else "")
+            lines.append(f"  kernel figures are a sample (kernel tracing {', '.join(ks['modes'])}: "
+                         f"{ks['requests']:,} of {len(log.requests):,} requests{traced})")
+            e = ks["estimate"]
+            lines.append(f"  kernel time scaled to the whole (time / traced ratio, {e['requests']:,} requests): "
+                         f"median {seconds(round(e['median']))} s, max {seconds(round(e['max']))} s" if e else
+                         "  kernel time cannot be scaled: no kernel was traced in their steps")
         if "ttft_s" in fig:
             lines.append(f"  time to first token median {fig['ttft_s']['median']:.4f} s, max {fig['ttft_s']['max']:.4f} s")
         if log.summary:

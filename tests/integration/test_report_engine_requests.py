@@ -55,3 +55,27 @@ def test_a_fifo_or_link_in_place_of_the_log_is_ignored(tmp_path, segments, recor
     os.symlink(secret, str(seg)[:-len(".seg")] + ".requests.jsonl")
     p = run_report(d)
     assert p.returncode == 0 and "engine integration" not in p.stdout
+
+
+def test_report_says_when_per_request_kernel_time_is_a_sample_and_scales_it(tmp_path, segments, records):
+    """Sampled kernel tracing: lines carry kernel_tracing and kernel_traced_ratio; report names the
+    sample and shows kernel time / ratio beside it (a line without the keys was traced whole)."""
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    seg = segments.segment(d, [records.kernel(T0, T0 + 1000)])
+    log = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
+    lines = [dict(request(0, 10, 1_000_000), kernel_tracing="100/1000", kernel_traced_ratio=0.1),
+             dict(request(1, 10, 3_000_000), kernel_tracing="100/1000", kernel_traced_ratio=0.5),
+             dict(request(2, 10, 0), kernel_tracing="100/1000", kernel_traced_ratio=0.0),   # no estimate
+             request(3, 10, 2_000_000)]
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    p = run_report(d)
+    assert p.returncode == 0, p.stderr
+    assert "kernel time median 0.001500 s, max 0.003000 s" in p.stdout           # as logged
+    assert ("kernel figures are a sample (kernel tracing 100/1000: 3 of 4 requests, median 10.0% of their "
+            "steps' time traced)") in p.stdout
+    # estimates 10 ms, 6 ms, 2 ms
+    assert "kernel time scaled to the whole (time / traced ratio, 3 requests): median 0.006000 s, max 0.010000 s" \
+        in p.stdout
+    log.write_text("\n".join(json.dumps(request(i, 10, 5)) for i in range(2)) + "\n")
+    assert "sample" not in run_report(d).stdout

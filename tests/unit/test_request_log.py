@@ -78,6 +78,9 @@ def test_the_vllm_integrations_request_log_reads_with_its_summary_line():
     from otel_gpu_census.request_log import parse
     lines = ['{"id":"cmpl-a-0","start_time_unix_nano":1000,"end_time_unix_nano":5000,'
              '"first_token_time_unix_nano":2000,"gpu":{"kernel.count":3}}',
+             '{"id":"cmpl-b-0","start_time_unix_nano":1500,"end_time_unix_nano":6000,"gpu":{"kernel.count":1},'
+             '"kernel_tracing":"100/1000","kernel_traced_ratio":0.25}',         # sampled kernel tracing
              '{"summary":{"method":"step_tokens","total":{"kernel.count":3}}}']
-    (r,) = parse(lines)
+    r, r2 = parse(lines)
     assert (r.start_ns, r.first_token_ns, r.end_ns) == (1000, 2000, 5000)
+    assert (r2.start_ns, r2.first_token_ns, r2.end_ns) == (1500, None, 6000)

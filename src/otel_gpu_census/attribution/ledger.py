@@ -71,7 +71,7 @@ class GpuCost:
     waited_s: float = 0.0
     kernel_tracing: List[str] = field(default_factory=list)   # each process's mode: all, off, ON/PERIOD
     kernel_traced_ns: int = 0       # of the request's span (summed over processes), kernels traced ...
-    kernel_span_ns: int = 0         # ... out of this long
+    kernel_span_ns: int = 0         # ... out of this long (step attribution: over its steps, x tokens)
 
     @property
     def kernel_traced_ratio(self) -> float:

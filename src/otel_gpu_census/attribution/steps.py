@@ -30,6 +30,11 @@ pipeline parallel workers): ``read`` then returns one ``(header, steps)`` pair p
 process's step is split by the same weights, a request's share is the sum over processes, and
 conservation holds per process (``per_process``) as well as in total.
 
+With sampled kernel tracing (``OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS``) a step's kernels are in the
+census only if it ran inside a traced phase, so a request's kernel figures are a sample: the ledger
+also weighs each step's traced share of its wall time by the request's tokens (``Settled.kernel_*``,
+the span's ``gpu_census.kernel.traced_ratio``). The weights only describe the split; they change none.
+
 Steps are split in id order, each once, when the census is complete past the step's end
 (``complete_wall_ns``; of every process), so a step shared by a request that ends now and one that
 ends in a minute is split one way only. A request settles when every step up to its last one is
@@ -93,6 +98,22 @@ class Settled:
     notes: List[str] = field(default_factory=list)
     sub: Share = NOTHING            # the part of `share` from sub-steps (e.g. KV transfers)
     weights: Dict[str, int] = field(default_factory=dict)   # its sub-step weights, by kind
+    # kernel tracing over its token steps: the modes seen, and sum(tokens x traced ns) out of
+    # sum(tokens x step ns) (token-weighted, so the ratio says how much of its kernel share was traced)
+    kernel_tracing: List[str] = field(default_factory=list)
+    kernel_traced_ns: int = 0
+    kernel_span_ns: int = 0
+
+    @property
+    def kernel_traced_ratio(self) -> float:
+        return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
+
+
+@dataclass
+class _Traced:
+    modes: List[str] = field(default_factory=list)
+    traced: int = 0
+    span: int = 0
 
 
 def _flat(step: Step) -> List[int]:
@@ -140,6 +161,7 @@ class StepLedger:
         self._awaiting: Set[Hashable] = set()                   # done, waiting for a sub-step's claim
         self._live: Set[Hashable] = set()                       # started (request_started), not settled
         self._closed_early: Dict[Hashable, int] = {}            # settled before their steps: key -> last sid
+        self._traced: Dict[Hashable, _Traced] = {}              # kernel tracing over a request's steps
         self._lock = threading.Lock()                           # settle() against itself
         self.last_sid = 0           # newest step opened
         self.settled_sid = 0        # every step up to this one is split
@@ -233,6 +255,7 @@ class StepLedger:
                     else:
                         rows.append((self._process_key(head, n) if len(sources) > 1 else None, _flat(step)))
                 self._split(e, rows)
+                self._weigh_tracing(e, sources)
                 self.settled_sid = e.sid
         out = []
         for key in [k for k, (_, end, last) in self._done.items()
@@ -243,11 +266,13 @@ class StepLedger:
             self._awaiting.discard(key)
             self._live.discard(key)
             acc = self._acc.pop(key, _Acc())
+            tr = self._traced.pop(key, _Traced())
             self._first_token.pop(key, None)
             ok = last <= self.settled_sid and not waited
             s = Settled(key, facts, end, "complete" if ok else "stale",
                         Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns,
-                        sub=Share.from_row(acc.sub), weights=dict(acc.weights))
+                        sub=Share.from_row(acc.sub), weights=dict(acc.weights),
+                        kernel_tracing=tr.modes, kernel_traced_ns=tr.traced, kernel_span_ns=tr.span)
             if not ok:
                 self._closed_early[key] = max(last, self.last_sid) if waited else last
                 if waited:
@@ -286,6 +311,42 @@ class StepLedger:
                 acc.weights[e.kind] = acc.weights.get(e.kind, 0) + e.tokens[key]
             else:
                 acc.steps += 1
+
+    def _weigh_tracing(self, e: _Entry, sources: Sequence[Census]) -> None:
+        """Add token step `e`'s kernel-traced share of its wall time to each request it served.
+
+        Every process with a census counts, whether or not its ring holds the step: a step that ran
+        outside a traced phase may have left no record at all (no kernels counted, no copies), and
+        leaving it out would make the sample look whole. With several processes (ranks) each is
+        weighed by its own schedule (each injector fixes its origin in its own CUPTI clock, so ranks'
+        phases line up only roughly) and the step counts once per process, like the proxy's figures
+        summed over processes: the ratio is the mean over the ranks. A head without a schedule (no
+        census yet, or a stand-in without one) adds nothing."""
+        if e.kind != TOKENS:
+            return
+        served = [(k, n) for k, n in e.tokens.items() if n > 0 and k not in self._closed_early]
+        if not served:
+            return
+        end = max(e.closed_ns, e.opened_ns + 1)      # final settling: a step never touched counts 1 ns
+        traced = span = 0
+        modes = []
+        for head, _ in sources:
+            kernels = getattr(head, "kernels", None)
+            if kernels is None:
+                continue
+            traced += kernels.traced_between(head.wall_to_gpu_ns(e.opened_ns), head.wall_to_gpu_ns(end))
+            span += end - e.opened_ns
+            if kernels.name not in modes:
+                modes.append(kernels.name)
+        if not span:
+            return
+        for key, n in served:
+            tr = self._traced.get(key)
+            if tr is None:
+                tr = self._traced[key] = _Traced()
+            tr.traced += n * traced
+            tr.span += n * span
+            tr.modes.extend(m for m in modes if m not in tr.modes)
 
     def _split_one(self, e: _Entry, values: List[int], proc, served: set) -> None:
         sub = e.kind != TOKENS

@@ -223,7 +223,8 @@ class StepEngine:
             if self.tagging:
                 cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
                                steps=s.steps, note=self.NOTE, share=s.share, prefill=s.prefill,
-                               pids=self.census_pids(), notes=list(s.notes))
+                               pids=self.census_pids(), notes=list(s.notes), kernel_tracing=list(s.kernel_tracing),
+                               kernel_traced_ns=s.kernel_traced_ns, kernel_span_ns=s.kernel_span_ns)
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
@@ -281,7 +282,9 @@ class RequestLog:
     """Each settled request as one JSON line beside the engine's segment
     (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
     run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
-    Bounded: at most MAX_LINES requests, then one log line; written by the settling thread."""
+    Bounded: at most MAX_LINES requests, then one log line; written by the settling thread. Under
+    sampled kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
+    ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``."""
 
     MAX_LINES = 200_000
 
@@ -331,6 +334,10 @@ class RequestLog:
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
                "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+        if s.kernel_tracing and s.kernel_tracing != ["all"]:
+            # its kernel figures are a sample: kernel.time_ns / kernel_traced_ratio estimates the whole
+            obj["kernel_tracing"] = ",".join(s.kernel_tracing)
+            obj["kernel_traced_ratio"] = round(s.kernel_traced_ratio, 4)
         if eng is not None:
             obj.update(eng.log_fields(s))
         if tracked.first_token_ns:
