@@ -8,7 +8,7 @@ evidence is there; otherwise it is silent. The thresholds are named below, with 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import timeline as tl_mod
 from .census import KERNELS_OFF, KERNELS_SAMPLED, ProcessCensus
@@ -27,6 +27,13 @@ SAVE_MIN_SHARE = 0.5              # most device->host bytes near arrivals...
 SAVE_MIN_DENSITY = 3.0            # ...at 3x or more the bytes per window of the other windows
 SAVE_MAX_COVER = 0.8              # arrivals so dense that no window is far from one tell nothing
 SAVE_MIN_REQUESTS = 3
+# The same save seen as bursts (llama-server on an H200, 16 slots: each save is 100-200 ms before the
+# request's end, as its slot is released, and arrivals are so dense that windows around them cover
+# most of the time): short bursts of device->host bytes, about one per request.
+SAVE_BURST_MAX_NS = 100_000_000   # a save is one short burst of copies (gaps of a window or two inside)...
+SAVE_BURST_GAP = 2
+SAVE_BURST_MIN = 16 * MB          # ...of at least this many bytes (a logits row of a 128k vocabulary: 0.5 MB)
+SAVE_BURSTS_PER_REQUEST = (0.25, 2.0)   # one per request that reused a slot (its first use saves nothing)
 
 HOT_MIN_COPIES = 20               # a handful of pageable copies is set-up, not a hot path
 HOT_MIN_RATE = 5.0                # pageable copies a second while serving...
@@ -95,20 +102,41 @@ def _records_in(t: Timeline, slots: Sequence[Slot]) -> List[RequestRecord]:
 # ---------------------------------------------------------------------------------------------
 # the diagnoses
 
-def state_save(c: ProcessCensus, t: Optional[Timeline]) -> Optional[Diagnosis]:
-    """Large device->host copies that follow request boundaries: the windows right after requests
-    arrive carry far more device->host bytes than the others. Needs a request log.
+def _save_text(c: ProcessCensus, evidence: str) -> str:
+    if _is_llama_server(c):
+        return (f"state saved to the host at every request: {evidence}. This is llama-server's prompt cache and "
+                "context checkpoints saving a slot's state when a new request takes the slot; "
+                "`--cache-ram 0 --ctx-checkpoints 0` turns them off (smaller values bound them).")
+    return (f"state saved to the host at request boundaries: {evidence}. A server that saves each request's "
+            "state (a prompt cache, context checkpoints, KV offload) does this; for llama-server "
+            "`--cache-ram 0 --ctx-checkpoints 0` turns it off.")
 
-    The figure per request is the excess: bytes in the windows near arrivals beyond what the other
-    windows' density would put there, so copies spread evenly over time (logits) count for nothing."""
+
+def _pageable_note(c: ProcessCensus) -> str:
+    dtoh = c.totals().copies.get("dtoh")
+    pageable = c.totals().copies.get("dtoh", "pageable")
+    return (f"; {_pct(pageable.bytes / dtoh.bytes)} of all its device-to-host bytes went to pageable memory"
+            if dtoh.bytes and pageable.bytes else "")
+
+
+def state_save(c: ProcessCensus, t: Optional[Timeline]) -> Optional[Diagnosis]:
+    """Large device->host copies that follow request boundaries. Needs a request log. Two views of the
+    same thing: the bytes crowd the windows right after arrivals, or they come in short large bursts,
+    about one per request (where requests are so dense that every window is near an arrival)."""
     if t is None or not t.requests:
         return None
     slots = t.serving()
-    if not slots:
+    if not slots or not sum(s.dtoh_bytes for s in slots):
         return None
+    return _save_near_arrivals(c, t, slots) or _save_bursts(c, t, slots)
+
+
+def _save_near_arrivals(c: ProcessCensus, t: Timeline, slots: Sequence[Slot]) -> Optional[Diagnosis]:
+    """The windows right after requests arrive carry far more device->host bytes than the others.
+
+    The figure per request is the excess: bytes in the windows near arrivals beyond what the other
+    windows' density would put there, so copies spread evenly over time (logits) count for nothing."""
     total = sum(s.dtoh_bytes for s in slots)
-    if total == 0:
-        return None
     t0, width = slots[0].start_ns, slots[0].length
     near = [False] * len(slots)
     arrivals = 0
@@ -132,28 +160,59 @@ def state_save(c: ProcessCensus, t: Optional[Timeline]) -> Optional[Diagnosis]:
     per_req = per(max(0, excess), arrivals)
     if share < SAVE_MIN_SHARE or density < SAVE_MIN_DENSITY or per_req < SAVE_MIN_PER_REQUEST:
         return None
-    dtoh = c.totals().copies.get("dtoh")
-    pageable = c.totals().copies.get("dtoh", "pageable")
-    mem = (f"; {_pct(pageable.bytes / dtoh.bytes)} of all its device-to-host bytes went to pageable memory"
-           if dtoh.bytes and pageable.bytes else "")
     dens = "no bytes at all in" if not far_bytes else f"{density:.1f}x the device-to-host bytes of"
     evidence = (f"{_bytes(per_req)} device-to-host per request above the background, copied between "
                 f"{SAVE_BEFORE_NS // 1_000_000} ms before and {SAVE_AFTER_NS // 1_000_000} ms after a request "
                 f"arrived: the 20 ms windows around the {arrivals} arrivals carry {dens} the other windows "
-                f"({_pct(share)} of the bytes while serving, in {_pct(cover)} of the time){mem}")
-    if _is_llama_server(c):
-        text = (f"state saved to the host at every request: {evidence}. This is llama-server's prompt cache and "
-                "context checkpoints saving a slot's state when a new request takes the slot; "
-                "`--cache-ram 0 --ctx-checkpoints 0` turns them off (smaller values bound them).")
-    else:
-        text = (f"state saved to the host at request boundaries: {evidence}. A server that saves each request's "
-                "state (a prompt cache, context checkpoints, KV offload) does this; for llama-server "
-                "`--cache-ram 0 --ctx-checkpoints 0` turns it off.")
-    return Diagnosis("state_save", text, c.pid, {
+                f"({_pct(share)} of the bytes while serving, in {_pct(cover)} of the time){_pageable_note(c)}")
+    return Diagnosis("state_save", _save_text(c, evidence), c.pid, {
         "dtoh_bytes_per_request": per_req, "dtoh_bytes_near_arrivals": near_bytes, "dtoh_bytes_serving": total,
         "arrivals": arrivals, "share": share, "time_share": cover,
         "density_ratio": None if not far_bytes else density,
-        "window_ns": [-SAVE_BEFORE_NS, SAVE_AFTER_NS]})
+        "window_ns": [-SAVE_BEFORE_NS, SAVE_AFTER_NS], "method": "near_arrivals"})
+
+
+def _dtoh_bursts(slots: Sequence[Slot]) -> List[Tuple[int, int, int]]:
+    """(first window, last window, bytes) of each run of windows with device->host bytes, runs
+    separated by more than SAVE_BURST_GAP empty windows."""
+    out: List[List[int]] = []
+    for i, s in enumerate(slots):
+        if not s.dtoh_bytes:
+            continue
+        if out and i - out[-1][1] <= SAVE_BURST_GAP + 1:
+            out[-1][1] = i
+            out[-1][2] += s.dtoh_bytes
+        else:
+            out.append([i, i, s.dtoh_bytes])
+    return [(a, b, n) for a, b, n in out]
+
+
+def _save_bursts(c: ProcessCensus, t: Timeline, slots: Sequence[Slot]) -> Optional[Diagnosis]:
+    """Short large bursts of device->host bytes, about one per request, holding most of the bytes.
+    Logits do not look like this: a row per token (0.5 MB) spreads over the whole generation."""
+    total = sum(s.dtoh_bytes for s in slots)
+    width = slots[0].length
+    lo, hi = slots[0].start_ns, slots[-1].end_ns
+    requests = sum(1 for r in t.requests if lo <= r.start_ns <= hi)
+    saves = [n for a, b, n in _dtoh_bursts(slots)
+             if (b - a + 1) * width <= SAVE_BURST_MAX_NS and n >= SAVE_BURST_MIN]
+    if len(saves) < SAVE_MIN_REQUESTS or not requests:
+        return None
+    ratio = len(saves) / requests
+    share = sum(saves) / total
+    if not (SAVE_BURSTS_PER_REQUEST[0] <= ratio <= SAVE_BURSTS_PER_REQUEST[1]) or share < SAVE_MIN_SHARE:
+        return None
+    saves.sort()
+    median = saves[len(saves) // 2]
+    per_req = per(sum(saves), requests)
+    evidence = (f"{len(saves)} bursts of device-to-host copies of at least {human_size(SAVE_BURST_MIN)} each, "
+                f"none longer than {SAVE_BURST_MAX_NS // 1_000_000} ms, for {requests} requests "
+                f"(median burst {_bytes(median)}; {_bytes(per_req)} per request), "
+                f"{_pct(share)} of the device-to-host bytes while serving{_pageable_note(c)}")
+    return Diagnosis("state_save", _save_text(c, evidence), c.pid, {
+        "dtoh_bytes_per_request": per_req, "dtoh_bytes_in_bursts": sum(saves), "dtoh_bytes_serving": total,
+        "bursts": len(saves), "burst_median_bytes": median, "requests": requests, "share": share,
+        "method": "bursts"})
 
 
 def _seconds_spread(slots: Sequence[Slot], direction: str) -> tuple:
