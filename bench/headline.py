@@ -109,6 +109,29 @@ def micro_us_added(workload: str) -> Callable[[Dict[str, Any]], float]:
     return value
 
 
+def phases_ratio(mode: str, key: Optional[str] = None) -> Callable[[Dict[str, Any]], float]:
+    """The median over rounds of mode/off output tok/s, on one server whose census modes alternate in
+    phases through the control file (bench/server/control_phases.py)."""
+    def value(raw: Dict[str, Any]) -> float:
+        res = raw[key] if key else raw
+        if not res.get("all_switched"):
+            raise HeadlineError("a phase did not switch the census")
+        return round(res[f"{mode}/off"]["median"], 3)
+    return value
+
+
+def kind_cost_us(config: str, workload: str = "eager") -> Callable[[Dict[str, Any]], float]:
+    """µs CUPTI adds per launch with `config`'s activity kinds: the median over rounds of the paired
+    difference against nothing enabled, in one process (bench/floor/kind_cost.cu)."""
+    def value(raw: Dict[str, Any]) -> float:
+        rows = [r for r in raw["results"] if r["config"] == config and r["workload"] == workload
+                and r["metric"] == "issue"]
+        if len(rows) != 1:
+            raise HeadlineError(f"expected one {config}/{workload} row, found {len(rows)}")
+        return round(rows[0]["delta_vs_none"]["median"] / 1000.0, 3)
+    return value
+
+
 def vllm_separate_servers(raw: Dict[str, Any]) -> float:
     """Separate servers give no pairs: each census load over the median plain load of its own
     machine (the machines differ ~35 % in plain throughput), median over every census load."""
@@ -132,21 +155,28 @@ class Rule:
 
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-11-29-h200-server-llamacpp-kernel-phase.json",
-         kernel_phase_ratio, 0.99, "ratio of output tok/s, every kernel traced / untraced (one server)"),
-    Rule("vllm_default_throughput_ratio", "2026-12-01-h200-vllm-separate-servers.json",
-         vllm_separate_servers, 0.99, "ratio of output tok/s, census / plain (separate servers)",
-         command="separate servers, not pairs on one GPU: plain vLLM and vLLM under `otel-gpu-census run`, "
-                 "one server per load, 32 streaming clients x 12 requests x 256 tokens, on two H200 machines; "
-                 "value = median over the 5 census loads of load / median plain load of the same machine "
-                 "(per machine: 0.884 and 0.778); figures transcribed from the 2026-12-01 design notes"),
+    Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-llama-phases.json",
+         phases_ratio("launch"), 0.99,
+         "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one llama-server "
+         "(8B, 16 slots) in alternating control-file phases, median of 8 rounds",
+         command="BENCH_ARGS='--modes off,launch,sampled' bash bench/device/run.sh setup llama-phases"),
+    Rule("vllm_default_throughput_ratio", "2026-12-02-h200-vllm-phases.json",
+         phases_ratio("launch", "phases"), 0.99,
+         "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one vLLM server "
+         "(random 160M Llama, CUDA graphs) in alternating control-file phases, median of 8 rounds",
+         command="VLLM_E2E_ARGS='--only phases --phase-modes off,launch,sampled,nokernels' "
+                 "bash bench/device/run.sh setup vllm"),
     Rule("llamacpp_proxy_throughput_ratio", "2026-11-29-h200-server-llamacpp-proxy-one-server.json",
          proxy_pair_ratio, 0.99, "ratio of output tok/s, through the proxy / direct (one server)"),
-    Rule("sidecar_cpu_pct_of_one_core", "2026-11-29-h200-sidecar-cpu-2.json",
+    Rule("sidecar_cpu_pct_of_one_core", "2026-12-02-h200-sidecar-cpu.json",
          sidecar_pct, 1.0, "% of one core (8 processes, 1 s interval, NVML and GPM on)",
-         command="bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 25", date="2026-11-29"),
-    Rule("micro_eager_us_per_launch_default", "2026-11-29-h200-micro.json",
-         micro_us_added("eager"), None, "µs added per eager kernel launch vs plain",
+         command="bash bench/device/run.sh setup sidecar (bench/perf/perf_sidecar_cpu.py --workload cuda "
+                 "--seconds 25)", date="2026-12-02"),
+    Rule("micro_eager_us_per_launch_default", "2026-12-02-h200-kind-cost.json",
+         kind_cost_us("graph+kernel"), None,
+         "µs CUPTI adds per eager kernel launch with the default's activity kinds (kernels, copies, memsets, "
+         "graph launches), paired against none in one process, median of 21 rounds",
+         command="bash bench/device/run.sh setup kind-cost", date="2026-12-02",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_graph_us_per_node_default", "2026-11-29-h200-micro.json",
          micro_us_added("graph"), None, "µs added per CUDA-graph kernel node vs plain",
