@@ -119,6 +119,23 @@ def test_rules_agree_with_the_benchmarks_own_summaries():
         assert headline.micro_us_added(w)(mi) == row["us_added_per_launch"]
 
 
+def test_phase_and_kind_cost_rules_agree_with_the_raw_files():
+    """The phase ratios are the benchmarks' own medians; kind_cost's is its paired delta, in µs; a run
+    in which a phase did not switch gives no value."""
+    res = headline.RESULTS
+    lp = json.loads((res / "2026-12-02-h200-llama-phases.json").read_text())
+    r = [x["launch/off"] for x in lp["rounds"]]
+    assert headline.phases_ratio("launch")(lp) == round(sorted(r)[3] / 2 + sorted(r)[4] / 2, 3) == 0.997
+    vp = json.loads((res / "2026-12-02-h200-vllm-phases.json").read_text())
+    assert headline.phases_ratio("launch", "phases")(vp) == round(vp["phases"]["launch/off"]["median"], 3)
+    kc = json.loads((res / "2026-12-02-h200-kind-cost.json").read_text())
+    row = next(x for x in kc["results"] if (x["config"], x["workload"], x["metric"]) == ("graph+kernel", "eager", "issue"))
+    assert headline.kind_cost_us("graph+kernel")(kc) == round(row["delta_vs_none"]["median"] / 1000, 3)
+    assert 1.0 < headline.kind_cost_us("kernel")(kc) < 1.5 and abs(headline.kind_cost_us("copies")(kc)) < 0.3
+    with pytest.raises(headline.HeadlineError):
+        headline.phases_ratio("launch")({**lp, "all_switched": False})
+
+
 def test_separate_server_ratio_compares_each_load_with_its_own_machines_plain():
     raw = {"machines": [{"loads": {"plain": [100, 200, 300], "census": [180]}},
                         {"loads": {"plain": [1000], "census": [500, 1000]}}]}
@@ -161,7 +178,7 @@ def test_set_of_a_new_name_needs_a_unit_and_is_appended(copy):
     (["--set", "no value"], "NAME=VALUE"),
     (["--set", "x=1", "--source", "/etc/hostname"], "under bench/results/"),
     (["--set", "llamacpp_default_throughput_ratio=0.99", "--source",
-      str(REPO / "bench/results/2026-11-29-h200-server-llamacpp-kernel-phase.json")], "run --write"),
+      str(REPO / "bench/results/2026-12-02-h200-llama-phases.json")], "run --write"),
     (["--set", "x=1", "--source", str(REPO / "bench/results/2026-11-29-h200-micro.json"), "--date", "Dec 2"],
      "YYYY-MM-DD"),
 ])
