@@ -96,7 +96,10 @@ class Server:
         return {"rc": rc, "stop_s": round(time.time() - t, 2)}
 
 
-async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64):
+async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64, stream=True):
+    """Concurrent /v1/completions. stream=False: one JSON answer per request (tokens from its usage),
+    so the client parses 1 event a request instead of 1 a token: at ~7,000 tokens a second a Python
+    streaming client on the server's own cores is a bottleneck of its own (no TTFT then)."""
     import aiohttp
     results, errors = [], []
 
@@ -105,7 +108,7 @@ async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64):
         for i in range(per_client):
             tid, sid = f"{rnd.getrandbits(128):032x}", f"{rnd.getrandbits(64):016x}"
             body = {"model": "m", "prompt": " ".join(rnd.choice(WORDS) for _ in range(prompt_words)),
-                    "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+                    "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}
             t0 = time.time_ns()
             first, ntok, rid = None, 0, None
             try:
@@ -113,6 +116,13 @@ async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64):
                                   headers={"traceparent": f"00-{tid}-{sid}-01"}) as r:
                     if r.status != 200:
                         errors.append(r.status)
+                        continue
+                    if not stream:
+                        ans = await r.json()
+                        rid, ntok = ans.get("id"), int((ans.get("usage") or {}).get("completion_tokens") or 0)
+                        results.append({"trace_id": tid, "span_id": sid, "id": rid, "tokens": ntok,
+                                        "max_tokens": max_tokens, "start_ns": t0, "end_ns": time.time_ns(),
+                                        "ttft_s": None})
                         continue
                     async for line in r.content:
                         if line.startswith(b"data: ") and b"[DONE]" not in line:
@@ -237,13 +247,15 @@ def phases_run(a, model, out, base, env, servers) -> dict:
     res = {"waited_for_quiet_s": wait_quiet()}
     ph = Phases(base / "R")
 
+    clients, per_client, stream = a.phase_clients, a.phase_requests, a.phase_stream
+
     def one(mode, i):
-        lr = asyncio.run(load(8105, 32, 4, 256, seed=300 + i))
+        lr = asyncio.run(load(8105, clients, per_client, 256, seed=300 + i, stream=stream))
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
 
     def beside(rnd):      # plain vLLM after each round, and the round kept if the call is cut
         if servers["P"].proc.poll() is None:
-            rnd["P"] = summary(asyncio.run(load(8101, 32, 4, 256, seed=300 + len(done))))
+            rnd["P"] = summary(asyncio.run(load(8101, clients, per_client, 256, seed=300 + len(done), stream=stream)))
             if rnd["P"]["tok_per_s"] and rnd["off"]["tok_s"]:
                 rnd["off/P"] = round(rnd["off"]["tok_s"] / rnd["P"]["tok_per_s"], 4)
         done.append(rnd)
@@ -252,8 +264,8 @@ def phases_run(a, model, out, base, env, servers) -> dict:
     modes = a.phase_modes.split(",")
     rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside)
     res = {**res, "modes": modes, "rounds": rounds, **summarise(rounds, modes=modes),
-           "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts, same seed for "
-                   "every mode of a round; modes rotate who goes first"}
+           "load": f"{clients} {'streaming' if stream else 'non-streaming'} clients x {per_client} requests x 256 "
+                   "tokens, ignore_eos, 64-word prompts, same seed for every mode of a round; modes rotate who goes first"}
     check(res["all_switched"], "R: every phase switched the census")
     res["stop_R"] = servers.pop("R").stop()
     return res
@@ -315,6 +327,13 @@ def main():
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=4)
     ap.add_argument("--phase-rounds", type=int, default=8)
+    # phases: non-streaming by default. On the H200 (2026-12-02) 32 streaming clients (one SSE event a
+    # token, ~7,000 a second, parsed by one Python process on the server's cores) spread the loads
+    # +-20 % from phase to phase, plain vLLM's too: too wide to see 1 %.
+    ap.add_argument("--phase-clients", type=int, default=64)
+    ap.add_argument("--phase-requests", type=int, default=4, help="requests per client in each phase")
+    ap.add_argument("--phase-stream", action="store_true",
+                    help="phases with streaming clients (as until 2026-12-02); default one JSON answer a request")
     ap.add_argument("--phase-modes", default="off,launch,node,sampled,nokernels",
                     help="census modes of bench/server/control_phases.py, one phase each per round")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
