@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import cost
 from .census import (DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
                      KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, ProcessCensus,
                      Stat, merge_devices)
@@ -218,6 +219,27 @@ def per_request(censuses: Iterable[ProcessCensus], requests: int) -> dict:
     return out
 
 
+def _cost_dict(c: ProcessCensus, census_ns: int) -> dict:
+    e = cost.estimate(c)
+    return {"seconds": round(e.seconds, 6), "share_of_census_time": round(e.share_of(census_ns), 6),
+            "eager_kernels": e.eager_kernels, "graph_nodes": e.graph_nodes, "copies_and_memsets": e.copies,
+            "graphs_per_node": e.per_node}
+
+
+def cost_line(c: ProcessCensus) -> Optional[str]:
+    """What the census cost the process's launching threads, estimated (cost.py); None without records."""
+    e = cost.estimate(c)
+    if not (e.eager_kernels or e.graph_nodes or e.copies):
+        return None
+    census_ns = census_time_ns(c)
+    share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
+    nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
+             else f"{e.graph_nodes:,} graph kernel nodes x 0.119 us")
+    return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads{share} ({e.eager_kernels:,} "
+            f"kernel records x 1.25 us, {nodes}, {e.copies:,} copies and memsets x 1 us: CUPTI's costs "
+            f"measured on an H200)")
+
+
 def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
             census_dir: Optional[str] = None, hint: Optional[str] = None, facts=None) -> dict:
     """facts: a diagnose.Facts (request log, SM occupancy) for the diagnoses."""
@@ -238,6 +260,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "flags": c.flags, "warnings": process_warnings(c),
             "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED)
                         for _, d in sorted(c.devices.items())],
+            "census_cost_estimate": _cost_dict(c, census_ns),
         })
     gpus = merge_devices(censuses)
     out = {
@@ -321,6 +344,9 @@ def _process_lines(c: ProcessCensus) -> List[str]:
         lines.append("  no GPU activity")
     for d in devices:
         lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED))
+    cl = cost_line(c)
+    if cl:
+        lines.append(f"  {cl}")
     note = kernel_tracing_note(c)
     if note:
         lines.append(f"  note: {note}")

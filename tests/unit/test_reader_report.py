@@ -106,3 +106,37 @@ def test_kernels_off_gives_no_busy_share(census_dir, segments, records):
     text = report.render_text([c])
     assert "kernels not traced (OTEL_GPU_CENSUS_KERNELS=off)" in text
     assert report.to_dict([c])["processes"][0]["kernel_tracing"] == "off"
+
+
+def test_the_census_cost_is_estimated_from_what_it_counted(census_dir, segments, records):
+    """4 kernel records, 1,000 graph kernel nodes counted per launch, 2 copies and 1 memset over a 1 s
+    census: 4 x 1.25 + 1,000 x 0.119 + 3 x 1 = 127 µs. Traced node by node, graph nodes are kernel
+    records and the line says the figure is an upper bound."""
+    recs = [records.kernel(T0 + i * MS, T0 + i * MS + 10) for i in range(4)]
+    recs += [records.memcpy("dtoh", 4096, T0, T0 + 5, dst="pinned"), records.memcpy("htod", 8, T0, T0 + 5),
+             records.memset(64, T0, T0 + 5)]
+
+    def edit(seg):
+        seg.wall_start_ns, seg.wall_update_ns = 5 * S, 6 * S
+        seg.graph_mode = 1
+        seg.devices[0].kernel_count += 1000
+        seg.devices[0].graph_kernel_count = 1000
+    c = reader.read_segment(segments.segment(census_dir, recs, edit=edit))
+    proc = report.to_dict([c])["processes"][0]["census_cost_estimate"]
+    assert (proc["eager_kernels"], proc["graph_nodes"], proc["copies_and_memsets"]) == (4, 1000, 3)
+    assert abs(proc["seconds"] - 127e-6) < 1e-9 and abs(proc["share_of_census_time"] - 127e-6) < 1e-9
+    line = next(l for l in report.render_text([c]).splitlines() if "census cost" in l)
+    assert "0.000 s" in line and "0.01% of census time" in line and "1,000 graph kernel nodes" in line
+
+    def per_node(seg):
+        seg.wall_start_ns, seg.wall_update_ns = 5 * S, 6 * S
+    (census_dir / "n").mkdir(mode=0o700)
+    c = reader.read_segment(segments.segment(census_dir / "n", recs, edit=per_node))
+    line = next(l for l in report.render_text([c]).splitlines() if "census cost" in l)
+    assert "4 kernel records" in line and "upper bound" in line
+
+
+def test_no_census_cost_line_without_records(census_dir, segments, records):
+    c = _census(census_dir, segments, [], 5 * S, 6 * S)
+    assert "census cost" not in report.render_text([c])
+    assert report.to_dict([c])["processes"][0]["census_cost_estimate"]["seconds"] == 0

@@ -1,0 +1,48 @@
+"""What the census itself cost a process, estimated from what it counted and CUPTI's per-record costs.
+
+CUPTI charges the thread that launches GPU work for each activity record it will produce; the census's
+own processing above that was measured at ~1 % of it (docs/measurements.md §4). The per-record costs
+below were measured on an H200 (driver r580, CUPTI 13.5; §10 and §11: one process, paired rounds,
+quartiles within ±0.1 µs), so on other machines the estimate is a scale, not a measurement:
+
+- an eager kernel launch traced: 1.25 µs (the kernel kind; callbacks and copy kinds add ~0.1 µs);
+- a kernel node of a CUDA graph counted per launch (the default): 0.119 µs; traced node by node: 0.332;
+- a copy or memset: 1.0 µs (0.9-1.6 µs for a 4 KiB copy).
+
+The estimate is seconds of the launching threads' time over the census's life; where those threads
+are the bottleneck (a launch-bound server) it is about the throughput the census costs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .census import GRAPHS_LAUNCH, ProcessCensus
+
+EAGER_KERNEL_S = 1.25e-6
+GRAPH_NODE_PER_LAUNCH_S = 0.119e-6
+GRAPH_NODE_PER_NODE_S = 0.332e-6
+COPY_S = 1.0e-6
+
+
+@dataclass(frozen=True)
+class CensusCost:
+    eager_kernels: int            # kernel records of eager launches (and, traced per node, graph nodes)
+    graph_nodes: int              # kernels counted from graph launches' learned contents
+    copies: int                   # copies and memsets, graph ones included
+    seconds: float
+    per_node: bool                # graphs traced node by node: their nodes are among eager_kernels
+
+    def share_of(self, ns: int) -> float:
+        return self.seconds * 1e9 / ns if ns > 0 else 0.0
+
+
+def estimate(c: ProcessCensus) -> CensusCost:
+    eager = graph = copies = 0
+    for d in c.devices.values():
+        graph += d.graph_kernel_count
+        eager += d.kernel_count - d.graph_kernel_count
+        copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
+    per_node = c.graphs.mode != GRAPHS_LAUNCH
+    # Traced node by node, graph nodes are kernel records like eager ones: priced as eager launches,
+    # an upper bound (a node costs CUPTI 0.332 µs against 1.25 for an eager launch).
+    s = eager * EAGER_KERNEL_S + graph * GRAPH_NODE_PER_LAUNCH_S + copies * COPY_S
+    return CensusCost(eager, graph, copies, s, per_node)
