@@ -2,7 +2,7 @@
 conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
 start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
 
-    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,kv,tp]
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,kv,kv-plain,tp]
 
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
@@ -364,6 +364,9 @@ def main():
             if only & {"spans", "throughput", "kv"}:
                 servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                       extra=["--kv-offloading-size", "2"])
+            if "kv-plain" in only:     # plain vLLM with KV offloading: does it stop in time without us?
+                time.sleep(3)
+                servers["KP"] = Server("KP", 8106, model, out, extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
                 if "P" not in servers:
                     time.sleep(3)
@@ -406,9 +409,16 @@ def main():
                 print(f"throughput {n}/P:", r, flush=True)
         if "phases" in only:
             res["phases"] = phases_run(a, model, out, base, env, servers)
+        if "KP" in servers:
+            res["load_KP"] = summary(asyncio.run(load(8106, 32, 2, 256, seed=1)))
         for n, s in list(servers.items()):
             res.setdefault("stop", {})[n] = s.stop()
             check(res["stop"][n]["rc"] in (0, -2, 130), f"{n}: stopped on SIGINT, rc {res['stop'][n]['rc']}")
+            # whether the engine ran its shutdown (on the H200 the KV-offload engine under the census
+            # logged nothing after the stop and was killed 3 s later: 2026-12-02)
+            log_text = (out / f"server-{n}.log").read_text(errors="replace")
+            res["stop"][n]["engine_exited_busy_loop"] = "EngineCore: exiting busy loop" in log_text
+            res["stop"][n]["engine_force_killed"] = "force killing remaining processes" in log_text
         if span_servers:
             time.sleep(2)
             for n in span_servers:
