@@ -240,7 +240,7 @@ def wait_quiet(limit_s=420) -> float:
 def phases_run(a, model, out, base, env, servers) -> dict:
     """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
     sys.path.insert(0, str(ROOT / "bench" / "server"))
-    from control_phases import Phases, run_rounds, summarise
+    from control_phases import Phases, phase_seed, run_rounds, summarise
     for n in ("P", "R"):
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
@@ -249,13 +249,14 @@ def phases_run(a, model, out, base, env, servers) -> dict:
 
     clients, per_client, stream = a.phase_clients, a.phase_requests, a.phase_stream
 
-    def one(mode, i):
-        lr = asyncio.run(load(8105, clients, per_client, 256, seed=300 + i, stream=stream))
+    def one(mode, i):     # prompts of its own every phase (vLLM's prefix caching would serve a repeat)
+        lr = asyncio.run(load(8105, clients, per_client, 256, seed=phase_seed(300, i, mode, modes), stream=stream))
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
 
     def beside(rnd):      # plain vLLM after each round, and the round kept if the call is cut
         if servers["P"].proc.poll() is None:
-            rnd["P"] = summary(asyncio.run(load(8101, clients, per_client, 256, seed=300 + len(done), stream=stream)))
+            rnd["P"] = summary(asyncio.run(load(8101, clients, per_client, 256, seed=phase_seed(300, len(done), "P", modes),
+                                                stream=stream)))
             if rnd["P"]["tok_per_s"] and rnd["off"]["tok_s"]:
                 rnd["off/P"] = round(rnd["off"]["tok_s"] / rnd["P"]["tok_per_s"], 4)
         done.append(rnd)
@@ -265,7 +266,8 @@ def phases_run(a, model, out, base, env, servers) -> dict:
     rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside)
     res = {**res, "modes": modes, "rounds": rounds, **summarise(rounds, modes=modes),
            "load": f"{clients} {'streaming' if stream else 'non-streaming'} clients x {per_client} requests x 256 "
-                   "tokens, ignore_eos, 64-word prompts, same seed for every mode of a round; modes rotate who goes first"}
+                   "tokens, ignore_eos, 64-word prompts of its own in every phase (no prefix-cache hits between phases); "
+                   "modes rotate who goes first"}
     check(res["all_switched"], "R: every phase switched the census")
     res["stop_R"] = servers.pop("R").stop()
     return res

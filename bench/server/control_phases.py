@@ -84,6 +84,14 @@ class Phases:
         return out
 
 
+def phase_seed(base: int, round_no: int, mode: str, modes) -> int:
+    """A load seed of its own for every phase: the same seed in two phases would let the later one
+    find its prompts in the server's prefix cache (llama-server's slots, vLLM's prefix caching) and
+    skip their prefill, a bias for whichever mode runs second."""
+    modes = list(modes)
+    return base + round_no * (len(modes) + 1) + (modes.index(mode) if mode in modes else len(modes))
+
+
 def delta(after: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 

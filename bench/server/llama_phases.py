@@ -1,7 +1,8 @@
 """Census modes side by side on ONE llama-server, in alternating phases (bench/server/control_phases.py):
 off (nothing traced), launch (graphs per launch, every kernel traced), sampled (kernels traced 100 ms of
 every 1000 ms), nokernels (copies and memsets only), node (every graph node traced) as --modes names
-them. Each phase runs the same load (same seed); the modes rotate who goes first. Throughput ratios
+them. Each phase runs the same load shape with prompts of its own (no phase finds its prompts cached by
+another); the modes rotate who goes first. Throughput ratios
 mode/off per round, with their median and spread, and the census's copies per output token per mode
 (copies must not depend on the mode).
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from control_phases import Phases, run_rounds, summarise  # noqa: E402
+from control_phases import Phases, phase_seed, run_rounds, summarise  # noqa: E402
 from load import run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
 
@@ -59,11 +60,15 @@ def main() -> int:
         time.sleep(1.5)
         ph = Phases(census)
 
-        def one(mode, i):
-            ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=100 + i)
-            return {"tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"), "errors": ld.get("errors"),
-                    "ttft_p50_s": ld.get("ttft_p50_s")}
         modes = a.modes.split(",")
+
+        def one(mode, i):
+            # fresh prompts every phase: with one seed a round, the phases after the first found their
+            # prompts already in the slots (llama-server reuses a slot's matching prefix even with
+            # --cache-ram 0) and skipped their prefill (until 2026-12-02)
+            ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=phase_seed(100, i, mode, modes))
+            return {"tok_s": ld.get("output_tok_s"), "steady_tok_s": ld.get("steady_tok_s"),
+                    "tokens": ld.get("output_tokens"), "errors": ld.get("errors"), "ttft_p50_s": ld.get("ttft_p50_s")}
         res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes)
         res.update(summarise(res["rounds"], modes=modes))
         return 0

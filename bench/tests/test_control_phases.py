@@ -117,3 +117,9 @@ def test_kernel_modes_wait_until_the_segment_traces_kernels_as_asked(standin, tm
     standin.stop.set()
     standin.thread.join(2)                      # the census stops answering: the switch is not seen
     assert ph.set("sampled", timeout=0.3) is False
+
+
+def test_every_phase_and_the_plain_load_beside_get_seeds_of_their_own():
+    modes = ["off", "launch", "sampled", "nokernels"]
+    seeds = [cp.phase_seed(300, i, m, modes) for i in range(8) for m in modes + ["P"]]
+    assert len(set(seeds)) == len(seeds) == 40 and min(seeds) == 300
