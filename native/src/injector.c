@@ -74,6 +74,7 @@ static struct {
     int paused;
     uint64_t paused_since, paused_ns; /* monotonic ns */
     char last[128];                   /* the content last applied */
+    int finish;                       /* census=finish: the final flush, by the flusher, now */
 } g_ctl;
 
 static uint64_t mono_ns(void)
@@ -265,6 +266,7 @@ static void sleep_until(uint64_t mono)
 }
 
 static void control_poll(uint64_t mono);
+static int finish(int at_exit);
 
 /* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */
 static uint64_t g_next_phase = UINT64_MAX;
@@ -291,6 +293,11 @@ static void *flusher(void *arg)
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
             control_poll(now);
+            if (g_ctl.finish) { /* asked for by the control file: the census ends here */
+                atomic_store(&g_flusher_busy, 0);
+                (void)finish(0);
+                break;
+            }
             uint64_t t = gc_wall_ns();
             uint64_t m = mono_ns();
             if (gc_cupti_flush_all(0) == CUPTI_SUCCESS) {
@@ -422,7 +429,8 @@ static void enable_kinds(void)
  * server then pays CUPTI nothing but the callbacks), `census=on` enables them again; `graphs=node` or
  * `graphs=launch` switches how graph launches are traced; `kernels=all|off|ON_MS/PERIOD_MS` switches
  * kernel tracing as OTEL_GPU_CENSUS_KERNELS would have from the start (a sampled schedule keeps the
- * process's origin). For comparing modes side by side on one running server, and for an operator who
+ * process's origin); `census=finish` runs the final flush now, on the flusher thread, and ends the
+ * census (for a process about to be killed whose own shutdown may never run: vLLM's engine). For comparing modes side by side on one running server, and for an operator who
  * wants the exact mode for a while. The segment says what is in force (paused, paused_ns, graph_mode,
  * kernel_mode); kernel_traced_ns counts every moment the kernel kind was on, whatever the mode. */
 static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono);
@@ -450,7 +458,8 @@ static void control_poll(uint64_t mono)
     uint32_t kmode = g_ks.mode, kon = g_ks.on_ms, kperiod = g_ks.period_ms;
     char *save = NULL;
     for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
-        if (strcmp(w, "census=off") == 0) pause = 1;
+        if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
+        else if (strcmp(w, "census=off") == 0) pause = 1;
         else if (strcmp(w, "census=on") == 0) pause = 0;
         else if (strcmp(w, "graphs=node") == 0) graphs = GC_GRAPHS_NODE;
         else if (strcmp(w, "graphs=launch") == 0 && g_graphs_learned) graphs = GC_GRAPHS_LAUNCH;
@@ -467,7 +476,7 @@ static void control_poll(uint64_t mono)
                 gc_log("control file %s: ignoring \"%.40s\" (kernels=all|off|ON_MS/PERIOD_MS, multiples of "
                        "20 ms)", path, w);
             }
-        } else gc_log("control file %s: ignoring \"%.40s\" (census=on|off, graphs=node|launch, "
+        } else gc_log("control file %s: ignoring \"%.40s\" (census=on|off|finish, graphs=node|launch, "
                       "kernels=all|off|ON_MS/PERIOD_MS)", path, w);
     }
     /* Records of the mode ending are judged by the mode in force when they are tallied: hand back the

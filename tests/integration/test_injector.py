@@ -508,3 +508,33 @@ def test_control_file_switches_kernel_tracing_of_a_running_census(native, mock_l
     # on: before off, ~40 % of the sampled second and of the bad 0.3 s, all of the last 0.3 s
     assert 0.2e9 < p.kernels.traced_ns < alive - 0.5e9, (p.kernels.traced_ns, alive)
     assert p.kernels.tracing and p.kernels.mode == 0
+
+
+def test_census_finish_in_the_control_file_runs_the_final_flush_on_the_flusher(native, mock_lib, tmp_path, records):
+    """census=finish: the final flush now, by the flusher thread (it answers when the process's own
+    threads do not: a vLLM engine about to be killed), then the census is over: every kind off, records
+    after it not counted, the segment exited with the totals of before; the process runs on."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        import time
+        from otel_gpu_census.census.reader import read_segment
+        T = 1_700_000_000_000_000_000
+        g.InitializeInjection()
+        queue(cr.memcpy('dtoh', 4096, T, T + 10, dst='pinned'), cr.MEMCPY_T)
+        g.gc_flush()
+        queue(cr.memcpy('dtoh', 1000, T + 20, T + 30, dst='pinned'), cr.MEMCPY_T)   # queued, not yet handed back
+        open(path()[:-4] + '.control', 'w').write('census=finish\\n')
+        for _ in range(300):
+            if read_segment(path(), detail=False).state_name == 'exited':
+                break
+            time.sleep(0.01)
+        out['state'] = read_segment(path(), detail=False).state_name
+        out['active'] = g.gc_active()
+        out['kinds'] = [mock.mock_enabled(getattr(rlib, 'CUPTI_ACTIVITY_KIND_' + k))
+                        for k in ('CONCURRENT_KERNEL', 'MEMCPY', 'MEMCPY2', 'MEMSET')]
+        queue(cr.memcpy('dtoh', 7, T + 40, T + 50, dst='pinned'), cr.MEMCPY_T)
+        out['finish_again'] = g.gc_finish()
+    """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res == {"state": "exited", "active": 0, "kinds": [0, 0, 0, 0], "finish_again": -1}, res
+    p = read(native, next(d.glob("*.seg")))
+    assert p.state_name == "exited" and p.devices[0].copies.get("dtoh").bytes == 4096 + 1000
+    assert err == ""

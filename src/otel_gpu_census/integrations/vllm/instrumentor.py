@@ -16,8 +16,8 @@ nothing for its hooks):
 | .handle_preemptions, .start_kv_transfers, and     | (TP = PP = 1) | one sub-step per call and direction   |
 | submit_store / submit_load of its OffloadingWorker|               | around the launches (kv_offload.py)   |
 | EngineCore.shutdown                               | EngineCore    | final census flush, last spans out    |
-| vllm.v1.utils.shutdown (and its import in         | API server    | a 3 s grace before SIGKILL, so the    |
-| vllm.v1.engine.utils)                             |               | engine's final flush can run          |
+| vllm.v1.utils.shutdown (and its import in         | API server    | the engines' final census flush (their |
+| vllm.v1.engine.utils)                             |               | control files), then a 3 s grace      |
 
 Every hook calls vLLM's method exactly once, with its arguments untouched, and returns its result or
 raises its exception. Our own code around it runs inside a guard: an exception there switches the
@@ -135,16 +135,35 @@ def _shutdown(wrapped, instance, args, kwargs):
 
 
 SHUTDOWN_GRACE_S = 3.0
+FINISH_WAIT_S = 1.5     # the engines' flushers answer a control file within one flush period (1 s)
+
+
+def _finish_censuses(procs) -> None:
+    """The final census flush of the processes about to be stopped (and their workers), through their
+    control files: their flusher threads do it even when their main thread never reaches its shutdown
+    (on the H200 an engine with KV offloading ignored SIGTERM until it was killed, 2026-12-02)."""
+    directory = os.environ.get("OTEL_GPU_CENSUS_DIR")
+    pids = [p.pid for p in procs if getattr(p, "pid", None) and getattr(p, "is_alive", lambda: False)()]
+    if not directory or not pids or not injector.under_census():
+        return
+    from ...census import control
+    asked, done = control.finish(directory, pids, FINISH_WAIT_S)
+    if asked > done:
+        log.info("otel-gpu-census: %d of %d engine censuses did not finish within %.1f s of the stop",
+                 asked - done, asked, FINISH_WAIT_S)
 
 
 def _process_shutdown(wrapped, instance, args, kwargs):
     """vllm.v1.utils.shutdown(procs, timeout): with vLLM's default --shutdown-timeout 0 the API server
     sends the engine SIGTERM and then SIGKILL at once, and the census loses its final flush and the
-    last spans. Under the census, let the engine take up to SHUTDOWN_GRACE_S to exit by itself (it
-    needs well under a second); an engine that exits sooner costs nothing."""
+    last spans. Under the census, first the engines' final census flush (their flushers, through the
+    control file: at most FINISH_WAIT_S), then let the engine take up to SHUTDOWN_GRACE_S to exit by
+    itself (it needs well under a second); an engine that exits sooner costs nothing."""
     def call(procs, timeout=None):
-        if not GUARD.off and timeout is not None and timeout < SHUTDOWN_GRACE_S:
-            timeout = SHUTDOWN_GRACE_S
+        if not GUARD.off:
+            _guard("final census flush", _finish_censuses, procs)
+            if timeout is not None and timeout < SHUTDOWN_GRACE_S:
+                timeout = SHUTDOWN_GRACE_S
         return wrapped(procs, timeout=timeout)
     return call(*args, **kwargs)
 

@@ -1,0 +1,84 @@
+"""Ask the census of other processes for something through their control files (native/src/injector.c,
+control_poll): here, the final flush of processes about to be killed.
+
+A server's manager that is about to terminate its workers (vLLM's API server stopping its engine, which
+it SIGKILLs a few seconds later) writes ``census=finish`` beside each of their segments; each worker's
+flusher thread runs the final flush at its next wake (within one flush period) and marks the segment
+exited, even when the worker's own threads never reach their shutdown code. Never raises."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterable, List, Set, Tuple
+
+from .reader import SegmentError, read_segment, segment_file_pid, segment_paths
+
+FINISH = "census=finish\n"
+
+
+def _write_control(seg: Path, text: str) -> bool:
+    """The segment's control file, ours and regular: never through a link, never blocking on a FIFO."""
+    ctl = seg.with_suffix(".control")
+    try:
+        fd = os.open(ctl, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return False
+    try:
+        os.write(fd, text.encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def segments_of(directory, pids: Iterable[int]) -> List[Path]:
+    """The segments of `pids` and of their descendants (by the parent pid each segment records)."""
+    want: Set[int] = {p for p in pids if p}
+    found = {}
+    for p in segment_paths(directory):
+        ident = segment_file_pid(p)
+        if ident is None:
+            continue
+        try:
+            found[p] = (ident[0], read_segment(p, detail=False).ppid)
+        except (SegmentError, OSError):
+            continue
+    grew = True
+    while grew:                       # a worker's workers too
+        grew = False
+        for pid, ppid in found.values():
+            if ppid in want and pid not in want:
+                want.add(pid)
+                grew = True
+    return sorted(p for p, (pid, _) in found.items() if pid in want)
+
+
+def finish(directory, pids: Iterable[int], timeout_s: float = 1.5) -> Tuple[int, int]:
+    """census=finish for every live segment of `pids` and their descendants; wait until each says
+    exited, at most `timeout_s`. (asked, finished)."""
+    try:
+        segs = []
+        for s in segments_of(directory, pids):
+            try:
+                if read_segment(s, detail=False).state_name == "active" and _write_control(s, FINISH):
+                    segs.append(s)
+            except (SegmentError, OSError):
+                continue
+        deadline = time.monotonic() + timeout_s
+        left = list(segs)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            keep = []
+            for s in left:
+                try:
+                    if read_segment(s, detail=False).state_name != "exited":
+                        keep.append(s)
+                except (SegmentError, OSError):
+                    pass              # gone: nothing more to wait for
+            left = keep
+        return len(segs), len(segs) - len(left)
+    except Exception:                 # a manager's shutdown must go on whatever happened here
+        return 0, 0
