@@ -23,7 +23,6 @@ MODES = {      # the whole state each phase runs in: census, graph mode, kernel 
     "sampled": "census=on graphs=launch kernels=100/1000\n",        # kernels traced 10 % of the time
     "nokernels": "census=on graphs=launch kernels=off\n",           # copies and memsets only
 }
-KERNELS = {"launch": "all", "node": "all", "sampled": "100/1000", "nokernels": "off"}
 
 
 class Phases:
@@ -42,9 +41,11 @@ class Phases:
             return False
         for seg in self.segments():
             seg.with_suffix(".control").write_text(want)
-        paused = mode == "off"
-        graph_mode = {"launch": 1, "node": 0, "sampled": 1, "nokernels": 1}.get(mode)
-        kernels = KERNELS.get(mode)
+        # what the segment shows once the mode is in force, read off the mode's own words
+        words = dict(w.split("=", 1) for w in want.split())
+        paused = words.get("census") == "off"
+        graph_mode = {"launch": 1, "node": 0}.get(words.get("graphs"))
+        kernels = words.get("kernels")
         t0 = time.time()
         while time.time() - t0 < timeout:
             ok = True

@@ -233,11 +233,12 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
         return None
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
+    us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
-             else f"{e.graph_nodes:,} graph kernel nodes x 0.119 us")
+             else f"{e.graph_nodes:,} graph kernel nodes x {us(cost.GRAPH_NODE_PER_LAUNCH_S)}")
     return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads{share} ({e.eager_kernels:,} "
-            f"kernel records x 1.25 us, {nodes}, {e.copies:,} copies and memsets x 1 us: CUPTI's costs "
-            f"measured on an H200)")
+            f"kernel records x {us(cost.EAGER_KERNEL_S)}, {nodes}, {e.copies:,} copies and memsets x "
+            f"{us(cost.COPY_S)}: CUPTI's costs measured on an H200)")
 
 
 def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,

@@ -43,3 +43,22 @@ class HookGuard:
             self._log.exception("otel-gpu-census: the %s integration is off for this process (%s failed); "
                                 "%s is unaffected", self.name, what, self.name)
             return default
+
+
+def start_integration(name: str, label: str, how: str, instrument: Callable[[], Any], log: logging.Logger) -> None:
+    """An engine plugin entry point's whole work: `instrument()` unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS
+    names `name` or the process is not under the census. Never raises (the engine would not start): at
+    worst one log line and the engine runs uninstrumented. `how`: the command that starts it under the census."""
+    import os
+    from .. import injector
+    try:
+        if name in {n.strip() for n in os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")}:
+            log.info("otel-gpu-census: %s integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", label)
+            return
+        if not injector.under_census():
+            log.info("otel-gpu-census: %s integration idle: this process is not under the census (start %s with "
+                     "`%s`)", label, label, how)
+            return
+        instrument()
+    except Exception:
+        log.exception("otel-gpu-census: the %s integration could not start; %s runs without it", label, label)

@@ -25,14 +25,12 @@ integration off for the rest of the process, with one log line, and SGLang serve
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Collection, List, Tuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from ... import injector
-from ..guard import HookGuard
+from ..guard import HookGuard, start_integration
 from .package import _instruments
 
 log = logging.getLogger("otel_gpu_census.sglang")
@@ -244,22 +242,7 @@ def _wrapt_hooks() -> None:
             hasattr(getattr(mod, cls, None), meth) and wrapt.wrap_function_wrapper(mod, f"{cls}.{meth}", adapt(kind, hook)))
 
 
-def disabled_by_environment() -> bool:
-    names = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
-    return NAME in {n.strip() for n in names.split(",")}
-
-
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: SGLang calls it in every process it starts, before it
     applies the registered hooks. Never raises: at worst one log line and SGLang runs uninstrumented."""
-    try:
-        if disabled_by_environment():
-            log.info("otel-gpu-census: SGLang integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS")
-            return
-        if not injector.under_census():
-            log.info("otel-gpu-census: SGLang integration idle: this process is not under the census "
-                     "(start SGLang with `otel-gpu-census run -- python -m sglang.launch_server ...`)")
-            return
-        SglangInstrumentor().instrument()
-    except Exception:
-        log.exception("otel-gpu-census: the SGLang integration could not start; SGLang runs without it")
+    start_integration(NAME, "SGLang", "otel-gpu-census run -- python -m sglang.launch_server ...", lambda: SglangInstrumentor().instrument(), log)

@@ -34,7 +34,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
 from ... import injector
-from ..guard import HookGuard
+from ..guard import HookGuard, start_integration
 from . import kv_offload
 from .package import _instruments
 
@@ -242,22 +242,7 @@ def _wrap(module, name: str, hook: Callable) -> None:
     wrapt.wrap_function_wrapper(module, name, hook)
 
 
-def disabled_by_environment() -> bool:
-    names = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
-    return NAME in {n.strip() for n in names.split(",")}
-
-
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: vLLM calls it in every process it starts. Never
     raises (vLLM would not start): at worst one log line and vLLM runs uninstrumented."""
-    try:
-        if disabled_by_environment():
-            log.info("otel-gpu-census: vLLM integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS")
-            return
-        if not injector.under_census():
-            log.info("otel-gpu-census: vLLM integration idle: this process is not under the census "
-                     "(start vLLM with `otel-gpu-census run -- vllm serve ...`)")
-            return
-        VllmInstrumentor().instrument()
-    except Exception:
-        log.exception("otel-gpu-census: the vLLM integration could not start; vLLM runs without it")
+    start_integration(NAME, "vLLM", "otel-gpu-census run -- vllm serve ...", lambda: VllmInstrumentor().instrument(), log)
