@@ -47,15 +47,15 @@ def otlp_receiver():
 
 
 class Server:
-    def __init__(self, name, port, model, out: Path, census_dir=None, extra=(), env=None):
+    def __init__(self, name, port, model, out: Path, census_dir=None, extra=(), env=None, gpu_mem=0.2, cache=None):
         self.name, self.port, self.census_dir = name, port, census_dir
         e = dict(os.environ, **VLLM_ENV, **(env or {}))
         e["OTEL_SERVICE_NAME"] = f"vllm-{name}"
-        # servers started together must not compile into one cache (cycles share theirs, one at a time)
-        cache = f"/tmp/vc-{'cycles' if name.startswith('cycle') else name}"
+        # servers started together must not compile into one cache (a cycle slot reuses its own wave after wave)
+        cache = cache or f"/tmp/vc-{name}"
         e.update(VLLM_CACHE_ROOT=cache, TRITON_CACHE_DIR=cache + "/triton")
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
-               "--host", "127.0.0.1", "--gpu-memory-utilization", "0.2", "--max-model-len", "2048",
+               "--host", "127.0.0.1", "--gpu-memory-utilization", str(gpu_mem), "--max-model-len", "2048",
                "--served-model-name", "m", *extra]
         if census_dir is not None:
             e["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
@@ -322,12 +322,54 @@ def ranks_check(name, census_dir, res, tp):
     check(all(r["total"].get("kernel.count", 0) > 0 for r in ranks.values()), f"{name}: every rank's steps counted")
 
 
+def cycles_run(a, model, out, base, env) -> list:
+    """Start, load, stop: --cycles servers, --cycle-parallel at a time (each its own port, census folder
+    and compile cache), waves until done or --budget-s would be passed. Each cycle: up, its 16 requests
+    answered, stopped on SIGINT with the run's exit code, its engine's segment complete ("exited": the
+    final flush ran) and every request in the engine's request log."""
+    cyc, t0, i = [], time.time(), 0
+    wave_s = 0.0
+    while i < a.cycles:
+        if cyc and time.time() - t0 + wave_s > a.budget_s:
+            print(f"cycles: stopping after {len(cyc)} (budget {a.budget_s} s)", flush=True)
+            break
+        w0 = time.time()
+        wave = []
+        for j in range(i, min(a.cycles, i + a.cycle_parallel)):
+            d = base / f"cycle{j}"
+            wave.append((j, d, Server(f"cycle{j}", 8110 + j, model, out, census_dir=d, env=env,
+                                      extra=["--enforce-eager"], gpu_mem=a.cycle_gpu_mem,
+                                      cache=f"/tmp/vc-cycle{j % a.cycle_parallel}")))
+            time.sleep(2)
+        ups = [s.wait() for _, _, s in wave]
+
+        async def loads():
+            return await asyncio.gather(*(load(s.port, 8, 2, 32, seed=200 + j) for (j, _, s), up in zip(wave, ups) if up))
+        got = iter(asyncio.run(loads()))
+        for (j, d, s), up in zip(wave, ups):
+            lr = next(got) if up else {"requests": [], "errors": ["down"]}
+            st = s.stop()
+            segs, logs = read_census(d)
+            cyc.append({"cycle": j, "up": up, "ready_s": round(getattr(s, "ready_s", -1), 1),
+                        "requests": len(lr["requests"]), "errors": len(lr["errors"]), **st, "segments": len(segs),
+                        "exited": sum(x.state_name == "exited" for x in segs),
+                        "logged": len([l for l in logs if "gpu" in l])})
+            print("cycle", j, cyc[-1], flush=True)
+        i += len(wave)
+        wave_s = time.time() - w0
+    return cyc
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="spans,throughput,cycles")
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=4)
+    ap.add_argument("--cycle-parallel", type=int, default=1, help="cycles started at once (waves)")
+    ap.add_argument("--cycle-gpu-mem", type=float, default=0.2, help="--gpu-memory-utilization of a cycle's server")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="cycles: no new wave once the cycles so far plus one more wave would pass this")
     ap.add_argument("--phase-rounds", type=int, default=8)
     # phases: non-streaming by default. On the H200 (2026-12-02) 32 streaming clients (one SSE event a
     # token, ~7,000 a second, parsed by one Python process on the server's cores) spread the loads
@@ -453,21 +495,11 @@ def main():
             conservation_check("T", base / "T", all_spans, res.setdefault("spans_T", {}))
             ranks_check("T", base / "T", res["spans_T"], a.tp)
         if "cycles" in only:
-            cyc = []
-            for i in range(a.cycles):
-                d = base / f"cycle{i}"
-                s = Server(f"cycle{i}", 8110 + i, model, out, census_dir=d, env=env, extra=["--enforce-eager"])
-                up = s.wait()
-                lr = asyncio.run(load(s.port, 8, 2, 32, seed=200 + i)) if up else {"requests": [], "errors": ["down"]}
-                st = s.stop()
-                segs, logs = read_census(d)
-                cyc.append({"up": up, "ready_s": round(getattr(s, "ready_s", -1), 1), "requests": len(lr["requests"]),
-                            "errors": len(lr["errors"]), **st, "segments": len(segs),
-                            "exited": sum(x.state_name == "exited" for x in segs),
-                            "logged": len([l for l in logs if "gpu" in l])})
-                print("cycle", i, cyc[-1], flush=True)
-            res["cycles"] = cyc
-            check(all(c["up"] and not c["errors"] and c["rc"] in (0, -2, 130) and c["exited"] >= 1 for c in cyc),
+            res["cycles"] = cycles_run(a, model, out, base, env)
+            cyc = res["cycles"]
+            check(len(cyc) == a.cycles, f"{len(cyc)} of {a.cycles} start/load/stop cycles ran (--budget-s {a.budget_s})")
+            check(all(c["up"] and not c["errors"] and c["rc"] in (0, -2, 130) and c["exited"] >= 1
+                      and c["logged"] == c["requests"] for c in cyc),
                   f"{len(cyc)} start/load/stop cycles: no crash, hang or lost segment")
     finally:
         for s in servers.values():

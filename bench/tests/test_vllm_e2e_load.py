@@ -66,3 +66,52 @@ def test_tokens_are_counted_streaming_or_not(server, stream):
     sent = {tp for tp, _ in seen}
     assert {f"00-{r['trace_id']}-{r['span_id']}-01" for r in ok} <= sent and len(sent) == 6
     assert all(b["stream"] is stream and b["ignore_eos"] for _, b in seen)
+
+
+class _FakeServer:
+    """Stands in for a vLLM server of a cycle: records when it started, stops with rc 0."""
+    started: list = []
+
+    def __init__(self, name, port, model, out, census_dir=None, extra=(), env=None, gpu_mem=0.2, cache=None):
+        self.name, self.port, self.census_dir, self.cache, self.gpu_mem = name, port, census_dir, cache, gpu_mem
+        _FakeServer.started.append(self)
+        self.ready_s = 1.0
+
+    def wait(self):
+        return self.name != "cycle3"                     # one server never comes up
+
+    def stop(self):
+        return {"rc": 0, "stop_s": 0.1}
+
+
+def _cycles(monkeypatch, tmp_path, n, parallel, budget_s):
+    import argparse
+    _FakeServer.started = []
+    monkeypatch.setattr(vllm_e2e, "Server", _FakeServer)
+    monkeypatch.setattr(vllm_e2e.time, "sleep", lambda s: None)
+
+    async def fake_load(port, clients, per_client, max_tokens, seed=0, **kw):
+        return {"requests": [{"port": port}] * (clients * per_client), "errors": [], "tok_per_s": 1.0}
+    monkeypatch.setattr(vllm_e2e, "load", fake_load)
+    monkeypatch.setattr(vllm_e2e, "read_census", lambda d: ([], [{"gpu": {}}] * 16))
+    a = argparse.Namespace(cycles=n, cycle_parallel=parallel, cycle_gpu_mem=0.15, budget_s=budget_s)
+    return vllm_e2e.cycles_run(a, "/m", tmp_path, tmp_path, {})
+
+
+def test_cycles_run_in_waves_each_with_its_own_port_folder_and_cache(monkeypatch, tmp_path):
+    cyc = _cycles(monkeypatch, tmp_path, n=5, parallel=2, budget_s=1e9)
+    assert [c["cycle"] for c in cyc] == [0, 1, 2, 3, 4]
+    s = _FakeServer.started
+    assert len({x.port for x in s}) == 5 and len({x.census_dir for x in s}) == 5
+    # two slots: a slot's cache is reused from wave to wave, never by two servers of one wave
+    assert [x.cache for x in s] == ["/tmp/vc-cycle0", "/tmp/vc-cycle1"] * 2 + ["/tmp/vc-cycle0"]
+    assert all(x.gpu_mem == 0.15 for x in s)
+    assert cyc[3]["up"] is False and cyc[3]["requests"] == 0 and cyc[3]["errors"] == 1
+    assert all(c["requests"] == 16 and c["logged"] == 16 for i, c in enumerate(cyc) if i != 3)
+
+
+def test_cycles_stop_before_a_wave_that_would_pass_the_budget(monkeypatch, tmp_path):
+    clock = iter(range(0, 10_000, 50))           # every time.time() call moves 50 s on
+    monkeypatch.setattr(vllm_e2e.time, "time", lambda: next(clock))
+    cyc = _cycles(monkeypatch, tmp_path, n=10, parallel=2, budget_s=300)
+    assert 0 < len(cyc) < 10 and len(cyc) % 2 == 0

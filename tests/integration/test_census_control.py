@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from otel_gpu_census.census import control
 from otel_gpu_census.census.reader import read_segment
+from otel_gpu_census.integrations.final_flush import FINISH_WAIT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,11 +101,52 @@ def test_vllm_asks_the_engines_census_to_finish_before_stopping_them(monkeypatch
     monkeypatch.setenv("OTEL_GPU_CENSUS_DIR", "/some/census")
     monkeypatch.setenv("CUDA_INJECTION64_PATH", "/lib/injector.so")
     calls = []
-    monkeypatch.setattr(control, "finish", lambda d, pids, t: calls.append(("finish", d, list(pids), t)) or (1, 1))
+    monkeypatch.setattr(control, "finish", lambda d, pids, t, exclude=(): calls.append(("finish", d, list(pids), t)) or (1, 1))
     procs = [SimpleNamespace(pid=7, is_alive=lambda: True), SimpleNamespace(pid=8, is_alive=lambda: False)]
     vi._process_shutdown(lambda procs, timeout=None: calls.append(("stop", timeout)), None, (procs,), {"timeout": 0})
-    assert calls == [("finish", "/some/census", [7], vi.FINISH_WAIT_S), ("stop", vi.SHUTDOWN_GRACE_S)]
+    assert calls == [("finish", "/some/census", [7], FINISH_WAIT_S), ("stop", vi.SHUTDOWN_GRACE_S)]
     calls.clear()
     monkeypatch.delenv("CUDA_INJECTION64_PATH")                   # not under the census: nothing to ask
     vi._process_shutdown(lambda procs, timeout=None: calls.append(("stop", timeout)), None, (procs,), {})
     assert calls == [("stop", None)]
+
+
+def test_sglang_asks_the_censuses_of_a_tree_to_finish_before_killing_it(monkeypatch):
+    from otel_gpu_census.integrations.sglang import instrumentor as si
+    monkeypatch.setattr(si.GUARD, "off", False)
+    monkeypatch.setenv("OTEL_GPU_CENSUS_DIR", "/some/census")
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/lib/injector.so")
+    calls = []
+    monkeypatch.setattr(control, "finish", lambda d, pids, t, exclude=(): calls.append(
+        ("finish", d, list(pids), t, sorted(exclude))) or (1, 1))
+    kill = lambda *a, **kw: calls.append(("kill", a, kw)) or "killed"
+    # the launcher at its stop: its children, not itself
+    assert si._kill_process_tree(kill, 4242, include_parent=False) == "killed"
+    assert calls == [("finish", "/some/census", [4242], FINISH_WAIT_S, [4242]),
+                     ("kill", (4242,), {"include_parent": False})]
+    calls.clear()
+    si._kill_process_tree(kill, 4242, True, 77)                   # the whole tree but skip_pid
+    assert calls[0] == ("finish", "/some/census", [4242], FINISH_WAIT_S, [77])
+    calls.clear()
+    si._kill_process_tree(kill, None)                             # None: this process's children
+    assert calls[0] == ("finish", "/some/census", [os.getpid()], FINISH_WAIT_S, [os.getpid()])
+    calls.clear()
+    si._kill_process_tree(kill, 4242, wait_timeout=None)          # SGLang must not block there: no wait
+    assert calls == [("kill", (4242,), {"wait_timeout": None})]
+    calls.clear()
+    monkeypatch.delenv("CUDA_INJECTION64_PATH")                   # not under the census: nothing to ask
+    si._kill_process_tree(kill, 4242)
+    assert calls == [("kill", (4242,), {})]
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/lib/injector.so")
+    monkeypatch.setattr(control, "finish", lambda *a, **kw: 1 / 0)   # our failure never stops the kill
+    calls.clear()
+    assert si._kill_process_tree(kill, 4242) == "killed" and calls == [("kill", (4242,), {})]
+
+
+def test_exclude_leaves_the_managers_own_census_alone(census_dir, segments, records):
+    rec = [records.kernel(10, 20)]
+    launcher = segments.segment(census_dir, rec, pid=101, ppid=1, start_ticks=5, final=False)
+    sched = segments.segment(census_dir, rec, pid=202, ppid=101, start_ticks=6, final=False)
+    assert control.finish(census_dir, [101], timeout_s=0.1, exclude=[101]) == (1, 0)
+    assert sched.with_suffix(".control").read_text() == "census=finish\n"
+    assert not launcher.with_suffix(".control").exists()

@@ -12,6 +12,7 @@ import inspect
 import pickle
 import pkgutil
 import sys
+import time
 import warnings
 from array import array
 from pathlib import Path
@@ -54,11 +55,13 @@ PARAMS = {
     "Scheduler._add_request_to_queue": ["self", "req", "is_retracted"],
     "Scheduler.run_event_loop": ["self"],
     "SchedulerOutputStreamer.stream_output": ["self", "reqs", "return_logprob", "skip_req"],
+    "common.kill_process_tree": ["parent_pid", "include_parent", "skip_pid", "wait_timeout"],
 }
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _raw(target: str):
+    """(owner, attribute, the original function): the owner is a class, or a module for a function."""
     owner, attr = target.rsplit(".", 1)
     cls = pkgutil.resolve_name(owner)
     raw = cls.__dict__[attr]
@@ -112,6 +115,39 @@ def test_sglangs_plugin_loader_finds_our_entry_point_and_applies_every_hook(load
         current = cls.__dict__[attr]
         current = current.__func__ if isinstance(current, classmethod) else current
         assert hasattr(current, "__wrapped__"), target      # SGLang's wrapper around the original
+
+
+def test_sglangs_process_tree_kill_asks_for_the_final_flush_first_under_every_name(loaded, monkeypatch, tmp_path):
+    """The launcher imported kill_process_tree before any plugin loaded; the registry rebinds that name
+    too, so a stop goes through our hook: the tree's censuses are asked to finish while it still lives."""
+    import subprocess
+    import sglang.srt.utils as utils_pkg
+    import sglang.srt.utils.common as common
+    from otel_gpu_census.census import control
+    assert utils_pkg.kill_process_tree is common.kill_process_tree            # one wrapped function
+    assert hasattr(common.kill_process_tree, "__wrapped__")
+    monkeypatch.setenv("OTEL_GPU_CENSUS_DIR", str(tmp_path))
+    seen = []
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                              "subprocess.Popen(['sleep', '60']).wait()"])
+    try:
+        import psutil
+        deadline = time.time() + 10
+        while not psutil.Process(child.pid).children() and time.time() < deadline:
+            time.sleep(0.05)
+        grandchild = psutil.Process(child.pid).children()[0]
+        monkeypatch.setattr(control, "finish", lambda d, pids, t, exclude=(): seen.append(
+            (list(pids), sorted(exclude), child.poll() is None and grandchild.is_running())) or (1, 1))
+        utils_pkg.kill_process_tree(child.pid, wait_timeout=10)
+        assert seen == [([child.pid], [], True)]      # asked while the tree was alive, then killed
+        assert child.wait(5) == -9
+        try:                                          # killed (a zombie until some init reaps it)
+            assert grandchild.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            pass
+    finally:
+        if child.poll() is None:
+            child.kill()
 
 
 def _http_request(path="/v1/chat/completions", traceparent=TRACEPARENT):

@@ -2,7 +2,7 @@
 control_poll): here, the final flush of processes about to be killed.
 
 A server's manager that is about to terminate its workers (vLLM's API server stopping its engine, which
-it SIGKILLs a few seconds later) writes ``census=finish`` beside each of their segments; each worker's
+it SIGKILLs a few seconds later; SGLang's launcher, which SIGKILLs its whole tree) writes ``census=finish`` beside each of their segments; each worker's
 flusher thread runs the final flush at its next wake (within one flush period) and marks the segment
 exited, even when the worker's own threads never reach their shutdown code. Never raises."""
 from __future__ import annotations
@@ -56,12 +56,17 @@ def segments_of(directory, pids: Iterable[int]) -> List[Path]:
     return sorted(p for p, (pid, _) in found.items() if pid in want)
 
 
-def finish(directory, pids: Iterable[int], timeout_s: float = 1.5) -> Tuple[int, int]:
-    """census=finish for every live segment of `pids` and their descendants; wait until each says
-    exited, at most `timeout_s`. (asked, finished)."""
+def finish(directory, pids: Iterable[int], timeout_s: float = 1.5, exclude: Iterable[int] = ()) -> Tuple[int, int]:
+    """census=finish for every live segment of `pids` and their descendants, except those of the pids
+    in `exclude` (a manager asking for its children's, not its own); wait until each says exited, at
+    most `timeout_s`. (asked, finished)."""
     try:
         segs = []
+        skip = set(exclude)
         for s in segments_of(directory, pids):
+            ident = segment_file_pid(s)
+            if ident is None or ident[0] in skip:
+                continue
             try:
                 if read_segment(s, detail=False).state_name == "active" and _write_control(s, FINISH):
                     segs.append(s)

@@ -17,6 +17,9 @@ SGLang without the registry):
 | Scheduler._add_request_to_queue               | scheduler      | a request's span starts                 |
 | SchedulerOutputStreamer.stream_output         | scheduler      | first token; the request's last output  |
 | Scheduler.run_event_loop                      | scheduler      | at its end: final flush, last spans     |
+| utils.common.kill_process_tree (and every     | launcher,      | before SGLang SIGKILLs a process tree   |
+| ``from ... import`` of it: the registry       | Engine         | (at every stop): the final census flush |
+| rebinds those)                                |                | of the processes it is about to kill    |
 
 Every hook calls SGLang's function exactly once, with its arguments untouched, and returns its result or
 raises its exception. Our own code around it runs inside a guard: an exception there switches the
@@ -25,11 +28,14 @@ integration off for the rest of the process, with one log line, and SGLang serve
 from __future__ import annotations
 
 import logging
+import os
 import time
+from types import ModuleType
 from typing import Any, Callable, Collection, List, Tuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
+from .. import final_flush
 from ..guard import HookGuard, start_integration
 from .package import _instruments
 
@@ -163,6 +169,33 @@ def _run_event_loop(original, self, *args, **kwargs):
             _guard("shutdown", GUARD.current.shutdown)
 
 
+def _finish_tree(args, kwargs) -> None:
+    parent = _fn_arg(args, kwargs, 0, "parent_pid", None)
+    include_parent = _fn_arg(args, kwargs, 1, "include_parent", True)
+    skip = _fn_arg(args, kwargs, 2, "skip_pid", None)
+    if _fn_arg(args, kwargs, 3, "wait_timeout", 60) is None:
+        return                # SGLang's "must not block here" (a __del__): nothing to wait for then
+    if parent is None:        # as kill_process_tree reads it
+        parent, include_parent = os.getpid(), False
+    exclude = [p for p in (skip, None if include_parent else parent) if p]
+    final_flush.finish_censuses([parent], "SGLang process", log, exclude=exclude)
+
+
+def _fn_arg(args, kwargs, i: int, name: str, default):
+    """Parameter `name` at position i of an AROUND hook's call of a plain function."""
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _kill_process_tree(original, *args, **kwargs):
+    """kill_process_tree(parent_pid, include_parent=True, skip_pid=None, wait_timeout=60): SGLang's
+    launcher SIGKILLs its schedulers with it at every stop, so their own shutdown never runs. First the
+    final flush of the censuses it is about to kill (their flushers, through their control files; at
+    most final_flush.FINISH_WAIT_S, only under the census)."""
+    if not GUARD.off:
+        _guard("final census flush", _finish_tree, args, kwargs)
+    return original(*args, **kwargs)
+
+
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 HOOKS: List[Tuple[str, str, Callable]] = [
     # (target, HookType name, hook)
@@ -175,6 +208,8 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     (f"{SCHED}.run_event_loop", "AROUND", _run_event_loop),
     ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output",
      "AROUND", _stream_output),
+    # a function: the registry also rebinds the names other modules imported it under
+    ("sglang.srt.utils.common.kill_process_tree", "AROUND", _kill_process_tree),
 ]
 
 _registered = False
@@ -229,7 +264,9 @@ def _wrapt_hooks() -> None:
     """An SGLang without HookRegistry: the same hooks through wrapt, when each module is imported."""
     import wrapt
 
-    def adapt(kind, hook):
+    def adapt(kind, hook, function=False):
+        if function:          # a module's function (AROUND): hook(original, *args, **kwargs)
+            return lambda wrapped, instance, args, kwargs: hook(wrapped, *args, **kwargs)
         if kind == "AROUND":
             return lambda wrapped, instance, args, kwargs: hook(lambda _self, *a, **kw: wrapped(*a, **kw),
                                                                  instance, *args, **kwargs)
@@ -239,7 +276,8 @@ def _wrapt_hooks() -> None:
         module, cls, meth = target.rsplit(".", 2)
         wrapt.when_imported(module)(
             lambda mod, cls=cls, meth=meth, kind=kind, hook=hook:
-            hasattr(getattr(mod, cls, None), meth) and wrapt.wrap_function_wrapper(mod, f"{cls}.{meth}", adapt(kind, hook)))
+            hasattr(getattr(mod, cls, None), meth) and wrapt.wrap_function_wrapper(
+                mod, f"{cls}.{meth}", adapt(kind, hook, isinstance(getattr(mod, cls), ModuleType))))
 
 
 def register() -> None:

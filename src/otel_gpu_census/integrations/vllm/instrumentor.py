@@ -26,15 +26,14 @@ integration off for the rest of the process, with one log line, and vLLM serves 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, Collection, List, Tuple
 
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from ... import injector
 from ..guard import HookGuard, start_integration
+from .. import final_flush
 from . import kv_offload
 from .package import _instruments
 
@@ -135,29 +134,21 @@ def _shutdown(wrapped, instance, args, kwargs):
 
 
 SHUTDOWN_GRACE_S = 3.0
-FINISH_WAIT_S = 1.5     # the engines' flushers answer a control file within one flush period (1 s)
 
 
 def _finish_censuses(procs) -> None:
-    """The final census flush of the processes about to be stopped (and their workers), through their
+    """The final census flush of the engines about to be stopped (and their workers), through their
     control files: their flusher threads do it even when their main thread never reaches its shutdown
     (on the H200 an engine with KV offloading ignored SIGTERM until it was killed, 2026-12-02)."""
-    directory = os.environ.get("OTEL_GPU_CENSUS_DIR")
     pids = [p.pid for p in procs if getattr(p, "pid", None) and getattr(p, "is_alive", lambda: False)()]
-    if not directory or not pids or not injector.under_census():
-        return
-    from ...census import control
-    asked, done = control.finish(directory, pids, FINISH_WAIT_S)
-    if asked > done:
-        log.info("otel-gpu-census: %d of %d engine censuses did not finish within %.1f s of the stop",
-                 asked - done, asked, FINISH_WAIT_S)
+    final_flush.finish_censuses(pids, "engine", log)
 
 
 def _process_shutdown(wrapped, instance, args, kwargs):
     """vllm.v1.utils.shutdown(procs, timeout): with vLLM's default --shutdown-timeout 0 the API server
     sends the engine SIGTERM and then SIGKILL at once, and the census loses its final flush and the
     last spans. Under the census, first the engines' final census flush (their flushers, through the
-    control file: at most FINISH_WAIT_S), then let the engine take up to SHUTDOWN_GRACE_S to exit by
+    control file: at most final_flush.FINISH_WAIT_S), then let the engine take up to SHUTDOWN_GRACE_S to exit by
     itself (it needs well under a second); an engine that exits sooner costs nothing."""
     def call(procs, timeout=None):
         if not GUARD.off:
