@@ -345,7 +345,7 @@ def main() -> int:
         exports_ok = otlp.successes if otlp else None
         sampler = handle.nvml
         gpm_gpus = sum(1 for d in sampler.devices if d.gpm) if sampler else 0
-        nvml_cost = _nvml_call_costs(sampler) if sampler else None
+        nvml_cost = _nvml_call_costs(sampler, a.interval) if sampler else None
         stages = _stage_costs(handle)
         handle.stop()
         if prof is not None:
@@ -439,11 +439,12 @@ def _thread_cpu() -> dict:
     return out
 
 
-def _nvml_call_costs(sampler, n: int = 50) -> dict:
+def _nvml_call_costs(sampler, interval_s: float = 1.0, n: int = 50) -> dict:
     """CPU microseconds per call of each NVML query the sampler can make once per collection (first
     GPU), and the sum of those it does make: how much of the sidecar's CPU is NVML's. `pcie_mode`:
     counters (one field-values call for both directions) or sample (the 20 ms throughput call, once
-    per direction: where the counters are missing)."""
+    per direction: where the counters are missing; taken every `pcie_sample_every_s`, so it counts
+    for interval / that share of a collection)."""
     import time as _t
     nv, d = sampler._nvml, sampler.devices[0]
     calls = {
@@ -471,9 +472,13 @@ def _nvml_call_costs(sampler, n: int = 50) -> dict:
         k = 10 if name in ("pcie_rx", "pcie_tx") else n
         out[name] = {"cpu_us": round((_t.process_time() - c0) / k * 1e6, 1),
                      "wall_us": round((_t.monotonic() - w0) / k * 1e6, 1)}
-    # per collection now: utilization, memory once (the limit is read once), PCIe as its mode says, GPM once
+    # per collection now: utilization, memory once (the limit is read once), PCIe as its mode says
+    # (the 20 ms sample only every pcie_sample_every_s: its share of a collection), GPM once
     per = {"utilization": 1, "memory_info": 1, "gpm_sample_and_metrics": 1}
-    per.update({"pcie_counters": 1} if d.pcie == "counters" else {"pcie_rx": 1, "pcie_tx": 1})
+    every = getattr(sampler, "pcie_sample_every_s", 0.0)
+    share = min(1.0, interval_s / every) if every > 0 else 1.0
+    out["pcie_sample_every_s"] = every or None
+    per.update({"pcie_counters": 1} if d.pcie == "counters" else {"pcie_rx": share, "pcie_tx": share})
     out["per_collection_cpu_us"] = round(sum(out[k]["cpu_us"] * per[k] for k in per
                                              if isinstance(out.get(k), dict) and "cpu_us" in out[k]), 1)
     return out
@@ -483,7 +488,9 @@ def _stage_costs(handle, n: int = 20) -> dict:
     """CPU milliseconds per collection, stage by stage, on warm caches (each stage n times in a
     row, in this thread): the census read of the segments; the NVML callbacks; the SDK's
     collection (every callback, census reads excluded: they are fresh); OTLP encoding; the export
-    (encoding and the gRPC call). The running sidecar pays more (cold caches once a second)."""
+    (encoding and the gRPC call). The running sidecar pays more (cold caches once a second). The NVML
+    stage takes the PCIe 20 ms sample (where there are no counters) once in its n rounds, not every
+    pcie_sample_every_s: nvml_cpu_us_per_call's per_collection_cpu_us weighs it as the sidecar does."""
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     def per(fn) -> float:

@@ -2,7 +2,8 @@
 cumulative counters on a controlled clock: SM utilisation and occupancy are averages over the
 interval between two collections (older sample first), utilisation is a fraction, and both GPM
 instruments of one collection share one interval. PCIe throughput comes from the cumulative byte
-counters (one field-values call a collection), or from the 20 ms sample where they are missing."""
+counters (one field-values call a collection), or from the 20 ms sample where they are missing, taken
+at most every PCIE_SAMPLE_EVERY_S and repeated by the collections in between."""
 from __future__ import annotations
 
 import collections
@@ -88,8 +89,10 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle):
         return types.SimpleNamespace(used=2**30, total=141 * 2**30)
 
+    pcie_kbps = 1000          # what the 20 ms sample says, KB/s
+
     def nvmlDeviceGetPcieThroughput(self, handle, which):
-        return 1000
+        return self.pcie_kbps
 
     def nvmlDeviceGetFieldValues(self, handle, field_ids):
         out = []
@@ -221,4 +224,29 @@ def test_without_the_byte_counters_the_20ms_sample_is_used_decided_once(monkeypa
     for t in (1.0, 2.0, 3.0):
         got = collect(t)
         assert got[(PCIE, "receive")] == 1000 * 1024 and got[(PCIE, "transmit")] == 1000 * 1024
-    assert fake.calls["nvmlDeviceGetPcieThroughput"] == 6 and fake.calls["nvmlDeviceGetFieldValues"] == 0
+    # sampled once (both directions) at the first collection, repeated within PCIE_SAMPLE_EVERY_S
+    assert fake.calls["nvmlDeviceGetPcieThroughput"] == 2 and fake.calls["nvmlDeviceGetFieldValues"] == 0
+
+
+def test_the_20ms_sample_is_taken_at_most_every_pcie_sample_every_s(monkeypatch):
+    fake, collect, sampler = _rig(monkeypatch, load=lambda t: 0.0, pcie_fields=False)
+    every = nvml.PCIE_SAMPLE_EVERY_S
+    assert sampler.pcie_sample_every_s == every and every > 1.0
+    got, calls = {}, []
+    for k in range(1, 12):            # one collection a second for 11 s; the traffic changes every second
+        fake.pcie_kbps = 1000 * k
+        got[k] = collect(float(k))[(PCIE, "receive")]
+        calls.append(fake.calls["nvmlDeviceGetPcieThroughput"])
+    # sampled at 1 s, 6 s and 11 s (both directions each time); the collections between repeat it
+    assert [got[k] // 1024 for k in range(1, 12)] == [1000] * 5 + [6000] * 5 + [11000]
+    assert calls == [2] * 5 + [4] * 5 + [6]
+
+
+def test_a_failed_20ms_sample_is_retried_at_the_next_collection(monkeypatch):
+    fake, collect, sampler = _rig(monkeypatch, load=lambda t: 0.0, pcie_fields=False)
+    real = FakeNvml.nvmlDeviceGetPcieThroughput
+    monkeypatch.setattr(FakeNvml, "nvmlDeviceGetPcieThroughput",
+                        lambda self, h, w: (_ for _ in ()).throw(RuntimeError("GPU is lost")))
+    assert (PCIE, "receive") not in collect(1.0)
+    monkeypatch.setattr(FakeNvml, "nvmlDeviceGetPcieThroughput", real)
+    assert collect(2.0)[(PCIE, "receive")] == 1000 * 1024          # not held off for 5 s by the failure

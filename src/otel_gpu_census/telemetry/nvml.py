@@ -9,8 +9,9 @@
   throughput (``gpu_census.pcie.throughput``): from NVML's cumulative PCIe byte counters
   (``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``/``RX_BYTES``, both in one ``nvmlDeviceGetFieldValues`` call),
   averaged between two collections like GPM; where a GPU or driver lacks those fields (decided once,
-  at start), ``nvmlDeviceGetPcieThroughput``'s 20 ms sample instead, which costs ~1 ms of CPU per
-  direction per collection.
+  at start), ``nvmlDeviceGetPcieThroughput``'s 20 ms sample instead, which costs ~1 ms of CPU (and
+  20 ms of wall time) per direction: it is taken at most every ``PCIE_SAMPLE_EVERY_S`` (5 s), and the
+  collections in between re-report the last sample.
 
 NVML missing or failing costs one warning; the instruments it would feed are simply absent (or
 skip the failing GPU), the census's own instruments are unaffected. Nothing here raises.
@@ -38,7 +39,8 @@ BASE_INSTRUMENTS: Tuple[Spec, ...] = (
     Spec("hw.gpu.memory.limit", "updowncounter", "By", (HW_ID,), "GPU memory size (NVML)."),
     Spec("gpu_census.pcie.throughput", "gauge", "By/s", (HW_ID, IO_DIRECTION),
          "PCIe traffic, all processes (receive = into the GPU): NVML's byte counters averaged since the "
-         "previous collection, or where the GPU lacks them NVML's 20 ms sample at collection time."),
+         "previous collection, or where the GPU lacks them NVML's 20 ms sample, taken at most every 5 s "
+         "(the collections in between repeat the last one)."),
 )
 GPM_INSTRUMENTS: Tuple[Spec, ...] = (
     Spec("gpu_census.sm.utilization", "gauge", "1", (HW_ID,),
@@ -53,6 +55,9 @@ GPM_MIN_INTERVAL_S = 0.1     # NVML wants GPM samples at least this far apart
 # direction each is (NVML's transmit is out of the GPU).
 PCIE_FIELDS = (("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", "receive"), ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "transmit"))
 PCIE_COUNTERS, PCIE_SAMPLE = "counters", "sample"     # _Device.pcie: how its PCIe traffic is read
+# Where the counters are missing: the 20 ms throughput sample (~1 ms of CPU per direction, the largest
+# NVML cost of a collection) is taken at most this often; the collections in between repeat it.
+PCIE_SAMPLE_EVERY_S = 5.0
 
 
 def _text(v) -> str:
@@ -71,7 +76,8 @@ def _field_value(f) -> int:
 
 class _Device:
     __slots__ = ("index", "handle", "uuid", "name", "gpm", "gpm_why", "prev", "cur", "prev_t", "gpm_values",
-                 "memory_total", "pcie", "pcie_why", "pcie_ids", "pcie_prev", "pcie_t", "pcie_values")
+                 "memory_total", "pcie", "pcie_why", "pcie_ids", "pcie_prev", "pcie_t", "pcie_values",
+                 "pcie_sample_t")
 
     def __init__(self, index, handle, uuid, name):
         self.index, self.handle, self.uuid, self.name = index, handle, uuid, name
@@ -87,13 +93,15 @@ class _Device:
         self.pcie_prev: Tuple[int, ...] = ()        # the counters at pcie_t
         self.pcie_t = 0.0
         self.pcie_values: Dict[str, float] = {}     # direction -> bytes/s over the last interval
+        self.pcie_sample_t: Optional[float] = None  # monotonic time of the last 20 ms sample (PCIE_SAMPLE)
 
 
 class NvmlSampler:
     """NVML handles, GPM samples, and the callbacks that read them. Use :func:`open_nvml`."""
 
-    def __init__(self, nvml, devices: List[_Device], driver: str):
+    def __init__(self, nvml, devices: List[_Device], driver: str, pcie_sample_every_s: float = PCIE_SAMPLE_EVERY_S):
         self._nvml = nvml
+        self.pcie_sample_every_s = pcie_sample_every_s
         self.devices = devices
         self.driver = driver
         self._lock = threading.Lock()
@@ -151,6 +159,19 @@ class NvmlSampler:
         d.pcie_values = {direction: (c - p) / dt
                          for (_, direction), c, p in zip(PCIE_FIELDS, cur, d.pcie_prev) if c >= p}
         d.pcie_prev, d.pcie_t = cur, t
+        return d.pcie_values
+
+    def _pcie_sample(self, d: _Device) -> Dict[str, float]:
+        """NVML's 20 ms throughput sample per direction (bytes/s), taken again only once
+        `pcie_sample_every_s` has passed since the last one; in between, the last one. A failed
+        sample raises and is retried at the next collection."""
+        now = time.monotonic()
+        if d.pcie_sample_t is not None and now - d.pcie_sample_t < self.pcie_sample_every_s:
+            return d.pcie_values
+        n = self._nvml       # NVML reports KB/s (1 KB = 1024 bytes)
+        d.pcie_values = {"receive": n.nvmlDeviceGetPcieThroughput(d.handle, n.NVML_PCIE_UTIL_RX_BYTES) * 1024,
+                         "transmit": n.nvmlDeviceGetPcieThroughput(d.handle, n.NVML_PCIE_UTIL_TX_BYTES) * 1024}
+        d.pcie_sample_t = now
         return d.pcie_values
 
     # -- GPM ------------------------------------------------------------------------------
@@ -237,14 +258,8 @@ class NvmlSampler:
         return self._each("memory", read)
 
     def _pcie(self, options: CallbackOptions) -> List[Observation]:
-        n = self._nvml
-
         def read(d):
-            if d.pcie == PCIE_COUNTERS:
-                values = self._pcie_counters(d)
-            else:       # NVML reports KB/s (1 KB = 1024 bytes)
-                values = {"receive": n.nvmlDeviceGetPcieThroughput(d.handle, n.NVML_PCIE_UTIL_RX_BYTES) * 1024,
-                          "transmit": n.nvmlDeviceGetPcieThroughput(d.handle, n.NVML_PCIE_UTIL_TX_BYTES) * 1024}
+            values = self._pcie_counters(d) if d.pcie == PCIE_COUNTERS else self._pcie_sample(d)
             return [Observation(v, {HW_ID: d.uuid, IO_DIRECTION: k}) for k, v in values.items()]
         return self._each("PCIe throughput", read)
 
@@ -340,6 +355,6 @@ def register_nvml_instruments(meter_provider) -> Optional[NvmlSampler]:
         if not d.gpm:
             log.info("metrics: no SM utilisation/occupancy for GPU %d (%s): %s", d.index, d.uuid, d.gpm_why)
         if d.pcie != PCIE_COUNTERS:
-            log.info("metrics: PCIe throughput of GPU %d (%s) is NVML's 20 ms sample (~2 ms of CPU a "
-                     "collection): %s", d.index, d.uuid, d.pcie_why)
+            log.info("metrics: PCIe throughput of GPU %d (%s) is NVML's 20 ms sample, taken every %g s "
+                     "(~2 ms of CPU each): %s", d.index, d.uuid, sampler.pcie_sample_every_s, d.pcie_why)
     return sampler

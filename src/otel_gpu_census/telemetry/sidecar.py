@@ -6,7 +6,8 @@ import logging
 from typing import Callable, List, Mapping, Optional
 
 from ..census import ProcessCensus
-from .census_metrics import CensusMetrics, register_census_instruments, segment_source
+from .census_metrics import CENSUS_INSTRUMENTS, CensusMetrics, register_census_instruments, segment_source
+from .specs import METER_NAME
 
 log = logging.getLogger("otel_gpu_census.metrics")
 
@@ -70,6 +71,28 @@ class Sidecar:
         self.stop()
 
 
+def own_views() -> list:
+    """Views for the sidecar's own instruments (census and NVML: all observable, read in the
+    exporter's thread, outside any span): no exemplar reservoir. The SDK's default one is
+    created for every series and collected at every collection although it can never hold an
+    exemplar here (~10 % of the SDK's collection). Other instruments on the same provider (the
+    proxy's request histograms under ``run --proxy``, recorded inside spans) keep theirs."""
+    from opentelemetry.sdk.metrics import ExemplarReservoir
+    from opentelemetry.sdk.metrics.view import View
+    from .nvml import NVML_INSTRUMENTS
+
+    class NoExemplars(ExemplarReservoir):
+        def offer(self, value, time_unix_nano, attributes, context) -> None:
+            pass
+
+        def collect(self, point_attributes) -> list:
+            return []
+
+    return [View(instrument_name=spec.name, meter_name=meter, exemplar_reservoir_factory=lambda _agg: NoExemplars)
+            for meter, specs in ((METER_NAME, CENSUS_INSTRUMENTS), (METER_NAME + ".nvml", NVML_INSTRUMENTS))
+            for spec in specs]
+
+
 def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional[str] = None,
                   prometheus_port: Optional[int] = None, interval_s: Optional[float] = None, *,
                   parents: Optional[Mapping[int, int]] = None, nvml: bool = True,
@@ -93,7 +116,7 @@ def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional
     if not exporting.readers:
         return Sidecar()
     from opentelemetry.sdk.metrics import MeterProvider
-    provider = MeterProvider(metric_readers=exporting.readers, resource=_exp.make_resource())
+    provider = MeterProvider(metric_readers=exporting.readers, resource=_exp.make_resource(), views=own_views())
     state = register_census_instruments(provider, source or segment_source(census_dir, root_pid, parents))
     sampler = None
     if nvml:
