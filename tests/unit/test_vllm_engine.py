@@ -332,3 +332,49 @@ def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, mon
         return "out"
     assert vi._execute_model(body, None, (SimpleNamespace(num_scheduled_tokens={}),), {}) == "out"
     assert tagged == []
+
+
+def test_the_engines_shutdown_work_finishes_before_a_sigterm_ends_it(monkeypatch):
+    """vLLM resets SIGTERM to its default action before EngineCore.shutdown, and its API server
+    SIGTERMs the engine as soon as the census has flushed: the signal waits for our shutdown work
+    (request log, spans), then takes effect as it would have."""
+    import os
+    import signal
+    from otel_gpu_census.integrations.vllm import instrumentor as vi
+    got = []
+    monkeypatch.setattr(vi.GUARD, "off", False)
+    prev_term = signal.signal(signal.SIGTERM, lambda s, f: got.append(("SIGTERM delivered", s)))
+    prev_int = signal.getsignal(signal.SIGINT)
+    try:
+        def shutdown():
+            got.append("flushed")
+            os.kill(os.getpid(), signal.SIGTERM)       # the API server's terminate, mid-way
+            got.append("request log written")
+        monkeypatch.setattr(vi.GUARD, "current", SimpleNamespace(shutdown=shutdown))
+        assert vi._shutdown(lambda: got.append("vllm teardown") or "done", None, (), {}) == "done"
+        assert got == ["flushed", "request log written", ("SIGTERM delivered", signal.SIGTERM), "vllm teardown"]
+        assert signal.getsignal(signal.SIGINT) is prev_int            # both handlers back as they were
+        got.clear()
+        def failing():
+            raise RuntimeError("boom")
+        monkeypatch.setattr(vi.GUARD, "current", SimpleNamespace(shutdown=failing))
+        assert vi._shutdown(lambda: "done", None, (), {}) == "done"    # never raises into vLLM
+        assert vi.GUARD.off and got == []
+    finally:
+        signal.signal(signal.SIGTERM, prev_term)
+
+
+def test_stop_signals_are_left_alone_off_the_main_thread():
+    import signal
+    import threading
+    from otel_gpu_census.integrations import final_flush
+    seen = []
+
+    def other():
+        with final_flush.stop_signals_deferred():
+            seen.append(signal.getsignal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [before]

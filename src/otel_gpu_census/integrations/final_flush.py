@@ -7,8 +7,11 @@ manager writes ``census=finish`` beside the workers' segments (``census/control.
 flusher thread runs the final flush within one flush period. Only under the census; never raises."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 from typing import Iterable
 
 from .. import injector
@@ -28,3 +31,42 @@ def finish_censuses(pids: Iterable[int], label: str, log: logging.Logger, exclud
     if asked > done:
         log.info("otel-gpu-census: %d of %d %s censuses did not finish within %.1f s of the stop",
                  asked - done, asked, label, FINISH_WAIT_S)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_signals_deferred():
+    """SIGTERM and SIGINT held back while the engine's own shutdown work (final flush, last requests
+    settled and logged, spans exported) runs, then delivered: the process dies of them as it would
+    have, only after that work. vLLM resets both to their default action just before it calls
+    EngineCore.shutdown, and its API server SIGTERMs the engine as soon as the census says it has
+    flushed: on the H200 one engine in ten died inside that window and lost its request log
+    (2026-12-02). The work is bounded (the engine integrations give it ~3 s), and the manager's
+    SIGKILL still ends a process that does not finish. Main thread only (elsewhere: no change)."""
+    held, previous = [], {}
+    try:
+        if threading.current_thread() is threading.main_thread():
+            for s in STOP_SIGNALS:
+                previous[s] = signal.signal(s, lambda signum, frame: held.append(signum))
+    except (ValueError, OSError, TypeError):        # not settable here: leave them as they were
+        _restore(previous)
+        previous = {}
+    try:
+        yield
+    finally:
+        _restore(previous)
+        for s in dict.fromkeys(held):               # once each, in the order they came
+            try:
+                os.kill(os.getpid(), s)
+            except OSError:
+                pass
+
+
+def _restore(previous) -> None:
+    for s, h in previous.items():
+        try:
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):
+            pass

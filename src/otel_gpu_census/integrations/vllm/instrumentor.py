@@ -16,6 +16,7 @@ nothing for its hooks):
 | .handle_preemptions, .start_kv_transfers, and     | (TP = PP = 1) | one sub-step per call and direction   |
 | submit_store / submit_load of its OffloadingWorker|               | around the launches (kv_offload.py)   |
 | EngineCore.shutdown                               | EngineCore    | final census flush, last spans out    |
+|                                                   |               | (SIGTERM/SIGINT held until then)      |
 | vllm.v1.utils.shutdown (and its import in         | API server    | the engines' final census flush (their |
 | vllm.v1.engine.utils)                             |               | control files), then a 3 s grace      |
 
@@ -127,9 +128,11 @@ def _free_request(wrapped, instance, args, kwargs):
 
 
 def _shutdown(wrapped, instance, args, kwargs):
-    # ours first: the census's final flush and the last spans, before vLLM tears the engine down
-    if GUARD.current is not None:
-        _guard("shutdown", GUARD.current.shutdown)
+    # ours first: the census's final flush and the last spans, before vLLM tears the engine down; the
+    # API server's SIGTERM waits for them (vLLM has put it back to its default action by now)
+    if GUARD.current is not None and not GUARD.off:
+        with final_flush.stop_signals_deferred():
+            _guard("shutdown", GUARD.current.shutdown)
     return wrapped(*args, **kwargs)
 
 
