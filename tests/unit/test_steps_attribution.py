@@ -53,6 +53,35 @@ def test_split_step_is_exact_by_largest_remainder():
     assert [eq[k][0] for k in "xyz"] == [2, 2, 1]             # equal weights: ties to the earlier
 
 
+def test_each_requests_share_is_the_sum_of_its_split_step_parts():
+    """The ledger splits on a step's non-zero fields only (its hot path); every request must still
+    get exactly what split_step, the reference, gives it step by step, decode steps and mixed ones."""
+    rnd = random.Random(11)
+    census = FakeCensus()
+    clock = [1_000_000_000]
+    led = StepLedger(census.read, clock=lambda: clock[0])
+    want = {}
+    keys = [f"r{i}" for i in range(40)]
+    for sid in range(1, 200):
+        live = rnd.sample(keys, rnd.randint(1, 40))
+        decode = rnd.random() < 0.6
+        tokens = {k: 1 if decode else rnd.choice([0, 1, 3, 17, 200]) for k in live}
+        led.step_opened(sid, tokens, clock[0])
+        clock[0] += 10_000_000
+        led.step_touched(sid, clock[0])
+        st = step(sid, rnd.randint(0, 900), rnd.randint(0, 10**7), rnd.choice([0, 4000, 131073]),
+                  rnd.choice([0, 64 << 20]))
+        census.steps[sid] = st
+        for k, part in split_step(flat(Share(st.kernel_count, st.kernel_ns, dict(st.copies), st.memset)), tokens):
+            want[k] = [a + b for a, b in zip(want.get(k, [0] * WIDTH), part)]
+    for k in keys:
+        led.request_done(k, {"key": k}, clock[0])
+    census.complete = clock[0] + 10**9
+    got = {s.key: flat(s.share) for s in led.settle()}
+    assert {k: v for k, v in got.items() if any(v)} == {k: v for k, v in want.items() if any(v)}
+    assert not any(led.unattributed)
+
+
 def test_every_field_is_conserved_across_requests_and_unclaimed_steps():
     rnd = random.Random(7)
     census = FakeCensus()
