@@ -155,24 +155,26 @@ class Rule:
 
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-llama-phases.json",
+    Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-s3-llama-phases.json",
          phases_ratio("launch"), 0.99,
          "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one llama-server "
-         "(8B, 16 slots) in alternating control-file phases, median of 8 rounds",
-         command="BENCH_ARGS='--modes off,launch,sampled' bash bench/device/run.sh setup llama-phases"),
-    Rule("vllm_default_throughput_ratio", "2026-12-02-h200-vllm-phases.json",
+         "(8B, 16 slots) in alternating control-file phases with prompts of their own, median of 8 rounds",
+         command="BENCH_ARGS='--modes off,launch --rounds 8' bash bench/device/run.sh setup llama-phases"),
+    Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s3-vllm-kv-phases.json",
          phases_ratio("launch", "phases"), 0.99,
          "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one vLLM server "
-         "(random 160M Llama, CUDA graphs) in alternating control-file phases, median of 8 rounds",
-         command="VLLM_E2E_ARGS='--only phases --phase-modes off,launch,sampled,nokernels' "
+         "(random 160M Llama, CUDA graphs, 64 non-streaming clients) in alternating control-file phases, median of "
+         "8 rounds",
+         command="VLLM_E2E_ARGS='--only kv,kv-plain,phases --phase-modes off,launch --phase-rounds 8' "
                  "bash bench/device/run.sh setup vllm"),
-    Rule("llamacpp_proxy_throughput_ratio", "2026-11-29-h200-server-llamacpp-proxy-one-server.json",
-         proxy_pair_ratio, 0.99, "ratio of output tok/s, through the proxy / direct (one server)"),
-    Rule("sidecar_cpu_pct_of_one_core", "2026-12-02-h200-sidecar-cpu.json",
+    Rule("llamacpp_proxy_throughput_ratio", "2026-12-02-h200-s3-proxy-pairs.json",
+         proxy_pair_ratio, 0.99, "ratio of output tok/s, through the proxy / direct (one server), median of 5 pairs",
+         command="BENCH_ARGS='--proxy-pairs 5 --budget-s 190' bash bench/device/run.sh setup proxy-pairs"),
+    Rule("sidecar_cpu_pct_of_one_core", "2026-12-02-h200-s3-sidecar-cpu.json",
          sidecar_pct, 1.0, "% of one core (8 processes, 1 s interval, NVML and GPM on)",
          command="bash bench/device/run.sh setup sidecar (bench/perf/perf_sidecar_cpu.py --workload cuda "
                  "--seconds 25)", date="2026-12-02"),
-    Rule("micro_eager_us_per_launch_default", "2026-12-02-h200-kind-cost.json",
+    Rule("micro_eager_us_per_launch_default", "2026-12-02-h200-s3-kind-cost.json",
          kind_cost_us("graph+kernel"), None,
          "µs CUPTI adds per eager kernel launch with the default's activity kinds (kernels, copies, memsets, "
          "graph launches), paired against none in one process, median of 21 rounds",

@@ -109,8 +109,9 @@ def test_rules_agree_with_the_benchmarks_own_summaries():
     res = headline.RESULTS
     kp = json.loads((res / "2026-11-29-h200-server-llamacpp-kernel-phase.json").read_text())
     assert abs(headline.kernel_phase_ratio(kp) - kp["rows"][0]["ratio"]) < 5e-4
-    px = json.loads((res / "2026-11-29-h200-server-llamacpp-proxy-one-server.json").read_text())
-    assert abs(headline.proxy_pair_ratio(px) - px["rows"][0]["ratio"]) < 5e-4
+    for name in ("2026-11-29-h200-server-llamacpp-proxy-one-server.json", "2026-12-02-h200-s3-proxy-pairs.json"):
+        px = json.loads((res / name).read_text())
+        assert abs(headline.proxy_pair_ratio(px) - px["rows"][0]["ratio"]) < 5e-4, name
     sc = json.loads((res / "2026-11-29-h200-sidecar-cpu-2.json").read_text())
     assert abs(headline.sidecar_pct(sc) - sc["cpu_pct_of_one_core"]) < 1e-3
     mi = json.loads((res / "2026-11-29-h200-micro.json").read_text())
@@ -178,7 +179,7 @@ def test_set_of_a_new_name_needs_a_unit_and_is_appended(copy):
     (["--set", "no value"], "NAME=VALUE"),
     (["--set", "x=1", "--source", "/etc/hostname"], "under bench/results/"),
     (["--set", "llamacpp_default_throughput_ratio=0.99", "--source",
-      str(REPO / "bench/results/2026-12-02-h200-llama-phases.json")], "run --write"),
+      str(REPO / "bench/results/2026-12-02-h200-s3-llama-phases.json")], "run --write"),
     (["--set", "x=1", "--source", str(REPO / "bench/results/2026-11-29-h200-micro.json"), "--date", "Dec 2"],
      "YYYY-MM-DD"),
 ])
