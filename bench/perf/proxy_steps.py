@@ -32,17 +32,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-
-def decode_times(s: Optional[str]) -> List[float]:
-    """load.decode_times (kept here so this runs without aiohttp)."""
-    if not s:
-        return []
-    out, acc = [], 0
-    for d in s.split(","):
-        acc += int(d)
-        out.append(acc / 1000)
-    return out
+from event_times import decode_times  # noqa: E402  (not load's: this runs without aiohttp)
 
 
 def _mean(xs: Iterable[float]) -> Optional[float]:

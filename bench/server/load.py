@@ -44,35 +44,14 @@ import aiohttp
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 import benchlib as bl  # noqa: E402
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from event_times import decode_times, encode_times  # noqa: E402,F401  (load.encode_times for its callers)
+
 
 def prompt_ids(seed: int, i: int, n: int, lo: int = 1000, hi: int = 100000) -> List[int]:
     """A distinct prompt of n ordinary (non-special) token ids for request i."""
     rng = random.Random(seed * 1_000_003 + i)
     return [rng.randrange(lo, hi) for _ in range(n)]
-
-
-def encode_times(ts: List[float], t0: float) -> str:
-    """Times (monotonic s) as ms after t0 for the first, then ms steps, comma-separated ints.
-
-    About 3 characters an event; rounding does not accumulate (each step is taken between rounded
-    absolute times), so decode_times is within 0.5 ms of every original time."""
-    out, prev = [], 0
-    for t in ts:
-        ms = round((t - t0) * 1000)
-        out.append(ms - prev)
-        prev = ms
-    return ",".join(map(str, out))
-
-
-def decode_times(s: Optional[str]) -> List[float]:
-    """Inverse of encode_times: seconds after t0."""
-    if not s:
-        return []
-    out, acc = [], 0
-    for d in s.split(","):
-        acc += int(d)
-        out.append(acc / 1000)
-    return out
 
 
 def steady_state(results: List[Dict[str, Any]]) -> Dict[str, Any]:
