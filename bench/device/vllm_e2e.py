@@ -8,8 +8,10 @@ Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
 with --kv-offloading-size. `phases`: one server under the census (R) whose census modes are switched
 in alternating phases through the control file (off / graphs per launch / per node), beside plain
-vLLM (P) for the fixed cost of the integration. Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed
-in it and the exit code is 1.
+vLLM (P) for the fixed cost of the integration; with --phase-split also S, under the census (paused) with
+the integration disabled, so that R's off phases against S are the integration's own cost and S against
+P the paused injector's (on 2026-12-02 R off / P was 0.85 in two sessions, unexplained). Every figure
+lands in DIR/vllm_e2e.json; the checks that fail are listed in it and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -241,11 +243,13 @@ def phases_run(a, model, out, base, env, servers) -> dict:
     """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
     sys.path.insert(0, str(ROOT / "bench" / "server"))
     from control_phases import Phases, phase_seed, run_rounds, summarise
-    for n in ("P", "R"):
+    for n in [x for x in ("P", "R", "S") if x in servers]:
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
     res = {"waited_for_quiet_s": wait_quiet()}
     ph = Phases(base / "R")
+    if "S" in servers:
+        check(Phases(base / "S").set("off"), "S: census paused (its integration is disabled)")
 
     clients, per_client, stream = a.phase_clients, a.phase_requests, a.phase_stream
 
@@ -253,12 +257,15 @@ def phases_run(a, model, out, base, env, servers) -> dict:
         lr = asyncio.run(load(8105, clients, per_client, 256, seed=phase_seed(300, i, mode, modes), stream=stream))
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
 
-    def beside(rnd):      # plain vLLM after each round, and the round kept if the call is cut
-        if servers["P"].proc.poll() is None:
-            rnd["P"] = summary(asyncio.run(load(8101, clients, per_client, 256, seed=phase_seed(300, len(done), "P", modes),
-                                                stream=stream)))
-            if rnd["P"]["tok_per_s"] and rnd["off"]["tok_s"]:
-                rnd["off/P"] = round(rnd["off"]["tok_s"] / rnd["P"]["tok_per_s"], 4)
+    def beside(rnd):      # plain vLLM (and S) after each round, their order alternating; the round kept if the call is cut
+        others = [(n, port) for n, port in (("P", 8101), ("S", 8107)) if n in servers and servers[n].proc.poll() is None]
+        for n, port in (others if len(done) % 2 == 0 else others[::-1]):
+            rnd[n] = summary(asyncio.run(load(port, clients, per_client, 256, seed=phase_seed(300, len(done), n, modes),
+                                              stream=stream)))
+            if rnd[n]["tok_per_s"] and rnd["off"]["tok_s"]:
+                rnd[f"off/{n}"] = round(rnd["off"]["tok_s"] / rnd[n]["tok_per_s"], 4)
+        if rnd.get("S", {}).get("tok_per_s") and rnd.get("P", {}).get("tok_per_s"):
+            rnd["S/P"] = round(rnd["S"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
         done.append(rnd)
         (out / "phases-partial.json").write_text(json.dumps(done, default=str))
     done: list = []
@@ -380,6 +387,9 @@ def main():
                     help="phases with streaming clients (as until 2026-12-02); default one JSON answer a request")
     ap.add_argument("--phase-modes", default="off,launch,node,sampled,nokernels",
                     help="census modes of bench/server/control_phases.py, one phase each per round")
+    ap.add_argument("--phase-split", action="store_true",
+                    help="phases: also S, under the census (paused) with the integration disabled, loaded after P "
+                         "each round: off/S is the integration's own cost, S/P the paused injector's")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
@@ -417,6 +427,10 @@ def main():
                     servers["P"] = Server("P", 8101, model, out)
                 time.sleep(3)
                 servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env)
+                if a.phase_split:      # S: the census (paused) without the integration: R's off vs S's
+                    time.sleep(3)      # is the integration's own cost, S's vs P the injector's
+                    servers["S"] = Server("S", 8107, model, out, census_dir=base / "S",
+                                          env={**env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"})
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",

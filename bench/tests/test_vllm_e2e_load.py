@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import threading
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,49 @@ def test_cycles_stop_before_a_wave_that_would_pass_the_budget(monkeypatch, tmp_p
     monkeypatch.setattr(vllm_e2e.time, "time", lambda: next(clock))
     cyc = _cycles(monkeypatch, tmp_path, n=10, parallel=2, budget_s=300)
     assert 0 < len(cyc) < 10 and len(cyc) % 2 == 0
+
+
+def test_phases_with_split_load_plain_and_integration_off_servers_in_alternating_order(monkeypatch, tmp_path):
+    """--phase-split: after each round of R's phases, P (plain) and S (census paused, integration off)
+    take the same load, their order alternating; off/P, off/S and S/P per round and summarised."""
+    import argparse
+    sys.path.insert(0, str(REPO / "bench" / "server"))
+    import control_phases
+
+    class FakePhases:
+        def __init__(self, d):
+            self.d = d
+
+        def set(self, mode, timeout=10.0):
+            return True
+
+        def totals(self):
+            return {}
+    monkeypatch.setattr(control_phases, "Phases", FakePhases)
+    monkeypatch.setattr(control_phases.time, "sleep", lambda s: None)
+    monkeypatch.setattr(vllm_e2e, "wait_quiet", lambda: 0.0)
+    order = []
+    rate = {8105: 900.0, 8101: 1000.0, 8107: 950.0}
+
+    async def fake_load(port, clients, per_client, max_tokens, seed=0, stream=True, **kw):
+        order.append(port)
+        return {"requests": [{"tokens": max_tokens, "ttft_s": None}] * 2, "errors": [], "tok_per_s": rate[port]}
+    monkeypatch.setattr(vllm_e2e, "load", fake_load)
+
+    class Srv:
+        def __init__(self, port):
+            self.port, self.proc = port, SimpleNamespace(poll=lambda: None)
+
+        def wait(self):
+            return True
+
+        def stop(self):
+            return {"rc": 0, "stop_s": 0.1}
+    servers = {"P": Srv(8101), "R": Srv(8105), "S": Srv(8107)}
+    a = argparse.Namespace(phase_clients=2, phase_requests=1, phase_stream=False, phase_modes="off,launch",
+                           phase_rounds=2)
+    res = vllm_e2e.phases_run(a, "/m", tmp_path, tmp_path, {}, servers)
+    assert order[:3] == [8101, 8105, 8107]                      # each warmed once
+    assert [p for p in order[3:] if p != 8105] == [8101, 8107, 8107, 8101]   # P, S, then S, P
+    assert res["off/P"]["median"] == 0.9 and res["off/S"]["median"] == round(900 / 950, 4)
+    assert res["S/P"]["median"] == 0.95
