@@ -63,6 +63,45 @@ def test_a_running_process_finishes_its_census_when_asked(native, mock_lib, tmp_
         p.wait()
 
 
+def test_finish_waits_for_the_engines_request_log_summary(native, mock_lib, tmp_path):
+    """An engine's request log beside its segment: the manager waits (within its timeout) until the
+    log ends with the ledger's summary, which the engine's settler writes once its census ended."""
+    import threading
+    d = tmp_path / "census"
+    env = dict(os.environ, OTEL_GPU_CENSUS_CUPTI=mock_lib, OTEL_GPU_CENSUS_DIR=str(d),
+               OTEL_GPU_CENSUS_FLUSH_MS="50")
+    env.pop("OTEL_GPU_CENSUS_DISABLED", None)
+    script = CHILD.format(tests=str(ROOT / "tests" / "support"), mock=mock_lib, lib=native[2])
+    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        log = next(d.glob("*.seg")).with_suffix(".requests.jsonl")
+        log.write_text('{"id":"r1"}\n')
+        t = time.monotonic()
+        assert control.finish(d, [p.pid], timeout_s=0.6) == (1, 0)     # exited, but no summary yet
+        assert 0.5 < time.monotonic() - t < 2
+        assert read_segment(next(d.glob("*.seg"))).state_name == "exited"
+    finally:
+        p.kill()
+        p.wait()
+    # a live one whose settler writes the summary 0.4 s after the ask: finish returns then
+    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        seg = next(s for s in d.glob("*.seg") if s.name.startswith(f"gpu-census-{p.pid}-"))
+        seg.with_suffix(".requests.jsonl").write_text('{"id":"r1"}\n')
+        writer = threading.Timer(0.4, lambda: seg.with_suffix(".requests.jsonl").open("a").write(
+            '{"summary":{"method":"step_tokens"}}\n'))
+        writer.start()
+        t = time.monotonic()
+        assert control.finish(d, [p.pid], timeout_s=5) == (1, 1)
+        assert 0.35 < time.monotonic() - t < 2.5
+    finally:
+        writer.cancel()
+        p.kill()
+        p.wait()
+
+
 def test_descendants_by_parent_pid_and_no_wait_beyond_the_timeout(census_dir, segments, records):
     rec = [records.kernel(10, 20)]
     live = dict(final=False)                   # segments still active, as their writers left them

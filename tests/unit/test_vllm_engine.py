@@ -378,3 +378,41 @@ def test_stop_signals_are_left_alone_off_the_main_thread():
     t.start()
     t.join()
     assert seen == [before]
+
+
+def test_when_its_census_is_finished_the_settler_writes_the_summary_and_sends_the_spans(tmp_path, monkeypatch):
+    """census=finish from the process about to stop this one: the engine's main thread may never reach
+    its shutdown, so the settler thread settles everyone, writes the summary line (what the manager
+    waits for) and flushes the spans; a later shutdown() does not write a second summary."""
+    import json
+    import time as _time
+    monkeypatch.setattr(injector, "step_begin", lambda sid: True)
+    monkeypatch.setattr(injector, "step_end", lambda: None)
+    monkeypatch.setattr(injector, "finish", lambda: True)
+    census, clock = Census(), Clock()
+    rt, spans, _ = in_memory_telemetry("vllm")
+    eng = EngineTelemetry(telemetry=rt, read=census.read, clock=clock, settle_period_s=0.02)
+    seg = tmp_path / "gpu-census-7-7.seg"
+    eng.log_segment = lambda: str(seg)
+    finished = []
+    eng.census_finished = lambda: bool(finished)
+    req = request("cmpl-a-0-00000001", clock.t / 1e9, ("ab" * 16, "cd" * 8))
+    eng.request_added(SCHED, req)
+    sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={req.request_id: 16}))
+    clock.t += 5_000_000
+    census.steps[sid] = Step(id=sid, kernel_count=7, kernel_ns=700, copies={})
+    eng.end_step(sid)                                  # starts the settler
+    req.num_output_tokens = 1
+    eng.request_freed(req)
+    census.complete = clock.t + 10**9
+    log = seg.with_suffix(".requests.jsonl")
+    finished.append(True)
+    t = _time.monotonic()
+    while _time.monotonic() - t < 5 and not (log.exists() and '"summary"' in log.read_text()):
+        _time.sleep(0.02)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [l.get("id") for l in lines if "gpu" in l] == ["cmpl-a-0"] and "summary" in lines[-1]
+    assert lines[-1]["summary"]["total"]["kernel.count"] == 7
+    assert [s.attributes["gpu_census.kernel.count"] for s in spans.get_finished_spans()] == [7]
+    eng.shutdown(timeout_s=0.3)
+    assert sum(1 for x in log.read_text().splitlines() if '"summary"' in x) == 1

@@ -8,6 +8,7 @@ exited, even when the worker's own threads never reach their shutdown code. Neve
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Iterable, List, Set, Tuple
@@ -15,6 +16,7 @@ from typing import Iterable, List, Set, Tuple
 from .reader import SegmentError, read_segment, segment_file_pid, segment_paths
 
 FINISH = "census=finish\n"
+SUMMARY_TAIL = 256 * 1024            # the summary line is a few kB; a log's tail of this holds it
 
 
 def _write_control(seg: Path, text: str) -> bool:
@@ -56,10 +58,34 @@ def segments_of(directory, pids: Iterable[int]) -> List[Path]:
     return sorted(p for p, (pid, _) in found.items() if pid in want)
 
 
+def _log_summarised(seg: Path) -> bool:
+    """The process's request log (an engine's, beside its segment) is complete: its last line is the
+    ledger's summary, which the engine writes once its census has ended. No log: nothing to wait for."""
+    log = seg.with_suffix(".requests.jsonl")
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return True                   # not ours to read (a link, another user's): do not wait on it
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return True
+        os.lseek(fd, max(0, st.st_size - SUMMARY_TAIL), os.SEEK_SET)
+        tail = os.read(fd, SUMMARY_TAIL)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return b'{"summary":' in tail
+
+
 def finish(directory, pids: Iterable[int], timeout_s: float = 1.5, exclude: Iterable[int] = ()) -> Tuple[int, int]:
     """census=finish for every live segment of `pids` and their descendants, except those of the pids
-    in `exclude` (a manager asking for its children's, not its own); wait until each says exited, at
-    most `timeout_s`. (asked, finished)."""
+    in `exclude` (a manager asking for its children's, not its own); wait until each says exited and
+    its request log (where it has one) ends with the ledger's summary, at most `timeout_s`. (asked,
+    finished)."""
     try:
         segs = []
         skip = set(exclude)
@@ -79,7 +105,7 @@ def finish(directory, pids: Iterable[int], timeout_s: float = 1.5, exclude: Iter
             keep = []
             for s in left:
                 try:
-                    if read_segment(s, detail=False).state_name != "exited":
+                    if read_segment(s, detail=False).state_name != "exited" or not _log_summarised(s):
                         keep.append(s)
                 except (SegmentError, OSError):
                     pass              # gone: nothing more to wait for

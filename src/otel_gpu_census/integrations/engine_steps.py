@@ -81,6 +81,8 @@ class StepEngine:
         self._requests_log = RequestLog(self)
         self._providers: Tuple = ()
         self.settle_errors = 0
+        self._final_lock = threading.Lock()
+        self._summarised = False             # the summary line is written (and telemetry flushed) once
 
     # -- the census of this process --------------------------------------------------------------
     @staticmethod
@@ -200,11 +202,34 @@ class StepEngine:
                 break
             try:
                 self.settle()
+                if self.has_scheduler and not self._summarised and self.census_finished():
+                    # asked to finish by the process about to stop this one (census=finish), which
+                    # may never let its main thread reach shutdown(): the last requests are settled
+                    # by now (an exited census completes every step); write and send them here
+                    self._final_outputs(self._period * 4)
             except Exception:                # the census can be unreadable for a moment: try again
                 self.settle_errors += 1
                 if self.settle_errors == 1:  # but say so once, with the reason
                     log.warning("otel-gpu-census: settling requests failed (retrying every %.2f s)",
                                 self._period, exc_info=True)
+
+    def census_finished(self) -> bool:
+        """This process's own census has ended (its segment says exited): nothing more will be counted."""
+        path = injector.segment_path()
+        return bool(path) and reader.read_segment(path, detail=False).state_name == "exited"
+
+    def _final_outputs(self, timeout_s: float) -> None:
+        """Once: every waiting request settled, the ledger's summary line, spans and metrics sent. Its
+        summary line is what a stopping manager waits for (census/control.finish)."""
+        with self._final_lock:
+            if self._summarised:
+                return
+            self._summarised = True
+            if self.has_scheduler:
+                self.settle(final=True)
+                self._requests_log.summary(self.ledger, self.settle_errors)
+            if self._telemetry is not None:
+                self._telemetry_flush(timeout_s)
 
     def settle(self, final: bool = False) -> int:
         """Split what the census completed; end the spans of the requests that settled. Their count."""
@@ -252,11 +277,7 @@ class StepEngine:
             while self.ledger.pending() and time.monotonic() < deadline:
                 self.settle()
                 time.sleep(0.05)
-        if self.has_scheduler:
-            self.settle(final=True)
-            self._requests_log.summary(self.ledger, self.settle_errors)
-        if self._telemetry is not None:
-            self._telemetry_flush(timeout_s)
+        self._final_outputs(timeout_s)
 
     def _telemetry_flush(self, timeout_s: float) -> None:
         for provider in self._providers:

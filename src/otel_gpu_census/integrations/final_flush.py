@@ -16,7 +16,8 @@ from typing import Iterable
 
 from .. import injector
 
-FINISH_WAIT_S = 1.5     # the workers' flushers answer a control file within one flush period (1 s)
+FINISH_WAIT_S = 2.5     # the flusher answers within one flush period (1 s), the engine's settler
+                        # writes its summary within its period (0.25 s) after that; never more at a stop
 
 
 def finish_censuses(pids: Iterable[int], label: str, log: logging.Logger, exclude: Iterable[int] = ()) -> None:
