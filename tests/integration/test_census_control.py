@@ -42,13 +42,19 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_running_process_finishes_its_census_when_asked(native, mock_lib, tmp_path):
-    d = tmp_path / "census"
+def _busy_child(native, mock_lib, d) -> subprocess.Popen:
+    """A process under the real injector (mock libcupti, 50 ms flush period) busy in Python after one
+    4 KiB copy was counted; it prints "ready" first."""
     env = dict(os.environ, OTEL_GPU_CENSUS_CUPTI=mock_lib, OTEL_GPU_CENSUS_DIR=str(d),
                OTEL_GPU_CENSUS_FLUSH_MS="50")
     env.pop("OTEL_GPU_CENSUS_DISABLED", None)
     script = CHILD.format(tests=str(ROOT / "tests" / "support"), mock=mock_lib, lib=native[2])
-    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_running_process_finishes_its_census_when_asked(native, mock_lib, tmp_path):
+    d = tmp_path / "census"
+    p = _busy_child(native, mock_lib, d)
     try:
         assert p.stdout.readline().strip() == "ready"
         t = time.monotonic()
@@ -68,11 +74,7 @@ def test_finish_waits_for_the_engines_request_log_summary(native, mock_lib, tmp_
     log ends with the ledger's summary, which the engine's settler writes once its census ended."""
     import threading
     d = tmp_path / "census"
-    env = dict(os.environ, OTEL_GPU_CENSUS_CUPTI=mock_lib, OTEL_GPU_CENSUS_DIR=str(d),
-               OTEL_GPU_CENSUS_FLUSH_MS="50")
-    env.pop("OTEL_GPU_CENSUS_DISABLED", None)
-    script = CHILD.format(tests=str(ROOT / "tests" / "support"), mock=mock_lib, lib=native[2])
-    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    p = _busy_child(native, mock_lib, d)
     try:
         assert p.stdout.readline().strip() == "ready"
         log = next(d.glob("*.seg")).with_suffix(".requests.jsonl")
@@ -85,7 +87,7 @@ def test_finish_waits_for_the_engines_request_log_summary(native, mock_lib, tmp_
         p.kill()
         p.wait()
     # a live one whose settler writes the summary 0.4 s after the ask: finish returns then
-    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    p = _busy_child(native, mock_lib, d)
     try:
         assert p.stdout.readline().strip() == "ready"
         seg = next(s for s in d.glob("*.seg") if s.name.startswith(f"gpu-census-{p.pid}-"))
