@@ -430,8 +430,9 @@ static void enable_kinds(void)
  * `graphs=launch` switches how graph launches are traced; `kernels=all|off|ON_MS/PERIOD_MS` switches
  * kernel tracing as OTEL_GPU_CENSUS_KERNELS would have from the start (a sampled schedule keeps the
  * process's origin); `census=finish` runs the final flush now, on the flusher thread, and ends the
- * census (for a process about to be killed whose own shutdown may never run: vLLM's engine). For comparing modes side by side on one running server, and for an operator who
- * wants the exact mode for a while. The segment says what is in force (paused, paused_ns, graph_mode,
+ * census (for a process about to be killed whose own shutdown may never run: vLLM's engine, SGLang's
+ * schedulers). For comparing modes side by side on one running server, and for an operator who wants
+ * the exact mode for a while. The segment says what is in force (paused, paused_ns, graph_mode,
  * kernel_mode); kernel_traced_ns counts every moment the kernel kind was on, whatever the mode. */
 static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono);
 

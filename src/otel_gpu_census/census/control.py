@@ -2,17 +2,19 @@
 control_poll): here, the final flush of processes about to be killed.
 
 A server's manager that is about to terminate its workers (vLLM's API server stopping its engine, which
-it SIGKILLs a few seconds later; SGLang's launcher, which SIGKILLs its whole tree) writes ``census=finish`` beside each of their segments; each worker's
-flusher thread runs the final flush at its next wake (within one flush period) and marks the segment
-exited, even when the worker's own threads never reach their shutdown code. Never raises."""
+it SIGKILLs a few seconds later; SGLang's launcher, which SIGKILLs its whole tree) writes
+``census=finish`` beside each of their segments; each worker's flusher thread runs the final flush at
+its next wake (within one flush period) and marks the segment exited, even when the worker's own
+threads never reach their shutdown code. Never raises."""
 from __future__ import annotations
 
 import os
 import stat
 import time
 from pathlib import Path
-from typing import Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Set, Tuple
 
+from . import ProcessCensus
 from .reader import SegmentError, read_segment, segment_file_pid, segment_paths
 
 FINISH = "census=finish\n"
@@ -36,26 +38,32 @@ def _write_control(seg: Path, text: str) -> bool:
         os.close(fd)
 
 
-def segments_of(directory, pids: Iterable[int]) -> List[Path]:
-    """The segments of `pids` and of their descendants (by the parent pid each segment records)."""
+def _heads_of(directory, pids: Iterable[int]) -> Dict[Path, Tuple[int, ProcessCensus]]:
+    """{segment: (its pid, its header)} for `pids` and their descendants (by the parent pid each
+    segment records)."""
     want: Set[int] = {p for p in pids if p}
-    found = {}
+    found: Dict[Path, Tuple[int, ProcessCensus]] = {}
     for p in segment_paths(directory):
         ident = segment_file_pid(p)
         if ident is None:
             continue
         try:
-            found[p] = (ident[0], read_segment(p, detail=False).ppid)
+            found[p] = (ident[0], read_segment(p, detail=False))
         except (SegmentError, OSError):
             continue
     grew = True
     while grew:                       # a worker's workers too
         grew = False
-        for pid, ppid in found.values():
-            if ppid in want and pid not in want:
+        for pid, head in found.values():
+            if head.ppid in want and pid not in want:
                 want.add(pid)
                 grew = True
-    return sorted(p for p, (pid, _) in found.items() if pid in want)
+    return {p: v for p, v in sorted(found.items()) if v[0] in want}
+
+
+def segments_of(directory, pids: Iterable[int]) -> List[Path]:
+    """The segments of `pids` and of their descendants (by the parent pid each segment records)."""
+    return list(_heads_of(directory, pids))
 
 
 def _log_summarised(seg: Path) -> bool:
@@ -87,17 +95,9 @@ def finish(directory, pids: Iterable[int], timeout_s: float = 1.5, exclude: Iter
     its request log (where it has one) ends with the ledger's summary, at most `timeout_s`. (asked,
     finished)."""
     try:
-        segs = []
         skip = set(exclude)
-        for s in segments_of(directory, pids):
-            ident = segment_file_pid(s)
-            if ident is None or ident[0] in skip:
-                continue
-            try:
-                if read_segment(s, detail=False).state_name == "active" and _write_control(s, FINISH):
-                    segs.append(s)
-            except (SegmentError, OSError):
-                continue
+        segs = [s for s, (pid, head) in _heads_of(directory, pids).items()
+                if pid not in skip and head.state_name == "active" and _write_control(s, FINISH)]
         deadline = time.monotonic() + timeout_s
         left = list(segs)
         while left and time.monotonic() < deadline:

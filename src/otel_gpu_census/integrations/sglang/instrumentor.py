@@ -54,9 +54,10 @@ engine = GUARD.engine       # the process's SchedulerTelemetry (made on first us
 _guard = GUARD              # _guard(what, fn, *args, default=None, closing=False)
 
 
-def _arg(args, kwargs, i: int, name: str):
-    """Parameter `name` at position i (after self) of an AROUND hook's call."""
-    return args[i] if len(args) > i else kwargs.get(name)
+def _arg(args, kwargs, i: int, name: str, default=None):
+    """Parameter `name` at position i of an AROUND hook's call (after self, for a method); `default`
+    where the caller left it out."""
+    return args[i] if len(args) > i else kwargs.get(name, default)
 
 
 # -- HTTP server ----------------------------------------------------------------------------------------
@@ -170,20 +171,15 @@ def _run_event_loop(original, self, *args, **kwargs):
 
 
 def _finish_tree(args, kwargs) -> None:
-    parent = _fn_arg(args, kwargs, 0, "parent_pid", None)
-    include_parent = _fn_arg(args, kwargs, 1, "include_parent", True)
-    skip = _fn_arg(args, kwargs, 2, "skip_pid", None)
-    if _fn_arg(args, kwargs, 3, "wait_timeout", 60) is None:
+    parent = _arg(args, kwargs, 0, "parent_pid", None)
+    include_parent = _arg(args, kwargs, 1, "include_parent", True)
+    skip = _arg(args, kwargs, 2, "skip_pid", None)
+    if _arg(args, kwargs, 3, "wait_timeout", 60) is None:
         return                # SGLang's "must not block here" (a __del__): nothing to wait for then
     if parent is None:        # as kill_process_tree reads it
         parent, include_parent = os.getpid(), False
     exclude = [p for p in (skip, None if include_parent else parent) if p]
     final_flush.finish_censuses([parent], "SGLang process", log, exclude=exclude)
-
-
-def _fn_arg(args, kwargs, i: int, name: str, default):
-    """Parameter `name` at position i of an AROUND hook's call of a plain function."""
-    return args[i] if len(args) > i else kwargs.get(name, default)
 
 
 def _kill_process_tree(original, *args, **kwargs):
