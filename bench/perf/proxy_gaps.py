@@ -50,6 +50,7 @@ sys.path.insert(0, str(SUPPORT))
 sys.path.insert(0, str(ROOT / "bench" / "server"))
 sys.path.insert(0, str(HERE))
 
+from llama_cpu import stop  # noqa: E402  (tests/support: terminate, then kill after 10 s)
 from ports import free_port  # noqa: E402
 
 SEED_RE = re.compile(rb'"seed"\s*:\s*(\d+)')
@@ -204,16 +205,6 @@ def _figures(reqs, relay, wall, clients):
             "_raw": {"start": start, "end": end, "slot": slot}}
 
 
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True, help="a llama-server binary")
@@ -311,7 +302,7 @@ def main() -> int:
                 time.sleep(1.5)       # spans settle before the next load
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop(p)
         shutil.rmtree(work, ignore_errors=True)
 
     summary = {"clients": a.clients, "requests": a.requests, "prompt_tokens": a.prompt_tokens,
