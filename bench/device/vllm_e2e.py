@@ -8,10 +8,11 @@ Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
 with --kv-offloading-size. `phases`: one server under the census (R) whose census modes are switched
 in alternating phases through the control file (off / graphs per launch / per node), beside plain
-vLLM (P) for the fixed cost of the integration; with --phase-split also S, under the census (paused) with
-the integration disabled, so that R's off phases against S are the integration's own cost and S against
-P the paused injector's (on 2026-12-02 R off / P was 0.85 in two sessions, unexplained). Every figure
-lands in DIR/vllm_e2e.json; the checks that fail are listed in it and the exit code is 1.
+vLLM (P) for the fixed cost of the integration; `--phase-beside P,Q,N,S,X` loads more servers after each
+round (BESIDE says what each is), so that the fixed cost (on 2026-12-02 R off / P was 0.85 in two
+sessions, unexplained) splits into its parts: two plain servers' own spread, the launcher, the paused
+injector, the integration, its export. Every figure lands in DIR/vllm_e2e.json; the checks that fail
+are listed in it and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
 FAILS: list = []
+T0 = time.time()     # --budget-s counts from here
 
 
 def check(ok: bool, what: str) -> bool:
@@ -239,17 +241,42 @@ def wait_quiet(limit_s=420) -> float:
     return round(time.time() - t0, 1)
 
 
+# Servers loaded beside R after each round of its phases (--phase-beside): name -> (port, census
+# folder or not, environment, what its ratio to the one before it in the chain isolates). R's off
+# phases are the census paused with the integration on, exporting.
+BESIDE = {
+    "P": (8101, False, {}, "plain vLLM"),
+    "Q": (8108, False, {}, "plain vLLM again: Q/P is the spread of two identical servers"),
+    "N": (8109, True, {"OTEL_GPU_CENSUS_DISABLED": "1"},
+          "under `run` with the census disabled (no injector, so no integration): N/P is the launcher's"),
+    "S": (8107, True, {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
+          "the census paused, the integration disabled: S/N is the paused injector's"),
+    "X": (8110, True, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
+          "the census paused, the integration on, exporting nothing: X/S is the integration's work, off/X its export"),
+}
+
+
+def beside_server(name, model, out, base, env, gpu_mem):
+    port, census, extra_env, _ = BESIDE[name]
+    if not census:
+        return Server(name, port, model, out, gpu_mem=gpu_mem)
+    return Server(name, port, model, out, census_dir=base / name, env={**env, **extra_env}, gpu_mem=gpu_mem)
+
+
 def phases_run(a, model, out, base, env, servers) -> dict:
-    """Census modes in alternating phases on one server (R), each phase the same load; P beside it."""
+    """Census modes in alternating phases on one server (R), each phase the same load; the BESIDE
+    servers after each round, their order rotating."""
     sys.path.insert(0, str(ROOT / "bench" / "server"))
     from control_phases import Phases, phase_seed, run_rounds, summarise
-    for n in [x for x in ("P", "R", "S") if x in servers]:
+    chain = [n for n in BESIDE if n in servers]
+    for n in [x for x in ("R", *chain) if x in servers]:
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
-    res = {"waited_for_quiet_s": wait_quiet()}
+    res = {"waited_for_quiet_s": wait_quiet(), "beside": {n: BESIDE[n][3] for n in chain}}
     ph = Phases(base / "R")
-    if "S" in servers:
-        check(Phases(base / "S").set("off"), "S: census paused (its integration is disabled)")
+    for n in chain:     # the census servers beside R run paused (N has no segment to pause)
+        if BESIDE[n][1] and n != "N":
+            check(Phases(base / n).set("off"), f"{n}: census paused")
 
     clients, per_client, stream = a.phase_clients, a.phase_requests, a.phase_stream
 
@@ -257,20 +284,24 @@ def phases_run(a, model, out, base, env, servers) -> dict:
         lr = asyncio.run(load(8105, clients, per_client, 256, seed=phase_seed(300, i, mode, modes), stream=stream))
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
 
-    def beside(rnd):      # plain vLLM (and S) after each round, their order alternating; the round kept if the call is cut
-        others = [(n, port) for n, port in (("P", 8101), ("S", 8107)) if n in servers and servers[n].proc.poll() is None]
-        for n, port in (others if len(done) % 2 == 0 else others[::-1]):
-            rnd[n] = summary(asyncio.run(load(port, clients, per_client, 256, seed=phase_seed(300, len(done), n, modes),
-                                              stream=stream)))
-            if rnd[n]["tok_per_s"] and rnd["off"]["tok_s"]:
-                rnd[f"off/{n}"] = round(rnd["off"]["tok_s"] / rnd[n]["tok_per_s"], 4)
-        if rnd.get("S", {}).get("tok_per_s") and rnd.get("P", {}).get("tok_per_s"):
-            rnd["S/P"] = round(rnd["S"]["tok_per_s"] / rnd["P"]["tok_per_s"], 4)
+    def beside(rnd):      # the beside servers after each round, their order rotating; the round kept if the call is cut
+        others = [n for n in chain if servers[n].proc.poll() is None]
+        k = len(done) % len(others) if others else 0
+        for n in others[k:] + others[:k]:
+            rnd[n] = summary(asyncio.run(load(servers[n].port, clients, per_client, 256,
+                                              seed=phase_seed(300, len(done), n, modes), stream=stream)))
+        rate = {n: rnd[n]["tok_per_s"] for n in others if rnd[n]["tok_per_s"]}
+        for i, n in enumerate(others):   # off/every one, and every one / each before it in the chain
+            if n in rate and rnd["off"]["tok_s"]:
+                rnd[f"off/{n}"] = round(rnd["off"]["tok_s"] / rate[n], 4)
+            for m in others[:i]:
+                if n in rate and m in rate:
+                    rnd[f"{n}/{m}"] = round(rate[n] / rate[m], 4)
         done.append(rnd)
         (out / "phases-partial.json").write_text(json.dumps(done, default=str))
     done: list = []
     modes = a.phase_modes.split(",")
-    rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside)
+    rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
     res = {**res, "modes": modes, "rounds": rounds, **summarise(rounds, modes=modes),
            "load": f"{clients} {'streaming' if stream else 'non-streaming'} clients x {per_client} requests x 256 "
                    "tokens, ignore_eos, 64-word prompts of its own in every phase (no prefix-cache hits between phases); "
@@ -376,7 +407,8 @@ def main():
     ap.add_argument("--cycle-parallel", type=int, default=1, help="cycles started at once (waves)")
     ap.add_argument("--cycle-gpu-mem", type=float, default=0.2, help="--gpu-memory-utilization of a cycle's server")
     ap.add_argument("--budget-s", type=float, default=1e9,
-                    help="cycles: no new wave once the cycles so far plus one more wave would pass this")
+                    help="phases: no round that would end past this many seconds from the start; cycles: no "
+                         "wave that would end past it from the cycles' start")
     ap.add_argument("--phase-rounds", type=int, default=8)
     # phases: non-streaming by default. On the H200 (2026-12-02) 32 streaming clients (one SSE event a
     # token, ~7,000 a second, parsed by one Python process on the server's cores) spread the loads
@@ -389,9 +421,17 @@ def main():
                     help="census modes of bench/server/control_phases.py, one phase each per round")
     ap.add_argument("--phase-split", action="store_true",
                     help="phases: also S, under the census (paused) with the integration disabled, loaded after P "
-                         "each round: off/S is the integration's own cost, S/P the paused injector's")
+                         "each round: off/S is the integration's own cost, S/P the paused injector's (--phase-beside P,S)")
+    ap.add_argument("--phase-beside", default="",
+                    help="phases: the servers loaded after each round, in chain order, from " + ",".join(BESIDE)
+                         + " (see BESIDE); every ratio of one to each before it is kept")
+    ap.add_argument("--phase-gpu-mem", type=float, default=0.2,
+                    help="phases: --gpu-memory-utilization of R and the servers beside it (0.12 for six)")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
+    bad = [n for n in a.phase_beside.split(",") if n and n not in BESIDE]
+    if bad:
+        ap.error(f"--phase-beside: unknown {','.join(bad)} (known: {','.join(BESIDE)})")
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "checks_failed": FAILS}
@@ -422,15 +462,12 @@ def main():
                 time.sleep(3)
                 servers["KP"] = Server("KP", 8106, model, out, extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
-                if "P" not in servers:
-                    time.sleep(3)
-                    servers["P"] = Server("P", 8101, model, out)
-                time.sleep(3)
-                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env)
-                if a.phase_split:      # S: the census (paused) without the integration: R's off vs S's
-                    time.sleep(3)      # is the integration's own cost, S's vs P the injector's
-                    servers["S"] = Server("S", 8107, model, out, census_dir=base / "S",
-                                          env={**env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"})
+                chain = a.phase_beside.split(",") if a.phase_beside else ["P", "S"] if a.phase_split else ["P"]
+                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env, gpu_mem=a.phase_gpu_mem)
+                for n in chain:
+                    if n not in servers:
+                        time.sleep(3)       # not all of them measuring free GPU memory at the same moment
+                        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem)
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",

@@ -98,14 +98,20 @@ def delta(after: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
 
 
 def run_rounds(phases: Phases, rounds: int, load, modes=("off", "launch", "node"), after=None,
-               settle_s: float = 1.5) -> list:
+               settle_s: float = 1.5, deadline: float = float("inf")) -> list:
     """`rounds` rounds; in each, every mode in turn (rotating who goes first) runs load(mode, round)
     -> {"tok_s", "tokens", ...}. Each phase gets the census's figures for its load (`census`) and
     whether the switch took (`switched`); each round its ratios mode/off. after(round_dict) is called
-    once a round is done (to keep partial results)."""
+    once a round is done (to keep partial results). No round starts that would end past `deadline`
+    (time.time(), judged by the longest round so far): a call cut short keeps whole rounds only."""
     out = []
     modes = list(modes)
+    longest = 0.0
     for i in range(rounds):
+        if out and time.time() + longest > deadline:
+            print(f"rounds: {i} of {rounds}, the next would pass the deadline", flush=True)
+            break
+        r0 = time.time()
         order = modes[i % len(modes):] + modes[:i % len(modes)]
         rnd = {"order": order}
         for m in order:
@@ -124,6 +130,7 @@ def run_rounds(phases: Phases, rounds: int, load, modes=("off", "launch", "node"
         print("round", i, {k: v for k, v in rnd.items() if "/" in k}, flush=True)
         if after:
             after(rnd)
+        longest = max(longest, time.time() - r0)
     return out
 
 

@@ -94,6 +94,27 @@ def test_rounds_switch_every_segment_and_count_each_phase(standin, tmp_path):
                                             "copy.dtoh.pinned.bytes": (1000 + 1001 + 1002) / 30}
 
 
+def test_no_round_starts_that_would_end_past_the_deadline(monkeypatch):
+    """A call cut short keeps whole rounds: the next round is judged by the longest so far."""
+    clock = [1000.0]
+    monkeypatch.setattr(cp.time, "time", lambda: clock[0])
+    monkeypatch.setattr(cp.time, "time_ns", lambda: int(clock[0] * 1e9))
+
+    class NoCensus:
+        def set(self, mode):
+            return True
+
+        def totals(self):
+            return {}
+
+    def load(mode, i):
+        clock[0] += 10.0                   # every phase takes 10 s: a round 20 s
+        return {"tok_s": 1.0, "tokens": 1}
+    rounds = cp.run_rounds(NoCensus(), 8, load, modes=("off", "launch"), settle_s=0, deadline=1000.0 + 65)
+    assert len(rounds) == 3                # 60 s done; a fourth would end at 80 s
+    assert len(cp.run_rounds(NoCensus(), 2, load, modes=("off", "launch"), settle_s=0, deadline=0)) == 1
+
+
 def test_a_switch_the_census_never_shows_is_reported_not_waited_for_ever(tmp_path):
     _mapped = map_segment(tmp_path / "gpu-census-9-9.seg", b"server")   # nobody reads its control file
     t = time.monotonic()
