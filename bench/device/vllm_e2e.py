@@ -253,6 +253,9 @@ BESIDE = {
           "the census paused, the integration disabled: S/N is the paused injector's"),
     "X": (8110, True, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
           "the census paused, the integration on, exporting nothing: X/S is the integration's work, off/X its export"),
+    "T": (8111, True, {"OTEL_GPU_CENSUS_SETTLE": "thread"},
+          "the census paused, the integration settling in a thread of the engine (the design until 2026-12-02): "
+          "T/S is that integration's cost, off/T what settling in a process of its own gains"),
 }
 
 
@@ -291,9 +294,10 @@ def phases_run(a, model, out, base, env, servers) -> dict:
             rnd[n] = summary(asyncio.run(load(servers[n].port, clients, per_client, 256,
                                               seed=phase_seed(300, len(done), n, modes), stream=stream)))
         rate = {n: rnd[n]["tok_per_s"] for n in others if rnd[n]["tok_per_s"]}
-        for i, n in enumerate(others):   # off/every one, and every one / each before it in the chain
-            if n in rate and rnd["off"]["tok_s"]:
-                rnd[f"off/{n}"] = round(rnd["off"]["tok_s"] / rate[n], 4)
+        for i, n in enumerate(others):   # R's modes / every one, and every one / each before it in the chain
+            for m in modes:
+                if n in rate and rnd[m].get("tok_s"):
+                    rnd[f"{m}/{n}"] = round(rnd[m]["tok_s"] / rate[n], 4)
             for m in others[:i]:
                 if n in rate and m in rate:
                     rnd[f"{n}/{m}"] = round(rate[n] / rate[m], 4)

@@ -1,7 +1,7 @@
 """CPU cost of the vLLM integration's engine side, per step and per request (not a pytest test: run it).
 
     .venv/bin/python bench/perf/perf_engine_hooks.py [--inflight 64] [--tokens 256] [--requests 2000]
-                     [--export otlp-encode|memory|none] [--profile FILE]
+                     [--export otlp-encode|memory|none] [--settle thread|process] [--profile FILE]
 
 Why: on the H200 (docs/measurements.md §12) vLLM under the census with the census paused ("off") served
 0.85 of plain vLLM's tokens a second (random 160M Llama, ~15,000 tok/s, ~60 requests/s): what the
@@ -16,6 +16,10 @@ period at ~250 steps/s). Spans go through a BatchSpanProcessor into `--export`: 
 OTLP protobuf encoding vLLM's engine does before sending, then discarded), memory, or none; request
 metrics into a delta reader collected once a second of steps. The request log is written to a temp
 folder. Prints µs of CPU per step (the hooks) and per request (settle, span end, export, log line).
+
+--settle process: the default of a real engine since 2026-12-02 (integrations/settle_process.py): the
+engine records and a child process settles and exports; the figures are then this (the engine's)
+process's CPU alone, its shipper thread included, and the child's CPU is printed beside them.
 """
 from __future__ import annotations
 
@@ -41,6 +45,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--export", choices=("otlp-encode", "memory", "none"), default="otlp-encode")
+    ap.add_argument("--settle", choices=("thread", "process"), default="thread",
+                    help="where requests are settled: a thread of this process (telemetry as --export) or a child "
+                         "process (its telemetry from OTEL_*: nothing exported here)")
     ap.add_argument("--profile", default=None, help="cProfile the run into FILE and print the top functions")
     a = ap.parse_args()
 
@@ -80,7 +87,11 @@ def main() -> int:
                           instrumentation_name="otel_gpu_census.vllm")
     census, clock = Census(), Clock()
     tmp = tempfile.mkdtemp(prefix="perf-engine-")
-    eng = EngineTelemetry(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
+    if a.settle == "process":    # the child reads no census here (there is no segment): it settles nothing
+        os.environ.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+        eng = EngineTelemetry(clock=clock, settle_in="process")
+    else:
+        eng = EngineTelemetry(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
     eng.log_segment = lambda: os.path.join(tmp, "gpu-census-1-1.seg")
 
     def request(n):
@@ -131,7 +142,7 @@ def main() -> int:
                 eng.request_freed(req)
                 finished += 1
         t_steps += time.process_time() - c
-        if steps % 25 == 0:
+        if steps % 25 == 0 and a.settle == "thread":
             census.complete = clock.t
             c = time.process_time()
             eng.settle()
@@ -140,18 +151,24 @@ def main() -> int:
             reader.get_metrics_data()
     census.complete = clock.t + 10**9
     c = time.process_time()
-    eng.settle()
-    tp.force_flush()
+    if a.settle == "thread":
+        eng.settle()
+        tp.force_flush()
+    else:
+        eng.shutdown()
     t_settle += time.process_time() - c
     if prof:
         prof.disable()
     cpu = time.process_time() - cpu0
-    res = {"inflight": a.inflight, "tokens": a.tokens, "requests": finished, "steps": steps, "export": a.export,
+    res = {"inflight": a.inflight, "tokens": a.tokens, "requests": finished, "steps": steps, "settle": a.settle,
+           "export": a.export if a.settle == "thread" else "(the child's)",
            "spans_exported": exporter.spans, "python": sys.version.split()[0],
            "us_per_step_hooks": round(t_steps / steps * 1e6, 1),
            "us_per_request_settle": round(t_settle / finished * 1e6, 1),
            "us_per_request_all": round(cpu / finished * 1e6, 1),
            "cpu_s": round(cpu, 3)}
+    if a.settle == "process":
+        res["child_cpu_s"] = round(sum(os.times()[2:4]), 3)     # the reaped child's user + system
     # what that is at the H200 load of §12: ~15,000 tok/s = 15,000/inflight steps a second, ~15,000/tokens
     # requests a second
     tok_s = 15000

@@ -215,6 +215,7 @@ def test_phases_beside_a_chain_rotate_their_order_and_keep_every_ratio(monkeypat
     assert beside == [P, Q, S, X, Q, S, X, P, S, X, P, Q]
     assert res["Q/P"]["median"] == 0.96 and res["X/S"]["median"] == round(850 / 900, 4)
     assert res["off/X"]["median"] == round(800 / 850, 4) and res["S/Q"]["median"] == round(900 / 960, 4)
+    assert res["launch/P"]["median"] == 0.8 and res["launch/X"]["median"] == round(800 / 850, 4)
     assert "P/Q" not in res and set(res["beside"]) == {"P", "Q", "S", "X"}
 
 

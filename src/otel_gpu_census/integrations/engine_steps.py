@@ -17,10 +17,13 @@ An engine hook tells :class:`StepEngine` three things, from the engine's own thr
 - the engine shuts down (``shutdown``): the census's final flush first, then every request settled,
   spans out.
 
-A settling thread reads the census a few times a second, splits each completed step among its requests
+Settling reads the census a few times a second, splits each completed step among its requests
 (``attribution/steps.py``) and ends each request's span through the one request lifecycle
 (``telemetry/request.py``), with its share; each settled request is also one JSON line beside the
-segment (:class:`RequestLog`, what ``report`` reads). The census is this process's own segment, or
+segment (:class:`RequestLog`, what ``report`` reads). It runs in a process of its own by default
+(``settle_process.py``: the engine records, a child replays the records into the same class and
+settles; on an H200 the settling thread cost vLLM's loop several per cent of its throughput), or
+in a thread beside the engine's (``OTEL_GPU_CENSUS_SETTLE=thread``, tests, or no child could start). The census is this process's own segment, or
 (``ledger.read`` replaced by a subclass) the segments of the processes that run its steps, one
 ``(header, steps)`` pair each (vLLM's TP/PP workers, ``integrations/vllm/ranks.py``): a request's share is
 then the sum over processes. The engine thread only counts and appends. Subclasses
@@ -42,6 +45,7 @@ from ..attribution.shares import Share
 from ..attribution.steps import METHOD, StepLedger
 from ..census import reader
 from ..telemetry.attributes import share_attributes
+from . import settle_process
 
 log = logging.getLogger("otel_gpu_census.engine")
 
@@ -64,11 +68,25 @@ class StepEngine:
     SCOPE = "otel_gpu_census.engine"
     NOTE = STEP_NOTE
 
-    def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S):
+    def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S,
+                 settle_in: Optional[str] = None):
+        """settle_in: "process" (a child settles; the default of a real engine), "thread" (the default
+        when telemetry or read is given: tests), or "child" (this is that child: the engine's census
+        is read, and nothing is recorded on an engine thread)."""
         self.clock = clock
         self.ledger = StepLedger(read or self._read_own_census, clock=clock)
+        self.census_pid = os.getpid()        # whose census is read (a settling child reads its engine's)
+        self.settling_child = settle_in == "child"
+        self.settling_segment = ""           # the child: the engine's segment path, as the engine sends it
+        if settle_in is None:
+            settle_in = "thread" if telemetry is not None or read is not None else settle_process.settle_mode()
+        self.remote: Optional[settle_process.Remote] = None
+        if settle_in == "process":           # the child starts with the first settling (subclasses set up first)
+            self.remote = settle_process.Remote(self, self.segment_path)
+            self.ledger = self.remote.ledger
         self._telemetry = telemetry          # RequestTelemetry, made on first use (providers from OTEL_*)
-        self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest
+        self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest (_Pending where a child settles)
+        self.first_due: set = set()          # tracked requests without their first token yet
         self.sid = 0                         # the current step (last open_step)
         self._last_id = 0                    # the last id handed out: steps and their sub-steps
         self.has_scheduler = False           # requests live in this process
@@ -84,10 +102,12 @@ class StepEngine:
         self._final_lock = threading.Lock()
         self._summarised = False             # the summary line is written (and telemetry flushed) once
 
-    # -- the census of this process --------------------------------------------------------------
-    @staticmethod
-    def _read_own_census(lo: int, hi: int):
-        path = injector.segment_path()
+    # -- the census of this process (of the engine, in a settling child) ---------------------------
+    def segment_path(self) -> str:
+        return self.settling_segment if self.settling_child else injector.segment_path()
+
+    def _read_own_census(self, lo: int, hi: int):
+        path = self.segment_path()
         if not path:                         # no buffer completed yet: the segment does not exist
             return None, {}
         head = reader.read_segment(path, detail=False)
@@ -100,7 +120,11 @@ class StepEngine:
         sid = self.sid = self.next_sid()
         if self.has_scheduler and tokens is not None:
             self.ledger.step_opened(sid, dict(tokens), self.clock())
-        self.tagging = injector.step_begin(sid)
+        tagging = injector.step_begin(sid)
+        if tagging != self.tagging:
+            self.tagging = tagging
+            if self.remote is not None:
+                self.remote.record(("tagging", tagging))
         return sid
 
     def next_sid(self) -> int:
@@ -132,6 +156,12 @@ class StepEngine:
         self.has_scheduler = True
         if key in self._tracked:
             return
+        self.first_due.add(key)
+        if self.remote is not None:          # the span is the child's; here, what the hooks ask after
+            self._tracked[key] = _Pending(start_ns)
+            self.remote.record(("start", key, {"start_ns": start_ns, "operation": operation, "model": model,
+                                               "headers": dict(headers), "attributes": dict(attributes)}))
+            return
         self.ledger.request_started(key)
         self._tracked[key] = self.telemetry().start(
             start_ns=start_ns, operation=operation, model=model,
@@ -143,6 +173,11 @@ class StepEngine:
         t = self._tracked.get(key)
         if t is None or t.first_token_ns is not None:
             return False
+        self.first_due.discard(key)
+        if self.remote is not None:
+            t.first_token_ns = now
+            self.remote.record(("first", key, now, attributes))
+            return True
         t.first_token(now)
         self.ledger.first_token(key, now)
         if attributes:
@@ -150,15 +185,22 @@ class StepEngine:
         return True
 
     def request_done(self, key: str, facts: Dict[str, Any], error_type: Optional[str] = None,
-                     awaiting: bool = False) -> None:
-        """The request ended now (finished, aborted, failed); no later step serves it. `facts` are its
-        span attributes (``gen_ai.usage.output_tokens`` among them). awaiting: a sub-step still to
-        open will claim it (its last KV blocks are stored after its end): the ledger waits for that."""
+                     awaiting: bool = False, end_ns: Optional[int] = None) -> None:
+        """The request ended now (or at end_ns: a settling child replaying it); no later step serves
+        it. `facts` are its span attributes (``gen_ai.usage.output_tokens`` among them). awaiting: a
+        sub-step still to open will claim it (its last KV blocks are stored after its end): the
+        ledger waits for that."""
+        self.first_due.discard(key)
+        if self.remote is not None:
+            if self._tracked.pop(key, None) is not None:
+                self.remote.record(("done", key, facts, error_type, awaiting, self.clock()))
+            return
         t = self._tracked.get(key)
         if t is None:
             return
         t.served()
-        self.ledger.request_done(key, (facts, error_type), self.clock(), awaiting=awaiting)
+        self.ledger.request_done(key, (facts, error_type), self.clock() if end_ns is None else end_ns,
+                                 awaiting=awaiting)
         if not self.tagging:                 # no census here: nothing to wait for
             self._ensure_settler()
 
@@ -169,7 +211,7 @@ class StepEngine:
     # -- where the census is, what a settled request adds (subclasses) ------------------------------
     def census_pids(self) -> List[int]:
         """The processes whose census the ledger reads (a cost's ``pids``)."""
-        return [os.getpid()]
+        return [self.census_pid]
 
     def census_elsewhere(self) -> bool:
         """Whether the steps' GPU work is in other processes' segments (still running, and flushing,
@@ -178,7 +220,7 @@ class StepEngine:
 
     def log_segment(self) -> str:
         """The segment the request log is written beside ("": none yet)."""
-        return injector.segment_path()
+        return self.segment_path()
 
     def span_attributes(self, s) -> Dict[str, Any]:
         """Attributes a settled request's span gets beyond its facts (e.g. its sub-steps' figures)."""
@@ -188,11 +230,40 @@ class StepEngine:
         """Fields a settled request's log line gets beyond the common ones."""
         return {}
 
+    def exports(self) -> bool:
+        """Whether this process's requests are exported (False: another rank reports them)."""
+        return True
+
+    def export_nothing(self) -> None:
+        """Spans and metrics to nowhere (the request log is still written): a settling child of an
+        engine whose exports() is False."""
+        from opentelemetry.metrics import NoOpMeterProvider
+        from opentelemetry.trace import NoOpTracerProvider
+
+        from ..telemetry.request import RequestTelemetry
+        self._telemetry = RequestTelemetry(NoOpTracerProvider(), NoOpMeterProvider(),
+                                           provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)
+
     # -- settling (its own thread) ----------------------------------------------------------------
     def _ensure_settler(self) -> None:
+        if self.settling_child:              # its loop settles (settle_process.serve)
+            return
+        if self.remote is not None:
+            if self.remote.ensure():
+                return
+            self._settle_here()              # no child: this engine settles after all, nothing lost
         if self._thread is None and not self._stopped:
             self._thread = threading.Thread(target=self._run, name="otel-gpu-census-settle", daemon=True)
             self._thread.start()
+
+    def _settle_here(self) -> None:
+        """The child could not start: a real ledger, and what was recorded for the child applied here."""
+        remote, self.remote = self.remote, None
+        self._tracked.clear()                # placeholders: the replay below makes the spans
+        self.first_due.clear()
+        self.ledger = StepLedger(self._read_own_census, clock=self.clock)
+        for ev in remote.take_all():
+            settle_process.apply(self, ev)
 
     def _run(self) -> None:
         while not self._stopped:
@@ -200,22 +271,30 @@ class StepEngine:
             self._wake.clear()
             if self._stopped:
                 break
-            try:
-                self.settle()
-                if self.has_scheduler and not self._summarised and self.census_finished():
-                    # asked to finish by the process about to stop this one (census=finish), which
-                    # may never let its main thread reach shutdown(): the last requests are settled
-                    # by now (an exited census completes every step); write and send them here
-                    self._final_outputs(self._period * 4)
-            except Exception:                # the census can be unreadable for a moment: try again
-                self.settle_errors += 1
-                if self.settle_errors == 1:  # but say so once, with the reason
-                    log.warning("otel-gpu-census: settling requests failed (retrying every %.2f s)",
-                                self._period, exc_info=True)
+            self.settle_once()
+
+    def settle_once(self) -> None:
+        """One settling round (the thread's, or a settling child's): settle what the census completed;
+        if the census has ended, the final outputs."""
+        try:
+            self.settle()
+            if self.has_scheduler and not self._summarised and self.census_finished():
+                # asked to finish by the process about to stop this one (census=finish), which
+                # may never let its main thread reach shutdown(): the last requests are settled
+                # by now (an exited census completes every step); write and send them here
+                self._final_outputs(self._period * 4)
+        except Exception:                    # the census can be unreadable for a moment: try again
+            self.settle_errors += 1
+            if self.settle_errors == 1:      # but say so once, with the reason
+                log.warning("otel-gpu-census: settling requests failed (retrying every %.2f s)",
+                            self._period, exc_info=True)
+
+    def summarised(self) -> bool:
+        return self._summarised
 
     def census_finished(self) -> bool:
         """This process's own census has ended (its segment says exited): nothing more will be counted."""
-        path = injector.segment_path()
+        path = self.segment_path()
         return bool(path) and reader.read_segment(path, detail=False).state_name == "exited"
 
     def _final_outputs(self, timeout_s: float) -> None:
@@ -229,7 +308,7 @@ class StepEngine:
                 self.settle(final=True)
                 self._requests_log.summary(self.ledger, self.settle_errors)
             if self._telemetry is not None:
-                self._telemetry_flush(timeout_s)
+                self.flush_telemetry(timeout_s)
 
     def settle(self, final: bool = False) -> int:
         """Split what the census completed; end the spans of the requests that settled. Their count."""
@@ -269,9 +348,16 @@ class StepEngine:
         self._shutdown_done = True
         injector.finish()
         self._stopped = True
+        if self.remote is not None:          # the child settles, writes the summary and flushes
+            self.remote.finish(timeout_s)
+            return
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s / 3)
+        self.settle_to_end(timeout_s)
+
+    def settle_to_end(self, timeout_s: float) -> None:
+        """The end of settling: what other processes' census still completes, then the final outputs."""
         if self.census_elsewhere():          # those processes still run (and flush): let their census catch up
             deadline = time.monotonic() + timeout_s / 2
             while self.ledger.pending() and time.monotonic() < deadline:
@@ -279,7 +365,7 @@ class StepEngine:
                 time.sleep(0.05)
         self._final_outputs(timeout_s)
 
-    def _telemetry_flush(self, timeout_s: float) -> None:
+    def flush_telemetry(self, timeout_s: float) -> None:
         for provider in self._providers:
             try:
                 if hasattr(provider, "force_flush"):
@@ -297,6 +383,15 @@ class StepEngine:
             self._telemetry = RequestTelemetry(tel.tracer_provider, tel.meter_provider,
                                                provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)
         return self._telemetry
+
+
+class _Pending:
+    """An engine's note of a request its settling child follows (the span is the child's)."""
+    __slots__ = ("start_ns", "first_token_ns")
+
+    def __init__(self, start_ns: int):
+        self.start_ns = start_ns
+        self.first_token_ns: Optional[int] = None
 
 
 class RequestLog:

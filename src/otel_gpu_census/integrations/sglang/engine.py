@@ -71,8 +71,9 @@ class SchedulerTelemetry(StepEngine):
     SCOPE = "otel_gpu_census.sglang"
 
     def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S,
-                 reports: Optional[bool] = None):
-        super().__init__(telemetry=telemetry, read=read, clock=clock, settle_period_s=settle_period_s)
+                 reports: Optional[bool] = None, settle_in: Optional[str] = None):
+        super().__init__(telemetry=telemetry, read=read, clock=clock, settle_period_s=settle_period_s,
+                         settle_in=settle_in)
         self._model: Optional[str] = None
         self._reports = reports              # None: learnt from SGLang's parallel context
         self._sampled_batch = None           # the batch of the last run_batch (its delayed sampling)
@@ -156,8 +157,12 @@ class SchedulerTelemetry(StepEngine):
                 self._reports = True         # no parallel context: one rank, this one
         return self._reports
 
+    def exports(self) -> bool:
+        return self.reports()
+
     def telemetry(self):
-        if self._telemetry is None and not self.reports():
+        # (a settling child was told by its engine: export_nothing() set its telemetry, or it reports)
+        if self._telemetry is None and not self.settling_child and not self.reports():
             # another rank reports these requests: their shares go to this rank's request log only
             from opentelemetry.metrics import NoOpMeterProvider
             from opentelemetry.trace import NoOpTracerProvider

@@ -79,8 +79,10 @@ class EngineTelemetry(StepEngine):
     SCOPE = "otel_gpu_census.vllm"
     NOTE = STEP_NOTE
 
-    def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S):
-        super().__init__(telemetry=telemetry, read=read, clock=clock, settle_period_s=settle_period_s)
+    def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S,
+                 settle_in: Optional[str] = None):
+        super().__init__(telemetry=telemetry, read=read, clock=clock, settle_period_s=settle_period_s,
+                         settle_in=settle_in)
         self._model: Optional[str] = None
         self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
         self.ranks: Optional[RankCensus] = None   # TP/PP > 1: the workers' segments (EngineCore)
@@ -91,7 +93,7 @@ class EngineTelemetry(StepEngine):
 
     # -- where the census is (TP/PP > 1: the workers'), what a settled request adds -----------------
     def census_pids(self) -> List[int]:
-        return self.ranks.pids if self.ranks else [os.getpid()]
+        return self.ranks.pids if self.ranks else [self.census_pid]
 
     def census_elsewhere(self) -> bool:
         return self.ranks is not None
@@ -103,9 +105,9 @@ class EngineTelemetry(StepEngine):
         ranks = self.ranks
         if seg or ranks is None or not ranks.paths:
             return seg
-        ticks = proctree.proc_start_ticks(os.getpid())
+        ticks = proctree.proc_start_ticks(self.census_pid)
         return os.path.join(os.path.dirname(next(iter(ranks.paths.values()))),
-                            f"gpu-census-{os.getpid()}-{ticks}.seg")
+                            f"gpu-census-{self.census_pid}-{ticks}.seg")
 
     def span_attributes(self, s) -> Dict[str, Any]:
         return kv_attributes(s)
@@ -129,13 +131,20 @@ class EngineTelemetry(StepEngine):
             return
         if self.ranks is None:
             n = getattr(executor, "local_world_size", None) or getattr(executor, "world_size", 1)
-            self.ranks = RankCensus(os.getpid(), n)
-            self.ledger.read = self.ranks.read
-            self.tagging = True              # the workers tag their steps; their segments say what ran
+            if self.remote is not None:      # the settling child reads the workers' segments
+                self.remote.record(("call", "ranks", (os.getpid(), n)))
+            self.remote_ranks(os.getpid(), n)
         sid = self.next_sid()
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         self.ledger.step_opened(sid, dict(tokens), self.clock())
         self._executing[id(scheduler_output)] = sid
+
+    def remote_ranks(self, pid: int, n: int) -> None:
+        """The workers of EngineCore `pid` (n of them) run the steps: read their segments."""
+        self.ranks = RankCensus(pid, n)
+        if self.remote is None:
+            self.ledger.read = self.ranks.read
+        self.tagging = True                  # the workers tag their steps; their segments say what ran
 
     def step_output(self, scheduler_output) -> None:
         """Scheduler.update_from_output: the step's results came back from the workers: it is over
@@ -172,13 +181,13 @@ class EngineTelemetry(StepEngine):
 
     def outputs(self, engine_core_outputs) -> None:
         """After Scheduler.update_from_output: the requests whose first token came out now."""
-        if not self._tracked:
+        due = self.first_due                 # (most steps: nobody waits for a first token)
+        if not due:
             return
         now = None
         for eco in (engine_core_outputs or {}).values():
             for o in getattr(eco, "outputs", ()) or ():
-                t = self._tracked.get(o.request_id)
-                if t is not None and t.first_token_ns is None and o.new_token_ids:
+                if o.request_id in due and o.new_token_ids:
                     now = now or self.clock()
                     attrs = None
                     # prompt tokens served from the prefix cache: only this first output carries them

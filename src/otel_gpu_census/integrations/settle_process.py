@@ -1,0 +1,337 @@
+"""Settling in a process of its own: the engine's loop keeps its GIL.
+
+Measured on an H200 (docs/measurements.md §13): with the settling thread inside vLLM's EngineCore,
+vLLM under the census served ~0.87 of a plain vLLM's tokens a second with the census paused. The
+split of every step among its requests, the spans, the metrics and their export are Python that holds
+the GIL the engine's loop needs. So by default an engine keeps only what must happen on its own
+thread (step ids pushed and popped, the step's tokens, request boundaries, all recorded as plain
+tuples) and a child process does the rest: it replays those records into the same
+:class:`~otel_gpu_census.integrations.engine_steps.StepEngine` subclass, which reads the engine's
+census segment, settles, writes the request log and exports, exactly as the thread did.
+
+The engine side (:class:`Remote`): calls append one tuple to a deque (atomic under the GIL); a shipper
+thread takes what is there every SHIP_PERIOD_S, pickles it (one pickle per batch, so a request id repeated
+in every step is written once) and writes it, length-prefixed, to the child's stdin. Bounded: at most
+MAX_EVENTS wait; beyond that they are dropped and counted. The child is started once, when the
+engine's telemetry is first used; if it cannot start the engine settles in a thread as before (one log
+line). If it dies, its records are dropped from then on (one log line): the engine is never blocked.
+
+The child (``python -m otel_gpu_census.integrations.settle_process``): reads batches, applies them,
+settles every settle period; the final settle, the request log's summary and the export flush come
+when the engine's census has ended (``census=finish``: a stopping manager waits for that summary) and
+again, for anything after it, when the engine says shutdown or its stdin closes (the engine exited or
+was killed: what the census had counted is still settled). Then it exits.
+Its stdin is a pipe only its parent holds, so the pickles it reads are the engine's own.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, List, Optional, Tuple
+
+log = logging.getLogger("otel_gpu_census.engine")
+
+SETTLE_ENV = "OTEL_GPU_CENSUS_SETTLE"     # process (default) | thread
+SHIP_PERIOD_S = 0.1
+MAX_EVENTS = 1_000_000
+_HEADER = struct.Struct("<I")
+
+
+def settle_mode(env=os.environ) -> str:
+    """Where an engine settles: "process" (default) or "thread" (OTEL_GPU_CENSUS_SETTLE=thread)."""
+    v = (env.get(SETTLE_ENV) or "process").strip().lower()
+    if v not in ("process", "thread"):
+        log.warning("otel-gpu-census: %s=%r is neither process nor thread; settling in a process", SETTLE_ENV, v)
+        return "process"
+    return v
+
+
+class LedgerRecorder:
+    """The StepLedger's engine-thread methods, recorded for the settling process instead of applied."""
+
+    def __init__(self, remote: "Remote"):
+        self._remote = remote
+        self.read = None                     # where a ledger reads its census: the child's business
+
+    def step_opened(self, *args, **kw):
+        self._remote.record(("L", "step_opened", args, kw))
+
+    def step_touched(self, *args):
+        self._remote.record(("L", "step_touched", args, None))
+
+    def step_claimed(self, *args):
+        self._remote.record(("L", "step_claimed", args, None))
+
+    def request_started(self, *args):
+        self._remote.record(("L", "request_started", args, None))
+
+    def first_token(self, *args):
+        self._remote.record(("L", "first_token", args, None))
+
+    def request_done(self, *args, **kw):
+        self._remote.record(("L", "request_done", args, kw))
+
+    def pending(self) -> int:                # the child knows; the engine waits for it instead
+        return 0
+
+
+class Remote:
+    """The engine side: records, the shipper thread, the child process."""
+
+    def __init__(self, engine, segment_path, period_s: Optional[float] = None):
+        self._engine = engine
+        self._segment_path = segment_path    # the engine's segment path now ("" until it exists)
+        self._period = SHIP_PERIOD_S if period_s is None else period_s
+        self._events: deque = deque()      # appended by the engine's thread, popped by the shipper
+        self._lock = threading.Lock()        # the shipper and finish() take turns writing
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._sent_segment = ""
+        self.dropped = 0
+        self.dead = False
+        self.closed = False
+        self.ledger = LedgerRecorder(self)
+        self.proc: Optional[subprocess.Popen] = None
+        self._tried = False
+
+    # -- the child --------------------------------------------------------------------------------
+    def _start(self) -> Optional[subprocess.Popen]:
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_INJECTION64_PATH"}   # it has no GPU work
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cls = type(self._engine)
+        try:
+            # a session of its own: a Ctrl-C or a stop sent to the engine's process group leaves it to
+            # settle the engine's last requests (it ends when its stdin does)
+            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    env=env, close_fds=True, start_new_session=True)
+        except Exception as e:
+            log.warning("otel-gpu-census: no settling process (%s); settling in a thread of the engine", e)
+            return None
+        hello = {"engine": f"{cls.__module__}:{cls.__qualname__}", "pid": os.getpid(),
+                 "period_s": self._engine._period, "exports": self._engine.exports()}
+        try:
+            self._write(proc, [("hello", hello)])
+        except OSError as e:
+            log.warning("otel-gpu-census: the settling process did not take its first message (%s); settling in "
+                        "a thread of the engine", e)
+            _reap(proc)
+            return None
+        return proc
+
+    # -- the engine's thread ------------------------------------------------------------------------
+    def record(self, event: tuple) -> None:
+        if self.dead or self.closed:
+            return
+        if len(self._events) >= MAX_EVENTS:
+            self.dropped += 1
+            return
+        self._events.append(event)
+
+    def ensure(self) -> bool:
+        """The child and the shipper running (started by the first call, from the engine's first
+        settling: its subclass is set up by then). False: no child could start (settle in the engine)."""
+        if not self._tried:
+            self._tried = True
+            self.proc = self._start()
+        if self.proc is None:
+            return False
+        if self._thread is None and not self.closed:
+            self._thread = threading.Thread(target=self._run, name="otel-gpu-census-ship", daemon=True)
+            self._thread.start()
+        return True
+
+    def take_all(self) -> List[tuple]:
+        """What was recorded and not sent (for the engine to apply itself when no child started)."""
+        ev = self._events
+        return [ev.popleft() for _ in range(len(ev))]
+
+    # -- the shipper --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.closed and not self.dead:
+            self._wake.wait(self._period)
+            self._wake.clear()
+            self.ship()
+
+    def _take(self) -> List[tuple]:
+        ev = self._events
+        batch = [ev.popleft() for _ in range(len(ev))]   # (the engine may append meanwhile: those wait)
+        seg = self._segment_path()
+        if seg and seg != self._sent_segment:
+            self._sent_segment = seg
+            batch.insert(0, ("segment", seg))
+        return batch
+
+    def ship(self, extra: Tuple = ()) -> bool:
+        """Send what was recorded (and `extra`); False once the child is gone."""
+        with self._lock:
+            if self.dead or self.proc is None:
+                return False
+            batch = self._take() + list(extra)
+            if not batch:
+                return True
+            try:
+                self._write(self.proc, batch)
+            except Exception as e:          # (a broken pipe, or closed under us: never the engine's problem)
+                self.dead = True
+                self._events.clear()
+                log.warning("otel-gpu-census: the settling process is gone (%s); the requests from now on get no "
+                            "spans or log lines", e)
+                return False
+            return True
+
+    @staticmethod
+    def _write(proc, batch) -> None:
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        proc.stdin.write(_HEADER.pack(len(data)) + data)
+        proc.stdin.flush()
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finish(self, timeout_s: float) -> bool:
+        """Everything recorded, then shutdown; wait up to timeout_s for the child to settle, write its
+        summary and flush its export. True when it did."""
+        if self.closed:
+            return True
+        ok = self.ship((("shutdown", timeout_s, self.dropped),))
+        self.closed = True
+        self._wake.set()
+        proc = self.proc
+        if proc is None:
+            return False
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("otel-gpu-census: the settling process is still flushing after %.1f s; leaving it to finish",
+                        timeout_s)
+            return False
+        return ok and proc.returncode == 0
+
+
+def _reap(proc) -> None:
+    try:
+        proc.kill()
+        proc.wait(1)
+    except Exception:
+        pass
+
+
+# -- the child ----------------------------------------------------------------------------------------
+
+def _read_exact(fd: int, n: int) -> Optional[bytes]:
+    parts, got = [], 0
+    while got < n:
+        b = os.read(fd, n - got)
+        if not b:
+            return None
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def apply(eng, event: tuple) -> Optional[tuple]:
+    """One record from the engine, applied to this process's StepEngine; a shutdown is returned."""
+    kind = event[0]
+    if kind == "L":
+        _, name, args, kw = event
+        getattr(eng.ledger, name)(*args, **(kw or {}))
+    elif kind == "start":
+        eng.start_request(event[1], **event[2])
+    elif kind == "first":
+        eng.first_token(*event[1:])
+    elif kind == "done":
+        _, key, facts, error_type, awaiting, end_ns = event
+        eng.request_done(key, facts, error_type, awaiting=awaiting, end_ns=end_ns)
+    elif kind == "tagging":
+        eng.tagging = bool(event[1])
+    elif kind == "segment":
+        eng.settling_segment = event[1]
+    elif kind == "call":                     # a subclass's own record (vLLM's ranks)
+        getattr(eng, "remote_" + event[1])(*event[2])
+    elif kind == "shutdown":
+        return event
+    return None
+
+
+def serve(fd: int, eng_from_hello=None) -> int:
+    """The child's loop on `fd` (its stdin). Returns its exit code."""
+    first = _read_frame(fd)
+    if not first or first[0][0] != "hello":
+        log.warning("otel-gpu-census settling process: no hello from the engine; exiting")
+        return 2
+    hello = first[0][1]
+    eng = (eng_from_hello or _engine_from)(hello)
+    period = float(hello.get("period_s") or 0.25)
+    engine_pid = int(hello["pid"])
+    shutdown = None
+    next_settle = time.monotonic() + period
+    try:
+        while True:
+            wait = max(0.0, next_settle - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], wait)
+            if ready:
+                batch = _read_frame(fd)
+                if batch is None:            # the engine exited or was killed: settle what was counted
+                    break
+                for ev in batch:
+                    shutdown = apply(eng, ev) or shutdown
+                if shutdown:
+                    break
+            elif os.getppid() != engine_pid:   # the engine is gone though a child of its holds our pipe
+                break
+            if time.monotonic() >= next_settle:
+                next_settle = time.monotonic() + period
+                eng.settle_once()            # (census=finish: the final outputs; the engine may go on a little)
+    except Exception:
+        log.exception("otel-gpu-census settling process: failed; settling what there is")
+    timeout_s = float(shutdown[1]) if shutdown else 3.0
+    if shutdown and shutdown[2]:
+        log.warning("otel-gpu-census: %d engine records were dropped (the settling process fell behind)", shutdown[2])
+    eng.settle_to_end(timeout_s)
+    if eng.has_scheduler:                    # requests that ended after a census=finish summary
+        eng.settle(final=True)
+    eng.flush_telemetry(timeout_s)
+    return 0
+
+
+def _read_frame(fd: int) -> Optional[List[tuple]]:
+    head = _read_exact(fd, _HEADER.size)
+    if head is None:
+        return None
+    data = _read_exact(fd, _HEADER.unpack(head)[0])
+    return None if data is None else pickle.loads(data)
+
+
+def _engine_from(hello: dict):
+    mod, _, cls = hello["engine"].partition(":")
+    eng = getattr(importlib.import_module(mod), cls)(settle_in="child")
+    eng.census_pid = int(hello["pid"])
+    if not hello.get("exports", True):
+        eng.export_nothing()
+    return eng
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # a stop sent to this process too: the engine's shutdown (or its death, our stdin's end) tells
+    # this process to finish, so that the last requests are still settled
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return serve(sys.stdin.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

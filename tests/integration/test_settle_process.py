@@ -1,0 +1,206 @@
+"""Settling in a process of its own (integrations/settle_process.py): the vLLM engine side records,
+a real child process replays the records, reads the engine's real census segment (written by the
+native tally), ends the spans and exports them over real OTLP/HTTP, and writes the request log."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from otel_gpu_census import injector
+from otel_gpu_census.integrations import settle_process
+from otel_gpu_census.integrations.vllm.engine import EngineTelemetry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from otlp_receiver import OtlpReceiver  # noqa: E402
+
+T = 1_700_000_000_000_000_000
+N_STEPS = 300
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@pytest.fixture
+def census(segments, records, tmp_path, monkeypatch):
+    """An engine whose census segment holds one kernel per step (1..N_STEPS), exited (complete)."""
+    recs = []
+    for sid in range(1, N_STEPS + 1):
+        recs.append(records.external(sid, sid))
+        recs.append(records.kernel(T + sid * 1000, T + sid * 1000 + 100, corr=sid))
+    path = segments.segment(tmp_path, recs, final=True)
+    monkeypatch.setattr(injector, "segment_path", lambda: str(path))
+    monkeypatch.setattr(injector, "step_begin", lambda sid: True)
+    monkeypatch.setattr(injector, "step_end", lambda: None)
+    monkeypatch.setattr(injector, "finish", lambda: True)
+    return path
+
+
+@pytest.fixture
+def otlp(monkeypatch):
+    with OtlpReceiver(grpc_enabled=False) as rx:
+        for k, v in {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
+                     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100",
+                     "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rx.http_port}",
+                     "OTEL_SERVICE_NAME": "vllm-settle-test"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.delenv(settle_process.SETTLE_ENV, raising=False)
+        yield rx
+
+
+def serve(eng, steps=N_STEPS, every=10, hook=None):
+    """vLLM's hooks for `steps` steps: a request added every `every` steps, one freed every `every`."""
+    sched = SimpleNamespace(vllm_config=None)
+    live = {}
+    for sid in range(1, steps + 1):
+        if sid % every == 1:
+            rid = f"cmpl-{sid}-0-abcdefgh"
+            live[rid] = SimpleNamespace(request_id=rid, arrival_time=time.time(), num_prompt_tokens=4,
+                                        num_output_tokens=3, status=SimpleNamespace(name="FINISHED_STOPPED"),
+                                        trace_headers={"traceparent": f"00-{TRACE}-{sid:016x}-01"},
+                                        get_finished_reason=lambda: "stop")
+            eng.request_added(sched, live[rid])
+        got = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={r: 1 for r in live}))
+        eng.end_step(got)
+        eng.outputs({0: SimpleNamespace(outputs=[SimpleNamespace(request_id=r, new_token_ids=[1]) for r in live])})
+        if sid % every == 0:
+            for r in list(live)[:1]:
+                eng.request_freed(live.pop(r))
+        if hook:
+            hook(sid)
+    for r in list(live):
+        eng.request_freed(live.pop(r))
+
+
+def request_log(seg: Path):
+    lines = [json.loads(x) for x in seg.with_suffix(".requests.jsonl").read_text().splitlines()]
+    return [x for x in lines if "summary" not in x], [x["summary"] for x in lines if "summary" in x]
+
+
+def test_the_child_settles_the_engines_requests_into_spans_in_their_callers_traces(census, otlp):
+    eng = EngineTelemetry()
+    serve(eng)
+    child = eng.remote.proc
+    assert child is not None and child.pid != os.getpid()
+    assert eng.ledger.pending() == 0 and not hasattr(eng.ledger, "settle")   # no ledger of its own here
+    eng.shutdown()
+    assert child.returncode == 0                              # it waited for the child to finish
+    spans = otlp.wait_for_spans(lambda s: len(s) >= 30)
+    assert len(spans) == 30 and {s.trace_id for s in spans} == {TRACE}
+    assert sorted(int(s.parent_span_id, 16) for s in spans) == list(range(1, N_STEPS, 10))
+    assert all(s.attributes["gpu_census.attribution.status"] == "complete" for s in spans)
+    assert all(s.resource["service.name"] == "vllm-settle-test" for s in spans)
+    assert all(s.attributes["gen_ai.request.id"] == s.attributes["vllm.request.id"][:-9] for s in spans)
+    lines, summary = request_log(census)
+    assert len(lines) == 30 and len(summary) == 1
+    # conservation: every step's kernel is a request's or unattributed, once
+    assert sum(x["gpu"]["kernel.count"] for x in lines) + summary[0]["unattributed"]["kernel.count"] == N_STEPS
+    by_id = {x["id"]: x for x in lines}
+    for s in spans:
+        assert s.attributes["gpu_census.kernel.count"] == by_id[s.attributes["gen_ai.request.id"]]["gpu"]["kernel.count"]
+        assert s.attributes["gen_ai.latency.time_to_first_token"] >= 0
+
+
+def test_a_stop_sent_to_the_whole_group_leaves_the_child_to_finish_the_engines_last_requests(census, otlp):
+    eng = EngineTelemetry()
+    serve(eng, steps=150)
+    child = eng.remote.proc
+    assert os.getpgid(child.pid) != os.getpgid(0)            # a stop sent to the engine's group misses it
+    eng.remote.ship()
+    deadline = time.monotonic() + 20                          # running (its first request settled) ...
+    while not census.with_suffix(".requests.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)                          # ... a stop sent to it as well
+    child.send_signal(signal.SIGTERM)
+    serve(eng, steps=150)
+    time.sleep(0.3)
+    assert child.poll() is None
+    eng.shutdown()
+    assert child.returncode == 0
+    lines, summary = request_log(census)
+    assert len(lines) == 30 and len(summary) == 1
+
+
+def test_no_child_the_engine_settles_itself_and_loses_nothing(census, otlp, monkeypatch, caplog):
+    def refuse(*a, **k):
+        raise OSError("no processes left")
+    monkeypatch.setattr(settle_process.subprocess, "Popen", refuse)
+    eng = EngineTelemetry()
+    serve(eng)
+    assert eng.remote is None and "settling in a thread of the engine" in caplog.text
+    eng.shutdown()
+    spans = otlp.wait_for_spans(lambda s: len(s) >= 30)
+    assert len(spans) == 30 and all(s.attributes["gpu_census.attribution.status"] == "complete" for s in spans)
+    lines, summary = request_log(census)
+    assert len(lines) == 30 and sum(x["gpu"]["kernel.count"] for x in lines) + \
+        summary[0]["unattributed"]["kernel.count"] == N_STEPS
+
+
+def test_an_engine_killed_without_shutdown_still_gets_what_its_census_counted_settled(census, otlp):
+    """The engine's end without shutdown (SIGKILL): the child's stdin closes; it settles, writes the
+    summary and exports before it exits."""
+    eng = EngineTelemetry()
+    serve(eng)
+    assert eng.remote.ship()
+    child = eng.remote.proc
+    child.stdin.close()                                       # what the kernel does when the engine dies
+    assert child.wait(20) == 0
+    lines, summary = request_log(census)
+    assert len(lines) == 30 and len(summary) >= 1
+    assert len(otlp.wait_for_spans(lambda s: len(s) >= 30)) == 30
+    t0 = time.monotonic()
+    eng.shutdown()                                            # its child gone: no wait
+    assert time.monotonic() - t0 < 1.0 and eng.remote.dead
+
+
+def test_a_dead_child_never_blocks_the_engine(census, otlp, caplog):
+    eng = EngineTelemetry()
+    t_kill = {}
+
+    def kill_at_100(sid):
+        if sid == 100:
+            eng.remote.proc.send_signal(signal.SIGKILL)
+            eng.remote.proc.wait(10)
+            t_kill["t"] = time.monotonic()
+    serve(eng, hook=kill_at_100)
+    deadline = time.monotonic() + 10
+    while not eng.remote.dead and time.monotonic() < deadline:
+        eng.remote.ship()                                     # the shipper finds it gone, once
+        time.sleep(0.05)
+    assert eng.remote.dead and caplog.text.count("the settling process is gone") == 1
+    n = len(eng.remote._events)
+    serve(eng, steps=50)                                      # records stop piling up
+    assert len(eng.remote._events) == n == 0
+    t0 = time.monotonic()
+    eng.shutdown()
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_records_beyond_the_bound_are_dropped_and_counted(census, otlp, monkeypatch, caplog):
+    monkeypatch.setattr(settle_process, "MAX_EVENTS", 50)
+    monkeypatch.setattr(settle_process, "SHIP_PERIOD_S", 3600.0)  # nobody ships until shutdown
+    eng = EngineTelemetry()
+    serve(eng, steps=100)
+    assert len(eng.remote._events) == 50 and eng.remote.dropped > 0
+    eng.shutdown()
+    assert eng.remote.proc.returncode == 0
+
+
+def test_thread_settling_is_one_setting_away(census, otlp, monkeypatch):
+    monkeypatch.setenv(settle_process.SETTLE_ENV, "thread")
+    eng = EngineTelemetry()
+    serve(eng)
+    assert eng.remote is None and eng._thread is not None
+    eng.shutdown()
+    assert len(otlp.wait_for_spans(lambda s: len(s) >= 30)) == 30
+
+
+def test_an_unknown_settle_mode_says_so_and_settles_in_a_process(monkeypatch, caplog):
+    assert settle_process.settle_mode({settle_process.SETTLE_ENV: "fibre"}) == "process"
+    assert "neither process nor thread" in caplog.text
+    assert settle_process.settle_mode({}) == "process"
+    assert settle_process.settle_mode({settle_process.SETTLE_ENV: " Thread "}) == "thread"
