@@ -266,9 +266,11 @@ def beside_server(name, model, out, base, env, gpu_mem):
     return Server(name, port, model, out, census_dir=base / name, env={**env, **extra_env}, gpu_mem=gpu_mem)
 
 
-def phases_run(a, model, out, base, env, servers) -> dict:
+def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
     """Census modes in alternating phases on one server (R), each phase the same load; the BESIDE
-    servers after each round, their order rotating."""
+    servers after each round, their order rotating. With rx (the OTLP receiver R exports to): after R
+    stops, its spans and request log checked (one span per request of the traced phases, in its
+    client's trace; conservation over every request it served)."""
     sys.path.insert(0, str(ROOT / "bench" / "server"))
     from control_phases import Phases, phase_seed, run_rounds, summarise
     chain = [n for n in BESIDE if n in servers]
@@ -283,8 +285,12 @@ def phases_run(a, model, out, base, env, servers) -> dict:
 
     clients, per_client, stream = a.phase_clients, a.phase_requests, a.phase_stream
 
+    traced: list = []
+
     def one(mode, i):     # prompts of its own every phase (vLLM's prefix caching would serve a repeat)
         lr = asyncio.run(load(8105, clients, per_client, 256, seed=phase_seed(300, i, mode, modes), stream=stream))
+        if mode != "off":
+            traced.extend(lr["requests"])
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
 
     def beside(rnd):      # the beside servers after each round, their order rotating; the round kept if the call is cut
@@ -312,6 +318,12 @@ def phases_run(a, model, out, base, env, servers) -> dict:
                    "modes rotate who goes first"}
     check(res["all_switched"], "R: every phase switched the census")
     res["stop_R"] = servers.pop("R").stop()
+    if rx is not None:
+        res["spans_R"] = {"_out": str(out)}
+        spans_check(rx, {"requests": traced}, "R", base / "R", res["spans_R"])
+        time.sleep(2)
+        conservation_check("R", base / "R", [s for s in rx.span_snapshot() if s.resource.get("service.name") == "vllm-R"],
+                           res["spans_R"])
     return res
 
 
@@ -507,7 +519,7 @@ def main():
                 res["throughput"][f"{n}/P"] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
                 print(f"throughput {n}/P:", r, flush=True)
         if "phases" in only:
-            res["phases"] = phases_run(a, model, out, base, env, servers)
+            res["phases"] = phases_run(a, model, out, base, env, servers, rx)
         if "KP" in servers:
             res["load_KP"] = summary(asyncio.run(load(8106, 32, 2, 256, seed=1)))
         for n, s in list(servers.items()):
