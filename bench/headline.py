@@ -160,13 +160,13 @@ RULES = (
          "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one llama-server "
          "(8B, 16 slots) in alternating control-file phases with prompts of their own, median of 8 rounds",
          command="BENCH_ARGS='--modes off,launch --rounds 8' bash bench/device/run.sh setup llama-phases"),
-    Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s3-vllm-kv-phases.json",
+    Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s4-vllm-settle.json",
          phases_ratio("launch", "phases"), 0.99,
          "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one vLLM server "
-         "(random 160M Llama, CUDA graphs, 64 non-streaming clients) in alternating control-file phases, median of "
-         "8 rounds",
-         command="VLLM_E2E_ARGS='--only kv,kv-plain,phases --phase-modes off,launch --phase-rounds 8' "
-                 "bash bench/device/run.sh setup vllm"),
+         "(random 160M Llama, CUDA graphs, 64 non-streaming clients; the integration settling in a process of "
+         "its own) in alternating control-file phases, median of 8 rounds",
+         command="VLLM_E2E_ARGS='--only phases --phase-beside P,Q,S,T --phase-gpu-mem 0.16 --phase-modes off,launch "
+                 "--phase-rounds 12 --phase-requests 4 --budget-s 430' bash bench/device/run.sh setup vllm"),
     Rule("llamacpp_proxy_throughput_ratio", "2026-12-02-h200-s3-proxy-pairs.json",
          proxy_pair_ratio, 0.99, "ratio of output tok/s, through the proxy / direct (one server), median of 5 pairs",
          command="BENCH_ARGS='--proxy-pairs 5 --budget-s 190' bash bench/device/run.sh setup proxy-pairs"),

@@ -2,12 +2,13 @@
 
 CUPTI charges the thread that launches GPU work for each activity record it will produce; the census's
 own processing above that was measured at ~1 % of it (docs/measurements.md §4). The per-record costs
-below were measured on an H200 (driver r580, CUPTI 13.5; §10 and §11: one process, paired rounds,
-quartiles within ±0.1 µs), so on other machines the estimate is a scale, not a measurement:
+below were measured on an H200 (driver r580, CUPTI 13.5; §10 and §12: one process, 21 paired rounds
+on a quiet machine, quartiles within ±0.1 µs), so on other machines the estimate is a scale, not a
+measurement:
 
-- an eager kernel launch traced: 1.25 µs (the kernel kind; callbacks and copy kinds add ~0.1 µs);
+- an eager kernel launch traced with the default's kinds: 0.902 µs (§11's 1.25 µs had a build beside it);
 - a kernel node of a CUDA graph counted per launch (the default): 0.119 µs; traced node by node: 0.332;
-- a copy or memset: 1.0 µs (0.9-1.6 µs for a 4 KiB copy).
+- a copy or memset: 0.81 µs (a 4 KiB copy with the default's kinds).
 
 The estimate is seconds of the launching threads' time over the census's life; where those threads
 are the bottleneck (a launch-bound server) it is about the throughput the census costs."""
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 from .census import GRAPHS_LAUNCH, ProcessCensus
 
-EAGER_KERNEL_S = 1.25e-6
+EAGER_KERNEL_S = 0.902e-6
 GRAPH_NODE_PER_LAUNCH_S = 0.119e-6
 GRAPH_NODE_PER_NODE_S = 0.332e-6
-COPY_S = 1.0e-6
+COPY_S = 0.81e-6
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,6 @@ def estimate(c: ProcessCensus) -> CensusCost:
         copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
     per_node = c.graphs.mode != GRAPHS_LAUNCH
     # Traced node by node, graph nodes are kernel records like eager ones: priced as eager launches,
-    # an upper bound (a node costs CUPTI 0.332 µs against 1.25 for an eager launch).
+    # an upper bound (a node costs CUPTI 0.332 µs against 0.902 for an eager launch).
     s = eager * EAGER_KERNEL_S + graph * GRAPH_NODE_PER_LAUNCH_S + copies * COPY_S
     return CensusCost(eager, graph, copies, s, per_node)
