@@ -155,6 +155,7 @@ def main() -> int:
         eng.settle()
         tp.force_flush()
     else:
+        child_rss_kib = _rss_kib(eng.remote.proc.pid)
         eng.shutdown()
     t_settle += time.process_time() - c
     if prof:
@@ -169,6 +170,7 @@ def main() -> int:
            "cpu_s": round(cpu, 3)}
     if a.settle == "process":
         res["child_cpu_s"] = round(sum(os.times()[2:4]), 3)     # the reaped child's user + system
+        res["child_rss_mib"] = round(child_rss_kib / 1024, 1)
     # what that is at the H200 load of §12: ~15,000 tok/s = 15,000/inflight steps a second, ~15,000/tokens
     # requests a second
     tok_s = 15000
@@ -179,6 +181,11 @@ def main() -> int:
         prof.dump_stats(a.profile)
         pstats.Stats(a.profile).sort_stats("cumulative").print_stats(25)
     return 0
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
 if __name__ == "__main__":
