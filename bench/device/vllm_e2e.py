@@ -253,6 +253,10 @@ BESIDE = {
           "the census paused, the integration disabled: S/N is the paused injector's"),
     "X": (8110, True, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
           "the census paused, the integration on, exporting nothing: X/S is the integration's work, off/X its export"),
+    "Z": (8112, True, {"OTEL_GPU_CENSUS_START": "paused", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
+          "the census paused from its start (no activity kind on while vLLM loads its kernels and captures its "
+          "graphs), the integration disabled: Z/N is a census that never traced, S/Z (1 / Z/S) what tracing at start-up "
+          "leaves behind"),
     "T": (8111, True, {"OTEL_GPU_CENSUS_SETTLE": "thread"},
           "the census paused, the integration settling in a thread of the engine (the design until 2026-12-02): "
           "T/S is that integration's cost, off/T what settling in a process of its own gains"),

@@ -292,6 +292,11 @@ static void *flusher(void *arg)
             g_next_phase = g_ks.mode == GC_KERNELS_SAMPLED ? kernel_phase(now) : UINT64_MAX;
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
+            if (g_cfg.start_paused && !g_seg) { /* started paused: a segment (and so a control file) now */
+                pthread_mutex_lock(&g_mu);
+                if (atomic_load(&g_state) == ACTIVE) (void)segment();
+                pthread_mutex_unlock(&g_mu);
+            }
             control_poll(now);
             if (g_ctl.finish) { /* asked for by the control file: the census ends here */
                 atomic_store(&g_flusher_busy, 0);
@@ -621,6 +626,15 @@ static int start(void)
     g_ks.origin_gpu = ts;
     g_ks.tracing = g_ks.mode != GC_KERNELS_OFF;
     g_ks.on_since = m1;
+    /* OTEL_GPU_CENSUS_START=paused: every kind was enabled above only to learn that CUPTI takes it (this
+     * runs in cuInit, before any module is loaded or work launched); off now, until census=on. The
+     * segment is made by the flusher's first round (control_poll needs its name), not by a record. */
+    if (g_cfg.start_paused) {
+        disable_kinds();
+        note_tracing(0, m1);
+        g_ctl.paused = 1;
+        g_ctl.paused_since = m1;
+    }
     return 0;
 }
 

@@ -34,6 +34,7 @@ struct gc_config {
     int graph_named;            /* OTEL_GPU_CENSUS_GRAPHS was set: say so when it cannot be had */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
     int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
+    int start_paused;           /* OTEL_GPU_CENSUS_START=paused: no kind on until census=on */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);

@@ -432,6 +432,59 @@ def test_control_file_pauses_and_resumes_a_running_census(native, mock_lib, tmp_
     assert err.count("\n") == 1 and 'ignoring "graphs=launch"' in err, err
 
 
+def test_a_census_started_paused_traces_nothing_until_its_control_file_says_on(native, mock_lib, tmp_path, records):
+    """OTEL_GPU_CENSUS_START=paused: each kind is checked with CUPTI at start and left off; the flusher
+    makes the segment without any record (its control file needs the name); census=on enables the
+    kinds and what runs after is counted; the segment says how long it was paused."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        import time
+        T = 1_700_000_000_000_000_000
+        kinds = lambda: [mock.mock_enabled(getattr(rlib, 'CUPTI_ACTIVITY_KIND_' + k))
+                         for k in ('CONCURRENT_KERNEL', 'MEMCPY', 'MEMCPY2', 'MEMSET')]
+        out['init'] = g.InitializeInjection()
+        out['at_start'] = kinds()
+        for _ in range(300):
+            if path():
+                break
+            time.sleep(0.01)
+        out['segment_without_records'] = bool(path())
+        time.sleep(0.15)
+        out['still_off'] = kinds()
+        open(path()[:-4] + '.control', 'w').write('census=on\\n')
+        for _ in range(300):
+            if kinds() == [1, 1, 1, 1]:
+                break
+            time.sleep(0.01)
+        out['resumed'] = kinds()
+        queue(cr.kernel(T, T + 600), cr.KERNEL_T)
+        queue(cr.memcpy('dtoh', 4096, T + 1000, T + 2000, dst='pinned'), cr.MEMCPY_T)
+        g.gc_flush()
+    """, env={"OTEL_GPU_CENSUS_START": "paused", "OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res["init"] == 1 and res["at_start"] == [0, 0, 0, 0] and res["still_off"] == [0, 0, 0, 0]
+    assert res["segment_without_records"] and res["resumed"] == [1, 1, 1, 1] and err == "", err
+    p = read(native, next(d.glob("*.seg")))
+    assert not p.graphs.paused and 0.1e9 < p.graphs.paused_ns < 10e9, p.graphs
+    assert p.devices[0].kernel_count == 1 and p.devices[0].copies.get("dtoh", "pinned").bytes == 4096
+
+
+def test_an_unknown_start_setting_starts_the_census_on_with_one_line(native, mock_lib, tmp_path, records):
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['kernels'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    """, env={"OTEL_GPU_CENSUS_START": "later"})
+    assert res == {"init": 1, "kernels": 1}
+    assert err.count("\n") == 1 and "ignoring OTEL_GPU_CENSUS_START=later (expected on or paused)" in err
+
+
+def test_the_integrations_settle_setting_is_known_to_the_injector(native, mock_lib, tmp_path, records):
+    """OTEL_GPU_CENSUS_SETTLE is the engine integrations' (Python); every CUDA process of an engine sees
+    it, and the injector must not call it unknown in each of them."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+    """, env={"OTEL_GPU_CENSUS_SETTLE": "thread", "OTEL_GPU_CENSUS_NOSUCH": "1"})
+    assert res == {"init": 1} and "SETTLE" not in err and "ignoring unknown setting OTEL_GPU_CENSUS_NOSUCH" in err
+
+
 def test_a_control_file_that_is_a_link_or_a_fifo_is_not_read(native, mock_lib, tmp_path, records):
     res, err, d = run_case(native, mock_lib, tmp_path, """
         import time
