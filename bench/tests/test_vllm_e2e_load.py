@@ -221,5 +221,5 @@ def test_phases_beside_a_chain_rotate_their_order_and_keep_every_ratio(monkeypat
 
 def test_phase_beside_names_an_unknown_server_is_a_usage_error():
     r = subprocess.run([sys.executable, str(REPO / "bench" / "device" / "vllm_e2e.py"), "--out", "/tmp/x",
-                        "--phase-beside", "P,Z"], capture_output=True, text=True)
-    assert r.returncode == 2 and "unknown Z" in r.stderr and "Traceback" not in r.stderr
+                        "--phase-beside", "P,W"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown W" in r.stderr and "Traceback" not in r.stderr
