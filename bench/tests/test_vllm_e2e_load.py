@@ -119,18 +119,20 @@ def test_cycles_stop_before_a_wave_that_would_pass_the_budget(monkeypatch, tmp_p
     assert 0 < len(cyc) < 10 and len(cyc) % 2 == 0
 
 
-def test_phases_with_split_load_plain_and_integration_off_servers_in_alternating_order(monkeypatch, tmp_path):
-    """--phase-split: after each round of R's phases, P (plain) and S (census paused, integration off)
-    take the same load, their order alternating; off/P, off/S and S/P per round and summarised."""
+def _phases_against(monkeypatch, out, rate, rounds, names):
+    """phases_run with the load, the census switches and the servers stood in for: `rate` port ->
+    tok/s; returns (the result, the ports loaded in order, the (folder, mode) switches asked for)."""
     import argparse
     sys.path.insert(0, str(REPO / "bench" / "server"))
     import control_phases
+    order, switched = [], []
 
     class FakePhases:
         def __init__(self, d):
             self.d = d
 
         def set(self, mode, timeout=10.0):
+            switched.append((Path(self.d).name, mode))
             return True
 
         def totals(self):
@@ -138,8 +140,6 @@ def test_phases_with_split_load_plain_and_integration_off_servers_in_alternating
     monkeypatch.setattr(control_phases, "Phases", FakePhases)
     monkeypatch.setattr(control_phases.time, "sleep", lambda s: None)
     monkeypatch.setattr(vllm_e2e, "wait_quiet", lambda: 0.0)
-    order = []
-    rate = {8105: 900.0, 8101: 1000.0, 8107: 950.0}
 
     async def fake_load(port, clients, per_client, max_tokens, seed=0, stream=True, **kw):
         order.append(port)
@@ -155,10 +155,16 @@ def test_phases_with_split_load_plain_and_integration_off_servers_in_alternating
 
         def stop(self):
             return {"rc": 0, "stop_s": 0.1}
-    servers = {"P": Srv(8101), "R": Srv(8105), "S": Srv(8107)}
+    servers = {"R": Srv(8105), **{n: Srv(vllm_e2e.BESIDE[n][0]) for n in names}}
     a = argparse.Namespace(phase_clients=2, phase_requests=1, phase_stream=False, phase_modes="off,launch",
-                           phase_rounds=2, budget_s=1e9)
-    res = vllm_e2e.phases_run(a, "/m", tmp_path, tmp_path, {}, servers)
+                           phase_rounds=rounds, budget_s=1e9)
+    return vllm_e2e.phases_run(a, "/m", out, out, {}, servers), order, switched
+
+
+def test_phases_with_split_load_plain_and_integration_off_servers_in_alternating_order(monkeypatch, tmp_path):
+    """--phase-split: after each round of R's phases, P (plain) and S (census paused, integration off)
+    take the same load, their order alternating; off/P, off/S and S/P per round and summarised."""
+    res, order, _ = _phases_against(monkeypatch, tmp_path, {8105: 900.0, 8101: 1000.0, 8107: 950.0}, 2, ("P", "S"))
     assert sorted(order[:3]) == [8101, 8105, 8107]              # each warmed once
     assert [p for p in order[3:] if p != 8105] == [8101, 8107, 8107, 8101]   # P, S, then S, P
     assert res["off/P"]["median"] == 0.9 and res["off/S"]["median"] == round(900 / 950, 4)
@@ -168,46 +174,9 @@ def test_phases_with_split_load_plain_and_integration_off_servers_in_alternating
 def test_phases_beside_a_chain_rotate_their_order_and_keep_every_ratio(monkeypatch, tmp_path):
     """--phase-beside P,Q,S,X: every beside server once a round, the order rotating round to round;
     off/n for each, and n/m for each m before n in the chain (Q/P: two identical servers' spread)."""
-    import argparse
-    sys.path.insert(0, str(REPO / "bench" / "server"))
-    import control_phases
-    paused = []
-
-    class FakePhases:
-        def __init__(self, d):
-            self.d = d
-
-        def set(self, mode, timeout=10.0):
-            paused.append((Path(self.d).name, mode))
-            return True
-
-        def totals(self):
-            return {}
-    monkeypatch.setattr(control_phases, "Phases", FakePhases)
-    monkeypatch.setattr(control_phases.time, "sleep", lambda s: None)
-    monkeypatch.setattr(vllm_e2e, "wait_quiet", lambda: 0.0)
-    order = []
     ports = {n: vllm_e2e.BESIDE[n][0] for n in ("P", "Q", "S", "X")}
     rate = {8105: 800.0, ports["P"]: 1000.0, ports["Q"]: 960.0, ports["S"]: 900.0, ports["X"]: 850.0}
-
-    async def fake_load(port, clients, per_client, max_tokens, seed=0, stream=True, **kw):
-        order.append(port)
-        return {"requests": [{"tokens": max_tokens, "ttft_s": None}] * 2, "errors": [], "tok_per_s": rate[port]}
-    monkeypatch.setattr(vllm_e2e, "load", fake_load)
-
-    class Srv:
-        def __init__(self, port):
-            self.port, self.proc = port, SimpleNamespace(poll=lambda: None)
-
-        def wait(self):
-            return True
-
-        def stop(self):
-            return {"rc": 0, "stop_s": 0.1}
-    servers = {"R": Srv(8105), **{n: Srv(p) for n, p in ports.items()}}
-    a = argparse.Namespace(phase_clients=2, phase_requests=1, phase_stream=False, phase_modes="off,launch",
-                           phase_rounds=3, budget_s=1e9)
-    res = vllm_e2e.phases_run(a, "/m", tmp_path, tmp_path, {}, servers)
+    res, order, paused = _phases_against(monkeypatch, tmp_path, rate, 3, ("P", "Q", "S", "X"))
     # S and X run paused beside R (P and Q have no census); R is set per phase
     assert ("S", "off") in paused and ("X", "off") in paused and not {"P", "Q"} & {d for d, _ in paused}
     beside = [p for p in order[5:] if p != 8105]

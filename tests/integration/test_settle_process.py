@@ -125,6 +125,21 @@ def test_a_stop_sent_to_the_whole_group_leaves_the_child_to_finish_the_engines_l
     assert len(lines) == 30 and len(summary) == 1
 
 
+def test_requests_recorded_before_any_step_still_get_their_spans_at_shutdown(census, otlp):
+    eng = EngineTelemetry()
+    sched = SimpleNamespace(vllm_config=None)
+    req = SimpleNamespace(request_id="cmpl-early-0-abcdefgh", arrival_time=time.time(), num_prompt_tokens=4,
+                          num_output_tokens=0, status=SimpleNamespace(name="FINISHED_ABORTED"),
+                          trace_headers={"traceparent": f"00-{TRACE}-{1:016x}-01"}, get_finished_reason=lambda: None)
+    eng.request_added(sched, req)
+    eng.request_freed(req)                                    # aborted before any step ran
+    assert eng.remote.proc is None
+    eng.shutdown()
+    assert eng.remote.proc is not None and eng.remote.proc.returncode == 0
+    spans = otlp.wait_for_spans(lambda s: len(s) >= 1)
+    assert [s.attributes["error.type"] for s in spans] == ["aborted"]
+
+
 def test_no_child_the_engine_settles_itself_and_loses_nothing(census, otlp, monkeypatch, caplog):
     def refuse(*a, **k):
         raise OSError("no processes left")

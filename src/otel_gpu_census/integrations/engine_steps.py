@@ -298,17 +298,19 @@ class StepEngine:
         return bool(path) and reader.read_segment(path, detail=False).state_name == "exited"
 
     def _final_outputs(self, timeout_s: float) -> None:
-        """Once: every waiting request settled, the ledger's summary line, spans and metrics sent. Its
-        summary line is what a stopping manager waits for (census/control.finish)."""
+        """Once: every waiting request settled, spans and metrics sent, then the ledger's summary line:
+        what a stopping manager waits for (census/control.finish) before it kills this process, so
+        the export goes first (bounded by timeout_s)."""
         with self._final_lock:
             if self._summarised:
                 return
             self._summarised = True
             if self.has_scheduler:
                 self.settle(final=True)
-                self._requests_log.summary(self.ledger, self.settle_errors)
             if self._telemetry is not None:
                 self.flush_telemetry(timeout_s)
+            if self.has_scheduler:
+                self._requests_log.summary(self.ledger, self.settle_errors)
 
     def settle(self, final: bool = False) -> int:
         """Split what the census completed; end the spans of the requests that settled. Their count."""
@@ -348,7 +350,9 @@ class StepEngine:
         self._shutdown_done = True
         injector.finish()
         self._stopped = True
-        if self.remote is not None:          # the child settles, writes the summary and flushes
+        if self.remote is not None and self.remote.pending():
+            self._ensure_settler()           # requests recorded, no step yet: the child starts now
+        if self.remote is not None:          # the child settles, flushes and writes the summary
             self.remote.finish(timeout_s)
             return
         self._wake.set()

@@ -151,6 +151,10 @@ class Remote:
             self._thread.start()
         return True
 
+    def pending(self) -> bool:
+        """Records wait and no child has been asked for yet."""
+        return bool(self._events) and not self._tried
+
     def take_all(self) -> List[tuple]:
         """What was recorded and not sent (for the engine to apply itself when no child started)."""
         ev = self._events
