@@ -22,7 +22,7 @@ Settling reads the census a few times a second, splits each completed step among
 (``telemetry/request.py``), with its share; each settled request is also one JSON line beside the
 segment (:class:`RequestLog`, what ``report`` reads). It runs in a process of its own by default
 (``settle_process.py``: the engine records, a child replays the records into the same class and
-settles; on an H200 the settling thread cost vLLM's loop several per cent of its throughput), or
+settles, so the engine's loop shares its GIL with nothing of ours but the recording), or
 in a thread beside the engine's (``OTEL_GPU_CENSUS_SETTLE=thread``, tests, or no child could start). The census is this process's own segment, or
 (``ledger.read`` replaced by a subclass) the segments of the processes that run its steps, one
 ``(header, steps)`` pair each (vLLM's TP/PP workers, ``integrations/vllm/ranks.py``): a request's share is
@@ -402,7 +402,7 @@ class RequestLog:
     """Each settled request as one JSON line beside the engine's segment
     (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
     run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
-    Bounded: at most MAX_LINES requests, then one log line; written by the settling thread. Under
+    Bounded: at most MAX_LINES requests, then one log line; written where settling runs. Under
     sampled kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
     ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``."""
 

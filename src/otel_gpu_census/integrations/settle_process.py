@@ -1,10 +1,10 @@
 """Settling in a process of its own: the engine's loop keeps its GIL.
 
-Measured on an H200 (docs/measurements.md §13): with the settling thread inside vLLM's EngineCore,
-vLLM under the census served ~0.87 of a plain vLLM's tokens a second with the census paused. The
-split of every step among its requests, the spans, the metrics and their export are Python that holds
-the GIL the engine's loop needs. So by default an engine keeps only what must happen on its own
-thread (step ids pushed and popped, the step's tokens, request boundaries, all recorded as plain
+The split of every step among its requests, the spans, the metrics and their export are Python that,
+in a thread inside the engine, holds the GIL the engine's loop needs: ~0.6-1.2 ms of CPU a request on
+the CPU machine, several per cent of a core at vLLM's ~60 requests a second (docs/measurements.md §13;
+on the H200 the cost was not resolved from the servers' own spread). So by default an engine keeps
+only what must happen on its own thread (step ids pushed and popped, the step's tokens, request boundaries, all recorded as plain
 tuples) and a child process does the rest: it replays those records into the same
 :class:`~otel_gpu_census.integrations.engine_steps.StepEngine` subclass, which reads the engine's
 census segment, settles, writes the request log and exports, exactly as the thread did.

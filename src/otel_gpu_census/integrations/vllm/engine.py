@@ -9,13 +9,14 @@ this one process sees everything the join needs:
 - every request (``Scheduler.add_request`` .. ``Scheduler._free_request``): arrival time, the
   caller's trace context (``Request.trace_headers``, which the API-server hook fills even when
   vLLM's own tracing is off), first token, token counts, how it ended;
-- the census of this process (its own segment), read a few times a second by a settling thread,
-  which splits each completed step among its requests and ends each request's span with its share.
+- the census of this process (its own segment), read a few times a second where settling runs (a
+  child process by default, ``settle_process.py``), which splits each completed step among its
+  requests and ends each request's span with its share.
 
 With tensor or pipeline parallelism the workers run in other processes, EngineCore's children: their
 steps are tagged the same way (the id is the worker's count of execute_model calls, the same on every
 rank), EngineCore counts the same calls (``MultiprocExecutor.execute_model``) and opens each step in
-its ledger, and the settling thread reads every worker's segment (:mod:`.ranks`): a request's share
+its ledger, and settling reads every worker's segment (:mod:`.ranks`): a request's share
 is the sum over ranks of its share of each rank's steps.
 
 KV-offload transfers are sub-steps of the requests whose blocks they move (:mod:`.kv_offload`).
