@@ -263,11 +263,19 @@ BESIDE = {
 }
 
 
-def beside_server(name, model, out, base, env, gpu_mem):
+def phase_extra(a) -> list:
+    """vLLM arguments of R and the servers beside it: --phase-kv-bytes fixes their KV cache, so that
+    none profiles its memory (servers profiling at once see each other's allocations as their own:
+    one of five or six failed to start in every call of 2026-12-02)."""
+    return ["--kv-cache-memory-bytes", str(a.phase_kv_bytes)] if a.phase_kv_bytes else []
+
+
+def beside_server(name, model, out, base, env, gpu_mem, extra=()):
     port, census, extra_env, _ = BESIDE[name]
     if not census:
-        return Server(name, port, model, out, gpu_mem=gpu_mem)
-    return Server(name, port, model, out, census_dir=base / name, env={**env, **extra_env}, gpu_mem=gpu_mem)
+        return Server(name, port, model, out, gpu_mem=gpu_mem, extra=extra)
+    return Server(name, port, model, out, census_dir=base / name, env={**env, **extra_env}, gpu_mem=gpu_mem,
+                  extra=extra)
 
 
 def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
@@ -447,6 +455,9 @@ def main():
                          + " (see BESIDE); every ratio of one to each before it is kept")
     ap.add_argument("--phase-gpu-mem", type=float, default=0.2,
                     help="phases: --gpu-memory-utilization of R and the servers beside it (0.12 for six)")
+    ap.add_argument("--phase-kv-bytes", type=int, default=0,
+                    help="phases: --kv-cache-memory-bytes of R and the servers beside it (no memory profiling: "
+                         "servers started together then cannot take each other's memory for their own)")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     bad = [n for n in a.phase_beside.split(",") if n and n not in BESIDE]
@@ -483,11 +494,12 @@ def main():
                 servers["KP"] = Server("KP", 8106, model, out, extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
                 chain = a.phase_beside.split(",") if a.phase_beside else ["P", "S"] if a.phase_split else ["P"]
-                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env, gpu_mem=a.phase_gpu_mem)
+                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env, gpu_mem=a.phase_gpu_mem,
+                                      extra=phase_extra(a))
                 for n in chain:
                     if n not in servers:
                         time.sleep(3)       # not all of them measuring free GPU memory at the same moment
-                        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem)
+                        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",

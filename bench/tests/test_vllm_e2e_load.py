@@ -192,3 +192,9 @@ def test_phase_beside_names_an_unknown_server_is_a_usage_error():
     r = subprocess.run([sys.executable, str(REPO / "bench" / "device" / "vllm_e2e.py"), "--out", "/tmp/x",
                         "--phase-beside", "P,W"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown W" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_phase_kv_bytes_fix_every_phase_servers_kv_cache():
+    import argparse
+    assert vllm_e2e.phase_extra(argparse.Namespace(phase_kv_bytes=0)) == []
+    assert vllm_e2e.phase_extra(argparse.Namespace(phase_kv_bytes=4 << 30)) == ["--kv-cache-memory-bytes", "4294967296"]
