@@ -22,11 +22,12 @@ Settling reads the census a few times a second, splits each completed step among
 (``telemetry/request.py``), with its share; each settled request is also one JSON line beside the
 segment (:class:`RequestLog`, what ``report`` reads). It runs in a process of its own by default
 (``settle_process.py``: the engine records, a child replays the records into the same class and
-settles, so the engine's loop shares its GIL with nothing of ours but the recording), or
-in a thread beside the engine's (``OTEL_GPU_CENSUS_SETTLE=thread``, tests, or no child could start). The census is this process's own segment, or
-(``ledger.read`` replaced by a subclass) the segments of the processes that run its steps, one
-``(header, steps)`` pair each (vLLM's TP/PP workers, ``integrations/vllm/ranks.py``): a request's share is
-then the sum over processes. The engine thread only counts and appends. Subclasses
+settles, so the engine's loop shares its GIL with nothing of ours but the recording), or in a
+thread beside the engine's (``OTEL_GPU_CENSUS_SETTLE=thread``, tests, or no child could start).
+The census is this process's own segment, or (``ledger.read`` replaced by a subclass) the segments
+of the processes that run its steps, one ``(header, steps)`` pair each (vLLM's TP/PP workers,
+``integrations/vllm/ranks.py``): a request's share is then the sum over processes. The engine thread
+only counts and appends. Subclasses
 (``integrations/vllm/engine.py``, ``integrations/sglang/engine.py``) read their engine's objects and call
 these methods; nothing here knows an engine.
 """
