@@ -111,6 +111,8 @@ class Remote:
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cls = type(self._engine)
         try:
+            hello = {"engine": f"{cls.__module__}:{cls.__qualname__}", "pid": os.getpid(),
+                     "period_s": self._engine._period, "exports": self._engine.exports()}
             # a session of its own: a Ctrl-C or a stop sent to the engine's process group leaves it to
             # settle the engine's last requests (it ends when its stdin does)
             proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -118,11 +120,9 @@ class Remote:
         except Exception as e:
             log.warning("otel-gpu-census: no settling process (%s); settling in a thread of the engine", e)
             return None
-        hello = {"engine": f"{cls.__module__}:{cls.__qualname__}", "pid": os.getpid(),
-                 "period_s": self._engine._period, "exports": self._engine.exports()}
         try:
             self._write(proc, [("hello", hello)])
-        except OSError as e:
+        except Exception as e:
             log.warning("otel-gpu-census: the settling process did not take its first message (%s); settling in "
                         "a thread of the engine", e)
             _reap(proc)
