@@ -219,3 +219,66 @@ def test_an_unknown_settle_mode_says_so_and_settles_in_a_process(monkeypatch, ca
     assert "neither process nor thread" in caplog.text
     assert settle_process.settle_mode({}) == "process"
     assert settle_process.settle_mode({settle_process.SETTLE_ENV: " Thread "}) == "thread"
+
+
+@pytest.mark.parametrize("reports", [True, False])
+def test_sglangs_scheduler_settles_in_a_child_too_and_a_rank_that_does_not_report_exports_nothing(
+        census, otlp, reports):
+    """The SGLang integration's StepEngine, in its default (process) settling: the child learns from
+    the engine whether this rank reports (SGLang's parallel context lives in the engine)."""
+    from otel_gpu_census.integrations.sglang.engine import SchedulerTelemetry
+    from otel_gpu_census.integrations.sglang.engine import CARRY_KEY
+
+    class Mode:
+        def __init__(self, extend):
+            self.extend = extend
+
+        def is_extend(self):
+            return self.extend
+
+    class Length:
+        def to_json(self):
+            return {"type": "length"}
+    sched = SimpleNamespace(server_args=SimpleNamespace(served_model_name="m1", model_path="/m1"))
+    eng = SchedulerTelemetry(reports=reports)
+    live, n_req = {}, 0
+    for sid in range(1, N_STEPS + 1):
+        if sid % 10 == 1:
+            n_req += 1
+            req = SimpleNamespace(rid=f"r{n_req}", origin_input_ids=[1] * 8, output_ids=[], finished_reason=None,
+                                  finished_output=None, cached_tokens=0,
+                                  time_stats=SimpleNamespace(**{CARRY_KEY: {
+                                      "traceparent": f"00-{TRACE}-{sid:016x}-01", "start_ns": time.time_ns()}}))
+            req.finished = (lambda r=req: r.finished_reason is not None)
+            eng.request_queued(sched, req)
+            live[req.rid] = req
+        prefill = [r for r in live.values() if not r.output_ids]
+        b = (SimpleNamespace(reqs=prefill, forward_mode=Mode(True), extend_lens=[8] * len(prefill)) if prefill
+             else SimpleNamespace(reqs=list(live.values()), forward_mode=Mode(False), extend_lens=None))
+        got = eng.batch_begin(b)
+        assert got == sid
+        eng.end_step(got)
+        for r in b.reqs:
+            r.output_ids.append(1)
+        if sid % 10 == 0:
+            first = next(iter(live.values()))
+            first.finished_reason = Length()
+        eng.outputs(b.reqs)
+        for r in [r for r in live.values() if r.finished_reason is not None]:
+            r.finished_output = True
+            del live[r.rid]
+    for r in list(live.values()):
+        r.finished_reason = Length()
+        eng.outputs([r])
+    child = eng.remote.proc
+    eng.shutdown()
+    assert child.returncode == 0
+    lines, summary = request_log(census)
+    assert len(lines) == n_req == 30 and len(summary) == 1
+    assert sum(x["gpu"]["kernel.count"] for x in lines) + summary[0]["unattributed"]["kernel.count"] == N_STEPS
+    if reports:
+        spans = otlp.wait_for_spans(lambda s: len(s) >= 30)
+        assert len(spans) == 30 and {s.trace_id for s in spans} == {TRACE}
+    else:
+        time.sleep(0.5)
+        assert otlp.span_snapshot() == []
