@@ -20,6 +20,8 @@ folder. Prints µs of CPU per step (the hooks) and per request (settle, span end
 --settle process: the default of a real engine since 2026-12-02 (integrations/settle_process.py): the
 engine records and a child process settles and exports; the figures are then this (the engine's)
 process's CPU alone, its shipper thread included, and the child's CPU is printed beside them.
+--settle none: the same loop with hooks that do nothing, so the bench's own CPU (building each step's
+stand-in objects) can be taken off the other two.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--export", choices=("otlp-encode", "memory", "none"), default="otlp-encode")
-    ap.add_argument("--settle", choices=("thread", "process"), default="thread",
+    ap.add_argument("--settle", choices=("thread", "process", "none"), default="thread",
                     help="where requests are settled: a thread of this process (telemetry as --export) or a child "
                          "process (its telemetry from OTEL_*: nothing exported here)")
     ap.add_argument("--profile", default=None, help="cProfile the run into FILE and print the top functions")
@@ -87,12 +89,18 @@ def main() -> int:
                           instrumentation_name="otel_gpu_census.vllm")
     census, clock = Census(), Clock()
     tmp = tempfile.mkdtemp(prefix="perf-engine-")
-    if a.settle == "process":    # the child reads no census here (there is no segment): it settles nothing
+    if a.settle == "none":
+        class Nothing:
+            def __getattr__(self, name):
+                return lambda *args, **kw: 0
+        eng = Nothing()
+    elif a.settle == "process":  # the child reads no census here (there is no segment): it settles nothing
         os.environ.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
         eng = EngineTelemetry(clock=clock, settle_in="process")
     else:
         eng = EngineTelemetry(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
-    eng.log_segment = lambda: os.path.join(tmp, "gpu-census-1-1.seg")
+    if a.settle != "none":
+        eng.log_segment = lambda: os.path.join(tmp, "gpu-census-1-1.seg")
 
     def request(n):
         rid = f"cmpl-{n:08x}-0-{n:08x}"
@@ -154,7 +162,7 @@ def main() -> int:
     if a.settle == "thread":
         eng.settle()
         tp.force_flush()
-    else:
+    elif a.settle == "process":
         child_rss_kib = _rss_kib(eng.remote.proc.pid)
         eng.shutdown()
     t_settle += time.process_time() - c
