@@ -133,3 +133,55 @@ def test_a_rank_whose_census_never_appears_leaves_requests_stale_not_wrong(segme
     assert eng.settle() == 1
     (sp,) = spans.get_finished_spans()
     assert sp.attributes["gpu_census.attribution.status"] == "stale" and sp.attributes["gpu_census.kernel.count"] == 0
+
+
+def test_a_settling_child_reads_the_workers_segments_of_its_engine(segments, records, workers, tmp_path, monkeypatch):
+    """The default settling (a child process of EngineCore): EngineCore records that its workers run the
+    steps; the child finds their segments (children of EngineCore, not of itself) in the census folder,
+    and every request gets the sum of its shares over the ranks, conserved."""
+    import json
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "support"))
+    from otlp_receiver import OtlpReceiver
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    rank_segment(segments, records, d, workers[0], 7, 1000)
+    rank_segment(segments, records, d, workers[1], 5, 999)
+    monkeypatch.setattr(injector, "segment_path", lambda: "")
+    monkeypatch.setattr(injector, "finish", lambda: True)
+    with OtlpReceiver(grpc_enabled=False) as rx:
+        for k, v in {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none", "OTEL_BSP_SCHEDULE_DELAY": "100",
+                     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_GPU_CENSUS_DIR": str(d),
+                     "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rx.http_port}"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.delenv("OTEL_GPU_CENSUS_SETTLE", raising=False)
+        eng = EngineTelemetry()
+        sched = SimpleNamespace(vllm_config=None)
+        executor = SimpleNamespace(local_world_size=2, world_size=2)
+        live = {}
+        for sid in range(1, STEPS + 1):
+            if sid % 5 == 1:
+                rid = f"cmpl-{sid}-0-abcdefgh"
+                live[rid] = SimpleNamespace(request_id=rid, arrival_time=time.time(), trace_headers=None,
+                                            num_prompt_tokens=4, num_output_tokens=2,
+                                            status=SimpleNamespace(name="FINISHED_STOPPED"),
+                                            get_finished_reason=lambda: "stop")
+                eng.request_added(sched, live[rid])
+            so = SimpleNamespace(num_scheduled_tokens={r: 1 for r in live})
+            eng.executor_step(executor, so)
+            eng.step_output(so)
+            if sid % 5 == 0:
+                eng.request_freed(live.pop(next(iter(live))))
+        for rid in list(live):
+            eng.request_freed(live.pop(rid))
+        assert eng.remote is not None and eng.remote.proc is not None
+        eng.shutdown()
+        assert eng.remote.proc.returncode == 0
+        spans = rx.wait_for_spans(lambda s: len(s) >= 6)
+    assert len(spans) == 6 and all(s.attributes["gpu_census.attribution.status"] == "complete" for s in spans)
+    assert sum(s.attributes["gpu_census.kernel.count"] for s in spans) == (7 + 5) * STEPS
+    assert sum(s.attributes["gpu_census.copy.dtoh.bytes"] for s in spans) == (1000 + 999) * STEPS
+    assert all(sorted(s.attributes["gpu_census.process.pids"]) == sorted(p.pid for p in workers) for s in spans)
+    (log,) = d.glob(f"gpu-census-{os.getpid()}-*.requests.jsonl")    # beside the workers', in EngineCore's name
+    summ = json.loads(log.read_text().splitlines()[-1])["summary"]
+    assert set(summ["ranks"]) == {str(p.pid) for p in workers}
