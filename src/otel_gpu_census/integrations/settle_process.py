@@ -4,17 +4,18 @@ The split of every step among its requests, the spans, the metrics and their exp
 in a thread inside the engine, holds the GIL the engine's loop needs: ~0.6-1.2 ms of CPU a request on
 the CPU machine, several per cent of a core at vLLM's ~60 requests a second (docs/measurements.md §13;
 on the H200 the cost was not resolved from the servers' own spread). So by default an engine keeps
-only what must happen on its own thread (step ids pushed and popped, the step's tokens, request boundaries, all recorded as plain
-tuples) and a child process does the rest: it replays those records into the same
-:class:`~otel_gpu_census.integrations.engine_steps.StepEngine` subclass, which reads the engine's
+only what must happen on its own thread (step ids pushed and popped, the step's tokens, request
+boundaries, all recorded as plain tuples) and a child process does the rest: it replays those records
+into the same :class:`~otel_gpu_census.integrations.engine_steps.StepEngine` subclass, which reads the engine's
 census segment, settles, writes the request log and exports, exactly as the thread did.
 
 The engine side (:class:`Remote`): calls append one tuple to a deque (atomic under the GIL); a shipper
 thread takes what is there every SHIP_PERIOD_S, pickles it (one pickle per batch, so a request id repeated
 in every step is written once) and writes it, length-prefixed, to the child's stdin. Bounded: at most
-MAX_EVENTS wait; beyond that they are dropped and counted. The child is started once, when the
-engine's telemetry is first used; if it cannot start the engine settles in a thread as before (one log
-line). If it dies, its records are dropped from then on (one log line): the engine is never blocked.
+MAX_EVENTS wait; beyond that they are dropped and counted. The child is started once, at the engine's
+first settling (its first step, or its shutdown if requests came and no step ran); if it cannot start,
+the engine applies what it recorded itself and settles in a thread as before (one log line). If it
+dies, its records are dropped from then on (one log line): the engine is never blocked.
 
 The child (``python -m otel_gpu_census.integrations.settle_process``): reads batches, applies them,
 settles every settle period; the final settle, the request log's summary and the export flush come
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 log = logging.getLogger("otel_gpu_census.engine")
 
