@@ -27,12 +27,17 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 @pytest.fixture
 def census(segments, records, tmp_path, monkeypatch):
-    """An engine whose census segment holds one kernel per step (1..N_STEPS), exited (complete)."""
+    """An engine whose census segment holds one kernel per step (1..N_STEPS), live and complete up to
+    an hour from now. (Not exited: an exited census means a stopping engine, whose settling does its
+    final round at once, while these tests' engine still steps.)"""
     recs = []
     for sid in range(1, N_STEPS + 1):
         recs.append(records.external(sid, sid))
         recs.append(records.kernel(T + sid * 1000, T + sid * 1000 + 100, corr=sid))
-    path = segments.segment(tmp_path, recs, final=True)
+
+    def complete(seg):
+        seg.complete_wall_ns = time.time_ns() + 3600 * 10**9
+    path = segments.segment(tmp_path, recs, final=False, edit=complete)
     monkeypatch.setattr(injector, "segment_path", lambda: str(path))
     monkeypatch.setattr(injector, "step_begin", lambda sid: True)
     monkeypatch.setattr(injector, "step_end", lambda: None)
