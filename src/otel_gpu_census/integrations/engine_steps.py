@@ -75,7 +75,6 @@ class StepEngine:
         when telemetry or read is given: tests), or "child" (this is that child: the engine's census
         is read, and nothing is recorded on an engine thread)."""
         self.clock = clock
-        self.ledger = StepLedger(read or self._read_own_census, clock=clock)
         self.census_pid = os.getpid()        # whose census is read (a settling child reads its engine's)
         self.settling_child = settle_in == "child"
         self.settling_segment = ""           # the child: the engine's segment path, as the engine sends it
@@ -85,6 +84,8 @@ class StepEngine:
         if settle_in == "process":           # the child starts with the first settling (subclasses set up first)
             self.remote = settle_process.Remote(self, self.segment_path)
             self.ledger = self.remote.ledger
+        else:
+            self.ledger = StepLedger(read or self._read_own_census, clock=clock)
         self._telemetry = telemetry          # RequestTelemetry, made on first use (providers from OTEL_*)
         self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest (_Pending where a child settles)
         self.first_due: set = set()          # tracked requests without their first token yet

@@ -169,8 +169,7 @@ class Remote:
             self.ship()
 
     def _take(self) -> List[tuple]:
-        ev = self._events
-        batch = [ev.popleft() for _ in range(len(ev))]   # (the engine may append meanwhile: those wait)
+        batch = self.take_all()              # (the engine may append meanwhile: those wait)
         seg = self._segment_path()
         if seg and seg != self._sent_segment:
             self._sent_segment = seg
@@ -271,14 +270,14 @@ def apply(eng, event: tuple) -> Optional[tuple]:
     return None
 
 
-def serve(fd: int, eng_from_hello=None) -> int:
+def serve(fd: int) -> int:
     """The child's loop on `fd` (its stdin). Returns its exit code."""
     first = _read_frame(fd)
     if not first or first[0][0] != "hello":
         log.warning("otel-gpu-census settling process: no hello from the engine; exiting")
         return 2
     hello = first[0][1]
-    eng = (eng_from_hello or _engine_from)(hello)
+    eng = _engine_from(hello)
     period = float(hello.get("period_s") or 0.25)
     engine_pid = int(hello["pid"])
     shutdown = None
@@ -305,10 +304,12 @@ def serve(fd: int, eng_from_hello=None) -> int:
     timeout_s = float(shutdown[1]) if shutdown else 3.0
     if shutdown and shutdown[2]:
         log.warning("otel-gpu-census: %d engine records were dropped (the settling process fell behind)", shutdown[2])
+    summarised_before = eng.summarised()     # (census=finish: the final outputs were written already)
     eng.settle_to_end(timeout_s)
-    if eng.has_scheduler:                    # requests that ended after a census=finish summary
-        eng.settle(final=True)
-    eng.flush_telemetry(timeout_s)
+    if summarised_before:                    # requests that ended after that summary
+        if eng.has_scheduler:
+            eng.settle(final=True)
+        eng.flush_telemetry(timeout_s)
     return 0
 
 

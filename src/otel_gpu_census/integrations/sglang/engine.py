@@ -164,12 +164,7 @@ class SchedulerTelemetry(StepEngine):
         # (a settling child was told by its engine: export_nothing() set its telemetry, or it reports)
         if self._telemetry is None and not self.settling_child and not self.reports():
             # another rank reports these requests: their shares go to this rank's request log only
-            from opentelemetry.metrics import NoOpMeterProvider
-            from opentelemetry.trace import NoOpTracerProvider
-
-            from ...telemetry.request import RequestTelemetry
-            self._telemetry = RequestTelemetry(NoOpTracerProvider(), NoOpMeterProvider(),
-                                               provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)
+            self.export_nothing()
         return super().telemetry()
 
     def _model_name(self, scheduler) -> Optional[str]:
