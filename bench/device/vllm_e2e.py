@@ -100,6 +100,37 @@ class Server:
         return {"rc": rc, "stop_s": round(time.time() - t, 2)}
 
 
+async def _request(s, port, rnd, max_tokens, prompt_words, stream, results, errors):
+    """One /v1/completions with its own traceparent; its record into results, or its error into errors."""
+    tid, sid = f"{rnd.getrandbits(128):032x}", f"{rnd.getrandbits(64):016x}"
+    body = {"model": "m", "prompt": " ".join(rnd.choice(WORDS) for _ in range(prompt_words)),
+            "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}
+    t0 = time.time_ns()
+    first, ntok, rid = None, 0, None
+    try:
+        async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                          headers={"traceparent": f"00-{tid}-{sid}-01"}) as r:
+            if r.status != 200:
+                errors.append(r.status)
+                return
+            if not stream:
+                ans = await r.json()
+                rid, ntok = ans.get("id"), int((ans.get("usage") or {}).get("completion_tokens") or 0)
+            else:
+                async for line in r.content:
+                    if line.startswith(b"data: ") and b"[DONE]" not in line:
+                        ev = json.loads(line[6:])
+                        rid = rid or ev.get("id")
+                        if ev.get("choices") and ev["choices"][0].get("text") is not None:
+                            first = first or time.time_ns()
+                            ntok += 1
+    except Exception as e:
+        errors.append(repr(e)[:200])
+        return
+    results.append({"trace_id": tid, "span_id": sid, "id": rid, "tokens": ntok, "max_tokens": max_tokens,
+                    "start_ns": t0, "end_ns": time.time_ns(), "ttft_s": (first - t0) / 1e9 if first else None})
+
+
 async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64, stream=True):
     """Concurrent /v1/completions. stream=False: one JSON answer per request (tokens from its usage),
     so the client parses 1 event a request instead of 1 a token: at ~7,000 tokens a second a Python
@@ -109,37 +140,8 @@ async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64, s
 
     async def client(s, cid):
         rnd = random.Random(seed * 1000 + cid)
-        for i in range(per_client):
-            tid, sid = f"{rnd.getrandbits(128):032x}", f"{rnd.getrandbits(64):016x}"
-            body = {"model": "m", "prompt": " ".join(rnd.choice(WORDS) for _ in range(prompt_words)),
-                    "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}
-            t0 = time.time_ns()
-            first, ntok, rid = None, 0, None
-            try:
-                async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
-                                  headers={"traceparent": f"00-{tid}-{sid}-01"}) as r:
-                    if r.status != 200:
-                        errors.append(r.status)
-                        continue
-                    if not stream:
-                        ans = await r.json()
-                        rid, ntok = ans.get("id"), int((ans.get("usage") or {}).get("completion_tokens") or 0)
-                        results.append({"trace_id": tid, "span_id": sid, "id": rid, "tokens": ntok,
-                                        "max_tokens": max_tokens, "start_ns": t0, "end_ns": time.time_ns(),
-                                        "ttft_s": None})
-                        continue
-                    async for line in r.content:
-                        if line.startswith(b"data: ") and b"[DONE]" not in line:
-                            ev = json.loads(line[6:])
-                            rid = rid or ev.get("id")
-                            if ev.get("choices") and ev["choices"][0].get("text") is not None:
-                                first = first or time.time_ns()
-                                ntok += 1
-            except Exception as e:
-                errors.append(repr(e)[:200])
-                continue
-            results.append({"trace_id": tid, "span_id": sid, "id": rid, "tokens": ntok, "max_tokens": max_tokens,
-                            "start_ns": t0, "end_ns": time.time_ns(), "ttft_s": (first - t0) / 1e9 if first else None})
+        for _ in range(per_client):
+            await _request(s, port, rnd, max_tokens, prompt_words, stream, results, errors)
 
     t0 = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
@@ -149,11 +151,79 @@ async def load(port, clients, per_client, max_tokens, seed=0, prompt_words=64, s
     return {"requests": results, "errors": errors, "elapsed_s": el, "tok_per_s": toks / el if el else 0.0}
 
 
+GENERATED = "vllm:generation_tokens_total"      # vLLM's counter of output tokens, updated every step
+
+
+async def generated_tokens(s, port) -> float:
+    """The server's own count of the tokens it generated (summed over engines), from /metrics."""
+    async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    got = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+           if line.startswith(GENERATED + "{") or line.startswith(GENERATED + " ")]
+    if not got:
+        raise RuntimeError(f"{GENERATED} not in the server's /metrics")
+    return sum(got)
+
+
+async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0, prompt_words=64):
+    """Closed-loop clients (each sends its next request when its last is answered, non-streaming) for
+    ramp_s + window_s, then each finishes the request it has in flight (none is cut). The rate is the
+    server's own generated-token counter over the window alone, read at its two ends: no ramp, no tail.
+    Each request asks for its own number of tokens (uniform in `tokens`), so that the clients do not
+    move in waves that end together (with one length for all, a window holds whole waves or not)."""
+    import aiohttp
+    results, errors = [], []
+    stop = asyncio.Event()
+
+    async def client(s, cid):
+        rnd = random.Random(seed * 1000 + cid)
+        while not stop.is_set():
+            await _request(s, port, rnd, rnd.randint(*tokens), prompt_words, False, results, errors)
+
+    async def mark(s):
+        t = time.perf_counter()
+        n = await generated_tokens(s, port)
+        return n, (t + time.perf_counter()) / 2
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        tasks = [asyncio.create_task(client(s, c)) for c in range(clients)]
+        try:
+            await asyncio.sleep(ramp_s)
+            (n0, w0) = await mark(s)
+            await asyncio.sleep(window_s)
+            (n1, w1) = await mark(s)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+    el = time.perf_counter() - t0
+    toks = sum(r["tokens"] for r in results)
+    return {"requests": results, "errors": errors, "elapsed_s": el, "tok_per_s": (n1 - n0) / (w1 - w0),
+            "window": {"tokens": n1 - n0, "s": w1 - w0}, "client_tok_per_s": toks / el if el else 0.0}
+
+
 def summary(load_res):
     r = load_res["requests"]
     ttft = sorted(x["ttft_s"] for x in r if x["ttft_s"] is not None) or [float("nan")]
-    return {"requests": len(r), "errors": len(load_res["errors"]), "tok_per_s": round(load_res["tok_per_s"], 1),
-            "ttft_p50_s": round(ttft[len(ttft) // 2], 4)}
+    out = {"requests": len(r), "errors": len(load_res["errors"]), "tok_per_s": round(load_res["tok_per_s"], 1),
+           "ttft_p50_s": round(ttft[len(ttft) // 2], 4)}
+    if "window" in load_res:        # a window load: what the server counted, and the clients' own rate
+        out["window"] = {"tokens": load_res["window"]["tokens"], "s": round(load_res["window"]["s"], 4),
+                         "client_tok_per_s": round(load_res["client_tok_per_s"], 1)}
+    return out
+
+
+def counter_readable(port) -> bool:
+    """The server's generated-token counter is there and has counted (called after a warm-up load)."""
+    async def read():
+        import aiohttp
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            return await generated_tokens(s, port)
+    try:
+        return asyncio.run(read()) > 0
+    except Exception as e:
+        print(f"port {port}: {e!r}", flush=True)
+        return False
 
 
 def read_census(census_dir: Path):
@@ -289,6 +359,8 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
     for n in [x for x in ("R", *chain) if x in servers]:
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
+        if a.phase_window:
+            check(counter_readable(servers[n].port), f"{n}: {GENERATED} counts (--phase-window)")
     res = {"waited_for_quiet_s": wait_quiet(), "beside": {n: BESIDE[n][3] for n in chain}}
     ph = Phases(base / "R")
     for n in chain:     # the census servers beside R run paused (N has no segment to pause)
@@ -299,8 +371,14 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
 
     traced: list = []
 
+    def run_load(port, seed):   # a fixed number of requests, or closed-loop clients over a timed window
+        if a.phase_window:
+            ramp_s, window_s = a.phase_window
+            return asyncio.run(window_load(port, clients, ramp_s, window_s, seed=seed))
+        return asyncio.run(load(port, clients, per_client, 256, seed=seed, stream=stream))
+
     def one(mode, i):     # prompts of its own every phase (vLLM's prefix caching would serve a repeat)
-        lr = asyncio.run(load(8105, clients, per_client, 256, seed=phase_seed(300, i, mode, modes), stream=stream))
+        lr = run_load(8105, phase_seed(300, i, mode, modes))
         if mode != "off":
             traced.extend(lr["requests"])
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
@@ -309,8 +387,7 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         others = [n for n in chain if servers[n].proc.poll() is None]
         k = len(done) % len(others) if others else 0
         for n in others[k:] + others[:k]:
-            rnd[n] = summary(asyncio.run(load(servers[n].port, clients, per_client, 256,
-                                              seed=phase_seed(300, len(done), n, modes), stream=stream)))
+            rnd[n] = summary(run_load(servers[n].port, phase_seed(300, len(done), n, modes)))
         rate = {n: rnd[n]["tok_per_s"] for n in others if rnd[n]["tok_per_s"]}
         for i, n in enumerate(others):   # R's modes / every one, and every one / each before it in the chain
             for m in modes:
@@ -324,10 +401,15 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
     done: list = []
     modes = a.phase_modes.split(",")
     rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
+    if a.phase_window:
+        what = (f"{clients} closed-loop non-streaming clients, each request 64-192 tokens (uniform), for "
+                f"{a.phase_window[0]} s of ramp then a {a.phase_window[1]} s window; tok/s = the server's "
+                f"{GENERATED} over the window; the requests in flight at its end finished, none cut")
+    else:
+        what = f"{clients} {'streaming' if stream else 'non-streaming'} clients x {per_client} requests x 256 tokens"
     res = {**res, "modes": modes, "rounds": rounds, **summarise(rounds, modes=modes),
-           "load": f"{clients} {'streaming' if stream else 'non-streaming'} clients x {per_client} requests x 256 "
-                   "tokens, ignore_eos, 64-word prompts of its own in every phase (no prefix-cache hits between phases); "
-                   "modes rotate who goes first"}
+           "load": what + ", ignore_eos, 64-word prompts of its own in every phase (no prefix-cache hits between "
+                          "phases); modes rotate who goes first"}
     check(res["all_switched"], "R: every phase switched the census")
     res["stop_R"] = servers.pop("R").stop()
     if rx is not None:
@@ -426,6 +508,16 @@ def cycles_run(a, model, out, base, env) -> list:
     return cyc
 
 
+def window_arg(v: str) -> tuple:
+    try:
+        ramp, window = (float(x) for x in v.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"RAMP,WINDOW in seconds, e.g. 1,3 (got {v!r})")
+    if ramp < 0 or window <= 0:
+        raise argparse.ArgumentTypeError(f"a ramp >= 0 s and a window > 0 s (got {v!r})")
+    return ramp, window
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -458,6 +550,9 @@ def main():
     ap.add_argument("--phase-kv-bytes", type=int, default=0,
                     help="phases: --kv-cache-memory-bytes of R and the servers beside it (no memory profiling: "
                          "servers started together then cannot take each other's memory for their own)")
+    ap.add_argument("--phase-window", type=window_arg, default=None, metavar="RAMP,WINDOW",
+                    help="phases: closed-loop clients for RAMP s, then the server's generated-token counter over "
+                         "WINDOW s is the load's rate (instead of --phase-requests requests timed from first to last)")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     bad = [n for n in a.phase_beside.split(",") if n and n not in BESIDE]

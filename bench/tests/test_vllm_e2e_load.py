@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -22,8 +23,11 @@ from ports import free_port  # noqa: E402
 
 @pytest.fixture
 def server():
+    """port, requests seen, and the stand-in's state: `generated` (its token counter, served at /metrics
+    as vLLM names it), `reads` (the counter's value at each /metrics read), `delay_s` (per answer)."""
     from aiohttp import web
     seen = []
+    state = {"generated": 0, "reads": [], "delay_s": 0.0, "metrics": True}
 
     async def completions(request):
         body = await request.json()
@@ -31,6 +35,9 @@ def server():
         n = body["max_tokens"]
         if body.get("prompt", "").startswith("omicron"):        # one prompt of the seed fails
             return web.Response(status=500)
+        if state["delay_s"]:
+            await asyncio.sleep(state["delay_s"])
+        state["generated"] += n
         if not body["stream"]:
             return web.json_response({"id": f"cmpl-{len(seen)}", "usage": {"completion_tokens": n}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -44,13 +51,21 @@ def server():
     port = free_port()
     loop = asyncio.new_event_loop()
     app = web.Application()
+    async def metrics(request):
+        state["reads"].append(state["generated"])
+        text = "# TYPE vllm:generation_tokens_total counter\n"
+        if state["metrics"]:
+            text += f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {float(state["generated"])}\n'
+        return web.Response(text=text + 'vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9\n')
+
     app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()
-    yield port, seen
+    yield port, seen, state
     asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
     loop.call_soon_threadsafe(loop.stop)
     t.join(5)
@@ -58,7 +73,7 @@ def server():
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_tokens_are_counted_streaming_or_not(server, stream):
-    port, seen = server
+    port, seen, _ = server
     res = asyncio.run(vllm_e2e.load(port, clients=3, per_client=2, max_tokens=5, seed=7, stream=stream))
     ok = [r for r in res["requests"]]
     assert len(ok) + len(res["errors"]) == 6 and len(seen) == 6
@@ -68,6 +83,45 @@ def test_tokens_are_counted_streaming_or_not(server, stream):
     sent = {tp for tp, _ in seen}
     assert {f"00-{r['trace_id']}-{r['span_id']}-01" for r in ok} <= sent and len(sent) == 6
     assert all(b["stream"] is stream and b["ignore_eos"] for _, b in seen)
+
+
+def test_window_load_rates_the_servers_own_counter_over_the_window_and_cuts_no_request(server):
+    """Closed-loop clients: the rate is the server's counter between its two reads over the window alone;
+    every request is answered whole (tokens as asked, each its own length within the range); once the
+    window ends no new request is sent."""
+    port, seen, state = server
+    state["delay_s"] = 0.02
+    res = asyncio.run(vllm_e2e.window_load(port, clients=4, ramp_s=0.2, window_s=0.5, tokens=(3, 9), seed=11))
+    n0, n1 = state["reads"][-2:]
+    assert res["window"]["tokens"] == n1 - n0 > 0
+    assert res["tok_per_s"] == pytest.approx((n1 - n0) / res["window"]["s"])
+    assert 0.5 <= res["window"]["s"] < 0.7 and res["elapsed_s"] >= 0.7
+    ok = res["requests"]
+    assert len(ok) + len(res["errors"]) == len(seen) and len(ok) > 8
+    assert all(r["tokens"] == r["max_tokens"] and 3 <= r["tokens"] <= 9 for r in ok)
+    assert len({r["max_tokens"] for r in ok}) > 1                  # not one length for all
+    assert state["generated"] == sum(r["tokens"] for r in ok)     # nothing answered was left out
+    sent = len(seen)
+    time.sleep(0.2)
+    assert len(seen) == sent                                        # the clients stopped
+
+
+def test_a_server_whose_counter_is_missing_or_still_is_said_before_the_phases(server):
+    port, _, state = server
+    assert not vllm_e2e.counter_readable(port)          # a counter that counted nothing is no gauge
+    state["generated"] = 5
+    assert vllm_e2e.counter_readable(port)
+    state["metrics"] = False
+    assert not vllm_e2e.counter_readable(port)
+    with pytest.raises(RuntimeError, match="generation_tokens_total"):
+        asyncio.run(vllm_e2e.window_load(port, clients=1, ramp_s=0, window_s=0.1))
+
+
+@pytest.mark.parametrize("bad", ["1", "a,b", "-1,3", "1,0"])
+def test_phase_window_takes_a_ramp_and_a_window(bad):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "device" / "vllm_e2e.py"), "--out", "/tmp/x",
+                        "--phase-window", bad], capture_output=True, text=True)
+    assert r.returncode == 2 and "--phase-window" in r.stderr and "Traceback" not in r.stderr
 
 
 class _FakeServer:
@@ -119,7 +173,7 @@ def test_cycles_stop_before_a_wave_that_would_pass_the_budget(monkeypatch, tmp_p
     assert 0 < len(cyc) < 10 and len(cyc) % 2 == 0
 
 
-def _phases_against(monkeypatch, out, rate, rounds, names):
+def _phases_against(monkeypatch, out, rate, rounds, names, window=None):
     """phases_run with the load, the census switches and the servers stood in for: `rate` port ->
     tok/s; returns (the result, the ports loaded in order, the (folder, mode) switches asked for)."""
     import argparse
@@ -146,6 +200,14 @@ def _phases_against(monkeypatch, out, rate, rounds, names):
         return {"requests": [{"tokens": max_tokens, "ttft_s": None}] * 2, "errors": [], "tok_per_s": rate[port]}
     monkeypatch.setattr(vllm_e2e, "load", fake_load)
 
+    async def fake_window(port, clients, ramp_s, window_s, seed=0, **kw):
+        order.append(("window", port, ramp_s, window_s))
+        return {"requests": [{"tokens": 100, "max_tokens": 100, "ttft_s": None}] * 3, "errors": [],
+                "tok_per_s": rate[port], "window": {"tokens": rate[port] * window_s, "s": window_s},
+                "client_tok_per_s": rate[port] * 0.9}
+    monkeypatch.setattr(vllm_e2e, "window_load", fake_window)
+    monkeypatch.setattr(vllm_e2e, "counter_readable", lambda port: True)
+
     class Srv:
         def __init__(self, port):
             self.port, self.proc = port, SimpleNamespace(poll=lambda: None)
@@ -157,7 +219,7 @@ def _phases_against(monkeypatch, out, rate, rounds, names):
             return {"rc": 0, "stop_s": 0.1}
     servers = {"R": Srv(8105), **{n: Srv(vllm_e2e.BESIDE[n][0]) for n in names}}
     a = argparse.Namespace(phase_clients=2, phase_requests=1, phase_stream=False, phase_modes="off,launch",
-                           phase_rounds=rounds, budget_s=1e9)
+                           phase_rounds=rounds, budget_s=1e9, phase_window=window)
     return vllm_e2e.phases_run(a, "/m", out, out, {}, servers), order, switched
 
 
@@ -198,3 +260,16 @@ def test_phase_kv_bytes_fix_every_phase_servers_kv_cache():
     import argparse
     assert vllm_e2e.phase_extra(argparse.Namespace(phase_kv_bytes=0)) == []
     assert vllm_e2e.phase_extra(argparse.Namespace(phase_kv_bytes=4 << 30)) == ["--kv-cache-memory-bytes", "4294967296"]
+
+
+def test_phase_window_times_every_load_of_r_and_beside_it_over_the_window(monkeypatch, tmp_path):
+    """--phase-window: R's phases and the servers beside it all take the closed-loop window load (none
+    the fixed-request one, after the warm-up); the ratios are of the windows' rates."""
+    rate = {8105: 800.0, vllm_e2e.BESIDE["P"][0]: 1000.0}
+    res, order, _ = _phases_against(monkeypatch, tmp_path, rate, 2, ("P",), window=(1.0, 3.0))
+    warm, timed = order[:2], order[2:]
+    assert sorted(warm) == [8101, 8105]
+    assert len(timed) == 2 * 3 and all(o[0] == "window" and o[2:] == (1.0, 3.0) for o in timed)
+    assert res["off/P"]["median"] == 0.8 and res["launch/P"]["median"] == 0.8
+    assert res["rounds"][0]["P"]["window"] == {"tokens": 3000.0, "s": 3.0, "client_tok_per_s": 900.0}
+    assert "window" in res["load"] and res["rounds"][0]["off"]["tokens"] == 300
