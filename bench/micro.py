@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -55,7 +56,25 @@ def _loaded_cupti() -> Dict[str, Any]:
     return info
 
 
+def switch_census(mode: str, timeout_s: float = 15.0) -> bool:
+    """Switch this process's census through its control file (bench/server/control_phases.py) and wait
+    until its segment shows the mode. A census started paused makes its segment at its flusher's first
+    round, so there may be none yet: retried until timeout_s."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
+    from control_phases import Phases
+    phases = Phases(os.environ["OTEL_GPU_CENSUS_DIR"])
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if phases.set(mode, timeout=timeout_s):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def child(a: argparse.Namespace) -> None:
+    """Warm-up and graph capture first, then (MICRO_CENSUS_SWITCH=off|launch|...) the census switched,
+    then the timed loops: a graph is instantiated in one census state and replayed in another (CUPTI
+    decides what it records of a graph when the graph is instantiated)."""
     t_import = time.perf_counter()
     import torch
     x = torch.zeros(1, device="cuda")
@@ -66,17 +85,7 @@ def child(a: argparse.Namespace) -> None:
         for _ in range(a.warmup):
             x.add_(1)
         torch.cuda.synchronize()
-        times = []
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            for _ in range(a.eager_n):
-                x.add_(1)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        adds += a.warmup + a.eager_n * a.reps
-        res["adds_eager"] = adds
-        res["eager_s"] = times
-        res["launches"]["eager"] = a.eager_n
+        adds += a.warmup
     if "graph" in a.workloads:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -90,6 +99,23 @@ def child(a: argparse.Namespace) -> None:
                 x.add_(1)
         g.replay()
         torch.cuda.synchronize()
+        adds += 3 + a.graph_nodes
+    switch = os.environ.get("MICRO_CENSUS_SWITCH")
+    if switch:
+        res["census_switched"] = {switch: switch_census(switch)}
+    if "eager" in a.workloads:
+        times = []
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            for _ in range(a.eager_n):
+                x.add_(1)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        adds += a.eager_n * a.reps
+        res["adds_eager"] = a.warmup + a.eager_n * a.reps
+        res["eager_s"] = times
+        res["launches"]["eager"] = a.eager_n
+    if "graph" in a.workloads:
         times = []
         for _ in range(a.reps):
             t0 = time.perf_counter()
@@ -97,7 +123,7 @@ def child(a: argparse.Namespace) -> None:
                 g.replay()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        adds += 3 + a.graph_nodes * (1 + a.graph_replays * a.reps)
+        adds += a.graph_nodes * a.graph_replays * a.reps
         res["graph_launches_executed"] = 1 + a.graph_replays * a.reps
         res["graph_s"] = times
         res["launches"]["graph"] = a.graph_nodes * a.graph_replays
