@@ -71,6 +71,17 @@ def switch_census(mode: str, timeout_s: float = 15.0) -> bool:
     return False
 
 
+def finalize_cupti() -> Dict[str, Any]:
+    """MICRO_CUPTI_FINALIZE=1: flush and detach the CUPTI this process loaded (cuptiFinalize), after the
+    capture and before the timed loops: does what CUPTI costs a graph's replay outlast its detach?"""
+    import ctypes
+    paths = _loaded_cupti().get("libcupti") or []
+    if not paths:
+        return {"error": "no libcupti loaded"}
+    lib = ctypes.CDLL(paths[0])
+    return {"flush": lib.cuptiActivityFlushAll(1), "finalize": lib.cuptiFinalize()}
+
+
 def child(a: argparse.Namespace) -> None:
     """Warm-up and graph capture first, then (MICRO_CENSUS_SWITCH=off|launch|...) the census switched,
     then the timed loops: a graph is instantiated in one census state and replayed in another (CUPTI
@@ -103,6 +114,8 @@ def child(a: argparse.Namespace) -> None:
     switch = os.environ.get("MICRO_CENSUS_SWITCH")
     if switch:
         res["census_switched"] = {switch: switch_census(switch)}
+    if os.environ.get("MICRO_CUPTI_FINALIZE") == "1":
+        res["cupti_finalized"] = finalize_cupti()
     if "eager" in a.workloads:
         times = []
         for _ in range(a.reps):
