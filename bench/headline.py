@@ -120,6 +120,24 @@ def phases_ratio(mode: str, key: Optional[str] = None) -> Callable[[Dict[str, An
     return value
 
 
+def micro_ratio(workload: str, variant: str) -> Callable[[Dict[str, Any]], float]:
+    """The variant's throughput / plain's in bench/micro.py, the median over same-round pairs (its row's ratio)."""
+    def value(raw: Dict[str, Any]) -> float:
+        return round(_row(raw, workload=f"micro/{workload}", variant=variant)["ratio"], 3)
+    return value
+
+
+def beside_ratio(key: str) -> Callable[[Dict[str, Any]], float]:
+    """The median over rounds of a ratio between a phase of R and a server loaded beside it
+    (bench/device/vllm_e2e.py --phase-beside), e.g. launch/P: R's default census against plain vLLM."""
+    def value(raw: Dict[str, Any]) -> float:
+        res = raw["phases"]
+        if not res.get("all_switched"):
+            raise HeadlineError("a phase did not switch the census")
+        return round(res[key]["median"], 3)
+    return value
+
+
 def kind_cost_us(config: str, workload: str = "eager") -> Callable[[Dict[str, Any]], float]:
     """µs CUPTI adds per launch with `config`'s activity kinds: the median over rounds of the paired
     difference against nothing enabled, in one process (bench/floor/kind_cost.cu)."""
@@ -157,16 +175,35 @@ class Rule:
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-s3-llama-phases.json",
          phases_ratio("launch"), 0.99,
-         "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one llama-server "
-         "(8B, 16 slots) in alternating control-file phases with prompts of their own, median of 8 rounds",
+         "ratio of output tok/s, default census (graphs per launch, every kernel) / census paused, one llama-server "
+         "(8B, 16 slots) in alternating control-file phases with prompts of their own, median of 8 rounds (a paused "
+         "census keeps CUPTI attached and its cost on graph replays: see micro_graph_replay_ratio_census_paused)",
          command="BENCH_ARGS='--modes off,launch --rounds 8' bash bench/device/run.sh setup llama-phases"),
     Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s4-vllm-settle.json",
          phases_ratio("launch", "phases"), 0.99,
-         "ratio of output tok/s, default census (graphs per launch, every kernel) / census off, one vLLM server "
+         "ratio of output tok/s, default census (graphs per launch, every kernel) / census paused, one vLLM server "
          "(random 160M Llama, CUDA graphs, 64 non-streaming clients; the integration settling in a process of "
-         "its own) in alternating control-file phases, median of 8 rounds",
+         "its own) in alternating control-file phases, median of 8 rounds (a paused census keeps CUPTI attached: "
+         "against plain vLLM see vllm_default_vs_plain_throughput_ratio)",
          command="VLLM_E2E_ARGS='--only phases --phase-beside P,Q,S,T --phase-gpu-mem 0.16 --phase-modes off,launch "
                  "--phase-rounds 12 --phase-requests 4 --budget-s 430' bash bench/device/run.sh setup vllm"),
+    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-02-h200-s5-vllm-window.json",
+         beside_ratio("launch/P"), 0.99,
+         "ratio of output tok/s, the default census with the vLLM integration (R) / plain vLLM (P) beside it, "
+         "random 160M Llama, CUDA graphs, 64 closed-loop non-streaming clients, each load's rate vLLM's own "
+         "generated-token counter over a 3 s window, median of 7 rounds",
+         command="VLLM_E2E_ARGS='--only phases --phase-beside P,Q,N,Z,S --phase-modes off,launch --phase-window 1,3 "
+                 "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 14 --budget-s 450' "
+                 "bash bench/device/run.sh setup vllm", date="2026-12-02"),
+    Rule("micro_graph_replay_ratio_census_paused", "2026-12-02-h200-s5-micro-presence.json",
+         micro_ratio("graph", "census-paused"), 0.99,
+         "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), census started paused (CUPTI attached, "
+         "no activity kind on) / plain, median of 7 same-round pairs",
+         command="BENCH_ARGS='--rounds 7 --workloads graph --variants plain --variant census-disabled census "
+                 "OTEL_GPU_CENSUS_DISABLED=1 --variant census-paused-node census OTEL_GPU_CENSUS_START=paused "
+                 "OTEL_GPU_CENSUS_GRAPHS=node --variant census-paused census OTEL_GPU_CENSUS_START=paused --variant "
+                 "floor-memcpy floor CUPTI_FLOOR_KINDS=memcpy --variant floor-kernel floor CUPTI_FLOOR_KINDS=kernel "
+                 "--budget-s 300' bash bench/device/run.sh setup micro"),
     Rule("llamacpp_proxy_throughput_ratio", "2026-12-02-h200-s3-proxy-pairs.json",
          proxy_pair_ratio, 0.99, "ratio of output tok/s, through the proxy / direct (one server), median of 5 pairs",
          command="BENCH_ARGS='--proxy-pairs 5 --budget-s 190' bash bench/device/run.sh setup proxy-pairs"),
