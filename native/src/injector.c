@@ -430,8 +430,9 @@ static void enable_kinds(void)
 /* ---- the control file: switch a running census without restarting its server ---- */
 
 /* <segment>.control beside the segment (the census folder is the user's own, checked at start), read
- * by the flusher at every wake. Space-separated words: `census=off` disables every activity kind (the
- * server then pays CUPTI nothing but the callbacks), `census=on` enables them again; `graphs=node` or
+ * by the flusher at every wake. Space-separated words: `census=off` disables every activity kind (no
+ * records then; measured on an H200, CUPTI's extra GPU time per CUDA-graph kernel node stays once the
+ * activity API was used: docs/measurements.md §14), `census=on` enables them again; `graphs=node` or
  * `graphs=launch` switches how graph launches are traced; `kernels=all|off|ON_MS/PERIOD_MS` switches
  * kernel tracing as OTEL_GPU_CENSUS_KERNELS would have from the start (a sampled schedule keeps the
  * process's origin); `census=finish` runs the final flush now, on the flusher thread, and ends the

@@ -10,8 +10,12 @@ measurement:
 - a kernel node of a CUDA graph counted per launch (the default): 0.119 µs; traced node by node: 0.332;
 - a copy or memset: 0.81 µs (a 4 KiB copy with the default's kinds).
 
-The estimate is seconds of the launching threads' time over the census's life; where those threads
-are the bottleneck (a launch-bound server) it is about the throughput the census costs."""
+The estimate is seconds over the census's life: of the launching threads' time for eager launches and
+copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14: once CUPTI's activity
+API is in use in a process each graph kernel node costs ~0.117 µs more, even with the census paused,
+and a paused census counts no node, so what a pause still costs is not in the estimate). Where those
+threads, or the GPU running small graph kernels, are the bottleneck, it is about the throughput the
+census costs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
