@@ -12,6 +12,11 @@
  *   CUPTI_FLOOR_BUF_KB  activity buffer size in KiB (default 2048, as the census)
  *   CUPTI_FLOOR_ITERATE =1 walks the records (counting them) instead of discarding buffers unread
  *   CUPTI_FLOOR_QUIET   =1 silences the two stderr lines (start, exit summary)
+ *   CUPTI_FLOOR_CALLBACKS  graph: subscribe (callback API) and enable the graph-exec resource
+ *                       callbacks; launch: those and the driver's launch/copy/memset API callbacks
+ *                       (what the census enables for graphs per launch and for engine steps); the
+ *                       callback does nothing. With CUPTI_FLOOR_KINDS=none the activity API is never
+ *                       touched: what the callback API alone costs (a census counting through callbacks)
  */
 #define _GNU_SOURCE
 #include <cupti.h>
@@ -98,6 +103,37 @@ static int enable_kinds(const char *spec, char *enabled, size_t enabled_len)
     return failures;
 }
 
+static void CUPTIAPI on_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
+{
+    (void)ud; (void)dom; (void)cbid; (void)data;
+}
+
+/* The census's callback set: graph-exec creation and destruction, and (launch) every driver call that
+ * puts work on the GPU, matched by name as native/src/steps.c does. */
+static int enable_callbacks(const char *spec)
+{
+    CUpti_SubscriberHandle sub;
+    CUptiResult r = cuptiSubscribe(&sub, on_callback, NULL);
+    if (r != CUPTI_SUCCESS) return -1;
+    int n = 0;
+    n += cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) == CUPTI_SUCCESS;
+    n += cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING)
+         == CUPTI_SUCCESS;
+    if (strcmp(spec, "launch") == 0) {
+        static const char *const prefix[] = {"cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset"};
+        for (uint32_t id = 1; id < CUPTI_DRIVER_TRACE_CBID_SIZE; id++) {
+            const char *name = NULL;
+            if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, id, &name) != CUPTI_SUCCESS || !name) continue;
+            for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++)
+                if (strncmp(name, prefix[i], strlen(prefix[i])) == 0) {
+                    n += cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS;
+                    break;
+                }
+        }
+    }
+    return n;
+}
+
 int InitializeInjection(void)
 {
     const char *kinds = getenv("CUPTI_FLOOR_KINDS");
@@ -106,6 +142,14 @@ int InitializeInjection(void)
     quiet = getenv("CUPTI_FLOOR_QUIET") && atoi(getenv("CUPTI_FLOOR_QUIET")) == 1;
     if (kb && atol(kb) > 0) buf_bytes = (size_t)atol(kb) * 1024u;
     if (!kinds || !*kinds) kinds = "kernel,memcpy,memcpy2,memset,extcorr";
+    const char *cbs = getenv("CUPTI_FLOOR_CALLBACKS");
+    int ncb = cbs && *cbs ? enable_callbacks(cbs) : 0;
+    if (strcmp(kinds, "none") == 0) { /* the callback API only: no activity buffer, no kind */
+        if (!quiet)
+            fprintf(stderr, "cupti_floor: pid=%d callbacks=%s (%d enabled), no activity API\n", (int)getpid(),
+                    cbs ? cbs : "none", ncb);
+        return 1;
+    }
 
     CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
     if (r != CUPTI_SUCCESS) {
@@ -124,8 +168,8 @@ int InitializeInjection(void)
     Dl_info info = {0};
     dladdr((void *)cuptiActivityEnable, &info);
     if (!quiet)
-        fprintf(stderr, "cupti_floor: pid=%d cupti_api=%u lib=%s kinds=%s buf_kb=%zu walk=%d\n",
+        fprintf(stderr, "cupti_floor: pid=%d cupti_api=%u lib=%s kinds=%s buf_kb=%zu walk=%d callbacks=%d\n",
                 (int)getpid(), version, info.dli_fname ? info.dli_fname : "?", enabled,
-                buf_bytes / 1024, iterate_records);
+                buf_bytes / 1024, iterate_records, ncb);
     return 1;
 }
