@@ -236,7 +236,8 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
              else f"{e.graph_nodes:,} graph kernel nodes x {us(cost.GRAPH_NODE_PER_LAUNCH_S)}")
-    return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads{share} ({e.eager_kernels:,} "
+    return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
+            f"{share} ({e.eager_kernels:,} "
             f"kernel records x {us(cost.EAGER_KERNEL_S)}, {nodes}, {e.copies:,} copies and memsets x "
             f"{us(cost.COPY_S)}: CUPTI's costs measured on an H200)")
 
@@ -353,7 +354,9 @@ def _process_lines(c: ProcessCensus) -> List[str]:
         lines.append(f"  note: {note}")
     if c.graphs.paused_ns:
         lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"
-                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then")
+                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then, while CUPTI's "
+                     f"cost on CUDA-graph replays went on (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us of GPU "
+                     "time a graph kernel node, H200; only OTEL_GPU_CENSUS_DISABLED=1 is free of it)")
     for w in process_warnings(c):
         lines.append(f"  warning: {w}")
     return lines

@@ -138,6 +138,19 @@ def test_the_census_cost_is_estimated_from_what_it_counted(census_dir, segments,
     assert "4 kernel records" in line and "upper bound" in line
 
 
+def test_a_paused_census_says_what_a_pause_does_not_take_away(census_dir, segments, records):
+    """Paused, nothing is counted, but CUPTI's cost on graph replays goes on (measured on the H200 at
+    0.875 of plain graph throughput with the census paused, docs/measurements.md §14): the note says so."""
+    def edit(seg):
+        seg.wall_start_ns, seg.wall_update_ns = 5 * S, 8 * S
+        seg.paused, seg.paused_ns = 1, 2 * S
+    c = reader.read_segment(segments.segment(census_dir, [records.kernel(T0, T0 + 10)], edit=edit))
+    note = next(l for l in report.render_text([c]).splitlines() if "paused the census" in l)
+    assert "paused the census for 2.000000 s (paused now)" in note
+    assert "nothing was counted then" in note and "graph replays went on" in note
+    assert "OTEL_GPU_CENSUS_DISABLED=1" in note
+
+
 def test_no_census_cost_line_without_records(census_dir, segments, records):
     c = _census(census_dir, segments, [], 5 * S, 6 * S)
     assert "census cost" not in report.render_text([c])
