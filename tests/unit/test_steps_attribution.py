@@ -320,8 +320,9 @@ class HeadCensus(FakeCensus):
         super().__init__()
         self.base = head
 
-    def head(self):
-        return replace(self.base, complete_wall_ns=self.complete, alive=self.alive)
+    def head(self):   # step_max: the largest step id it counted, as a segment says
+        return replace(self.base, complete_wall_ns=self.complete, alive=self.alive,
+                       step_max=max(self.steps, default=0))
 
 
 # steps as (sid, start ms, end ms after T0, tokens, in the ring): under 100/1000 traced ms are 40, 20, 0, 30
@@ -424,7 +425,7 @@ def test_an_engines_spans_and_request_log_say_when_kernels_were_sampled(tagged, 
     class RealHead(Census):
         def read(self, lo, hi):
             _, steps = super().read(lo, hi)
-            return replace(head, complete_wall_ns=self.complete), steps
+            return replace(head, complete_wall_ns=self.complete, step_max=max(self.steps, default=0)), steps
     census = RealHead()
     rt, spans, _ = in_memory_telemetry("engine", metrics=False)
     eng = StepEngine(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
@@ -459,3 +460,23 @@ def test_an_engines_spans_and_request_log_say_when_kernels_were_sampled(tagged, 
         assert [a["gpu_census.kernel.tracing"] for a in sp] == ["all"] * 2
         assert not any("gpu_census.kernel.traced_ratio" in a for a in sp)
         assert not any("kernel_tracing" in line or "kernel_traced_ratio" in line for line in lines)
+
+
+# -- a census that hands a step's records over a flush late -----------------------------------------
+
+def test_steps_the_census_has_seen_nothing_of_wait_for_one_more_flush_all_together():
+    """CUPTI's periodic flush keeps back a buffer holding a record still in flight, and the census is
+    complete past its steps all the same: a step the census has counted nothing of, nor of any later
+    step (step_max), waits for the next flush; then every such step goes, present or missing."""
+    census = HeadCensus(census_head())
+    led = StepLedger(census.read, clock=lambda: census.complete)
+    for sid in range(1, 41):
+        led.step_opened(sid, {"a": 1}, sid * 10**7); led.step_touched(sid, sid * 10**7 + 10**6)
+    led.request_done("a", None, 41 * 10**7)
+    census.steps[1] = step(1, 4, 400)
+    census.complete = 2 * 10**9                                 # past every step; 2..40 not in it
+    assert led.settle() == [] and led.settle() == [] and led.settled_sid == 1
+    census.steps.update({sid: step(sid, 4, 400) for sid in range(2, 21)})   # the held buffer
+    census.complete = 3 * 10**9                                 # 21..40 never ran traced (a paused census)
+    (a,) = led.settle()
+    assert (a.steps, a.share.kernel_count, a.status) == (20, 80, "complete") and led.steps_missing == 20

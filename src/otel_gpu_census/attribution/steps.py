@@ -37,9 +37,11 @@ the span's ``gpu_census.kernel.traced_ratio``). The weights only describe the sp
 
 Steps are split in id order, each once, when the census is complete past the step's end
 (``complete_wall_ns``; of every process), so a step shared by a request that ends now and one that
-ends in a minute is split one way only. A request settles when every step up to its last one is
-split. The engine thread only appends to a deque; splitting and reading the census happen on the
-caller's thread (``settle``), a few hundred microseconds per batch of steps.
+ends in a minute is split one way only; a step the census has seen nothing of, nor of any later step
+(``step_max``), waits for one more flush (CUPTI may hand its records over a flush late). A request
+settles when every step up to its last one is split. The engine thread only appends to a deque;
+splitting and reading the census happen on the caller's thread (``settle``), a few hundred
+microseconds per batch of steps.
 """
 from __future__ import annotations
 
@@ -165,6 +167,7 @@ class StepLedger:
         self._lock = threading.Lock()                           # settle() against itself
         self.last_sid = 0           # newest step opened
         self.settled_sid = 0        # every step up to this one is split
+        self._flushes = (0, 0)      # the census's last two complete times read (_seen)
         self.unattributed = [0] * WIDTH   # steps that served no request, and late parts
         self.total = [0] * WIDTH          # all steps split
         self.sub_total = [0] * WIDTH      # of `total`, the sub-steps
@@ -240,8 +243,12 @@ class StepLedger:
         if closed:
             sources = self._read(closed[0].sid, closed[-1].sid)
             complete = min((self._complete_up_to(h, final) for h, _ in sources), default=0)
+            if complete != self._flushes[1]:
+                self._flushes = (self._flushes[1], complete)
             for e in closed:
                 if not final and e.closed_ns + COMPLETE_SLACK_NS > complete:
+                    break
+                if not final and not self._seen(e, sources):
                     break
                 if not book or book[0] is not e:
                     break
@@ -297,6 +304,18 @@ class StepLedger:
         if final or not head.alive or head.state_name == "exited":
             return 1 << 62
         return head.complete_wall_ns
+
+    def _seen(self, e: _Entry, sources: Sequence[Census]) -> bool:
+        """Whether the census holds all it will of step `e`: every process has counted work of `e` or
+        of a later step (``step_max``), or has ended; else once a later flush than the one it was due
+        at has completed. CUPTI's periodic flush (not forced) keeps back a buffer that holds a record
+        still in flight, with the finished records before it, while complete_wall_ns moves on: the
+        steps in it come with a later flush (vLLM on an H200: ~0.8 s of steps at a time read as
+        missing, their requests short of them)."""
+        if all(getattr(h, "step_max", None) is None or h.step_max >= e.sid
+               or self._complete_up_to(h, False) >= 1 << 62 for h, _ in sources if h is not None):
+            return True
+        return e.closed_ns + COMPLETE_SLACK_NS <= self._flushes[0]
 
     def _split(self, e: _Entry, rows: Sequence[Tuple[Any, List[int]]]) -> None:
         sub = e.kind != TOKENS
