@@ -260,6 +260,12 @@ def spans_check(rx, load_res, name, census_dir, res):
     # ignore_eos: every request generates exactly max_tokens (the stream may carry several per event)
     check(all(s.attributes.get("gen_ai.usage.output_tokens") == want[rid]["max_tokens"] for rid, s in ours.items()),
           f"{name}: output tokens as requested (ignore_eos)")
+    # one step per output token at least (prefill chunks add steps): a request short of steps lost the
+    # share of those it missed (2026-12-02, s4 and s5: steps read before their records came, fixed since)
+    short = [rid for rid, s in ours.items()
+             if s.attributes.get("gpu_census.attribution.steps", 0) < want[rid]["max_tokens"]]
+    res["short_of_steps"] = len(short)
+    check(not short, f"{name}: every request served by a step per output token at least ({len(short)} short)")
     res["span_sample"] = {k2: v for k2, v in next(iter(ours.values())).attributes.items()} if ours else {}
     res["per_request_dtoh_bytes"] = [s.attributes.get("gpu_census.copy.dtoh.bytes", 0) for s in ours.values()]
     res["per_request_kernel_ns"] = [s.attributes.get("gpu_census.kernel.time_ns", 0) for s in ours.values()]
