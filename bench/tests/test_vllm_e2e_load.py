@@ -273,3 +273,28 @@ def test_phase_window_times_every_load_of_r_and_beside_it_over_the_window(monkey
     assert res["off/P"]["median"] == 0.8 and res["launch/P"]["median"] == 0.8
     assert res["rounds"][0]["P"]["window"] == {"tokens": 3000.0, "s": 3.0, "client_tok_per_s": 900.0}
     assert "window" in res["load"] and res["rounds"][0]["off"]["tokens"] == 300
+
+
+def test_spans_check_fails_a_request_short_of_steps(monkeypatch, tmp_path):
+    """A request served by fewer steps than its output tokens lost the share of the steps it missed
+    (what s4's and s5's H200 runs had and no check said): spans_check says so; one step a token is fine."""
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    reqs = [{"id": f"cmpl-{i}", "trace_id": f"{i:032x}", "span_id": f"{i:016x}", "max_tokens": 8} for i in (1, 2)]
+    steps = {"cmpl-1": 8, "cmpl-2": 5}             # the second request missed 3 of its steps
+
+    def span(r):
+        return SimpleNamespace(resource={"service.name": "vllm-R"}, trace_id=r["trace_id"], parent_span_id=r["span_id"],
+                               attributes={"gen_ai.response.id": r["id"], "gpu_census.kernel.count": 3,
+                                           "gpu_census.attribution.method": "step_tokens",
+                                           "gen_ai.usage.output_tokens": 8,
+                                           "gpu_census.attribution.steps": steps[r["id"]]})
+    spans = [span(r) for r in reqs]
+    rx = SimpleNamespace(wait_for_spans=lambda pred, timeout: spans, span_snapshot=lambda: spans)
+    res: dict = {}
+    vllm_e2e.spans_check(rx, {"requests": reqs}, "R", tmp_path, res)
+    assert res["short_of_steps"] == 1
+    assert vllm_e2e.FAILS == ["R: every request served by a step per output token at least (1 short)"]
+    spans[1].attributes["gpu_census.attribution.steps"] = 9
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    vllm_e2e.spans_check(rx, {"requests": reqs}, "R", tmp_path, res)
+    assert res["short_of_steps"] == 0 and vllm_e2e.FAILS == []
