@@ -3,8 +3,9 @@
 An integration (the llama.cpp proxy today) tells a :class:`GpuLedger` when a request starts, when its
 first token streams and when it ends. CUPTI hands records to the census up to about a second late, so a finished request waits
 (without blocking anything) until every relevant segment says it is complete past the request's end
-(the injector's ``complete_wall_ns``; for segments without it, a publish at least ``margin`` after
-the end), the server exited, or ``max_wait`` passed; then its share is computed with
+(the injector's ``complete_wall_ns``, at a flush before the latest one read: CUPTI may hand records
+over a flush late; for segments without it, a publish at least ``margin`` after the end), the server
+exited, or ``max_wait`` passed; then its share is computed with
 :func:`windows.attribute` from the buckets its window touched and every request in flight in
 them, and handed back as a :class:`GpuCost`.
 
@@ -238,6 +239,7 @@ class GpuLedger:
         self.reqs: Dict[Hashable, _Req] = {}
         self._waiting: Dict[Hashable, _Req] = {}     # closed, waiting for their cost
         self._splits: Dict = {}         # bucket splits shared by the requests that touch a bucket
+        self._flushes: Dict[str, Tuple[int, int]] = {}   # per segment: its last two complete times read
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
         self._stopping = False
@@ -327,10 +329,10 @@ class GpuLedger:
         that cannot read a range (a test's stand-in) reads everything."""
         read_range = getattr(self.source, "read_range", None)
         if read_range is None:
-            return self.source.read()
+            return self._note_flushes(self.source.read(), everything=True)
         lo = min(r.start_ns for r in pending) - BUCKET_SLACK_NS
         hi = max(r.end_ns for r in pending) + BUCKET_SLACK_NS
-        return read_range(lo, hi) if headers is None else read_range(lo, hi, headers)
+        return self._note_flushes(read_range(lo, hi) if headers is None else read_range(lo, hi, headers))
 
     def _read_when_ready(self, pending: Sequence[_Req], now: int):
         """In a worker thread (one hand-over per poll): the census for `pending` when it can settle
@@ -344,7 +346,7 @@ class GpuLedger:
         first = min(pending, key=lambda r: r.end_ns)
         if now >= first.end_ns + self.max_wait_ns:
             return self._read(pending)
-        headers = read_headers()
+        headers = self._note_flushes(read_headers(), everything=True)
         censuses = headers[0]
         if censuses and not self._caught_up(self._relevant(censuses, first.start_ns, first.end_ns), first):
             return None
@@ -404,12 +406,26 @@ class GpuLedger:
     def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
         return all(self._covers(c, r.end_ns) for c in rel)
 
+    def _note_flushes(self, read, everything: bool = False):
+        """Remember each segment's last two complete times in `read` (a read's result, handed back);
+        a read of `everything` forgets the segments it no longer holds (bounded memory)."""
+        old = self._flushes
+        new = {} if everything else dict(old)
+        for c in read[0]:
+            prev, cur = old.get(c.path, (0, 0))
+            new[c.path] = (cur, c.complete_wall_ns) if c.complete_wall_ns > cur else (prev, cur)
+        self._flushes = new           # one assignment: stop() may read while a poll's thread still runs
+        return read
+
     def _covers(self, c: ProcessCensus, end_ns: int) -> bool:
         """Whether `c` holds all the GPU work of the buckets up to wall time `end_ns`."""
         if not c.alive or c.state != STATE_ACTIVE:
             return True
-        if c.complete_wall_ns:        # the injector's flusher says up to when it is complete
-            return c.complete_wall_ns >= end_ns + COMPLETE_SLACK_NS
+        if c.complete_wall_ns:
+            # The injector's flusher says up to when it is complete, but its periodic flush (not forced)
+            # keeps back a buffer holding a record still in flight, with the finished records before it:
+            # those come with the next flush. So a complete time counts once a later flush was read.
+            return self._flushes.get(c.path, (0, 0))[0] >= end_ns + COMPLETE_SLACK_NS
         return c.wall_update_ns >= end_ns + self.margin_ns     # else: CUPTI's ~1 s delivery, plus margin
 
     def _intervals(self, lo: int, hi: int, reqs: Optional[Sequence[_Req]] = None) -> List[Interval]:
