@@ -245,10 +245,11 @@ class StepLedger:
             complete = min((self._complete_up_to(h, final) for h, _ in sources), default=0)
             if complete != self._flushes[1]:
                 self._flushes = (self._flushes[1], complete)
+            seen = self._seen_up_to(sources)
             for e in closed:
                 if not final and e.closed_ns + COMPLETE_SLACK_NS > complete:
                     break
-                if not final and not self._seen(e, sources):
+                if not final and e.sid > seen and e.closed_ns + COMPLETE_SLACK_NS > self._flushes[0]:
                     break
                 if not book or book[0] is not e:
                     break
@@ -305,17 +306,16 @@ class StepLedger:
             return 1 << 62
         return head.complete_wall_ns
 
-    def _seen(self, e: _Entry, sources: Sequence[Census]) -> bool:
-        """Whether the census holds all it will of step `e`: every process has counted work of `e` or
-        of a later step (``step_max``), or has ended; else once a later flush than the one it was due
-        at has completed. CUPTI's periodic flush (not forced) keeps back a buffer that holds a record
-        still in flight, with the finished records before it, while complete_wall_ns moves on: the
-        steps in it come with a later flush (vLLM on an H200: ~0.8 s of steps at a time read as
-        missing, their requests short of them)."""
-        if all(getattr(h, "step_max", None) is None or h.step_max >= e.sid
-               or self._complete_up_to(h, False) >= 1 << 62 for h, _ in sources if h is not None):
-            return True
-        return e.closed_ns + COMPLETE_SLACK_NS <= self._flushes[0]
+    def _seen_up_to(self, sources: Sequence[Census]) -> int:
+        """The last step the census holds all it will of: every process has counted work of it or of a
+        later step (``step_max``), or has ended. A later step waits until a later flush than the one it
+        was due at has completed (``_flushes[0]``): CUPTI's periodic flush (not forced) keeps back a
+        buffer that holds a record still in flight, with the finished records before it, while
+        complete_wall_ns moves on, and the steps in it come with a later flush (vLLM on an H200: ~0.8 s
+        of steps at a time read as missing, their requests short of them)."""
+        return min((h.step_max for h, _ in sources
+                    if h is not None and getattr(h, "step_max", None) is not None
+                    and self._complete_up_to(h, False) < 1 << 62), default=1 << 62)
 
     def _split(self, e: _Entry, rows: Sequence[Tuple[Any, List[int]]]) -> None:
         sub = e.kind != TOKENS
