@@ -71,6 +71,24 @@ def switch_census(mode: str, timeout_s: float = 15.0) -> bool:
     return False
 
 
+def wait_census(timeout_s: float = 10.0) -> Optional[float]:
+    """Under the census's default OTEL_GPU_CENSUS_ATTACH=context, CUPTI is set up once this process's
+    context exists: wait for it before the capture, so the census learns the graph it will count.
+    Seconds waited; None without a census (plain, the floor)."""
+    import ctypes
+    path = os.environ.get("CUDA_INJECTION64_PATH")
+    if not path:
+        return None
+    try:
+        active = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW).gc_active
+    except (OSError, AttributeError):
+        return None
+    t0 = time.perf_counter()
+    while not active() and time.perf_counter() - t0 < timeout_s:
+        time.sleep(0.0005)
+    return round(time.perf_counter() - t0, 6)
+
+
 def finalize_cupti() -> Dict[str, Any]:
     """MICRO_CUPTI_FINALIZE=1: flush and detach the CUPTI this process loaded (cuptiFinalize), after the
     capture and before the timed loops: does what CUPTI costs a graph's replay outlast its detach?"""
@@ -82,22 +100,85 @@ def finalize_cupti() -> Dict[str, Any]:
     return {"flush": lib.cuptiActivityFlushAll(1), "finalize": lib.cuptiFinalize()}
 
 
+class CuptiProbe:
+    """MICRO_STEPS actions on a libcupti this process loads itself (no injector): which CUPTI call
+    makes a graph's replay slower, and does it matter whether the graph was instantiated before it?
+      load         dlopen and cuptiGetVersion, nothing else
+      subscribe    cuptiSubscribe with a callback that is never enabled for any domain
+      unsubscribe  cuptiUnsubscribe of that subscriber
+      memcpy       buffer callbacks registered and the MEMCPY activity kind enabled
+    Each returns the CUPTI result code (0 = success)."""
+
+    def __init__(self) -> None:
+        self.lib = None
+        self.sub = None
+        self._keep: List[Any] = []
+
+    def _load(self):
+        import ctypes
+        if self.lib is None:
+            path = os.environ.get("MICRO_CUPTI_LIB") or os.environ.get("OTEL_GPU_CENSUS_CUPTI") or "libcupti.so.13"
+            self.lib = ctypes.CDLL(path)
+        return self.lib
+
+    def do(self, step: str) -> Any:
+        import ctypes
+        lib = self._load()
+        if step == "load":
+            v = ctypes.c_uint32()
+            return lib.cuptiGetVersion(ctypes.byref(v))
+        if step == "subscribe":
+            cb_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
+            cb = cb_t(lambda *_: None)
+            self._keep.append(cb)
+            self.sub = ctypes.c_void_p()
+            return lib.cuptiSubscribe(ctypes.byref(self.sub), cb, None)
+        if step == "unsubscribe":
+            return lib.cuptiUnsubscribe(self.sub) if self.sub is not None else "no subscriber"
+        if step == "memcpy":
+            req_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(ctypes.c_size_t))
+            done_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t,
+                                      ctypes.c_size_t)
+
+            def request(buf, size, max_records):
+                b = ctypes.create_string_buffer(1 << 20)   # 8-aligned (malloc); kept alive below
+                self._keep.append(b)
+                buf[0] = ctypes.cast(b, ctypes.c_void_p).value
+                size[0] = 1 << 20
+                max_records[0] = 0
+
+            req, done = req_t(request), done_t(lambda *_: None)
+            self._keep += [req, done]
+            r = lib.cuptiActivityRegisterCallbacks(req, done)
+            return [r, lib.cuptiActivityEnable(1)]   # CUPTI_ACTIVITY_KIND_MEMCPY
+        return f"unknown step {step!r}"
+
+
 def child(a: argparse.Namespace) -> None:
     """Warm-up and graph capture first, then (MICRO_CENSUS_SWITCH=off|launch|...) the census switched,
     then the timed loops: a graph is instantiated in one census state and replayed in another (CUPTI
     decides what it records of a graph when the graph is instantiated)."""
     t_import = time.perf_counter()
     import torch
+    # pre-STEP: a CuptiProbe step before this process's first CUDA call creates its context
+    pre = [t for t in os.environ.get("MICRO_STEPS", "").split(",") if t.startswith("pre-")]
+    probe = CuptiProbe()
+    pre_done = {t: probe.do(t[len("pre-"):]) for t in pre}
     x = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     res: Dict[str, Any] = {"init_s": time.perf_counter() - t_import, "launches": {}}
+    res["census_wait_s"] = wait_census()
     adds = 0
     if "eager" in a.workloads:
         for _ in range(a.warmup):
             x.add_(1)
         torch.cuda.synchronize()
         adds += a.warmup
-    if "graph" in a.workloads:
+    g = None
+
+    def capture() -> None:
+        nonlocal g, adds
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -111,11 +192,28 @@ def child(a: argparse.Namespace) -> None:
         g.replay()
         torch.cuda.synchronize()
         adds += 3 + a.graph_nodes
-    switch = os.environ.get("MICRO_CENSUS_SWITCH")
-    if switch:
-        res["census_switched"] = {switch: switch_census(switch)}
-    if os.environ.get("MICRO_CUPTI_FINALIZE") == "1":
-        res["cupti_finalized"] = finalize_cupti()
+
+    # MICRO_STEPS orders what happens before the timed loops (default: capture, switch, finalize), so
+    # one variant can attach CUPTI after the graph was instantiated and another detach it before.
+    default_steps = ["capture"] + (["switch"] if os.environ.get("MICRO_CENSUS_SWITCH") else []) \
+        + (["finalize"] if os.environ.get("MICRO_CUPTI_FINALIZE") == "1" else [])
+    steps = [t for t in os.environ.get("MICRO_STEPS", ",".join(default_steps)).split(",")
+             if t and not t.startswith("pre-")]
+    if "capture" not in steps:
+        steps.insert(0, "capture")
+    res["steps"] = dict(pre_done)
+    for step in steps:
+        if step == "capture":
+            if "graph" in a.workloads:
+                capture()
+        elif step == "switch":
+            sw = os.environ.get("MICRO_CENSUS_SWITCH", "")
+            res["census_switched"] = {sw: switch_census(sw)}
+        elif step == "finalize":
+            res["cupti_finalized"] = finalize_cupti()
+        else:
+            res["steps"][step] = probe.do(step)
+        torch.cuda.synchronize()
     if "eager" in a.workloads:
         times = []
         for _ in range(a.reps):

@@ -17,10 +17,18 @@
  *                       (what the census enables for graphs per launch and for engine steps); the
  *                       callback does nothing. With CUPTI_FLOOR_KINDS=none the activity API is never
  *                       touched: what the callback API alone costs (a census counting through callbacks)
+ *   CUPTI_FLOOR_ATTACH  when CUPTI is set up: cuinit (default: in InitializeInjection, inside cuInit,
+ *                       before any context exists); context: subscribe there with only the context-
+ *                       created callback, the rest inside that callback; thread: nothing in cuInit, a
+ *                       thread polls the primary context of device 0 (every 100 us) and sets CUPTI up
+ *                       once it is active. Does CUPTI set up before a context exists make that context's
+ *                       graph replays slower than one set up after?
  */
 #define _GNU_SOURCE
 #include <cupti.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,6 +111,8 @@ static int enable_kinds(const char *spec, char *enabled, size_t enabled_len)
     return failures;
 }
 
+static void CUPTIAPI on_context(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
+
 static void CUPTIAPI on_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
     (void)ud; (void)dom; (void)cbid; (void)data;
@@ -110,11 +120,14 @@ static void CUPTIAPI on_callback(void *ud, CUpti_CallbackDomain dom, CUpti_Callb
 
 /* The census's callback set: graph-exec creation and destruction, and (launch) every driver call that
  * puts work on the GPU, matched by name as native/src/steps.c does. */
+static CUpti_SubscriberHandle g_sub;
+static int g_subscribed;
+
 static int enable_callbacks(const char *spec)
 {
-    CUpti_SubscriberHandle sub;
-    CUptiResult r = cuptiSubscribe(&sub, on_callback, NULL);
-    if (r != CUPTI_SUCCESS) return -1;
+    if (!g_subscribed && cuptiSubscribe(&g_sub, on_callback, NULL) != CUPTI_SUCCESS) return -1;
+    g_subscribed = 1;
+    CUpti_SubscriberHandle sub = g_sub;
     int n = 0;
     n += cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) == CUPTI_SUCCESS;
     n += cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING)
@@ -134,7 +147,9 @@ static int enable_callbacks(const char *spec)
     return n;
 }
 
-int InitializeInjection(void)
+static const char *g_attach = "cuinit";
+
+static void setup(void)
 {
     const char *kinds = getenv("CUPTI_FLOOR_KINDS");
     const char *kb = getenv("CUPTI_FLOOR_BUF_KB");
@@ -146,9 +161,9 @@ int InitializeInjection(void)
     int ncb = cbs && *cbs ? enable_callbacks(cbs) : 0;
     if (strcmp(kinds, "none") == 0) { /* the callback API only: no activity buffer, no kind */
         if (!quiet)
-            fprintf(stderr, "cupti_floor: pid=%d callbacks=%s (%d enabled), no activity API\n", (int)getpid(),
-                    cbs ? cbs : "none", ncb);
-        return 1;
+            fprintf(stderr, "cupti_floor: pid=%d attach=%s callbacks=%s (%d enabled), no activity API\n",
+                    (int)getpid(), g_attach, cbs ? cbs : "none", ncb);
+        return;
     }
 
     CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
@@ -156,7 +171,7 @@ int InitializeInjection(void)
         const char *msg = "?";
         cuptiGetResultString(r, &msg);
         fprintf(stderr, "cupti_floor: cuptiActivityRegisterCallbacks failed: %s\n", msg);
-        return 1; /* CUDA goes on without us */
+        return; /* CUDA goes on without us */
     }
     char enabled[256];
     enable_kinds(kinds, enabled, sizeof enabled);
@@ -168,8 +183,64 @@ int InitializeInjection(void)
     Dl_info info = {0};
     dladdr((void *)cuptiActivityEnable, &info);
     if (!quiet)
-        fprintf(stderr, "cupti_floor: pid=%d cupti_api=%u lib=%s kinds=%s buf_kb=%zu walk=%d callbacks=%d\n",
-                (int)getpid(), version, info.dli_fname ? info.dli_fname : "?", enabled,
+        fprintf(stderr, "cupti_floor: pid=%d attach=%s cupti_api=%u lib=%s kinds=%s buf_kb=%zu walk=%d callbacks=%d\n",
+                (int)getpid(), g_attach, version, info.dli_fname ? info.dli_fname : "?", enabled,
                 buf_bytes / 1024, iterate_records, ncb);
+}
+
+static atomic_int g_set_up;
+
+static void CUPTIAPI on_context(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
+{
+    (void)ud; (void)data;
+    if (dom == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED &&
+        !atomic_exchange(&g_set_up, 1)) {
+        cuptiEnableCallback(0, g_sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
+        setup();
+    }
+}
+
+typedef int (*primary_state_fn)(int dev, unsigned int *flags, int *active);
+
+static void *watch_primary(void *arg)
+{
+    primary_state_fn state = (primary_state_fn)arg;
+    struct timespec tick = {0, 100000};
+    for (long i = 0; i < 600L * 10000; i++) { /* gives up after 10 min */
+        unsigned int flags = 0;
+        int active = 0;
+        if (state(0, &flags, &active) == 0 && active) {
+            setup();
+            return NULL;
+        }
+        nanosleep(&tick, NULL);
+    }
+    return NULL;
+}
+
+int InitializeInjection(void)
+{
+    const char *attach = getenv("CUPTI_FLOOR_ATTACH");
+    if (attach && *attach) g_attach = attach;
+    if (strcmp(g_attach, "context") == 0) {
+        /* on_context replaces on_callback as the one subscriber's callback: it ignores the rest */
+        if (cuptiSubscribe(&g_sub, on_context, NULL) != CUPTI_SUCCESS) return 1;
+        g_subscribed = 1;
+        cuptiEnableCallback(1, g_sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
+        return 1;
+    }
+    if (strcmp(g_attach, "thread") == 0) {
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        primary_state_fn state = cuda ? (primary_state_fn)dlsym(cuda, "cuDevicePrimaryCtxGetState") : NULL;
+        pthread_t t;
+        if (!state || pthread_create(&t, NULL, watch_primary, (void *)state) != 0) {
+            fprintf(stderr, "cupti_floor: attach=thread impossible, set up now\n");
+            setup();
+        } else {
+            pthread_detach(t);
+        }
+        return 1;
+    }
+    setup();
     return 1;
 }

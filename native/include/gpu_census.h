@@ -84,6 +84,9 @@ enum gc_graphs {
                                 graph once (graphs.c): exact counts and bytes, kernel time = graph span */
 };
 
+/* When the census set CUPTI up (OTEL_GPU_CENSUS_ATTACH). */
+enum gc_attach { GC_ATTACH_CUINIT = 0, GC_ATTACH_CONTEXT = 1 };
+
 typedef struct gc_stat {
     uint64_t count;
     uint64_t bytes;
@@ -176,7 +179,16 @@ typedef struct gc_segment {
     uint64_t graph_unknown;     /* graph launches whose contents were not known (only their span counted) */
     uint64_t graph_inexact;     /* graph launches with conditional or changed nodes (counts are a floor) */
     uint64_t paused_ns;         /* CLOCK_MONOTONIC ns the census was paused, as of complete_wall_ns */
-    uint64_t reserved[6];
+    /* When counting began (enum gc_attach). CUPTI set up before a CUDA context exists makes every
+     * kernel node of that context's graph replays slower (docs/measurements.md §15), so by default the
+     * census sets CUPTI up once the first primary context is active: GPU work before attach_wall_ns
+     * is not counted, and the first context existed at most attach_after_ns before it. */
+    uint64_t attach_wall_ns;    /* CLOCK_REALTIME when CUPTI was set up (0: not recorded, older layouts) */
+    uint64_t attach_after_ns;   /* ATTACH=context: bound on the time from the first primary context to
+                                 * counting (the poll interval plus CUPTI's set-up); 0 for cuinit */
+    uint32_t attach_mode;       /* enum gc_attach */
+    uint32_t contexts_late;     /* contexts created after the census attached (their graphs pay the cost) */
+    uint64_t reserved[3];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];

@@ -33,8 +33,9 @@
 #include "internal.h"
 
 /* OFF: never started or a forked child. FAILED: switched itself off after starting (the flusher then
- * disables the activity kinds, so the server stops paying CUPTI). EXITING: the final flush runs. */
-enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3 };
+ * disables the activity kinds, so the server stops paying CUPTI). EXITING: the final flush runs.
+ * WAITING: loaded, CUPTI not set up yet; the flusher thread sets it up once a context exists. */
+enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3, WAITING = 4 };
 
 static atomic_int g_state;            /* OFF until InitializeInjection succeeds */
 static atomic_int g_flusher_busy;     /* the flusher is inside CUPTI: exit waits for it */
@@ -51,6 +52,13 @@ static uint64_t g_start_wall;         /* CLOCK_REALTIME at InitializeInjection *
 static struct gc_config g_cfg;
 static atomic_int g_outstanding;
 static atomic_ullong g_refused;
+
+/* When CUPTI was set up (published in the segment; see enum gc_attach). */
+static struct {
+    uint32_t mode;              /* enum gc_attach */
+    uint64_t wall_ns, after_ns;
+    atomic_uint contexts_late;  /* CONTEXT_CREATED callbacks after the attach */
+} g_attach;
 
 /* Kernel sampling (OTEL_GPU_CENSUS_KERNELS = all | off | ON_MS/PERIOD_MS). Kernel records are what
  * CUPTI charges per launch; copies are few and stay exact. The flusher thread switches the kernel
@@ -105,6 +113,10 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->graph_mode = g_graph_mode;
     seg->paused = g_ctl.paused;
     seg->paused_ns = g_ctl.paused_ns + (g_ctl.paused && mono > g_ctl.paused_since ? mono - g_ctl.paused_since : 0);
+    seg->attach_mode = g_attach.mode;
+    seg->attach_wall_ns = g_attach.wall_ns;
+    seg->attach_after_ns = g_attach.after_ns;
+    seg->contexts_late = atomic_load(&g_attach.contexts_late);
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -271,9 +283,12 @@ static int finish(int at_exit);
 /* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */
 static uint64_t g_next_phase = UINT64_MAX;
 
+static int wait_and_attach(void);
+
 static void *flusher(void *arg)
 {
     (void)arg;
+    if (atomic_load(&g_state) == WAITING && wait_and_attach() != 0) return NULL;
     const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
     uint64_t next_flush = mono_ns() + period;
     if (g_ks.mode == GC_KERNELS_SAMPLED) g_next_phase = kernel_phase(mono_ns());
@@ -352,8 +367,17 @@ static int start_flusher(void)
  * through gc_finish() for servers that end their process without running atexit (vLLM's engine). */
 static int finish(int at_exit)
 {
-    int active = ACTIVE;
-    if (getpid() != g_pid || !atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
+    int active = ACTIVE, waiting = WAITING;
+    if (getpid() != g_pid) return -1;
+    if (atomic_compare_exchange_strong(&g_state, &waiting, OFF)) {
+        /* Never attached: nothing was counted. An attach in progress ends before we return (bounded). */
+        for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
+            struct timespec ms = {0, 1000000L};
+            nanosleep(&ms, NULL);
+        }
+        return 0;
+    }
+    if (!atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
     /* The flusher starts no new flush now; let one in progress end (bounded: never hang an exit). */
     for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
         struct timespec ms = {0, 1000000L};
@@ -550,6 +574,10 @@ static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uin
 static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
     (void)ud;
+    if (dom == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
+        atomic_fetch_add(&g_attach.contexts_late, 1);
+        return;
+    }
     gc_graphs_callback(dom, cbid, data);
     gc_steps_callback(dom, data);
 }
@@ -639,6 +667,83 @@ static int start(void)
     return 0;
 }
 
+/* ---- when CUPTI is set up ----
+ *
+ * Measured on an H200 (docs/measurements.md §15): CUPTI set up before a CUDA context is created, in
+ * any way (inside cuInit as an injector, or subscribed from Python before the first CUDA call), makes
+ * every kernel node of that context's graph replays ~0.12 us slower on the GPU, for the context's
+ * whole life, whatever is enabled and even after cuptiFinalize; set up once the context exists, the
+ * same kinds and callbacks cost 1 %. So by default the injector only loads libcupti inside cuInit and
+ * its flusher thread polls the driver for an active primary context (every 100 us for the first 10 s,
+ * then every 1 ms, after a minute every 10 ms), then sets CUPTI up. What runs on the GPU between the
+ * context's creation and that moment is not counted; the segment says when counting began and bounds
+ * the gap. Contexts made later (a second device) are counted from their first launch and pay the cost
+ * (contexts_late). OTEL_GPU_CENSUS_ATTACH=cuinit sets CUPTI up inside cuInit, as before. */
+static struct {
+    CUresult (*count)(int *);
+    CUresult (*state)(CUdevice, unsigned int *, int *);
+} g_drv;
+
+static int watch_init(void)
+{
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!cuda) return -1;
+    *(void **)&g_drv.count = dlsym(cuda, "cuDeviceGetCount");
+    *(void **)&g_drv.state = dlsym(cuda, "cuDevicePrimaryCtxGetState");
+    return g_drv.count && g_drv.state ? 0 : -1;
+}
+
+static int primary_context_active(void)
+{
+    int n = 0;
+    if (g_drv.count(&n) != CUDA_SUCCESS) return 0; /* cuInit has not returned yet */
+    for (int d = 0; d < n && d < (int)GC_MAX_DEVICES; d++) {
+        unsigned int flags = 0;
+        int active = 0;
+        if (g_drv.state((CUdevice)d, &flags, &active) == CUDA_SUCCESS && active) return 1;
+    }
+    return 0;
+}
+
+/* CUPTI set up; the census counts from here. 0, or -1 with a log line and the census off. */
+static int attach(uint32_t mode, uint64_t after_ns)
+{
+    if (start() != 0) return -1;
+    g_attach.mode = mode;
+    g_attach.wall_ns = gc_wall_ns();
+    g_attach.after_ns = after_ns;
+    /* Under the v1 API a callback takes CUPTI's one slot: count late contexts only where callbacks
+     * are in use already (graphs per launch). */
+    if (mode == GC_ATTACH_CONTEXT && g_graphs_learned)
+        (void)gc_cupti_enable_resource("late contexts not counted", CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
+    return 0;
+}
+
+/* The flusher's first job under ATTACH=context: 0 once attached and ACTIVE, -1 when the census ends
+ * meanwhile (exit, gc_finish, a fork) or CUPTI cannot be set up. */
+static int wait_and_attach(void)
+{
+    const uint64_t t0 = mono_ns();
+    for (;;) {
+        if (getpid() != g_pid || atomic_load(&g_state) != WAITING) return -1;
+        uint64_t now = mono_ns(), age = now - t0;
+        uint64_t tick = age < 10000000000ull ? 100000ull : age < 60000000000ull ? 1000000ull : 10000000ull;
+        if (primary_context_active()) {
+            atomic_store(&g_flusher_busy, 1); /* exit waits (bounded) for the set-up to end */
+            int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (mono_ns() - now)) : -1;
+            int waiting = WAITING;
+            if (rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE)) {
+                atomic_store(&g_flusher_busy, 0);
+                return 0;
+            }
+            atomic_compare_exchange_strong(&g_state, &waiting, OFF);
+            atomic_store(&g_flusher_busy, 0);
+            return -1;
+        }
+        sleep_until(now + tick);
+    }
+}
+
 int InitializeInjection(void)
 {
     static atomic_int once;
@@ -647,9 +752,17 @@ int InitializeInjection(void)
     gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
-    if (gc_cupti_load(g_cfg.cupti_path) != 0 || start() != 0) return 1; /* 1 either way: the driver carries on */
+    if (gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);
+    /* Later, from the flusher, once a context exists; now when there is no driver to ask (the CPU
+     * tests' mock CUPTI) or no thread to wait with. */
+    if (!g_cfg.attach_cuinit && watch_init() == 0) {
+        atomic_store(&g_state, WAITING);
+        if (start_flusher() == 0) return 1;
+        atomic_store(&g_state, OFF);
+    }
+    if (attach(GC_ATTACH_CUINIT, 0) != 0) return 1;
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {

@@ -35,6 +35,9 @@ struct gc_config {
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
     int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
     int start_paused;           /* OTEL_GPU_CENSUS_START=paused: no kind on until census=on */
+    int attach_cuinit;          /* OTEL_GPU_CENSUS_ATTACH=cuinit: CUPTI set up inside cuInit (exact from
+                                 * the first launch; every context's graph replays pay CUPTI's per-node
+                                 * cost), else once the first primary context is active */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);

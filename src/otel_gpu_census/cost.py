@@ -7,23 +7,27 @@ on a quiet machine, quartiles within ±0.1 µs), so on other machines the estima
 measurement:
 
 - an eager kernel launch traced with the default's kinds: 0.902 µs (§11's 1.25 µs had a build beside it);
-- a kernel node of a CUDA graph counted per launch (the default): 0.119 µs; traced node by node: 0.332;
+- a kernel node of a CUDA graph counted per launch: 0.119 µs of GPU time with CUPTI set up inside cuInit
+  (OTEL_GPU_CENSUS_ATTACH=cuinit, and every census before it), 0.010 µs set up after the context
+  (the default since §15); traced node by node: 0.332;
 - a copy or memset: 0.81 µs (a 4 KiB copy with the default's kinds).
 
 The estimate is seconds over the census's life: of the launching threads' time for eager launches and
-copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14: once CUPTI's activity
-API is in use in a process each graph kernel node costs ~0.117 µs more, even with the census paused,
-and a paused census counts no node, so what a pause still costs is not in the estimate). Where those
+copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14-§15: with CUPTI set
+up before the context existed each graph kernel node costs ~0.12 µs more for the context's life, even
+with the census paused, and a paused census counts no node, so what a pause still costs is not in the
+estimate). Where those
 threads, or the GPU running small graph kernels, are the bottleneck, it is about the throughput the
 census costs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .census import GRAPHS_LAUNCH, ProcessCensus
+from .census import ATTACH_CUINIT, GRAPHS_LAUNCH, ProcessCensus
 
 EAGER_KERNEL_S = 0.902e-6
-GRAPH_NODE_PER_LAUNCH_S = 0.119e-6
+GRAPH_NODE_PER_LAUNCH_S = 0.119e-6          # CUPTI set up in cuInit, before the context
+GRAPH_NODE_AFTER_CONTEXT_S = 0.010e-6       # set up once the context was active (ATTACH=context)
 GRAPH_NODE_PER_NODE_S = 0.332e-6
 COPY_S = 0.81e-6
 
@@ -35,6 +39,7 @@ class CensusCost:
     copies: int                   # copies and memsets, graph ones included
     seconds: float
     per_node: bool                # graphs traced node by node: their nodes are among eager_kernels
+    node_s: float = GRAPH_NODE_PER_LAUNCH_S    # what one graph kernel node was priced at
 
     def share_of(self, ns: int) -> float:
         return self.seconds * 1e9 / ns if ns > 0 else 0.0
@@ -49,5 +54,15 @@ def estimate(c: ProcessCensus) -> CensusCost:
     per_node = c.graphs.mode != GRAPHS_LAUNCH
     # Traced node by node, graph nodes are kernel records like eager ones: priced as eager launches,
     # an upper bound (a node costs CUPTI 0.332 µs against 0.902 for an eager launch).
-    s = eager * EAGER_KERNEL_S + graph * GRAPH_NODE_PER_LAUNCH_S + copies * COPY_S
-    return CensusCost(eager, graph, copies, s, per_node)
+    node_s = graph_node_s(c)
+    s = eager * EAGER_KERNEL_S + graph * node_s + copies * COPY_S
+    return CensusCost(eager, graph, copies, s, per_node, node_s)
+
+
+def graph_node_s(c: ProcessCensus) -> float:
+    """GPU time one graph kernel node counted per launch costs, by when the census set CUPTI up: a
+    context made while CUPTI was set up (ATTACH=cuinit, or a context made after the attach) pays the
+    per-node cost on every replay."""
+    if c.attach.mode == ATTACH_CUINIT or c.attach.contexts_late:
+        return GRAPH_NODE_PER_LAUNCH_S
+    return GRAPH_NODE_AFTER_CONTEXT_S

@@ -77,6 +77,22 @@ def active() -> bool:
     return bool(lib is not None and lib.gc_active())
 
 
+def wait_attached(timeout_s: float = 10.0) -> bool:
+    """Wait until the census counts in this process; True once it does. Under the default
+    OTEL_GPU_CENSUS_ATTACH=context the injector sets CUPTI up only after the process's first CUDA
+    context is active (within ~100 us of it, plus CUPTI's set-up): a benchmark or test that checks every
+    byte makes its context (any CUDA call) and then waits here. False at once without a census."""
+    if not under_census():
+        return False
+    import time
+    deadline = time.monotonic() + timeout_s
+    while not active():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def step_begin(step_id: int) -> bool:
     """Tag the GPU work this thread launches with `step_id` (1 .. 2**32-1) until step_end()."""
     lib = _find()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import cost
-from .census import (DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
+from .census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
                      KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, ProcessCensus,
                      Stat, merge_devices)
 
@@ -226,6 +226,21 @@ def _cost_dict(c: ProcessCensus, census_ns: int) -> dict:
             "graphs_per_node": e.per_node}
 
 
+def attach_note(c: ProcessCensus) -> Optional[str]:
+    """When counting began, for a census that set CUPTI up after the first context (the default); and
+    contexts made after that, which pay CUPTI's per-node cost on their graph replays."""
+    a = c.attach
+    if a.mode != ATTACH_CONTEXT or not a.wall_ns:
+        return None
+    out = (f"counting began {seconds(max(0, a.wall_ns - c.wall_start_ns))} s after CUDA initialised, within "
+           f"{a.after_ns / 1e3:,.0f} us of the first CUDA context (OTEL_GPU_CENSUS_ATTACH=context): GPU work "
+           "before that is not in these totals")
+    if a.contexts_late:
+        out += (f"; {a.contexts_late} context(s) were made after it: their CUDA-graph replays pay CUPTI's "
+                f"~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us a kernel node")
+    return out
+
+
 def cost_line(c: ProcessCensus) -> Optional[str]:
     """What the census cost the process's launching threads, estimated (cost.py); None without records."""
     e = cost.estimate(c)
@@ -235,7 +250,7 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
-             else f"{e.graph_nodes:,} graph kernel nodes x {us(cost.GRAPH_NODE_PER_LAUNCH_S)}")
+             else f"{e.graph_nodes:,} graph kernel nodes x {us(e.node_s)}")
     return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
             f"{share} ({e.eager_kernels:,} "
             f"kernel records x {us(cost.EAGER_KERNEL_S)}, {nodes}, {e.copies:,} copies and memsets x "
@@ -253,6 +268,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             else None,
             "graph_tracing": c.graphs.name, "graph_launches_unknown": c.graphs.unknown,
             "graph_launches_inexact": c.graphs.inexact, "paused_ns": c.graphs.paused_ns,
+            "attach": c.attach.name, "attach_wall_ns": c.attach.wall_ns, "attach_after_ns": c.attach.after_ns,
+            "contexts_late": c.attach.contexts_late,
             "pid": c.pid, "ppid": c.ppid, "comm": c.comm, "state": c.state_name, "alive": c.alive,
             "torn": c.torn, "path": c.path, "cupti_version": c.cupti_version,
             "wall_start_ns": c.wall_start_ns, "wall_update_ns": c.wall_update_ns, "census_time_ns": census_ns,
@@ -353,10 +370,15 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if note:
         lines.append(f"  note: {note}")
     if c.graphs.paused_ns:
+        tail = (f", while CUPTI's cost on CUDA-graph replays went on (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us "
+                "of GPU time a graph kernel node, H200: CUPTI was set up before the context; the default "
+                "OTEL_GPU_CENSUS_ATTACH=context avoids it, OTEL_GPU_CENSUS_DISABLED=1 is free of it)"
+                if cost.graph_node_s(c) == cost.GRAPH_NODE_PER_LAUNCH_S else "")
         lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"
-                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then, while CUPTI's "
-                     f"cost on CUDA-graph replays went on (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us of GPU "
-                     "time a graph kernel node, H200; only OTEL_GPU_CENSUS_DISABLED=1 is free of it)")
+                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then{tail}")
+    note = attach_note(c)
+    if note:
+        lines.append(f"  note: {note}")
     for w in process_warnings(c):
         lines.append(f"  warning: {w}")
     return lines

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 #include <cuda_runtime.h>
+#include "census_wait.h"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
@@ -26,6 +27,8 @@ int main(int argc, char **argv) {
     const size_t MiB = 1 << 20, small = 64 << 10;
     char *d, *pinned, *pageable;
     CK(cudaSetDevice(0));
+    CK(cudaFree(0));                      // the context exists now ...
+    census_wait();                        // ... and the census counts from here
     CK(cudaMalloc(&d, 2 * MiB));
     CK(cudaMallocHost(&pinned, MiB));
     pageable = (char *)malloc(small);

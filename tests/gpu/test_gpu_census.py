@@ -77,16 +77,20 @@ def device_summary(seg) -> dict:
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("bin") / "workload"
-    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(HERE / "workload.cu")], check=True)
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(HERE / "workload.cu"), "-ldl"], check=True)
     return exe
 
 
-@pytest.mark.parametrize("api,graphs", [("auto", "launch"), ("v1", "launch"), ("v2", "launch"), ("v2", "node")])
-def test_exact_copies_and_kernels(workload, tmp_path, api, graphs):
+@pytest.mark.parametrize("api,graphs,attach", [("auto", "launch", "context"), ("v1", "launch", "context"),
+                                               ("v2", "launch", "context"), ("v2", "node", "context"),
+                                               ("auto", "launch", "cuinit")])
+def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach):
     """Every count and byte exact, eager and inside CUDA graphs (one of them updated in place), in
     both graph modes. Graphs per launch (the default) must hold with the API left to the census (auto)
     and with v1; with v2 named, a driver before r610 refuses per-launch records: node mode, still exact."""
     extra = {} if api == "auto" else {"OTEL_GPU_CENSUS_CUPTI_API": api}
+    if attach != "context":
+        extra["OTEL_GPU_CENSUS_ATTACH"] = attach
     env = census_env(tmp_path, OTEL_GPU_CENSUS_GRAPHS=graphs, **extra)
     p = subprocess.run([str(workload), "1000"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -99,7 +103,12 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs):
     got.update(graph_mode=seg.graph_mode, graph_launches=seg.devices[0].graph_launches,
                graph_kernel_count=seg.devices[0].graph_kernel_count, graph_unknown=seg.graph_unknown,
                graph_inexact=seg.graph_inexact)
-    RESULTS[f"workload_{api}_{graphs}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
+    got.update(attach_mode=seg.attach_mode, attach_after_ns=seg.attach_after_ns, contexts_late=seg.contexts_late)
+    RESULTS[f"workload_{api}_{graphs}_{attach}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
+    # the workload waited for the census after making its context (census_wait.h): nothing it checks
+    # ran before counting began, and no context came after it
+    assert got["attach_mode"] == (1 if attach == "context" else 0) and got["contexts_late"] == 0
+    assert (0 < got["attach_after_ns"] < 1_000_000_000) if attach == "context" else got["attach_after_ns"] == 0
     assert got["graph_mode"] == (1 if per_launch else 0)
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
     assert got["graph_kernel_count"] == (want["graph_kernels"] if per_launch else 0)
@@ -125,6 +134,9 @@ TORCH_WORK = textwrap.dedent("""
     mode = sys.argv[1]
     torch.cuda.init()
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    if mode != "profiler":                     # the census counts once the context exists (ATTACH=context)
+        t0 = time.time(); gl = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        while not gl.gc_active() and time.time() - t0 < 10: time.sleep(0.001)
     h = torch.empty(16 << 20, dtype=torch.uint8).pin_memory()
     def work():
         for _ in range(50):
@@ -220,8 +232,10 @@ def test_torch_profiler_inside_censused_process(tmp_path):
 
 
 FORK = textwrap.dedent("""
-    import os, sys, torch
+    import ctypes, os, sys, time, torch
     x = torch.ones(1 << 20, device="cuda")
+    t0 = time.time(); gl = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    while not gl.gc_active() and time.time() - t0 < 10: time.sleep(0.001)   # counting from here
     for _ in range(100): x.add_(1)
     torch.cuda.synchronize()
     pid = os.fork()
@@ -285,7 +299,7 @@ def test_two_processes_share_one_gpu_and_merge_exactly(workload, tmp_path):
 @pytest.fixture(scope="module")
 def steady(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("bin") / "steady"
-    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(HERE / "steady.cu")], check=True)
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(HERE / "steady.cu"), "-ldl"], check=True)
     return exe
 
 

@@ -39,6 +39,7 @@ WORK = textwrap.dedent("""
     import json, threading, torch
     from otel_gpu_census import injector
     x = torch.zeros(1000, device="cuda")
+    injector.wait_attached()                    # the census counts once the context exists
     pinned = torch.empty(1000, pin_memory=True)
     s = torch.cuda.Stream()
     g = torch.cuda.CUDAGraph()

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cuda_runtime.h>
+#include "census_wait.h"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
@@ -23,6 +24,8 @@ int main(int argc, char **argv) {
     const int eager = argc > 1 ? atoi(argv[1]) : 1000;
     const int graph_nodes = 100, graph_replays = 10, update_replays = 5;
     CK(cudaSetDevice(0));
+    CK(cudaFree(0));                      // the context exists now ...
+    census_wait();                        // ... and the census counts from here
     char *d0, *d1, *pinned, *pageable;
     CK(cudaMalloc(&d0, 64 * MiB));
     CK(cudaMalloc(&d1, 64 * MiB));

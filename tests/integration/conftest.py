@@ -27,6 +27,18 @@ def fresh_standin(standin):
 
 
 @pytest.fixture(scope="session")
+def mock_cuda(tmp_path_factory):
+    """Path of the mock driver (native/tests/mock_cuda.c), a libcuda.so.1 whose one primary context the
+    test switches on: what the injector's attach watch polls."""
+    out = tmp_path_factory.mktemp("mockcuda") / "libcuda.so.1"
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
+                    "-Wl,-soname,libcuda.so.1", str(root / "native" / "tests" / "mock_cuda.c"), "-o", str(out)],
+                   check=True)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def mock_lib(native, tmp_path_factory):
     """Path of the mock libcupti, built once (OTEL_GPU_CENSUS_CUPTI points the injector at it)."""
     import cupti_records

@@ -591,3 +591,107 @@ def test_census_finish_in_the_control_file_runs_the_final_flush_on_the_flusher(n
     p = read(native, next(d.glob("*.seg")))
     assert p.state_name == "exited" and p.devices[0].copies.get("dtoh").bytes == 4096 + 1000
     assert err == ""
+
+
+# ---- when CUPTI is set up (OTEL_GPU_CENSUS_ATTACH) ----------------------------------------------
+# By default the injector sets CUPTI up only once a primary context is active (set up before, CUPTI
+# makes that context's graph replays slower: docs/measurements.md §15). A mock libcuda.so.1 stands in
+# for the driver the watch polls; the mock libcupti keeps no record of a kind not enabled when it is
+# queued, as CUPTI records no work it was not attached for.
+
+CUDA_PRELUDE = """
+        cffi_cuda = cffi.FFI()
+        cffi_cuda.cdef('void mock_cuda_set_active(int); int mock_cuda_polls(void);')
+        cuda = cffi_cuda.dlopen({mock_cuda!r}, cffi_cuda.RTLD_GLOBAL | cffi_cuda.RTLD_NOW)
+        import time
+        def wait_active(timeout=5.0):
+            t0 = time.time()
+            while not g.gc_active() and time.time() - t0 < timeout:
+                time.sleep(0.001)
+            return g.gc_active()
+        T = 1_700_000_000_000_000_000
+"""
+
+
+def test_attach_waits_for_the_first_context_and_counts_from_there(native, mock_lib, mock_cuda, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        time.sleep(0.05)
+        out['waiting'] = [g.gc_active(), mock.mock_registered(), g.gc_step_begin(3)]
+        # work before the attach: CUPTI is not set up, so nothing records it
+        out['before'] = queue(cr.memcpy('htod', 1000, T, T + 10), cr.MEMCPY_T)
+        out['polls_before'] = cuda.mock_cuda_polls()
+        t_on = time.time_ns()
+        cuda.mock_cuda_set_active(1)
+        out['active'] = wait_active()
+        out['attach_s'] = (time.time_ns() - t_on) / 1e9
+        out['registered'] = mock.mock_registered()
+        queue(cr.memcpy('dtoh', 643 * 10**6, T + 100, T + 200, dst='pageable'), cr.MEMCPY_T)
+        out['flush'] = g.gc_flush()
+        out['t_on'] = t_on
+    """, env={"OTEL_GPU_CENSUS_GRAPHS": "node"})
+    assert res["init"] == 1
+    assert res["waiting"] == [0, 0, -1]      # loaded, not attached: no CUPTI, no steps
+    assert res["polls_before"] > 0
+    assert res["active"] == 1 and res["registered"] == 1 and res["flush"] == 0
+    assert res["attach_s"] < 1.0             # polled every 100 us at first
+    p = read(native, next(d.glob("*.seg")))
+    dev = p.devices[0]
+    assert dev.copies.get("dtoh", "pageable").bytes == 643 * 10**6
+    assert dev.copies.get("htod", "pageable").bytes == 0 and dev.copies.get("htod", "pinned").bytes == 0
+    assert p.attach.name == "context"
+    assert p.wall_start_ns < res["t_on"] <= p.attach.wall_ns
+    assert 100_000 <= p.attach.after_ns < 1_000_000_000   # the poll interval at least
+    assert p.state_name == "exited"
+    assert err == ""
+
+
+def test_a_process_that_never_makes_a_context_exits_untouched(native, mock_lib, mock_cuda, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        time.sleep(0.2)
+        out['state'] = [g.gc_active(), mock.mock_registered(), g.gc_flush()]
+        out['polls'] = cuda.mock_cuda_polls()
+    """)
+    assert res["init"] == 1 and res["state"] == [0, 0, -1]
+    assert res["polls"] >= 20                # the watch runs (100 us ticks) ...
+    assert not d.exists() or list(d.iterdir()) == []   # ... and exit stops it: no file, no line
+    assert err == ""
+
+
+def test_finish_before_any_context_stops_the_watch(native, mock_lib, mock_cuda, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        out['finish'] = g.gc_finish()
+        cuda.mock_cuda_set_active(1)
+        time.sleep(0.1)
+        out['after'] = [g.gc_active(), mock.mock_registered()]
+    """)
+    assert res == {"init": 1, "finish": 0, "after": [0, 0]}
+    assert err == ""
+
+
+def test_attach_cuinit_sets_cupti_up_inside_cuinit(native, mock_lib, mock_cuda, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        out['now'] = [g.gc_active(), mock.mock_registered()]
+        queue(cr.memcpy('htod', 4096, T, T + 10, src='pinned'), cr.MEMCPY_T)
+        out['flush'] = g.gc_flush()
+        out['polls'] = cuda.mock_cuda_polls()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_GRAPHS": "node"})
+    assert res["now"] == [1, 1] and res["polls"] == 0
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].copies.get("htod", "pinned").bytes == 4096
+    assert p.attach.name == "cuinit" and p.attach.after_ns == 0 and p.attach.wall_ns >= p.wall_start_ns
+    assert err == ""
+
+
+def test_a_bad_attach_setting_gets_a_line_and_the_default(native, mock_lib, mock_cuda, tmp_path):
+    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        out['now'] = g.gc_active()
+        cuda.mock_cuda_set_active(1)
+        out['active'] = wait_active()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "later", "OTEL_GPU_CENSUS_GRAPHS": "node"})
+    assert res == {"init": 1, "now": 0, "active": 1}
+    assert "ignoring OTEL_GPU_CENSUS_ATTACH=later (expected context or cuinit); using context" in err

@@ -138,6 +138,33 @@ def test_the_census_cost_is_estimated_from_what_it_counted(census_dir, segments,
     assert "4 kernel records" in line and "upper bound" in line
 
 
+def test_the_cost_of_graph_nodes_follows_when_cupti_was_set_up(census_dir, segments, records):
+    """Set up once the context existed (ATTACH=context), a graph kernel node costs 0.010 us, not 0.119
+    (H200, docs/measurements.md §15); a context made after the attach pays the old price again."""
+    recs = [records.kernel(T0, T0 + 10)]
+
+    def edit(seg, late=0):
+        seg.wall_start_ns, seg.wall_update_ns = 5 * S, 6 * S
+        seg.graph_mode = 1
+        seg.devices[0].kernel_count += 1000
+        seg.devices[0].graph_kernel_count = 1000
+        seg.attach_mode, seg.attach_wall_ns, seg.attach_after_ns, seg.contexts_late = 1, 5 * S + 250_000_000, 180_000, late
+    c = reader.read_segment(segments.segment(census_dir, recs, edit=edit))
+    assert (c.attach.name, c.attach.after_ns, c.attach.contexts_late) == ("context", 180_000, 0)
+    assert abs(cost.estimate(c).seconds - (1 * 0.902e-6 + 1000 * 0.010e-6)) < 1e-12
+    text = report.render_text([c])
+    assert "1,000 graph kernel nodes x 0.01 us" in text
+    note = next(l for l in text.splitlines() if "counting began" in l)
+    assert "counting began 0.250000 s after CUDA initialised, within 180 us of the first CUDA context" in note
+    assert "made after it" not in note
+    d = report.to_dict([c])["processes"][0]
+    assert (d["attach"], d["attach_after_ns"], d["contexts_late"]) == ("context", 180_000, 0)
+    (census_dir / "late").mkdir(mode=0o700)
+    c = reader.read_segment(segments.segment(census_dir / "late", recs, edit=lambda seg: edit(seg, late=2)))
+    assert abs(cost.estimate(c).seconds - (1 * 0.902e-6 + 1000 * 0.119e-6)) < 1e-12
+    assert "2 context(s) were made after it" in report.render_text([c])
+
+
 def test_a_paused_census_says_what_a_pause_does_not_take_away(census_dir, segments, records):
     """Paused, nothing is counted, but CUPTI's cost on graph replays goes on (measured on the H200 at
     0.875 of plain graph throughput with the census paused, docs/measurements.md §14): the note says so."""
@@ -148,7 +175,16 @@ def test_a_paused_census_says_what_a_pause_does_not_take_away(census_dir, segmen
     note = next(l for l in report.render_text([c]).splitlines() if "paused the census" in l)
     assert "paused the census for 2.000000 s (paused now)" in note
     assert "nothing was counted then" in note and "graph replays went on" in note
-    assert "OTEL_GPU_CENSUS_DISABLED=1" in note
+    assert "OTEL_GPU_CENSUS_DISABLED=1" in note and "ATTACH=context avoids it" in note
+    # set up after the context (the default), a pause leaves no per-node cost behind
+    (census_dir / "ctx").mkdir(mode=0o700)
+
+    def ctx(seg):
+        edit(seg)
+        seg.attach_mode, seg.attach_wall_ns = 1, 5 * S
+    c = reader.read_segment(segments.segment(census_dir / "ctx", [records.kernel(T0, T0 + 10)], edit=ctx))
+    note = next(l for l in report.render_text([c]).splitlines() if "paused the census" in l)
+    assert note.endswith("nothing was counted then")
 
 
 def test_no_census_cost_line_without_records(census_dir, segments, records):

@@ -24,6 +24,7 @@ KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAM
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
+ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,25 @@ class GraphTracing:
 
 
 @dataclass(frozen=True)
+class Attach:
+    """When the census set CUPTI up (OTEL_GPU_CENSUS_ATTACH). CONTEXT (the default): once the first
+    primary CUDA context was active, because CUPTI set up before a context exists makes its graph
+    replays slower; GPU work before `wall_ns` is not counted, and the first context existed at most
+    `after_ns` before it. CUINIT: inside cuInit, before any work. `contexts_late`: contexts created
+    after the attach (counted from their first launch; their graph replays pay CUPTI's per-node cost).
+    `wall_ns` 0: a segment written before this was recorded."""
+
+    mode: int = ATTACH_CUINIT
+    wall_ns: int = 0
+    after_ns: int = 0
+    contexts_late: int = 0
+
+    @property
+    def name(self) -> str:
+        return {ATTACH_CUINIT: "cuinit", ATTACH_CONTEXT: "context"}.get(self.mode, f"unknown({self.mode})")
+
+
+@dataclass(frozen=True)
 class ProcessCensus:
     """One segment, read consistently at one moment."""
 
@@ -262,6 +282,7 @@ class ProcessCensus:
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
     kernels: KernelTracing = KernelTracing()
     graphs: GraphTracing = GraphTracing()
+    attach: Attach = Attach()
 
     # -- derived ---------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from . import (DIRECTIONS, MEMORY_KINDS, ZERO, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
+from . import (DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
                Window)
 from .proctree import is_alive
 
@@ -335,6 +335,8 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside),
         graphs=GraphTracing(mode=seg.graph_mode, unknown=seg.graph_unknown, inexact=seg.graph_inexact,
                             paused=bool(seg.paused), paused_ns=seg.paused_ns),
+        attach=Attach(mode=seg.attach_mode, wall_ns=seg.attach_wall_ns, after_ns=seg.attach_after_ns,
+                      contexts_late=seg.contexts_late),
         devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )
