@@ -8,6 +8,8 @@
 #   gpu-tests    the whole GPU suite (make gpu-test)
 #   vllm-part1 / vllm-part2   copy one carried piece of the vLLM wheel set into /tmp/vp (three calls:
 #                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
+#   vllm-p1 / vllm-p2   the same from the re-cut pieces (bench/device/vllm_parts.sh), for a tree that no
+#                longer fits beside part1 in 64 MiB; the last call carries .vllm/p3 and .vllm/part3
 #   install      the package into /tmp/site (built here; its entry points are how vLLM finds it)
 #   vllm         install vLLM and the package, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (the
 #                integration end to end: spans to a real OTLP receiver, conservation, KV offload,
@@ -62,11 +64,16 @@ phase() {
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
+    vllm-p1) mkdir -p /tmp/vp/part1 && cp .vllm/p1/*.part-00a /tmp/vp/part1/ && ls -la /tmp/vp/part1 ;;
+    vllm-p2) mkdir -p /tmp/vp/part2 && cp .vllm/p2/*.part-01 /tmp/vp/part2/ && \
+             for a in /tmp/vp/part1/*.part-00a; do cat "$a" .vllm/p2/"$(basename "$a" .part-00a)".part-00b > "${a%a}"; done && \
+             ls -la /tmp/vp/part1 /tmp/vp/part2 ;;
     install)   # the package itself, built here (its wheel carries the injector), with its entry points
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
         > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
-    vllm) { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && rm -rf /tmp/e2e && \
+    vllm) { [ ! -d .vllm/p3 ] || cp .vllm/p3/*.whl /tmp/vp/part2/; } && \
+          { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
           # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files
           tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null ;;
