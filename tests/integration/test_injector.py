@@ -613,8 +613,14 @@ CUDA_PRELUDE = """
 """
 
 
+def run_with_driver(native, mock_lib, mock_cuda, tmp_path, body: str, env=None):
+    """run_case in a process whose libcuda.so.1 is the mock driver (its one context off until the body
+    switches it on)."""
+    return run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + body, env=env)
+
+
 def test_attach_waits_for_the_first_context_and_counts_from_there(native, mock_lib, mock_cuda, tmp_path):
-    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
         time.sleep(0.05)
         out['waiting'] = [g.gc_active(), mock.mock_registered(), g.gc_step_begin(3)]
@@ -647,7 +653,7 @@ def test_attach_waits_for_the_first_context_and_counts_from_there(native, mock_l
 
 
 def test_a_process_that_never_makes_a_context_exits_untouched(native, mock_lib, mock_cuda, tmp_path):
-    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
         time.sleep(0.2)
         out['state'] = [g.gc_active(), mock.mock_registered(), g.gc_flush()]
@@ -660,7 +666,7 @@ def test_a_process_that_never_makes_a_context_exits_untouched(native, mock_lib, 
 
 
 def test_finish_before_any_context_stops_the_watch(native, mock_lib, mock_cuda, tmp_path):
-    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
         out['finish'] = g.gc_finish()
         cuda.mock_cuda_set_active(1)
@@ -672,7 +678,7 @@ def test_finish_before_any_context_stops_the_watch(native, mock_lib, mock_cuda, 
 
 
 def test_attach_cuinit_sets_cupti_up_inside_cuinit(native, mock_lib, mock_cuda, tmp_path):
-    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
         out['now'] = [g.gc_active(), mock.mock_registered()]
         queue(cr.memcpy('htod', 4096, T, T + 10, src='pinned'), cr.MEMCPY_T)
@@ -687,7 +693,7 @@ def test_attach_cuinit_sets_cupti_up_inside_cuinit(native, mock_lib, mock_cuda, 
 
 
 def test_a_bad_attach_setting_gets_a_line_and_the_default(native, mock_lib, mock_cuda, tmp_path):
-    res, err, d = run_case(native, mock_lib, tmp_path, CUDA_PRELUDE.format(mock_cuda=mock_cuda) + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
         out['now'] = g.gc_active()
         cuda.mock_cuda_set_active(1)
