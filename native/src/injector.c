@@ -365,24 +365,25 @@ static int start_flusher(void)
 
 /* The final flush: forced, every open busy interval committed, state exited. At exit, or earlier
  * through gc_finish() for servers that end their process without running atexit (vLLM's engine). */
+/* Let a flush or an attach the flusher has begun end, for at most 200 ms: never hang an exit. */
+static void wait_flusher_idle(void)
+{
+    for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
+}
+
 static int finish(int at_exit)
 {
     int active = ACTIVE, waiting = WAITING;
     if (getpid() != g_pid) return -1;
     if (atomic_compare_exchange_strong(&g_state, &waiting, OFF)) {
-        /* Never attached: nothing was counted. An attach in progress ends before we return (bounded). */
-        for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
-            struct timespec ms = {0, 1000000L};
-            nanosleep(&ms, NULL);
-        }
+        wait_flusher_idle(); /* never attached: nothing was counted */
         return 0;
     }
     if (!atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
-    /* The flusher starts no new flush now; let one in progress end (bounded: never hang an exit). */
-    for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
-        struct timespec ms = {0, 1000000L};
-        nanosleep(&ms, NULL);
-    }
+    wait_flusher_idle(); /* the flusher starts no new flush now */
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
     gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
@@ -733,13 +734,13 @@ static int wait_and_attach(void)
             atomic_store(&g_flusher_busy, 1); /* exit waits (bounded) for the set-up to end */
             int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (mono_ns() - now)) : -1;
             int waiting = WAITING;
-            if (rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE)) {
-                atomic_store(&g_flusher_busy, 0);
-                return 0;
+            int ok = rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE);
+            if (!ok) { /* CUPTI refused, or exit/gc_finish/fork came first (then the state is no longer WAITING) */
+                waiting = WAITING;
+                atomic_compare_exchange_strong(&g_state, &waiting, OFF);
             }
-            atomic_compare_exchange_strong(&g_state, &waiting, OFF);
             atomic_store(&g_flusher_busy, 0);
-            return -1;
+            return ok ? 0 : -1;
         }
         sleep_until(now + tick);
     }

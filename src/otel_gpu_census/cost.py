@@ -59,10 +59,12 @@ def estimate(c: ProcessCensus) -> CensusCost:
     return CensusCost(eager, graph, copies, s, per_node, node_s)
 
 
+def context_made_under_cupti(c: ProcessCensus) -> bool:
+    """A context of this process was created while CUPTI was set up (ATTACH=cuinit, or a context made
+    after the attach): its graph replays pay CUPTI's per-node cost, paused or not."""
+    return c.attach.mode == ATTACH_CUINIT or c.attach.contexts_late > 0
+
+
 def graph_node_s(c: ProcessCensus) -> float:
-    """GPU time one graph kernel node counted per launch costs, by when the census set CUPTI up: a
-    context made while CUPTI was set up (ATTACH=cuinit, or a context made after the attach) pays the
-    per-node cost on every replay."""
-    if c.attach.mode == ATTACH_CUINIT or c.attach.contexts_late:
-        return GRAPH_NODE_PER_LAUNCH_S
-    return GRAPH_NODE_AFTER_CONTEXT_S
+    """GPU time one graph kernel node counted per launch costs, by when the census set CUPTI up."""
+    return GRAPH_NODE_PER_LAUNCH_S if context_made_under_cupti(c) else GRAPH_NODE_AFTER_CONTEXT_S

@@ -373,7 +373,7 @@ def _process_lines(c: ProcessCensus) -> List[str]:
         tail = (f", while CUPTI's cost on CUDA-graph replays went on (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us "
                 "of GPU time a graph kernel node, H200: CUPTI was set up before the context; the default "
                 "OTEL_GPU_CENSUS_ATTACH=context avoids it, OTEL_GPU_CENSUS_DISABLED=1 is free of it)"
-                if cost.graph_node_s(c) == cost.GRAPH_NODE_PER_LAUNCH_S else "")
+                if cost.context_made_under_cupti(c) else "")
         lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"
                      f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then{tail}")
     note = attach_note(c)

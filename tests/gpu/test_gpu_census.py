@@ -48,6 +48,8 @@ def lib_path() -> str:
 def census_env(tmp: Path, **extra) -> dict:
     env = dict(os.environ)
     env.update(CUDA_INJECTION64_PATH=lib_path(), OTEL_GPU_CENSUS_DIR=str(tmp))
+    # the package's in-process API (injector.wait_attached) for the Python workloads, installed or not
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parents[1] / "src"), env.get("PYTHONPATH")) if p)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -135,8 +137,8 @@ TORCH_WORK = textwrap.dedent("""
     torch.cuda.init()
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     if mode != "profiler":                     # the census counts once the context exists (ATTACH=context)
-        t0 = time.time(); gl = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-        while not gl.gc_active() and time.time() - t0 < 10: time.sleep(0.001)
+        from otel_gpu_census import injector
+        injector.wait_attached()
     h = torch.empty(16 << 20, dtype=torch.uint8).pin_memory()
     def work():
         for _ in range(50):
@@ -232,10 +234,10 @@ def test_torch_profiler_inside_censused_process(tmp_path):
 
 
 FORK = textwrap.dedent("""
-    import ctypes, os, sys, time, torch
+    import os, sys, torch
+    from otel_gpu_census import injector
     x = torch.ones(1 << 20, device="cuda")
-    t0 = time.time(); gl = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-    while not gl.gc_active() and time.time() - t0 < 10: time.sleep(0.001)   # counting from here
+    injector.wait_attached()                   # the census counts from here (ATTACH=context)
     for _ in range(100): x.add_(1)
     torch.cuda.synchronize()
     pid = os.fork()
