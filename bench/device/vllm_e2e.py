@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proc_cpu  # noqa: E402  (bench/device/proc_cpu.py)
 
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -165,12 +167,13 @@ async def generated_tokens(s, port) -> float:
     return sum(got)
 
 
-async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0, prompt_words=64):
+async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0, prompt_words=64, root=None):
     """Closed-loop clients (each sends its next request when its last is answered, non-streaming) for
     ramp_s + window_s, then each finishes the request it has in flight (none is cut). The rate is the
     server's own generated-token counter over the window alone, read at its two ends: no ramp, no tail.
     Each request asks for its own number of tokens (uniform in `tokens`), so that the clients do not
-    move in waves that end together (with one length for all, a window holds whole waves or not)."""
+    move in waves that end together (with one length for all, a window holds whole waves or not).
+    root: the server's pid; its process tree's CPU over the window is added (proc_cpu.py), per role."""
     import aiohttp
     results, errors = [], []
     stop = asyncio.Event()
@@ -190,16 +193,22 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
         tasks = [asyncio.create_task(client(s, c)) for c in range(clients)]
         try:
             await asyncio.sleep(ramp_s)
+            c0 = proc_cpu.snapshot(root) if root else None
+            p0 = time.process_time()        # this process: the clients (and the OTLP receiver's threads)
             (n0, w0) = await mark(s)
             await asyncio.sleep(window_s)
             (n1, w1) = await mark(s)
+            c1 = proc_cpu.snapshot(root) if root else None
+            p1 = time.process_time()
         finally:
             stop.set()
             await asyncio.gather(*tasks)
     el = time.perf_counter() - t0
     toks = sum(r["tokens"] for r in results)
     return {"requests": results, "errors": errors, "elapsed_s": el, "tok_per_s": (n1 - n0) / (w1 - w0),
-            "window": {"tokens": n1 - n0, "s": w1 - w0}, "client_tok_per_s": toks / el if el else 0.0}
+            "window": {"tokens": n1 - n0, "s": w1 - w0}, "client_tok_per_s": toks / el if el else 0.0,
+            **({"cpu": {**proc_cpu.delta(c0, c1), "bench": {"cpu_s": p1 - p0, "processes": 1, "threads": {}}}}
+               if root else {})}
 
 
 def summary(load_res):
@@ -210,6 +219,12 @@ def summary(load_res):
     if "window" in load_res:        # a window load: what the server counted, and the clients' own rate
         out["window"] = {"tokens": load_res["window"]["tokens"], "s": round(load_res["window"]["s"], 4),
                          "client_tok_per_s": round(load_res["client_tok_per_s"], 1)}
+    if "cpu" in load_res:           # CPU ms per 1,000 generated tokens, per process role and busiest threads
+        k = 1e6 / max(load_res["window"]["tokens"], 1)
+        out["cpu_ms_per_ktok"] = {r: {"all": round(v["cpu_s"] * k, 2), "n": v["processes"],
+                                      **{t: round(x * k, 2) for t, x in v["threads"].items()}}
+                                  for r, v in load_res["cpu"].items()}
+        out["cpu_cores"] = {r: round(v["cpu_s"] / load_res["window"]["s"], 3) for r, v in load_res["cpu"].items()}
     return out
 
 
@@ -322,6 +337,8 @@ def wait_quiet(limit_s=420) -> float:
 # phases are the census paused with the integration on, exporting.
 BESIDE = {
     "P": (8101, False, {}, "plain vLLM"),
+    "F": (8113, False, {}, "plain vLLM started before R (every other server starts after it): F/P is what "
+                           "starting first does to a server"),
     "Q": (8108, False, {}, "plain vLLM again: Q/P is the spread of two identical servers"),
     "N": (8109, True, {"OTEL_GPU_CENSUS_DISABLED": "1"},
           "under `run` with the census disabled (no injector, so no integration): N/P is the launcher's"),
@@ -338,6 +355,8 @@ BESIDE = {
           "T/S is that integration's cost, off/T what settling in a process of its own gains"),
 }
 
+STARTED_BEFORE_R = {"F"}
+
 
 def phase_extra(a) -> list:
     """vLLM arguments of R and the servers beside it: --phase-kv-bytes fixes their KV cache, so that
@@ -352,6 +371,23 @@ def beside_server(name, model, out, base, env, gpu_mem, extra=()):
         return Server(name, port, model, out, gpu_mem=gpu_mem, extra=extra)
     return Server(name, port, model, out, census_dir=base / name, env={**env, **extra_env}, gpu_mem=gpu_mem,
                   extra=extra)
+
+
+def start_phase_servers(a, chain, model, out, base, env) -> dict:
+    """R and the servers beside it, 3 s apart (not all measuring free GPU memory at one moment); those
+    of STARTED_BEFORE_R first."""
+    servers: dict = {}
+    first = [n for n in chain if n in STARTED_BEFORE_R]
+    for n in first:
+        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
+        time.sleep(3)
+    servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env, gpu_mem=a.phase_gpu_mem,
+                          extra=phase_extra(a))
+    for n in chain:
+        if n not in servers:
+            time.sleep(3)
+            servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
+    return servers
 
 
 def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
@@ -377,14 +413,14 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
 
     traced: list = []
 
-    def run_load(port, seed):   # a fixed number of requests, or closed-loop clients over a timed window
+    def run_load(port, seed, root=None):   # a fixed number of requests, or closed-loop clients over a timed window
         if a.phase_window:
             ramp_s, window_s = a.phase_window
-            return asyncio.run(window_load(port, clients, ramp_s, window_s, seed=seed))
+            return asyncio.run(window_load(port, clients, ramp_s, window_s, seed=seed, root=root))
         return asyncio.run(load(port, clients, per_client, 256, seed=seed, stream=stream))
 
     def one(mode, i):     # prompts of its own every phase (vLLM's prefix caching would serve a repeat)
-        lr = run_load(8105, phase_seed(300, i, mode, modes))
+        lr = run_load(8105, phase_seed(300, i, mode, modes), servers["R"].proc.pid)
         if mode != "off":
             traced.extend(lr["requests"])
         return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
@@ -393,7 +429,7 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         others = [n for n in chain if servers[n].proc.poll() is None]
         k = len(done) % len(others) if others else 0
         for n in others[k:] + others[:k]:
-            rnd[n] = summary(run_load(servers[n].port, phase_seed(300, len(done), n, modes)))
+            rnd[n] = summary(run_load(servers[n].port, phase_seed(300, len(done), n, modes), servers[n].proc.pid))
         rate = {n: rnd[n]["tok_per_s"] for n in others if rnd[n]["tok_per_s"]}
         for i, n in enumerate(others):   # R's modes / every one, and every one / each before it in the chain
             for m in modes:
@@ -413,6 +449,7 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
                 f"{GENERATED} over the window; the requests in flight at its end finished, none cut")
     else:
         what = f"{clients} {'streaming' if stream else 'non-streaming'} clients x {per_client} requests x 256 tokens"
+    res["cpu_ms_per_ktok"] = cpu_medians(rounds, [*modes, *chain])
     res = {**res, "modes": modes, "rounds": rounds, **summarise(rounds, modes=modes),
            "load": what + ", ignore_eos, 64-word prompts of its own in every phase (no prefix-cache hits between "
                           "phases); modes rotate who goes first"}
@@ -425,6 +462,24 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         conservation_check("R", base / "R", [s for s in rx.span_snapshot() if s.resource.get("service.name") == "vllm-R"],
                            res["spans_R"])
     return res
+
+
+def cpu_medians(rounds, names) -> dict:
+    """Per load (R's modes, the servers beside it) and process role: the median over rounds of its CPU
+    ms per 1,000 generated tokens (all its threads, then its busiest ones), and of the cores it kept busy."""
+    out: dict = {}
+    for n in names:
+        per = [r[n] for r in rounds if isinstance(r.get(n), dict) and "cpu_ms_per_ktok" in r[n]]
+        if not per:
+            continue
+        got: dict = {}
+        for role in sorted({k for p in per for k in p["cpu_ms_per_ktok"]}):
+            keys = {k for p in per for k in p["cpu_ms_per_ktok"].get(role, {}) if k != "n"}
+            got[role] = {k: round(statistics.median(p["cpu_ms_per_ktok"][role].get(k, 0.0) for p in per), 2)
+                         for k in sorted(keys, key=lambda k: k != "all")}
+            got[role]["cores"] = round(statistics.median(p["cpu_cores"].get(role, 0.0) for p in per), 3)
+        out[n] = got
+    return out
 
 
 def kv_check(name, census_dir, res):
@@ -595,12 +650,7 @@ def main():
                 servers["KP"] = Server("KP", 8106, model, out, extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
                 chain = a.phase_beside.split(",") if a.phase_beside else ["P", "S"] if a.phase_split else ["P"]
-                servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env, gpu_mem=a.phase_gpu_mem,
-                                      extra=phase_extra(a))
-                for n in chain:
-                    if n not in servers:
-                        time.sleep(3)       # not all of them measuring free GPU memory at the same moment
-                        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
+                servers.update(start_phase_servers(a, [n for n in chain if n not in servers], model, out, base, env))
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",

@@ -41,22 +41,36 @@ def main() -> int:
                     help="census modes of control_phases.MODES, each a phase of every round")
     ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
                     help="llama-server flags beside -m -ngl 99 -np CLIENTS")
+    ap.add_argument("--beside-plain", action="store_true",
+                    help="also a plain llama-server (no census, on --port + 1), the same load after every round: "
+                         "mode/plain says what the census costs against no census at all (off is CUPTI attached, paused)")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
     a = ap.parse_args()
+    t_start = time.time()
     census = Path(tempfile.mkdtemp(prefix="llama-phases-"))
     os.chmod(census, 0o700)
     url = f"http://127.0.0.1:{a.port}"
+
+    def server(port):
+        return [a.server, "-m", a.model, "-ngl", "99", "-np", str(a.clients), "-c", str(2048 * a.clients),
+                "--host", "127.0.0.1", "--port", str(port), *a.flags.split()]
     cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--dir", str(census), "--exporter", "none", "--",
-           a.server, "-m", a.model, "-ngl", "99", "-np", str(a.clients), "-c", str(2048 * a.clients),
-           "--host", "127.0.0.1", "--port", str(a.port), *a.flags.split()]
+           *server(a.port)]
     log = open(Path(a.out).with_suffix(".server.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
+    proc = procs[0]
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(cmd), "rounds": []}
+    plain_url = f"http://127.0.0.1:{a.port + 1}"
+    if a.beside_plain:
+        res["plain_command"] = " ".join(server(a.port + 1))
+        plog = open(Path(a.out).with_suffix(".plain.log"), "w")
+        procs.append(subprocess.Popen(server(a.port + 1), stdout=plog, stderr=subprocess.STDOUT, start_new_session=True))
     try:
-        ready = wait_health(url, proc, 300)
-        if ready is None:
-            res["error"] = "llama-server did not come up"
-            return 1
-        run_load(url, a.clients, a.clients, n_predict=16, seed=999)        # warm-up (and the segment)
+        for u, p in zip((url, plain_url), procs):
+            if wait_health(u, p, 300) is None:
+                res["error"] = f"llama-server at {u} did not come up"
+                return 1
+            run_load(u, a.clients, a.clients, n_predict=16, seed=999)        # warm-up (and the segment)
         time.sleep(1.5)
         ph = Phases(census)
 
@@ -69,16 +83,29 @@ def main() -> int:
             ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=phase_seed(100, i, mode, modes))
             return {"tok_s": ld.get("output_tok_s"), "steady_tok_s": ld.get("steady_tok_s"),
                     "tokens": ld.get("output_tokens"), "errors": ld.get("errors"), "ttft_p50_s": ld.get("ttft_p50_s")}
-        res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes)
+
+        def plain(rnd):       # the plain server after each round, its prompts its own too
+            ld = run_load(plain_url, a.clients, a.requests, n_predict=a.n_predict,
+                          seed=phase_seed(100, len(res["rounds"]), "plain", modes))
+            rnd["plain"] = {"tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"),
+                            "errors": ld.get("errors"), "ttft_p50_s": ld.get("ttft_p50_s")}
+            for m in modes:
+                if rnd[m].get("tok_s") and rnd["plain"]["tok_s"]:
+                    rnd[f"{m}/plain"] = round(rnd[m]["tok_s"] / rnd["plain"]["tok_s"], 4)
+            res["rounds"].append(rnd)
+            print("plain", {k: v for k, v in rnd.items() if k.endswith("/plain")}, flush=True)
+        res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=plain if a.beside_plain else None,
+                                   deadline=t_start + a.budget_s)
         res.update(summarise(res["rounds"], modes=modes))
         return 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
         log.close()
         Path(a.out).write_text(json.dumps(res, indent=1, default=str))
 

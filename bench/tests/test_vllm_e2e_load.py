@@ -200,17 +200,20 @@ def _phases_against(monkeypatch, out, rate, rounds, names, window=None):
         return {"requests": [{"tokens": max_tokens, "ttft_s": None}] * 2, "errors": [], "tok_per_s": rate[port]}
     monkeypatch.setattr(vllm_e2e, "load", fake_load)
 
-    async def fake_window(port, clients, ramp_s, window_s, seed=0, **kw):
+    async def fake_window(port, clients, ramp_s, window_s, seed=0, root=None, **kw):
         order.append(("window", port, ramp_s, window_s))
+        # each server's process tree: a main process whose CPU is its pid's share of the window
+        cpu = {"VLLM::EngineCore": {"cpu_s": window_s * root / 10000, "processes": 1,
+                                    "threads": {"main": window_s * root / 20000}}}
         return {"requests": [{"tokens": 100, "max_tokens": 100, "ttft_s": None}] * 3, "errors": [],
                 "tok_per_s": rate[port], "window": {"tokens": rate[port] * window_s, "s": window_s},
-                "client_tok_per_s": rate[port] * 0.9}
+                "client_tok_per_s": rate[port] * 0.9, "cpu": cpu}
     monkeypatch.setattr(vllm_e2e, "window_load", fake_window)
     monkeypatch.setattr(vllm_e2e, "counter_readable", lambda port: True)
 
     class Srv:
         def __init__(self, port):
-            self.port, self.proc = port, SimpleNamespace(poll=lambda: None)
+            self.port, self.proc = port, SimpleNamespace(poll=lambda: None, pid=port)
 
         def wait(self):
             return True
@@ -273,6 +276,28 @@ def test_phase_window_times_every_load_of_r_and_beside_it_over_the_window(monkey
     assert res["off/P"]["median"] == 0.8 and res["launch/P"]["median"] == 0.8
     assert res["rounds"][0]["P"]["window"] == {"tokens": 3000.0, "s": 3.0, "client_tok_per_s": 900.0}
     assert "window" in res["load"] and res["rounds"][0]["off"]["tokens"] == 300
+    # CPU per 1,000 generated tokens of each server's processes (here: pid/10000 cores over the window)
+    cpu = res["cpu_ms_per_ktok"]
+    assert cpu["P"]["VLLM::EngineCore"] == pytest.approx({"all": 8101 / 10000 / 1000 * 1e6,
+                                                          "main": 8101 / 20000 / 1000 * 1e6, "cores": 0.81}, abs=0.01)
+    assert cpu["off"]["VLLM::EngineCore"]["all"] == pytest.approx(8105 / 10000 / 800 * 1e6, abs=0.01)
+    assert set(cpu) == {"off", "launch", "P"}
+
+
+def test_started_before_r_servers_start_first(monkeypatch, tmp_path):
+    """F (plain, started before R) is what starting first does to a server: it starts before R, every
+    other server after it."""
+    started = []
+
+    class Srv:
+        def __init__(self, name, port, *a, **k):
+            started.append(name)
+    monkeypatch.setattr(vllm_e2e, "Server", Srv)
+    monkeypatch.setattr(vllm_e2e.time, "sleep", lambda s: None)
+    import argparse
+    a = argparse.Namespace(phase_gpu_mem=0.1, phase_kv_bytes=0)
+    servers = vllm_e2e.start_phase_servers(a, ["P", "F", "S"], "/m", tmp_path, tmp_path, {})
+    assert started == ["F", "R", "P", "S"] and set(servers) == {"F", "R", "P", "S"}
 
 
 def test_spans_check_fails_a_request_short_of_steps(monkeypatch, tmp_path):
