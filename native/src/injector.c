@@ -337,6 +337,8 @@ static void *flusher(void *arg)
     return NULL;
 }
 
+#define GC_FLUSHER_STACK (8u << 20)
+
 static int start_flusher(void)
 {
     pthread_attr_t attr;
@@ -346,9 +348,10 @@ static int start_flusher(void)
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits "all blocked" */
-    /* A small stack first; glibc puts the process's static TLS on every thread stack, and with
-     * llama-server's libraries 64 KiB was too small (EINVAL): then the default size (virtual). */
-    int rc = pthread_attr_setstacksize(&attr, 256 * 1024) == 0 ? pthread_create(&th, &attr, flusher, NULL) : EINVAL;
+    /* The stack CUDA's own threads get (8 MiB, virtual: only the pages touched are memory). The
+     * flusher sets CUPTI up on a live context (ATTACH=context), and CUPTI and the driver then need
+     * deep stacks: with 256 KiB llama-server segfaulted in libcuda on the H200 (2026-12-02). */
+    int rc = pthread_attr_setstacksize(&attr, GC_FLUSHER_STACK) == 0 ? pthread_create(&th, &attr, flusher, NULL) : EINVAL;
     if (rc == EINVAL) {
         pthread_attr_destroy(&attr);
         pthread_attr_init(&attr);

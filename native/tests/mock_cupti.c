@@ -7,6 +7,9 @@
  * built from the CUPTI headers), and the completion callback gets it back. Behaviour switches:
  *   MOCK_CUPTI_CONFLICT=1    cuptiSubscribe answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   MOCK_CUPTI_ENABLE_FAIL=1 cuptiActivityEnable fails
+ *   MOCK_CUPTI_STACK_KB=N    cuptiActivityRegisterCallbacks first uses N KiB of its caller's stack, page by
+ *                            page (set up on a live context, CUPTI and the driver need deep stacks: on the
+ *                            H200 llama-server segfaulted in libcuda on a 256 KiB thread stack)
  * Like CUPTI, it keeps no record of a kind that is not enabled when the record is queued ("launched").
  */
 #include <pthread.h>
@@ -124,8 +127,18 @@ CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle s, CUpti
     return CUPTI_SUCCESS;
 }
 
+/* One 4 KiB frame a level, each touched: a stack too small faults on its guard page. */
+static __attribute__((noinline)) int deep(int pages)
+{
+    volatile char frame[4096];
+    memset((char *)frame, pages, sizeof(frame));
+    return pages > 1 ? deep(pages - 1) + frame[7] : frame[7];
+}
+
 CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, CUpti_BuffersCallbackCompleteFunc c)
 {
+    const char *kb = getenv("MOCK_CUPTI_STACK_KB");
+    if (kb && atoi(kb) > 0) (void)deep(atoi(kb) / 4);
     g_req = r;
     g_done = c;
     return CUPTI_SUCCESS;

@@ -652,6 +652,23 @@ def test_attach_waits_for_the_first_context_and_counts_from_there(native, mock_l
     assert err == ""
 
 
+def test_set_up_on_a_live_context_has_the_stack_cupti_needs(native, mock_lib, mock_cuda, tmp_path):
+    """The flusher thread sets CUPTI up once a context is active; CUPTI and the driver then use deep
+    stacks (llama-server segfaulted in libcuda on the H200 with the flusher's old 256 KiB stack). The
+    mock's set-up uses 4 MiB of stack here: the process attaches, counts and exits."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        cuda.mock_cuda_set_active(1)
+        out['active'] = wait_active()
+        queue(cr.memcpy('dtoh', 67108864, T, T + 10, dst='pinned'), cr.MEMCPY_T)
+        out['flush'] = g.gc_flush()
+    """, env={"MOCK_CUPTI_STACK_KB": "4096"})
+    assert res == {"init": 1, "active": 1, "flush": 0}
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].copies.get("dtoh", "pinned").bytes == 67108864
+    assert p.attach.name == "context" and p.state_name == "exited"
+
+
 def test_a_process_that_never_makes_a_context_exits_untouched(native, mock_lib, mock_cuda, tmp_path):
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
