@@ -442,7 +442,10 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         (out / "phases-partial.json").write_text(json.dumps(done, default=str))
     done: list = []
     modes = a.phase_modes.split(",")
-    rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
+    from ballast import Ballast         # bench/server/ballast.py: the host's other cores kept busy
+    with Ballast(getattr(a, "ballast", 0)) as b:
+        rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
+        res["ballast"] = {"processes": b.n, "alive_at_end": b.alive()}
     if a.phase_window:
         what = (f"{clients} closed-loop non-streaming clients, each request 64-192 tokens (uniform), for "
                 f"{a.phase_window[0]} s of ramp then a {a.phase_window[1]} s window; tok/s = the server's "
@@ -614,6 +617,9 @@ def main():
     ap.add_argument("--phase-window", type=window_arg, default=None, metavar="RAMP,WINDOW",
                     help="phases: closed-loop clients for RAMP s, then the server's generated-token counter over "
                          "WINDOW s is the load's rate (instead of --phase-requests requests timed from first to last)")
+    ap.add_argument("--ballast", type=int, default=0,
+                    help="phases: this many spinning processes through every round (bench/server/ballast.py): the "
+                         "host's CPU speed follows how busy it is, and a launch-bound server's throughput with it")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
     bad = [n for n in a.phase_beside.split(",") if n and n not in BESIDE]

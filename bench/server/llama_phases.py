@@ -22,6 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from ballast import Ballast  # noqa: E402
 from control_phases import Phases, phase_seed, run_rounds, summarise  # noqa: E402
 from load import run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
@@ -45,6 +46,8 @@ def main() -> int:
                     help="also a plain llama-server (no census, on --port + 1), the same load after every round: "
                          "mode/plain says what the census costs against no census at all (off is CUPTI attached, paused)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
+    ap.add_argument("--ballast", type=int, default=0,
+                    help="this many spinning processes through every round (ballast.py: a steadier host CPU)")
     a = ap.parse_args()
     t_start = time.time()
     census = Path(tempfile.mkdtemp(prefix="llama-phases-"))
@@ -94,8 +97,10 @@ def main() -> int:
                     rnd[f"{m}/plain"] = round(rnd[m]["tok_s"] / rnd["plain"]["tok_s"], 4)
             res["rounds"].append(rnd)
             print("plain", {k: v for k, v in rnd.items() if k.endswith("/plain")}, flush=True)
-        res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=plain if a.beside_plain else None,
-                                   deadline=t_start + a.budget_s)
+        with Ballast(a.ballast) as b:
+            res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=plain if a.beside_plain else None,
+                                       deadline=t_start + a.budget_s)
+            res["ballast"] = {"processes": b.n, "alive_at_end": b.alive()}
         res.update(summarise(res["rounds"], modes=modes))
         return 0
     finally:
