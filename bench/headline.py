@@ -120,16 +120,6 @@ def phases_ratio(mode: str, key: Optional[str] = None) -> Callable[[Dict[str, An
     return value
 
 
-def phases_key(key: str) -> Callable[[Dict[str, Any]], float]:
-    """The median over rounds of a ratio the phases' summary holds (e.g. launch/plain: R's default phases
-    against a plain server loaded after every round, bench/server/llama_phases.py --beside-plain)."""
-    def value(raw: Dict[str, Any]) -> float:
-        if not raw.get("all_switched"):
-            raise HeadlineError("a phase did not switch the census")
-        return round(raw[key]["median"], 3)
-    return value
-
-
 def micro_ratio(workload: str, variant: str) -> Callable[[Dict[str, Any]], float]:
     """The variant's throughput / plain's in bench/micro.py, the median over same-round pairs (its row's ratio)."""
     def value(raw: Dict[str, Any]) -> float:
@@ -137,11 +127,13 @@ def micro_ratio(workload: str, variant: str) -> Callable[[Dict[str, Any]], float
     return value
 
 
-def beside_ratio(key: str) -> Callable[[Dict[str, Any]], float]:
-    """The median over rounds of a ratio between a phase of R and a server loaded beside it
-    (bench/device/vllm_e2e.py --phase-beside), e.g. launch/P: R's default census against plain vLLM."""
+def beside_ratio(key: str, under: Optional[str] = "phases") -> Callable[[Dict[str, Any]], float]:
+    """The median over rounds of a ratio between a phase of R and a server loaded beside it, from the
+    phases' summary (under `under`, or the file's top level): e.g. launch/P (bench/device/vllm_e2e.py
+    --phase-beside: R's default census against plain vLLM) or launch/plain (bench/server/llama_phases.py
+    --beside-plain)."""
     def value(raw: Dict[str, Any]) -> float:
-        res = raw["phases"]
+        res = raw[under] if under else raw
         if not res.get("all_switched"):
             raise HeadlineError("a phase did not switch the census")
         return round(res[key]["median"], 3)
@@ -192,7 +184,7 @@ RULES = (
          command="BENCH_ARGS='--modes off,launch --rounds 10 --beside-plain --budget-s 380' "
                  "bash bench/device/run.sh setup llama-phases"),
     Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-02-h200-s7-llama-phases.json",
-         phases_key("launch/plain"), 0.99,
+         beside_ratio("launch/plain", under=None), 0.99,
          "ratio of output tok/s, the default census (R's default phases) / a plain llama-server (no census) loaded "
          "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 10 rounds (geometric mean "
          "0.967 [0.952, 0.982]; the paused census / plain: 0.991)",

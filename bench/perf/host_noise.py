@@ -11,12 +11,16 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import multiprocessing as mp
 import os
 import platform
 import statistics
 import struct
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+from ballast import Ballast  # noqa: E402  (bench/server/ballast.py)
 
 
 def instructions_counter():
@@ -47,24 +51,15 @@ def work(n=200_000):
     return s
 
 
-def spin(stop):
-    while not stop.is_set():
-        work(10_000)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=40)
     ap.add_argument("--busy", type=int, default=0)
     a = ap.parse_args()
-    stop = mp.Event()
-    others = [mp.Process(target=spin, args=(stop,), daemon=True) for _ in range(a.busy)]
-    for p in others:
-        p.start()
     fd, why = instructions_counter()
     rows = []
-    t_end = time.time() + a.seconds
-    try:
+    with Ballast(a.busy):
+        t_end = time.time() + a.seconds
         while time.time() < t_end:
             i0 = struct.unpack("Q", os.read(fd, 8))[0] if fd is not None else 0
             s0, w0, c0 = steal_ticks(), time.perf_counter(), time.thread_time()
@@ -72,8 +67,6 @@ def main():
             w1, c1, s1 = time.perf_counter(), time.thread_time(), steal_ticks()
             i1 = struct.unpack("Q", os.read(fd, 8))[0] if fd is not None else 0
             rows.append((w1 - w0, c1 - c0, s1 - s0, i1 - i0))
-    finally:
-        stop.set()
     wall = [r[0] for r in rows]
     cpu = [r[1] for r in rows]
     q = statistics.quantiles(wall, n=20)

@@ -61,13 +61,14 @@ def main() -> int:
            *server(a.port)]
     log = open(Path(a.out).with_suffix(".server.log"), "w")
     procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
-    proc = procs[0]
+    logs = [log]
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(cmd), "rounds": []}
     plain_url = f"http://127.0.0.1:{a.port + 1}"
     if a.beside_plain:
         res["plain_command"] = " ".join(server(a.port + 1))
-        plog = open(Path(a.out).with_suffix(".plain.log"), "w")
-        procs.append(subprocess.Popen(server(a.port + 1), stdout=plog, stderr=subprocess.STDOUT, start_new_session=True))
+        logs.append(open(Path(a.out).with_suffix(".plain.log"), "w"))
+        procs.append(subprocess.Popen(server(a.port + 1), stdout=logs[-1], stderr=subprocess.STDOUT,
+                                      start_new_session=True))
     try:
         for u, p in zip((url, plain_url), procs):
             if wait_health(u, p, 300) is None:
@@ -111,7 +112,8 @@ def main() -> int:
                     p.wait(60)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
-        log.close()
+        for f in logs:
+            f.close()
         Path(a.out).write_text(json.dumps(res, indent=1, default=str))
 
 
