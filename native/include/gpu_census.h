@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define GC_MAGIC            0x53534e4355504743ULL /* "CGPUCNSS" read as little-endian bytes */
-#define GC_LAYOUT_VERSION   3u
+#define GC_LAYOUT_VERSION   4u
 #define GC_MAX_DEVICES      16u
 #define GC_WINDOW_SLOTS     2048u                 /* power of two */
 #define GC_WINDOW_NS        20000000ull           /* 20 ms buckets: 2048 of them hold ~41 s */
@@ -67,7 +67,13 @@ enum gc_kernels {
     GC_KERNELS_ALL = 0,      /* every kernel traced */
     GC_KERNELS_SAMPLED = 1,  /* kernels launched during the first kernel_on_ms of every
                                 kernel_period_ms (schedule from kernel_origin_gpu_ns) traced */
-    GC_KERNELS_OFF = 2       /* no kernel records: kernel counts, time and busy stay 0 */
+    GC_KERNELS_OFF = 2,      /* no kernel records: kernel counts, time and busy stay 0 */
+    GC_KERNELS_COUNTED = 3   /* the default: every kernel counted exactly, eager launches through the
+                                driver's launch callbacks (eager_launches), graph launches from their
+                                contents; kernel records, CUPTI's costly part, only on the SAMPLED
+                                schedule (eager_traced, eager_traced_ns); graph spans always. Kernel
+                                time of eager work is then estimated (a ratio of the sample); busy
+                                covers the traced phases, as with SAMPLED */
 };
 
 /* Flags, cumulative. */
@@ -108,7 +114,13 @@ typedef struct gc_device {
     gc_stat  memset;
     gc_stat  peer_recv;               /* peer copies received from other devices */
     uint64_t graph_kernel_count;      /* of kernel_count: kernels counted from graph launches' contents */
-    uint64_t reserved[2];
+    /* Eager (non-graph) kernels. COUNTED: kernel_count = eager_launches + graph_kernel_count (exact), and
+     * kernel_ns = graph spans + the durations of the eager_traced records. ALL and SAMPLED: kernel_count
+     * counts records; eager_launches is counted only by a census that started COUNTED. */
+    uint64_t eager_launches;          /* launches the driver's launch callbacks counted */
+    uint64_t eager_traced;            /* eager kernel records tallied (those in kernel_count unless COUNTED) */
+    uint64_t eager_traced_ns;         /* their summed durations (part of kernel_ns) */
+    uint64_t reserved[1];
 } gc_device;
 
 /* One time bucket: everything that *started* in [index*GC_WINDOW_NS, (index+1)*GC_WINDOW_NS).
@@ -119,7 +131,11 @@ typedef struct gc_window {
     uint64_t kernel_ns;
     gc_stat  copy[GC_NDIR];
     gc_stat  memset;
-    uint64_t device_mask;       /* bit d set when device d had activity */
+    uint64_t eager_launches;    /* as in gc_device; placed by launch time (the CPU's clock mapped onto
+                                   CUPTI's), not by the kernel's start on the GPU */
+    uint64_t eager_traced;
+    uint64_t eager_traced_ns;
+    uint64_t device_mask;       /* bit d set when device d had activity (last: readers rely on it) */
 } gc_window;
 
 /* GPU work launched between gc_step_begin(id) and gc_step_end() on one thread. */
@@ -131,7 +147,10 @@ typedef struct gc_step {
     uint64_t last_ns;
     gc_stat  copy[GC_NDIR];
     gc_stat  memset;
-    uint64_t device_mask;
+    uint64_t eager_launches;    /* as in gc_device: launched between begin and end (deposited at end) */
+    uint64_t eager_traced;
+    uint64_t eager_traced_ns;
+    uint64_t device_mask;       /* (last: readers rely on it) */
 } gc_step;
 
 typedef struct gc_segment {
@@ -188,7 +207,9 @@ typedef struct gc_segment {
                                  * counting (the poll interval plus CUPTI's set-up); 0 for cuinit */
     uint32_t attach_mode;       /* enum gc_attach */
     uint32_t contexts_late;     /* contexts created after the census attached (their graphs pay the cost) */
-    uint64_t reserved[3];
+    uint64_t launches_lost;     /* COUNTED: launches counted but not placed (device unknown, a step's count
+                                   overwritten before it was folded); in no total */
+    uint64_t reserved[2];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];
@@ -244,6 +265,12 @@ void gc_tally_record(gc_tally *t, const void *record);
  * (NULL: not known; only the span counts). gc_tally_record does this with the contents graphs.c
  * learned for the record's correlation id. */
 void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *contents);
+/* COUNTED: `n` eager kernel launches the launch callbacks counted, folded in by the injector under its
+ * lock: on device `dev`; in the window holding CUPTI time `gpu_ns`; under step `id` (its device `dev`).
+ * Each adds to eager_launches, and to kernel_count while the segment's kernel_mode is COUNTED. */
+void gc_tally_launches_device(gc_tally *t, uint32_t dev, uint64_t n);
+void gc_tally_launches_window(gc_tally *t, uint64_t gpu_ns, uint64_t n);
+void gc_tally_launches_step(gc_tally *t, uint64_t id, uint32_t dev, uint64_t n);
 /* Fold private state (busy union) into the segment. Call inside a seq-odd section.
  * final != 0 commits every open interval (at exit: nothing more will arrive). */
 void gc_tally_publish(gc_tally *t, int final);

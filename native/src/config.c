@@ -45,12 +45,40 @@ static int env_choice(const char *name, const char *const *choices, int n)
     return 0;
 }
 
-/* A kernel tracing setting: all, off, or ON_MS/PERIOD_MS with both multiples of the 20 ms window and
- * 0 < ON_MS < PERIOD_MS <= 1 h. 0 and the mode (and schedule) set, or -1. Used for
+/* The default: every kernel counted, kernel records for 100 ms of every second. */
+#define COUNTED_ON_MS 100u
+#define COUNTED_PERIOD_MS 1000u
+
+/* ON_MS/PERIOD_MS, both multiples of the 20 ms window, 0 < ON_MS < PERIOD_MS <= 1 h: 0, or -1. */
+static int parse_schedule(const char *v, uint32_t *on_ms, uint32_t *period_ms)
+{
+    const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
+    char *end;
+    unsigned long on = strtoul(v, &end, 10), period = 0;
+    if (end == v) return -1;
+    if (*end == '/') {
+        char *p = end + 1;
+        period = strtoul(p, &end, 10);
+        if (end == p) period = 0;
+    }
+    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) return -1;
+    *on_ms = (uint32_t)on;
+    *period_ms = (uint32_t)period;
+    return 0;
+}
+
+/* A kernel tracing setting: counted (the default, also for an empty value), counted:ON_MS/PERIOD_MS,
+ * all, off, or ON_MS/PERIOD_MS (sampled). 0 and the mode (and schedule) set, or -1. Used for
  * OTEL_GPU_CENSUS_KERNELS and for the control file's kernels= word. */
 int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *period_ms)
 {
-    if (!v || !*v || strcmp(v, "all") == 0) {
+    if (!v || !*v || strcmp(v, "counted") == 0) {
+        *mode = GC_KERNELS_COUNTED;
+        *on_ms = COUNTED_ON_MS;
+        *period_ms = COUNTED_PERIOD_MS;
+        return 0;
+    }
+    if (strcmp(v, "all") == 0) {
         *mode = GC_KERNELS_ALL;
         return 0;
     }
@@ -58,31 +86,27 @@ int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *p
         *mode = GC_KERNELS_OFF;
         return 0;
     }
-    const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
-    char *end;
-    unsigned long on = strtoul(v, &end, 10), period = 0;
-    if (end != v && *end == '/') {
-        char *p = end + 1;
-        period = strtoul(p, &end, 10);
-        if (end == p) period = 0;
+    if (strncmp(v, "counted:", 8) == 0) {
+        if (parse_schedule(v + 8, on_ms, period_ms) != 0) return -1;
+        *mode = GC_KERNELS_COUNTED;
+        return 0;
     }
-    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) return -1;
+    if (parse_schedule(v, on_ms, period_ms) != 0) return -1;
     *mode = GC_KERNELS_SAMPLED;
-    *on_ms = (uint32_t)on;
-    *period_ms = (uint32_t)period;
     return 0;
 }
 
-/* OTEL_GPU_CENSUS_KERNELS: all (default), off, or ON_MS/PERIOD_MS. Anything else: one line, and all
- * kernels. */
+/* OTEL_GPU_CENSUS_KERNELS. Anything unknown: one line, and the default. */
 static void parse_kernels(struct gc_config *c)
 {
     const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
-    c->kernel_mode = GC_KERNELS_ALL;
+    c->kernels_named = v && *v;
     if (gc_parse_kernels(v, &c->kernel_mode, &c->kernel_on_ms, &c->kernel_period_ms) != 0) {
-        c->kernel_mode = GC_KERNELS_ALL;
-        gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected all, off or ON_MS/PERIOD_MS, multiples of "
-               "%u ms, ON_MS < PERIOD_MS); tracing all kernels", v, (unsigned)(GC_WINDOW_NS / 1000000ull));
+        gc_parse_kernels(NULL, &c->kernel_mode, &c->kernel_on_ms, &c->kernel_period_ms);
+        c->kernels_named = 0;
+        gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected counted, counted:ON_MS/PERIOD_MS, all, off or "
+               "ON_MS/PERIOD_MS, multiples of %u ms, ON_MS < PERIOD_MS); counting every kernel, records %u ms of "
+               "every %u ms", v, (unsigned)(GC_WINDOW_NS / 1000000ull), COUNTED_ON_MS, COUNTED_PERIOD_MS);
     }
 }
 

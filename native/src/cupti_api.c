@@ -37,6 +37,7 @@ static struct {
     CUptiResult (*dropped_v2)(CUpti_SubscriberHandle, CUcontext, uint32_t, size_t *);
     CUptiResult (*flush_all)(uint32_t);
     CUptiResult (*flush_period)(uint32_t);
+    CUptiResult (*device_id)(CUcontext, uint32_t *);
 } cu;
 
 /* The v2 buffer callbacks carry extra info we do not need: adapt them to the v1 shapes. */
@@ -98,6 +99,7 @@ int gc_cupti_load(const char *path)
     RESOLVE(dropped_v2, "cuptiActivityGetNumDroppedRecords_v2");
     RESOLVE(flush_all, "cuptiActivityFlushAll");
     RESOLVE(flush_period, "cuptiActivityFlushPeriod");
+    RESOLVE(device_id, "cuptiGetDeviceId");
     if (!cu.register_cb || !cu.enable || !cu.disable || !cu.next_record || !cu.dropped || !cu.flush_all ||
         !cu.flush_period) {
         gc_log("census off: the loaded libcupti lacks the activity API");
@@ -279,4 +281,9 @@ int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid)
              cu.enable_callback(1, cu.sub, CUPTI_CB_DOMAIN_RESOURCE, cbid) == CUPTI_SUCCESS;
     pthread_mutex_unlock(&g_cb_mu);
     return ok ? 0 : -1;
+}
+
+CUptiResult gc_cupti_device_of(CUcontext ctx, uint32_t *dev)
+{
+    return cu.device_id ? cu.device_id(ctx, dev) : CUPTI_ERROR_NOT_INITIALIZED;
 }

@@ -37,6 +37,8 @@ void gc_cupti_set_api_callback(CUpti_CallbackFunc cb);
  * so every CUPTI 13.x works). Under v1 the first enabling takes CUPTI's one subscriber slot for good.
  * Returns how many were enabled, or -1 when no callback can be had (a log line begins with `who`). */
 int gc_cupti_enable_api(const char *who, int (*want)(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name));
+/* The device of a context (cuptiGetDeviceId). */
+CUptiResult gc_cupti_device_of(CUcontext ctx, uint32_t *dev);
 /* Enable one resource callback (CUPTI_CBID_RESOURCE_*); 0 on success. */
 int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid);
 

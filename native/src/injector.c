@@ -85,6 +85,9 @@ static struct {
     int finish;                       /* census=finish: the final flush, by the flusher, now */
 } g_ctl;
 
+/* Modes whose kernel records follow the ON_MS/PERIOD_MS schedule. */
+static int has_schedule(uint32_t mode) { return mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED; }
+
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
@@ -222,6 +225,7 @@ static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t
         seg->buffers++;
         count_losses(seg, ctx, stream);
         fill_uuids(seg);
+        gc_launches_fold(g_tally, seg, mono_ns());
         gc_tally_publish(g_tally, 0);
         gc_segment_end_update(seg);
     }
@@ -280,6 +284,21 @@ static void sleep_until(uint64_t mono)
 static void control_poll(uint64_t mono);
 static int finish(int at_exit);
 
+/* Launches counted since the last fold into the segment (made now if they are the first thing to
+ * count), at every wake of the flusher: far more often than the window ring's 41 s. */
+static void fold_launches(uint64_t mono)
+{
+    if (atomic_load(&g_state) != ACTIVE || (!g_seg && !gc_launches_pending())) return;
+    pthread_mutex_lock(&g_mu);
+    gc_segment *seg = atomic_load(&g_state) == ACTIVE ? segment() : NULL;
+    if (seg) {
+        gc_segment_begin_update(seg);
+        gc_launches_fold(g_tally, seg, mono);
+        gc_segment_end_update(seg);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
 /* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */
 static uint64_t g_next_phase = UINT64_MAX;
 
@@ -291,7 +310,7 @@ static void *flusher(void *arg)
     if (atomic_load(&g_state) == WAITING && wait_and_attach() != 0) return NULL;
     const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
     uint64_t next_flush = mono_ns() + period;
-    if (g_ks.mode == GC_KERNELS_SAMPLED) g_next_phase = kernel_phase(mono_ns());
+    if (has_schedule(g_ks.mode)) g_next_phase = kernel_phase(mono_ns());
     for (;;) {
         sleep_until(g_next_phase < next_flush ? g_next_phase : next_flush);
         if (getpid() != g_pid) break;
@@ -304,7 +323,8 @@ static void *flusher(void *arg)
         atomic_store(&g_flusher_busy, 1);
         uint64_t now = mono_ns();
         if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
-            g_next_phase = g_ks.mode == GC_KERNELS_SAMPLED ? kernel_phase(now) : UINT64_MAX;
+            g_next_phase = has_schedule(g_ks.mode) ? kernel_phase(now) : UINT64_MAX;
+        fold_launches(now);
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
             if (g_cfg.start_paused && !g_seg) { /* started paused: a segment (and so a control file) now */
@@ -393,6 +413,7 @@ static int finish(int at_exit)
     pthread_mutex_lock(&g_mu);
     if (g_seg) {
         gc_segment_begin_update(g_seg);
+        gc_launches_fold(g_tally, g_seg, mono_ns());
         gc_tally_publish(g_tally, 1);
         g_seg->complete_wall_ns = t;
         publish_kernels(g_seg, mono_ns());
@@ -416,6 +437,7 @@ static void at_fork_child(void)
     /* CUDA is unusable in a child forked after init and CUPTI's threads did not come along.
      * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
     atomic_store(&g_state, OFF);
+    gc_launches_set_counting(0);
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_mu = fresh; /* the parent's CUPTI thread may have held it at fork time */
     if (g_seg) munmap(g_seg, sizeof(*g_seg));
@@ -525,6 +547,7 @@ static void control_poll(uint64_t mono)
             g_graph_mode = graphs;
     }
     if (pause != g_ctl.paused) {
+        gc_launches_set_counting(!pause);
         if (pause) {
             disable_kinds();
             note_tracing(0, mono);
@@ -533,7 +556,7 @@ static void control_poll(uint64_t mono)
             enable_kinds(); /* the kernel kind too, where it is in force: a schedule takes it off */
             note_tracing(kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0, mono);
             g_ctl.paused_ns += mono - g_ctl.paused_since;
-            if (g_ks.mode == GC_KERNELS_SAMPLED) g_next_phase = mono;
+            if (has_schedule(g_ks.mode)) g_next_phase = mono;
         }
         g_ctl.paused = pause;
     }
@@ -545,12 +568,17 @@ static void control_poll(uint64_t mono)
  * in g_kinds whenever the mode is not off (a schedule switches it itself). */
 static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono)
 {
-    if (mode == g_ks.mode && (mode != GC_KERNELS_SAMPLED || (on_ms == g_ks.on_ms && period_ms == g_ks.period_ms)))
+    if (mode == g_ks.mode && (!has_schedule(mode) || (on_ms == g_ks.on_ms && period_ms == g_ks.period_ms)))
         return;
-    if (mode == GC_KERNELS_SAMPLED && !g_ks.origin_gpu) {
+    if (has_schedule(mode) && !g_ks.origin_gpu) {
         gc_log("control file: ignoring kernels=%u/%u (no CUPTI clock to place the schedule on)", on_ms, period_ms);
         return;
     }
+    if (mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono) != 0) {
+        gc_log("control file: ignoring kernels=counted (CUPTI gave no launch callbacks)");
+        return;
+    }
+    if (mode == GC_KERNELS_COUNTED) gc_launches_set_counting(!g_ctl.paused);
     if (mode == GC_KERNELS_OFF) {
         drop_kind(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
         note_tracing(0, mono);
@@ -562,11 +590,11 @@ static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uin
         note_tracing(!g_ctl.paused, mono);
     }
     g_ks.mode = mode;
-    if (mode == GC_KERNELS_SAMPLED) {
+    if (has_schedule(mode)) {
         g_ks.on_ms = on_ms;
         g_ks.period_ms = period_ms;
     }
-    g_next_phase = mode == GC_KERNELS_SAMPLED ? mono : UINT64_MAX;
+    g_next_phase = has_schedule(mode) ? mono : UINT64_MAX;
     if (g_seg) {
         gc_segment_begin_update(g_seg);
         publish_kernels(g_seg, mono);
@@ -584,6 +612,7 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
         return;
     }
     gc_graphs_callback(dom, cbid, data);
+    gc_launches_callback(dom, cbid, data);
     gc_steps_callback(dom, data);
 }
 
@@ -652,11 +681,17 @@ static int start(void)
     uint64_t m1 = mono_ns();
     /* The schedule starts now, with kernels on (enabled above). Without a CUPTI clock, sampling
      * cannot be placed on the records' time line: trace every kernel instead. */
-    if (g_ks.mode == GC_KERNELS_SAMPLED && !ts) {
+    if (has_schedule(g_ks.mode) && !ts) {
         gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp (%s); tracing all kernels", gc_cupti_error(tr));
         g_ks.mode = GC_KERNELS_ALL;
     }
     g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
+    /* Counting needs the launch callbacks (under the v1 API they take CUPTI's one subscriber slot).
+     * Without them every kernel is traced: exact, at the old cost; a line when the mode was asked for. */
+    if (g_ks.mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono) != 0) {
+        if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: no launch callbacks; tracing all kernels");
+        g_ks.mode = GC_KERNELS_ALL;
+    }
     g_ks.origin_gpu = ts;
     g_ks.tracing = g_ks.mode != GC_KERNELS_OFF;
     g_ks.on_since = m1;
@@ -664,6 +699,7 @@ static int start(void)
      * runs in cuInit, or at the attach); off now, until census=on. The
      * segment is made by the flusher's first round (control_poll needs its name), not by a record. */
     if (g_cfg.start_paused) {
+        gc_launches_set_counting(0);
         disable_kinds();
         note_tracing(0, m1);
         g_ctl.paused = 1;
@@ -772,10 +808,11 @@ int InitializeInjection(void)
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {
         gc_cupti_flush_period(g_cfg.flush_ms);
-        if (g_ks.mode == GC_KERNELS_SAMPLED) { /* nobody to switch kernels off: trace them all */
-            gc_log("no flusher thread: tracing all kernels instead of OTEL_GPU_CENSUS_KERNELS=%u/%u",
-                   g_ks.on_ms, g_ks.period_ms);
+        if (has_schedule(g_ks.mode)) { /* nobody to switch kernels off or fold counts: trace them all */
+            gc_log("no flusher thread: tracing all kernels instead of OTEL_GPU_CENSUS_KERNELS=%s%u/%u",
+                   g_ks.mode == GC_KERNELS_COUNTED ? "counted:" : "", g_ks.on_ms, g_ks.period_ms);
             g_ks.mode = GC_KERNELS_ALL;
+            gc_launches_set_counting(0);
         }
     }
     return 1;
@@ -805,7 +842,9 @@ int gc_step_end(uint64_t *id)
 int gc_flush(void)
 {
     if (!gc_active()) return -1;
-    return gc_cupti_flush_all(0) == CUPTI_SUCCESS ? 0 : -1;
+    if (gc_cupti_flush_all(0) != CUPTI_SUCCESS) return -1;
+    fold_launches(mono_ns());
+    return 0;
 }
 
 int gc_finish(void) { return finish(0); }

@@ -30,6 +30,7 @@ struct gc_config {
     int max_buffers;            /* OTEL_GPU_CENSUS_MAX_BUFFERS */
     uint32_t flush_ms;          /* OTEL_GPU_CENSUS_FLUSH_MS */
     uint32_t kernel_mode, kernel_on_ms, kernel_period_ms;   /* OTEL_GPU_CENSUS_KERNELS */
+    int kernels_named;          /* OTEL_GPU_CENSUS_KERNELS was set: say so when counting cannot be had */
     uint32_t graph_mode;        /* OTEL_GPU_CENSUS_GRAPHS: enum gc_graphs (launch unless node) */
     int graph_named;            /* OTEL_GPU_CENSUS_GRAPHS was set: say so when it cannot be had */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
@@ -55,6 +56,15 @@ int gc_steps_pop(uint64_t *id);
 uint64_t gc_steps_lookup(uint32_t corr);    /* 0: not launched inside a step (or forgotten) */
 int gc_steps_in_use(void);
 void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
+
+/* launches.c: eager kernel launches counted by callbacks (KERNELS=counted); the fold needs the writer's lock. */
+int gc_launches_start(int64_t gpu_minus_mono);  /* launch callbacks on; 0 when launches are counted */
+void gc_launches_set_counting(int on);          /* off while the census is paused, or in a forked child */
+void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
+uint64_t gc_launches_thread(void);              /* launches this thread made (steps.c marks steps by it) */
+void gc_launches_step_done(uint64_t id, uint64_t n);
+int gc_launches_pending(void);                  /* launches counted that no fold took yet */
+void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
 
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
 void gc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

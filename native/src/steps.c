@@ -31,6 +31,9 @@ static _Atomic(_Atomic uint64_t *) g_map;
 static __thread uint32_t t_stack[GC_STEP_DEPTH];
 static __thread uint32_t t_depth;
 static __thread uint32_t t_top;        /* t_stack[t_depth - 1], or 0: what the callback reads */
+/* Eager launches per step (KERNELS=counted): the thread's launch count when the innermost step last
+ * resumed, and what each step on the stack had before a nested one began. Work is the innermost's. */
+static __thread uint64_t t_mark, t_acc[GC_STEP_DEPTH];
 
 /* The API calls that put work on the GPU, by name prefix. Graph-node setters (cudaGraphAddMemcpyNode…)
  * do not match: they launch nothing. */
@@ -83,6 +86,10 @@ int gc_steps_start(void)
 int gc_steps_push(uint64_t id)
 {
     if (id == 0 || id > UINT32_MAX || t_depth >= GC_STEP_DEPTH) return -1;
+    uint64_t now = gc_launches_thread();
+    if (t_depth) t_acc[t_depth - 1] += now - t_mark;
+    t_mark = now;
+    t_acc[t_depth] = 0;
     t_stack[t_depth++] = (uint32_t)id;
     t_top = (uint32_t)id;
     return 0;
@@ -91,6 +98,9 @@ int gc_steps_push(uint64_t id)
 int gc_steps_pop(uint64_t *id)
 {
     if (t_depth == 0) return -1;
+    uint64_t now = gc_launches_thread();
+    gc_launches_step_done(t_stack[t_depth - 1], t_acc[t_depth - 1] + (now - t_mark));
+    t_mark = now;
     uint32_t last = t_stack[--t_depth];
     t_top = t_depth ? t_stack[t_depth - 1] : 0;
     if (id) *id = last;

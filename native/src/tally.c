@@ -169,7 +169,11 @@ static gc_window *window_slot(gc_tally *t, uint64_t idx)
     return w;
 }
 
-enum what { W_KERNEL, W_COPY, W_MEMSET };
+/* W_EAGER: an eager kernel's record (a W_KERNEL that also fills eager_traced; under COUNTED its count
+ * came from the launch callbacks already). */
+enum what { W_KERNEL, W_COPY, W_MEMSET, W_EAGER };
+
+static int counted(const gc_tally *t) { return t->seg->kernel_mode == GC_KERNELS_COUNTED; }
 
 /* `n` pieces of work (a graph launch's kernels or copies of one kind) that began at s; the time from
  * s to e is split over the buckets it spans. */
@@ -190,6 +194,12 @@ static void window_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint6
     if (e > (idx + 1) * GC_WINDOW_NS) first_ns = (idx + 1) * GC_WINDOW_NS - s;
     switch (what) {
     case W_KERNEL: w->kernel_count += n; w->kernel_ns += first_ns; break;
+    case W_EAGER:
+        if (!counted(t)) w->kernel_count += n;
+        w->kernel_ns += first_ns;
+        w->eager_traced += n;
+        w->eager_traced_ns += first_ns;
+        break;
     case W_COPY: stat_add_n(&w->copy[dir], n, bytes, first_ns); break;
     case W_MEMSET: stat_add_n(&w->memset, n, bytes, first_ns); break;
     }
@@ -203,19 +213,16 @@ static void window_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint6
         x->device_mask |= 1ull << (dev & 63);
         switch (what) {
         case W_KERNEL: x->kernel_ns += part; break;
+        case W_EAGER: x->kernel_ns += part; x->eager_traced_ns += part; break;
         case W_COPY: x->copy[dir].ns += part; break;
         case W_MEMSET: x->memset.ns += part; break;
         }
     }
 }
 
-/* The step that launched correlation id `corr`: from an EXTERNAL_CORRELATION record (a CUPTI that
- * emits them, or a test), else from the launch table the API callbacks fill (steps.c). */
-static gc_step *step_for(gc_tally *t, uint32_t corr)
+/* Step `id`'s slot, reset if it held an older step; NULL when a newer step holds it already. */
+static gc_step *step_slot(gc_tally *t, uint64_t id)
 {
-    struct corr_entry *c = &t->corr[corr & (GC_CORR_SLOTS - 1)];
-    uint64_t id = c->valid && c->corr == corr ? c->ext : gc_steps_lookup(corr);
-    if (!id) return NULL;
     if (id > t->seg->step_max) t->seg->step_max = id;
     gc_step *st = &t->seg->steps[id & (GC_STEP_SLOTS - 1)];
     if (st->id != id) {
@@ -227,6 +234,15 @@ static gc_step *step_for(gc_tally *t, uint32_t corr)
         st->id = id;
     }
     return st;
+}
+
+/* The step that launched correlation id `corr`: from an EXTERNAL_CORRELATION record (a CUPTI that
+ * emits them, or a test), else from the launch table the API callbacks fill (steps.c). */
+static gc_step *step_for(gc_tally *t, uint32_t corr)
+{
+    struct corr_entry *c = &t->corr[corr & (GC_CORR_SLOTS - 1)];
+    uint64_t id = c->valid && c->corr == corr ? c->ext : gc_steps_lookup(corr);
+    return id ? step_slot(t, id) : NULL;
 }
 
 static void step_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint32_t corr,
@@ -243,6 +259,12 @@ static void step_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint32_
     if (e > st->last_ns) st->last_ns = e;
     switch (what) {
     case W_KERNEL: st->kernel_count += n; st->kernel_ns += dur(s, e); break;
+    case W_EAGER:
+        if (!counted(t)) st->kernel_count += n;
+        st->kernel_ns += dur(s, e);
+        st->eager_traced += n;
+        st->eager_traced_ns += dur(s, e);
+        break;
     case W_COPY: stat_add_n(&st->copy[dir], n, bytes, dur(s, e)); break;
     case W_MEMSET: stat_add_n(&st->memset, n, bytes, dur(s, e)); break;
     }
@@ -300,7 +322,8 @@ static int host_side(int dir, uint8_t src, uint8_t dst)
 static int outside_sample(const gc_segment *seg, uint64_t start)
 {
     if (seg->kernel_mode == GC_KERNELS_OFF) return 1;
-    if (seg->kernel_mode != GC_KERNELS_SAMPLED || !seg->kernel_period_ms) return 0;
+    if ((seg->kernel_mode != GC_KERNELS_SAMPLED && seg->kernel_mode != GC_KERNELS_COUNTED) || !seg->kernel_period_ms)
+        return 0;
     if (start < seg->kernel_origin_gpu_ns) return 1;
     uint64_t r = (start - seg->kernel_origin_gpu_ns) % ((uint64_t)seg->kernel_period_ms * 1000000ull);
     return r >= (uint64_t)seg->kernel_on_ms * 1000000ull + GC_WINDOW_NS;
@@ -311,12 +334,14 @@ static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
     if (outside_sample(t->seg, k->start)) { t->seg->kernel_outside++; return; }
     gc_device *d = device(t, k->deviceId);
     if (!d) { t->seg->records_unknown++; return; }
-    d->kernel_count++;
+    if (!counted(t)) d->kernel_count++;
     d->kernel_ns += dur(k->start, k->end);
+    d->eager_traced++;
+    d->eager_traced_ns += dur(k->start, k->end);
     seen(t, d, k->start, k->end);
     frontier_add(&t->fr[k->deviceId], k->start, k->end);
-    window_add(t, W_KERNEL, 0, k->deviceId, k->start, k->end, 1, 0);
-    step_add(t, W_KERNEL, 0, k->deviceId, k->correlationId, k->start, k->end, 1, 0);
+    window_add(t, W_EAGER, 0, k->deviceId, k->start, k->end, 1, 0);
+    step_add(t, W_EAGER, 0, k->deviceId, k->correlationId, k->start, k->end, 1, 0);
 }
 
 static void tally_copy(gc_tally *t, uint32_t dev, int dir, int mem, uint32_t corr,
@@ -393,11 +418,14 @@ void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_conte
         if (!c->kernels) return; /* a graph of copies alone: no kernel time */
     }
     uint64_t k = c ? c->kernels : 0;
-    if (outside_sample(t->seg, g->start)) { t->seg->kernel_outside += k; return; }
+    /* COUNTED: one record per launch costs next to nothing, so every graph launch counts, kernels and
+     * span; only busy keeps to the traced phases (its share is of traced time, as for eager kernels). */
+    int outside = outside_sample(t->seg, g->start);
+    if (outside && !counted(t)) { t->seg->kernel_outside += k; return; }
     d->kernel_count += k;
     d->graph_kernel_count += k;
     d->kernel_ns += dur(g->start, g->end);
-    frontier_add(&t->fr[g->deviceId], g->start, g->end);
+    if (!outside) frontier_add(&t->fr[g->deviceId], g->start, g->end);
     window_add(t, W_KERNEL, 0, g->deviceId, g->start, g->end, k, 0);
     step_add(t, W_KERNEL, 0, g->deviceId, g->correlationId, g->start, g->end, k, 0);
 }
@@ -433,6 +461,36 @@ void gc_tally_record(gc_tally *t, const void *record)
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: tally_external(t, record); break;
     default: t->seg->records_unknown++; break;
     }
+}
+
+/* Launches the callbacks counted (launches.c), folded in under the writer's lock. */
+void gc_tally_launches_device(gc_tally *t, uint32_t dev, uint64_t n)
+{
+    gc_device *d = device(t, dev);
+    if (!d) { t->seg->launches_lost += n; return; }
+    d->eager_launches += n;
+    if (counted(t)) d->kernel_count += n;
+}
+
+void gc_tally_launches_window(gc_tally *t, uint64_t gpu_ns, uint64_t n)
+{
+    gc_window *w = gpu_ns ? window_slot(t, gpu_ns / GC_WINDOW_NS) : NULL;
+    if (!w) { /* in the totals, not in a window */
+        t->seg->window_late++;
+        t->seg->flags |= GC_FLAG_RING_OVERRUN;
+        return;
+    }
+    w->eager_launches += n;
+    if (counted(t)) w->kernel_count += n;
+}
+
+void gc_tally_launches_step(gc_tally *t, uint64_t id, uint32_t dev, uint64_t n)
+{
+    gc_step *st = id && id <= UINT32_MAX ? step_slot(t, id) : NULL;
+    if (!st) { t->seg->launches_lost += n; return; }
+    st->device_mask |= 1ull << (dev & 63);
+    st->eager_launches += n;
+    if (counted(t)) st->kernel_count += n;
 }
 
 void gc_tally_publish(gc_tally *t, int final)

@@ -104,7 +104,10 @@ CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const ch
         {0, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000, "cudaGraphLaunch"},
         {0, CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, "cudaGraphAddMemcpyNode"},
         {0, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020, "cudaGetDevice"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_v10000, "cudaLaunchHostFunc"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, "cuLaunchKernelEx"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc, "cuLaunchHostFunc"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent, "cuCtxGetCurrent"},
     };
     int dom = cb_domain(d);
@@ -261,19 +264,44 @@ uint64_t mock_ext_top(void) { return g_ext_depth ? g_ext_stack[g_ext_depth - 1] 
 int mock_outstanding_max(void) { return g_outstanding_max; }
 int mock_callback_enabled(int dom, uint32_t cbid) { return dom >= 0 && dom < 2 && cbid < 4096 && g_cb_on[dom][cbid]; }
 
-/* An API call by the calling thread, as the driver reports it to a subscriber: 1 when a callback ran. */
-int mock_api_call(int dom, uint32_t cbid, uint32_t corr)
+/* The context API calls report (device d's is (CUcontext)(d + 1); 0: none) and what they return. */
+static __thread int t_api_device;
+static __thread int t_api_result;
+void mock_set_api_device(int dev_plus_one) { t_api_device = dev_plus_one; }
+void mock_set_api_result(int r) { t_api_result = r; }
+
+CUptiResult cuptiGetDeviceId(CUcontext ctx, uint32_t *dev)
+{
+    if (!ctx) return CUPTI_ERROR_INVALID_CONTEXT;
+    *dev = (uint32_t)((uintptr_t)ctx - 1);
+    return CUPTI_SUCCESS;
+}
+
+/* An API call by the calling thread, as the driver reports it to a subscriber: 1 when a callback ran.
+ * A runtime launch runs a driver launch inside it when inner_cbid is not 0 (reported if enabled). */
+static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
 {
     if (!mock_callback_enabled(dom, cbid) || !g_api_cb) return 0;
     CUpti_CallbackData data;
     memset(&data, 0, sizeof(data));
+    int result = t_api_result;
     data.correlationId = corr;
+    data.context = (CUcontext)(uintptr_t)t_api_device;
+    data.contextUid = (uint32_t)t_api_device;
+    data.functionReturnValue = &result;
     CUpti_CallbackDomain d = dom == 0 ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
     data.callbackSite = CUPTI_API_ENTER;
     g_api_cb(g_api_ud, d, cbid, &data);
+    if (inner_cbid) (void)api_call(1, inner_cbid, corr + 1, 0);
     data.callbackSite = CUPTI_API_EXIT;
     g_api_cb(g_api_ud, d, cbid, &data);
     return 1;
+}
+
+int mock_api_call(int dom, uint32_t cbid, uint32_t corr) { return api_call(dom, cbid, corr, 0); }
+int mock_api_call_nested(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
+{
+    return api_call(dom, cbid, corr, inner_cbid);
 }
 
 /* Ask for buffers without returning them, as CUPTI does when many threads launch at once. */

@@ -30,7 +30,8 @@ PRELUDE = textwrap.dedent("""
     mffi.cdef('''int mock_queue_record(const void *, uint32_t); void mock_set_dropped(size_t);
                 int mock_enabled(int); int mock_registered(void); uint64_t mock_ext_top(void);
                 int mock_hold_buffers(int); int mock_callback_enabled(int, uint32_t);
-                int mock_api_call(int, uint32_t, uint32_t);''')
+                int mock_api_call(int, uint32_t, uint32_t); int mock_api_call_nested(int, uint32_t, uint32_t, uint32_t);
+                void mock_set_api_device(int); void mock_set_api_result(int); int cuptiGetTimestamp(uint64_t *);''')
     mock = mffi.dlopen({mock!r})
     gffi = cffi.FFI()
     gffi.cdef('''int InitializeInjection(void); int gc_active(void); int gc_step_begin(uint64_t);
@@ -50,7 +51,8 @@ def run_case(native, mock_lib, tmp_path, body: str, env=None, expect_rc=0):
     census_dir = tmp_path / "census"
     e = dict(os.environ)
     e.update(OTEL_GPU_CENSUS_CUPTI=mock_lib, OTEL_GPU_CENSUS_DIR=str(census_dir),
-             OTEL_GPU_CENSUS_FLUSH_MS="60000")  # the flusher sleeps: the test decides when to flush
+             OTEL_GPU_CENSUS_FLUSH_MS="60000",  # the flusher sleeps: the test decides when to flush
+             OTEL_GPU_CENSUS_KERNELS="all")      # counts from records; counted launches have tests of their own
     e.pop("OTEL_GPU_CENSUS_DISABLED", None)
     e.update(env or {})
     script = PRELUDE.format(tests=str(ROOT / "tests" / "support"), mock=mock_lib, lib=native[2]) + textwrap.dedent(body) + \
@@ -391,13 +393,16 @@ def test_kernels_off_never_enables_the_kernel_kind(native, mock_lib, tmp_path, r
     assert p.devices[0].copies.get("dtoh").bytes == 4096 and p.devices[0].kernel_count == 0
 
 
-@pytest.mark.parametrize("value", ["30/100", "100/100", "0/100", "40", "40/", "a/b", "40/100x", "20/7200000"])
-def test_bad_kernel_settings_trace_all_kernels_with_one_line(native, mock_lib, tmp_path, records, value):
-    res, err, d = run_case(native, mock_lib, tmp_path, WATCH_PHASES.format(seconds=0.15),
+@pytest.mark.parametrize("value", ["30/100", "100/100", "0/100", "40", "40/", "a/b", "40/100x", "20/7200000",
+                                   "counted:", "counted:30/100", "counted:100", "Counted"])
+def test_bad_kernel_settings_take_the_default_with_one_line(native, mock_lib, tmp_path, records, value):
+    """The default: every kernel counted, kernel records for the first 100 ms of every second."""
+    res, err, d = run_case(native, mock_lib, tmp_path, WATCH_PHASES.format(seconds=0.3),
                            env={"OTEL_GPU_CENSUS_KERNELS": value})
-    assert {k for _, k, _ in res["samples"]} == {1}
+    on = [(t, k) for t, k, _ in res["samples"]]
+    assert on[0][1] == 1 and all(k == 0 for t, k in on if t > 0.15), on
     assert err.count("\n") == 1 and f"ignoring OTEL_GPU_CENSUS_KERNELS={value}" in err
-    assert read(native, next(d.glob("*.seg"))).kernels.name == "all"
+    assert read(native, next(d.glob("*.seg"))).kernels.name == "counted:100/1000"
 
 
 def test_control_file_pauses_and_resumes_a_running_census(native, mock_lib, tmp_path, records):
@@ -718,3 +723,142 @@ def test_a_bad_attach_setting_gets_a_line_and_the_default(native, mock_lib, mock
     """, env={"OTEL_GPU_CENSUS_ATTACH": "later", "OTEL_GPU_CENSUS_GRAPHS": "node"})
     assert res == {"init": 1, "now": 0, "active": 1}
     assert "ignoring OTEL_GPU_CENSUS_ATTACH=later (expected context or cuinit); using context" in err
+
+
+# ---- counted kernels (OTEL_GPU_CENSUS_KERNELS=counted, the default) ----
+
+COUNTED_CALLS = """
+        import threading, time
+        RT, DRV = 0, 1
+        RT_LAUNCH = rlib.CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
+        DRV_LAUNCH, DRV_LAUNCH_EX = rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx
+        HOST_FUNC = (rlib.CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_v10000, rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc)
+        def now():
+            t = mffi.new('uint64_t *')
+            mock.cuptiGetTimestamp(t)
+            return t[0]
+        def torch_launch(n=1):       # cudaLaunchKernel, with the driver's cuLaunchKernel inside it
+            for _ in range(n):
+                mock.mock_api_call_nested(RT, RT_LAUNCH, 1, DRV_LAUNCH)
+        mock.mock_set_api_device(1)  # device 0's context
+"""
+
+
+def test_counted_kernels_count_every_launch_once_and_sample_their_records(native, mock_lib, tmp_path, records):
+    """Every successful kernel launch counts once, whichever API it came through and whether the driver
+    reports the runtime's inner call; failed launches and host functions do not count; records give
+    time only. Windows hold the launches at the time they were made."""
+    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        t0 = now()
+        out['enabled'] = [mock.mock_callback_enabled(RT, RT_LAUNCH), mock.mock_callback_enabled(DRV, DRV_LAUNCH),
+                          mock.mock_callback_enabled(DRV, DRV_LAUNCH_EX), mock.mock_callback_enabled(RT, HOST_FUNC[0]),
+                          mock.mock_callback_enabled(DRV, HOST_FUNC[1])]
+        torch_launch(300)
+        for _ in range(200):             # a runtime launch whose driver call is not reported
+            mock.mock_api_call(RT, RT_LAUNCH, 1)
+        for _ in range(100):             # Triton: the driver API alone
+            mock.mock_api_call(DRV, DRV_LAUNCH_EX, 1)
+        mock.mock_api_call(RT, HOST_FUNC[0], 1); mock.mock_api_call(DRV, HOST_FUNC[1], 1)
+        mock.mock_set_api_result(1)      # failed launches put nothing on the GPU
+        torch_launch(5)
+        for _ in range(50):
+            mock.mock_api_call(DRV, DRV_LAUNCH, 1)
+        mock.mock_set_api_result(0)
+        mock.mock_set_api_device(3)      # device 2
+        for _ in range(7):
+            mock.mock_api_call(DRV, DRV_LAUNCH, 1)
+        mock.mock_set_api_device(0)      # no context: counted as lost, in no total
+        mock.mock_api_call(DRV, DRV_LAUNCH, 1)
+        for i in range(40):              # the records of the traced phase: durations
+            queue(cr.kernel(t0 + i * 1000, t0 + i * 1000 + 500), cr.KERNEL_T)
+        out['t'] = [t0, now()]
+        g.gc_flush()
+        out['path'] = path()
+    """, env={"OTEL_GPU_CENSUS_KERNELS": "counted:1000/2000"})
+    assert res["enabled"] == [1, 1, 1, 0, 0] and err == ""
+    p = read(native, res["path"])
+    d0, d2 = p.devices[0], p.devices[2]
+    assert p.kernels.mode == 3 and (p.kernels.on_ms, p.kernels.period_ms) == (1000, 2000)
+    assert (d0.kernel_count, d0.eager_launches, d0.eager_traced) == (600, 600, 40)
+    assert d0.kernel_ns == d0.eager_traced_ns == 40 * 500
+    assert (d2.kernel_count, d2.eager_launches, d2.eager_traced) == (7, 7, 0) and p.launches_lost == 1
+    assert sum(w.eager_launches for w in p.windows) == sum(w.kernel_count for w in p.windows) == 607
+    t0, t1 = res["t"]
+    placed = [w for w in p.windows if w.eager_launches]
+    assert placed and all(t0 - 20_000_000 <= w.start_ns <= t1 for w in placed), (t0, t1, [w.start_ns for w in placed])
+
+
+def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, tmp_path, records):
+    """A step's launches are those of its thread between begin and end, nested steps' not included;
+    another thread's step has its own."""
+    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        torch_launch(2)                  # before any step
+        g.gc_step_begin(42)
+        torch_launch(3)
+        g.gc_step_begin(43)
+        torch_launch(5)
+        g.gc_step_end(gffi.NULL)
+        torch_launch(1)                  # 42's again
+        def other():
+            mock.mock_set_api_device(2)  # this thread launches on device 1
+            g.gc_step_begin(7)
+            torch_launch(4)
+            g.gc_step_end(gffi.NULL)
+        th = threading.Thread(target=other); th.start(); th.join()
+        g.gc_step_end(gffi.NULL)
+        torch_launch(1)                  # after
+        g.gc_flush()
+        out['path'] = path()
+    """, env={"OTEL_GPU_CENSUS_KERNELS": "counted"})
+    p = read(native, res["path"])
+    got = {i: (s.eager_launches, s.kernel_count, s.device_mask) for i, s in p.steps.items()}
+    assert got == {42: (4, 4, 1), 43: (5, 5, 1), 7: (4, 4, 2)}, got
+    assert (p.devices[0].kernel_count, p.devices[1].kernel_count) == (12, 4) and err == ""
+
+
+def test_counted_kernels_count_nothing_while_paused(native, mock_lib, tmp_path, records):
+    """Started paused, nothing counts; census=on counts from then on; census=off stops it again."""
+    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+        from otel_gpu_census.census.reader import read_segment
+        g.InitializeInjection()
+        torch_launch(10)
+        for _ in range(300):             # the flusher makes the segment (and so the control file's name)
+            if path():
+                break
+            time.sleep(0.01)
+        ctl = path()[:-4] + '.control'
+        def switch(text, paused):
+            open(ctl, 'w').write(text)
+            for _ in range(300):
+                if read_segment(path(), detail=False).graphs.paused == paused:
+                    return True
+                time.sleep(0.01)
+        out['on'] = switch('census=on\\n', False)
+        torch_launch(3)
+        out['off'] = switch('census=off\\n', True)
+        torch_launch(20)
+        g.gc_finish()
+    """, env={"OTEL_GPU_CENSUS_START": "paused", "OTEL_GPU_CENSUS_FLUSH_MS": "20", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    assert res["on"] and res["off"] and err == ""
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].kernel_count == p.devices[0].eager_launches == 3
+
+
+def test_counted_kernels_without_callbacks_trace_every_kernel(native, mock_lib, tmp_path, records):
+    """Under the v1 API another tool may hold CUPTI's one callback slot: then every kernel is traced (exact,
+    at the old cost) with one line."""
+    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        t0 = now()
+        torch_launch(3)
+        for i in range(3):
+            queue(cr.kernel(t0 + i, t0 + i + 1), cr.KERNEL_T)
+        g.gc_flush()
+        out['kernels_on'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    """, env={"MOCK_CUPTI_SLOT_TAKEN": "1", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    p = read(native, next(d.glob("*.seg")))
+    assert p.kernels.name == "all" and p.devices[0].kernel_count == 3 and res["kernels_on"] == 1
+    assert err.count("\n") == 2 and "launches not counted: cannot subscribe" in err
+    assert "OTEL_GPU_CENSUS_KERNELS=counted: no launch callbacks; tracing all kernels" in err

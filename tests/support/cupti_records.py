@@ -58,10 +58,12 @@ typedef enum {{
 typedef enum {{
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
     CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020, ...
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_v10000, ...
 }} CUpti_runtime_api_trace_cbid;
 typedef enum {{
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent, ...
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc, ...
 }} CUpti_driver_api_trace_cbid;
 typedef struct {{ CUpti_ActivityKind kind; ...; }} CUpti_Activity;
 typedef struct {{

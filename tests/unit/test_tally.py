@@ -310,7 +310,7 @@ def test_segment_identity(native):
     seg = ffi.new("gc_segment *")
     lib.gc_segment_init(seg, b"llama-server", 0, 12345)
     import os
-    assert seg.magic == 0x53534E4355504743 and seg.layout_version == 3
+    assert seg.magic == 0x53534E4355504743 and seg.layout_version == 4
     assert seg.segment_size == ffi.sizeof("gc_segment") and seg.pid == os.getpid() and seg.ppid == os.getppid()
     assert ffi.string(seg.comm) == b"llama-server" and seg.clock_ref_gpu_ns == 12345
     assert seg.state == 1 and seg.window_ns_div == W // 1000
@@ -354,3 +354,68 @@ def test_sampled_kernels_leave_graph_copies_exact(census, records):
     d = seg.devices[0]
     assert (d.kernel_count, d.kernel_ns, seg.kernel_outside) == (10, 1_000_000, 10)
     assert (d.copy[DIR["dtoh"]][MEM["pinned"]].count, d.copy[DIR["dtoh"]][MEM["pinned"]].bytes) == (2, 154)
+
+
+def counted(seg):
+    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = 3, 100, 1000, T0
+
+
+def test_counted_kernels_take_counts_from_launches_and_time_from_the_sample(census, records):
+    """COUNTED: the launch callbacks' counts are the kernel counts (device, window, step); an eager
+    kernel's record adds its time and the sample (eager_traced), never a second count; records outside
+    the traced phases are counted apart as in SAMPLED."""
+    seg, t, lib, _ = census
+    counted(seg)
+    MS = 1_000_000
+    lib.gc_segment_begin_update(seg)
+    lib.gc_tally_launches_device(t, 0, 500)
+    lib.gc_tally_launches_window(t, T0 + 5 * MS, 300)
+    lib.gc_tally_launches_window(t, T0 + 500 * MS, 200)
+    lib.gc_tally_launches_step(t, 9, 0, 120)
+    lib.gc_segment_end_update(seg)
+    traced = [T0 + i * 1000 for i in range(30)]
+    feed(census, *[records.kernel(s, s + 400, corr=i + 1) for i, s in enumerate(traced)],
+         records.kernel(T0 + 500 * MS, T0 + 500 * MS + 400))          # outside: launched while off
+    d = seg.devices[0]
+    assert (d.kernel_count, d.eager_launches, d.eager_traced) == (500, 500, 30)
+    assert d.kernel_ns == d.eager_traced_ns == d.busy_ns == 30 * 400 and seg.kernel_outside == 1
+    w = {seg.windows[i].index: seg.windows[i] for i in range(2048) if seg.windows[i].index}
+    first, later = w[T0 // W], w[(T0 + 500 * MS) // W]
+    assert (first.kernel_count, first.eager_launches, first.eager_traced, first.eager_traced_ns) == (300, 300, 30, 12_000)
+    assert (later.kernel_count, later.eager_launches, later.eager_traced) == (200, 200, 0)
+    s = seg.steps[9]
+    assert (s.id, s.kernel_count, s.eager_launches, s.device_mask) == (9, 120, 120, 1)
+
+
+def test_counted_kernels_count_every_graph_launch_and_keep_busy_to_the_traced_phases(census, records):
+    """A GRAPH_TRACE record costs next to nothing: under COUNTED every launch counts (kernels, span),
+    traced phase or not; busy, a share of traced time, takes only those inside the phases."""
+    seg, _, _, ffi = census
+    counted(seg)
+    c = contents(ffi, kernels=10, copies=[("dtoh", "pinned", 77)])
+    launch(census, records.graph_trace(T0 + 10 * 1_000_000, T0 + 11 * 1_000_000, corr=1), c)    # traced
+    launch(census, records.graph_trace(T0 + 500 * 1_000_000, T0 + 501 * 1_000_000, corr=2), c)  # not
+    d = seg.devices[0]
+    assert (d.kernel_count, d.graph_kernel_count, d.kernel_ns, seg.kernel_outside) == (20, 20, 2_000_000, 0)
+    assert d.busy_ns == 1_000_000 and d.eager_traced == d.eager_launches == 0
+
+
+def test_launches_of_no_device_or_a_reused_step_slot_are_lost_not_misplaced(census, records):
+    seg, t, lib, _ = census
+    counted(seg)
+    lib.gc_segment_begin_update(seg)
+    lib.gc_tally_launches_device(t, 99, 4)                 # past GC_MAX_DEVICES
+    lib.gc_tally_launches_step(t, 1030, 0, 5)              # slot 6
+    lib.gc_tally_launches_step(t, 6, 0, 3)                 # slot 6 again, an older step: refused
+    lib.gc_tally_launches_step(t, 0, 0, 2)                 # no step
+    lib.gc_segment_end_update(seg)
+    assert seg.launches_lost == 4 + 3 + 2 and seg.steps[6].id == 1030 and seg.steps[6].eager_launches == 5
+
+
+def test_eager_records_fill_the_sample_in_every_mode(census, records):
+    """ALL: eager records count as before and also fill eager_traced (graph kernels do not)."""
+    seg, _, _, ffi = census
+    feed(census, *[records.kernel(T0 + i * 100, T0 + i * 100 + 50) for i in range(4)])
+    launch(census, records.graph_trace(T0 + 5000, T0 + 6000, corr=9), contents(ffi, kernels=3))
+    d = seg.devices[0]
+    assert (d.kernel_count, d.eager_traced, d.eager_traced_ns, d.eager_launches) == (7, 4, 200, 0)
