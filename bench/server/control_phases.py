@@ -22,6 +22,9 @@ MODES = {      # the whole state each phase runs in: census, graph mode, kernel 
     "node": "census=on graphs=node kernels=all\n",                  # every graph node traced
     "sampled": "census=on graphs=launch kernels=100/1000\n",        # kernels traced 10 % of the time
     "nokernels": "census=on graphs=launch kernels=off\n",           # copies and memsets only
+    "counted": "census=on graphs=launch kernels=counted:100/1000\n",  # the default: every kernel counted,
+                                                                    # records 10 % of the time
+    "counted20": "census=on graphs=launch kernels=counted:20/1000\n",  # records 2 % of the time
 }
 
 

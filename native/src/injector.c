@@ -560,6 +560,8 @@ static void control_poll(uint64_t mono)
         }
         g_ctl.paused = pause;
     }
+    /* graphs traced node by node leave counted kernels short: every kernel is traced then */
+    if (g_graph_mode == GC_GRAPHS_NODE && kmode == GC_KERNELS_COUNTED) kmode = GC_KERNELS_ALL;
     apply_kernels(kmode, kon, kperiod, mono);
     pthread_mutex_unlock(&g_mu);
 }
@@ -572,6 +574,10 @@ static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uin
         return;
     if (has_schedule(mode) && !g_ks.origin_gpu) {
         gc_log("control file: ignoring kernels=%u/%u (no CUPTI clock to place the schedule on)", on_ms, period_ms);
+        return;
+    }
+    if (mode == GC_KERNELS_COUNTED && g_graph_mode != GC_GRAPHS_LAUNCH) {
+        gc_log("control file: ignoring kernels=counted (graphs are traced node by node)");
         return;
     }
     if (mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono) != 0) {
@@ -686,8 +692,14 @@ static int start(void)
         g_ks.mode = GC_KERNELS_ALL;
     }
     g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
-    /* Counting needs the launch callbacks (under the v1 API they take CUPTI's one subscriber slot).
-     * Without them every kernel is traced: exact, at the old cost; a line when the mode was asked for. */
+    /* Counting needs the launch callbacks (under the v1 API they take CUPTI's one subscriber slot) and
+     * graphs counted per launch (traced node by node, their kernels would be records, which a duty cycle
+     * would leave out). Without them every kernel is traced: exact, at the old cost; a line when the
+     * mode was asked for. */
+    if (g_ks.mode == GC_KERNELS_COUNTED && g_graph_mode != GC_GRAPHS_LAUNCH) {
+        if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: graphs are traced node by node; tracing all kernels");
+        g_ks.mode = GC_KERNELS_ALL;
+    }
     if (g_ks.mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono) != 0) {
         if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: no launch callbacks; tracing all kernels");
         g_ks.mode = GC_KERNELS_ALL;

@@ -16,6 +16,10 @@
  * that a launch is seen whether or not the driver reports the inner call, and the inner one is not
  * counted again. Only launches that returned success count.
  *
+ * A launch into a stream that is being captured (CUDA graph capture) runs nothing: it makes a graph
+ * node, counted when the graph is launched. Begin and end of captures are watched, and only while one
+ * is open does a launch ask the driver whether its stream captures.
+ *
  * Windows: a launch is placed by when it was launched (CLOCK_MONOTONIC mapped onto CUPTI's clock),
  * kernel records by when they started on the GPU. Each window slot's counter only grows; the fold
  * takes the growth since the last fold and gives it to the one window of the ring that maps to the
@@ -24,12 +28,15 @@
  * Steps: the thread's own count is exact between gc_step_begin and gc_step_end (steps.c keeps the
  * marks); the step's total is deposited at its end in a slot the fold empties.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
 #include "cupti_api.h"
 #include "internal.h"
@@ -39,8 +46,12 @@
 #define COUNT_BITS 26                     /* a step deposit: id << 32 | device << 26 | launches */
 #define COUNT_MAX ((1ull << COUNT_BITS) - 1)
 
-static uint8_t g_launch[2][IDS];          /* [driver?][cbid]: a kernel launch call */
+/* [driver?][cbid]: a kernel launch call, and where its stream is; or a capture's begin or end */
+enum { NOT = 0, RT, RT_EX, DRV, DRV_EX, DRV_GRID, NO_STREAM, BEGIN_CAPTURE, END_CAPTURE };
+static uint8_t g_role[2][IDS];
 static atomic_int g_started, g_counting;
+static atomic_int g_capturing;            /* captures open (begun and not ended), any stream */
+static CUresult (*g_is_capturing)(CUstream, CUstreamCaptureStatus *);
 static int64_t g_gpu_minus_mono;          /* CUPTI clock - CLOCK_MONOTONIC */
 
 /* written by the launching threads */
@@ -58,29 +69,38 @@ static __thread int t_dev = -1;           /* ... and its device */
 static __thread uint32_t t_in_runtime;    /* inside a runtime launch: its driver launch is not another */
 static __thread uint64_t t_launches;
 
-static int is_launch(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
+static int role_of(CUpti_CallbackDomain dom, const char *name)
 {
-    static const char *const runtime[] = {"cudaLaunch", "cudaLaunch_ptsz", "cudaLaunchKernel", "cudaLaunchKernel_ptsz",
-        "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz", "cudaLaunchCooperativeKernel",
-        "cudaLaunchCooperativeKernel_ptsz"};
-    static const char *const driver[] = {"cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync", "cuLaunchKernel",
-        "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel",
-        "cuLaunchCooperativeKernel_ptsz"};
+    static const struct { const char *name; uint8_t role; } runtime[] = {
+        {"cudaLaunch", NO_STREAM}, {"cudaLaunch_ptsz", NO_STREAM}, {"cudaLaunchKernel", RT},
+        {"cudaLaunchKernel_ptsz", RT}, {"cudaLaunchKernelExC", RT_EX}, {"cudaLaunchKernelExC_ptsz", RT_EX},
+        {"cudaLaunchCooperativeKernel", RT}, {"cudaLaunchCooperativeKernel_ptsz", RT}},
+      driver[] = {
+        {"cuLaunch", NO_STREAM}, {"cuLaunchGrid", NO_STREAM}, {"cuLaunchGridAsync", DRV_GRID},
+        {"cuLaunchKernel", DRV}, {"cuLaunchKernel_ptsz", DRV}, {"cuLaunchKernelEx", DRV_EX},
+        {"cuLaunchKernelEx_ptsz", DRV_EX}, {"cuLaunchCooperativeKernel", DRV}, {"cuLaunchCooperativeKernel_ptsz", DRV}};
     int drv = dom == CUPTI_CB_DOMAIN_DRIVER_API;
-    const char *const *p = drv ? driver : runtime;
     size_t n = drv ? sizeof(driver) / sizeof(*driver) : sizeof(runtime) / sizeof(*runtime);
     for (size_t i = 0; i < n; i++)
-        if (strcmp(name, p[i]) == 0) {
-            if (cbid < (CUpti_CallbackId)IDS) g_launch[drv][cbid] = 1;
-            return 1;
-        }
-    return 0;
+        if (strcmp(name, drv ? driver[i].name : runtime[i].name) == 0) return drv ? driver[i].role : runtime[i].role;
+    if (strncmp(name, drv ? "cuStreamBeginCapture" : "cudaStreamBeginCapture", drv ? 20 : 22) == 0) return BEGIN_CAPTURE;
+    if (strncmp(name, drv ? "cuStreamEndCapture" : "cudaStreamEndCapture", drv ? 18 : 20) == 0) return END_CAPTURE;
+    return NOT;
+}
+
+static int is_launch(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
+{
+    int role = role_of(dom, name);
+    if (role && cbid < (CUpti_CallbackId)IDS) g_role[dom == CUPTI_CB_DOMAIN_DRIVER_API][cbid] = (uint8_t)role;
+    return role != NOT;
 }
 
 int gc_launches_start(int64_t gpu_minus_mono)
 {
     if (atomic_load(&g_started)) return 0;
     g_gpu_minus_mono = gpu_minus_mono;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (cuda) *(void **)&g_is_capturing = dlsym(cuda, "cuStreamIsCapturing");
     /* every runtime and driver kernel launch call, or none: a partial set would not be exact */
     int n = gc_cupti_enable_api("launches not counted", is_launch);
     if (n <= 0) return -1;
@@ -119,13 +139,67 @@ static void count(const CUpti_CallbackData *cb)
     atomic_fetch_add_explicit(&g_win[(gpu / GC_WINDOW_NS) & (GC_WINDOW_SLOTS - 1)], 1, memory_order_relaxed);
 }
 
+/* The launch calls' parameters as CUPTI passes them (generated_cuda_meta.h and
+ * generated_cuda_runtime_api_meta.h of its headers, which do not compile on their own): the stream is
+ * all we read. cudaLaunchCooperativeKernel and the _ptsz variants share these layouts. */
+struct rt_launch { const void *func; dim3 grid, block; void **args; size_t shared; cudaStream_t stream; };
+struct rt_launch_ex { const cudaLaunchConfig_t *config; const void *func; void **args; };
+struct drv_launch { CUfunction f; unsigned int grid[3], block[3], shared; CUstream stream; void **params, **extra; };
+struct drv_launch_ex { const CUlaunchConfig *config; CUfunction f; void **params, **extra; };
+struct drv_grid_async { CUfunction f; int width, height; CUstream stream; };
+
+static CUstream stream_of(int role, const void *p)
+{
+    switch (role) {
+    case RT: return (CUstream)((const struct rt_launch *)p)->stream;
+    case RT_EX: {
+        const cudaLaunchConfig_t *c = ((const struct rt_launch_ex *)p)->config;
+        return c ? (CUstream)c->stream : NULL;
+    }
+    case DRV: return ((const struct drv_launch *)p)->stream;
+    case DRV_EX: {
+        const CUlaunchConfig *c = ((const struct drv_launch_ex *)p)->config;
+        return c ? c->hStream : NULL;
+    }
+    case DRV_GRID: return ((const struct drv_grid_async *)p)->stream;
+    default: return NULL;   /* the legacy calls launch on the default stream */
+    }
+}
+
+/* A launch recorded into a graph under capture, not run: asked of the driver only while a capture is
+ * open somewhere in the process. */
+static int captured(int role, const CUpti_CallbackData *cb)
+{
+    if (atomic_load_explicit(&g_capturing, memory_order_relaxed) <= 0 || !g_is_capturing || !cb->functionParams)
+        return 0;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return g_is_capturing(stream_of(role, cb->functionParams), &st) == CUDA_SUCCESS &&
+           st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static void capture_seen(int role, const CUpti_CallbackData *cb)
+{
+    if (role == BEGIN_CAPTURE) {
+        if (cb->functionReturnValue && *(const int *)cb->functionReturnValue == 0) atomic_fetch_add(&g_capturing, 1);
+        return;
+    }
+    /* an end whose begin came before the census: never below zero */
+    int v = atomic_load(&g_capturing);
+    while (v > 0 && !atomic_compare_exchange_weak(&g_capturing, &v, v - 1)) {}
+}
+
 void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
     int drv = dom == CUPTI_CB_DOMAIN_DRIVER_API;
-    if ((!drv && dom != CUPTI_CB_DOMAIN_RUNTIME_API) || cbid >= (CUpti_CallbackId)IDS || !g_launch[drv][cbid])
-        return;
+    if ((!drv && dom != CUPTI_CB_DOMAIN_RUNTIME_API) || cbid >= (CUpti_CallbackId)IDS) return;
+    int role = g_role[drv][cbid];
+    if (!role) return;
     const CUpti_CallbackData *cb = data;
     int enter = cb->callbackSite == CUPTI_API_ENTER;
+    if (role >= BEGIN_CAPTURE) { /* a runtime capture call and its driver call both count: +2 / -2 */
+        if (!enter) capture_seen(role, cb);
+        return;
+    }
     if (!drv) { /* the runtime's launch: counted at its exit, and its driver launch is not */
         if (enter) {
             t_in_runtime++;
@@ -133,12 +207,13 @@ void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const
         }
         if (t_in_runtime) t_in_runtime--;
         if (atomic_load_explicit(&g_counting, memory_order_relaxed) && cb->functionReturnValue &&
-            *(const int *)cb->functionReturnValue == 0 /* cudaSuccess */)
+            *(const int *)cb->functionReturnValue == 0 /* cudaSuccess */ && !captured(role, cb))
             count(cb);
         return;
     }
     if (enter || t_in_runtime || !atomic_load_explicit(&g_counting, memory_order_relaxed)) return;
-    if (cb->functionReturnValue && *(const CUresult *)cb->functionReturnValue == CUDA_SUCCESS) count(cb);
+    if (cb->functionReturnValue && *(const CUresult *)cb->functionReturnValue == CUDA_SUCCESS && !captured(role, cb))
+        count(cb);
 }
 
 uint64_t gc_launches_thread(void) { return t_launches; }

@@ -3,6 +3,8 @@
  * (OTEL_GPU_CENSUS_ATTACH=context): one device whose primary context the test switches on.
  *   mock_cuda_set_active(1)   device 0's primary context is active from now on
  *   mock_cuda_polls()         how often the injector asked
+ * and the graph queries graphs.c resolves (no graph is ever walked here: each answers "not supported"),
+ * so that graphs are counted per launch as with a real driver.
  * Built with the soname libcuda.so.1 and loaded RTLD_GLOBAL first, so that the injector's
  * dlopen("libcuda.so.1", RTLD_NOLOAD) finds it as it finds the real driver.
  */
@@ -29,3 +31,12 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 
 void mock_cuda_set_active(int on) { atomic_store(&g_active, on); }
 int mock_cuda_polls(void) { return atomic_load(&g_polls); }
+
+/* graphs.c needs these to exist; the mock has no graphs to walk */
+#define NOT_SUPPORTED 801
+CUresult cuGraphGetNodes(void *g, void *nodes, void *n) { (void)g; (void)nodes; (void)n; return NOT_SUPPORTED; }
+CUresult cuGraphNodeGetType(void *n, void *t) { (void)n; (void)t; return NOT_SUPPORTED; }
+CUresult cuGraphMemcpyNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
+CUresult cuGraphMemsetNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
+CUresult cuGraphChildGraphNodeGetGraph(void *n, void *g) { (void)n; (void)g; return NOT_SUPPORTED; }
+CUresult cuPointerGetAttribute(void *d, int a, unsigned long long p) { (void)d; (void)a; (void)p; return NOT_SUPPORTED; }

@@ -66,7 +66,7 @@ CUptiResult cuptiGetTimestamp(uint64_t *ts)
 static CUpti_CallbackFunc g_api_cb;
 static void *g_api_ud;
 static int g_subscribed;
-static unsigned char g_cb_on[2][4096];
+static unsigned char g_cb_on[3][4096];  /* runtime, driver, resource */
 
 CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *s, CUpti_CallbackFunc cb, void *u)
 {
@@ -92,7 +92,8 @@ CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle s)
 
 static int cb_domain(CUpti_CallbackDomain d)
 {
-    return d == CUPTI_CB_DOMAIN_RUNTIME_API ? 0 : d == CUPTI_CB_DOMAIN_DRIVER_API ? 1 : -1;
+    return d == CUPTI_CB_DOMAIN_RUNTIME_API ? 0 : d == CUPTI_CB_DOMAIN_DRIVER_API ? 1 :
+           d == CUPTI_CB_DOMAIN_RESOURCE ? 2 : -1;
 }
 
 CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const char **name)
@@ -116,7 +117,7 @@ CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const ch
             *name = known[i].name;
             return CUPTI_SUCCESS;
         }
-    if (dom < 0 || cbid >= 4096) return CUPTI_ERROR_INVALID_PARAMETER;
+    if (dom < 0 || dom > 1 || cbid >= 4096) return CUPTI_ERROR_INVALID_PARAMETER;
     *name = dom == 0 ? "cudaSomethingElse" : "cuSomethingElse";
     return CUPTI_SUCCESS;
 }

@@ -50,17 +50,18 @@ WINDOW_MS = 20   # GC_WINDOW_NS: the sampling schedule is in whole windows
 
 
 def kernel_tracing(text: str) -> str:
-    """OTEL_GPU_CENSUS_KERNELS, checked as the injector checks it: all, off, or ON_MS/PERIOD_MS with
-    both multiples of 20 and 0 < ON_MS < PERIOD_MS <= 3,600,000."""
-    if text in ("all", "off"):
+    """OTEL_GPU_CENSUS_KERNELS, checked as the injector checks it: counted, all, off, ON_MS/PERIOD_MS or
+    counted:ON_MS/PERIOD_MS, with both multiples of 20 and 0 < ON_MS < PERIOD_MS <= 3,600,000."""
+    if text in ("counted", "all", "off"):
         return text
-    on, sep, period = text.partition("/")
+    prefix = "counted:" if text.startswith("counted:") else ""
+    on, sep, period = text[len(prefix):].partition("/")
     if sep and on.isdigit() and period.isdigit():
         a, b = int(on), int(period)
         if 0 < a < b <= 3_600_000 and a % WINDOW_MS == 0 and b % WINDOW_MS == 0:
-            return f"{a}/{b}"
-    raise argparse.ArgumentTypeError(f"expected all, off or ON_MS/PERIOD_MS (multiples of {WINDOW_MS}, "
-                                     f"ON_MS < PERIOD_MS, e.g. 100/1000): {text!r}")
+            return f"{prefix}{a}/{b}"
+    raise argparse.ArgumentTypeError(f"expected counted, all, off, ON_MS/PERIOD_MS or counted:ON_MS/PERIOD_MS "
+                                     f"(multiples of {WINDOW_MS}, ON_MS < PERIOD_MS, e.g. 100/1000): {text!r}")
 
 
 def request_counts(text: str):

@@ -486,9 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
     run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
                      help="seconds between metric exports")
-    run.add_argument("--kernels", type=kernel_tracing, metavar="all|off|ON_MS/PERIOD_MS",
-                     help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): all (default), off, or a duty "
-                          "cycle, e.g. 100/1000; copies are always exact")
+    run.add_argument("--kernels", type=kernel_tracing, metavar="counted|all|off|ON_MS/PERIOD_MS",
+                     help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): counted (default: every kernel "
+                          "counted, kernel records 100 ms of every 1000 ms, or counted:ON_MS/PERIOD_MS), all, off, "
+                          "or a duty cycle, e.g. 100/1000; copies are always exact")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

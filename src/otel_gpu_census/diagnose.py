@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import timeline as tl_mod
-from .census import KERNELS_OFF, KERNELS_SAMPLED, ProcessCensus
+from .census import KERNELS_OFF, ProcessCensus
 from .report import exact, human_size, per, seconds
 from .request_log import RequestRecord, peak_in_flight
 from .timeline import Slot, Timeline
@@ -296,9 +296,11 @@ def weights_copied(c: ProcessCensus, t: Optional[Timeline]) -> Optional[Diagnosi
         return None
     flags = (" (llama.cpp: -ngl / --n-gpu-layers below the model's layer count, --cpu-moe, -ot; "
              "--no-op-offload stops the copies and runs those layers on the CPU)" if _is_llama_server(c) else "")
+    # the windows' kernel time is whole only with every kernel traced
+    kernels = f"{seconds(kernel_ns)} s of kernels, " if t.kernels_traced else ""
     text = (f"weights copied to the GPU for every batch: {_bytes(per_req)} host-to-device per request, and "
             f"host-to-device copies ran {_pct(share)} of the time while serving ({seconds(htod_ns)} s of copies, "
-            f"{seconds(kernel_ns)} s of kernels, {len(recs)} requests). That is the pattern of layers kept in host "
+            f"{kernels}{len(recs)} requests). That is the pattern of layers kept in host "
             f"memory and copied in to compute{flags}. GPU utilisation counts this as a busy GPU; it is PCIe "
             "time. Fit more layers on the GPU or a smaller quantisation.")
     return Diagnosis("weights_copied", text, c.pid, {
@@ -367,7 +369,7 @@ def low_occupancy(censuses: Sequence[ProcessCensus], occupancy: Optional[float],
             continue
         for d in c.devices.values():
             span = d.last_ns - d.first_ns
-            if c.kernels.mode == KERNELS_SAMPLED:
+            if c.kernels.scheduled:        # busy covers the traced phases only
                 span = c.kernels.traced_between(d.first_ns, d.last_ns)
             if span <= 0 or not d.busy_ns:
                 continue

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, ProcessCensus, Stat
-from .report import DIRECTION_LABELS, HOST_DIRECTIONS, UNITS_NOTE, exact, per, seconds
+from .census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, KernelTime, ProcessCensus, Stat
+from .report import DIRECTION_LABELS, HOST_DIRECTIONS, UNITS_NOTE, exact, kernel_times, per, seconds
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class Run:
         for c in self.censuses:
             out = out + c.totals()
         return out
+
+    def kernel_time(self) -> KernelTime:
+        """Its kernel time, estimated where a process counted kernels (report.kernel_times)."""
+        return sum(kernel_times(self.censuses).values(), KernelTime(0))
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,14 @@ def _stat_rows(key: str, label: str, a: Stat, b: Stat, rate: bool = True, indent
     return rows
 
 
-def rows(a: DeviceTotals, b: DeviceTotals) -> List[Row]:
-    """Every figure either run has, in report order."""
+def rows(a: DeviceTotals, b: DeviceTotals, ka: Optional[KernelTime] = None,
+         kb: Optional[KernelTime] = None) -> List[Row]:
+    """Every figure either run has, in report order; ka, kb: the runs' kernel times when estimated
+    (counted kernel tracing) rather than the measured kernel_ns."""
+    ka, kb = ka or KernelTime(a.kernel_ns), kb or KernelTime(b.kernel_ns)
+    estimated = " (estimated)" if ka.estimated or kb.estimated else ""
     out = [Row("kernels.count", "kernels", "count", a.kernel_count, b.kernel_count),
-           Row("kernels.ns", "kernel time s", "ns", a.kernel_ns, b.kernel_ns),
+           Row("kernels.ns", "kernel time s" + estimated, "ns", ka.ns, kb.ns),
            Row("busy.ns", "busy s", "ns", a.busy_ns, b.busy_ns)]
     if a.graph_launches or b.graph_launches:
         out += [Row("graphs.count", "graph launches", "count", a.graph_launches, b.graph_launches),
@@ -117,7 +125,7 @@ def _describe(run: Run) -> str:
 
 
 def render_text(a: Run, b: Run) -> str:
-    rs = rows(a.totals(), b.totals())
+    rs = rows(a.totals(), b.totals(), a.kernel_time(), b.kernel_time())
     lines = ["otel-gpu-census diff", f"  A: {_describe(a)}", f"  B: {_describe(b)}", f"({UNITS_NOTE})", ""]
     lines += _table(rs, lambda r: (r.a, r.b))
     if a.requests and b.requests:
@@ -129,7 +137,7 @@ def render_text(a: Run, b: Run) -> str:
 
 def to_dict(a: Run, b: Run) -> dict:
     out_rows = []
-    for r in rows(a.totals(), b.totals()):
+    for r in rows(a.totals(), b.totals(), a.kernel_time(), b.kernel_time()):
         d = {"figure": r.figure, "unit": r.unit, "a": r.a, "b": r.b, "change": r.change}
         if a.requests and b.requests and r.unit != "GB/s":
             pa, pb = per(r.a, a.requests), per(r.b, b.requests)

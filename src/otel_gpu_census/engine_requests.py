@@ -2,7 +2,9 @@
 (``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/engine_steps.py`` for vLLM and SGLang): for ``report``, which
 prints per-request figures from them, so ``--requests N`` is not needed for an engine it hooks. Under
 sampled kernel tracing a line's kernel figures are a sample (its ``kernel_traced_ratio``): ``report``
-says so and shows the scaled estimate beside them (:func:`kernel_sample`).
+says so and shows the scaled estimate beside them (:func:`kernel_sample`). Under counted kernel tracing
+(``kernel_time_estimated``) its kernel count is exact and its kernel time an estimate already, never
+scaled (:func:`kernel_estimated`).
 
 The files sit in a folder others may write to: each is opened without following a link or blocking,
 must be a regular file, and is read up to a bound; a line that is not one of ours is skipped and
@@ -93,18 +95,27 @@ def _ratio(r: dict) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 else None
 
 
+def _counted(r: dict) -> bool:
+    return "kernel_time_estimated" in r
+
+
+def _sampled(r: dict) -> bool:
+    return isinstance(r.get("kernel_tracing"), str) and not _counted(r)
+
+
 def kernel_sample(log: EngineRequests) -> Optional[dict]:
     """None unless some requests' kernel figures are a sample (sampled kernel tracing: their line has
-    ``kernel_tracing`` and ``kernel_traced_ratio``). Then: the modes, how many requests, their median
-    traced ratio, and the kernel time scaled to the whole (kernel.time_ns / ratio; a line without the
-    keys was traced whole) over the requests it can be estimated for (ratio > 0)."""
-    sampled = [r for r in log.requests if isinstance(r.get("kernel_tracing"), str)]
+    ``kernel_tracing`` and ``kernel_traced_ratio``, and no ``kernel_time_estimated``). Then: the modes,
+    how many requests, their median traced ratio, and the kernel time scaled to the whole
+    (kernel.time_ns / ratio; a line without the keys was traced whole, a counted one is estimated
+    whole) over the requests it can be estimated for (ratio > 0)."""
+    sampled = [r for r in log.requests if _sampled(r)]
     if not sampled:
         return None
     ratios = [x for x in map(_ratio, sampled) if x is not None]
     est = []
     for r in log.requests:
-        x = _ratio(r) if isinstance(r.get("kernel_tracing"), str) else 1.0
+        x = _ratio(r) if _sampled(r) else 1.0
         if x:
             est.append(_num(r["gpu"].get("kernel.time_ns")) / x)
     out = {"modes": sorted({r["kernel_tracing"][:40] for r in sampled})[:4], "requests": len(sampled),
@@ -113,3 +124,15 @@ def kernel_sample(log: EngineRequests) -> Optional[dict]:
         out["estimate"] = {"median": statistics.median(est), "mean": sum(est) / len(est), "max": max(est),
                            "requests": len(est)}
     return out
+
+
+def kernel_estimated(log: EngineRequests) -> Optional[dict]:
+    """None unless some requests were counted (counted kernel tracing: exact kernel counts, eager kernels'
+    time priced from a sample). Then: the modes, how many requests, how many of them have an estimated
+    kernel time, and how many had eager launches no sample could price (their time left out)."""
+    counted = [r for r in log.requests if _counted(r)]
+    if not counted:
+        return None
+    return {"modes": sorted({str(r.get("kernel_tracing", ""))[:40] for r in counted})[:4],
+            "requests": len(counted), "estimated": sum(1 for r in counted if r["kernel_time_estimated"] is True),
+            "unknown": sum(1 for r in counted if r.get("kernel_time_unknown") is True)}

@@ -10,8 +10,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import cost
 from .census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
-                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, ProcessCensus,
-                     Stat, merge_devices)
+                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, KernelTime,
+                     ProcessCensus, Stat, merge_devices)
 
 DIRECTION_LABELS = {
     "htod": "host-to-device",
@@ -78,15 +78,39 @@ def census_time_ns(c: ProcessCensus) -> int:
 
 
 def kernel_base_ns(c: ProcessCensus) -> int:
-    """What busy time is a share of: the census time, or with sampled kernels the time they were
-    traced; -1 when kernels were not traced at all."""
+    """What busy time is a share of: the census time, or with sampled (or counted) kernels the time
+    kernel records were taken; -1 when kernels were not traced at all."""
     if c.kernels.mode == KERNELS_OFF:
         return -1
-    return c.kernels.traced_ns if c.kernels.mode == KERNELS_SAMPLED else census_time_ns(c)
+    return c.kernels.traced_ns if c.kernels.scheduled else census_time_ns(c)
+
+
+def kernel_times(censuses: Iterable[ProcessCensus]) -> Dict[str, KernelTime]:
+    """Kernel time per physical GPU (keyed as merge_devices) over the processes, each process's device
+    priced by its own mode (estimated under counted tracing)."""
+    out: Dict[str, KernelTime] = {}
+    for c in censuses:
+        for d in c.devices.values():
+            key = d.uuid or f"cuda:{d.device_id}"
+            out[key] = out.get(key, KernelTime(0)) + c.kernel_time(d)
+    return out
+
+
+def _kernel_time_words(kt: KernelTime) -> str:
+    return f"{seconds(kt.ns)} s" + (" (estimated)" if kt.estimated else "") + \
+        (" (eager kernels' time unknown: none sampled)" if kt.unknown else "")
 
 
 def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
     k = c.kernels
+    if k.counted:
+        lost = (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
+                if c.launches_lost else "")
+        return (f"kernels counted: every kernel counted exactly, kernel records taken {k.on_ms} ms of every "
+                f"{k.period_ms} ms ({seconds(k.traced_ns)} s in all). Kernel counts, graph spans, copies and "
+                "memsets are exact; kernel time is graph spans plus eager launches priced at the mean duration "
+                "of the eager kernels sampled (estimated); busy time is of those phases, busy % of the traced "
+                f"time{lost}")
     if k.mode == KERNELS_SAMPLED:
         outside = (f"; {k.outside:,} kernel records that started outside those phases were left out"
                    if k.outside else "")
@@ -182,17 +206,23 @@ def _copies_dict(d: DeviceTotals) -> Dict[str, dict]:
     return out
 
 
-def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = False) -> dict:
-    """census_ns None: a sum over processes, which has no one census time."""
+def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = False,
+                 kt: Optional[KernelTime] = None) -> dict:
+    """census_ns None: a sum over processes, which has no one census time. kt: its kernel time as
+    estimated (counted kernel tracing), beside the measured kernel_ns."""
     span = max(0, d.last_ns - d.first_ns)
     out = {
         "device_id": d.device_id, "uuid": d.uuid,
         "kernel_count": d.kernel_count, "kernel_ns": d.kernel_ns, "busy_ns": d.busy_ns,
         "gpu_span_ns": span, "busy_ratio_of_gpu_span": d.busy_ns / span if span else None,
         "graph_launches": d.graph_launches, "graph_ns": d.graph_ns, "graph_kernel_count": d.graph_kernel_count,
+        "eager_launches": d.eager_launches, "eager_traced": d.eager_traced, "eager_traced_ns": d.eager_traced_ns,
         "copies": _copies_dict(d), "memset": _stat_dict(d.memset),
         "peer_received": _stat_dict(d.peer_recv),
     }
+    if kt is not None and kt.estimated:
+        out["kernel_ns_estimated"] = kt.ns
+        out["kernel_time_unknown"] = kt.unknown
     if census_ns is not None:
         ratio, why = busy_of_census_time(d, census_ns, sampled)
         out["busy_ratio_of_census_time"] = ratio
@@ -201,14 +231,17 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = Fals
     return out
 
 
-def per_request(censuses: Iterable[ProcessCensus], requests: int) -> dict:
+def per_request(censuses: Sequence[ProcessCensus], requests: int) -> dict:
     total = DeviceTotals(device_id=-1)
     for c in censuses:
         total = total + c.totals()
+    kt = sum(kernel_times(censuses).values(), KernelTime(0))
     out = {"requests": requests,
            "kernel_count": per(total.kernel_count, requests),
-           "kernel_ns": per(total.kernel_ns, requests),
+           "kernel_ns": per(kt.ns, requests),
            "copies": {}}
+    if kt.estimated:
+        out["kernel_time_estimated"] = True
     for direction in DIRECTIONS:
         s = total.copies.get(direction)
         if s.count:
@@ -264,8 +297,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
     for c in censuses:
         census_ns = census_time_ns(c)
         procs.append({
-            "kernel_tracing": c.kernels.name, "kernel_traced_ns": kernel_base_ns(c) if c.kernels.mode == KERNELS_SAMPLED
-            else None,
+            "kernel_tracing": c.kernels.name, "kernel_traced_ns": kernel_base_ns(c) if c.kernels.scheduled
+            else None, "launches_lost": c.launches_lost,
             "graph_tracing": c.graphs.name, "graph_launches_unknown": c.graphs.unknown,
             "graph_launches_inexact": c.graphs.inexact, "paused_ns": c.graphs.paused_ns,
             "attach": c.attach.name, "attach_wall_ns": c.attach.wall_ns, "attach_after_ns": c.attach.after_ns,
@@ -277,11 +310,12 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "buffers": c.buffers, "buffers_refused": c.buffers_refused,
             "step_unmatched": c.step_unmatched, "window_late": c.window_late,
             "flags": c.flags, "warnings": process_warnings(c),
-            "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED)
+            "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d))
                         for _, d in sorted(c.devices.items())],
             "census_cost_estimate": _cost_dict(c, census_ns),
         })
     gpus = merge_devices(censuses)
+    gpu_kernel_times = kernel_times(censuses)
     out = {
         "census_dir": census_dir,
         "units": {"bytes": "exact", "time": "ns",
@@ -291,7 +325,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
                                                "time does not cover the GPU activity"},
         "processes": procs,
         # per physical GPU over all processes; busy_ns adds across processes (an upper bound)
-        "gpus": {key: _device_dict(d, None) for key, d in sorted(gpus.items())},
+        "gpus": {key: _device_dict(d, None, kt=gpu_kernel_times[key]) for key, d in sorted(gpus.items())},
         "no_activity": no_activity_reason(censuses, hint),
         "errors": [{"path": getattr(e, "path", None), "reason": getattr(e, "reason", str(e))} for e in errors],
     }
@@ -315,7 +349,8 @@ def _copy_row(label: str, s: Stat, indent: int = 4) -> str:
             f"{seconds(s.ns):>14}")
 
 
-def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False) -> List[str]:
+def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
+                  kt: Optional[KernelTime] = None) -> List[str]:
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
@@ -327,7 +362,8 @@ def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False) -> Lis
     span = d.last_ns - d.first_ns
     if span > 0:
         busy += f"; {percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity"
-    lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {seconds(d.kernel_ns)} s   {busy}")
+    lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {_kernel_time_words(kt or KernelTime(d.kernel_ns))}   "
+                 f"{busy}")
     if d.graph_launches:
         lines.append(f"    graph launches {d.graph_launches:,} ({seconds(d.graph_ns)} s), traced per launch: "
                      f"{d.graph_kernel_count:,} of the kernels ran inside them (kernel time: their spans)")
@@ -362,7 +398,7 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.mode == KERNELS_SAMPLED))
+        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d)))
     cl = cost_line(c)
     if cl:
         lines.append(f"  {cl}")
@@ -395,7 +431,7 @@ def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List
         lines.append(f"  {exact(pr['memset']['bytes'])} bytes ({human_size(pr['memset']['bytes'])}) set "
                      f"per request, in {plural(pr['memset']['count'], 'memset')}")
     lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, {seconds(pr['kernel_ns'])} s kernel "
-                 "time per request")
+                 "time per request" + (" (estimated)" if pr.get("kernel_time_estimated") else ""))
     return lines
 
 
@@ -427,6 +463,13 @@ def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
             lines.append(f"  kernel time scaled to the whole (time / traced ratio, {e['requests']:,} requests): "
                          f"median {seconds(round(e['median']))} s, max {seconds(round(e['max']))} s" if e else
                          "  kernel time cannot be scaled: no kernel was traced in their steps")
+        ke = engine_requests.kernel_estimated(log)
+        if ke:
+            unknown = (f"; {ke['unknown']:,} had eager kernels no sample priced (their time left out)"
+                       if ke["unknown"] else "")
+            lines.append(f"  kernel counts exact, kernel time estimated for {ke['estimated']:,} of "
+                         f"{len(log.requests):,} requests (kernel tracing {', '.join(ke['modes'])}: eager "
+                         f"kernels' time priced at a sampled mean){unknown}")
         if "ttft_s" in fig:
             lines.append(f"  time to first token median {fig['ttft_s']['median']:.4f} s, max {fig['ttft_s']['max']:.4f} s")
         if log.summary:
@@ -445,8 +488,9 @@ def _all_processes_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
     if len(active) < 2:
         return []
     lines = [f"all {len(active)} processes, per GPU:"]
+    kts = kernel_times(active)
     for key, d in sorted(merge_devices(active).items()):
-        parts = [f"kernels {d.kernel_count:,} ({seconds(d.kernel_ns)} s)"]
+        parts = [f"kernels {d.kernel_count:,} ({_kernel_time_words(kts[key])})"]
         for direction, s in d.copies.by_direction().items():
             if s.count:
                 parts.append(f"{DIRECTION_LABELS[direction]} {s.bytes:,} bytes ({human_size(s.bytes)})")

@@ -83,14 +83,19 @@ def workload(tmp_path_factory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("api,graphs,attach", [("auto", "launch", "context"), ("v1", "launch", "context"),
-                                               ("v2", "launch", "context"), ("v2", "node", "context"),
-                                               ("auto", "launch", "cuinit")])
-def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach):
+@pytest.mark.parametrize("api,graphs,attach,kernels", [
+    ("auto", "launch", "context", "default"), ("v1", "launch", "context", "default"),
+    ("auto", "launch", "context", "all"), ("v2", "launch", "context", "all"), ("v2", "node", "context", "all"),
+    ("auto", "launch", "cuinit", "default")])
+def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kernels):
     """Every count and byte exact, eager and inside CUDA graphs (one of them updated in place), in
     both graph modes. Graphs per launch (the default) must hold with the API left to the census (auto)
-    and with v1; with v2 named, a driver before r610 refuses per-launch records: node mode, still exact."""
+    and with v1; with v2 named, a driver before r610 refuses per-launch records: node mode, still exact.
+    Kernel counts are exact in the default mode (launches counted, records on a duty cycle) as with
+    every kernel traced."""
     extra = {} if api == "auto" else {"OTEL_GPU_CENSUS_CUPTI_API": api}
+    if kernels != "default":
+        extra["OTEL_GPU_CENSUS_KERNELS"] = kernels
     if attach != "context":
         extra["OTEL_GPU_CENSUS_ATTACH"] = attach
     env = census_env(tmp_path, OTEL_GPU_CENSUS_GRAPHS=graphs, **extra)
@@ -106,7 +111,9 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach):
                graph_kernel_count=seg.devices[0].graph_kernel_count, graph_unknown=seg.graph_unknown,
                graph_inexact=seg.graph_inexact)
     got.update(attach_mode=seg.attach_mode, attach_after_ns=seg.attach_after_ns, contexts_late=seg.contexts_late)
-    RESULTS[f"workload_{api}_{graphs}_{attach}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
+    got.update(kernel_mode=seg.kernel_mode, eager_launches=seg.devices[0].eager_launches,
+               eager_traced=seg.devices[0].eager_traced, launches_lost=seg.launches_lost)
+    RESULTS[f"workload_{api}_{graphs}_{attach}_{kernels}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
     # the workload waited for the census after making its context (census_wait.h): nothing it checks
     # ran before counting began, and no context came after it
     assert got["attach_mode"] == (1 if attach == "context" else 0) and got["contexts_late"] == 0
@@ -127,6 +134,10 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach):
     assert got["dtod"]["bytes"] == want["dtod"]
     assert got["memset"]["bytes"] == want["memset"] and got["memset"]["count"] == 1
     assert got["dropped"] == 0
+    assert got["kernel_mode"] == (3 if kernels == "default" else 0) and got["launches_lost"] == 0
+    if kernels == "default":   # counted: eager launches from the callbacks, graph kernels from contents
+        assert got["eager_launches"] + got["graph_kernel_count"] == want["kernels"]
+        return
     # Two 20 ms spins overlapped: summed kernel time counts both, busy time about one.
     assert got["kernel_ns"] - got["busy_ns"] > 0.8 * want["spin_ns"]
 
@@ -185,7 +196,8 @@ def test_kernel_time_matches_torch_profiler(tmp_path):
     # The census run reads its own segment around the measured pass (after a forced flush).
     ffi = cr.native()[0]
     off = ffi.offsetof("gc_segment", "devices") + ffi.offsetof("gc_device", "kernel_ns")
-    r = subprocess.run([sys.executable, str(script), "census", str(off)], env=census_env(tmp_path),
+    r = subprocess.run([sys.executable, str(script), "census", str(off)],
+                       env=census_env(tmp_path, OTEL_GPU_CENSUS_KERNELS="all"),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     cj = json.loads(r.stdout.strip().splitlines()[-1])
@@ -343,3 +355,45 @@ def test_sampled_kernels_on_schedule_and_copies_exact(steady, tmp_path, api, ker
     assert 0.15 * want["seconds"] * 1e9 < k.traced_ns < 0.25 * want["seconds"] * 1e9
     assert sum(w.kernel_count for w in untraced) <= 0.05 * d.kernel_count
     assert sum(1 for w in fully if w.kernel_count) >= 0.9 * len(fully) > 0
+
+
+def _steady_census(steady, tmp_path, kernels, seconds="3"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    from otel_gpu_census.census import reader
+    env = census_env(tmp_path, OTEL_GPU_CENSUS_KERNELS=kernels)
+    p = subprocess.run([str(steady), seconds, "20"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    segs = sorted(tmp_path.glob("*.seg"))
+    assert len(segs) == 1 and p.stderr == "", p.stderr
+    return json.loads(p.stdout), reader.read_segment(str(segs[0]))
+
+
+def test_counted_kernels_exact_and_their_time_estimated(steady, tmp_path):
+    """The default mode on a real GPU: every kernel counted (eager through the launch callbacks, graph
+    nodes from their graphs), copies exact, kernel records for 100 ms of every 500 ms; the eager kernel
+    time estimated from that sample against every kernel traced in a run of the same program."""
+    want, c = _steady_census(steady, tmp_path / "counted", "counted:100/500")
+    d = c.devices[0]
+    want_all, a = _steady_census(steady, tmp_path / "all", "all")
+    da = a.devices[0]
+    eager = want["kernels"] - 20 * want["graph_launches"]
+    mean = d.eager_traced_ns / d.eager_traced
+    est = d.eager_launches * mean
+    per_launch_all = da.eager_traced_ns / da.eager_traced
+    RESULTS["counted_steady"] = {
+        "expected": want, "kernel_count": d.kernel_count, "eager_launches": d.eager_launches,
+        "eager_traced": d.eager_traced, "eager_traced_ns": d.eager_traced_ns, "graph_kernel_count": d.graph_kernel_count,
+        "graph_ns": d.graph_ns, "windows_eager_launches": sum(w.eager_launches for w in c.windows),
+        "launches_lost": c.launches_lost, "mode": c.kernels.name, "eager_ns_per_launch": mean,
+        "all": {"expected": want_all, "kernel_count": da.kernel_count, "eager_traced": da.eager_traced,
+                "eager_traced_ns": da.eager_traced_ns, "eager_ns_per_launch": per_launch_all}}
+    assert c.kernels.name == "counted:100/500" and c.state_name == "exited" and c.dropped == 0
+    assert d.kernel_count == want["kernels"] and d.eager_launches == eager and c.launches_lost == 0
+    assert d.graph_kernel_count == 20 * want["graph_launches"] and d.graph_launches == want["graph_launches"]
+    assert sum(w.eager_launches for w in c.windows) == eager
+    assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
+    assert d.copies.get("htod", "pageable").count == want["htod_pageable_count"]
+    assert 0.15 < d.eager_traced / eager < 0.25
+    # the same tiny kernel throughout: the sample's mean is the mean of all of them, within 10 %
+    assert da.kernel_count == want_all["kernels"] and abs(mean / per_launch_all - 1) < 0.10

@@ -82,9 +82,11 @@ WORK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("api", ["v2", "v1"])
-def test_steps_are_exact_eager_and_in_graph_replays(tmp_path, api):
-    env = census_env(tmp_path, OTEL_GPU_CENSUS_CUPTI_API=api)
+@pytest.mark.parametrize("api,kernels", [("v2", "all"), ("v1", "all"), ("v2", "counted"), ("v1", "counted")])
+def test_steps_are_exact_eager_and_in_graph_replays(tmp_path, api, kernels):
+    """Per-step counts exact with every kernel traced and in the default mode (eager launches counted
+    on the step's thread; their records, and so the steps' kernel time, only on the duty cycle)."""
+    env = census_env(tmp_path, OTEL_GPU_CENSUS_CUPTI_API=api, OTEL_GPU_CENSUS_KERNELS=kernels)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     p = subprocess.run([sys.executable, "-c", WORK], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -95,18 +97,20 @@ def test_steps_are_exact_eager_and_in_graph_replays(tmp_path, api):
     assert len(segs) == 1, segs
     c = read_segment(str(segs[0]))
     steps = {i: s for i, s in c.steps.items()}
-    RESULTS[f"steps_{api}"] = {
+    RESULTS[f"steps_{api}_{kernels}"] = {
         "cupti_version": c.cupti_version, "step_unmatched": c.step_unmatched, "step_max": c.step_max,
         "steps": {i: {"kernels": s.kernel_count, "kernel_ns": s.kernel_ns,
                       "copies": {d: [st.count, st.bytes] for d, st in s.copies.items()}}
                   for i, s in steps.items()}}
-    assert set(steps) == {1, 2, 3, 4}, RESULTS[f"steps_{api}"]
+    assert set(steps) == {1, 2, 3, 4}, RESULTS[f"steps_{api}_{kernels}"]
     s1, s2, s3, s4 = (steps[i] for i in (1, 2, 3, 4))
     assert s1.kernel_count == 10 and s1.copies["dtoh"].count == 1 and s1.copies["dtoh"].bytes == 4000
     assert s2.kernel_count == 15 and s2.copies["dtoh"].count == 3 and s2.copies["dtoh"].bytes == 12000
     assert s3.kernel_count == 7 and s4.kernel_count == 2
+    assert c.step_max == 4 and c.launches_lost == 0
+    if kernels == "counted":
+        return
     assert all(s.kernel_ns > 0 for s in (s1, s2, s3, s4))
-    assert c.step_max == 4
     dev = c.devices[0]
     in_steps = sum(s.kernel_count for s in (s1, s2, s3, s4))
     assert dev.kernel_count >= in_steps + 4 + 3       # warm-up and the last 4 are counted, not stepped

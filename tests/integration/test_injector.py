@@ -395,10 +395,11 @@ def test_kernels_off_never_enables_the_kernel_kind(native, mock_lib, tmp_path, r
 
 @pytest.mark.parametrize("value", ["30/100", "100/100", "0/100", "40", "40/", "a/b", "40/100x", "20/7200000",
                                    "counted:", "counted:30/100", "counted:100", "Counted"])
-def test_bad_kernel_settings_take_the_default_with_one_line(native, mock_lib, tmp_path, records, value):
+def test_bad_kernel_settings_take_the_default_with_one_line(native, mock_lib, mock_cuda, tmp_path, records, value):
     """The default: every kernel counted, kernel records for the first 100 ms of every second."""
-    res, err, d = run_case(native, mock_lib, tmp_path, WATCH_PHASES.format(seconds=0.3),
-                           env={"OTEL_GPU_CENSUS_KERNELS": value})
+    body = textwrap.indent(textwrap.dedent(WATCH_PHASES.format(seconds=0.3)), " " * 8)   # CUDA_PRELUDE's indent
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body,
+                                  env={"OTEL_GPU_CENSUS_KERNELS": value, "OTEL_GPU_CENSUS_ATTACH": "cuinit"})
     on = [(t, k) for t, k, _ in res["samples"]]
     assert on[0][1] == 1 and all(k == 0 for t, k in on if t > 0.15), on
     assert err.count("\n") == 1 and f"ignoring OTEL_GPU_CENSUS_KERNELS={value}" in err
@@ -726,6 +727,8 @@ def test_a_bad_attach_setting_gets_a_line_and_the_default(native, mock_lib, mock
 
 
 # ---- counted kernels (OTEL_GPU_CENSUS_KERNELS=counted, the default) ----
+# Counting needs graphs counted per launch (graphs.c), which needs a driver's graph queries: these run
+# with the mock driver, set up in cuInit.
 
 COUNTED_CALLS = """
         import threading, time
@@ -744,11 +747,11 @@ COUNTED_CALLS = """
 """
 
 
-def test_counted_kernels_count_every_launch_once_and_sample_their_records(native, mock_lib, tmp_path, records):
+def test_counted_kernels_count_every_launch_once_and_sample_their_records(native, mock_lib, mock_cuda, tmp_path, records):
     """Every successful kernel launch counts once, whichever API it came through and whether the driver
     reports the runtime's inner call; failed launches and host functions do not count; records give
     time only. Windows hold the launches at the time they were made."""
-    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
         g.InitializeInjection()
         t0 = now()
         out['enabled'] = [mock.mock_callback_enabled(RT, RT_LAUNCH), mock.mock_callback_enabled(DRV, DRV_LAUNCH),
@@ -775,7 +778,7 @@ def test_counted_kernels_count_every_launch_once_and_sample_their_records(native
         out['t'] = [t0, now()]
         g.gc_flush()
         out['path'] = path()
-    """, env={"OTEL_GPU_CENSUS_KERNELS": "counted:1000/2000"})
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "counted:1000/2000"})
     assert res["enabled"] == [1, 1, 1, 0, 0] and err == ""
     p = read(native, res["path"])
     d0, d2 = p.devices[0], p.devices[2]
@@ -789,10 +792,10 @@ def test_counted_kernels_count_every_launch_once_and_sample_their_records(native
     assert placed and all(t0 - 20_000_000 <= w.start_ns <= t1 for w in placed), (t0, t1, [w.start_ns for w in placed])
 
 
-def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, tmp_path, records):
+def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, mock_cuda, tmp_path, records):
     """A step's launches are those of its thread between begin and end, nested steps' not included;
     another thread's step has its own."""
-    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
         g.InitializeInjection()
         torch_launch(2)                  # before any step
         g.gc_step_begin(42)
@@ -811,16 +814,16 @@ def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, tmp_p
         torch_launch(1)                  # after
         g.gc_flush()
         out['path'] = path()
-    """, env={"OTEL_GPU_CENSUS_KERNELS": "counted"})
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "counted"})
     p = read(native, res["path"])
     got = {i: (s.eager_launches, s.kernel_count, s.device_mask) for i, s in p.steps.items()}
     assert got == {42: (4, 4, 1), 43: (5, 5, 1), 7: (4, 4, 2)}, got
     assert (p.devices[0].kernel_count, p.devices[1].kernel_count) == (12, 4) and err == ""
 
 
-def test_counted_kernels_count_nothing_while_paused(native, mock_lib, tmp_path, records):
+def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda, tmp_path, records):
     """Started paused, nothing counts; census=on counts from then on; census=off stops it again."""
-    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
         from otel_gpu_census.census.reader import read_segment
         g.InitializeInjection()
         torch_launch(10)
@@ -840,16 +843,16 @@ def test_counted_kernels_count_nothing_while_paused(native, mock_lib, tmp_path, 
         out['off'] = switch('census=off\\n', True)
         torch_launch(20)
         g.gc_finish()
-    """, env={"OTEL_GPU_CENSUS_START": "paused", "OTEL_GPU_CENSUS_FLUSH_MS": "20", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_START": "paused", "OTEL_GPU_CENSUS_FLUSH_MS": "20", "OTEL_GPU_CENSUS_KERNELS": "counted"})
     assert res["on"] and res["off"] and err == ""
     p = read(native, next(d.glob("*.seg")))
     assert p.devices[0].kernel_count == p.devices[0].eager_launches == 3
 
 
-def test_counted_kernels_without_callbacks_trace_every_kernel(native, mock_lib, tmp_path, records):
+def test_counted_kernels_without_callbacks_trace_every_kernel(native, mock_lib, mock_cuda, tmp_path, records):
     """Under the v1 API another tool may hold CUPTI's one callback slot: then every kernel is traced (exact,
     at the old cost) with one line."""
-    res, err, d = run_case(native, mock_lib, tmp_path, COUNTED_CALLS + """
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
         g.InitializeInjection()
         t0 = now()
         torch_launch(3)
@@ -857,8 +860,24 @@ def test_counted_kernels_without_callbacks_trace_every_kernel(native, mock_lib, 
             queue(cr.kernel(t0 + i, t0 + i + 1), cr.KERNEL_T)
         g.gc_flush()
         out['kernels_on'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
-    """, env={"MOCK_CUPTI_SLOT_TAKEN": "1", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "MOCK_CUPTI_SLOT_TAKEN": "1", "OTEL_GPU_CENSUS_KERNELS": "counted"})
     p = read(native, next(d.glob("*.seg")))
     assert p.kernels.name == "all" and p.devices[0].kernel_count == 3 and res["kernels_on"] == 1
-    assert err.count("\n") == 2 and "launches not counted: cannot subscribe" in err
-    assert "OTEL_GPU_CENSUS_KERNELS=counted: no launch callbacks; tracing all kernels" in err
+    # graphs.c asks for callbacks first, so it is the one refused, and graphs go node by node
+    assert err.count("\n") == 2 and "cannot subscribe to CUPTI callbacks" in err
+    assert "OTEL_GPU_CENSUS_KERNELS=counted: graphs are traced node by node; tracing all kernels" in err
+
+
+def test_counted_kernels_with_graphs_node_by_node_trace_every_kernel(native, mock_lib, mock_cuda, tmp_path, records):
+    """Graphs traced node by node put their kernels in records, which a duty cycle would leave out: then
+    every kernel is traced, with one line, and the control file cannot turn counting on."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        t0 = now()
+        torch_launch(2)
+        queue(cr.kernel(t0, t0 + 1), cr.KERNEL_T)
+        g.gc_flush()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "counted", "OTEL_GPU_CENSUS_GRAPHS": "node"})
+    p = read(native, next(d.glob("*.seg")))
+    assert p.kernels.name == "all" and p.devices[0].kernel_count == 1 and p.devices[0].eager_launches == 0
+    assert err.count("\n") == 1 and "graphs are traced node by node; tracing all kernels" in err

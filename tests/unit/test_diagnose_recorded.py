@@ -8,6 +8,9 @@ bench/results/2026-12-02-h200-explain.tgz): each run's census folder and the cli
   offload  -ngl 16: half the layers' weights copied in for every batch
   matmul / tiny  busy loops with NVML GPM's SM occupancy: the matmul fills 14 % of the warp slots
            while busy 98 % of the time; the tiny kernels leave the GPU idle (no occupancy diagnosis)
+
+The segments were written in layout version 3; they are upgraded to the reader's layout when unpacked
+(:func:`upgrade_v3`).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu_census._native import LAYOUT_VERSION, SEGMENT_SIZE, ffi
 from otel_gpu_census.census.reader import scan
 from otel_gpu_census.diagnose import Facts, diagnose
 from otel_gpu_census.request_log import load
@@ -24,11 +28,34 @@ ARCHIVE = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-0
 OCCUPANCY = {"matmul": 0.14130060040920422, "tiny": 7.714970587925094e-06}   # busy/busy_gap.json
 
 
+def upgrade_v3(data: bytes) -> bytes:
+    """A layout-3 segment in layout 4: gc_device's eager_* fields took its two reserved words and one
+    more, gc_window and gc_step got them before device_mask (their last field), and the header's
+    launches_lost took a reserved word. The new fields read 0, as in a census of that time."""
+    head = ffi.offsetof("gc_segment", "devices")
+    out = bytearray(data[:head])
+    out[8:16] = LAYOUT_VERSION.to_bytes(4, "little") + SEGMENT_SIZE.to_bytes(4, "little")
+    at = head
+    # (struct, slots, its size in layout 3, bytes kept at its end: device_mask)
+    for ctype, n, old, tail in (("gc_device", 16, ffi.sizeof("gc_device") - 16, 0),
+                                ("gc_window", 2048, ffi.sizeof("gc_window") - 24, 8),
+                                ("gc_step", 1024, ffi.sizeof("gc_step") - 24, 8)):
+        keep = ffi.offsetof(ctype, "eager_launches")
+        for _ in range(n):
+            row = data[at:at + old]
+            out += row[:keep] + bytes(ffi.sizeof(ctype) - keep - tail) + row[old - tail:]
+            at += old
+    assert at == len(data) and len(out) == SEGMENT_SIZE
+    return bytes(out)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("explain")
     with tarfile.open(ARCHIVE) as tar:
         tar.extractall(root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    for seg in root.rglob("*.seg"):
+        seg.write_bytes(upgrade_v3(seg.read_bytes()))
     return root
 
 

@@ -144,14 +144,20 @@ def test_rings_read_as_rows_match_the_struct_fields(census_dir, segments, record
         return {d: stat(arr[i]) for i, d in enumerate(DIRECTIONS) if arr[i].count or arr[i].ns}
     win_ns = seg.window_ns_div * 1000
     want = sorted(((w.index * win_ns, (w.index + 1) * win_ns, w.kernel_count, w.kernel_ns, copies(w.copy),
-                    stat(w.memset), w.device_mask) for w in seg.windows if w.index))
-    got = [(w.start_ns, w.end_ns, w.kernel_count, w.kernel_ns, w.copies, w.memset, w.device_mask) for w in c.windows]
+                    stat(w.memset), w.device_mask, w.eager_launches, w.eager_traced, w.eager_traced_ns)
+                   for w in seg.windows if w.index))
+    got = [(w.start_ns, w.end_ns, w.kernel_count, w.kernel_ns, w.copies, w.memset, w.device_mask, w.eager_launches,
+            w.eager_traced, w.eager_traced_ns) for w in c.windows]
     assert got == want and len(got) == 6 and all(w[4] for w in got)
+    assert [(w[8], w[9]) for w in got] == [(1, MS + k) for k in range(6)]     # eager kernel records (ALL)
     (s,) = [s for s in seg.steps if s.id]
     st = c.steps[77]
-    assert (st.kernel_count, st.kernel_ns, st.first_ns, st.last_ns, st.copies, st.memset, st.device_mask) == (
-        s.kernel_count, s.kernel_ns, s.first_ns, s.last_ns, copies(s.copy), stat(s.memset), s.device_mask)
+    assert (st.kernel_count, st.kernel_ns, st.first_ns, st.last_ns, st.copies, st.memset, st.device_mask,
+            st.eager_launches, st.eager_traced, st.eager_traced_ns) == (
+        s.kernel_count, s.kernel_ns, s.first_ns, s.last_ns, copies(s.copy), stat(s.memset), s.device_mask,
+        s.eager_launches, s.eager_traced, s.eager_traced_ns)
     assert st.kernel_count == 6 and st.memset.count == 6 and len(st.copies) == 3
+    assert (st.eager_launches, st.eager_traced, st.eager_traced_ns) == (0, 6, 6 * MS + 15)
 
 
 def test_identity_fields(census_dir, segments):

@@ -71,6 +71,8 @@ def test_device_totals_read_from_bytes_match_the_struct_field_by_field(tmp_path)
     from otel_gpu_census.census import DIRECTIONS, MEMORY_KINDS, ZERO, reader
     from segments import map_segment
 
+    FIELDS = ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches", "graph_ns",
+              "graph_kernel_count", "eager_launches", "eager_traced", "eager_traced_ns")
     mm, seg = map_segment(tmp_path / "gpu-census-1-1.seg", b"x")
     n = iter(range(1, 1 << 20))
     used = (0, 3, 15)                   # first, middle and last slot; the others stay unused
@@ -78,7 +80,7 @@ def test_device_totals_read_from_bytes_match_the_struct_field_by_field(tmp_path)
         d = seg.devices[k]
         d.in_use, d.device_id = 1, 10 + k
         d.uuid = bytes(range(k, k + 16))
-        for f in ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches", "graph_ns"):
+        for f in FIELDS:
             setattr(d, f, next(n))
         for i in range(len(DIRECTIONS)):
             for j in range(len(MEMORY_KINDS)):
@@ -95,7 +97,7 @@ def test_device_totals_read_from_bytes_match_the_struct_field_by_field(tmp_path)
     for k in used:
         d, t = seg.devices[k], got[10 + k]
         assert t.device_id == 10 + k and t.uuid == reader.format_uuid(bytes(range(k, k + 16)))
-        for f in ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches", "graph_ns"):
+        for f in FIELDS:
             assert getattr(t, f) == getattr(d, f), f
         want = {(DIRECTIONS[i], MEMORY_KINDS[j]): (d.copy[i][j].count, d.copy[i][j].bytes, d.copy[i][j].ns)
                 for i in range(len(DIRECTIONS)) for j in range(len(MEMORY_KINDS))

@@ -16,7 +16,8 @@ census folder that was alive during the request.
 :class:`GpuCost` is engine-neutral: ``method`` says how the share was found (``time_window_shared``
 here; ``step_tokens`` for per-step shares), ``steps`` how many steps it covers (0 for windows), and
 ``note`` an integration's explanation of what its spans show (the span attribute
-``gpu_census.attribution.note`` leads with it).
+``gpu_census.attribution.note`` leads with it). Under counted kernel tracing (the default) its kernel
+counts are exact and its kernel times estimated (:meth:`GpuCost.kernel_time`).
 """
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..census import FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, ProcessCensus, folder, proctree, reader
+from ..census import (FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, DeviceTotals, KernelTime, ProcessCensus,
+                      eager_mean_ns, folder, kernel_time, proctree, reader)
 from .shares import NOTHING, Share
 from .windows import METHOD as WINDOW_METHOD
 from .windows import Interval, attribute
@@ -70,13 +73,23 @@ class GpuCost:
     pids: List[int] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     waited_s: float = 0.0
-    kernel_tracing: List[str] = field(default_factory=list)   # each process's mode: all, off, ON/PERIOD
+    # each process's mode: all, off, ON/PERIOD, counted:ON/PERIOD
+    kernel_tracing: List[str] = field(default_factory=list)
     kernel_traced_ns: int = 0       # of the request's span (summed over processes), kernels traced ...
     kernel_span_ns: int = 0         # ... out of this long (step attribution: over its steps, x tokens)
+    # counted kernel tracing (a server's processes share one mode): kernel times are estimated, eager
+    # launches priced at a share's own sample's mean, else at this one (the processes' over their life)
+    kernel_counted: bool = False
+    eager_mean_ns: Optional[Fraction] = None
 
     @property
     def kernel_traced_ratio(self) -> float:
         return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
+
+    def kernel_time(self, share: Share) -> KernelTime:
+        """Kernel time of one of its shares (share, prefill, window, unattributed): measured, or under
+        counted tracing estimated (census.kernel_time)."""
+        return kernel_time(share, self.kernel_counted, self.eager_mean_ns)
 
     @property
     def has_figures(self) -> bool:
@@ -191,6 +204,7 @@ def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[Process
     lo, hi = req_span
     cost = GpuCost(status=COMPLETE)
     most = 0
+    life = DeviceTotals(device_id=-1)      # the counted processes over their life: the fallback mean
     for c in censuses:
         ws, wlo, whi = _wall_span(c, lo, hi)
         cost.pids.append(c.pid)
@@ -209,6 +223,9 @@ def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[Process
             cost.kernel_tracing.append(c.kernels.name)
         cost.kernel_traced_ns += c.kernels.traced_between(c.wall_to_gpu_ns(lo), c.wall_to_gpu_ns(hi))
         cost.kernel_span_ns += max(0, hi - lo)
+        if c.kernels.counted:
+            cost.kernel_counted = True
+            life = life + c.totals()
         if not ws:
             continue
         touching = [iv for iv in intervals if iv.overlaps(wlo, whi)]
@@ -221,6 +238,7 @@ def cost_of(key: Hashable, req_span: Tuple[int, int], censuses: Sequence[Process
         cost.buckets += a.buckets
         most = max([most] + [a.concurrency_max.get(k, 0) for k in mine])
     cost.concurrency_max = most
+    cost.eager_mean_ns = eager_mean_ns(life)
     return cost
 
 

@@ -1,8 +1,9 @@
 """Integer GPU activity owned by one party, and the arithmetic that splits it without losing a unit.
 
 Every attribution method (by time window, by step) ends in the same place: integers (kernel count and
-time, copy count/bytes/time per direction, memset) split among parties so that the parts sum exactly
-to the whole. :func:`split_weights` does that by the largest-remainder method in integer arithmetic.
+time, copy count/bytes/time per direction, memset, eager kernel launches and records) split among
+parties so that the parts sum exactly to the whole. :func:`split_weights` does that by the
+largest-remainder method in integer arithmetic.
 """
 from __future__ import annotations
 
@@ -11,21 +12,31 @@ from fractions import Fraction
 from math import gcd
 from typing import Dict, List, Sequence
 
-from ..census import DIRECTIONS, ZERO, Stat, Window
+from ..census import DIRECTIONS, ZERO, Stat, Step, Window
 
 
 @dataclass(frozen=True)
 class Share:
-    """Integer GPU activity owned by one party: the same fields a census Window carries."""
+    """Integer GPU activity owned by one party: the same fields a census Window carries. Under COUNTED
+    kernel tracing its kernel time is estimated from the eager_* fields (``census.kernel_time``)."""
 
     kernel_count: int = 0
     kernel_ns: int = 0
     copies: Dict[str, Stat] = field(default_factory=dict)    # by direction; absent means zero
     memset: Stat = ZERO
+    eager_launches: int = 0
+    eager_traced: int = 0
+    eager_traced_ns: int = 0
 
     @classmethod
     def of_window(cls, w: Window) -> "Share":
-        return cls(w.kernel_count, w.kernel_ns, {d: s for d, s in w.copies.items() if s != ZERO}, w.memset)
+        return cls(w.kernel_count, w.kernel_ns, {d: s for d, s in w.copies.items() if s != ZERO}, w.memset,
+                   w.eager_launches, w.eager_traced, w.eager_traced_ns)
+
+    @classmethod
+    def of_step(cls, s: Step) -> "Share":
+        return cls(s.kernel_count, s.kernel_ns, {d: x for d, x in s.copies.items() if x != ZERO}, s.memset,
+                   s.eager_launches, s.eager_traced, s.eager_traced_ns)
 
     def copy(self, direction: str) -> Stat:
         return self.copies.get(direction, ZERO)
@@ -35,19 +46,22 @@ class Share:
         for d, s in o.copies.items():
             copies[d] = copies.get(d, ZERO) + s
         return Share(self.kernel_count + o.kernel_count, self.kernel_ns + o.kernel_ns,
-                     {d: s for d, s in copies.items() if s != ZERO}, self.memset + o.memset)
+                     {d: s for d, s in copies.items() if s != ZERO}, self.memset + o.memset,
+                     self.eager_launches + o.eager_launches, self.eager_traced + o.eager_traced,
+                     self.eager_traced_ns + o.eager_traced_ns)
 
     def is_zero(self) -> bool:
-        return (self.kernel_count == 0 and self.kernel_ns == 0 and self.memset == ZERO
-                and all(s == ZERO for s in self.copies.values()))
+        return not any(self.as_row())
 
     def as_row(self) -> List[int]:
-        """Every integer as one row in a fixed order (kernels, copies by direction, memset), for splitting."""
+        """Every integer as one row in a fixed order (kernels, copies by direction, memset, eager kernels),
+        for splitting."""
         out = [self.kernel_count, self.kernel_ns]
         for d in DIRECTIONS:
             s = self.copy(d)
             out += [s.count, s.bytes, s.ns]
         out += [self.memset.count, self.memset.bytes, self.memset.ns]
+        out += [self.eager_launches, self.eager_traced, self.eager_traced_ns]
         return out
 
     @classmethod
@@ -59,7 +73,7 @@ class Share:
             if s != ZERO:
                 copies[d] = s
         m = 2 + 3 * len(DIRECTIONS)
-        return cls(v[0], v[1], copies, Stat(*v[m:m + 3]))
+        return cls(v[0], v[1], copies, Stat(*v[m:m + 3]), *v[m + 3:m + 6])
 
 
 NOTHING = Share()

@@ -34,6 +34,10 @@ With sampled kernel tracing (``OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS``) a step
 census only if it ran inside a traced phase, so a request's kernel figures are a sample: the ledger
 also weighs each step's traced share of its wall time by the request's tokens (``Settled.kernel_*``,
 the span's ``gpu_census.kernel.traced_ratio``). The weights only describe the split; they change none.
+With counted kernel tracing (``counted``, the default) every step's kernels are counted, and its eager
+kernel records only in the traced phases: a request's kernel count is exact and its kernel time an
+estimate (``Settled.kernel_time``: the eager launches of its share priced at its own sample's mean,
+else at the processes' mean over their life).
 
 Steps are split in id order, each once, when the census is complete past the step's end
 (``complete_wall_ns``; of every process), so a step shared by a request that ends now and one that
@@ -50,9 +54,10 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
-from ..census import ProcessCensus, Step
+from ..census import DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time
 from .shares import NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
@@ -105,10 +110,18 @@ class Settled:
     kernel_tracing: List[str] = field(default_factory=list)
     kernel_traced_ns: int = 0
     kernel_span_ns: int = 0
+    # counted kernel tracing: its kernel time is estimated (kernel_time), by this mean where its share
+    # has no eager kernel record of its own (the processes' mean over their life, as of its settling)
+    kernel_counted: bool = False
+    eager_mean_ns: Optional[Fraction] = None
 
     @property
     def kernel_traced_ratio(self) -> float:
         return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
+
+    def kernel_time(self, share: Share) -> KernelTime:
+        """Kernel time of `share` (its share or prefill): measured, or estimated under counted tracing."""
+        return kernel_time(share, self.kernel_counted, self.eager_mean_ns)
 
 
 @dataclass
@@ -116,10 +129,11 @@ class _Traced:
     modes: List[str] = field(default_factory=list)
     traced: int = 0
     span: int = 0
+    counted: bool = False
 
 
 def _flat(step: Step) -> List[int]:
-    return Share(step.kernel_count, step.kernel_ns, dict(step.copies), step.memset).as_row()
+    return Share.of_step(step).as_row()
 
 
 def split_step(values: List[int], tokens: Mapping[Hashable, int]) -> List[Tuple[Hashable, List[int]]]:
@@ -175,6 +189,7 @@ class StepLedger:
         self.steps_missing = 0      # steps the census ring no longer held when their turn came
         self.steps_dropped = 0      # steps forgotten because the census lagged MAX_BOOK steps behind
         self.per_process: Dict[Any, Dict[str, Any]] = {}   # with several processes: pid -> totals
+        self.eager_mean_ns: Optional[Fraction] = None      # of the counted processes over their life
 
     # -- from the engine thread: cheap appends --------------------------------------------------
     def step_opened(self, sid: int, tokens: MutableMapping[Hashable, int], wall_ns: int,
@@ -242,6 +257,7 @@ class StepLedger:
         closed = list(itertools.takewhile(lambda e: e.closed_ns or final, list(book)))
         if closed:
             sources = self._read(closed[0].sid, closed[-1].sid)
+            self._note_eager_mean(sources)
             complete = min((self._complete_up_to(h, final) for h, _ in sources), default=0)
             if complete != self._flushes[1]:
                 self._flushes = (self._flushes[1], complete)
@@ -280,7 +296,8 @@ class StepLedger:
             s = Settled(key, facts, end, "complete" if ok else "stale",
                         Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns,
                         sub=Share.from_row(acc.sub), weights=dict(acc.weights),
-                        kernel_tracing=tr.modes, kernel_traced_ns=tr.traced, kernel_span_ns=tr.span)
+                        kernel_tracing=tr.modes, kernel_traced_ns=tr.traced, kernel_span_ns=tr.span,
+                        kernel_counted=tr.counted, eager_mean_ns=self.eager_mean_ns if tr.counted else None)
             if not ok:
                 self._closed_early[key] = max(last, self.last_sid) if waited else last
                 if waited:
@@ -293,6 +310,18 @@ class StepLedger:
         for key in [k for k, last in self._closed_early.items() if last <= self.settled_sid]:
             del self._closed_early[key]
         return out
+
+    def _note_eager_mean(self, sources: Sequence[Census]) -> None:
+        """The counted processes' mean eager kernel duration over their life, from headers just read
+        (kept when none has a sample yet)."""
+        life = DeviceTotals(device_id=-1)
+        for head, _ in sources:
+            kernels = getattr(head, "kernels", None)
+            if kernels is not None and kernels.counted:
+                life = life + head.totals()
+        mean = eager_mean_ns(life)
+        if mean is not None:
+            self.eager_mean_ns = mean
 
     @staticmethod
     def _process_key(head, n: int):
@@ -349,12 +378,14 @@ class StepLedger:
         end = max(e.closed_ns, e.opened_ns + 1)      # final settling: a step never touched counts 1 ns
         traced = span = 0
         modes = []
+        counted = False
         for head, _ in sources:
             kernels = getattr(head, "kernels", None)
             if kernels is None:
                 continue
             traced += kernels.traced_between(head.wall_to_gpu_ns(e.opened_ns), head.wall_to_gpu_ns(end))
             span += end - e.opened_ns
+            counted = counted or kernels.counted
             if kernels.name not in modes:
                 modes.append(kernels.name)
         if not span:
@@ -365,11 +396,12 @@ class StepLedger:
                 tr = self._traced[key] = _Traced()
             tr.traced += n * traced
             tr.span += n * span
+            tr.counted = tr.counted or counted
             tr.modes.extend(m for m in modes if m not in tr.modes)
 
     def _split_one(self, e: _Entry, values: List[int], proc, served: set) -> None:
         """Add one process's values of step `e` to its requests' shares (split_step's split, worked on
-        the step's non-zero fields only: a decode step has ~8 of the 23, and this runs for every
+        the step's non-zero fields only: a decode step has ~8 of the 26, and this runs for every
         request of every step on a thread beside the engine's loop)."""
         sub = e.kind != TOKENS
         rank = None

@@ -2,12 +2,14 @@
 
 The reader (``reader.py``) turns a census segment (``native/include/gpu_census.h``) into these
 objects; metrics, spans and reports read only these. Every field is an exact integer count, byte
-total or nanosecond total as the injector tallied it; ratios are derived here, never stored.
+total or nanosecond total as the injector tallied it; ratios are derived here, never stored. The one
+estimate, the kernel time of eager kernels under COUNTED tracing, is made here too (:func:`kernel_time`).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .._native import consts as _c
@@ -21,6 +23,7 @@ MEMORY_KINDS: Tuple[str, ...] = ("pageable", "pinned", "device", "other")
 STATE_ACTIVE, STATE_EXITED = _c.GC_STATE_ACTIVE, _c.GC_STATE_EXITED
 STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
 KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
+KERNELS_COUNTED = _c.GC_KERNELS_COUNTED
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
@@ -103,6 +106,11 @@ class DeviceTotals:
     copies: CopyTable = field(default_factory=CopyTable)   # ("ptop", "device"): sent to another device
     memset: Stat = ZERO
     peer_recv: Stat = ZERO         # peer copies this device received from other devices
+    # Eager (non-graph) kernels: launches the launch callbacks counted (COUNTED only), and the kernel
+    # records tallied with their summed durations (part of kernel_ns): the sample COUNTED prices them by.
+    eager_launches: int = 0
+    eager_traced: int = 0
+    eager_traced_ns: int = 0
 
     def __sub__(self, o: "DeviceTotals") -> "DeviceTotals":
         return dataclasses.replace(
@@ -117,6 +125,9 @@ class DeviceTotals:
             copies=self.copies - o.copies,
             memset=self.memset - o.memset,
             peer_recv=self.peer_recv - o.peer_recv,
+            eager_launches=self.eager_launches - o.eager_launches,
+            eager_traced=self.eager_traced - o.eager_traced,
+            eager_traced_ns=self.eager_traced_ns - o.eager_traced_ns,
         )
 
     def __add__(self, o: "DeviceTotals") -> "DeviceTotals":
@@ -136,6 +147,9 @@ class DeviceTotals:
             copies=self.copies + o.copies,
             memset=self.memset + o.memset,
             peer_recv=self.peer_recv + o.peer_recv,
+            eager_launches=self.eager_launches + o.eager_launches,
+            eager_traced=self.eager_traced + o.eager_traced,
+            eager_traced_ns=self.eager_traced_ns + o.eager_traced_ns,
         )
 
 
@@ -150,6 +164,9 @@ class Window:
     copies: Dict[str, Stat] = field(default_factory=dict)   # by direction
     memset: Stat = ZERO
     device_mask: int = 0
+    eager_launches: int = 0        # as in DeviceTotals; launches placed by launch time, records by start
+    eager_traced: int = 0
+    eager_traced_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,20 +181,30 @@ class Step:
     copies: Dict[str, Stat] = field(default_factory=dict)   # by direction
     memset: Stat = ZERO
     device_mask: int = 0
+    eager_launches: int = 0        # as in DeviceTotals
+    eager_traced: int = 0
+    eager_traced_ns: int = 0
 
 
 @dataclass(frozen=True)
 class KernelTracing:
-    """Which kernels the census saw (OTEL_GPU_CENSUS_KERNELS). In SAMPLED mode the injector traces
-    the kernels launched during the first `on_ms` of every `period_ms`, counted from `origin_gpu_ns`
-    (CUPTI clock): kernel counts, time and busy are exact for those phases and absent outside them.
-    Copies and memsets are always complete."""
+    """Which kernels the census saw (OTEL_GPU_CENSUS_KERNELS). Copies and memsets are always complete.
+
+    - ALL: every kernel traced; every figure exact.
+    - SAMPLED: the kernels launched during the first `on_ms` of every `period_ms`, counted from
+      `origin_gpu_ns` (CUPTI clock), traced: kernel counts, time and busy are exact for those phases and
+      absent outside them.
+    - COUNTED (the default): every kernel counted exactly (eager launches by the launch callbacks, graph
+      kernels from their graphs), and every graph launch's span timed; only eager kernels' records
+      (their durations) and busy keep to the SAMPLED schedule. Exact: kernel counts, graph spans,
+      copies, memsets. Estimated: the time of eager kernels (:func:`kernel_time`). Busy: traced phases.
+    - OFF: no kernels."""
 
     mode: int = KERNELS_ALL
     on_ms: int = 0
     period_ms: int = 0
     origin_gpu_ns: int = 0
-    traced_ns: int = 0             # SAMPLED: how long tracing was on, as of complete_wall_ns
+    traced_ns: int = 0             # SAMPLED, COUNTED: how long tracing was on, as of complete_wall_ns
     tracing: bool = True
     outside: int = 0               # kernel records that started outside a traced phase: not counted
 
@@ -185,12 +212,24 @@ class KernelTracing:
     def name(self) -> str:
         if self.mode == KERNELS_SAMPLED:
             return f"{self.on_ms}/{self.period_ms}"
+        if self.mode == KERNELS_COUNTED:
+            return f"counted:{self.on_ms}/{self.period_ms}"
         return {KERNELS_ALL: "all", KERNELS_OFF: "off"}.get(self.mode, f"unknown({self.mode})")
 
     @property
+    def counted(self) -> bool:
+        """Kernel counts exact, eager kernels' time estimated from a sample (COUNTED)."""
+        return self.mode == KERNELS_COUNTED
+
+    @property
+    def scheduled(self) -> bool:
+        """Kernel records, and so busy time, only in the phases of the ON/PERIOD schedule (SAMPLED, COUNTED)."""
+        return self.mode in (KERNELS_SAMPLED, KERNELS_COUNTED)
+
+    @property
     def fraction(self) -> float:
-        """Share of time kernels are traced: 1 (all), on/period (sampled), 0 (off)."""
-        if self.mode == KERNELS_SAMPLED and self.period_ms:
+        """Share of time kernels are traced: 1 (all), on/period (sampled, counted), 0 (off)."""
+        if self.scheduled and self.period_ms:
             return self.on_ms / self.period_ms
         return 0.0 if self.mode == KERNELS_OFF else 1.0
 
@@ -207,9 +246,52 @@ class KernelTracing:
         schedule (the switch itself lands within a millisecond or so of it)."""
         if gpu_end_ns <= gpu_start_ns or self.mode == KERNELS_OFF:
             return 0
-        if self.mode != KERNELS_SAMPLED or not self.period_ms:
+        if not self.scheduled or not self.period_ms:
             return gpu_end_ns - gpu_start_ns
         return self._on_before(gpu_end_ns) - self._on_before(gpu_start_ns)
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Kernel time of one scope (a device, window, step or request's share): measured, or under COUNTED
+    the graph spans and the traced eager kernels' durations with the sample's ones replaced by every
+    eager launch priced at a mean duration."""
+
+    ns: int
+    estimated: bool = False        # COUNTED, with eager kernels in the scope: ns is an estimate
+    unknown: bool = False          # COUNTED: eager launches and no mean to price them: left out of ns
+
+    def __add__(self, o: "KernelTime") -> "KernelTime":
+        return KernelTime(self.ns + o.ns, self.estimated or o.estimated, self.unknown or o.unknown)
+
+
+def eager_mean_ns(scope) -> Optional[Fraction]:
+    """Mean duration of the eager kernel records of `scope` (anything with eager_traced and
+    eager_traced_ns), exact; None when it has none."""
+    return Fraction(scope.eager_traced_ns, scope.eager_traced) if scope.eager_traced > 0 else None
+
+
+def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = None) -> KernelTime:
+    """The kernel time of `scope` (kernel_ns and the eager_* fields: DeviceTotals, Window, Step, a Share).
+
+    Not COUNTED: kernel_ns as measured. COUNTED: kernel_ns - eager_traced_ns + eager_launches x mean,
+    rounded to the ns, the mean being the scope's own sample (eager_traced_ns / eager_traced) or, without
+    one, `fallback_mean_ns` (the process's over its life, :meth:`ProcessCensus.eager_mean_ns`). With
+    neither the eager launches' time is unknown and left out."""
+    if not counted:
+        return KernelTime(scope.kernel_ns)
+    # a split share rounds each field apart: its eager part may exceed its kernel_ns by a unit
+    base = max(0, scope.kernel_ns - scope.eager_traced_ns)
+    estimated = bool(scope.eager_launches or scope.eager_traced)
+    if not scope.eager_launches:
+        return KernelTime(base, estimated)
+    mean = eager_mean_ns(scope)
+    if mean is None:
+        mean = fallback_mean_ns
+    if mean is None:
+        return KernelTime(base, True, unknown=True)
+    eager = scope.eager_launches * mean
+    return KernelTime(base + (2 * eager.numerator + eager.denominator) // (2 * eager.denominator), True)
 
 
 @dataclass(frozen=True)
@@ -280,6 +362,7 @@ class ProcessCensus:
     torn: bool = False            # writer died mid-update: values may be mid-change
     alive: bool = True            # the process still runs (same pid and start time)
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
+    launches_lost: int = 0        # COUNTED: eager launches counted but placed nowhere (in no total)
     kernels: KernelTracing = KernelTracing()
     graphs: GraphTracing = GraphTracing()
     attach: Attach = Attach()
@@ -301,6 +384,16 @@ class ProcessCensus:
         for d in self.devices.values():
             out = out + d
         return out
+
+    def eager_mean_ns(self) -> Optional[Fraction]:
+        """Mean eager kernel duration over the process's life, all devices: the fallback mean of
+        :func:`kernel_time` for its windows, steps and requests."""
+        return eager_mean_ns(self.totals())
+
+    def kernel_time(self, scope) -> KernelTime:
+        """:func:`kernel_time` of one of this process's scopes, priced by its own mode and mean."""
+        own = not self.kernels.counted or eager_mean_ns(scope) is not None
+        return kernel_time(scope, self.kernels.counted, None if own else self.eager_mean_ns())
 
     def windows_between(self, gpu_start_ns: int, gpu_end_ns: int) -> List[Window]:
         """Buckets that overlap [gpu_start_ns, gpu_end_ns) of the CUPTI clock."""

@@ -189,13 +189,16 @@ _DEV_ID = ffi.offsetof("gc_device", "device_id")
 _DEV_UUID = ffi.offsetof("gc_device", "uuid")
 _DEV_COL = {name: (ffi.offsetof("gc_device", name) - _DEV_U64) // _U64
             for name in ("kernel_count", "kernel_ns", "busy_ns", "first_ns", "last_ns", "graph_launches",
-                         "graph_ns", "copy", "memset", "peer_recv", "graph_kernel_count")}
+                         "graph_ns", "copy", "memset", "peer_recv", "graph_kernel_count", "eager_launches",
+                         "eager_traced", "eager_traced_ns")}
 _DEV_CELLS = [(3 * (i * len(MEMORY_KINDS) + j), (direction, mem))
               for i, direction in enumerate(DIRECTIONS) for j, mem in enumerate(MEMORY_KINDS)]
 assert (_DEV_U64 % _U64 == 0 and _DEV_OFF % _U64 == 0 and _DEV_SIZE % _U64 == 0
         and [_DEV_COL[n] for n in list(_DEV_COL)[:8]] == list(range(8)) and _DEV_COL["memset"] == 7 + 3 * len(_DEV_CELLS)
         and _DEV_COL["peer_recv"] == _DEV_COL["memset"] + 3
         and _DEV_COL["graph_kernel_count"] == _DEV_COL["peer_recv"] + 3
+        and [_DEV_COL[n] for n in ("eager_launches", "eager_traced", "eager_traced_ns")]
+        == [_DEV_COL["graph_kernel_count"] + i for i in (1, 2, 3)]
         and ffi.sizeof(dict(ffi.typeof("gc_device").fields)["copy"].type) == 3 * _U64 * len(_DEV_CELLS)), \
     "gc_device is not what the reader expects: the reader needs changing with gpu_census.h"
 
@@ -216,7 +219,7 @@ def _devices(data) -> Dict[int, DeviceTotals]:
                 n, b, t = row[c + off:c + off + 3]
                 if n or b or t:
                     cells[key] = Stat(n, b, t)
-            m, pr = _DEV_COL["memset"], _DEV_COL["peer_recv"]
+            m, pr, e = _DEV_COL["memset"], _DEV_COL["peer_recv"], _DEV_COL["eager_launches"]
             device_id = int.from_bytes(view[at + _DEV_ID:at + _DEV_ID + 4], "little")
             out[device_id] = DeviceTotals(
                 device_id=device_id,
@@ -226,6 +229,7 @@ def _devices(data) -> Dict[int, DeviceTotals]:
                 copies=CopyTable(cells),
                 memset=Stat(*row[m:m + 3]) if any(row[m:m + 3]) else ZERO,
                 peer_recv=Stat(*row[pr:pr + 3]) if any(row[pr:pr + 3]) else ZERO,
+                eager_launches=row[e], eager_traced=row[e + 1], eager_traced_ns=row[e + 2],
             )
     finally:
         view.release()
@@ -286,7 +290,9 @@ def _window(row: Sequence[int], window_ns: int) -> Window:
     idx, m = row[col["index"]], col["memset"]
     return Window(start_ns=idx * window_ns, end_ns=(idx + 1) * window_ns, kernel_count=row[col["kernel_count"]],
                   kernel_ns=row[col["kernel_ns"]], copies=_row_copies(row, col["copy"]),
-                  memset=Stat(*row[m:m + 3]), device_mask=row[col["device_mask"]])
+                  memset=Stat(*row[m:m + 3]), device_mask=row[col["device_mask"]],
+                  eager_launches=row[col["eager_launches"]], eager_traced=row[col["eager_traced"]],
+                  eager_traced_ns=row[col["eager_traced_ns"]])
 
 
 def _step(row: Sequence[int]) -> Step:
@@ -294,7 +300,9 @@ def _step(row: Sequence[int]) -> Step:
     m = col["memset"]
     return Step(id=row[col["id"]], kernel_count=row[col["kernel_count"]], kernel_ns=row[col["kernel_ns"]],
                 first_ns=row[col["first_ns"]], last_ns=row[col["last_ns"]], copies=_row_copies(row, col["copy"]),
-                memset=Stat(*row[m:m + 3]), device_mask=row[col["device_mask"]])
+                memset=Stat(*row[m:m + 3]), device_mask=row[col["device_mask"]],
+                eager_launches=row[col["eager_launches"]], eager_traced=row[col["eager_traced"]],
+                eager_traced_ns=row[col["eager_traced_ns"]])
 
 
 def _window_ns(data) -> int:
@@ -329,7 +337,7 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         records=seg.records, records_unknown=seg.records_unknown, dropped=seg.dropped,
         buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
-        complete_wall_ns=seg.complete_wall_ns,
+        complete_wall_ns=seg.complete_wall_ns, launches_lost=seg.launches_lost,
         kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
                               origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside),

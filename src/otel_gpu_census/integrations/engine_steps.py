@@ -332,7 +332,8 @@ class StepEngine:
                 cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
                                steps=s.steps, note=self.NOTE, share=s.share, prefill=s.prefill,
                                pids=self.census_pids(), notes=list(s.notes), kernel_tracing=list(s.kernel_tracing),
-                               kernel_traced_ns=s.kernel_traced_ns, kernel_span_ns=s.kernel_span_ns)
+                               kernel_traced_ns=s.kernel_traced_ns, kernel_span_ns=s.kernel_span_ns,
+                               kernel_counted=s.kernel_counted, eager_mean_ns=s.eager_mean_ns)
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
@@ -405,8 +406,11 @@ class RequestLog:
     (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
     run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
     Bounded: at most MAX_LINES requests, then one log line; written where settling runs. Under
-    sampled kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
-    ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``."""
+    sampled or counted kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
+    ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``; under counted tracing its kernel times
+    are estimates (Settled.kernel_time) and ``kernel_time_estimated`` says so (as the span's
+    ``gpu_census.kernel.time_estimated``), with ``kernel_time_unknown`` when no sample priced its
+    eager launches."""
 
     MAX_LINES = 200_000
 
@@ -452,14 +456,21 @@ class RequestLog:
         self._lines += 1
         eng = self._engine
         rid, response = eng.request_ids(s.key) if eng is not None else (s.key, s.key)
+        kt = s.kernel_time(s.share)
         obj = {"id": rid, "response_id": response, "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
-               "gpu": share_attributes("", s.share), "prefill": share_attributes("", s.prefill)}
+               "gpu": share_attributes("", s.share, kernel_ns=kt.ns),
+               "prefill": share_attributes("", s.prefill, kernel_ns=s.kernel_time(s.prefill).ns)}
         if s.kernel_tracing and s.kernel_tracing != ["all"]:
-            # its kernel figures are a sample: kernel.time_ns / kernel_traced_ratio estimates the whole
+            # sampled: its kernel figures are a sample, kernel.time_ns / kernel_traced_ratio estimates the
+            # whole; counted: its kernel counts are exact and kernel.time_ns is already an estimate
             obj["kernel_tracing"] = ",".join(s.kernel_tracing)
             obj["kernel_traced_ratio"] = round(s.kernel_traced_ratio, 4)
+        if s.kernel_counted:
+            obj["kernel_time_estimated"] = kt.estimated
+            if kt.unknown:
+                obj["kernel_time_unknown"] = True
         if eng is not None:
             obj.update(eng.log_fields(s))
         if tracked.first_token_ns:

@@ -10,9 +10,14 @@ Integers, exact; times in ns because the census counts ns:
 - with window data (time-window attribution): ``gpu_census.window.*``, everything the buckets of the
   request's window held (all requests together), ``gpu_census.window.unattributed.*``, the part no
   request was in flight for, and ``gpu_census.attribution.buckets``;
-- ``gpu_census.kernel.tracing``: ``all``, ``off`` or ``ON_MS/PERIOD_MS`` (OTEL_GPU_CENSUS_KERNELS);
-  when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the request's time kernels were
-  traced, so the kernel figures above are that share of the request's kernels (copies are exact);
+- ``gpu_census.kernel.tracing``: ``all``, ``off``, ``ON_MS/PERIOD_MS`` or ``counted:ON_MS/PERIOD_MS``
+  (OTEL_GPU_CENSUS_KERNELS); when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the
+  request's time kernel records were taken. Sampled (``ON_MS/PERIOD_MS``): the kernel figures above
+  are that share of the request's kernels (copies are exact). Counted: kernel counts are exact, and
+  ``gpu_census.kernel.time_estimated`` (bool) says whether the kernel times (``*kernel.time_ns``) are
+  estimates: graph spans, plus eager launches x the mean duration of the eager kernels sampled (the
+  share's own, else the server's over its life); with no sample at all their time is left out and
+  the note says so;
 - ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``),
   ``.status`` (complete, settled, stale, no_census, no_segment, read_error, shutdown),
   ``.concurrency_max``, ``.steps`` (step attribution), ``.wait_s``, ``.note`` (the integration's
@@ -20,7 +25,7 @@ Integers, exact; times in ns because the census counts ns:
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from ..attribution.ledger import GpuCost
 from ..attribution.shares import Share
@@ -29,9 +34,11 @@ from ..census import DIRECTIONS
 ALWAYS_DIRECTIONS = ("htod", "dtoh")
 
 
-def share_attributes(prefix: str, s: Share, always: bool = True) -> Dict[str, Any]:
-    """`s` as `prefix`kernel.*, copy.<dir>.*, memset.* (htod and dtoh even when zero if `always`)."""
-    out: Dict[str, Any] = {f"{prefix}kernel.count": s.kernel_count, f"{prefix}kernel.time_ns": s.kernel_ns}
+def share_attributes(prefix: str, s: Share, always: bool = True, kernel_ns: Optional[int] = None) -> Dict[str, Any]:
+    """`s` as `prefix`kernel.*, copy.<dir>.*, memset.* (htod and dtoh even when zero if `always`);
+    `kernel_ns`: its kernel time when not as measured (an estimate: GpuCost.kernel_time)."""
+    out: Dict[str, Any] = {f"{prefix}kernel.count": s.kernel_count,
+                           f"{prefix}kernel.time_ns": s.kernel_ns if kernel_ns is None else kernel_ns}
     for d in DIRECTIONS:
         st = s.copy(d)
         if (always and d in ALWAYS_DIRECTIONS) or st.count or st.bytes:
@@ -55,17 +62,21 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         if cost.notes:
             out["gpu_census.attribution.note"] = "; ".join(cost.notes)
         return out
-    out.update(share_attributes("gpu_census.", cost.share))
+    kt = cost.kernel_time(cost.share)
+    out.update(share_attributes("gpu_census.", cost.share, kernel_ns=kt.ns))
     if cost.kernel_tracing:
         out["gpu_census.kernel.tracing"] = ",".join(cost.kernel_tracing)
         if cost.kernel_tracing != ["all"]:
             out["gpu_census.kernel.traced_ratio"] = round(cost.kernel_traced_ratio, 4)
+    if cost.kernel_counted:
+        out["gpu_census.kernel.time_estimated"] = kt.estimated
     out["gpu_census.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
     out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
-    out["gpu_census.prefill.kernel.time_ns"] = cost.prefill.kernel_ns
+    out["gpu_census.prefill.kernel.time_ns"] = cost.kernel_time(cost.prefill).ns
     if cost.has_window:
-        out.update(share_attributes("gpu_census.window.", cost.window))
-        out.update(share_attributes("gpu_census.window.unattributed.", cost.unattributed, always=False))
+        out.update(share_attributes("gpu_census.window.", cost.window, kernel_ns=cost.kernel_time(cost.window).ns))
+        out.update(share_attributes("gpu_census.window.unattributed.", cost.unattributed, always=False,
+                                    kernel_ns=cost.kernel_time(cost.unattributed).ns))
     out["gpu_census.attribution.concurrency_max"] = cost.concurrency_max
     if cost.has_window:
         out["gpu_census.attribution.buckets"] = cost.buckets
@@ -73,6 +84,9 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         out["gpu_census.attribution.steps"] = cost.steps
     out["gpu_census.attribution.wait_s"] = round(cost.waited_s, 3)
     note = [cost.note] if cost.note else []
+    if kt.unknown:
+        note.append(f"kernel time leaves out {cost.share.eager_launches} eager kernel launches: no kernel "
+                    "record was sampled to price them")
     if note or cost.notes:
         out["gpu_census.attribution.note"] = "; ".join(note + cost.notes)
     if cost.pids:

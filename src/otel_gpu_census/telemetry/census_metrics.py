@@ -46,15 +46,18 @@ _COPY = _PROC + (COPY_DIRECTION, COPY_MEMORY)
 
 CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
     Spec("gpu_census.kernel.count", "counter", "{kernel}", _PROC,
-         "Kernels that ran (each node of a CUDA graph counts once)."),
+         "Kernels that ran (each node of a CUDA graph counts once); exact with counted kernel tracing too."),
     Spec("gpu_census.kernel.time", "counter", "s", _PROC,
-         "Summed kernel durations; concurrent kernels add up, so this can exceed wall time."),
+         "Summed kernel durations; concurrent kernels add up, so this can exceed wall time. With counted "
+         "kernel tracing (the default) an estimate: graph spans plus eager launches priced at the mean "
+         "duration of the eager kernels sampled (kept from going back as the mean moves)."),
     Spec("gpu_census.busy.time", "counter", "s", _PROC,
          "Time with at least one of the process's kernels running (union of kernel intervals)."),
     Spec("gpu_census.kernel.traced.time", "counter", "s", _PROC,
          "Time the census traced kernels in the process: its whole life with OTEL_GPU_CENSUS_KERNELS=all, "
-         "the sampled phases with ON_MS/PERIOD_MS, 0 with off. Kernel and busy time divided by this "
-         "is exact for the traced time (copies are always complete)."),
+         "the sampled phases with ON_MS/PERIOD_MS and counted (kernel records), 0 with off. Busy time, and "
+         "with ON_MS/PERIOD_MS kernel time, divided by this is exact for the traced time (copies are "
+         "always complete)."),
     Spec("gpu_census.graph.count", "counter", "{launch}", _PROC,
          "CUDA graph launches, when graphs are recorded per launch rather than per node."),
     Spec("gpu_census.graph.time", "counter", "s", _PROC,
@@ -96,7 +99,7 @@ def hw_id(d: DeviceTotals) -> str:
 def traced_ns(p: ProcessCensus) -> int:
     """How long the census traced the process's kernels, up to what its totals cover."""
     k = p.kernels
-    if k.mode == census.KERNELS_SAMPLED:
+    if k.scheduled:
         return k.traced_ns
     if k.mode == census.KERNELS_OFF:
         return 0
@@ -108,13 +111,14 @@ class _Proc:
     """What the metrics keep of one process: its latest totals, not its windows or steps."""
 
     __slots__ = ("key", "pid", "exe", "wall_start_ns", "devices", "dropped", "counting", "gone_ns",
-                 "kernels", "traced_ns")
+                 "kernels", "traced_ns", "kernel_ns")
 
     def __init__(self, p: ProcessCensus):
         self.key = (p.pid, p.proc_start_ticks)
         self.pid = p.pid
         self.wall_start_ns = p.wall_start_ns
         self.gone_ns = 0              # wall ns when first seen exited or missing; 0 while it runs
+        self.kernel_ns: Dict[str, int] = {}
         self.update(p)
 
     def update(self, p: ProcessCensus) -> None:
@@ -124,6 +128,9 @@ class _Proc:
         self.counting = bool(p.alive and p.state == census.STATE_ACTIVE)
         self.kernels = p.kernels
         self.traced_ns = traced_ns(p)
+        # counted: an estimate whose mean moves; a counter must not go back
+        self.kernel_ns = {hid: max(self.kernel_ns.get(hid, 0), p.kernel_time(d).ns) if p.kernels.counted
+                          else d.kernel_ns for hid, d in self.devices.items()}
 
     @property
     def attrs(self) -> Dict[str, object]:
@@ -252,7 +259,7 @@ class CensusMetrics:
             for rec in self._procs.values():
                 if rec.kernels.mode == census.KERNELS_OFF:
                     continue                     # no kernel records: nothing to say about busy
-                sampled = rec.kernels.mode == census.KERNELS_SAMPLED
+                sampled = rec.kernels.scheduled          # busy covers the traced phases only
                 for hid, d in rec.devices.items():
                     k = (rec.key, hid)
                     if k in self._ratio_base:
@@ -313,6 +320,12 @@ class CensusMetrics:
                     yield Observation(v, {HW_ID: hid, **attrs, COPY_DIRECTION: direction, COPY_MEMORY: mem})
 
 
+    def _kernel_time(self) -> Iterable[Observation]:
+        for rec in self.processes():
+            attrs = rec.attrs
+            for hid, ns in rec.kernel_ns.items():
+                yield Observation(ns / NS_PER_S, {HW_ID: hid, **attrs})
+
     def _traced(self) -> Iterable[Observation]:
         for rec in self.processes():
             attrs = rec.attrs
@@ -333,7 +346,7 @@ class CensusMetrics:
         memsets = lambda d: d.memset.count           # noqa: E731
         fns: Dict[str, Callable[[], Iterable[Observation]]] = {
             "gpu_census.kernel.count": lambda: self._per_device(lambda d: d.kernel_count),
-            "gpu_census.kernel.time": lambda: self._per_device(lambda d: d.kernel_ns / s),
+            "gpu_census.kernel.time": self._kernel_time,
             "gpu_census.busy.time": lambda: self._per_device(lambda d: d.busy_ns / s),
             "gpu_census.kernel.traced.time": self._traced,
             "gpu_census.graph.count": lambda: self._per_device(lambda d: d.graph_launches, graphs),

@@ -11,7 +11,8 @@ provider, model, error type, copy direction; never request ids.
 | gpu_census.request.kernel.time | histogram | s | same as TTFT |
 
 The GPU histograms take a request's attributed share (``GpuCost.share``) once the census is complete
-for it (status complete or settled); kernel time only where every kernel was traced.
+for it (status complete or settled); kernel time only where every kernel was traced, or under counted
+kernel tracing (the default) as estimated (``GpuCost.kernel_time``) where a sample priced it.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ class RequestInstruments:
             explicit_bucket_boundaries_advisory=BYTES_BUCKETS)
         self.kernel_time = meter.create_histogram(
             "gpu_census.request.kernel.time", unit="s",
-            description="Kernel time attributed to one request (recorded only where every kernel was traced)",
+            description="Kernel time attributed to one request (recorded where every kernel was traced; "
+                        "estimated under counted kernel tracing)",
             explicit_bucket_boundaries_advisory=KERNEL_TIME_BUCKETS)
 
     def started(self, base: Dict[str, str]) -> None:
@@ -85,5 +87,9 @@ class RequestInstruments:
         ok = {k: v for k, v in attrs.items() if k != "error.type"}
         for d in COPY_DIRECTIONS:
             self.copy_size.record(cost.share.copy(d).bytes, {**ok, "gpu_census.copy.direction": d}, context=context)
-        if cost.kernel_traced_ratio >= 1.0:
+        if cost.kernel_counted:
+            kt = cost.kernel_time(cost.share)
+            if not kt.unknown:
+                self.kernel_time.record(kt.ns / 1e9, ok, context=context)
+        elif cost.kernel_traced_ratio >= 1.0:
             self.kernel_time.record(cost.share.kernel_ns / 1e9, ok, context=context)
