@@ -175,20 +175,20 @@ class Rule:
 
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-s7-llama-phases.json",
-         phases_ratio("launch"), 0.99,
-         "ratio of output tok/s, default census (CUPTI set up once the context is active, graphs per launch, every "
-         "kernel) / census paused, one llama-server (8B, 16 slots) in alternating control-file phases with prompts "
-         "of their own, median of 10 rounds (spread 0.939-0.9995, geometric mean 0.973 [0.962, 0.983]); the cost "
-         "is CUPTI's record of each of 85 eager launches an output token",
-         command="BENCH_ARGS='--modes off,launch --rounds 10 --beside-plain --budget-s 380' "
+    Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-s8-llama-phases.json",
+         phases_ratio("counted"), 0.99,
+         "ratio of output tok/s, default census (every kernel counted through the launch callbacks, kernel records "
+         "100 ms of every 1000 ms, graphs per launch) / census paused, one llama-server (8B, 16 slots) in "
+         "alternating control-file phases with prompts of their own, median of 10 rounds (spread 0.960-1.065, "
+         "geometric mean 0.993 [0.977, 1.013]); every kernel traced (the old default): 0.971 in the same run",
+         command="BENCH_ARGS='--modes off,launch,counted --rounds 10 --beside-plain --budget-s 450' "
                  "bash bench/device/run.sh setup llama-phases"),
-    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-02-h200-s7-llama-phases.json",
-         beside_ratio("launch/plain", under=None), 0.99,
-         "ratio of output tok/s, the default census (R's default phases) / a plain llama-server (no census) loaded "
-         "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 10 rounds (geometric mean "
-         "0.967 [0.952, 0.982]; the paused census / plain: 0.991)",
-         command="BENCH_ARGS='--modes off,launch --rounds 10 --beside-plain --budget-s 380' "
+    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-02-h200-s8-llama-phases.json",
+         beside_ratio("counted/plain", under=None), 0.99,
+         "ratio of output tok/s, the default census (R's counted phases) / a plain llama-server (no census) loaded "
+         "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 10 rounds (spread "
+         "0.945-1.019; the paused census / plain: 0.996 in the same run)",
+         command="BENCH_ARGS='--modes off,launch,counted --rounds 10 --beside-plain --budget-s 450' "
                  "bash bench/device/run.sh setup llama-phases"),
     Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s7-vllm-cpu.json",
          phases_ratio("launch", "phases"), 0.99,
