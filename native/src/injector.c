@@ -246,16 +246,28 @@ static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer
  * publish that time. Readers (the proxy) then know that GPU work which finished before it is in the
  * totals, also on an idle server where no buffer fills. Runs on its own thread with all signals
  * blocked; it never touches the server's threads. */
+/* Every enable and disable goes through here and only changes what is not so already. CUPTI does not
+ * promise that a second disable is harmless: on the H200 a kernel kind disabled by the duty cycle and
+ * again by a pause stayed off after the resume enabled it once (docs/measurements.md §17). */
+static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
+
+static CUptiResult kind_set(CUpti_ActivityKind k, int on)
+{
+    int known = (unsigned)k < (unsigned)CUPTI_ACTIVITY_KIND_COUNT;
+    if (known && g_kind_on[k] == on) return CUPTI_SUCCESS;
+    CUptiResult r = on ? gc_cupti_enable(k) : gc_cupti_disable(k);
+    if (r == CUPTI_SUCCESS && known) g_kind_on[k] = (uint8_t)on;
+    return r;
+}
+
 static void disable_kinds(void)
 {
-    for (int i = 0; i < g_nkinds; i++) gc_cupti_disable(g_kinds[i]);
+    for (int i = 0; i < g_nkinds; i++) kind_set(g_kinds[i], 0);
 }
 
 static int set_kernels(int on)
 {
-    CUptiResult r = on ? gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
-                       : gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    return r == CUPTI_SUCCESS ? 0 : -1;
+    return kind_set(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, on) == CUPTI_SUCCESS ? 0 : -1;
 }
 
 /* Sampled kernels: switch the kind to what the schedule says for `mono`; returns the monotonic time
@@ -459,7 +471,7 @@ static int kind_index(CUpti_ActivityKind k)
 static CUptiResult add_kind(CUpti_ActivityKind k)
 {
     if (kind_index(k) >= 0) return CUPTI_SUCCESS;
-    CUptiResult r = g_ctl.paused ? CUPTI_SUCCESS : gc_cupti_enable(k);
+    CUptiResult r = g_ctl.paused ? CUPTI_SUCCESS : kind_set(k, 1);
     if (r == CUPTI_SUCCESS) g_kinds[g_nkinds++] = k;
     return r;
 }
@@ -468,13 +480,13 @@ static void drop_kind(CUpti_ActivityKind k)
 {
     int i = kind_index(k);
     if (i < 0) return;
-    if (!g_ctl.paused) gc_cupti_disable(k);
+    if (!g_ctl.paused) kind_set(k, 0);
     g_kinds[i] = g_kinds[--g_nkinds];
 }
 
 static void enable_kinds(void)
 {
-    for (int i = 0; i < g_nkinds; i++) gc_cupti_enable(g_kinds[i]);
+    for (int i = 0; i < g_nkinds; i++) kind_set(g_kinds[i], 1);
 }
 
 /* ---- the control file: switch a running census without restarting its server ---- */

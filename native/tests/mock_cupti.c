@@ -7,6 +7,8 @@
  * built from the CUPTI headers), and the completion callback gets it back. Behaviour switches:
  *   MOCK_CUPTI_CONFLICT=1    cuptiSubscribe answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   MOCK_CUPTI_ENABLE_FAIL=1 cuptiActivityEnable fails
+ *   MOCK_CUPTI_COUNTED_ENABLE=1  a kind is on while it was enabled more often than disabled (a CUPTI that
+ *                            counts them: a caller must not disable twice and enable once)
  *   MOCK_CUPTI_STACK_KB=N    cuptiActivityRegisterCallbacks first uses N KiB of its caller's stack, page by
  *                            page (set up on a live context, CUPTI and the driver need deep stacks: on the
  *                            H200 llama-server segfaulted in libcuda on a 256 KiB thread stack)
@@ -151,13 +153,13 @@ CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, C
 CUptiResult cuptiActivityEnable(CUpti_ActivityKind k)
 {
     if (env_on("MOCK_CUPTI_ENABLE_FAIL")) return CUPTI_ERROR_NOT_COMPATIBLE;
-    if ((int)k >= 0 && (int)k < 64) g_enabled[k] = 1;
+    if ((int)k >= 0 && (int)k < 64) g_enabled[k] = env_on("MOCK_CUPTI_COUNTED_ENABLE") ? g_enabled[k] + 1 : 1;
     return CUPTI_SUCCESS;
 }
 
 CUptiResult cuptiActivityDisable(CUpti_ActivityKind k)
 {
-    if ((int)k >= 0 && (int)k < 64) g_enabled[k] = 0;
+    if ((int)k >= 0 && (int)k < 64) g_enabled[k] = env_on("MOCK_CUPTI_COUNTED_ENABLE") ? g_enabled[k] - 1 : 0;
     return CUPTI_SUCCESS;
 }
 
@@ -243,7 +245,7 @@ int mock_queue_record(const void *rec, uint32_t size)
 {
     size_t need = 8 + ((size + 7) & ~7u);
     CUpti_ActivityKind kind = ((const CUpti_Activity *)rec)->kind;
-    if ((int)kind >= 0 && (int)kind < 64 && !g_enabled[kind]) return 1; /* not traced */
+    if ((int)kind >= 0 && (int)kind < 64 && g_enabled[kind] <= 0) return 1; /* not traced */
     pthread_mutex_lock(&g_lock);
     if (g_pending_len + need > sizeof(g_pending)) {
         pthread_mutex_unlock(&g_lock);
@@ -258,7 +260,7 @@ int mock_queue_record(const void *rec, uint32_t size)
 }
 
 void mock_set_dropped(size_t n) { g_dropped = n; }
-int mock_enabled(int kind) { return kind >= 0 && kind < 64 ? g_enabled[kind] : 0; }
+int mock_enabled(int kind) { return kind >= 0 && kind < 64 ? g_enabled[kind] > 0 : 0; }
 int mock_flushes(void) { return g_flushes; }
 int mock_registered(void) { return g_req != NULL && g_done != NULL; }
 uint64_t mock_ext_top(void) { return g_ext_depth ? g_ext_stack[g_ext_depth - 1] : 0; }

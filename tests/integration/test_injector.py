@@ -881,3 +881,44 @@ def test_counted_kernels_with_graphs_node_by_node_trace_every_kernel(native, moc
     p = read(native, next(d.glob("*.seg")))
     assert p.kernels.name == "all" and p.devices[0].kernel_count == 1 and p.devices[0].eager_launches == 0
     assert err.count("\n") == 1 and "graphs are traced node by node; tracing all kernels" in err
+
+
+def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock_cuda, tmp_path, records):
+    """A pause inside the duty cycle's off part, a resume, a switch to every kernel: the kernel kind is on
+    again even for a CUPTI that counts enables and disables (on the H200 every-kernel phases after such a
+    pause had no kernel records at all, measurements §17)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+        from otel_gpu_census.census.reader import read_segment
+        K = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
+        g.InitializeInjection()
+        torch_launch(1)
+        g.gc_flush()
+        ctl = path()[:-4] + '.control'
+        def switch(text, name, paused):
+            open(ctl, 'w').write(text)
+            for _ in range(300):
+                c = read_segment(path(), detail=False)
+                if c.kernels.name == name and c.graphs.paused == paused:
+                    return True
+                time.sleep(0.01)
+        time.sleep(0.1)                                        # into the schedule's off part (20/1000)
+        out['off_part'] = mock.mock_enabled(K)
+        seq = []
+        for _ in range(2):
+            seq.append(switch('census=off\\n', 'counted:20/1000', True))
+            seq.append(switch('census=on kernels=all\\n', 'all', False))
+            time.sleep(0.05)
+            seq.append(mock.mock_enabled(K))
+            seq.append(switch('census=on kernels=counted:20/1000\\n', 'counted:20/1000', False))
+            time.sleep(0.1)
+        out['seq'] = seq
+        out['last'] = switch('census=on kernels=all\\n', 'all', False)
+        out['on'] = mock.mock_enabled(K)
+        t0 = now()
+        queue(cr.kernel(t0, t0 + 700), cr.KERNEL_T)
+        g.gc_finish()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_FLUSH_MS": "20",
+              "OTEL_GPU_CENSUS_KERNELS": "counted:20/1000", "MOCK_CUPTI_COUNTED_ENABLE": "1"})
+    assert res["off_part"] == 0 and res["seq"] == [True, True, 1, True] * 2 and res["last"] and res["on"] == 1, res
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].eager_traced == 1 and p.devices[0].eager_traced_ns == 700 and err == ""
