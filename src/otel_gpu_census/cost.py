@@ -10,7 +10,10 @@ measurement:
 - a kernel node of a CUDA graph counted per launch: 0.119 µs of GPU time with CUPTI set up inside cuInit
   (OTEL_GPU_CENSUS_ATTACH=cuinit, and every census before it), 0.010 µs set up after the context
   (the default since §15); traced node by node: 0.332;
-- a copy or memset: 0.81 µs (a 4 KiB copy with the default's kinds).
+- a copy or memset: 0.81 µs (a 4 KiB copy with the default's kinds);
+- an eager launch counted by the launch callbacks (OTEL_GPU_CENSUS_KERNELS=counted, the default): 0.1 µs,
+  §12's figure for the engine integrations' callbacks on the same launch calls (not measured apart for
+  the counting callback); its kernel records, taken on the duty cycle, are priced as eager kernels.
 
 The estimate is seconds over the census's life: of the launching threads' time for eager launches and
 copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14-§15: with CUPTI set
@@ -30,6 +33,7 @@ GRAPH_NODE_PER_LAUNCH_S = 0.119e-6          # CUPTI set up in cuInit, before the
 GRAPH_NODE_AFTER_CONTEXT_S = 0.010e-6       # set up once the context was active (ATTACH=context)
 GRAPH_NODE_PER_NODE_S = 0.332e-6
 COPY_S = 0.81e-6
+LAUNCH_COUNTED_S = 0.1e-6
 
 
 @dataclass(frozen=True)
@@ -40,23 +44,26 @@ class CensusCost:
     seconds: float
     per_node: bool                # graphs traced node by node: their nodes are among eager_kernels
     node_s: float = GRAPH_NODE_PER_LAUNCH_S    # what one graph kernel node was priced at
+    launches_counted: int = 0     # eager launches the launch callbacks counted (counted mode)
 
     def share_of(self, ns: int) -> float:
         return self.seconds * 1e9 / ns if ns > 0 else 0.0
 
 
 def estimate(c: ProcessCensus) -> CensusCost:
-    eager = graph = copies = 0
+    eager = graph = copies = launches = 0
     for d in c.devices.values():
         graph += d.graph_kernel_count
-        eager += d.kernel_count - d.graph_kernel_count
+        # counted: kernel_count holds launches, and only the duty cycle's eager kernels were records
+        eager += d.eager_traced if c.kernels.counted else d.kernel_count - d.graph_kernel_count
+        launches += d.eager_launches if c.kernels.counted else 0
         copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
     per_node = c.graphs.mode != GRAPHS_LAUNCH
     # Traced node by node, graph nodes are kernel records like eager ones: priced as eager launches,
     # an upper bound (a node costs CUPTI 0.332 µs against 0.902 for an eager launch).
     node_s = graph_node_s(c)
-    s = eager * EAGER_KERNEL_S + graph * node_s + copies * COPY_S
-    return CensusCost(eager, graph, copies, s, per_node, node_s)
+    s = eager * EAGER_KERNEL_S + graph * node_s + copies * COPY_S + launches * LAUNCH_COUNTED_S
+    return CensusCost(eager, graph, copies, s, per_node, node_s, launches)
 
 
 def context_made_under_cupti(c: ProcessCensus) -> bool:

@@ -106,6 +106,10 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
     if k.counted:
         lost = (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                 if c.launches_lost else "")
+        seen, gaps = c.sample_gaps()
+        if gaps:
+            lost += (f"; in {gaps:,} of {seen:,} traced 20 ms windows with eager launches CUPTI recorded no "
+                     "eager kernel: those launches are priced at the sample taken elsewhere")
         return (f"kernels counted: every kernel counted exactly, kernel records taken {k.on_ms} ms of every "
                 f"{k.period_ms} ms ({seconds(k.traced_ns)} s in all). Kernel counts, graph spans, copies and "
                 "memsets are exact; kernel time is graph spans plus eager launches priced at the mean duration "
@@ -256,7 +260,7 @@ def _cost_dict(c: ProcessCensus, census_ns: int) -> dict:
     e = cost.estimate(c)
     return {"seconds": round(e.seconds, 6), "share_of_census_time": round(e.share_of(census_ns), 6),
             "eager_kernels": e.eager_kernels, "graph_nodes": e.graph_nodes, "copies_and_memsets": e.copies,
-            "graphs_per_node": e.per_node}
+            "graphs_per_node": e.per_node, "launches_counted": e.launches_counted}
 
 
 def attach_note(c: ProcessCensus) -> Optional[str]:
@@ -277,17 +281,19 @@ def attach_note(c: ProcessCensus) -> Optional[str]:
 def cost_line(c: ProcessCensus) -> Optional[str]:
     """What the census cost the process's launching threads, estimated (cost.py); None without records."""
     e = cost.estimate(c)
-    if not (e.eager_kernels or e.graph_nodes or e.copies):
+    if not (e.eager_kernels or e.graph_nodes or e.copies or e.launches_counted):
         return None
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
+    counted = (f", {e.launches_counted:,} launches counted x {us(cost.LAUNCH_COUNTED_S)}" if e.launches_counted
+               else "")
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
              else f"{e.graph_nodes:,} graph kernel nodes x {us(e.node_s)}")
     return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
             f"{share} ({e.eager_kernels:,} "
             f"kernel records x {us(cost.EAGER_KERNEL_S)}, {nodes}, {e.copies:,} copies and memsets x "
-            f"{us(cost.COPY_S)}: CUPTI's costs measured on an H200)")
+            f"{us(cost.COPY_S)}{counted}: CUPTI's costs measured on an H200)")
 
 
 def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
@@ -299,6 +305,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
         procs.append({
             "kernel_tracing": c.kernels.name, "kernel_traced_ns": kernel_base_ns(c) if c.kernels.scheduled
             else None, "launches_lost": c.launches_lost,
+            "sample_gaps": dict(zip(("traced_windows_with_launches", "without_records"), c.sample_gaps())),
             "graph_tracing": c.graphs.name, "graph_launches_unknown": c.graphs.unknown,
             "graph_launches_inexact": c.graphs.inexact, "paused_ns": c.graphs.paused_ns,
             "attach": c.attach.name, "attach_wall_ns": c.attach.wall_ns, "attach_after_ns": c.attach.after_ns,

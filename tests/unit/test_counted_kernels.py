@@ -301,3 +301,33 @@ def test_the_kernel_time_counter_is_estimated_and_never_goes_back():
     assert kernel_time() == [pytest.approx(7000 / 1e9)]
     procs[0] = proc(2000)
     assert kernel_time() == [pytest.approx((2000 + 10 * 1000) / 1e9)]
+
+
+def test_traced_windows_whose_records_never_came_are_counted_as_gaps():
+    """On the H200 CUPTI sometimes recorded no eager kernel in traced phases (measurements §17): a traced
+    window with launches and no record is a gap; untraced, quiet or too recent windows are not judged."""
+    traced = [Window(T + i * W, T + (i + 1) * W, eager_launches=50, eager_traced=0 if i < 2 else 40)
+              for i in range(4)]                                    # inside the first 100 ms: traced
+    untraced = Window(T + 500 * MS, T + 500 * MS + W, eager_launches=50)            # off part
+    quiet = Window(T + 4 * W, T + 5 * W, eager_launches=3)
+    p = replace(head(windows=[*traced, untraced, quiet]), state=census.STATE_EXITED)
+    assert p.sample_gaps() == (4, 2)
+    assert replace(p, kernels=KernelTracing()).sample_gaps() == (0, 0)              # not counted
+    # complete up to the GPU time T + 2 W + 2 s: the records of windows after T + 2 W may be on the way
+    active = replace(p, state=census.STATE_ACTIVE, complete_wall_ns=2 * W + 2_000_000_000)
+    assert active.sample_gaps() == (2, 2)
+    from otel_gpu_census.report import kernel_tracing_note
+    assert "in 2 of 4 traced 20 ms windows with eager launches CUPTI recorded no eager kernel" in kernel_tracing_note(p)
+
+
+def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records():
+    """Counted: 10,000 launches at the callback's 0.1 us and the 1,000 records of the duty cycle at the
+    record's 0.902 us, not 10,000 records."""
+    from otel_gpu_census import cost
+    d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000, eager_traced=1_000,
+                     eager_traced_ns=1_000 * 600)
+    e = cost.estimate(head(devices={0: d}))
+    assert (e.eager_kernels, e.launches_counted, e.graph_nodes) == (1_000, 10_000, 200)
+    assert abs(e.seconds - (1_000 * 0.902e-6 + 10_000 * 0.1e-6 + 200 * cost.graph_node_s(head()))) < 1e-12
+    e_all = cost.estimate(head(kernels=KernelTracing(), devices={0: replace(d, eager_launches=0)}))
+    assert (e_all.eager_kernels, e_all.launches_counted) == (10_000, 0)

@@ -390,6 +390,27 @@ class ProcessCensus:
         :func:`kernel_time` for its windows, steps and requests."""
         return eager_mean_ns(self.totals())
 
+    def sample_gaps(self, min_launches: int = 20, settle_ns: int = 2_000_000_000) -> Tuple[int, int]:
+        """COUNTED: (windows inside a traced phase with at least `min_launches` eager launches, those of
+        them without a single eager kernel record). Windows too recent for their records to have arrived
+        (within `settle_ns` of complete_wall_ns, unless the census exited) are left out. A gap means
+        CUPTI did not record kernels while the census had it asked to (seen on the H200, measurements
+        §17): the time estimates then lean on the sample taken before. (0, 0) in other modes."""
+        k = self.kernels
+        if not k.counted or not self.windows:
+            return 0, 0
+        done = self.state == STATE_EXITED
+        until = self.wall_to_gpu_ns(self.complete_wall_ns) - settle_ns if self.complete_wall_ns else 0
+        seen = gaps = 0
+        for w in self.windows:
+            if w.eager_launches < min_launches or (not done and w.end_ns > until):
+                continue
+            if k.traced_between(w.start_ns, w.end_ns) != w.end_ns - w.start_ns:
+                continue
+            seen += 1
+            gaps += w.eager_traced == 0
+        return seen, gaps
+
     def kernel_time(self, scope) -> KernelTime:
         """:func:`kernel_time` of one of this process's scopes, priced by its own mode and mean."""
         own = not self.kernels.counted or eager_mean_ns(scope) is not None
