@@ -22,6 +22,8 @@
 #   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
 #                graph node and copy, one process, alternating rounds, paired against nothing enabled
 #                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)
+#   kind-toggle  bench/perf/kind_toggle.py on tests/gpu/steady.cu: eager kernel records per census state
+#                through a cycle of pauses and mode switches ($KIND_TOGGLE_ARGS; measurements §17)
 #   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
@@ -96,6 +98,10 @@ phase() {
                 tail -3 /root/llama-bg.log; [ -s /root/llama-server.path ] ;;
     llama-phases) python3 bench/server/llama_phases.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
                     --out "$OUT/llama_phases.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/llama_phases.log" ;;
+    kind-toggle)  # does CUPTI keep recording eager kernels through pauses and mode switches? (§17)
+      nvcc -O2 -arch=sm_90 -o /tmp/steady tests/gpu/steady.cu -ldl && \
+        python3 bench/perf/kind_toggle.py --steady /tmp/steady --out "$OUT/kind_toggle.json" ${KIND_TOGGLE_ARGS:-} \
+        2>&1 | tee "$OUT/kind_toggle.log" ;;
     explain) bash bench/explain_evidence.sh 2>&1 | tee "$OUT/explain.log" ;;
     micro) make -s -C bench/floor && python3 bench/micro.py --out "$OUT/micro.json" --rounds 5 \
              --variants plain,floor,census,census-kernels-off,census-sampled --sample 100/1000 \

@@ -78,6 +78,8 @@ class Phases:
                 add("busy_ns", d.busy_ns)
                 add("graph_launches", d.graph_launches)
                 add("graph_kernel_count", d.graph_kernel_count)
+                add("eager_launches", d.eager_launches)
+                add("eager_traced", d.eager_traced)
                 add("memset_count", d.memset.count)
                 add("memset_bytes", d.memset.bytes)
                 for (direction, mem), s in d.copies.cells.items():

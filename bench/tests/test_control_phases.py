@@ -144,3 +144,15 @@ def test_every_phase_and_the_plain_load_beside_get_seeds_of_their_own():
     modes = ["off", "launch", "sampled", "nokernels"]
     seeds = [cp.phase_seed(300, i, m, modes) for i in range(8) for m in modes + ["P"]]
     assert len(set(seeds)) == len(seeds) == 40 and min(seeds) == 300
+
+
+def test_a_state_with_the_kernel_kind_on_that_got_no_eager_record_is_a_gap():
+    sys.path.insert(0, str(REPO / "bench" / "perf"))
+    import kind_toggle
+    states = [{"mode": "launch", "census": {"eager_launches": 100, "eager_traced": 100}},
+              {"mode": "counted", "census": {"eager_launches": 100}},                 # a gap
+              {"mode": "off", "census": {}},                                         # paused: nothing
+              {"mode": "launch", "census": {"eager_launches": 100, "eager_traced": 0}},  # a gap
+              {"mode": "counted20", "census": {"eager_launches": 0}}]                # idle: not judged
+    assert kind_toggle.gaps(states) == [states[1], states[3]]
+    assert {"launch", "counted", "off"} <= set(kind_toggle.CYCLE)
