@@ -3,6 +3,7 @@
  * (OTEL_GPU_CENSUS_ATTACH=context): one device whose primary context the test switches on.
  *   mock_cuda_set_active(1)   device 0's primary context is active from now on
  *   mock_cuda_polls()         how often the injector asked
+ *   mock_cuda_set_capturing(S) stream S (a handle value; 0: none) captures from now on
  * and the graph queries graphs.c resolves (no graph is ever walked here: each answers "not supported"),
  * so that graphs are counted per launch as with a real driver.
  * Built with the soname libcuda.so.1 and loaded RTLD_GLOBAL first, so that the injector's
@@ -40,3 +41,13 @@ CUresult cuGraphMemcpyNodeGetParams(void *n, void *p) { (void)n; (void)p; return
 CUresult cuGraphMemsetNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
 CUresult cuGraphChildGraphNodeGetGraph(void *n, void *g) { (void)n; (void)g; return NOT_SUPPORTED; }
 CUresult cuPointerGetAttribute(void *d, int a, unsigned long long p) { (void)d; (void)a; (void)p; return NOT_SUPPORTED; }
+
+/* cuStreamIsCapturing: the one stream the test says captures */
+static _Atomic unsigned long g_capturing;
+void mock_cuda_set_capturing(unsigned long stream) { atomic_store(&g_capturing, stream); }
+CUresult cuStreamIsCapturing(void *stream, int *status)
+{
+    unsigned long c = atomic_load(&g_capturing);
+    *status = c && (unsigned long)stream == c;   /* CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 */
+    return 0;
+}

@@ -108,6 +108,8 @@ CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const ch
         {0, CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, "cudaGraphAddMemcpyNode"},
         {0, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020, "cudaGetDevice"},
         {0, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_v10000, "cudaLaunchHostFunc"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000, "cudaStreamBeginCapture"},
+        {0, CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000, "cudaStreamEndCapture"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, "cuLaunchKernelEx"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc, "cuLaunchHostFunc"},
@@ -270,8 +272,15 @@ int mock_callback_enabled(int dom, uint32_t cbid) { return dom >= 0 && dom < 2 &
 /* The context API calls report (device d's is (CUcontext)(d + 1); 0: none) and what they return. */
 static __thread int t_api_device;
 static __thread int t_api_result;
+static __thread uintptr_t t_api_stream;
 void mock_set_api_device(int dev_plus_one) { t_api_device = dev_plus_one; }
 void mock_set_api_result(int r) { t_api_result = r; }
+/* The stream of the launches that follow (0: the default), in the parameters CUPTI passes with a
+ * runtime launch (cudaLaunchKernel_v7000_params: func, gridDim, blockDim, args, sharedMem, stream)
+ * and a driver launch (cuLaunchKernel_params: f, 7 unsigned ints, hStream, ...). */
+void mock_set_api_stream(uintptr_t stream) { t_api_stream = stream; }
+struct rt_params { const void *func; unsigned grid[3], block[3]; void **args; size_t shared; uintptr_t stream; };
+struct drv_params { void *f; unsigned dims[7]; uintptr_t stream; void **params, **extra; };
 
 CUptiResult cuptiGetDeviceId(CUcontext ctx, uint32_t *dev)
 {
@@ -292,6 +301,9 @@ static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
     data.context = (CUcontext)(uintptr_t)t_api_device;
     data.contextUid = (uint32_t)t_api_device;
     data.functionReturnValue = &result;
+    struct rt_params rt = {.stream = t_api_stream};
+    struct drv_params drv = {.stream = t_api_stream};
+    data.functionParams = dom == 0 ? (const void *)&rt : (const void *)&drv;
     CUpti_CallbackDomain d = dom == 0 ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
     data.callbackSite = CUPTI_API_ENTER;
     g_api_cb(g_api_ud, d, cbid, &data);

@@ -31,7 +31,8 @@ PRELUDE = textwrap.dedent("""
                 int mock_enabled(int); int mock_registered(void); uint64_t mock_ext_top(void);
                 int mock_hold_buffers(int); int mock_callback_enabled(int, uint32_t);
                 int mock_api_call(int, uint32_t, uint32_t); int mock_api_call_nested(int, uint32_t, uint32_t, uint32_t);
-                void mock_set_api_device(int); void mock_set_api_result(int); int cuptiGetTimestamp(uint64_t *);''')
+                void mock_set_api_device(int); void mock_set_api_result(int); int cuptiGetTimestamp(uint64_t *);
+                void mock_set_api_stream(uintptr_t);''')
     mock = mffi.dlopen({mock!r})
     gffi = cffi.FFI()
     gffi.cdef('''int InitializeInjection(void); int gc_active(void); int gc_step_begin(uint64_t);
@@ -922,3 +923,30 @@ def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock
     assert res["off_part"] == 0 and res["seq"] == [True, True, 1, True] * 2 and res["last"] and res["on"] == 1, res
     p = read(native, next(d.glob("*.seg")))
     assert p.devices[0].eager_traced == 1 and p.devices[0].eager_traced_ns == 700 and err == ""
+
+
+
+def test_launches_into_a_capturing_stream_make_graph_nodes_and_are_not_counted(native, mock_lib, mock_cuda, tmp_path,
+                                                                                 records):
+    """While a capture is open, a launch into the capturing stream records a graph node (counted when the
+    graph is launched); a launch into another stream runs and counts; after the capture ends, both count."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+        cffi_cuda.cdef('void mock_cuda_set_capturing(unsigned long);')
+        BEGIN, END = rlib.CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000, rlib.CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000
+        g.InitializeInjection()
+        mock.mock_set_api_stream(5)
+        out['begin'] = mock.mock_api_call(RT, BEGIN, 1)
+        cuda.mock_cuda_set_capturing(5)
+        torch_launch(4)                                   # captured: graph nodes
+        mock.mock_api_call(DRV, DRV_LAUNCH, 1)            # captured through the driver API too
+        mock.mock_set_api_stream(6)
+        torch_launch(3)                                   # another stream: runs
+        mock.mock_set_api_stream(5)
+        mock.mock_api_call(RT, END, 1)
+        cuda.mock_cuda_set_capturing(0)
+        torch_launch(2)                                   # after the capture: runs
+        g.gc_flush()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    assert res["begin"] == 1 and err == ""
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].eager_launches == p.devices[0].kernel_count == 5

@@ -59,7 +59,8 @@ typedef enum {{
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
     CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
     CUPTI_RUNTIME_TRACE_CBID_cudaGraphAddMemcpyNode_v10000, CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_v10000, ...
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_v10000, CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000, ...
 }} CUpti_runtime_api_trace_cbid;
 typedef enum {{
     CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent,
