@@ -828,8 +828,13 @@ def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda,
         from otel_gpu_census.census.reader import read_segment
         g.InitializeInjection()
         torch_launch(10)
+        def readable():
+            try:
+                return read_segment(path(), detail=False)
+            except Exception:            # not made yet, or made and not yet initialised
+                return None
         for _ in range(300):             # the flusher makes the segment (and so the control file's name)
-            if path():
+            if path() and readable():
                 break
             time.sleep(0.01)
         ctl = path()[:-4] + '.control'
