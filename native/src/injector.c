@@ -240,15 +240,9 @@ static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer
     atomic_fetch_sub(&g_outstanding, 1);
 }
 
-/* ---- the flusher: totals at most one period stale, and a known "complete up to" time ---- */
-
-/* Every period: note the time, have CUPTI hand back every buffer whose records are complete, then
- * publish that time. Readers (the proxy) then know that GPU work which finished before it is in the
- * totals, also on an idle server where no buffer fills. Runs on its own thread with all signals
- * blocked; it never touches the server's threads. */
 /* Every enable and disable goes through here and only changes what is not so already. CUPTI does not
- * promise that a second disable is harmless: on the H200 a kernel kind disabled by the duty cycle and
- * again by a pause stayed off after the resume enabled it once (docs/measurements.md §17). */
+ * promise that a second disable is harmless, and the duty cycle, pauses and mode switches each switch
+ * the kernel kind (a suspect for the missing records of docs/measurements.md §17; not their cause). */
 static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
 
 static CUptiResult kind_set(CUpti_ActivityKind k, int on)
@@ -260,6 +254,12 @@ static CUptiResult kind_set(CUpti_ActivityKind k, int on)
     return r;
 }
 
+/* ---- the flusher: totals at most one period stale, and a known "complete up to" time ---- */
+
+/* Every period: note the time, have CUPTI hand back every buffer whose records are complete, then
+ * publish that time. Readers (the proxy) then know that GPU work which finished before it is in the
+ * totals, also on an idle server where no buffer fills. Runs on its own thread with all signals
+ * blocked; it never touches the server's threads. */
 static void disable_kinds(void)
 {
     for (int i = 0; i < g_nkinds; i++) kind_set(g_kinds[i], 0);
@@ -297,10 +297,11 @@ static void control_poll(uint64_t mono);
 static int finish(int at_exit);
 
 /* Launches counted since the last fold into the segment (made now if they are the first thing to
- * count), at every wake of the flusher: far more often than the window ring's 41 s. */
+ * count), at every wake of the flusher: far more often than the window ring's 41 s. Nothing to fold
+ * (every kernel traced, an idle server): no lock, no update. */
 static void fold_launches(uint64_t mono)
 {
-    if (atomic_load(&g_state) != ACTIVE || (!g_seg && !gc_launches_pending())) return;
+    if (atomic_load(&g_state) != ACTIVE || !gc_launches_pending()) return;
     pthread_mutex_lock(&g_mu);
     gc_segment *seg = atomic_load(&g_state) == ACTIVE ? segment() : NULL;
     if (seg) {

@@ -59,6 +59,7 @@ static _Atomic uint64_t g_dev[GC_MAX_DEVICES];
 static _Atomic uint64_t g_win[GC_WINDOW_SLOTS];
 static _Atomic uint64_t g_step[GC_STEP_SLOTS];
 static _Atomic uint64_t g_lost;
+static atomic_int g_step_new;             /* a step deposited its count since the last fold */
 
 /* the fold's own view (under the injector's lock) */
 static uint64_t f_dev[GC_MAX_DEVICES], f_win[GC_WINDOW_SLOTS], f_lost;
@@ -228,6 +229,7 @@ void gc_launches_step_done(uint64_t id, uint64_t n)
     uint64_t dev = t_dev < 0 ? 0 : (uint64_t)t_dev;
     uint64_t v = (id << 32) | (dev << COUNT_BITS) | n;
     uint64_t old = atomic_exchange_explicit(&g_step[id & (GC_STEP_SLOTS - 1)], v, memory_order_acq_rel);
+    atomic_store_explicit(&g_step_new, 1, memory_order_release);
     if (old) /* a step 1024 steps older that no fold took yet */
         atomic_fetch_add_explicit(&g_lost, old & COUNT_MAX, memory_order_relaxed);
 }
@@ -237,7 +239,9 @@ int gc_launches_pending(void)
     if (!atomic_load(&g_started)) return 0;
     for (uint32_t d = 0; d < GC_MAX_DEVICES; d++)
         if (atomic_load_explicit(&g_dev[d], memory_order_relaxed) != f_dev[d]) return 1;
-    return 0;
+    /* every placed launch is in a device's count (windows follow it); lost ones and steps are not */
+    return atomic_load_explicit(&g_lost, memory_order_relaxed) != f_lost ||
+           atomic_load_explicit(&g_step_new, memory_order_acquire);
 }
 
 void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now)
@@ -263,6 +267,7 @@ void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now)
         f_win[s] = c;
     }
     f_last_idx = now_idx;
+    atomic_store_explicit(&g_step_new, 0, memory_order_relaxed);   /* before the slots: none is missed */
     for (uint32_t s = 0; s < GC_STEP_SLOTS; s++) {
         if (!atomic_load_explicit(&g_step[s], memory_order_relaxed)) continue;
         uint64_t v = atomic_exchange_explicit(&g_step[s], 0, memory_order_acq_rel);
