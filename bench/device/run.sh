@@ -24,6 +24,8 @@
 #                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)
 #   kind-toggle  bench/perf/kind_toggle.py on tests/gpu/steady.cu: eager kernel records per census state
 #                through a cycle of pauses and mode switches ($KIND_TOGGLE_ARGS; measurements §17)
+#   toggle-cupti bench/floor/toggle_cupti.cu: the same, CUPTI alone (no census), one process per way of switching
+#                the kernel kind ($TOGGLE_CUPTI_CASES: one argument line per case)
 #   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
@@ -102,6 +104,25 @@ phase() {
       nvcc -O2 -arch=sm_90 -o /tmp/steady tests/gpu/steady.cu -ldl && \
         python3 bench/perf/kind_toggle.py --steady /tmp/steady --out "$OUT/kind_toggle.json" ${KIND_TOGGLE_ARGS:-} \
         2>&1 | tee "$OUT/kind_toggle.log" ;;
+    toggle-cupti)  # the same question as kind-toggle, CUPTI alone (bench/floor/toggle_cupti.cu), per way of switching
+      make -s -C bench/floor toggle_cupti BUILD=/tmp/floor CUPTI_INCLUDE_DIR=/tmp/site/nvidia/cu13/include \
+        CUPTI_LIB_DIR=/tmp/site/nvidia/cu13/lib || return 1
+      : > "$OUT/toggle_cupti.jsonl"
+      while read -r args; do [ -n "$args" ] && timeout 60 /tmp/floor/toggle_cupti $args | tee -a "$OUT/toggle_cupti.jsonl" | cut -c1-80
+      done <<< "${TOGGLE_CUPTI_CASES:-$(printf '%s\n' \
+        "--setup after --switch kernel" "--setup before --switch kernel" "--setup after --switch all" \
+        "--setup before --switch all" "--setup after --switch kernel --graph 0" "--setup before --switch kernel --graph 0" \
+        "--setup after --switch context" "--setup before --switch context" "--setup before --switch kg" \
+        "--setup before --switch kernel --subscribe 1" "--setup before --switch kernel --repair 2")}"
+      python3 - "$OUT/toggle_cupti.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    print(f"{d['setup']:6s} {d['switch']:7s} graph={d['graph']} sub={d['subscribe']} repair={d['repair']} pre={d.get('pre_toggles', 0)} cycles={d['cycles']}: "
+          f"{d['on_phases_without_records']}/{d['cycles']} on-phases without records (first {d['first_without']}), "
+          f"repairs {d['repairs']}, eager records {d['eager_records']}")
+PY
+      ;;
     explain) bash bench/explain_evidence.sh 2>&1 | tee "$OUT/explain.log" ;;
     micro) make -s -C bench/floor && python3 bench/micro.py --out "$OUT/micro.json" --rounds 5 \
              --variants plain,floor,census,census-kernels-off,census-sampled --sample 100/1000 \

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
            a.steady, str(a.seconds), "20"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ph = Phases(census)
-    res: dict = {"command": " ".join(cmd), "states": []}
+    res: dict = {"command": " ".join(cmd), "states": [],
+                 "env": {k: v for k, v in os.environ.items() if k.startswith("OTEL_GPU_CENSUS_")}}
     t_end = time.time() + a.seconds - 1.0
     try:
         while not ph.segments() and proc.poll() is None:
@@ -63,10 +65,15 @@ def main(argv=None) -> int:
             time.sleep(a.hold_s)
             res["states"].append({"mode": mode, "switched": ok, "census": delta(ph.totals(), before)})
             s = res["states"][-1]["census"]
-            print(i, mode, ok, {k: s.get(k, 0) for k in ("eager_launches", "eager_traced", "graph_kernel_count")},
-                  flush=True)
+            print(i, mode, ok, {k: s.get(k, 0) for k in ("eager_launches", "eager_traced", "graph_kernel_count",
+                                                           "records", "buffers", "dropped", "buffers_refused",
+                                                           "kernel_outside", "records_unknown")}, flush=True)
             i += 1
+        last = ph.totals()
         out, err = proc.communicate(timeout=a.seconds + 60)
+        # what the final flush at exit brought that no state had: records CUPTI held back
+        res["at_exit"] = delta(ph.totals(), last)
+        print("at exit:", {k: v for k, v in res["at_exit"].items() if v}, flush=True)
         res["steady"] = out.strip().splitlines()[-1] if out.strip() else None
         res["stderr"] = err[-2000:]
     finally:

@@ -28,6 +28,11 @@ MODES = {      # the whole state each phase runs in: census, graph mode, kernel 
 }
 
 
+# segment counters of where records went (not work done): summed, never divided per token
+DIAGNOSTICS = ("records", "buffers", "dropped", "buffers_refused", "records_unknown", "kernel_outside",
+               "launches_lost")
+
+
 class Phases:
     def __init__(self, census_dir):
         self.dir = Path(census_dir)
@@ -80,6 +85,7 @@ class Phases:
                 add("graph_kernel_count", d.graph_kernel_count)
                 add("eager_launches", d.eager_launches)
                 add("eager_traced", d.eager_traced)
+                add("eager_traced_ns", d.eager_traced_ns)
                 add("memset_count", d.memset.count)
                 add("memset_bytes", d.memset.bytes)
                 for (direction, mem), s in d.copies.cells.items():
@@ -87,6 +93,15 @@ class Phases:
                     add(f"copy.{direction}.{mem}.bytes", s.bytes)
             add("graph_unknown", c.graphs.unknown)
             add("graph_inexact", c.graphs.inexact)
+            # where records can go missing: CUPTI's drops, refused buffers, records left out of the
+            # sample or of unknown kind, launches not placed (measurements §17's missing kernel records)
+            add("records", c.records)
+            add("buffers", c.buffers)
+            add("dropped", c.dropped)
+            add("buffers_refused", c.buffers_refused)
+            add("records_unknown", c.records_unknown)
+            add("kernel_outside", c.kernels.outside)
+            add("launches_lost", c.launches_lost)
         return out
 
 
@@ -148,13 +163,16 @@ def summarise(rounds: list, modes=("off", "launch", "node")) -> dict:
         r = [x[k] for x in rounds if x.get(k)]
         if r:
             res[k] = {"median": statistics.median(r), "min": min(r), "max": max(r), "all": r}
-    per_tok = {}
+    per_tok, diag = {}, {}
     for m in modes:
         tot: Dict[str, int] = {}
         toks = sum(x[m].get("tokens") or 0 for x in rounds)
         for x in rounds:
             for k, v in x[m]["census"].items():
                 tot[k] = tot.get(k, 0) + v
-        per_tok[m] = {"_tokens": toks, **({k: v / toks for k, v in tot.items()} if toks else {})}
+        per_tok[m] = {"_tokens": toks, **({k: v / toks for k, v in tot.items() if k not in DIAGNOSTICS}
+                                           if toks else {})}
+        diag[m] = {k: v for k, v in tot.items() if k in DIAGNOSTICS}
     res["per_output_token"] = per_tok
+    res["diagnostics"] = diag     # summed over the rounds, not per token
     return res

@@ -85,7 +85,7 @@ def test_rounds_switch_every_segment_and_count_each_phase(standin, tmp_path):
     for i, r in enumerate(rounds):
         for m in ("off", "launch", "node"):
             assert r[m]["switched"] and r[m]["t0_ns"] <= r[m]["t1_ns"]
-            assert r[m]["census"] == {"copy.dtoh.pinned.count": 1, "copy.dtoh.pinned.bytes": 1000 + i}
+            assert r[m]["census"] == {"copy.dtoh.pinned.count": 1, "copy.dtoh.pinned.bytes": 1000 + i, "records": 1}
         assert r["launch/off"] == round((99.0 + i) / (100.0 + i), 4)
         assert r["node/off"] == round((80.0 + i) / (100.0 + i), 4)
     s = cp.summarise(rounds)

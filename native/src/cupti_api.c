@@ -31,6 +31,8 @@ static struct {
     CUptiResult (*enable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
     CUptiResult (*disable)(CUpti_ActivityKind);
     CUptiResult (*disable_v2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
+    CUptiResult (*enable_context)(CUcontext, CUpti_ActivityKind);
+    CUptiResult (*disable_context)(CUcontext, CUpti_ActivityKind);
     CUptiResult (*next_record)(uint8_t *, size_t, CUpti_Activity **);
     CUptiResult (*next_record_v2)(CUpti_SubscriberHandle, uint8_t *, size_t, CUpti_Activity **);
     CUptiResult (*dropped)(CUcontext, uint32_t, size_t *);
@@ -93,6 +95,8 @@ int gc_cupti_load(const char *path)
     RESOLVE(enable_v2, "cuptiActivityEnable_v2");
     RESOLVE(disable, "cuptiActivityDisable");
     RESOLVE(disable_v2, "cuptiActivityDisable_v2");
+    RESOLVE(enable_context, "cuptiActivityEnableContext");
+    RESOLVE(disable_context, "cuptiActivityDisableContext");
     RESOLVE(next_record, "cuptiActivityGetNextRecord");
     RESOLVE(next_record_v2, "cuptiActivityGetNextRecord_v2");
     RESOLVE(dropped, "cuptiActivityGetNumDroppedRecords");
@@ -194,6 +198,12 @@ CUptiResult gc_cupti_register(CUpti_BuffersCallbackRequestFunc req, CUpti_Buffer
 
 CUptiResult gc_cupti_enable(CUpti_ActivityKind k) { return cu.v2 ? cu.enable_v2(cu.sub, k, NULL) : cu.enable(k); }
 CUptiResult gc_cupti_disable(CUpti_ActivityKind k) { return cu.v2 ? cu.disable_v2(cu.sub, k, NULL) : cu.disable(k); }
+
+CUptiResult gc_cupti_kernels_context(CUcontext ctx, int on)
+{
+    CUptiResult (*f)(CUcontext, CUpti_ActivityKind) = on ? cu.enable_context : cu.disable_context;
+    return f ? f(ctx, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) : CUPTI_ERROR_NOT_SUPPORTED;
+}
 
 CUptiResult gc_cupti_next_record(uint8_t *buffer, size_t valid, CUpti_Activity **record)
 {

@@ -24,6 +24,9 @@ uint32_t gc_cupti_version(void);
 CUptiResult gc_cupti_register(CUpti_BuffersCallbackRequestFunc req, CUpti_BuffersCallbackCompleteFunc done);
 CUptiResult gc_cupti_enable(CUpti_ActivityKind kind);
 CUptiResult gc_cupti_disable(CUpti_ActivityKind kind);
+/* CONCURRENT_KERNEL on or off for one context (cuptiActivityEnableContext/DisableContext; they
+ * supersede the global setting). CUPTI_ERROR_NOT_SUPPORTED when the library lacks them. */
+CUptiResult gc_cupti_kernels_context(CUcontext ctx, int on);
 CUptiResult gc_cupti_next_record(uint8_t *buffer, size_t valid, CUpti_Activity **record);
 CUptiResult gc_cupti_dropped(CUcontext ctx, uint32_t stream, size_t *dropped);
 CUptiResult gc_cupti_flush_all(uint32_t flag);

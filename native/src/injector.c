@@ -245,11 +245,45 @@ static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer
  * the kernel kind (a suspect for the missing records of docs/measurements.md §17; not their cause). */
 static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
 
+/* The kernel kind. With CUPTI 13.5 (H200, driver 580), CONCURRENT_KERNEL disabled and enabled again
+ * globally under load stops eager kernel records for good after a few switches, silently
+ * (bench/floor/toggle_cupti.cu, docs/measurements.md §18); switched per context it keeps them. So it is
+ * enabled globally once and then switched per known context (contexts.c); globally only while no
+ * context is known (then there are no kernels to lose) or where CUPTI refuses per-context switching. */
+static int g_kernel_global;       /* enabled globally by us now */
+static int g_kernel_global_off;   /* it was disabled globally after being enabled (a re-enable is suspect) */
+
+static CUptiResult kernel_kind(int on)
+{
+    int n = gc_contexts_switch(on, 0);
+    if (n > 0) {
+        /* a first global enable (never a re-enable) so that contexts made later start traced */
+        if (on && !g_kernel_global && !g_kernel_global_off && gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
+            g_kernel_global = 1;
+        return CUPTI_SUCCESS;
+    }
+    static int said;
+    if (n < 0 && !said) {
+        said = 1;
+        gc_log("kernel records switched globally: CUPTI refused to switch them per context (they may stop "
+               "after a few switches)");
+    }
+    if (on == g_kernel_global) return CUPTI_SUCCESS;
+    CUptiResult r = on ? gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+                       : gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    if (r == CUPTI_SUCCESS) {
+        g_kernel_global = on;
+        if (!on) g_kernel_global_off = 1;
+    }
+    return r;
+}
+
 static CUptiResult kind_set(CUpti_ActivityKind k, int on)
 {
     int known = (unsigned)k < (unsigned)CUPTI_ACTIVITY_KIND_COUNT;
     if (known && g_kind_on[k] == on) return CUPTI_SUCCESS;
-    CUptiResult r = on ? gc_cupti_enable(k) : gc_cupti_disable(k);
+    CUptiResult r = k == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ? kernel_kind(on)
+                  : on ? gc_cupti_enable(k) : gc_cupti_disable(k);
     if (r == CUPTI_SUCCESS && known) g_kind_on[k] = (uint8_t)on;
     return r;
 }
@@ -263,6 +297,14 @@ static CUptiResult kind_set(CUpti_ActivityKind k, int on)
 static void disable_kinds(void)
 {
     for (int i = 0; i < g_nkinds; i++) kind_set(g_kinds[i], 0);
+}
+
+/* The census ends (failed, or finished by the server): nothing more is recorded, from any context. */
+static void disable_kinds_for_good(void)
+{
+    disable_kinds();
+    if (g_kernel_global && gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
+        g_kernel_global = 0;
 }
 
 static int set_kernels(int on)
@@ -312,6 +354,13 @@ static void fold_launches(uint64_t mono)
     pthread_mutex_unlock(&g_mu);
 }
 
+/* Contexts learned since the last wake get the kernel kind's state now (until then they had the global
+ * one: on, their records outside a traced phase are left out by the tally). */
+static void new_contexts(void)
+{
+    (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1);
+}
+
 /* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */
 static uint64_t g_next_phase = UINT64_MAX;
 
@@ -329,7 +378,7 @@ static void *flusher(void *arg)
         if (getpid() != g_pid) break;
         int st = atomic_load(&g_state);
         if (st == FAILED) { /* outside any CUPTI callback: safe to stop the tracing */
-            disable_kinds();
+            disable_kinds_for_good();
             break;
         }
         if (st != ACTIVE) break;
@@ -338,6 +387,7 @@ static void *flusher(void *arg)
         if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
             g_next_phase = has_schedule(g_ks.mode) ? kernel_phase(now) : UINT64_MAX;
         fold_launches(now);
+        if (atomic_load(&g_state) == ACTIVE) new_contexts();
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
             if (g_cfg.start_paused && !g_seg) { /* started paused: a segment (and so a control file) now */
@@ -439,7 +489,7 @@ static int finish(int at_exit)
     pthread_mutex_unlock(&g_mu);
     /* Called by the server (not at exit, where CUPTI may be going down too): nothing will count the
      * records now, so stop paying CUPTI for the rest of the process's life. */
-    if (!at_exit) disable_kinds();
+    if (!at_exit) disable_kinds_for_good();
     return 0;
 }
 
@@ -451,6 +501,7 @@ static void at_fork_child(void)
      * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
     atomic_store(&g_state, OFF);
     gc_launches_set_counting(0);
+    gc_contexts_forget();
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_mu = fresh; /* the parent's CUPTI thread may have held it at fork time */
     if (g_seg) munmap(g_seg, sizeof(*g_seg));
@@ -628,6 +679,11 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
     (void)ud;
     if (dom == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
         atomic_fetch_add(&g_attach.contexts_late, 1);
+        gc_contexts_add(((const CUpti_ResourceData *)data)->context);
+        return;
+    }
+    if (dom == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
+        gc_contexts_remove(((const CUpti_ResourceData *)data)->context);
         return;
     }
     gc_graphs_callback(dom, cbid, data);
@@ -748,6 +804,8 @@ static int start(void)
 static struct {
     CUresult (*count)(int *);
     CUresult (*state)(CUdevice, unsigned int *, int *);
+    CUresult (*retain)(CUcontext *, CUdevice);
+    CUresult (*release)(CUdevice);
 } g_drv;
 
 static int watch_init(void)
@@ -756,6 +814,9 @@ static int watch_init(void)
     if (!cuda) return -1;
     *(void **)&g_drv.count = dlsym(cuda, "cuDeviceGetCount");
     *(void **)&g_drv.state = dlsym(cuda, "cuDevicePrimaryCtxGetState");
+    *(void **)&g_drv.retain = dlsym(cuda, "cuDevicePrimaryCtxRetain");
+    *(void **)&g_drv.release = dlsym(cuda, "cuDevicePrimaryCtxRelease_v2");
+    if (!g_drv.release) *(void **)&g_drv.release = dlsym(cuda, "cuDevicePrimaryCtxRelease");
     return g_drv.count && g_drv.state ? 0 : -1;
 }
 
@@ -771,6 +832,23 @@ static int primary_context_active(void)
     return 0;
 }
 
+/* The active primary contexts, made before the census attached: known to contexts.c from now on (a
+ * retain of an active one only counts a reference, given back at once). */
+static void learn_primary_contexts(void)
+{
+    int n = 0;
+    if (!g_drv.retain || !g_drv.release || g_drv.count(&n) != CUDA_SUCCESS) return;
+    for (int d = 0; d < n && d < (int)GC_MAX_DEVICES; d++) {
+        unsigned int flags = 0;
+        int active = 0;
+        CUcontext ctx = NULL;
+        if (g_drv.state((CUdevice)d, &flags, &active) != CUDA_SUCCESS || !active) continue;
+        if (g_drv.retain(&ctx, (CUdevice)d) != CUDA_SUCCESS) continue;
+        gc_contexts_add(ctx);
+        g_drv.release((CUdevice)d);
+    }
+}
+
 /* CUPTI set up; the census counts from here. 0, or -1 with a log line and the census off. */
 static int attach(uint32_t mode, uint64_t after_ns)
 {
@@ -778,10 +856,13 @@ static int attach(uint32_t mode, uint64_t after_ns)
     g_attach.mode = mode;
     g_attach.wall_ns = gc_wall_ns();
     g_attach.after_ns = after_ns;
-    /* Under the v1 API a callback takes CUPTI's one slot: count late contexts only where callbacks
-     * are in use already (graphs per launch). */
-    if (mode == GC_ATTACH_CONTEXT && g_graphs_learned)
-        (void)gc_cupti_enable_resource("late contexts not counted", CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
+    /* Contexts made from now on and going away: late contexts counted, the kernel kind switched per
+     * context. Under the v1 API a callback takes CUPTI's one slot: only where callbacks are in use
+     * already (graphs per launch). */
+    if (gc_cupti_is_v2() || g_graphs_learned) {
+        if (gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_CREATED) == 0)
+            (void)gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+    }
     return 0;
 }
 
@@ -798,6 +879,7 @@ static int wait_and_attach(void)
             atomic_store(&g_flusher_busy, 1); /* exit waits (bounded) for the set-up to end */
             int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (mono_ns() - now)) : -1;
             int waiting = WAITING;
+            if (rc == 0) learn_primary_contexts();
             int ok = rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE);
             if (!ok) { /* CUPTI refused, or exit/gc_finish/fork came first (then the state is no longer WAITING) */
                 waiting = WAITING;

@@ -67,6 +67,15 @@ int gc_launches_pending(void);                  /* launches counted that no fold
 void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
 
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
+/* contexts.c: the kernel kind switched per context (CUPTI loses eager kernel records when it is
+ * switched globally, docs/measurements.md §18) */
+void gc_contexts_add(CUcontext ctx);            /* a context to switch from now on (NULL: ignored) */
+void gc_contexts_remove(CUcontext ctx);         /* going away: never switched again */
+int gc_contexts_known(CUcontext ctx);
+int gc_contexts_switch(int on, int only_new);   /* contexts switched (or already so), -1: CUPTI refused */
+uint64_t gc_contexts_full(void);                /* contexts not kept (more than 64) */
+void gc_contexts_forget(void);                  /* in a forked child */
+
 void gc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* segment.c */

@@ -130,6 +130,7 @@ static void count(const CUpti_CallbackData *cb)
         uint32_t dev = 0;
         t_dev = gc_cupti_device_of(cb->context, &dev) == CUPTI_SUCCESS && dev < GC_MAX_DEVICES ? (int)dev : -1;
         t_ctx_uid = cb->contextUid;
+        gc_contexts_add(cb->context); /* its kernel records are switched per context (contexts.c) */
     }
     if (t_dev < 0) { /* lost launches are in no total, windows included */
         atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);

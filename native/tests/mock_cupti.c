@@ -9,6 +9,9 @@
  *   MOCK_CUPTI_ENABLE_FAIL=1 cuptiActivityEnable fails
  *   MOCK_CUPTI_COUNTED_ENABLE=1  a kind is on while it was enabled more often than disabled (a CUPTI that
  *                            counts them: a caller must not disable twice and enable once)
+ *   MOCK_CUPTI_REENABLE_LOSES=1  CONCURRENT_KERNEL enabled globally again after a global disable keeps no
+ *                            kernel record of contexts without a setting of their own (CUPTI 13.5, H200)
+ *   MOCK_CUPTI_NO_CONTEXT_SWITCH=1  cuptiActivityEnableContext/DisableContext are refused
  *   MOCK_CUPTI_STACK_KB=N    cuptiActivityRegisterCallbacks first uses N KiB of its caller's stack, page by
  *                            page (set up on a live context, CUPTI and the driver need deep stacks: on the
  *                            H200 llama-server segfaulted in libcuda on a 256 KiB thread stack)
@@ -152,6 +155,10 @@ CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, C
     return CUPTI_SUCCESS;
 }
 
+/* CUPTI 13.5 on the H200: once CONCURRENT_KERNEL was disabled globally, enabling it globally again gives
+ * contexts without a setting of their own no more eager kernel records (MOCK_CUPTI_REENABLE_LOSES=1). */
+static int g_kernel_lost;
+
 CUptiResult cuptiActivityEnable(CUpti_ActivityKind k)
 {
     if (env_on("MOCK_CUPTI_ENABLE_FAIL")) return CUPTI_ERROR_NOT_COMPATIBLE;
@@ -162,7 +169,41 @@ CUptiResult cuptiActivityEnable(CUpti_ActivityKind k)
 CUptiResult cuptiActivityDisable(CUpti_ActivityKind k)
 {
     if ((int)k >= 0 && (int)k < 64) g_enabled[k] = env_on("MOCK_CUPTI_COUNTED_ENABLE") ? g_enabled[k] - 1 : 0;
+    if (k == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && env_on("MOCK_CUPTI_REENABLE_LOSES")) g_kernel_lost = 1;
     return CUPTI_SUCCESS;
+}
+
+/* Per-context settings supersede the global one, for contexts 1..8 (device d's is d + 1); -1: none.
+ * MOCK_CUPTI_NO_CONTEXT_SWITCH=1: CUPTI refuses them. */
+static int g_ctx_kind[9][64];
+static int g_ctx_set[9];     /* the context has settings of its own */
+static int g_ctx_calls;
+
+static CUptiResult ctx_set(CUcontext c, CUpti_ActivityKind k, int on)
+{
+    uintptr_t i = (uintptr_t)c;
+    if (env_on("MOCK_CUPTI_NO_CONTEXT_SWITCH")) return CUPTI_ERROR_NOT_SUPPORTED;
+    if (i < 1 || i > 8 || (int)k < 0 || (int)k >= 64) return CUPTI_ERROR_INVALID_CONTEXT;
+    if (!g_ctx_set[i]) { /* first setting: none for the other kinds */
+        for (int j = 0; j < 64; j++) g_ctx_kind[i][j] = -1;
+        g_ctx_set[i] = 1;
+    }
+    g_ctx_kind[i][k] = on;
+    g_ctx_calls++;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityEnableContext(CUcontext c, CUpti_ActivityKind k) { return ctx_set(c, k, 1); }
+CUptiResult cuptiActivityDisableContext(CUcontext c, CUpti_ActivityKind k) { return ctx_set(c, k, 0); }
+
+/* Is `kind` traced for context `ctx` (1..8; 0: no context)? */
+static int traced(int kind, uintptr_t ctx)
+{
+    if (kind < 0 || kind >= 64) return 0;
+    if (ctx >= 1 && ctx <= 8 && g_ctx_set[ctx] && g_ctx_kind[ctx][kind] >= 0)
+        return g_ctx_kind[ctx][kind];
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && g_kernel_lost) return 0;
+    return g_enabled[kind] > 0;
 }
 
 CUptiResult cuptiActivityFlushPeriod(uint32_t ms) { (void)ms; return CUPTI_SUCCESS; }
@@ -247,7 +288,9 @@ int mock_queue_record(const void *rec, uint32_t size)
 {
     size_t need = 8 + ((size + 7) & ~7u);
     CUpti_ActivityKind kind = ((const CUpti_Activity *)rec)->kind;
-    if ((int)kind >= 0 && (int)kind < 64 && g_enabled[kind] <= 0) return 1; /* not traced */
+    uintptr_t ctx = 1;   /* a kernel record's context is its device's; other kinds: device 0's */
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) ctx = ((const CUpti_ActivityKernel13 *)rec)->deviceId + 1;
+    if ((int)kind >= 0 && (int)kind < 64 && !traced(kind, ctx)) return 1; /* not traced */
     pthread_mutex_lock(&g_lock);
     if (g_pending_len + need > sizeof(g_pending)) {
         pthread_mutex_unlock(&g_lock);
@@ -262,7 +305,10 @@ int mock_queue_record(const void *rec, uint32_t size)
 }
 
 void mock_set_dropped(size_t n) { g_dropped = n; }
-int mock_enabled(int kind) { return kind >= 0 && kind < 64 ? g_enabled[kind] > 0 : 0; }
+/* whether records of `kind` from device 0's context would be kept now */
+int mock_enabled(int kind) { return traced(kind, 1); }
+int mock_enabled_globally(int kind) { return kind >= 0 && kind < 64 ? g_enabled[kind] > 0 : 0; }
+int mock_context_calls(void) { return g_ctx_calls; }
 int mock_flushes(void) { return g_flushes; }
 int mock_registered(void) { return g_req != NULL && g_done != NULL; }
 uint64_t mock_ext_top(void) { return g_ext_depth ? g_ext_stack[g_ext_depth - 1] : 0; }

@@ -28,7 +28,7 @@ PRELUDE = textwrap.dedent("""
     import cffi, cupti_records as cr
     mffi = cffi.FFI()
     mffi.cdef('''int mock_queue_record(const void *, uint32_t); void mock_set_dropped(size_t);
-                int mock_enabled(int); int mock_registered(void); uint64_t mock_ext_top(void);
+                int mock_enabled(int); int mock_enabled_globally(int); int mock_context_calls(void); int mock_registered(void); uint64_t mock_ext_top(void);
                 int mock_hold_buffers(int); int mock_callback_enabled(int, uint32_t);
                 int mock_api_call(int, uint32_t, uint32_t); int mock_api_call_nested(int, uint32_t, uint32_t, uint32_t);
                 void mock_set_api_device(int); void mock_set_api_result(int); int cuptiGetTimestamp(uint64_t *);
@@ -929,6 +929,68 @@ def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock
     p = read(native, next(d.glob("*.seg")))
     assert p.devices[0].eager_traced == 1 and p.devices[0].eager_traced_ns == 700 and err == ""
 
+
+
+SWITCH_CYCLES = """
+        from otel_gpu_census.census.reader import read_segment
+        K = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
+        g.InitializeInjection()
+        torch_launch(1)                                        # device 0's context, now known
+        g.gc_flush()
+        ctl = path()[:-4] + '.control'
+        def switch(text, name, paused):
+            open(ctl, 'w').write(text)
+            for _ in range(300):
+                c = read_segment(path(), detail=False)
+                if c.kernels.name == name and c.graphs.paused == paused:
+                    return True
+                time.sleep(0.01)
+        seq = []
+        for _ in range(3):                                     # pauses, mode switches, duty cycles
+            seq.append(switch('census=off\\n', 'counted:20/100', True))
+            seq.append(switch('census=on kernels=all\\n', 'all', False))
+            seq.append(switch('census=on kernels=counted:20/100\\n', 'counted:20/100', False))
+            time.sleep(0.25)
+        seq.append(switch('census=on kernels=all\\n', 'all', False))
+        time.sleep(0.1)
+        out['seq'] = seq
+        out['traced'] = mock.mock_enabled(K)
+        out['global'] = mock.mock_enabled_globally(K)
+        out['context_calls'] = mock.mock_context_calls()
+        t0 = now()
+        queue(cr.kernel(t0, t0 + 700), cr.KERNEL_T)
+        g.gc_finish()
+        out['after_finish'] = [mock.mock_enabled(K), mock.mock_enabled_globally(K)]
+"""
+
+
+def test_kernel_records_survive_switches_where_a_global_reenable_loses_them(native, mock_lib, mock_cuda, tmp_path,
+                                                                            records):
+    """CUPTI 13.5 on the H200 keeps no eager kernel record once CONCURRENT_KERNEL was disabled and enabled
+    again globally (measurements §18; the mock does the same). The census switches the kind per context
+    once it knows the context: after pauses, mode switches and duty cycles, every-kernel tracing still
+    records kernels. A finished census leaves the kind off everywhere."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + SWITCH_CYCLES,
+                                  env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_FLUSH_MS": "20",
+                                       "OTEL_GPU_CENSUS_KERNELS": "counted:20/100", "MOCK_CUPTI_REENABLE_LOSES": "1"})
+    assert all(res["seq"]) and res["traced"] == 1 and res["context_calls"] >= 10, res
+    assert res["after_finish"] == [0, 0], res
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].eager_traced == 1 and p.devices[0].eager_traced_ns == 700 and err == "", err
+
+
+def test_where_cupti_refuses_per_context_switching_the_census_switches_globally_and_says_so(
+        native, mock_lib, mock_cuda, tmp_path, records):
+    """The same switches with a CUPTI that refuses per-context settings: the kind is switched globally as
+    before, one line says that kernel records may stop, and with this CUPTI they do."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + SWITCH_CYCLES,
+                                  env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_FLUSH_MS": "20",
+                                       "OTEL_GPU_CENSUS_KERNELS": "counted:20/100", "MOCK_CUPTI_REENABLE_LOSES": "1",
+                                       "MOCK_CUPTI_NO_CONTEXT_SWITCH": "1"})
+    assert all(res["seq"]) and res["global"] == 1 and res["traced"] == 0 and res["context_calls"] == 0, res
+    p = read(native, next(d.glob("*.seg")))
+    assert p.devices[0].eager_traced == 0
+    assert err.count("\n") == 1 and "CUPTI refused to switch them per context" in err, err
 
 
 def test_launches_into_a_capturing_stream_make_graph_nodes_and_are_not_counted(native, mock_lib, mock_cuda, tmp_path,
