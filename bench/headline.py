@@ -175,21 +175,21 @@ class Rule:
 
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-12-02-h200-s8-llama-phases-run2.json",
+    Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s9-llama-phases.json",
          phases_ratio("counted"), 0.99,
          "ratio of output tok/s, default census (every kernel counted through the launch callbacks, kernel records "
-         "100 ms of every 1000 ms, graphs per launch) / census paused, one llama-server (8B, 16 slots) in "
-         "alternating control-file phases with prompts of their own, median of 7 rounds (spread 0.964-1.030, "
-         "geometric mean 0.991 [0.975, 1.008]); the session's first run (10 rounds, before the kind fix) 0.990; "
-         "in both runs CUPTI delivered no eager kernel records in some traced phases (measurements §17)",
-         command="BENCH_ARGS='--modes off,launch,counted --rounds 10 --beside-plain --budget-s 275' "
+         "100 ms of every 1000 ms switched per CUDA context, graphs per launch) / census paused, one llama-server "
+         "(8B, 16 slots) in alternating control-file phases with prompts of their own, median of 7 rounds (spread "
+         "0.953-1.016, geometric mean 0.986 [0.969, 1.002]); every traced phase had its kernel records (every-kernel "
+         "phases: records = launches; counted: 8.6-9.8 % sampled), unlike session 8's 0.984 (measurements §17-§18)",
+         command="BENCH_ARGS='--modes off,launch,counted --rounds 12 --beside-plain --budget-s 288' "
                  "bash bench/device/run.sh setup llama llama-phases"),
-    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-02-h200-s8-llama-phases-run2.json",
+    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-03-h200-s9-llama-phases.json",
          beside_ratio("counted/plain", under=None), 0.99,
          "ratio of output tok/s, the default census (R's counted phases) / a plain llama-server (no census) loaded "
          "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 7 rounds (geometric mean "
-         "0.966 [0.955, 0.979]; the paused census / plain 0.988 in the same run; 0.988 in the session's first run)",
-         command="BENCH_ARGS='--modes off,launch,counted --rounds 10 --beside-plain --budget-s 275' "
+         "0.971 [0.953, 0.993]; the paused census / plain 0.988 [0.964, 1.004] in the same run)",
+         command="BENCH_ARGS='--modes off,launch,counted --rounds 12 --beside-plain --budget-s 288' "
                  "bash bench/device/run.sh setup llama llama-phases"),
     Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s7-vllm-cpu.json",
          phases_ratio("launch", "phases"), 0.99,

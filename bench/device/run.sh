@@ -118,7 +118,7 @@ phase() {
 import json, sys
 for line in open(sys.argv[1]):
     d = json.loads(line)
-    print(f"{d['setup']:6s} {d['switch']:7s} graph={d['graph']} sub={d['subscribe']} repair={d['repair']} pre={d.get('pre_toggles', 0)} cycles={d['cycles']}: "
+    print(f"{d['setup']:6s} {d['switch']:7s} graph={d['graph']} sub={d['subscribe']} repair={d['repair']} pre={d.get('pre_toggles', 0)} create_off={d.get('create_off', 0)} cycles={d['cycles']}: "
           f"{d['on_phases_without_records']}/{d['cycles']} on-phases without records (first {d['first_without']}), "
           f"repairs {d['repairs']}, eager records {d['eager_records']}")
 PY

@@ -14,6 +14,8 @@
  *   kg       GRAPH_TRACE off, CONCURRENT_KERNEL switched, GRAPH_TRACE on again
  *   global-then-context  `kernel` for the first half of the cycles, `context` after: does switching per
  *            context bring back the records that global switching lost?
+ * `--create-off 1` (with --setup before): the kind is disabled globally when the context is made (a
+ * census set up in cuInit is in its duty cycle's off part 90 % of the time); the first cycle enables it.
  * `--pre-toggles N` (with --setup before): N global off/on switches of CONCURRENT_KERNEL before the
  * context exists (a census set up in cuInit runs its duty cycle before the server makes a context).
  * `--setup before` enables CUPTI before the CUDA context exists (as the census's ATTACH=cuinit does),
@@ -122,7 +124,7 @@ static void worker(int per_ms, int kernel_ns) {
 int main(int argc, char **argv) {
     const char *sw = "kernel", *setup = "after";
     int per_ms = 50, kernel_ns = 2000, cycles = 40, on_ms = 100, off_ms = 200, flush_ms = 1000, graph = 1,
-        subscribe = 0, repair = 0, pre_toggles = 0;
+        subscribe = 0, repair = 0, pre_toggles = 0, create_off = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--switch")) sw = v; else if (!strcmp(k, "--setup")) setup = v;
@@ -132,6 +134,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--graph")) graph = atoi(v); else if (!strcmp(k, "--subscribe")) subscribe = atoi(v);
         else if (!strcmp(k, "--repair")) repair = atoi(v);
         else if (!strcmp(k, "--pre-toggles")) pre_toggles = atoi(v);
+        else if (!strcmp(k, "--create-off")) create_off = atoi(v);
         else { fprintf(stderr, "toggle_cupti: unknown flag %s\n", k); return 1; }
     }
     if (cycles * 2 + 2 > MAX_PHASES) { fprintf(stderr, "toggle_cupti: too many cycles\n"); return 1; }
@@ -154,6 +157,7 @@ int main(int argc, char **argv) {
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
             CKP(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
         }
+        if (create_off) CKP(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     }
     CK(cudaSetDevice(0));
     CK(cudaFree(0));
@@ -179,6 +183,7 @@ int main(int argc, char **argv) {
         else CKP(on ? cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
                     : cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     };
+    if (create_off) set_kernel(true);
     std::vector<uint64_t> launched_at(2 * cycles + 2);
     uint64_t next_flush = mono_ms() + flush_ms;
     int dead_run = 0, repairs = 0;
@@ -219,8 +224,8 @@ int main(int argc, char **argv) {
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     int on_dead = 0, first_dead = -1, off_with = 0;
     printf("{\"switch\":\"%s\",\"setup\":\"%s\",\"graph\":%d,\"subscribe\":%d,\"repair\":%d,\"per_ms\":%d,"
-           "\"pre_toggles\":%d,\"on_ms\":%d,\"off_ms\":%d,\"cycles\":%d,\"on\":[", sw, setup, graph, subscribe, repair,
-           per_ms, pre_toggles, on_ms, off_ms, cycles);
+           "\"create_off\":%d,\"pre_toggles\":%d,\"on_ms\":%d,\"off_ms\":%d,\"cycles\":%d,\"on\":[", sw, setup, graph, subscribe, repair,
+           per_ms, create_off, pre_toggles, on_ms, off_ms, cycles);
     for (int c = 0; c < cycles; c++) {
         uint64_t l = launched_at[2 * c + 1] - launched_at[2 * c], r = g_records_in[2 * c].load();
         if (l && !r) { on_dead++; if (first_dead < 0) first_dead = c; }

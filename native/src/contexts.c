@@ -99,6 +99,16 @@ int gc_contexts_switch(int on, int only_new)
 
 uint64_t gc_contexts_full(void) { return atomic_load(&g_full); }
 
+int gc_contexts_new(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (atomic_load(&g_ctx[i]) && g_applied[i] == 2) n++;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 /* A forked child: the parent's contexts are not its own (and the lock may have been held). */
 void gc_contexts_forget(void)
 {

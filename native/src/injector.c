@@ -240,9 +240,9 @@ static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer
     atomic_fetch_sub(&g_outstanding, 1);
 }
 
-/* Every enable and disable goes through here and only changes what is not so already. CUPTI does not
+/* Every enable and disable goes through here and only changes what is not so already: CUPTI does not
  * promise that a second disable is harmless, and the duty cycle, pauses and mode switches each switch
- * the kernel kind (a suspect for the missing records of docs/measurements.md §17; not their cause). */
+ * the kernel kind. The kernel kind itself goes through kernel_kind() (above). */
 static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
 
 /* The kernel kind. With CUPTI 13.5 (H200, driver 580), CONCURRENT_KERNEL disabled and enabled again
@@ -356,8 +356,19 @@ static void fold_launches(uint64_t mono)
 
 /* Contexts learned since the last wake get the kernel kind's state now (until then they had the global
  * one: on, their records outside a traced phase are left out by the tally). */
+static int kind_index(CUpti_ActivityKind k);
+
 static void new_contexts(void)
 {
+    if (!gc_contexts_new()) return;
+    /* A census set up in cuInit switches the kind globally until it knows a context, and the server's
+     * context is most often made in the duty cycle's off part. Made while the kind was off globally, its
+     * kernels gave no record for the first seconds on the H200 although it was switched on per context
+     * (§18): the kind goes on globally once now, as when the census attaches to a live context, and stays
+     * on (a single re-enable never lost records there; repeated ones did). */
+    if (!g_kernel_global && kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0 &&
+        gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
+        g_kernel_global = 1;
     (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1);
 }
 

@@ -74,6 +74,7 @@ void gc_contexts_remove(CUcontext ctx);         /* going away: never switched ag
 int gc_contexts_known(CUcontext ctx);
 int gc_contexts_switch(int on, int only_new);   /* contexts switched (or already so), -1: CUPTI refused */
 uint64_t gc_contexts_full(void);                /* contexts not kept (more than 64) */
+int gc_contexts_new(void);                      /* contexts not yet given a state */
 void gc_contexts_forget(void);                  /* in a forked child */
 
 void gc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

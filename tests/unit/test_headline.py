@@ -179,7 +179,7 @@ def test_set_of_a_new_name_needs_a_unit_and_is_appended(copy):
     (["--set", "no value"], "NAME=VALUE"),
     (["--set", "x=1", "--source", "/etc/hostname"], "under bench/results/"),
     (["--set", "llamacpp_default_throughput_ratio=0.99", "--source",
-      str(REPO / "bench/results/2026-12-02-h200-s8-llama-phases-run2.json")], "run --write"),
+      str(REPO / "bench/results/2026-12-03-h200-s9-llama-phases.json")], "run --write"),
     (["--set", "x=1", "--source", str(REPO / "bench/results/2026-11-29-h200-micro.json"), "--date", "Dec 2"],
      "YYYY-MM-DD"),
 ])

@@ -395,7 +395,8 @@ class ProcessCensus:
         them without a single eager kernel record). Windows too recent for their records to have arrived
         (within `settle_ns` of complete_wall_ns, unless the census exited) are left out. A gap means
         CUPTI did not record kernels while the census had it asked to (seen on the H200, measurements
-        §17): the time estimates then lean on the sample taken before. (0, 0) in other modes."""
+        §17, when it switched the kernel kind globally; §18: now per context): the time estimates then
+        lean on the sample taken before. (0, 0) in other modes."""
         k = self.kernels
         if not k.counted or not self.windows:
             return 0, 0
