@@ -889,11 +889,9 @@ def test_counted_kernels_with_graphs_node_by_node_trace_every_kernel(native, moc
     assert err.count("\n") == 1 and "graphs are traced node by node; tracing all kernels" in err
 
 
-def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock_cuda, tmp_path, records):
-    """A pause inside the duty cycle's off part, a resume, a switch to every kernel: the kernel kind is on
-    again even for a CUPTI that counts enables and disables (on the H200 every-kernel phases after such a
-    pause had no kernel records at all, measurements §17)."""
-    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+# A counted census on device 0's context (known to it from a launch), and switch(): write its control
+# file and wait until the segment shows the state.
+SWITCHING = """
         from otel_gpu_census.census.reader import read_segment
         K = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
         g.InitializeInjection()
@@ -907,6 +905,14 @@ def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock
                 if c.kernels.name == name and c.graphs.paused == paused:
                     return True
                 time.sleep(0.01)
+"""
+
+
+def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock_cuda, tmp_path, records):
+    """A pause inside the duty cycle's off part, a resume, a switch to every kernel: the kernel kind is on
+    again even for a CUPTI that counts enables and disables (on the H200 every-kernel phases after such a
+    pause had no kernel records at all, measurements §17)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + SWITCHING + """
         time.sleep(0.1)                                        # into the schedule's off part (20/1000)
         out['off_part'] = mock.mock_enabled(K)
         seq = []
@@ -931,20 +937,7 @@ def test_kinds_are_switched_only_when_their_state_changes(native, mock_lib, mock
 
 
 
-SWITCH_CYCLES = """
-        from otel_gpu_census.census.reader import read_segment
-        K = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
-        g.InitializeInjection()
-        torch_launch(1)                                        # device 0's context, now known
-        g.gc_flush()
-        ctl = path()[:-4] + '.control'
-        def switch(text, name, paused):
-            open(ctl, 'w').write(text)
-            for _ in range(300):
-                c = read_segment(path(), detail=False)
-                if c.kernels.name == name and c.graphs.paused == paused:
-                    return True
-                time.sleep(0.01)
+SWITCH_CYCLES = SWITCHING + """
         seq = []
         for _ in range(3):                                     # pauses, mode switches, duty cycles
             seq.append(switch('census=off\\n', 'counted:20/100', True))
