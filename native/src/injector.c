@@ -869,8 +869,8 @@ static int attach(uint32_t mode, uint64_t after_ns)
     g_attach.after_ns = after_ns;
     /* Contexts made from now on and going away: late contexts counted, the kernel kind switched per
      * context. Under the v1 API a callback takes CUPTI's one slot: only where callbacks are in use
-     * already (graphs per launch). */
-    if (gc_cupti_is_v2() || g_graphs_learned) {
+     * already (graphs per launch, counted launches). */
+    if (gc_cupti_is_v2() || g_graphs_learned || g_ks.mode == GC_KERNELS_COUNTED) {
         if (gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_CREATED) == 0)
             (void)gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
     }

@@ -177,7 +177,7 @@ CUptiResult cuptiActivityDisable(CUpti_ActivityKind k)
  * MOCK_CUPTI_NO_CONTEXT_SWITCH=1: CUPTI refuses them. */
 static int g_ctx_kind[9][64];
 static int g_ctx_set[9];     /* the context has settings of its own */
-static int g_ctx_calls;
+static int g_ctx_calls, g_ctx_calls_of[9];
 
 static CUptiResult ctx_set(CUcontext c, CUpti_ActivityKind k, int on)
 {
@@ -190,6 +190,7 @@ static CUptiResult ctx_set(CUcontext c, CUpti_ActivityKind k, int on)
     }
     g_ctx_kind[i][k] = on;
     g_ctx_calls++;
+    g_ctx_calls_of[i]++;
     return CUPTI_SUCCESS;
 }
 
@@ -309,6 +310,9 @@ void mock_set_dropped(size_t n) { g_dropped = n; }
 int mock_enabled(int kind) { return traced(kind, 1); }
 int mock_enabled_globally(int kind) { return kind >= 0 && kind < 64 ? g_enabled[kind] > 0 : 0; }
 int mock_context_calls(void) { return g_ctx_calls; }
+int mock_context_calls_of(int ctx) { return ctx >= 1 && ctx <= 8 ? g_ctx_calls_of[ctx] : 0; }
+/* whether records of `kind` from context `ctx` (1..8) would be kept now */
+int mock_enabled_in(int kind, int ctx) { return traced(kind, (uintptr_t)ctx); }
 int mock_flushes(void) { return g_flushes; }
 int mock_registered(void) { return g_req != NULL && g_done != NULL; }
 uint64_t mock_ext_top(void) { return g_ext_depth ? g_ext_stack[g_ext_depth - 1] : 0; }
@@ -360,6 +364,18 @@ static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
 }
 
 int mock_api_call(int dom, uint32_t cbid, uint32_t corr) { return api_call(dom, cbid, corr, 0); }
+
+/* A resource event (CUPTI_CBID_RESOURCE_CONTEXT_CREATED, ..._DESTROY_STARTING) for context `ctx`, as CUPTI
+ * reports it to a subscriber that enabled it: 1 when a callback ran. */
+int mock_resource_call(uint32_t cbid, int ctx)
+{
+    if (cbid >= 4096 || !g_cb_on[2][cbid] || !g_api_cb) return 0;
+    CUpti_ResourceData r;
+    memset(&r, 0, sizeof(r));
+    r.context = (CUcontext)(uintptr_t)ctx;
+    g_api_cb(g_api_ud, CUPTI_CB_DOMAIN_RESOURCE, cbid, &r);
+    return 1;
+}
 int mock_api_call_nested(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
 {
     return api_call(dom, cbid, corr, inner_cbid);

@@ -28,7 +28,7 @@ PRELUDE = textwrap.dedent("""
     import cffi, cupti_records as cr
     mffi = cffi.FFI()
     mffi.cdef('''int mock_queue_record(const void *, uint32_t); void mock_set_dropped(size_t);
-                int mock_enabled(int); int mock_enabled_globally(int); int mock_context_calls(void); int mock_registered(void); uint64_t mock_ext_top(void);
+                int mock_enabled(int); int mock_enabled_globally(int); int mock_context_calls(void); int mock_context_calls_of(int); int mock_enabled_in(int, int); int mock_resource_call(uint32_t, int); int mock_registered(void); uint64_t mock_ext_top(void);
                 int mock_hold_buffers(int); int mock_callback_enabled(int, uint32_t);
                 int mock_api_call(int, uint32_t, uint32_t); int mock_api_call_nested(int, uint32_t, uint32_t, uint32_t);
                 void mock_set_api_device(int); void mock_set_api_result(int); int cuptiGetTimestamp(uint64_t *);
@@ -984,6 +984,34 @@ def test_where_cupti_refuses_per_context_switching_the_census_switches_globally_
     p = read(native, next(d.glob("*.seg")))
     assert p.devices[0].eager_traced == 0
     assert err.count("\n") == 1 and "CUPTI refused to switch them per context" in err, err
+
+
+def test_contexts_made_later_follow_the_kernel_kinds_state_until_they_go(native, mock_lib, mock_cuda, tmp_path,
+                                                                         records):
+    """A context made while the census is paused (CUPTI's CONTEXT_CREATED) gets the kernel kind off at the
+    flusher's next wake, and on again with the others at census=on; once it is being destroyed
+    (CONTEXT_DESTROY_STARTING) the census never switches it again."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + SWITCHING + """
+        CREATED, DESTROY = 1, 2    # CUPTI_CBID_RESOURCE_CONTEXT_CREATED, _DESTROY_STARTING (cupti_callbacks.h)
+        out['paused'] = switch('census=off\\n', 'counted:20/100', True)
+        out['created'] = mock.mock_resource_call(CREATED, 2)      # device 1's context
+        time.sleep(0.1)
+        out['new_while_paused'] = [mock.mock_enabled_in(K, 1), mock.mock_enabled_in(K, 2)]
+        out['on'] = switch('census=on kernels=all\\n', 'all', False)
+        time.sleep(0.05)
+        out['resumed'] = [mock.mock_enabled_in(K, 1), mock.mock_enabled_in(K, 2)]
+        out['destroyed'] = mock.mock_resource_call(DESTROY, 2)
+        calls = mock.mock_context_calls_of(2)
+        out['off_again'] = switch('census=off\\n', 'all', True)
+        time.sleep(0.05)
+        out['after'] = [mock.mock_enabled_in(K, 1), mock.mock_context_calls_of(2) - calls]
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_FLUSH_MS": "20",
+              "OTEL_GPU_CENSUS_KERNELS": "counted:20/100"})
+    assert res["paused"] and res["created"] == 1 and res["on"] and res["destroyed"] == 1 and res["off_again"], res
+    assert res["new_while_paused"] == [0, 0] and res["resumed"] == [1, 1] and res["after"] == [0, 0], res
+    assert err == "", err
+    p = read(native, next(d.glob("*.seg")))
+    assert p.attach.contexts_late == 1
 
 
 def test_launches_into_a_capturing_stream_make_graph_nodes_and_are_not_counted(native, mock_lib, mock_cuda, tmp_path,
