@@ -20,6 +20,10 @@
  *   graph            MEMCPY + MEMCPY2 + MEMSET + GRAPH_TRACE (graph launches traced per launch)
  *   graph+kernel     CONCURRENT_KERNEL + MEMCPY + MEMCPY2 + MEMSET + GRAPH_TRACE (census default)
  *   graph+kernel+cb  the previous plus the `cb` callbacks
+ *   cb-launch        callbacks on the kernel launch calls only, runtime and driver (cudaLaunchKernel*,
+ *                    cudaLaunchCooperativeKernel*, cuLaunchKernel*, cuLaunchCooperativeKernel*): what
+ *                    the census's launch counting enabled until 2026-12-03
+ *   cb-launch-driver the driver's of those only: what it keeps once the runtime's are proven redundant
  * A configuration whose kinds CUPTI refuses is recorded (with CUPTI's error string) and skipped.
  *
  * Workloads (one cudaStreamNonBlocking stream), each timed with CLOCK_MONOTONIC:
@@ -184,7 +188,14 @@ struct Cbid {
     CUpti_CallbackDomain domain;
     CUpti_CallbackId id;
     std::string name;
+    bool launch;   /* a kernel launch call */
 };
+enum { CB_NONE = 0, CB_ALL, CB_LAUNCH, CB_LAUNCH_DRIVER };
+static bool in_set(const Cbid &c, int set)
+{
+    return set == CB_ALL || (set == CB_LAUNCH && c.launch) ||
+           (set == CB_LAUNCH_DRIVER && c.launch && c.domain == CUPTI_CB_DOMAIN_DRIVER_API);
+}
 static CUpti_SubscriberHandle g_sub;
 static bool g_sub_ok;
 static std::string g_sub_err;
@@ -202,17 +213,19 @@ static void collect_cbids()
     static const char *const rt[] = {"cudaLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset",
                                      nullptr};
     static const char *const drv[] = {"cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset", nullptr};
+    static const char *const rt_launch[] = {"cudaLaunchKernel", "cudaLaunchCooperativeKernel", nullptr};
+    static const char *const drv_launch[] = {"cuLaunchKernel", "cuLaunchCooperativeKernel", nullptr};
     for (uint32_t i = 1; i < (uint32_t)CUPTI_RUNTIME_TRACE_CBID_SIZE; i++) {
         const char *name = nullptr;
         if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, i, &name) != CUPTI_SUCCESS || !name)
             continue;
-        if (has_prefix(name, rt)) g_cbids.push_back({CUPTI_CB_DOMAIN_RUNTIME_API, i, name});
+        if (has_prefix(name, rt)) g_cbids.push_back({CUPTI_CB_DOMAIN_RUNTIME_API, i, name, has_prefix(name, rt_launch)});
     }
     for (uint32_t i = 1; i < (uint32_t)CUPTI_DRIVER_TRACE_CBID_SIZE; i++) {
         const char *name = nullptr;
         if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, i, &name) != CUPTI_SUCCESS || !name)
             continue;
-        if (has_prefix(name, drv)) g_cbids.push_back({CUPTI_CB_DOMAIN_DRIVER_API, i, name});
+        if (has_prefix(name, drv)) g_cbids.push_back({CUPTI_CB_DOMAIN_DRIVER_API, i, name, has_prefix(name, drv_launch)});
     }
 }
 
@@ -238,10 +251,11 @@ static void probe_cbids()
 }
 
 /* returns "" or the first error */
-static std::string set_callbacks(uint32_t on)
+static std::string set_callbacks(uint32_t on, int set)
 {
     std::string err;
     for (const Cbid &c : g_cbids) {
+        if (!in_set(c, set)) continue;
         CUptiResult r = cuptiEnableCallback(on, g_sub, c.domain, c.id);
         if (r != CUPTI_SUCCESS && err.empty())
             err = std::string("cuptiEnableCallback(") + (on ? "1" : "0") + ", " + c.name +
@@ -254,7 +268,7 @@ static std::string set_callbacks(uint32_t on)
 struct Config {
     const char *name;
     std::vector<CUpti_ActivityKind> kinds;
-    bool cb;
+    int cb;   /* CB_*: which callbacks */
 };
 static const CUpti_ActivityKind K_KER = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
 static const CUpti_ActivityKind K_CPY = CUPTI_ACTIVITY_KIND_MEMCPY;
@@ -265,14 +279,16 @@ static const CUpti_ActivityKind K_GRAPH = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
 static std::vector<Config> all_configs()
 {
     return {
-        {"none", {}, false},
-        {"cb", {}, true},
-        {"copies", {K_CPY, K_CPY2, K_SET}, false},
-        {"kernel", {K_KER}, false},
-        {"all", {K_KER, K_CPY, K_CPY2, K_SET}, false},
-        {"graph", {K_CPY, K_CPY2, K_SET, K_GRAPH}, false},
-        {"graph+kernel", {K_KER, K_CPY, K_CPY2, K_SET, K_GRAPH}, false},
-        {"graph+kernel+cb", {K_KER, K_CPY, K_CPY2, K_SET, K_GRAPH}, true},
+        {"none", {}, CB_NONE},
+        {"cb", {}, CB_ALL},
+        {"copies", {K_CPY, K_CPY2, K_SET}, CB_NONE},
+        {"kernel", {K_KER}, CB_NONE},
+        {"all", {K_KER, K_CPY, K_CPY2, K_SET}, CB_NONE},
+        {"graph", {K_CPY, K_CPY2, K_SET, K_GRAPH}, CB_NONE},
+        {"graph+kernel", {K_KER, K_CPY, K_CPY2, K_SET, K_GRAPH}, CB_NONE},
+        {"graph+kernel+cb", {K_KER, K_CPY, K_CPY2, K_SET, K_GRAPH}, CB_ALL},
+        {"cb-launch", {}, CB_LAUNCH},
+        {"cb-launch-driver", {}, CB_LAUNCH_DRIVER},
     };
 }
 
@@ -293,8 +309,8 @@ static std::string enable_config(const Config &c)
         if (!g_sub_ok)
             err = "cuptiSubscribe failed: " + g_sub_err;
         else
-            err = set_callbacks(1);
-        if (!err.empty() && g_sub_ok) set_callbacks(0);
+            err = set_callbacks(1, c.cb);
+        if (!err.empty() && g_sub_ok) set_callbacks(0, c.cb);
     }
     if (!err.empty())
         for (size_t i = 0; i < done; i++) cuptiActivityDisable(c.kinds[i]);
@@ -312,7 +328,7 @@ static void disable_config(const Config &c)
         }
     }
     if (c.cb && g_sub_ok) {
-        std::string e = set_callbacks(0);
+        std::string e = set_callbacks(0, c.cb);
         if (!e.empty()) note_error(std::string(c.name) + ": " + e);
     }
 }
@@ -469,7 +485,7 @@ static void usage()
     fprintf(stderr,
             "usage: kind_cost [--rounds N] [--eager-n N] [--graph-k N] [--graph-r N] [--copy-m N]\n"
             "                 [--configs a,b,c] [--budget-s S] [--out FILE.json]\n"
-            "configs: none cb copies kernel all graph graph+kernel graph+kernel+cb\n");
+            "configs: none cb copies kernel all graph graph+kernel graph+kernel+cb cb-launch cb-launch-driver\n");
 }
 
 static bool parse_int(const char *s, int *out, int lo)
@@ -721,7 +737,8 @@ int main(int argc, char **argv)
             const char *kn = kind_name((int)c.kinds[i]);
             j += (i ? ", " : "") + jstr(kn ? kn : "?");
         }
-        j += std::string("], \"callbacks\": ") + (c.cb ? "true" : "false");
+        static const char *const CB_SETS[] = {"null", "\"all\"", "\"launch\"", "\"launch-driver\""};
+        j += std::string("], \"callbacks\": ") + CB_SETS[c.cb];
         j += ", \"rounds\": " + std::to_string(cfg_rounds[ci]);
         j += ", \"error\": " + (cfg_err[ci].empty() ? std::string("null") : jstr(cfg_err[ci]));
         j += ", \"records\": {";

@@ -258,7 +258,15 @@ static int callback_subscriber(const char *who)
 
 static pthread_mutex_t g_cb_mu = PTHREAD_MUTEX_INITIALIZER;
 
-int gc_cupti_enable_api(const char *who, int (*want)(CUpti_CallbackDomain, CUpti_CallbackId, const char *))
+/* Who wants each runtime and driver callback (GC_CB_* bits): one is on while anybody wants it, so the
+ * launch counter can switch its own off (a paused census, a runtime launch the driver reports too)
+ * without taking them from steps or graphs. Under g_cb_mu. */
+#define CB_IDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
+                ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
+static uint8_t g_cb_owners[2][CB_IDS];
+
+int gc_cupti_enable_api(const char *who, int owner,
+                        int (*want)(CUpti_CallbackDomain, CUpti_CallbackId, const char *))
 {
     int enabled = 0;
     pthread_mutex_lock(&g_cb_mu);
@@ -271,17 +279,33 @@ int gc_cupti_enable_api(const char *who, int (*want)(CUpti_CallbackDomain, CUpti
         {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_SIZE},
     };
     for (int d = 0; d < 2; d++) {
-        for (uint32_t id = 1; id < domains[d].n; id++) {
+        for (uint32_t id = 1; id < domains[d].n && id < (uint32_t)CB_IDS; id++) {
             const char *name = NULL;
             /* an older libcupti knows fewer ids: those fail here and are skipped */
             if (cu.callback_name(domains[d].dom, id, &name) != CUPTI_SUCCESS || !name) continue;
-            if (want(domains[d].dom, id, name) && cu.enable_callback(1, cu.sub, domains[d].dom, id) == CUPTI_SUCCESS)
+            if (want(domains[d].dom, id, name) && cu.enable_callback(1, cu.sub, domains[d].dom, id) == CUPTI_SUCCESS) {
+                g_cb_owners[d][id] |= (uint8_t)owner;
                 enabled++;
+            }
         }
     }
     pthread_mutex_unlock(&g_cb_mu);
     if (!enabled) gc_log("%s: CUPTI enabled none of the callbacks", who);
     return enabled;
+}
+
+int gc_cupti_api_callback(int owner, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, int on)
+{
+    int d = dom == CUPTI_CB_DOMAIN_DRIVER_API ? 1 : dom == CUPTI_CB_DOMAIN_RUNTIME_API ? 0 : -1;
+    if (d < 0 || cbid >= (CUpti_CallbackId)CB_IDS || !cu.enable_callback) return -1;
+    pthread_mutex_lock(&g_cb_mu);
+    uint8_t was = g_cb_owners[d][cbid], now = on ? (uint8_t)(was | owner) : (uint8_t)(was & ~owner);
+    int r = 0;
+    if (!was != !now) /* off only when nobody else wants it */
+        r = cu.enable_callback(now ? 1 : 0, cu.sub, dom, cbid) == CUPTI_SUCCESS ? 0 : -1;
+    if (r == 0) g_cb_owners[d][cbid] = now;
+    pthread_mutex_unlock(&g_cb_mu);
+    return r;
 }
 
 int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid)

@@ -364,7 +364,7 @@ int gc_graphs_start(void)
     atomic_store(&g_on, 1);
     if (gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) != 0 ||
         gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING) != 0 ||
-        gc_cupti_enable_api("graphs traced node by node", wanted) <= 0) {
+        gc_cupti_enable_api("graphs traced node by node", GC_CB_GRAPHS, wanted) <= 0) {
         atomic_store(&g_on, 0); /* tables stay: a launch callback may be reading them */
         return -1;
     }

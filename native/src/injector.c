@@ -302,6 +302,8 @@ static void disable_kinds(void)
 /* The census ends (failed, or finished by the server): nothing more is recorded, from any context. */
 static void disable_kinds_for_good(void)
 {
+    gc_launches_set_counting(0);
+    gc_launches_tune();   /* the launch callbacks too: nothing counts them now */
     disable_kinds();
     if (g_kernel_global && gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
         g_kernel_global = 0;
@@ -407,6 +409,7 @@ static void *flusher(void *arg)
                 pthread_mutex_unlock(&g_mu);
             }
             control_poll(now);
+            gc_launches_tune(); /* launch callbacks off while paused; a runtime call's off once proven */
             if (g_ctl.finish) { /* asked for by the control file: the census ends here */
                 atomic_store(&g_flusher_busy, 0);
                 (void)finish(0);

@@ -61,6 +61,9 @@ void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
 int gc_launches_start(int64_t gpu_minus_mono);  /* launch callbacks on; 0 when launches are counted */
 void gc_launches_set_counting(int on);          /* off while the census is paused, or in a forked child */
 void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
+/* The flusher's (and a finishing census's): launch callbacks off while nothing is counted, and a runtime
+ * launch call's off for good once its driver launch is proven reported too. Never under a lock. */
+void gc_launches_tune(void);
 uint64_t gc_launches_thread(void);              /* launches this thread made (steps.c marks steps by it) */
 void gc_launches_step_done(uint64_t id, uint64_t n);
 int gc_launches_pending(void);                  /* launches counted that no fold took yet */

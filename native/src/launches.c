@@ -12,9 +12,14 @@
  * CUPTI except the first time a thread sees a context. The injector folds the counters into the
  * segment under its own lock (gc_launches_fold), from the flusher and whenever a buffer completes.
  *
- * A runtime launch (cudaLaunchKernel) runs a driver launch inside it; both callbacks are enabled, so
- * that a launch is seen whether or not the driver reports the inner call, and the inner one is not
- * counted again. Only launches that returned success count.
+ * A runtime launch (cudaLaunchKernel) runs a driver launch inside it, and CUPTI reports both: the
+ * driver's is counted, and the runtime's exit counts only a launch with no driver launch reported
+ * inside it (a runtime or CUPTI that does not report the inner call). Each callback costs the
+ * launching thread (~0.06 us a call on the H200, docs/measurements.md §19): a runtime launch call whose
+ * last 256 successful launches all had their driver launch reported is proven redundant and switched
+ * off by the flusher (gc_launches_tune), as is every launch callback while nothing is counted (a paused
+ * census, a finished one); steps keep theirs (cupti_api.c counts who wants each). Only launches that
+ * returned success count.
  *
  * A launch into a stream that is being captured (CUDA graph capture) runs nothing: it makes a graph
  * node, counted when the graph is launched. Begin and end of captures are watched, and only while one
@@ -30,6 +35,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -67,7 +73,8 @@ static uint64_t f_last_idx;
 
 static __thread uint32_t t_ctx_uid;       /* the context last seen (its CUPTI uid; 0: none) ... */
 static __thread int t_dev = -1;           /* ... and its device */
-static __thread uint32_t t_in_runtime;    /* inside a runtime launch: its driver launch is not another */
+static __thread uint32_t t_rt;            /* inside a runtime launch: its index in g_ids + 1; 0: not */
+static __thread uint32_t t_nested;        /* ... and a driver launch was reported inside it */
 static __thread uint64_t t_launches;
 
 static int role_of(CUpti_CallbackDomain dom, const char *name)
@@ -89,11 +96,33 @@ static int role_of(CUpti_CallbackDomain dom, const char *name)
     return NOT;
 }
 
+/* The launch calls' callbacks (not the captures'), which gc_launches_tune switches. */
+#define MAX_IDS 48
+#define PROVEN 256                        /* a runtime call's launches, all reported by the driver too */
+static struct {
+    CUpti_CallbackDomain dom;
+    CUpti_CallbackId cbid;
+    int on, redundant;
+    uint32_t alone_seen, nested_from;     /* the tune's: runtime launches alone so far; nested since then */
+} g_ids[MAX_IDS];
+static int g_nids;
+static uint8_t g_index[2][IDS];           /* [driver?][cbid]: index in g_ids + 1 */
+static _Atomic uint32_t g_rt_nested[MAX_IDS], g_rt_alone[MAX_IDS];
+static pthread_mutex_t g_tune_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static int is_launch(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
 {
-    int role = role_of(dom, name);
-    if (role && cbid < (CUpti_CallbackId)IDS) g_role[dom == CUPTI_CB_DOMAIN_DRIVER_API][cbid] = (uint8_t)role;
-    return role != NOT;
+    int role = role_of(dom, name), drv = dom == CUPTI_CB_DOMAIN_DRIVER_API;
+    if (!role || cbid >= (CUpti_CallbackId)IDS) return 0;
+    if (role < BEGIN_CAPTURE) {
+        if (g_nids >= MAX_IDS) return 0;  /* CUPTI 13.5 has 17; never a role without its slot */
+        g_ids[g_nids].dom = dom;
+        g_ids[g_nids].cbid = cbid;
+        g_ids[g_nids].on = 1;
+        g_index[drv][cbid] = (uint8_t)++g_nids;
+    }
+    g_role[drv][cbid] = (uint8_t)role;
+    return 1;
 }
 
 int gc_launches_start(int64_t gpu_minus_mono)
@@ -103,7 +132,8 @@ int gc_launches_start(int64_t gpu_minus_mono)
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (cuda) *(void **)&g_is_capturing = dlsym(cuda, "cuStreamIsCapturing");
     /* every runtime and driver kernel launch call, or none: a partial set would not be exact */
-    int n = gc_cupti_enable_api("launches not counted", is_launch);
+    g_nids = 0;
+    int n = gc_cupti_enable_api("launches not counted", GC_CB_LAUNCHES, is_launch);
     if (n <= 0) return -1;
     atomic_store(&g_counting, 1);
     atomic_store(&g_started, 1);
@@ -202,20 +232,60 @@ void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const
         if (!enter) capture_seen(role, cb);
         return;
     }
-    if (!drv) { /* the runtime's launch: counted at its exit, and its driver launch is not */
+    int ok = cb->functionReturnValue && *(const int *)cb->functionReturnValue == 0; /* cudaSuccess, CUDA_SUCCESS */
+    if (!drv) { /* the runtime's launch: counted at its exit only when no driver launch was reported in it */
+        uint32_t me = g_index[0][cbid];
         if (enter) {
-            t_in_runtime++;
+            t_rt = me;
+            t_nested = 0;
             return;
         }
-        if (t_in_runtime) t_in_runtime--;
-        if (atomic_load_explicit(&g_counting, memory_order_relaxed) && cb->functionReturnValue &&
-            *(const int *)cb->functionReturnValue == 0 /* cudaSuccess */ && !captured(role, cb))
-            count(cb);
+        int mine = me && t_rt == me; /* its enter seen (not: the callback was switched on mid-call) */
+        t_rt = 0;
+        if (!mine || !ok) return;
+        if (t_nested) {
+            atomic_fetch_add_explicit(&g_rt_nested[me - 1], 1, memory_order_relaxed);
+            return;
+        }
+        if (captured(role, cb)) return;
+        atomic_fetch_add_explicit(&g_rt_alone[me - 1], 1, memory_order_relaxed);
+        if (atomic_load_explicit(&g_counting, memory_order_relaxed)) count(cb);
         return;
     }
-    if (enter || t_in_runtime || !atomic_load_explicit(&g_counting, memory_order_relaxed)) return;
-    if (cb->functionReturnValue && *(const CUresult *)cb->functionReturnValue == CUDA_SUCCESS && !captured(role, cb))
-        count(cb);
+    if (enter || !ok) return;
+    if (t_rt) t_nested = 1;   /* a stale t_rt (its exit switched off) only marks launches counted anyway */
+    if (atomic_load_explicit(&g_counting, memory_order_relaxed) && !captured(role, cb)) count(cb);
+}
+
+/* A runtime launch call is redundant once PROVEN launches in a row had their driver launch reported
+ * (the count restarts at every wake that saw one alone: a launch between the two callbacks being
+ * switched on is one, a runtime whose driver calls go unreported is every one). Switched on drivers
+ * first and off runtimes first, so that no launch sees its runtime callback without its driver's. */
+void gc_launches_tune(void)
+{
+    if (!atomic_load(&g_started)) return;
+    int want = atomic_load(&g_counting);
+    pthread_mutex_lock(&g_tune_mu);
+    for (int pass = 0; pass < 2; pass++) {
+        CUpti_CallbackDomain dom = (pass == 0) == !!want ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
+        for (int i = 0; i < g_nids; i++) {
+            if (g_ids[i].dom != dom) continue;
+            if (dom == CUPTI_CB_DOMAIN_RUNTIME_API && !g_ids[i].redundant) {
+                uint32_t alone = atomic_load_explicit(&g_rt_alone[i], memory_order_relaxed);
+                uint32_t nested = atomic_load_explicit(&g_rt_nested[i], memory_order_relaxed);
+                if (alone != g_ids[i].alone_seen) {
+                    g_ids[i].alone_seen = alone;
+                    g_ids[i].nested_from = nested;
+                } else if (nested - g_ids[i].nested_from >= PROVEN) {
+                    g_ids[i].redundant = 1;   /* for good: switched off, it can show nothing more */
+                }
+            }
+            int on = want && !g_ids[i].redundant;
+            if (on != g_ids[i].on && gc_cupti_api_callback(GC_CB_LAUNCHES, dom, g_ids[i].cbid, on) == 0)
+                g_ids[i].on = on;
+        }
+    }
+    pthread_mutex_unlock(&g_tune_mu);
 }
 
 uint64_t gc_launches_thread(void) { return t_launches; }

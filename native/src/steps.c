@@ -74,7 +74,7 @@ int gc_steps_start(void)
             gc_log("steps off: no memory for the launch table");
         } else {
             atomic_store(&g_map, map);
-            if (gc_cupti_enable_api("steps off", launches_work) > 0) s = 1;
+            if (gc_cupti_enable_api("steps off", GC_CB_STEPS, launches_work) > 0) s = 1;
         }
         if (s != 1) s = -1;
         atomic_store(&state, s);

@@ -343,7 +343,8 @@ CUptiResult cuptiGetDeviceId(CUcontext ctx, uint32_t *dev)
  * A runtime launch runs a driver launch inside it when inner_cbid is not 0 (reported if enabled). */
 static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
 {
-    if (!mock_callback_enabled(dom, cbid) || !g_api_cb) return 0;
+    if (!mock_callback_enabled(dom, cbid) || !g_api_cb) /* the call runs all the same, its inner one too */
+        return inner_cbid ? api_call(1, inner_cbid, corr + 1, 0) : 0;
     CUpti_CallbackData data;
     memset(&data, 0, sizeof(data));
     int result = t_api_result;

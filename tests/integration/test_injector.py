@@ -823,7 +823,9 @@ def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, mock_
 
 
 def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda, tmp_path, records):
-    """Started paused, nothing counts; census=on counts from then on; census=off stops it again."""
+    """Started paused, nothing counts; census=on counts from then on; census=off stops it again. While
+    paused the launch calls' callbacks are off (a paused census costs a launch nothing), the captures'
+    stay on (a capture begun while paused is still known when counting resumes)."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
         from otel_gpu_census.census.reader import read_segment
         g.InitializeInjection()
@@ -844,15 +846,82 @@ def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda,
                 if read_segment(path(), detail=False).graphs.paused == paused:
                     return True
                 time.sleep(0.01)
+        BEGIN = rlib.CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000
+        def callbacks():
+            return [mock.mock_callback_enabled(RT, RT_LAUNCH), mock.mock_callback_enabled(DRV, DRV_LAUNCH),
+                    mock.mock_callback_enabled(RT, BEGIN)]
+        def settled(want):               # the flusher switches them after it has read the control file
+            for _ in range(300):
+                if callbacks() == want:
+                    break
+                time.sleep(0.01)
+            return callbacks()
+        out['paused_cb'] = settled([0, 0, 1])
         out['on'] = switch('census=on\\n', False)
+        out['on_cb'] = settled([1, 1, 1])
         torch_launch(3)
         out['off'] = switch('census=off\\n', True)
+        out['off_cb'] = settled([0, 0, 1])
         torch_launch(20)
         g.gc_finish()
     """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_START": "paused", "OTEL_GPU_CENSUS_FLUSH_MS": "20", "OTEL_GPU_CENSUS_KERNELS": "counted"})
     assert res["on"] and res["off"] and err == ""
+    assert (res["paused_cb"], res["on_cb"], res["off_cb"]) == ([0, 0, 1], [1, 1, 1], [0, 0, 1])
     p = read(native, next(d.glob("*.seg")))
     assert p.devices[0].kernel_count == p.devices[0].eager_launches == 3
+
+
+def test_counted_kernels_count_at_the_driver_once_the_runtime_is_proven_to_report_it(native, mock_lib, mock_cuda, tmp_path, records):
+    """CUPTI reports a runtime launch's driver launch too (H200, §19): after 256 such launches in a row the
+    runtime launch's callback goes off and the driver's counts them alone, exactly. A runtime launch seen
+    without its driver launch keeps the runtime's on; so do steps, which want it themselves; a finished
+    census switches the launch callbacks off."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        def settle(want, rounds=300):
+            for _ in range(rounds):
+                if mock.mock_callback_enabled(RT, RT_LAUNCH) == want:
+                    break
+                time.sleep(0.01)
+            return mock.mock_callback_enabled(RT, RT_LAUNCH)
+        for _ in range(6):               # half the runtime's launches unreported by the driver: keep it
+            torch_launch(100)
+            for _ in range(100):
+                mock.mock_api_call(RT, RT_LAUNCH, 1)
+            time.sleep(0.05)
+        out['mixed'] = settle(0, rounds=20)
+        torch_launch(300)                # then 300 reported in a row
+        out['proven'] = settle(0)
+        out['driver'] = mock.mock_callback_enabled(DRV, DRV_LAUNCH)
+        torch_launch(500)                # counted by the driver's callback alone
+        g.gc_flush()
+        out['path'] = path()
+        g.gc_finish()
+        out['finished'] = [mock.mock_callback_enabled(RT, RT_LAUNCH), mock.mock_callback_enabled(DRV, DRV_LAUNCH)]
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_FLUSH_MS": "20", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    assert (res["mixed"], res["proven"], res["driver"]) == (1, 0, 1) and err == ""
+    assert res["finished"] == [0, 0]
+    p = read(native, res["path"])
+    assert p.devices[0].eager_launches == p.devices[0].kernel_count == 6 * 200 + 300 + 500
+
+
+def test_counted_kernels_leave_the_steps_their_callbacks(native, mock_lib, mock_cuda, tmp_path, records):
+    """Steps map launches to their step through the same launch callbacks: once steps are on, neither a
+    pause nor a proven runtime launch switches those off, and each launch still counts once."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        out['step'] = g.gc_step_begin(5)
+        torch_launch(400)
+        g.gc_step_end(gffi.NULL)
+        time.sleep(0.3)                  # many wakes: the runtime launch is proven meanwhile
+        out['kept'] = [mock.mock_callback_enabled(RT, RT_LAUNCH), mock.mock_callback_enabled(DRV, DRV_LAUNCH)]
+        torch_launch(10)
+        g.gc_flush()
+        out['path'] = path()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_FLUSH_MS": "20", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    assert res["step"] == 0 and res["kept"] == [1, 1] and err == ""
+    p = read(native, res["path"])
+    assert p.devices[0].eager_launches == 410 and p.steps[5].eager_launches == 400
 
 
 def test_counted_kernels_without_callbacks_trace_every_kernel(native, mock_lib, mock_cuda, tmp_path, records):
