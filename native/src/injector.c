@@ -252,16 +252,21 @@ static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
  * context is known (then there are no kernels to lose) or where CUPTI refuses per-context switching. */
 static int g_kernel_global;       /* enabled globally by us now */
 static int g_kernel_global_off;   /* it was disabled globally after being enabled (a re-enable is suspect) */
+static int g_contexts_followed;   /* CONTEXT_CREATED reaches us: every context is known once made */
 
 static CUptiResult kernel_kind(int on)
 {
+    /* A first global enable (never a re-enable), before any context is switched, as measured (§18): contexts
+     * made later start traced. */
+    if (on && !g_kernel_global && !g_kernel_global_off &&
+        gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
+        g_kernel_global = 1;
     int n = gc_contexts_switch(on, 0);
-    if (n > 0) {
-        /* a first global enable (never a re-enable) so that contexts made later start traced */
-        if (on && !g_kernel_global && !g_kernel_global_off && gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
-            g_kernel_global = 1;
-        return CUPTI_SUCCESS;
-    }
+    if (n > 0) return CUPTI_SUCCESS;
+    /* No context yet, and each one made is learned (and switched at the flusher's next wake): the kind
+     * stays on globally. Set up in cuInit, switching it off and on globally before the server's context
+     * existed and once after lost that context's first seconds of records on the H200 (§18-§19). */
+    if (n == 0 && g_contexts_followed && !on) return CUPTI_SUCCESS;
     static int said;
     if (n < 0 && !said) {
         said = 1;
@@ -707,6 +712,9 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
 
 /* ---- start ---- */
 
+static void follow_contexts(void);
+static void learn_primary_contexts(void);
+
 static int start(void)
 {
     if (gc_cupti_subscribe(g_cfg.api_v1) != 0) return -1;
@@ -790,6 +798,7 @@ static int start(void)
     g_ks.origin_gpu = ts;
     g_ks.tracing = g_ks.mode != GC_KERNELS_OFF;
     g_ks.on_since = m1;
+    follow_contexts();
     /* OTEL_GPU_CENSUS_START=paused: every kind was enabled above only to learn that CUPTI takes it (this
      * runs in cuInit, or at the attach); off now, until census=on. The
      * segment is made by the flusher's first round (control_poll needs its name), not by a record. */
@@ -866,18 +875,26 @@ static void learn_primary_contexts(void)
 /* CUPTI set up; the census counts from here. 0, or -1 with a log line and the census off. */
 static int attach(uint32_t mode, uint64_t after_ns)
 {
+    /* The contexts that exist already are known before any kind is switched: the kernel kind then goes
+     * on globally once and is switched per context from the first switch (a paused start included). */
+    if (mode == GC_ATTACH_CONTEXT) learn_primary_contexts();
     if (start() != 0) return -1;
     g_attach.mode = mode;
     g_attach.wall_ns = gc_wall_ns();
     g_attach.after_ns = after_ns;
-    /* Contexts made from now on and going away: late contexts counted, the kernel kind switched per
-     * context. Under the v1 API a callback takes CUPTI's one slot: only where callbacks are in use
-     * already (graphs per launch, counted launches). */
+    return 0;
+}
+
+/* Contexts made from now on and going away: late contexts counted, the kernel kind switched per
+ * context. Under the v1 API a callback takes CUPTI's one slot: only where callbacks are in use already
+ * (graphs per launch, counted launches). start()'s, before it switches any kind off. */
+static void follow_contexts(void)
+{
     if (gc_cupti_is_v2() || g_graphs_learned || g_ks.mode == GC_KERNELS_COUNTED) {
         if (gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_CREATED) == 0)
-            (void)gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+            g_contexts_followed =
+                gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) == 0;
     }
-    return 0;
 }
 
 /* The flusher's first job under ATTACH=context: 0 once attached and ACTIVE, -1 when the census ends
@@ -893,7 +910,6 @@ static int wait_and_attach(void)
             atomic_store(&g_flusher_busy, 1); /* exit waits (bounded) for the set-up to end */
             int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (mono_ns() - now)) : -1;
             int waiting = WAITING;
-            if (rc == 0) learn_primary_contexts();
             int ok = rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE);
             if (!ok) { /* CUPTI refused, or exit/gc_finish/fork came first (then the state is no longer WAITING) */
                 waiting = WAITING;

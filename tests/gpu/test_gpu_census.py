@@ -115,8 +115,9 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
                eager_traced=seg.devices[0].eager_traced, launches_lost=seg.launches_lost)
     RESULTS[f"workload_{api}_{graphs}_{attach}_{kernels}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
     # the workload waited for the census after making its context (census_wait.h): nothing it checks
-    # ran before counting began, and no context came after it
-    assert got["attach_mode"] == (1 if attach == "context" else 0) and got["contexts_late"] == 0
+    # ran before counting began, and no context came after it; set up in cuInit, its one context came after
+    assert got["attach_mode"] == (1 if attach == "context" else 0)
+    assert got["contexts_late"] == (0 if attach == "context" else 1)
     assert (0 < got["attach_after_ns"] < 1_000_000_000) if attach == "context" else got["attach_after_ns"] == 0
     assert got["graph_mode"] == (1 if per_launch else 0)
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
@@ -340,7 +341,11 @@ def test_sampled_kernels_on_schedule_and_copies_exact(steady, tmp_path, api, ker
         "kernels_in_untraced_windows": sum(w.kernel_count for w in untraced),
         "traced_windows_with_kernels": sum(1 for w in fully if w.kernel_count), "traced_windows": len(fully),
         "traced_ns": k.traced_ns, "mode": k.name, "cupti_version": c.cupti_version, "stderr": p.stderr[-1000:]}
-    assert c.state_name == "exited" and c.dropped == 0 and p.stderr == ""
+    assert c.state_name == "exited" and c.dropped == 0
+    # silent, but where the v2 API was named and CUPTI refuses it per-context switching (the H200's driver
+    # 580): one line says the kernel kind is switched globally
+    refused = "kernel records switched globally: CUPTI refused to switch them per context"
+    assert p.stderr == "" or (api == "v2" and len(p.stderr.splitlines()) == 1 and refused in p.stderr), p.stderr
     # a real CUPTI clock reference was taken (the fallback copies the wall clock into it)
     assert c.clock_ref_gpu_ns != c.clock_ref_wall_ns
     assert d.copies.get("dtoh", "pinned").count == want["dtoh_pinned_count"]

@@ -352,6 +352,8 @@ def test_forked_child_never_writes_the_parents_segment(native, mock_lib, tmp_pat
 WATCH_PHASES = """
     import time
     g.InitializeInjection()
+    # the server makes its context (device 0's), which the census learns where it follows contexts
+    mock.mock_resource_call(1, 1)   # CUPTI_CBID_RESOURCE_CONTEXT_CREATED (cupti_callbacks.h), context 1
     K, M = rlib.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, rlib.CUPTI_ACTIVITY_KIND_MEMCPY
     t0 = time.monotonic()
     samples = []
