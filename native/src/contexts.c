@@ -71,9 +71,11 @@ void gc_contexts_remove(CUcontext ctx)
 }
 
 /* Kernel records on (1) or off (0) for every known context; `only_new`: only those not yet given a
- * state. Returns how many contexts now have it, or -1 when CUPTI refused one (the caller switches
- * globally then). The flusher's only. */
-int gc_contexts_switch(int on, int only_new)
+ * state. A context never switched follows the global setting: with `global_on`, on needs no call (so a
+ * census that never switches, every kernel traced, never asks CUPTI for per-context settings). Returns
+ * how many contexts now have it, or -1 when CUPTI refused one (the caller switches globally then). The
+ * flusher's only. */
+int gc_contexts_switch(int on, int only_new, int global_on)
 {
     int n = 0, failed = 0;
     atomic_store(&g_switching, 1);
@@ -83,6 +85,12 @@ int gc_contexts_switch(int on, int only_new)
         int skip = !c || (only_new && g_applied[i] != 2) || g_applied[i] == (uint8_t)on;
         pthread_mutex_unlock(&g_lock);
         if (!c) continue;
+        if (!skip && on && global_on && g_applied[i] == 2) { /* follows the global setting: on already */
+            pthread_mutex_lock(&g_lock);
+            if (atomic_load(&g_ctx[i]) == c) g_applied[i] = 1;
+            pthread_mutex_unlock(&g_lock);
+            skip = 1;
+        }
         if (skip) { n++; continue; }
         if (gc_cupti_kernels_context(c, on) == CUPTI_SUCCESS) {
             pthread_mutex_lock(&g_lock);

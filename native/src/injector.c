@@ -253,6 +253,7 @@ static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
 static int g_kernel_global;       /* enabled globally by us now */
 static int g_kernel_global_off;   /* it was disabled globally after being enabled (a re-enable is suspect) */
 static int g_contexts_followed;   /* CONTEXT_CREATED reaches us: every context is known once made */
+static int g_ctx_refused;         /* CUPTI refused a per-context setting (the v2 API on driver 580) */
 
 static CUptiResult kernel_kind(int on)
 {
@@ -261,15 +262,15 @@ static CUptiResult kernel_kind(int on)
     if (on && !g_kernel_global && !g_kernel_global_off &&
         gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
         g_kernel_global = 1;
-    int n = gc_contexts_switch(on, 0);
+    /* once CUPTI refused a per-context setting, the kind is switched globally for good */
+    int n = g_ctx_refused ? -1 : gc_contexts_switch(on, 0, g_kernel_global);
     if (n > 0) return CUPTI_SUCCESS;
     /* No context yet, and each one made is learned (and switched at the flusher's next wake): the kind
      * stays on globally. Set up in cuInit, switching it off and on globally before the server's context
      * existed and once after lost that context's first seconds of records on the H200 (§18-§19). */
     if (n == 0 && g_contexts_followed && !on) return CUPTI_SUCCESS;
-    static int said;
-    if (n < 0 && !said) {
-        said = 1;
+    if (n < 0 && !g_ctx_refused) {
+        g_ctx_refused = 1;
         gc_log("kernel records switched globally: CUPTI refused to switch them per context (they may stop "
                "after a few switches)");
     }
@@ -367,7 +368,7 @@ static int kind_index(CUpti_ActivityKind k);
 
 static void new_contexts(void)
 {
-    if (!gc_contexts_new()) return;
+    if (g_ctx_refused || !gc_contexts_new()) return;
     /* A census set up in cuInit switches the kind globally until it knows a context, and the server's
      * context is most often made in the duty cycle's off part. Made while the kind was off globally, its
      * kernels gave no record for the first seconds on the H200 although it was switched on per context
@@ -376,7 +377,7 @@ static void new_contexts(void)
     if (!g_kernel_global && kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0 &&
         gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
         g_kernel_global = 1;
-    (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1);
+    (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1, g_kernel_global);
 }
 
 /* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */

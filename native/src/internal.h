@@ -75,7 +75,7 @@ void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
 void gc_contexts_add(CUcontext ctx);            /* a context to switch from now on (NULL: ignored) */
 void gc_contexts_remove(CUcontext ctx);         /* going away: never switched again */
 int gc_contexts_known(CUcontext ctx);
-int gc_contexts_switch(int on, int only_new);   /* contexts switched (or already so), -1: CUPTI refused */
+int gc_contexts_switch(int on, int only_new, int global_on);   /* contexts switched (or already so), -1: CUPTI refused */
 uint64_t gc_contexts_full(void);                /* contexts not kept (more than 64) */
 int gc_contexts_new(void);                      /* contexts not yet given a state */
 void gc_contexts_forget(void);                  /* in a forked child */
