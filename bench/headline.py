@@ -175,41 +175,36 @@ class Rule:
 
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s9-llama-phases.json",
+    Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
          phases_ratio("counted"), 0.99,
-         "ratio of output tok/s, default census (every kernel counted through the launch callbacks, kernel records "
-         "100 ms of every 1000 ms switched per CUDA context, graphs per launch) / census paused, one llama-server "
-         "(8B, 16 slots) in alternating control-file phases with prompts of their own, median of 7 rounds (spread "
-         "0.953-1.016, geometric mean 0.986 [0.969, 1.002]); every traced phase had its kernel records (every-kernel "
-         "phases: records = launches; counted: 8.6-9.8 % sampled), unlike session 8's 0.984 (measurements §17-§18)",
-         command="BENCH_ARGS='--modes off,launch,counted --rounds 12 --beside-plain --budget-s 288' "
-                 "bash bench/device/run.sh setup llama llama-phases"),
-    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-03-h200-s9-llama-phases.json",
+         "ratio of output tok/s, default census (every kernel launch counted by the driver's launch callback, kernel "
+         "records 100 ms of every 1000 ms switched per CUDA context, graphs per launch) / census paused (every activity "
+         "kind and every launch callback off), one llama-server (8B, 16 slots) in alternating control-file phases with "
+         "prompts of their own, median of 16 rounds (spread 0.899-1.082, geometric mean 0.980 [0.954, 1.005]); "
+         "measurements §19",
+         command="BENCH_ARGS='--modes off,counted --rounds 16 --beside-plain --budget-s 520' bash bench/device/run.sh setup llama-phases (after setup llama-bg, llama-wait)"),
+    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
          beside_ratio("counted/plain", under=None), 0.99,
          "ratio of output tok/s, the default census (R's counted phases) / a plain llama-server (no census) loaded "
-         "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 7 rounds (geometric mean "
-         "0.971 [0.953, 0.993]; the paused census / plain 0.988 [0.964, 1.004] in the same run)",
-         command="BENCH_ARGS='--modes off,launch,counted --rounds 12 --beside-plain --budget-s 288' "
-                 "bash bench/device/run.sh setup llama llama-phases"),
-    Rule("vllm_default_throughput_ratio", "2026-12-02-h200-s7-vllm-cpu.json",
-         phases_ratio("launch", "phases"), 0.99,
-         "ratio of output tok/s, default census (CUPTI set up once the context is active, graphs per launch, every "
-         "kernel) / census paused, one vLLM server (random 160M Llama, CUDA graphs, 64 closed-loop non-streaming "
-         "clients, vLLM's generated-token counter over 3 s windows) in alternating control-file phases, median of 8 "
-         "rounds (spread 0.72-1.31: the host's CPU speed moves this launch-bound load 1.8x window to window, "
-         "docs/measurements.md section 16)",
-         command="VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch --phase-window 1,3 "
-                 "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 440' "
-                 "bash bench/device/run.sh setup vllm"),
-    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-02-h200-s7-vllm-cpu.json",
-         beside_ratio("launch/P"), 0.99,
-         "ratio of output tok/s, the default census with the vLLM integration (R's default phases) / plain vLLM (P) "
+         "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 16 rounds (geometric mean "
+         "0.995 [0.963, 1.031]; the paused census / plain 0.991, geometric mean 1.015 [0.976, 1.061])",
+         command="BENCH_ARGS='--modes off,counted --rounds 16 --beside-plain --budget-s 520' bash bench/device/run.sh setup llama-phases (after setup llama-bg, llama-wait)"),
+    Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s10-vllm-phases.json",
+         phases_ratio("counted", "phases"), 0.99,
+         "ratio of output tok/s, default census (counted kernels, graphs per launch) / census paused, one vLLM server "
+         "(random 160M Llama, CUDA graphs, 64 closed-loop non-streaming clients, vLLM's generated-token counter over "
+         "3 s windows) in alternating control-file phases, median of 8 rounds (spread 0.70-1.43, geometric mean 0.993 "
+         "[0.845, 1.167]: the host's CPU speed moves this launch-bound load window to window, and a llama.cpp build ran "
+         "beside it at nice 19); every-kernel phases 0.959; measurements §19",
+         command="VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch,counted --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' bash bench/device/run.sh setup vllm"),
+    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s10-vllm-phases.json",
+         beside_ratio("counted/P"), 0.99,
+         "ratio of output tok/s, the default census with the vLLM integration (R's counted phases) / plain vLLM (P) "
          "beside it, random 160M Llama, CUDA graphs, 64 closed-loop non-streaming clients, each load's rate vLLM's "
-         "own generated-token counter over a 3 s window, median of 8 rounds (geometric mean 0.872 [0.798, 0.966]; "
-         "a plain server started before R / P: 1.005 [0.887, 1.141])",
-         command="VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch --phase-window 1,3 "
-                 "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 440' "
-                 "bash bench/device/run.sh setup vllm"),
+         "own generated-token counter over a 3 s window, median of 8 rounds (geometric mean 0.850 [0.725, 1.000]; "
+         "a plain server started before R / P: 0.955, geometric mean 0.995 [0.838, 1.232]; the paused injector "
+         "without the integration (S) / P 0.871)",
+         command="VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch,counted --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' bash bench/device/run.sh setup vllm"),
     Rule("micro_graph_replay_ratio_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_ratio("graph", "census"), 0.99,
          "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), the default census (CUPTI set up once "
@@ -237,6 +232,22 @@ RULES = (
          "µs CUPTI adds per eager kernel launch with the default's activity kinds (kernels, copies, memsets, "
          "graph launches), paired against none in one process, median of 21 rounds",
          command="bash bench/device/run.sh setup kind-cost", date="2026-12-02",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_eager_us_per_launch_launch_callbacks", "2026-12-03-h200-s10-kind-cost.json",
+         kind_cost_us("cb-launch"), None,
+         "µs CUPTI's callbacks on the kernel launch calls, runtime and driver, add per eager launch (what counting "
+         "cost until 2026-12-03: 2 enter and 2 exit callbacks a runtime launch), paired against none in one process, "
+         "median of 31 rounds (quartiles -0.087, 0.304: a llama.cpp build ran on the other cores)",
+         command="KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost",
+         date="2026-12-03",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_eager_us_per_launch_driver_callback", "2026-12-03-h200-s10-kind-cost.json",
+         kind_cost_us("cb-launch-driver"), None,
+         "µs CUPTI's callback on the driver's kernel launch calls alone adds per eager launch (what counting costs "
+         "once the runtime's are proven redundant: 1 enter and 1 exit callback a launch), paired against none in one "
+         "process, median of 31 rounds (quartiles -0.229, 0.116: not told from zero beside a build)",
+         command="KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost",
+         date="2026-12-03",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_graph_us_per_node_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_us_added("graph"), None,

@@ -178,8 +178,9 @@ def test_set_of_a_new_name_needs_a_unit_and_is_appended(copy):
     (["--set", "vllm_default_throughput_ratio=nan"], "finite number"),
     (["--set", "no value"], "NAME=VALUE"),
     (["--set", "x=1", "--source", "/etc/hostname"], "under bench/results/"),
-    (["--set", "llamacpp_default_throughput_ratio=0.99", "--source",
-      str(REPO / "bench/results/2026-12-03-h200-s9-llama-phases.json")], "run --write"),
+    (["--set", "llamacpp_default_throughput_ratio=0.99", "--source",   # the rule's own raw file
+      str(REPO / "bench/results" / next(r.source for r in headline.RULES
+                                         if r.name == "llamacpp_default_throughput_ratio"))], "run --write"),
     (["--set", "x=1", "--source", str(REPO / "bench/results/2026-11-29-h200-micro.json"), "--date", "Dec 2"],
      "YYYY-MM-DD"),
 ])
