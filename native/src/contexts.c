@@ -83,14 +83,12 @@ int gc_contexts_switch(int on, int only_new, int global_on)
         pthread_mutex_lock(&g_lock);
         CUcontext c = atomic_load(&g_ctx[i]);
         int skip = !c || (only_new && g_applied[i] != 2) || g_applied[i] == (uint8_t)on;
-        pthread_mutex_unlock(&g_lock);
-        if (!c) continue;
         if (!skip && on && global_on && g_applied[i] == 2) { /* follows the global setting: on already */
-            pthread_mutex_lock(&g_lock);
-            if (atomic_load(&g_ctx[i]) == c) g_applied[i] = 1;
-            pthread_mutex_unlock(&g_lock);
+            g_applied[i] = 1;
             skip = 1;
         }
+        pthread_mutex_unlock(&g_lock);
+        if (!c) continue;
         if (skip) { n++; continue; }
         if (gc_cupti_kernels_context(c, on) == CUPTI_SUCCESS) {
             pthread_mutex_lock(&g_lock);

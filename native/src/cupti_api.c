@@ -261,9 +261,7 @@ static pthread_mutex_t g_cb_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Who wants each runtime and driver callback (GC_CB_* bits): one is on while anybody wants it, so the
  * launch counter can switch its own off (a paused census, a runtime launch the driver reports too)
  * without taking them from steps or graphs. Under g_cb_mu. */
-#define CB_IDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
-                ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
-static uint8_t g_cb_owners[2][CB_IDS];
+static uint8_t g_cb_owners[2][GC_API_CBIDS];
 
 int gc_cupti_enable_api(const char *who, int owner,
                         int (*want)(CUpti_CallbackDomain, CUpti_CallbackId, const char *))
@@ -279,7 +277,7 @@ int gc_cupti_enable_api(const char *who, int owner,
         {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_SIZE},
     };
     for (int d = 0; d < 2; d++) {
-        for (uint32_t id = 1; id < domains[d].n && id < (uint32_t)CB_IDS; id++) {
+        for (uint32_t id = 1; id < domains[d].n && id < (uint32_t)GC_API_CBIDS; id++) {
             const char *name = NULL;
             /* an older libcupti knows fewer ids: those fail here and are skipped */
             if (cu.callback_name(domains[d].dom, id, &name) != CUPTI_SUCCESS || !name) continue;
@@ -297,7 +295,7 @@ int gc_cupti_enable_api(const char *who, int owner,
 int gc_cupti_api_callback(int owner, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, int on)
 {
     int d = dom == CUPTI_CB_DOMAIN_DRIVER_API ? 1 : dom == CUPTI_CB_DOMAIN_RUNTIME_API ? 0 : -1;
-    if (d < 0 || cbid >= (CUpti_CallbackId)CB_IDS || !cu.enable_callback) return -1;
+    if (d < 0 || cbid >= (CUpti_CallbackId)GC_API_CBIDS || !cu.enable_callback) return -1;
     pthread_mutex_lock(&g_cb_mu);
     uint8_t was = g_cb_owners[d][cbid], now = on ? (uint8_t)(was | owner) : (uint8_t)(was & ~owner);
     int r = 0;

@@ -66,9 +66,7 @@ static struct {
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 enum role { R_NONE = 0, R_LAUNCH, R_UPDATE, R_CHANGE };
-#define ROLE_IDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
-                  ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
-static uint8_t g_role[2][ROLE_IDS];  /* [driver?][cbid]: what a callback of ours is for */
+static uint8_t g_role[2][GC_API_CBIDS];  /* [driver?][cbid]: what a callback of ours is for */
 static atomic_int g_on;
 
 /* ---- the walk ---- */

@@ -363,20 +363,12 @@ static void fold_launches(uint64_t mono)
 }
 
 /* Contexts learned since the last wake get the kernel kind's state now (until then they had the global
- * one: on, their records outside a traced phase are left out by the tally). */
-static int kind_index(CUpti_ActivityKind k);
-
+ * one: on, their records outside a traced phase are left out by the tally). They are learned later only
+ * where contexts are followed, and there the kind never goes off globally while none is known
+ * (kernel_kind); §18's global enable here was measured not to help (§19). */
 static void new_contexts(void)
 {
     if (g_ctx_refused || !gc_contexts_new()) return;
-    /* A census set up in cuInit switches the kind globally until it knows a context, and the server's
-     * context is most often made in the duty cycle's off part. Made while the kind was off globally, its
-     * kernels gave no record for the first seconds on the H200 although it was switched on per context
-     * (§18): the kind goes on globally once now, as when the census attaches to a live context, and stays
-     * on (a single re-enable never lost records there; repeated ones did). */
-    if (!g_kernel_global && kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0 &&
-        gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
-        g_kernel_global = 1;
     (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1, g_kernel_global);
 }
 

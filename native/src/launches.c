@@ -47,14 +47,12 @@
 #include "cupti_api.h"
 #include "internal.h"
 
-#define IDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
-             ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
 #define COUNT_BITS 26                     /* a step deposit: id << 32 | device << 26 | launches */
 #define COUNT_MAX ((1ull << COUNT_BITS) - 1)
 
 /* [driver?][cbid]: a kernel launch call, and where its stream is; or a capture's begin or end */
 enum { NOT = 0, RT, RT_EX, DRV, DRV_EX, DRV_GRID, NO_STREAM, BEGIN_CAPTURE, END_CAPTURE };
-static uint8_t g_role[2][IDS];
+static uint8_t g_role[2][GC_API_CBIDS];
 static atomic_int g_started, g_counting;
 static atomic_int g_capturing;            /* captures open (begun and not ended), any stream */
 static CUresult (*g_is_capturing)(CUstream, CUstreamCaptureStatus *);
@@ -106,14 +104,14 @@ static struct {
     uint32_t alone_seen, nested_from;     /* the tune's: runtime launches alone so far; nested since then */
 } g_ids[MAX_IDS];
 static int g_nids;
-static uint8_t g_index[2][IDS];           /* [driver?][cbid]: index in g_ids + 1 */
+static uint8_t g_index[2][GC_API_CBIDS];           /* [driver?][cbid]: index in g_ids + 1 */
 static _Atomic uint32_t g_rt_nested[MAX_IDS], g_rt_alone[MAX_IDS];
 static pthread_mutex_t g_tune_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int is_launch(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
 {
     int role = role_of(dom, name), drv = dom == CUPTI_CB_DOMAIN_DRIVER_API;
-    if (!role || cbid >= (CUpti_CallbackId)IDS) return 0;
+    if (!role || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return 0;
     if (role < BEGIN_CAPTURE) {
         if (g_nids >= MAX_IDS) return 0;  /* CUPTI 13.5 has 17; never a role without its slot */
         g_ids[g_nids].dom = dom;
@@ -223,7 +221,7 @@ static void capture_seen(int role, const CUpti_CallbackData *cb)
 void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
     int drv = dom == CUPTI_CB_DOMAIN_DRIVER_API;
-    if ((!drv && dom != CUPTI_CB_DOMAIN_RUNTIME_API) || cbid >= (CUpti_CallbackId)IDS) return;
+    if ((!drv && dom != CUPTI_CB_DOMAIN_RUNTIME_API) || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return;
     int role = g_role[drv][cbid];
     if (!role) return;
     const CUpti_CallbackData *cb = data;
