@@ -174,6 +174,14 @@ class Rule:
     why_no_target: str = ""
 
 
+# The session-10 runs behind several entries (measurements §19)
+S10_LLAMA = ("BENCH_ARGS='--modes off,counted --rounds 16 --beside-plain --budget-s 520' bash bench/device/run.sh "
+             "setup llama-phases (after setup llama-bg, llama-wait)")
+S10_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch,counted --phase-window 1,3 "
+            "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' "
+            "bash bench/device/run.sh setup vllm")
+S10_KIND_COST = "KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost"
+
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
          phases_ratio("counted"), 0.99,
@@ -182,13 +190,13 @@ RULES = (
          "kind and every launch callback off), one llama-server (8B, 16 slots) in alternating control-file phases with "
          "prompts of their own, median of 16 rounds (spread 0.899-1.082, geometric mean 0.980 [0.954, 1.005]); "
          "measurements §19",
-         command="BENCH_ARGS='--modes off,counted --rounds 16 --beside-plain --budget-s 520' bash bench/device/run.sh setup llama-phases (after setup llama-bg, llama-wait)"),
+         command=S10_LLAMA),
     Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
          beside_ratio("counted/plain", under=None), 0.99,
          "ratio of output tok/s, the default census (R's counted phases) / a plain llama-server (no census) loaded "
          "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 16 rounds (geometric mean "
          "0.995 [0.963, 1.031]; the paused census / plain 0.991, geometric mean 1.015 [0.976, 1.061])",
-         command="BENCH_ARGS='--modes off,counted --rounds 16 --beside-plain --budget-s 520' bash bench/device/run.sh setup llama-phases (after setup llama-bg, llama-wait)"),
+         command=S10_LLAMA),
     Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s10-vllm-phases.json",
          phases_ratio("counted", "phases"), 0.99,
          "ratio of output tok/s, default census (counted kernels, graphs per launch) / census paused, one vLLM server "
@@ -196,7 +204,7 @@ RULES = (
          "3 s windows) in alternating control-file phases, median of 8 rounds (spread 0.70-1.43, geometric mean 0.993 "
          "[0.845, 1.167]: the host's CPU speed moves this launch-bound load window to window, and a llama.cpp build ran "
          "beside it at nice 19); every-kernel phases 0.959; measurements §19",
-         command="VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch,counted --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' bash bench/device/run.sh setup vllm"),
+         command=S10_VLLM),
     Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s10-vllm-phases.json",
          beside_ratio("counted/P"), 0.99,
          "ratio of output tok/s, the default census with the vLLM integration (R's counted phases) / plain vLLM (P) "
@@ -204,7 +212,7 @@ RULES = (
          "own generated-token counter over a 3 s window, median of 8 rounds (geometric mean 0.850 [0.725, 1.000]; "
          "a plain server started before R / P: 0.955, geometric mean 0.995 [0.838, 1.232]; the paused injector "
          "without the integration (S) / P 0.871)",
-         command="VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch,counted --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' bash bench/device/run.sh setup vllm"),
+         command=S10_VLLM),
     Rule("micro_graph_replay_ratio_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_ratio("graph", "census"), 0.99,
          "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), the default census (CUPTI set up once "
@@ -238,7 +246,7 @@ RULES = (
          "µs CUPTI's callbacks on the kernel launch calls, runtime and driver, add per eager launch (what counting "
          "cost until 2026-12-03: 2 enter and 2 exit callbacks a runtime launch), paired against none in one process, "
          "median of 31 rounds (quartiles -0.087, 0.304: a llama.cpp build ran on the other cores)",
-         command="KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost",
+         command=S10_KIND_COST,
          date="2026-12-03",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_eager_us_per_launch_driver_callback", "2026-12-03-h200-s10-kind-cost.json",
@@ -246,7 +254,7 @@ RULES = (
          "µs CUPTI's callback on the driver's kernel launch calls alone adds per eager launch (what counting costs "
          "once the runtime's are proven redundant: 1 enter and 1 exit callback a launch), paired against none in one "
          "process, median of 31 rounds (quartiles -0.229, 0.116: not told from zero beside a build)",
-         command="KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost",
+         command=S10_KIND_COST,
          date="2026-12-03",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_graph_us_per_node_default", "2026-12-02-h200-s6-micro-census-attach.json",
