@@ -288,19 +288,29 @@ void gc_launches_tune(void)
 
 uint64_t gc_launches_thread(void) { return t_launches; }
 
+/* A step's launches, deposited at its end for the next fold. A step ended twice before a fold (vLLM's
+ * sample_tokens and SGLang's delayed sampling reopen the step they belong to) adds to its deposit; a
+ * deposit of another step in the slot (1,024 steps older, or the same step on another device) is lost. */
 void gc_launches_step_done(uint64_t id, uint64_t n)
 {
     if (!n || !atomic_load_explicit(&g_started, memory_order_relaxed)) return;
-    if (n > COUNT_MAX) {
-        atomic_fetch_add_explicit(&g_lost, n - COUNT_MAX, memory_order_relaxed);
-        n = COUNT_MAX;
-    }
     uint64_t dev = t_dev < 0 ? 0 : (uint64_t)t_dev;
-    uint64_t v = (id << 32) | (dev << COUNT_BITS) | n;
-    uint64_t old = atomic_exchange_explicit(&g_step[id & (GC_STEP_SLOTS - 1)], v, memory_order_acq_rel);
+    _Atomic uint64_t *slot = &g_step[id & (GC_STEP_SLOTS - 1)];
+    const uint64_t key = (id << 32) | (dev << COUNT_BITS);
+    uint64_t old = atomic_load_explicit(slot, memory_order_acquire), total, v;
+    for (;;) {
+        int same = old && (old & ~COUNT_MAX) == key;
+        total = n + (same ? old & COUNT_MAX : 0);
+        v = key | (total > COUNT_MAX ? COUNT_MAX : total);
+        if (atomic_compare_exchange_weak_explicit(slot, &old, v, memory_order_acq_rel, memory_order_acquire)) {
+            if (old && !same)
+                atomic_fetch_add_explicit(&g_lost, old & COUNT_MAX, memory_order_relaxed);
+            break;
+        }
+    }
+    if (total > COUNT_MAX)
+        atomic_fetch_add_explicit(&g_lost, total - COUNT_MAX, memory_order_relaxed);
     atomic_store_explicit(&g_step_new, 1, memory_order_release);
-    if (old) /* a step 1024 steps older that no fold took yet */
-        atomic_fetch_add_explicit(&g_lost, old & COUNT_MAX, memory_order_relaxed);
 }
 
 int gc_launches_pending(void)

@@ -824,6 +824,28 @@ def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, mock_
     assert (p.devices[0].kernel_count, p.devices[1].kernel_count) == (12, 4) and err == ""
 
 
+def test_counted_kernels_keep_every_launch_of_a_step_begun_again(native, mock_lib, mock_cuda, tmp_path, records):
+    """vLLM's sample_tokens and SGLang's delayed sampling tag their launches with the step they belong
+    to, begun again after it ended: the step has the launches of both parts, none lost (on the H200 the
+    second part's deposit replaced the first's: 61 % of vLLM's eager launches were lost to their steps)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+        g.InitializeInjection()
+        for sid in (42, 43):
+            g.gc_step_begin(sid)
+            torch_launch(30)             # execute_model
+            g.gc_step_end(gffi.NULL)
+            g.gc_step_begin(sid)         # sample_tokens: the same step again
+            torch_launch(2)
+            g.gc_step_end(gffi.NULL)
+        g.gc_flush()
+        out['path'] = path()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "counted"})
+    p = read(native, res["path"])
+    got = {i: (s.eager_launches, s.kernel_count) for i, s in p.steps.items()}
+    assert got == {42: (32, 32), 43: (32, 32)}, got
+    assert p.launches_lost == 0 and p.devices[0].eager_launches == 64 and err == ""
+
+
 def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda, tmp_path, records):
     """Started paused, nothing counts; census=on counts from then on; census=off stops it again. While
     paused the launch calls' callbacks are off (a paused census costs a launch nothing), the captures'
