@@ -180,7 +180,8 @@ typedef struct gc_segment {
     uint64_t buffers_refused;   /* buffer requests refused to stay under the memory bound */
     uint64_t step_unmatched;    /* records whose launch had no external id recorded (yet) */
     uint64_t window_late;       /* records older than the window ring: in totals, not in windows */
-    uint64_t step_max;          /* largest step id seen */
+    uint64_t step_max;          /* largest step id a record was tallied for (not launch counts: they come
+                                   ahead of the records, and the settler waits on this for them) */
     uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
     uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
                                    that finished before it is in the totals (0: not known yet) */

@@ -223,7 +223,6 @@ static void window_add(gc_tally *t, enum what what, int dir, uint32_t dev, uint6
 /* Step `id`'s slot, reset if it held an older step; NULL when a newer step holds it already. */
 static gc_step *step_slot(gc_tally *t, uint64_t id)
 {
-    if (id > t->seg->step_max) t->seg->step_max = id;
     gc_step *st = &t->seg->steps[id & (GC_STEP_SLOTS - 1)];
     if (st->id != id) {
         if (id < st->id) {
@@ -242,6 +241,7 @@ static gc_step *step_for(gc_tally *t, uint32_t corr)
 {
     struct corr_entry *c = &t->corr[corr & (GC_CORR_SLOTS - 1)];
     uint64_t id = c->valid && c->corr == corr ? c->ext : gc_steps_lookup(corr);
+    if (id > t->seg->step_max) t->seg->step_max = id; /* records of it have come: the settler waits on this */
     return id ? step_slot(t, id) : NULL;
 }
 
@@ -484,6 +484,9 @@ void gc_tally_launches_window(gc_tally *t, uint64_t gpu_ns, uint64_t n)
     if (counted(t)) w->kernel_count += n;
 }
 
+/* Not step_max: launches are folded at the step's end, its records come a flush or more later, and
+ * the settler reads step_max as "this step's records are in" (vLLM on the H200: requests served by
+ * steps that had their launches and none of their records). */
 void gc_tally_launches_step(gc_tally *t, uint64_t id, uint32_t dev, uint64_t n)
 {
     gc_step *st = id && id <= UINT32_MAX ? step_slot(t, id) : NULL;

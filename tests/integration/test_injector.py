@@ -827,7 +827,9 @@ def test_counted_kernels_give_each_step_its_own_launches(native, mock_lib, mock_
 def test_counted_kernels_keep_every_launch_of_a_step_begun_again(native, mock_lib, mock_cuda, tmp_path, records):
     """vLLM's sample_tokens and SGLang's delayed sampling tag their launches with the step they belong
     to, begun again after it ended: the step has the launches of both parts, none lost (on the H200 the
-    second part's deposit replaced the first's: 61 % of vLLM's eager launches were lost to their steps)."""
+    second part's deposit replaced the first's: 61 % of vLLM's eager launches were lost to their steps).
+    Launch counts do not move step_max (on the H200 the settler then split steps before their records
+    came: requests with steps and no kernel)."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
         g.InitializeInjection()
         for sid in (42, 43):
@@ -844,6 +846,9 @@ def test_counted_kernels_keep_every_launch_of_a_step_begun_again(native, mock_li
     got = {i: (s.eager_launches, s.kernel_count) for i, s in p.steps.items()}
     assert got == {42: (32, 32), 43: (32, 32)}, got
     assert p.launches_lost == 0 and p.devices[0].eager_launches == 64 and err == ""
+    # launch counts come at a step's end, its records a flush or more later: step_max (the settler's
+    # "records of this step or a later one are in") moves with records only, none here
+    assert p.step_max == 0
 
 
 def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda, tmp_path, records):
