@@ -390,6 +390,28 @@ def start_phase_servers(a, chain, model, out, base, env) -> dict:
     return servers
 
 
+def same_window_ratios(rnd: dict, modes, together) -> None:
+    """Ratios of loads that ran at once (--phase-together), added to the round: R's mode / N
+    (`m/N@once`), N / M for two together servers (`N/M@once:m`, in the window of R's mode m), and R's
+    mode / off through N (`m/off@N` = (m/N) / (off/N)): the host's speed, common to loads at once,
+    cancels in the first two, and what differs between N's two windows in the third."""
+    for m in modes:
+        tg = rnd.get(m, {}).get("together", {})
+        rate = {n: tg[n]["tok_per_s"] for n in together if tg.get(n, {}).get("tok_per_s")}
+        for i, n in enumerate(together):
+            if n not in rate:
+                continue
+            if rnd[m].get("tok_s"):
+                rnd[f"{m}/{n}@once"] = round(rnd[m]["tok_s"] / rate[n], 4)
+            for o in together[:i]:
+                if o in rate:
+                    rnd[f"{n}/{o}@once:{m}"] = round(rate[n] / rate[o], 4)
+    for m in modes:
+        for n in together:
+            if m != "off" and rnd.get(f"{m}/{n}@once") and rnd.get(f"off/{n}@once"):
+                rnd[f"{m}/off@{n}"] = round(rnd[f"{m}/{n}@once"] / rnd[f"off/{n}@once"], 4)
+
+
 def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
     """Census modes in alternating phases on one server (R), each phase the same load; the BESIDE
     servers after each round, their order rotating. With rx (the OTLP receiver R exports to): after R
@@ -398,12 +420,16 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
     sys.path.insert(0, str(ROOT / "bench" / "server"))
     from control_phases import Phases, phase_seed, run_rounds, summarise
     chain = [n for n in BESIDE if n in servers]
+    together = [n for n in getattr(a, "phase_together", "").split(",") if n in servers]
+    if together and not a.phase_window:
+        raise SystemExit("--phase-together needs --phase-window (loads at once are timed by the servers' counters)")
     for n in [x for x in ("R", *chain) if x in servers]:
         check(servers[n].wait(), f"{n}: server up")
         asyncio.run(load(servers[n].port, 4, 2, 16))
         if a.phase_window:
             check(counter_readable(servers[n].port), f"{n}: {GENERATED} counts (--phase-window)")
-    res = {"waited_for_quiet_s": wait_quiet(), "beside": {n: BESIDE[n][3] for n in chain}}
+    res = {"waited_for_quiet_s": wait_quiet(), "beside": {n: BESIDE[n][3] for n in chain if n not in together},
+           "together": {n: BESIDE[n][3] for n in together}}
     ph = Phases(base / "R")
     for n in chain:     # the census servers beside R run paused (N has no segment to pause)
         if BESIDE[n][1] and n != "N":
@@ -420,13 +446,26 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         return asyncio.run(load(port, clients, per_client, 256, seed=seed, stream=stream))
 
     def one(mode, i):     # prompts of its own every phase (vLLM's prefix caching would serve a repeat)
-        lr = run_load(8105, phase_seed(300, i, mode, modes), servers["R"].proc.pid)
+        seed = phase_seed(300, i, mode, modes)
+        if together:      # R and the together servers loaded at once, by clients of their own
+            ramp_s, window_s = a.phase_window
+
+            async def all_at_once():
+                return await asyncio.gather(
+                    window_load(8105, clients, ramp_s, window_s, seed=seed, root=servers["R"].proc.pid),
+                    *[window_load(servers[n].port, clients, ramp_s, window_s, seed=seed + 50_000 + k,
+                                  root=servers[n].proc.pid) for k, n in enumerate(together)])
+            lr, *others = asyncio.run(all_at_once())
+            extra = {"together": {n: summary(o) for n, o in zip(together, others)}}
+        else:
+            lr, extra = run_load(8105, seed, servers["R"].proc.pid), {}
         if mode != "off":
             traced.extend(lr["requests"])
-        return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"])}
+        return {**summary(lr), "tok_s": lr["tok_per_s"], "tokens": sum(r["tokens"] for r in lr["requests"]), **extra}
 
     def beside(rnd):      # the beside servers after each round, their order rotating; the round kept if the call is cut
-        others = [n for n in chain if servers[n].proc.poll() is None]
+        same_window_ratios(rnd, modes, together)
+        others = [n for n in chain if n not in together and servers[n].proc.poll() is None]
         k = len(done) % len(others) if others else 0
         for n in others[k:] + others[:k]:
             rnd[n] = summary(run_load(servers[n].port, phase_seed(300, len(done), n, modes), servers[n].proc.pid))
@@ -609,6 +648,11 @@ def main():
     ap.add_argument("--phase-beside", default="",
                     help="phases: the servers loaded after each round, in chain order, from " + ",".join(BESIDE)
                          + " (see BESIDE); every ratio of one to each before it is kept")
+    ap.add_argument("--phase-together", default="",
+                    help="phases: servers from " + ",".join(BESIDE) + " loaded AT THE SAME TIME as each of R's phases, "
+                         "each by clients of its own: R's mode / each of them in the same window, and the mode "
+                         "ratios from those (m/off@N), cancel the host's CPU speed, which moves every server at once "
+                         "(measurements §16: a single-threaded loop 1.8x from one 3 s window to the next)")
     ap.add_argument("--phase-gpu-mem", type=float, default=0.2,
                     help="phases: --gpu-memory-utilization of R and the servers beside it (0.12 for six)")
     ap.add_argument("--phase-kv-bytes", type=int, default=0,
@@ -622,7 +666,7 @@ def main():
                          "host's CPU speed follows how busy it is, and a launch-bound server's throughput with it")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
-    bad = [n for n in a.phase_beside.split(",") if n and n not in BESIDE]
+    bad = [n for n in (a.phase_beside + "," + a.phase_together).split(",") if n and n not in BESIDE]
     if bad:
         ap.error(f"--phase-beside: unknown {','.join(bad)} (known: {','.join(BESIDE)})")
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
@@ -655,7 +699,9 @@ def main():
                 time.sleep(3)
                 servers["KP"] = Server("KP", 8106, model, out, extra=["--kv-offloading-size", "2"])
             if "phases" in only:       # R: modes switched in phases on one server; P: plain vLLM beside it
-                chain = a.phase_beside.split(",") if a.phase_beside else ["P", "S"] if a.phase_split else ["P"]
+                chain = a.phase_beside.split(",") if a.phase_beside else ["P", "S"] if a.phase_split else \
+                    [] if a.phase_together else ["P"]
+                chain += [n for n in a.phase_together.split(",") if n and n not in chain]
                 servers.update(start_phase_servers(a, [n for n in chain if n not in servers], model, out, base, env))
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)

@@ -173,7 +173,7 @@ def test_cycles_stop_before_a_wave_that_would_pass_the_budget(monkeypatch, tmp_p
     assert 0 < len(cyc) < 10 and len(cyc) % 2 == 0
 
 
-def _phases_against(monkeypatch, out, rate, rounds, names, window=None):
+def _phases_against(monkeypatch, out, rate, rounds, names, window=None, together=""):
     """phases_run with the load, the census switches and the servers stood in for: `rate` port ->
     tok/s; returns (the result, the ports loaded in order, the (folder, mode) switches asked for)."""
     import argparse
@@ -222,7 +222,7 @@ def _phases_against(monkeypatch, out, rate, rounds, names, window=None):
             return {"rc": 0, "stop_s": 0.1}
     servers = {"R": Srv(8105), **{n: Srv(vllm_e2e.BESIDE[n][0]) for n in names}}
     a = argparse.Namespace(phase_clients=2, phase_requests=1, phase_stream=False, phase_modes="off,launch",
-                           phase_rounds=rounds, budget_s=1e9, phase_window=window)
+                           phase_rounds=rounds, budget_s=1e9, phase_window=window, phase_together=together)
     return vllm_e2e.phases_run(a, "/m", out, out, {}, servers), order, switched
 
 
@@ -323,3 +323,32 @@ def test_spans_check_fails_a_request_short_of_steps(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_e2e, "FAILS", [])
     vllm_e2e.spans_check(rx, {"requests": reqs}, "R", tmp_path, res)
     assert res["short_of_steps"] == 0 and vllm_e2e.FAILS == []
+
+
+def test_same_window_ratios_divide_loads_that_ran_at_once():
+    """--phase-together: R's mode over each server loaded at once, two such servers over each other,
+    and R's mode over off through one of them; a server without a rate gives no ratio."""
+    rnd = {"off": {"tok_s": 1000.0, "together": {"P": {"tok_per_s": 1250.0}, "S": {"tok_per_s": 1000.0}}},
+           "counted": {"tok_s": 600.0, "together": {"P": {"tok_per_s": 750.0}, "S": {"tok_per_s": 0.0}}}}
+    vllm_e2e.same_window_ratios(rnd, ["off", "counted"], ["P", "S"])
+    assert rnd["off/P@once"] == 0.8 and rnd["counted/P@once"] == 0.8
+    assert rnd["counted/off@P"] == 1.0          # 0.6 sequentially: the host's speed moved both
+    assert rnd["off/S@once"] == 1.0 and rnd["S/P@once:off"] == 0.8
+    assert "counted/S@once" not in rnd and "S/P@once:counted" not in rnd and "counted/off@S" not in rnd
+
+
+def test_phase_together_loads_r_and_its_together_servers_at_once_and_the_rest_after(monkeypatch, tmp_path):
+    """--phase-together P,S with Q beside: every phase of R loads R, P and S at once (one window each),
+    Q alone after the round; the same-window ratios are kept beside the sequential ones."""
+    rate = {8105: 800.0, vllm_e2e.BESIDE["P"][0]: 1000.0, vllm_e2e.BESIDE["S"][0]: 900.0,
+            vllm_e2e.BESIDE["Q"][0]: 500.0}
+    res, order, switched = _phases_against(monkeypatch, tmp_path, rate, 2, ("P", "S", "Q"), window=(1.0, 3.0),
+                                           together="P,S")
+    timed = [o[1] for o in order if isinstance(o, tuple)]
+    P, S, Q = (vllm_e2e.BESIDE[n][0] for n in "PSQ")
+    assert timed == [8105, P, S] * 2 + [Q] + [8105, P, S] * 2 + [Q]
+    assert set(res["together"]) == {"P", "S"} and set(res["beside"]) == {"Q"}
+    assert ("S", "off") in switched                       # a census server loaded at once runs paused
+    assert res["off/P@once"]["median"] == 0.8 and res["launch/off@P"]["median"] == 1.0
+    assert res["S/P@once:off"]["median"] == 0.9 and res["off/Q"]["median"] == 1.6
+    assert "P" not in res["rounds"][0] and res["rounds"][0]["off"]["together"]["S"]["tok_per_s"] == 900.0
