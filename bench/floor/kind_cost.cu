@@ -24,6 +24,11 @@
  *                    cudaLaunchCooperativeKernel*, cuLaunchKernel*, cuLaunchCooperativeKernel*): what
  *                    the census's launch counting enabled until 2026-12-03
  *   cb-launch-driver the driver's of those only: what it keeps once the runtime's are proven redundant
+ *   cb-paused        what a paused census keeps on: graph launches (runtime and driver), captures'
+ *                    begin and end (runtime and driver), the driver's graph-exec updates and setters
+ * --pristine N: N rounds (after one warm-up) before CUPTI is set up at all (no subscriber, no buffers):
+ * the process as it is without a census. Not alternated with the rest (CUPTI cannot be taken out
+ * again), so compared by medians, not paired: a drift of the host moves it too.
  * A configuration whose kinds CUPTI refuses is recorded (with CUPTI's error string) and skipped.
  *
  * Workloads (one cudaStreamNonBlocking stream), each timed with CLOCK_MONOTONIC:
@@ -35,6 +40,9 @@
  *          pair) and instantiate, ns per node (R*(K+2) nodes; instantiate per K+2 nodes)
  *   copy   M 4 KiB cudaMemcpyAsync D2H into pinned memory, one synchronize: issue and total, ns per
  *          copy
+ *   api    A rounds of the calls a framework makes around its launches (cudaGetDevice,
+ *          cudaStreamIsCapturing, cudaEventRecord, cudaPeekAtLastError), none of them a callback of
+ *          any configuration: ns per round of four (does CUPTI's presence tax the calls it does not trace?)
  * Enabling, disabling and cuptiActivityFlushAll(FORCED) happen outside the timed regions.
  *
  * Build: make -C bench/floor kind_cost [BUILD=...] [CUPTI_INCLUDE_DIR=...] [CUPTI_LIB_DIR=...]
@@ -189,12 +197,15 @@ struct Cbid {
     CUpti_CallbackId id;
     std::string name;
     bool launch;   /* a kernel launch call */
+    bool paused;   /* one a paused census keeps on (graph launches, captures, graph-exec changes) */
+    bool work;     /* one of `cb`'s: launch, graph launch, copy or memset */
 };
-enum { CB_NONE = 0, CB_ALL, CB_LAUNCH, CB_LAUNCH_DRIVER };
+enum { CB_NONE = 0, CB_ALL, CB_LAUNCH, CB_LAUNCH_DRIVER, CB_PAUSED };
 static bool in_set(const Cbid &c, int set)
 {
-    return set == CB_ALL || (set == CB_LAUNCH && c.launch) ||
-           (set == CB_LAUNCH_DRIVER && c.launch && c.domain == CUPTI_CB_DOMAIN_DRIVER_API);
+    return (set == CB_ALL && c.work) || (set == CB_LAUNCH && c.launch) ||
+           (set == CB_LAUNCH_DRIVER && c.launch && c.domain == CUPTI_CB_DOMAIN_DRIVER_API) ||
+           (set == CB_PAUSED && c.paused);
 }
 static CUpti_SubscriberHandle g_sub;
 static bool g_sub_ok;
@@ -215,17 +226,28 @@ static void collect_cbids()
     static const char *const drv[] = {"cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset", nullptr};
     static const char *const rt_launch[] = {"cudaLaunchKernel", "cudaLaunchCooperativeKernel", nullptr};
     static const char *const drv_launch[] = {"cuLaunchKernel", "cuLaunchCooperativeKernel", nullptr};
+    /* what native/src/graphs.c and launches.c keep on while the census is paused */
+    static const char *const rt_paused[] = {"cudaGraphLaunch", "cudaStreamBeginCapture", "cudaStreamEndCapture",
+                                            nullptr};
+    static const char *const drv_paused[] = {"cuGraphLaunch", "cuStreamBeginCapture", "cuStreamEndCapture",
+                                             "cuGraphExecUpdate", "cuGraphExecMemcpyNodeSetParams",
+                                             "cuGraphExecMemsetNodeSetParams", "cuGraphExecNodeSetParams",
+                                             "cuGraphExecChildGraphNodeSetParams", "cuGraphNodeSetEnabled", nullptr};
     for (uint32_t i = 1; i < (uint32_t)CUPTI_RUNTIME_TRACE_CBID_SIZE; i++) {
         const char *name = nullptr;
         if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, i, &name) != CUPTI_SUCCESS || !name)
             continue;
-        if (has_prefix(name, rt)) g_cbids.push_back({CUPTI_CB_DOMAIN_RUNTIME_API, i, name, has_prefix(name, rt_launch)});
+        if (has_prefix(name, rt) || has_prefix(name, rt_paused))
+            g_cbids.push_back({CUPTI_CB_DOMAIN_RUNTIME_API, i, name, has_prefix(name, rt_launch),
+                               has_prefix(name, rt_paused), has_prefix(name, rt)});
     }
     for (uint32_t i = 1; i < (uint32_t)CUPTI_DRIVER_TRACE_CBID_SIZE; i++) {
         const char *name = nullptr;
         if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, i, &name) != CUPTI_SUCCESS || !name)
             continue;
-        if (has_prefix(name, drv)) g_cbids.push_back({CUPTI_CB_DOMAIN_DRIVER_API, i, name, has_prefix(name, drv_launch)});
+        if (has_prefix(name, drv) || has_prefix(name, drv_paused))
+            g_cbids.push_back({CUPTI_CB_DOMAIN_DRIVER_API, i, name, has_prefix(name, drv_launch),
+                               has_prefix(name, drv_paused), has_prefix(name, drv)});
     }
 }
 
@@ -289,6 +311,7 @@ static std::vector<Config> all_configs()
         {"graph+kernel+cb", {K_KER, K_CPY, K_CPY2, K_SET, K_GRAPH}, CB_ALL},
         {"cb-launch", {}, CB_LAUNCH},
         {"cb-launch-driver", {}, CB_LAUNCH_DRIVER},
+        {"cb-paused", {}, CB_PAUSED},
     };
 }
 
@@ -338,6 +361,7 @@ enum Metric {
     M_EAGER_ISSUE, M_EAGER_TOTAL,
     M_GRAPH_ISSUE, M_GRAPH_TOTAL, M_GRAPH_GPU, M_GRAPH_INST,
     M_COPY_ISSUE, M_COPY_TOTAL,
+    M_API,
     M_COUNT
 };
 static const struct { const char *workload, *metric, *unit; } METRICS[M_COUNT] = {
@@ -345,10 +369,11 @@ static const struct { const char *workload, *metric, *unit; } METRICS[M_COUNT] =
     {"graph", "issue", "ns/node"},    {"graph", "total", "ns/node"},
     {"graph", "gpu", "ns/node"},      {"graph", "instantiate", "ns/node"},
     {"copy", "issue", "ns/copy"},     {"copy", "total", "ns/copy"},
+    {"api", "issue", "ns/4 calls"},
 };
 
 struct Params {
-    int rounds = 21, eager_n = 10000, graph_k = 1000, graph_r = 10, copy_m = 2000;
+    int rounds = 21, eager_n = 10000, graph_k = 1000, graph_r = 10, copy_m = 2000, api_a = 5000, pristine = 0;
     double budget_s = 50.0;
     std::string out = "kind_cost.json";
     std::string configs;
@@ -422,6 +447,21 @@ static void run_workloads(const Params &p, Gpu &g, double *m /* [M_COUNT] */)
     t2 = now_ns();
     m[M_COPY_ISSUE] = (double)(t1 - t0) / p.copy_m;
     m[M_COPY_TOTAL] = (double)(t2 - t0) / p.copy_m;
+
+    /* api: the calls around a framework's launches, none traced by any configuration */
+    int dev = 0, errs = 0;
+    cudaStreamCaptureStatus cs;
+    t0 = now_ns();
+    for (int i = 0; i < p.api_a; i++) {
+        errs += cudaGetDevice(&dev) != cudaSuccess;
+        errs += cudaStreamIsCapturing(g.s, &cs) != cudaSuccess;
+        errs += cudaEventRecord(g.e0, g.s) != cudaSuccess;
+        errs += cudaPeekAtLastError() != cudaSuccess;
+    }
+    t1 = now_ns();
+    CK(cudaStreamSynchronize(g.s));
+    if (errs) { fprintf(stderr, "kind_cost: %d api calls failed\n", errs); exit(3); }
+    m[M_API] = (double)(t1 - t0) / p.api_a;
 }
 
 /* ------------------------------------------------------------------ statistics / output */
@@ -483,9 +523,10 @@ static std::string jstats(const Stats &s)
 static void usage()
 {
     fprintf(stderr,
-            "usage: kind_cost [--rounds N] [--eager-n N] [--graph-k N] [--graph-r N] [--copy-m N]\n"
-            "                 [--configs a,b,c] [--budget-s S] [--out FILE.json]\n"
-            "configs: none cb copies kernel all graph graph+kernel graph+kernel+cb cb-launch cb-launch-driver\n");
+            "usage: kind_cost [--rounds N] [--eager-n N] [--graph-k N] [--graph-r N] [--copy-m N] [--api-a N]\n"
+            "                 [--pristine N] [--configs a,b,c] [--budget-s S] [--out FILE.json]\n"
+            "configs: none cb copies kernel all graph graph+kernel graph+kernel+cb cb-launch cb-launch-driver\n"
+            "         cb-paused\n");
 }
 
 static bool parse_int(const char *s, int *out, int lo)
@@ -512,6 +553,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--graph-k")) ok = parse_int(v, &p.graph_k, 1);
         else if (!strcmp(a, "--graph-r")) ok = parse_int(v, &p.graph_r, 1);
         else if (!strcmp(a, "--copy-m")) ok = parse_int(v, &p.copy_m, 1);
+        else if (!strcmp(a, "--api-a")) ok = parse_int(v, &p.api_a, 1);
+        else if (!strcmp(a, "--pristine")) ok = parse_int(v, &p.pristine, 0);
         else if (!strcmp(a, "--configs")) p.configs = v;
         else if (!strcmp(a, "--out")) p.out = v;
         else if (!strcmp(a, "--budget-s")) { p.budget_s = atof(v); ok = p.budget_s > 0; }
@@ -573,21 +616,6 @@ int main(int argc, char **argv)
     CK(cudaGetDeviceProperties(&prop, 0));
     CK(cudaSetDevice(0));
 
-    /* CUPTI: buffers and the subscriber, once */
-    CKP(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
-    {
-        CUptiResult r = cuptiSubscribe(&g_sub, on_callback, nullptr);
-        g_sub_ok = (r == CUPTI_SUCCESS);
-        if (!g_sub_ok) {
-            g_sub_err = cupti_str(r);
-            note_error(std::string("cuptiSubscribe: ") + g_sub_err);
-        }
-    }
-    collect_cbids();
-    probe_cbids();
-    int n_rt = 0, n_drv = 0;
-    for (const Cbid &c : g_cbids) (c.domain == CUPTI_CB_DOMAIN_RUNTIME_API ? n_rt : n_drv)++;
-
     /* GPU objects; sanity: a kernel that writes one int */
     Gpu g;
     CK(cudaStreamCreateWithFlags(&g.s, cudaStreamNonBlocking));
@@ -605,6 +633,31 @@ int main(int argc, char **argv)
         return 3;
     }
     capture_graph(p, g);
+
+    /* --pristine: the workloads before CUPTI is set up (one warm-up round, discarded) */
+    std::vector<std::vector<double>> pristine(M_COUNT);
+    for (int rd = 0; rd <= p.pristine && p.pristine > 0; rd++) {
+        double m[M_COUNT];
+        run_workloads(p, g, m);
+        if (rd > 0)
+            for (int k = 0; k < M_COUNT; k++) pristine[k].push_back(m[k]);
+    }
+
+    /* CUPTI: buffers and the subscriber, once */
+    CKP(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+    {
+        CUptiResult r = cuptiSubscribe(&g_sub, on_callback, nullptr);
+        g_sub_ok = (r == CUPTI_SUCCESS);
+        if (!g_sub_ok) {
+            g_sub_err = cupti_str(r);
+            note_error(std::string("cuptiSubscribe: ") + g_sub_err);
+        }
+    }
+    collect_cbids();
+    probe_cbids();
+    int n_rt = 0, n_drv = 0;
+    for (const Cbid &c : g_cbids) (c.domain == CUPTI_CB_DOMAIN_RUNTIME_API ? n_rt : n_drv)++;
+
 
     printf("kind_cost: %s, driver %d, runtime %d, CUPTI %u; %d configs x %d rounds (+1 warm-up); "
            "eager N=%d, graph K=%d R=%d, copy M=%d; %d runtime + %d driver cbids; "
@@ -737,7 +790,8 @@ int main(int argc, char **argv)
             const char *kn = kind_name((int)c.kinds[i]);
             j += (i ? ", " : "") + jstr(kn ? kn : "?");
         }
-        static const char *const CB_SETS[] = {"null", "\"all\"", "\"launch\"", "\"launch-driver\""};
+        static const char *const CB_SETS[] = {"null", "\"all\"", "\"launch\"", "\"launch-driver\"",
+                                              "\"paused\""};
         j += std::string("], \"callbacks\": ") + CB_SETS[c.cb];
         j += ", \"rounds\": " + std::to_string(cfg_rounds[ci]);
         j += ", \"error\": " + (cfg_err[ci].empty() ? std::string("null") : jstr(cfg_err[ci]));
@@ -804,6 +858,16 @@ int main(int argc, char **argv)
                  ", \"values\": " + jarr(deltas[ci][k]) + "}}";
         }
     j += "\n  ],\n";
+    /* before CUPTI was set up: medians, not paired (nothing to alternate with) */
+    j += "  \"pristine\": {\"rounds\": " + std::to_string(p.pristine) + ", \"results\": [";
+    for (int k = 0; k < M_COUNT && p.pristine > 0; k++) {
+        Stats ps = stats_of(pristine[k]);
+        j += std::string(k ? ",\n" : "\n") + "    {\"workload\": " + jstr(METRICS[k].workload) + ", \"metric\": " +
+             jstr(METRICS[k].metric) + ", \"unit\": " + jstr(METRICS[k].unit) + ", " + jstats(ps) +
+             ", \"values\": " + jarr(pristine[k]) + ", \"none_median_minus_this\": " +
+             jnum(st[0][k].median - ps.median) + "}";
+    }
+    j += "]},\n";
     j += "  \"errors\": [";
     for (size_t i = 0; i < g_errors.size(); i++) j += (i ? ", " : "") + jstr(g_errors[i]);
     j += "]\n}\n";
@@ -831,6 +895,16 @@ int main(int argc, char **argv)
                 snprintf(cell, sizeof cell, "%.0f", st[ci][k].median);
             else
                 snprintf(cell, sizeof cell, "%.0f [%+.0f]", st[ci][k].median, dst[ci][k].median);
+            printf(" %17s", cell);
+        }
+        printf("\n");
+    }
+    if (p.pristine > 0) {
+        printf("%-16s", "pristine");   /* before CUPTI was set up: medians, [none - pristine] */
+        for (int k = 0; k < M_COUNT; k++) {
+            Stats ps = stats_of(pristine[k]);
+            char cell[48];
+            snprintf(cell, sizeof cell, "%.0f [%+.0f]", ps.median, st[0][k].median - ps.median);
             printf(" %17s", cell);
         }
         printf("\n");
