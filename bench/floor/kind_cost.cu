@@ -28,7 +28,13 @@
  *                    begin and end (runtime and driver), the driver's graph-exec updates and setters
  * --pristine N: N rounds (after one warm-up) before CUPTI is set up at all (no subscriber, no buffers):
  * the process as it is without a census. Not alternated with the rest (CUPTI cannot be taken out
- * again), so compared by medians, not paired: a drift of the host moves it too.
+ * again), so compared by medians, not paired: a drift of the host moves it too, and the `cpu` workload
+ * (a fixed loop, no CUDA) says whether it did.
+ * --after N: N rounds once the measured ones are done and CUPTI's subscriber is gone (cuptiUnsubscribe),
+ * then N more after cuptiFinalize: does the tax leave with them?
+ * --setup both|activity|subscribe: what "CUPTI set up" is: buffers registered and a subscriber (as the
+ * census), the activity API alone (configurations with callbacks are skipped), or the subscriber alone
+ * (configurations with kinds are skipped).
  * A configuration whose kinds CUPTI refuses is recorded (with CUPTI's error string) and skipped.
  *
  * Workloads (one cudaStreamNonBlocking stream), each timed with CLOCK_MONOTONIC:
@@ -361,7 +367,7 @@ enum Metric {
     M_EAGER_ISSUE, M_EAGER_TOTAL,
     M_GRAPH_ISSUE, M_GRAPH_TOTAL, M_GRAPH_GPU, M_GRAPH_INST,
     M_COPY_ISSUE, M_COPY_TOTAL,
-    M_API,
+    M_API, M_CPU,
     M_COUNT
 };
 static const struct { const char *workload, *metric, *unit; } METRICS[M_COUNT] = {
@@ -369,11 +375,13 @@ static const struct { const char *workload, *metric, *unit; } METRICS[M_COUNT] =
     {"graph", "issue", "ns/node"},    {"graph", "total", "ns/node"},
     {"graph", "gpu", "ns/node"},      {"graph", "instantiate", "ns/node"},
     {"copy", "issue", "ns/copy"},     {"copy", "total", "ns/copy"},
-    {"api", "issue", "ns/4 calls"},
+    {"api", "issue", "ns/4 calls"},   {"cpu", "loop", "ns/loop"},
 };
 
 struct Params {
-    int rounds = 21, eager_n = 10000, graph_k = 1000, graph_r = 10, copy_m = 2000, api_a = 5000, pristine = 0;
+    int rounds = 21, eager_n = 10000, graph_k = 1000, graph_r = 10, copy_m = 2000, api_a = 5000, pristine = 0,
+        after = 0;
+    std::string setup = "both";
     double budget_s = 50.0;
     std::string out = "kind_cost.json";
     std::string configs;
@@ -462,6 +470,13 @@ static void run_workloads(const Params &p, Gpu &g, double *m /* [M_COUNT] */)
     CK(cudaStreamSynchronize(g.s));
     if (errs) { fprintf(stderr, "kind_cost: %d api calls failed\n", errs); exit(3); }
     m[M_API] = (double)(t1 - t0) / p.api_a;
+
+    /* cpu: no CUDA, the host's own speed (the control for comparisons that cannot alternate) */
+    volatile uint64_t x = 1;
+    t0 = now_ns();
+    for (int i = 0; i < 200000; i++) x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t1 = now_ns();
+    m[M_CPU] = (double)(t1 - t0);
 }
 
 /* ------------------------------------------------------------------ statistics / output */
@@ -524,7 +539,8 @@ static void usage()
 {
     fprintf(stderr,
             "usage: kind_cost [--rounds N] [--eager-n N] [--graph-k N] [--graph-r N] [--copy-m N] [--api-a N]\n"
-            "                 [--pristine N] [--configs a,b,c] [--budget-s S] [--out FILE.json]\n"
+            "                 [--pristine N] [--after N] [--setup both|activity|subscribe] [--configs a,b,c]\n"
+            "                 [--budget-s S] [--out FILE.json]\n"
             "configs: none cb copies kernel all graph graph+kernel graph+kernel+cb cb-launch cb-launch-driver\n"
             "         cb-paused\n");
 }
@@ -555,6 +571,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--copy-m")) ok = parse_int(v, &p.copy_m, 1);
         else if (!strcmp(a, "--api-a")) ok = parse_int(v, &p.api_a, 1);
         else if (!strcmp(a, "--pristine")) ok = parse_int(v, &p.pristine, 0);
+        else if (!strcmp(a, "--after")) ok = parse_int(v, &p.after, 0);
+        else if (!strcmp(a, "--setup")) { p.setup = v; ok = p.setup == "both" || p.setup == "activity" || p.setup == "subscribe"; }
         else if (!strcmp(a, "--configs")) p.configs = v;
         else if (!strcmp(a, "--out")) p.out = v;
         else if (!strcmp(a, "--budget-s")) { p.budget_s = atof(v); ok = p.budget_s > 0; }
@@ -644,8 +662,10 @@ int main(int argc, char **argv)
     }
 
     /* CUPTI: buffers and the subscriber, once */
-    CKP(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
-    {
+    if (p.setup != "subscribe") CKP(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+    if (p.setup == "activity") {
+        g_sub_err = "--setup activity: no subscriber";
+    } else {
         CUptiResult r = cuptiSubscribe(&g_sub, on_callback, nullptr);
         g_sub_ok = (r == CUPTI_SUCCESS);
         if (!g_sub_ok) {
@@ -739,6 +759,21 @@ int main(int argc, char **argv)
 
     if (g_sub_ok) cuptiUnsubscribe(g_sub);
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    /* --after: the workloads with the subscriber gone, then with CUPTI finalized (one thread: no
+     * callback can be running) */
+    std::vector<std::vector<double>> unsubscribed(M_COUNT), finalized(M_COUNT);
+    for (int phase = 0; phase < 2 && p.after > 0; phase++) {
+        if (phase == 1) {
+            CUptiResult r = cuptiFinalize();
+            if (r != CUPTI_SUCCESS) { note_error(std::string("cuptiFinalize: ") + cupti_str(r)); break; }
+        }
+        for (int rd = 0; rd <= p.after; rd++) {
+            double m[M_COUNT];
+            run_workloads(p, g, m);
+            if (rd > 0)
+                for (int k = 0; k < M_COUNT; k++) (phase ? finalized : unsubscribed)[k].push_back(m[k]);
+        }
+    }
     CK(cudaGraphDestroy(g.graph));
     const double wall_s = (double)(now_ns() - t_start) / 1e9;
 
@@ -858,16 +893,23 @@ int main(int argc, char **argv)
                  ", \"values\": " + jarr(deltas[ci][k]) + "}}";
         }
     j += "\n  ],\n";
-    /* before CUPTI was set up: medians, not paired (nothing to alternate with) */
-    j += "  \"pristine\": {\"rounds\": " + std::to_string(p.pristine) + ", \"results\": [";
-    for (int k = 0; k < M_COUNT && p.pristine > 0; k++) {
-        Stats ps = stats_of(pristine[k]);
-        j += std::string(k ? ",\n" : "\n") + "    {\"workload\": " + jstr(METRICS[k].workload) + ", \"metric\": " +
-             jstr(METRICS[k].metric) + ", \"unit\": " + jstr(METRICS[k].unit) + ", " + jstats(ps) +
-             ", \"values\": " + jarr(pristine[k]) + ", \"none_median_minus_this\": " +
-             jnum(st[0][k].median - ps.median) + "}";
-    }
-    j += "]},\n";
+    /* before CUPTI was set up, after its subscriber left, after cuptiFinalize: medians, not paired
+     * (nothing to alternate with) */
+    auto unpaired = [&](const char *name, const std::vector<std::vector<double>> &v) {
+        j += std::string("  \"") + name + "\": {\"rounds\": " + std::to_string(v[0].size()) + ", \"results\": [";
+        for (int k = 0; k < M_COUNT && !v[0].empty(); k++) {
+            Stats ps = stats_of(v[k]);
+            j += std::string(k ? ",\n" : "\n") + "    {\"workload\": " + jstr(METRICS[k].workload) +
+                 ", \"metric\": " + jstr(METRICS[k].metric) + ", \"unit\": " + jstr(METRICS[k].unit) + ", " +
+                 jstats(ps) + ", \"values\": " + jarr(v[k]) + ", \"none_median_minus_this\": " +
+                 jnum(st[0][k].median - ps.median) + "}";
+        }
+        j += "]},\n";
+    };
+    j += "  \"setup\": " + jstr(p.setup) + ",\n";
+    unpaired("pristine", pristine);
+    unpaired("unsubscribed", unsubscribed);
+    unpaired("finalized", finalized);
     j += "  \"errors\": [";
     for (size_t i = 0; i < g_errors.size(); i++) j += (i ? ", " : "") + jstr(g_errors[i]);
     j += "]\n}\n";
@@ -899,10 +941,13 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    if (p.pristine > 0) {
-        printf("%-16s", "pristine");   /* before CUPTI was set up: medians, [none - pristine] */
+    const std::vector<std::vector<double>> *rows[] = {&pristine, &unsubscribed, &finalized};
+    const char *row_names[] = {"pristine", "unsubscribed", "finalized"};
+    for (int i = 0; i < 3; i++) {
+        if ((*rows[i])[0].empty()) continue;
+        printf("%-16s", row_names[i]);   /* unpaired: medians, [none - this] */
         for (int k = 0; k < M_COUNT; k++) {
-            Stats ps = stats_of(pristine[k]);
+            Stats ps = stats_of((*rows[i])[k]);
             char cell[48];
             snprintf(cell, sizeof cell, "%.0f [%+.0f]", ps.median, st[0][k].median - ps.median);
             printf(" %17s", cell);
