@@ -66,6 +66,8 @@
 #include <cupti_runtime_cbid.h>
 #include <cupti_version.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <algorithm>
 #include <cmath>
@@ -297,7 +299,9 @@ struct Config {
     const char *name;
     std::vector<CUpti_ActivityKind> kinds;
     int cb;   /* CB_*: which callbacks */
+    bool per_ctx = false;   /* kinds enabled for the context (cuptiActivityEnableContext), not globally */
 };
+static CUcontext g_ctx;   /* the primary context, for the per-context configurations */
 static const CUpti_ActivityKind K_KER = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
 static const CUpti_ActivityKind K_CPY = CUPTI_ACTIVITY_KIND_MEMCPY;
 static const CUpti_ActivityKind K_CPY2 = CUPTI_ACTIVITY_KIND_MEMCPY2;
@@ -318,6 +322,8 @@ static std::vector<Config> all_configs()
         {"cb-launch", {}, CB_LAUNCH},
         {"cb-launch-driver", {}, CB_LAUNCH_DRIVER},
         {"cb-paused", {}, CB_PAUSED},
+        {"copies-ctx", {K_CPY, K_CPY2, K_SET}, CB_NONE, true},
+        {"kernel-ctx", {K_KER}, CB_NONE, true},
     };
 }
 
@@ -327,7 +333,8 @@ static std::string enable_config(const Config &c)
     size_t done = 0;
     std::string err;
     for (; done < c.kinds.size(); done++) {
-        CUptiResult r = cuptiActivityEnable(c.kinds[done]);
+        CUptiResult r = c.per_ctx ? (g_ctx ? cuptiActivityEnableContext(g_ctx, c.kinds[done]) : CUPTI_ERROR_INVALID_CONTEXT)
+                                  : cuptiActivityEnable(c.kinds[done]);
         if (r != CUPTI_SUCCESS) {
             const char *kn = kind_name((int)c.kinds[done]);
             err = std::string("cuptiActivityEnable(") + (kn ? kn : "?") + "): " + cupti_str(r);
@@ -342,14 +349,15 @@ static std::string enable_config(const Config &c)
         if (!err.empty() && g_sub_ok) set_callbacks(0, c.cb);
     }
     if (!err.empty())
-        for (size_t i = 0; i < done; i++) cuptiActivityDisable(c.kinds[i]);
+        for (size_t i = 0; i < done; i++)
+            c.per_ctx ? cuptiActivityDisableContext(g_ctx, c.kinds[i]) : cuptiActivityDisable(c.kinds[i]);
     return err;
 }
 
 static void disable_config(const Config &c)
 {
     for (CUpti_ActivityKind k : c.kinds) {
-        CUptiResult r = cuptiActivityDisable(k);
+        CUptiResult r = c.per_ctx ? cuptiActivityDisableContext(g_ctx, k) : cuptiActivityDisable(k);
         if (r != CUPTI_SUCCESS) {
             const char *kn = kind_name((int)k);
             note_error(std::string(c.name) + ": cuptiActivityDisable(" + (kn ? kn : "?") +
@@ -542,7 +550,7 @@ static void usage()
             "                 [--pristine N] [--after N] [--setup both|activity|subscribe] [--configs a,b,c]\n"
             "                 [--budget-s S] [--out FILE.json]\n"
             "configs: none cb copies kernel all graph graph+kernel graph+kernel+cb cb-launch cb-launch-driver\n"
-            "         cb-paused\n");
+            "         cb-paused copies-ctx kernel-ctx\n");
 }
 
 static bool parse_int(const char *s, int *out, int lo)
@@ -633,6 +641,13 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     CK(cudaSetDevice(0));
+    CK(cudaFree(nullptr));   /* the primary context, current from here on */
+    {
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        typedef int (*get_current_t)(CUcontext *);
+        get_current_t get_current = cuda ? (get_current_t)dlsym(cuda, "cuCtxGetCurrent") : nullptr;
+        if (!get_current || get_current(&g_ctx) != 0) g_ctx = nullptr;
+    }
 
     /* GPU objects; sanity: a kernel that writes one int */
     Gpu g;
@@ -828,6 +843,7 @@ int main(int argc, char **argv)
         static const char *const CB_SETS[] = {"null", "\"all\"", "\"launch\"", "\"launch-driver\"",
                                               "\"paused\""};
         j += std::string("], \"callbacks\": ") + CB_SETS[c.cb];
+        j += std::string(", \"per_context\": ") + (c.per_ctx ? "true" : "false");
         j += ", \"rounds\": " + std::to_string(cfg_rounds[ci]);
         j += ", \"error\": " + (cfg_err[ci].empty() ? std::string("null") : jstr(cfg_err[ci]));
         j += ", \"records\": {";
