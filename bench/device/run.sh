@@ -49,6 +49,17 @@ OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 log() { echo "[device $(date +%H:%M:%S)] $*"; }
 
+# the wheel's first piece (vllm-p1) and its rest (.part-00b: in .vllm/p2 as cut until 2026-12-03, in
+# .vllm/p3 since, for p2 to fit beside the tree) joined once both are here
+join_p1() {
+  local a
+  for a in /tmp/vp/part1/*.part-00a; do
+    [ -f "$a" ] || continue
+    local b=".vllm/$1/$(basename "$a" .part-00a).part-00b"
+    [ ! -f "$b" ] || cat "$a" "$b" > "${a%a}" || return 1
+  done
+}
+
 setup() {
   if [ ! -f /tmp/site/.done ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -69,14 +80,13 @@ phase() {
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
     vllm-p1) mkdir -p /tmp/vp/part1 && cp .vllm/p1/*.part-00a /tmp/vp/part1/ && ls -la /tmp/vp/part1 ;;
-    vllm-p2) mkdir -p /tmp/vp/part2 && cp .vllm/p2/*.part-01 /tmp/vp/part2/ && \
-             for a in /tmp/vp/part1/*.part-00a; do cat "$a" .vllm/p2/"$(basename "$a" .part-00a)".part-00b > "${a%a}"; done && \
+    vllm-p2) mkdir -p /tmp/vp/part2 && cp .vllm/p2/*.part-01 /tmp/vp/part2/ && join_p1 p2 && \
              ls -la /tmp/vp/part1 /tmp/vp/part2 ;;
     install)   # the package itself, built here (its wheel carries the injector), with its entry points
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
         > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
-    vllm) { [ ! -d .vllm/p3 ] || cp .vllm/p3/*.whl /tmp/vp/part2/; } && \
+    vllm) { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
           { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
           # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files
