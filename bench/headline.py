@@ -152,6 +152,18 @@ def kind_cost_us(config: str, workload: str = "eager") -> Callable[[Dict[str, An
     return value
 
 
+def kind_cost_set_up_us(workload: str):
+    """µs per unit that CUPTI's set-up adds with nothing enabled: kind_cost's `none` median less the
+    median of its --pristine rounds (before CUPTI was set up; not paired: nothing to alternate with)."""
+    def value(raw: Dict[str, Any]) -> float:
+        rows = [r for r in raw.get("pristine", {}).get("results", []) if r["workload"] == workload
+                and r["metric"] == "issue"]
+        if len(rows) != 1:
+            raise HeadlineError(f"expected one pristine {workload}/issue row, found {len(rows)}")
+        return round(rows[0]["none_median_minus_this"] / 1000.0, 3)
+    return value
+
+
 def vllm_separate_servers(raw: Dict[str, Any]) -> float:
     """Separate servers give no pairs: each census load over the median plain load of its own
     machine (the machines differ ~35 % in plain throughput), median over every census load."""
@@ -181,6 +193,8 @@ S10_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off
             "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' "
             "bash bench/device/run.sh setup vllm")
 S10_KIND_COST = "KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost"
+S11_KIND_COST = ("KIND_COST_ARGS='--rounds 21 --pristine 21 --configs cb-launch-driver,cb-paused,graph --budget-s 100' "
+                 "bash bench/device/run.sh setup kind-cost")
 
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
@@ -255,6 +269,14 @@ RULES = (
          "once the runtime's are proven redundant: 1 enter and 1 exit callback a launch), paired against none in one "
          "process, median of 31 rounds (quartiles -0.229, 0.116: not told from zero beside a build)",
          command=S10_KIND_COST,
+         date="2026-12-03",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_eager_us_per_launch_cupti_set_up", "2026-12-03-h200-s11-kind-cost-pristine.json",
+         kind_cost_set_up_us("eager"), None,
+         "µs CUPTI adds per eager launch once set up as the census sets it up (activity API and a subscriber), with "
+         "nothing enabled: kind_cost's none median (3,957 ns) less its 21 rounds before CUPTI was set up (3,303 ns), "
+         "one process, not paired; a paused census and the counted default pay it (measurements §20)",
+         command=S11_KIND_COST,
          date="2026-12-03",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_graph_us_per_node_default", "2026-12-02-h200-s6-micro-census-attach.json",
