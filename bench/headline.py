@@ -193,6 +193,9 @@ S10_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off
             "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' "
             "bash bench/device/run.sh setup vllm")
 S10_KIND_COST = "KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost"
+S11_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-together P,S --phase-modes off,launch,counted --phase-window 1,3 "
+            "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 --budget-s 380' "
+            "bash bench/device/run.sh setup vllm")
 S11_KIND_COST = ("KIND_COST_ARGS='--rounds 21 --pristine 21 --configs cb-launch-driver,cb-paused,graph --budget-s 100' "
                  "bash bench/device/run.sh setup kind-cost")
 
@@ -211,22 +214,28 @@ RULES = (
          "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 16 rounds (geometric mean "
          "0.995 [0.963, 1.031]; the paused census / plain 0.991, geometric mean 1.015 [0.976, 1.061])",
          command=S10_LLAMA),
-    Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s10-vllm-phases.json",
+    Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
          phases_ratio("counted", "phases"), 0.99,
          "ratio of output tok/s, default census (counted kernels, graphs per launch) / census paused, one vLLM server "
          "(random 160M Llama, CUDA graphs, 64 closed-loop non-streaming clients, vLLM's generated-token counter over "
-         "3 s windows) in alternating control-file phases, median of 8 rounds (spread 0.70-1.43, geometric mean 0.993 "
-         "[0.845, 1.167]: the host's CPU speed moves this launch-bound load window to window, and a llama.cpp build ran "
-         "beside it at nice 19); every-kernel phases 0.959; measurements §19",
-         command=S10_VLLM),
-    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s10-vllm-phases.json",
-         beside_ratio("counted/P"), 0.99,
-         "ratio of output tok/s, the default census with the vLLM integration (R's counted phases) / plain vLLM (P) "
-         "beside it, random 160M Llama, CUDA graphs, 64 closed-loop non-streaming clients, each load's rate vLLM's "
-         "own generated-token counter over a 3 s window, median of 8 rounds (geometric mean 0.850 [0.725, 1.000]; "
-         "a plain server started before R / P: 0.955, geometric mean 0.995 [0.838, 1.232]; the paused injector "
-         "without the integration (S) / P 0.871)",
-         command=S10_VLLM),
+         "3 s windows) in alternating control-file phases, median of 10 rounds (spread 0.73-1.23, geometric mean 1.013 "
+         "[0.916, 1.111]); every-kernel phases 0.891; a paused census is not an untraced vLLM (CUPTI's set-up tax, "
+         "vllm_paused_vs_plain_throughput_ratio); measurements §20",
+         command=S11_VLLM),
+    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
+         beside_ratio("counted/P@once"), 0.99,
+         "ratio of output tok/s, the default census with the vLLM integration (R's counted phases) / a plain vLLM (P) "
+         "loaded at the same time by clients of its own, random 160M Llama, CUDA graphs, 64 closed-loop non-streaming "
+         "clients each, each load's rate vLLM's own generated-token counter over a 3 s window, median of 10 rounds "
+         "(geometric mean 0.912 [0.834, 0.994]); measurements §20",
+         command=S11_VLLM),
+    Rule("vllm_paused_vs_plain_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
+         beside_ratio("S/P@once:off"), 0.99,
+         "ratio of output tok/s, vLLM under a paused census without the integration (S) / a plain vLLM (P), loaded "
+         "at the same time as R's paused phases, median of 10 rounds (geometric mean 0.861 [0.789, 0.946]; over all "
+         "30 windows of the run 0.894, geometric mean 0.906 [0.859, 0.951]): CUPTI set up and every kind off still "
+         "taxes each CUDA call (micro_eager_us_per_launch_cupti_set_up); measurements §20",
+         command=S11_VLLM),
     Rule("micro_graph_replay_ratio_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_ratio("graph", "census"), 0.99,
          "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), the default census (CUPTI set up once "

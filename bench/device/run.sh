@@ -90,7 +90,10 @@ phase() {
           { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
           # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files
-          tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null ;;
+          # (session 11 lost vllm_e2e.json to that count: the request log's copy and the partial rounds,
+          # both in the archive or the result, leave)
+          tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null
+          [ ! -f "$OUT/vllm_e2e.json" ] || rm -f "$OUT/phases-partial.json" "$OUT"/*-gpu-census-*.requests.jsonl ;;
     kind-cost)   # CUPTI's cost per activity kind and kind of launch, one process, alternating rounds
       make -s -C bench/floor kind_cost BUILD=/tmp/floor CUPTI_INCLUDE_DIR=/tmp/site/nvidia/cu13/include \
         CUPTI_LIB_DIR=/tmp/site/nvidia/cu13/lib && taskset -c 2 /tmp/floor/kind_cost --out "$OUT/kind_cost.json" \

@@ -352,3 +352,51 @@ def test_phase_together_loads_r_and_its_together_servers_at_once_and_the_rest_af
     assert res["off/P@once"]["median"] == 0.8 and res["launch/off@P"]["median"] == 1.0
     assert res["S/P@once:off"]["median"] == 0.9 and res["off/Q"]["median"] == 1.6
     assert "P" not in res["rounds"][0] and res["rounds"][0]["off"]["together"]["S"]["tok_per_s"] == 900.0
+
+
+def test_estimate_check_places_requests_in_their_phase_and_bounds_the_counted_error(monkeypatch, tmp_path):
+    """Requests of the counted phases (estimated kernel time) against the every-kernel ones, by start
+    time: within the stated bound passes; 20 % off, or a traced request without kernels, fails."""
+    rounds = [{"order": ["launch", "counted", "off"], "launch": {"t0_ns": 0, "t1_ns": 99},
+               "counted": {"t0_ns": 100, "t1_ns": 199}, "off": {"t0_ns": 200, "t1_ns": 299}}]
+
+    def run(counted_ns, counted_kernels=20):
+        lines = [{"start_time_unix_nano": 10, "output_tokens": 10, "gpu": {"kernel.count": 20, "kernel.time_ns": 1000}},
+                 {"start_time_unix_nano": 150, "output_tokens": 10, "kernel_time_estimated": True,
+                  "gpu": {"kernel.count": counted_kernels, "kernel.time_ns": counted_ns}},
+                 {"start_time_unix_nano": 250, "output_tokens": 10, "gpu": {"kernel.count": 0}},   # paused
+                 {"summary": {}}]
+        (tmp_path / "x.requests.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
+        monkeypatch.setattr(vllm_e2e, "FAILS", [])
+        res: dict = {}
+        vllm_e2e.estimate_check("R", tmp_path, rounds, res)
+        return res, list(vllm_e2e.FAILS)
+    res, fails = run(950)
+    assert fails == [] and round(res["counted_kernel_time_error"], 3) == -0.05
+    assert res["per_mode"]["off"]["without_kernels"] == 1 and res["per_mode"]["launch"]["kernel_ns_per_token"] == 100
+    _, fails = run(800)
+    assert fails == ["R: counted requests' kernel time a token within 10% of the every-kernel phases' (-20.0%)"]
+    _, fails = run(0, counted_kernels=0)
+    assert "R: every request of the counted phases has kernels (1 without)" in fails
+
+
+def test_conservation_leaves_estimated_kernel_time_to_the_estimate_check(monkeypatch, tmp_path):
+    """Under counted kernels a request's kernel time is an estimate the steps do not conserve (they hold
+    the records' time): that identity is not asserted then; every other field still is."""
+    lines = [{"kernel_time_estimated": True, "gpu": {"kernel.count": 5, "kernel.time_ns": 900, "copy.htod.bytes": 7}},
+             {"summary": {"total": {"kernel.count": 5, "kernel.time_ns": 300, "copy.htod.bytes": 7},
+                          "unattributed": {}}}]
+    (tmp_path / "x.requests.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
+    spans = [SimpleNamespace(attributes={"gpu_census.kernel.count": 5, "gpu_census.kernel.time_ns": 900,
+                                         "gpu_census.copy.htod.bytes": 7})]
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    res: dict = {"_out": str(tmp_path / "out")}
+    (tmp_path / "out").mkdir()
+    vllm_e2e.conservation_check("R", tmp_path, spans, res)
+    assert res["kernel_time_ns_requests_vs_steps_records"] == [900, 300]
+    assert [f for f in vllm_e2e.FAILS if "segment" not in f] == []
+    lines[0]["kernel_time_estimated"] = False          # measured: the identity holds or fails
+    (tmp_path / "x.requests.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    vllm_e2e.conservation_check("R", tmp_path, spans, {"_out": str(tmp_path / "out")})
+    assert any("kernel.time_ns: requests 900" in f for f in vllm_e2e.FAILS)
