@@ -11,9 +11,12 @@ measurement:
   (OTEL_GPU_CENSUS_ATTACH=cuinit, and every census before it), 0.010 µs set up after the context
   (the default since §15); traced node by node: 0.332;
 - a copy or memset: 0.81 µs (a 4 KiB copy with the default's kinds);
-- an eager launch counted by the launch callbacks (OTEL_GPU_CENSUS_KERNELS=counted, the default): 0.1 µs,
-  §12's figure for the engine integrations' callbacks on the same launch calls (not measured apart for
-  the counting callback); its kernel records, taken on the duty cycle, are priced as eager kernels.
+- every eager launch, traced or counted: 0.654 µs for CUPTI being set up at all (§20: against the same
+  process before CUPTI was set up; the per-record figures above were measured against CUPTI set up with
+  nothing enabled, so they come on top). Counted launches (OTEL_GPU_CENSUS_KERNELS=counted, the default)
+  cost that alone: the driver's launch callback was not told apart from zero (§19); their kernel
+  records, taken on the duty cycle, are priced as eager kernels as well. CUPTI's tax on the CUDA calls
+  that launch nothing (~0.1 µs a call, §20) is not counted, so not in the estimate.
 
 The estimate is seconds over the census's life: of the launching threads' time for eager launches and
 copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14-§15: with CUPTI set
@@ -28,12 +31,12 @@ from dataclasses import dataclass
 
 from .census import ATTACH_CUINIT, GRAPHS_LAUNCH, ProcessCensus
 
-EAGER_KERNEL_S = 0.902e-6
+EAGER_KERNEL_S = 0.902e-6                   # a kernel record, above CUPTI set up
+SET_UP_EAGER_S = 0.654e-6                   # CUPTI set up, against no CUPTI: every eager launch
 GRAPH_NODE_PER_LAUNCH_S = 0.119e-6          # CUPTI set up in cuInit, before the context
 GRAPH_NODE_AFTER_CONTEXT_S = 0.010e-6       # set up once the context was active (ATTACH=context)
 GRAPH_NODE_PER_NODE_S = 0.332e-6
 COPY_S = 0.81e-6
-LAUNCH_COUNTED_S = 0.1e-6
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class CensusCost:
     per_node: bool                # graphs traced node by node: their nodes are among eager_kernels
     node_s: float = GRAPH_NODE_PER_LAUNCH_S    # what one graph kernel node was priced at
     launches_counted: int = 0     # eager launches the launch callbacks counted (counted mode)
+    launches_set_up: int = 0      # eager launches priced at CUPTI's set-up cost (counted, else records)
 
     def share_of(self, ns: int) -> float:
         return self.seconds * 1e9 / ns if ns > 0 else 0.0
@@ -62,8 +66,9 @@ def estimate(c: ProcessCensus) -> CensusCost:
     # Traced node by node, graph nodes are kernel records like eager ones: priced as eager launches,
     # an upper bound (a node costs CUPTI 0.332 µs against 0.902 for an eager launch).
     node_s = graph_node_s(c)
-    s = eager * EAGER_KERNEL_S + graph * node_s + copies * COPY_S + launches * LAUNCH_COUNTED_S
-    return CensusCost(eager, graph, copies, s, per_node, node_s, launches)
+    set_up = launches if c.kernels.counted else eager
+    s = eager * EAGER_KERNEL_S + graph * node_s + copies * COPY_S + set_up * SET_UP_EAGER_S
+    return CensusCost(eager, graph, copies, s, per_node, node_s, launches, set_up)
 
 
 def context_made_under_cupti(c: ProcessCensus) -> bool:

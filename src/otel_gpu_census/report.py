@@ -260,7 +260,8 @@ def _cost_dict(c: ProcessCensus, census_ns: int) -> dict:
     e = cost.estimate(c)
     return {"seconds": round(e.seconds, 6), "share_of_census_time": round(e.share_of(census_ns), 6),
             "eager_kernels": e.eager_kernels, "graph_nodes": e.graph_nodes, "copies_and_memsets": e.copies,
-            "graphs_per_node": e.per_node, "launches_counted": e.launches_counted}
+            "graphs_per_node": e.per_node, "launches_counted": e.launches_counted,
+            "launches_priced_set_up": e.launches_set_up}
 
 
 def attach_note(c: ProcessCensus) -> Optional[str]:
@@ -286,8 +287,8 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
-    counted = (f", {e.launches_counted:,} launches counted x {us(cost.LAUNCH_COUNTED_S)}" if e.launches_counted
-               else "")
+    counted = (f", {e.launches_set_up:,} {'launches counted' if e.launches_counted else 'eager launches'} x "
+               f"{us(cost.SET_UP_EAGER_S)} (CUPTI set up)" if e.launches_set_up else "")
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
              else f"{e.graph_nodes:,} graph kernel nodes x {us(e.node_s)}")
     return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"

@@ -321,13 +321,16 @@ def test_traced_windows_whose_records_never_came_are_counted_as_gaps():
 
 
 def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records():
-    """Counted: 10,000 launches at the callback's 0.1 us and the 1,000 records of the duty cycle at the
-    record's 0.902 us, not 10,000 records."""
+    """Counted: 10,000 launches at CUPTI's set-up cost (0.654 us; the driver's callback ~0) and the 1,000
+    records of the duty cycle at the record's 0.902 us, not 10,000 records; every kernel traced: each
+    record at both."""
     from otel_gpu_census import cost
     d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000, eager_traced=1_000,
                      eager_traced_ns=1_000 * 600)
     e = cost.estimate(head(devices={0: d}))
     assert (e.eager_kernels, e.launches_counted, e.graph_nodes) == (1_000, 10_000, 200)
-    assert abs(e.seconds - (1_000 * 0.902e-6 + 10_000 * 0.1e-6 + 200 * cost.graph_node_s(head()))) < 1e-12
+    assert abs(e.seconds - (1_000 * 0.902e-6 + 10_000 * 0.654e-6 + 200 * cost.graph_node_s(head()))) < 1e-12
     e_all = cost.estimate(head(kernels=KernelTracing(), devices={0: replace(d, eager_launches=0)}))
     assert (e_all.eager_kernels, e_all.launches_counted) == (10_000, 0)
+    assert e_all.launches_set_up == 10_000 and abs(e_all.seconds - (10_000 * (0.902e-6 + 0.654e-6) +
+                                                                    200 * cost.graph_node_s(head()))) < 1e-12
