@@ -22,6 +22,8 @@
 #   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
 #                graph node and copy, one process, alternating rounds, paired against nothing enabled
 #                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)
+#   torch-tax    bench/perf/torch_tax.py: torch's in-place adds before CUPTI is set up, with it set up and
+#                paused, after cuptiFinalize, one process ($TORCH_TAX_ARGS)
 #   kind-toggle  bench/perf/kind_toggle.py on tests/gpu/steady.cu: eager kernel records per census state
 #                through a cycle of pauses and mode switches ($KIND_TOGGLE_ARGS; measurements §17)
 #   toggle-cupti bench/floor/toggle_cupti.cu: the same, CUPTI alone (no census), one process per way of switching
@@ -94,6 +96,8 @@ phase() {
           # both in the archive or the result, leave)
           tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null
           [ ! -f "$OUT/vllm_e2e.json" ] || rm -f "$OUT/phases-partial.json" "$OUT"/*-gpu-census-*.requests.jsonl ;;
+    torch-tax)   # what CUPTI set up and paused costs torch's launching thread, one process (§20)
+      python3 bench/perf/torch_tax.py --out "$OUT/torch_tax.json" ${TORCH_TAX_ARGS:-} 2>&1 | tee "$OUT/torch_tax.log" ;;
     kind-cost)   # CUPTI's cost per activity kind and kind of launch, one process, alternating rounds
       make -s -C bench/floor kind_cost BUILD=/tmp/floor CUPTI_INCLUDE_DIR=/tmp/site/nvidia/cu13/include \
         CUPTI_LIB_DIR=/tmp/site/nvidia/cu13/lib && taskset -c 2 /tmp/floor/kind_cost --out "$OUT/kind_cost.json" \
