@@ -327,14 +327,23 @@ static std::vector<Config> all_configs()
     };
 }
 
+/* One of a configuration's kinds on or off: for its context, or globally. */
+static CUptiResult kind_switch(const Config &c, CUpti_ActivityKind k, bool on)
+{
+    if (c.per_ctx) {
+        if (!g_ctx) return CUPTI_ERROR_INVALID_CONTEXT;
+        return on ? cuptiActivityEnableContext(g_ctx, k) : cuptiActivityDisableContext(g_ctx, k);
+    }
+    return on ? cuptiActivityEnable(k) : cuptiActivityDisable(k);
+}
+
 /* Enable a configuration. On failure: undo what was enabled, return the error. */
 static std::string enable_config(const Config &c)
 {
     size_t done = 0;
     std::string err;
     for (; done < c.kinds.size(); done++) {
-        CUptiResult r = c.per_ctx ? (g_ctx ? cuptiActivityEnableContext(g_ctx, c.kinds[done]) : CUPTI_ERROR_INVALID_CONTEXT)
-                                  : cuptiActivityEnable(c.kinds[done]);
+        CUptiResult r = kind_switch(c, c.kinds[done], true);
         if (r != CUPTI_SUCCESS) {
             const char *kn = kind_name((int)c.kinds[done]);
             err = std::string("cuptiActivityEnable(") + (kn ? kn : "?") + "): " + cupti_str(r);
@@ -349,15 +358,14 @@ static std::string enable_config(const Config &c)
         if (!err.empty() && g_sub_ok) set_callbacks(0, c.cb);
     }
     if (!err.empty())
-        for (size_t i = 0; i < done; i++)
-            c.per_ctx ? cuptiActivityDisableContext(g_ctx, c.kinds[i]) : cuptiActivityDisable(c.kinds[i]);
+        for (size_t i = 0; i < done; i++) kind_switch(c, c.kinds[i], false);
     return err;
 }
 
 static void disable_config(const Config &c)
 {
     for (CUpti_ActivityKind k : c.kinds) {
-        CUptiResult r = c.per_ctx ? cuptiActivityDisableContext(g_ctx, k) : cuptiActivityDisable(k);
+        CUptiResult r = kind_switch(c, k, false);
         if (r != CUPTI_SUCCESS) {
             const char *kn = kind_name((int)k);
             note_error(std::string(c.name) + ": cuptiActivityDisable(" + (kn ? kn : "?") +
@@ -485,6 +493,18 @@ static void run_workloads(const Params &p, Gpu &g, double *m /* [M_COUNT] */)
     for (int i = 0; i < 200000; i++) x = x * 6364136223846793005ull + 1442695040888963407ull;
     t1 = now_ns();
     m[M_CPU] = (double)(t1 - t0);
+}
+
+/* n rounds of the workloads after one warm-up round, appended to out[metric] (the unpaired states:
+ * before CUPTI is set up, after its subscriber left, after cuptiFinalize) */
+static void unpaired_rounds(const Params &p, Gpu &g, int n, std::vector<std::vector<double>> &out)
+{
+    for (int rd = 0; rd <= n && n > 0; rd++) {
+        double m[M_COUNT];
+        run_workloads(p, g, m);
+        if (rd > 0)
+            for (int k = 0; k < M_COUNT; k++) out[k].push_back(m[k]);
+    }
 }
 
 /* ------------------------------------------------------------------ statistics / output */
@@ -669,12 +689,7 @@ int main(int argc, char **argv)
 
     /* --pristine: the workloads before CUPTI is set up (one warm-up round, discarded) */
     std::vector<std::vector<double>> pristine(M_COUNT);
-    for (int rd = 0; rd <= p.pristine && p.pristine > 0; rd++) {
-        double m[M_COUNT];
-        run_workloads(p, g, m);
-        if (rd > 0)
-            for (int k = 0; k < M_COUNT; k++) pristine[k].push_back(m[k]);
-    }
+    unpaired_rounds(p, g, p.pristine, pristine);
 
     /* CUPTI: buffers and the subscriber, once */
     if (p.setup != "subscribe") CKP(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
@@ -692,7 +707,6 @@ int main(int argc, char **argv)
     probe_cbids();
     int n_rt = 0, n_drv = 0;
     for (const Cbid &c : g_cbids) (c.domain == CUPTI_CB_DOMAIN_RUNTIME_API ? n_rt : n_drv)++;
-
 
     printf("kind_cost: %s, driver %d, runtime %d, CUPTI %u; %d configs x %d rounds (+1 warm-up); "
            "eager N=%d, graph K=%d R=%d, copy M=%d; %d runtime + %d driver cbids; "
@@ -777,17 +791,11 @@ int main(int argc, char **argv)
     /* --after: the workloads with the subscriber gone, then with CUPTI finalized (one thread: no
      * callback can be running) */
     std::vector<std::vector<double>> unsubscribed(M_COUNT), finalized(M_COUNT);
-    for (int phase = 0; phase < 2 && p.after > 0; phase++) {
-        if (phase == 1) {
-            CUptiResult r = cuptiFinalize();
-            if (r != CUPTI_SUCCESS) { note_error(std::string("cuptiFinalize: ") + cupti_str(r)); break; }
-        }
-        for (int rd = 0; rd <= p.after; rd++) {
-            double m[M_COUNT];
-            run_workloads(p, g, m);
-            if (rd > 0)
-                for (int k = 0; k < M_COUNT; k++) (phase ? finalized : unsubscribed)[k].push_back(m[k]);
-        }
+    if (p.after > 0) {
+        unpaired_rounds(p, g, p.after, unsubscribed);
+        CUptiResult r = cuptiFinalize();
+        if (r == CUPTI_SUCCESS) unpaired_rounds(p, g, p.after, finalized);
+        else note_error(std::string("cuptiFinalize: ") + cupti_str(r));
     }
     CK(cudaGraphDestroy(g.graph));
     const double wall_s = (double)(now_ns() - t_start) / 1e9;
