@@ -189,9 +189,6 @@ class Rule:
 # The session-10 runs behind several entries (measurements §19)
 S10_LLAMA = ("BENCH_ARGS='--modes off,counted --rounds 16 --beside-plain --budget-s 520' bash bench/device/run.sh "
              "setup llama-phases (after setup llama-bg, llama-wait)")
-S10_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-beside F,P,S --phase-modes off,launch,counted --phase-window 1,3 "
-            "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 12 --budget-s 420' "
-            "bash bench/device/run.sh setup vllm")
 S10_KIND_COST = "KIND_COST_ARGS='--rounds 31 --budget-s 80' bash bench/device/run.sh setup llama-bg kind-cost"
 S11_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-together P,S --phase-modes off,launch,counted --phase-window 1,3 "
             "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 --budget-s 380' "
