@@ -290,9 +290,9 @@ def spans_check(rx, load_res, name, census_dir, res):
 FIELDS = ("kernel.count", "kernel.time_ns", "copy.htod.bytes", "copy.dtoh.bytes", "copy.dtod.bytes")
 
 
-def conservation_check(name, census_dir, all_spans, res):
+def conservation_check(name, census_dir, all_spans, res) -> list:
     """Sum of the spans' shares + what no request claimed == the steps the ledger split, every field;
-    and those steps + the work outside steps == the census totals."""
+    and those steps + the work outside steps == the census totals. Returns the request log's lines."""
     segs, logs = read_census(census_dir)
     for p in census_dir.glob("*.requests.jsonl"):
         (Path(res.get("_out", "/tmp")) / f"{name}-{p.name}").write_bytes(p.read_bytes())
@@ -301,7 +301,7 @@ def conservation_check(name, census_dir, all_spans, res):
                         "step_max": s.step_max, "step_unmatched": s.step_unmatched} for s in segs]
     check(any(s.state_name == "exited" for s in segs), f"{name}: the engine's segment is complete (final flush ran)")
     if not check(len(summ) == 1, f"{name}: the engine wrote its ledger summary"):
-        return
+        return logs
     sm = summ[0]
     res["ledger"] = sm
     reqs = [l for l in logs if "gpu" in l]
@@ -327,6 +327,7 @@ def conservation_check(name, census_dir, all_spans, res):
                                 "copy.dtoh.bytes": t.copies.get("dtoh").bytes, "copy.htod.bytes": t.copies.get("htod").bytes}
         check(sm["total"]["kernel.count"] <= t.kernel_count, f"{name}: steps within the census totals")
         res["outside_steps"] = {k: res["census_totals"][k] - sm["total"].get(k, 0) for k in res["census_totals"]}
+    return logs
 
 
 def wait_quiet(limit_s=420) -> float:
@@ -423,13 +424,12 @@ def same_window_ratios(rnd: dict, modes, together) -> None:
 ESTIMATE_ERROR_MAX = 0.10   # the stated bound: counted requests' kernel time a token vs every-kernel phases'
 
 
-def estimate_check(name, census_dir, rounds, res):
-    """Requests placed in their phase by start time: kernel time and kernels an output token in the
-    counted phases (estimated) against the every-kernel (`launch`) phases (measured), same server,
-    prompts of their own; the time within ESTIMATE_ERROR_MAX, and no request of a traced phase without
-    kernels."""
+def estimate_check(name, logs, rounds, res):
+    """Requests (the request log's lines) placed in their phase by start time: kernel time and kernels
+    an output token in the counted phases (estimated) against the every-kernel (`launch`) phases
+    (measured), same server, prompts of their own; the time within ESTIMATE_ERROR_MAX, and no request
+    of a traced phase without kernels."""
     phases = [(r[m]["t0_ns"], r[m]["t1_ns"], m) for r in rounds for m in r.get("order", [])]
-    _, logs = read_census(census_dir)
     per: dict = {}
     for l in logs:
         if "gpu" not in l or not l.get("output_tokens"):
@@ -547,9 +547,9 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         res["spans_R"] = {"_out": str(out)}
         spans_check(rx, {"requests": traced}, "R", base / "R", res["spans_R"])
         time.sleep(2)
-        conservation_check("R", base / "R", [s for s in rx.span_snapshot() if s.resource.get("service.name") == "vllm-R"],
-                           res["spans_R"])
-        estimate_check("R", base / "R", rounds, res["spans_R"].setdefault("estimate", {}))
+        logs = conservation_check("R", base / "R", [s for s in rx.span_snapshot()
+                                                    if s.resource.get("service.name") == "vllm-R"], res["spans_R"])
+        estimate_check("R", logs, rounds, res["spans_R"].setdefault("estimate", {}))
     return res
 
 

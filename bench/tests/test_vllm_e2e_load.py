@@ -366,10 +366,9 @@ def test_estimate_check_places_requests_in_their_phase_and_bounds_the_counted_er
                   "gpu": {"kernel.count": counted_kernels, "kernel.time_ns": counted_ns}},
                  {"start_time_unix_nano": 250, "output_tokens": 10, "gpu": {"kernel.count": 0}},   # paused
                  {"summary": {}}]
-        (tmp_path / "x.requests.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
         monkeypatch.setattr(vllm_e2e, "FAILS", [])
         res: dict = {}
-        vllm_e2e.estimate_check("R", tmp_path, rounds, res)
+        vllm_e2e.estimate_check("R", lines, rounds, res)
         return res, list(vllm_e2e.FAILS)
     res, fails = run(950)
     assert fails == [] and round(res["counted_kernel_time_error"], 3) == -0.05
