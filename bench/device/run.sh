@@ -22,6 +22,8 @@
 #   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
 #                graph node and copy, one process, alternating rounds, paired against nothing enabled
 #                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)
+#   calls-tax    bench/perf/calls_tax.py: torch's adds, graph replays and copies in processes side by side, plain /
+#                OTEL_GPU_CENSUS_ACTIVITY=off / the default, order rotating, and what each census counted ($CALLS_TAX_ARGS)
 #   torch-tax    bench/perf/torch_tax.py: torch's in-place adds before CUPTI is set up, with it set up and
 #                paused, after cuptiFinalize, one process ($TORCH_TAX_ARGS)
 #   kind-toggle  bench/perf/kind_toggle.py on tests/gpu/steady.cu: eager kernel records per census state
@@ -96,6 +98,8 @@ phase() {
           # both in the archive or the result, leave)
           tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null
           [ ! -f "$OUT/vllm_e2e.json" ] || rm -f "$OUT/phases-partial.json" "$OUT"/*-gpu-census-*.requests.jsonl ;;
+    calls-tax)   # torch's launching thread in processes side by side: plain, ACTIVITY=off, the default (§21)
+      python3 bench/perf/calls_tax.py --out "$OUT/calls_tax.json" ${CALLS_TAX_ARGS:-} 2>&1 | tee "$OUT/calls_tax.log" ;;
     torch-tax)   # what CUPTI set up and paused costs torch's launching thread, one process (§20)
       python3 bench/perf/torch_tax.py --out "$OUT/torch_tax.json" ${TORCH_TAX_ARGS:-} 2>&1 | tee "$OUT/torch_tax.log" ;;
     kind-cost)   # CUPTI's cost per activity kind and kind of launch, one process, alternating rounds

@@ -390,8 +390,9 @@ def start_phase_servers(a, chain, model, out, base, env) -> dict:
     for n in first:
         servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
         time.sleep(3)
-    servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env=env, gpu_mem=a.phase_gpu_mem,
-                          extra=phase_extra(a))
+    r_env = dict(kv.split("=", 1) for kv in getattr(a, "phase_r_env", "").split(",") if "=" in kv)
+    servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env={**env, **r_env},
+                          gpu_mem=a.phase_gpu_mem, extra=phase_extra(a))
     for n in chain:
         if n not in servers:
             time.sleep(3)
@@ -446,7 +447,7 @@ def estimate_check(name, logs, rounds, res):
         a["without_kernels"] += not l["gpu"].get("kernel.count", 0)
     res["per_mode"] = {m: {**a, "kernels_per_token": a["kernel.count"] / a["tokens"],
                            "kernel_ns_per_token": a["kernel.time_ns"] / a["tokens"]} for m, a in per.items()}
-    for m in ("launch", "counted"):
+    for m in ("launch", "counted", "calls"):
         if m in per:
             check(per[m]["without_kernels"] == 0,
                   f"{name}: every request of the {m} phases has kernels ({per[m]['without_kernels']} without)")
@@ -695,6 +696,8 @@ def main():
     ap.add_argument("--phase-beside", default="",
                     help="phases: the servers loaded after each round, in chain order, from " + ",".join(BESIDE)
                          + " (see BESIDE); every ratio of one to each before it is kept")
+    ap.add_argument("--phase-r-env", default="", metavar="KEY=VALUE,...",
+                    help="more environment for R, e.g. OTEL_GPU_CENSUS_ACTIVITY=off (phases off,calls)")
     ap.add_argument("--phase-together", default="",
                     help="phases: servers from " + ",".join(BESIDE) + " loaded AT THE SAME TIME as each of R's phases, "
                          "each by clients of its own: R's mode / each of them in the same window, and the mode "

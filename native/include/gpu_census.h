@@ -82,6 +82,10 @@ enum gc_kernels {
 #define GC_FLAG_RING_OVERRUN    0x4u  /* a window or step slot was reused before readers could see it */
 #define GC_FLAG_GRAPH_LAUNCHES  0x8u  /* graphs reported per launch (GRAPH_TRACE) rather than per node */
 #define GC_FLAG_GRAPH_INEXACT   0x10u /* graph launches of unknown or inexact contents (graph_unknown/_inexact) */
+/* OTEL_GPU_CENSUS_ACTIVITY=off: CUPTI's activity API never set up; every kernel, copy and memset counted at
+ * its API call (exact counts, bytes, directions and host memory kinds), no durations: kernel, copy and
+ * memset time, graph spans and busy are not measured (all 0) */
+#define GC_FLAG_CALLS           0x20u
 
 /* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
 enum gc_graphs {
@@ -210,7 +214,10 @@ typedef struct gc_segment {
     uint32_t contexts_late;     /* contexts created after the census attached (their graphs pay the cost) */
     uint64_t launches_lost;     /* COUNTED: launches counted but not placed (device unknown, a step's count
                                    overwritten before it was folded); in no total */
-    uint64_t reserved[2];
+    uint64_t calls_lost;        /* GC_FLAG_CALLS: copies, memsets and graph launches seen at their calls but
+                                   in no total (the queue to the flusher full, a call whose size could not
+                                   be read); 0 otherwise. Was reserved: older writers leave it 0 */
+    uint64_t reserved[1];
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];
@@ -266,6 +273,22 @@ void gc_tally_record(gc_tally *t, const void *record);
  * (NULL: not known; only the span counts). gc_tally_record does this with the contents graphs.c
  * learned for the record's correlation id. */
 void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *contents);
+/* OTEL_GPU_CENSUS_ACTIVITY=off: one API call's work, seen by the call's callback (no record, no
+ * duration), placed at t_ns on the census clock. */
+enum gc_call_what { GC_CALL_COPY = 1, GC_CALL_MEMSET = 2, GC_CALL_GRAPH = 3 };
+typedef struct gc_call {
+    uint64_t t_ns;              /* when the call returned */
+    uint64_t bytes;             /* COPY, MEMSET */
+    uint32_t corr;              /* the call's CUPTI correlation id: its step; GRAPH: its graph's contents */
+    uint8_t  what;              /* enum gc_call_what */
+    uint8_t  dir, mem;          /* COPY: enum gc_dir, enum gc_mem */
+    uint8_t  dev;               /* the calling context's device (PTOP: the sender) */
+    uint8_t  peer_dev;          /* COPY of GC_DIR_PTOP: the receiving device */
+    uint8_t  pad[7];
+} gc_call;
+/* Count one call: a copy or memset as a record of zero duration would be; a graph launch with
+ * `contents` (NULL: not known) as gc_tally_graph_launch does for a GRAPH_TRACE record spanning 0 ns. */
+void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *contents);
 /* COUNTED: `n` eager kernel launches the launch callbacks counted, folded in by the injector under its
  * lock: on device `dev`; in the window holding CUPTI time `gpu_ns`; under step `id` (its device `dev`).
  * Each adds to eager_launches, and to kernel_count while the segment's kernel_mode is COUNTED. */

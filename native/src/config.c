@@ -16,7 +16,7 @@ extern char **environ;
 /* The injector's names, and those only the Python side reads (so they are not typos). */
 static const char *const KNOWN[] = {
     "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
-    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH",
+    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY",
     "SETTLE",                   /* the Python engine integrations' (integrations/settle_process.py) */
 };
 #define PREFIX "OTEL_GPU_CENSUS_"
@@ -133,7 +133,8 @@ int gc_config_disabled(void)
 void gc_config_load(struct gc_config *c)
 {
     static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"},
-                             *const start[] = {"on", "paused"}, *const attach[] = {"context", "cuinit"};
+                             *const start[] = {"on", "paused"}, *const attach[] = {"context", "cuinit"},
+                             *const activity[] = {"on", "off"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
     c->cupti_path = getenv("OTEL_GPU_CENSUS_CUPTI");
@@ -148,5 +149,6 @@ void gc_config_load(struct gc_config *c)
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
     c->start_paused = env_choice("OTEL_GPU_CENSUS_START", start, 2) == 1;
     c->attach_cuinit = env_choice("OTEL_GPU_CENSUS_ATTACH", attach, 2) == 1;
+    c->activity_off = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 2) == 1;
     parse_kernels(c);
 }

@@ -78,6 +78,10 @@ static struct side side_of(CUmemorytype type, const void *host, CUdeviceptr dptr
 {
     struct side s = {0, GC_MEM_DEVICE, -1};
     unsigned int mt = 0, managed = 0;
+    if (!g.ptr_attr) { /* never, after gc_graphs_start(): the API's own word then */
+        if (type == CU_MEMORYTYPE_HOST) s.host = 1, s.mem = GC_MEM_OTHER;
+        return s;
+    }
     int ord = -1;
     switch (type) {
     case CU_MEMORYTYPE_HOST:
@@ -109,16 +113,23 @@ static struct side side_of(CUmemorytype type, const void *host, CUdeviceptr dptr
     }
 }
 
+void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_dev,
+                   CUmemorytype dst_type, const void *dst_host, CUdeviceptr dst_dev, int *dir, int *mem, int *peer_dev)
+{
+    struct side src = side_of(src_type, src_host, src_dev), dst = side_of(dst_type, dst_host, dst_dev);
+    *peer_dev = -1;
+    if (src.host && dst.host) *dir = GC_DIR_HTOH, *mem = src.mem;
+    else if (src.host) *dir = GC_DIR_HTOD, *mem = src.mem;
+    else if (dst.host) *dir = GC_DIR_DTOH, *mem = dst.mem;
+    else if (src.dev >= 0 && dst.dev >= 0 && src.dev != dst.dev) *dir = GC_DIR_PTOP, *mem = GC_MEM_DEVICE, *peer_dev = dst.dev;
+    else *dir = GC_DIR_DTOD, *mem = GC_MEM_DEVICE;
+}
+
 static void add_memcpy(gc_graph_contents *c, const CUDA_MEMCPY3D *m)
 {
-    struct side src = side_of(m->srcMemoryType, m->srcHost, m->srcDevice);
-    struct side dst = side_of(m->dstMemoryType, m->dstHost, m->dstDevice);
-    int dir, mem;
-    if (src.host && dst.host) dir = GC_DIR_HTOH, mem = src.mem;
-    else if (src.host) dir = GC_DIR_HTOD, mem = src.mem;
-    else if (dst.host) dir = GC_DIR_DTOH, mem = dst.mem;
-    else if (src.dev >= 0 && dst.dev >= 0 && src.dev != dst.dev) dir = GC_DIR_PTOP, mem = GC_MEM_DEVICE;
-    else dir = GC_DIR_DTOD, mem = GC_MEM_DEVICE;
+    int dir, mem, peer;
+    gc_copy_class(m->srcMemoryType, m->srcHost, m->srcDevice, m->dstMemoryType, m->dstHost, m->dstDevice,
+                  &dir, &mem, &peer);
     size_t h = m->Height ? m->Height : 1, d = m->Depth ? m->Depth : 1;
     c->copies[dir][mem]++;
     c->copy_bytes[dir][mem] += (uint64_t)m->WidthInBytes * h * d;
@@ -336,6 +347,7 @@ int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
 
 int gc_graphs_start(void)
 {
+    if (atomic_load(&g_on)) return 0;   /* ACTIVITY=off started it before falling back */
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (!cuda) return -1;
 #define SYM(field, name) (*(void **)&g.field = dlsym(cuda, name))

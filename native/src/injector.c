@@ -76,6 +76,9 @@ static struct {
 /* How graph launches are traced now (enum gc_graphs); launch needs graphs.c's callbacks (v2 API). */
 static uint32_t g_graph_mode;
 static int g_graphs_learned;          /* graphs.c is learning graph contents */
+/* OTEL_GPU_CENSUS_ACTIVITY=off in force: everything counted at its call (calls.c), CUPTI's activity API
+ * never set up (no buffers, no kinds, no flush), so no duration is known. Fixed at start. */
+static int g_calls;
 
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
 static struct {
@@ -86,7 +89,7 @@ static struct {
 } g_ctl;
 
 /* Modes whose kernel records follow the ON_MS/PERIOD_MS schedule. */
-static int has_schedule(uint32_t mode) { return mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED; }
+static int has_schedule(uint32_t mode) { return !g_calls && (mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED); }
 
 static uint64_t mono_ns(void)
 {
@@ -120,6 +123,7 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->attach_wall_ns = g_attach.wall_ns;
     seg->attach_after_ns = g_attach.after_ns;
     seg->contexts_late = atomic_load(&g_attach.contexts_late);
+    if (g_calls) seg->flags |= GC_FLAG_CALLS;
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -202,6 +206,7 @@ static gc_segment *segment(void)
 static void count_losses(gc_segment *seg, CUcontext ctx, uint32_t stream)
 {
     size_t dropped = 0;
+    if (g_calls) return; /* no records to drop; asking would be the activity API */
     CUptiResult dr = gc_cupti_dropped(ctx, stream, &dropped);
     if (dr == CUPTI_SUCCESS && dropped) seg->dropped += dropped;
     seg->buffers_refused = atomic_load(&g_refused);
@@ -309,6 +314,7 @@ static void disable_kinds(void)
 static void disable_kinds_for_good(void)
 {
     gc_launches_set_counting(0);
+    gc_calls_set_counting(0);
     gc_launches_tune();   /* the launch callbacks too: nothing counts them now */
     disable_kinds();
     if (g_kernel_global && gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
@@ -351,12 +357,13 @@ static int finish(int at_exit);
  * (every kernel traced, an idle server): no lock, no update. */
 static void fold_launches(uint64_t mono)
 {
-    if (atomic_load(&g_state) != ACTIVE || !gc_launches_pending()) return;
+    if (atomic_load(&g_state) != ACTIVE || (!gc_launches_pending() && !gc_calls_pending())) return;
     pthread_mutex_lock(&g_mu);
     gc_segment *seg = atomic_load(&g_state) == ACTIVE ? segment() : NULL;
     if (seg) {
         gc_segment_begin_update(seg);
         gc_launches_fold(g_tally, seg, mono);
+        gc_calls_fold(g_tally, seg);
         gc_segment_end_update(seg);
     }
     pthread_mutex_unlock(&g_mu);
@@ -368,7 +375,7 @@ static void fold_launches(uint64_t mono)
  * (kernel_kind); §18's global enable here was measured not to help (§19). */
 static void new_contexts(void)
 {
-    if (g_ctx_refused || !gc_contexts_new()) return;
+    if (g_calls || g_ctx_refused || !gc_contexts_new()) return; /* ACTIVITY=off: no kind to switch */
     (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1, g_kernel_global);
 }
 
@@ -384,8 +391,12 @@ static void *flusher(void *arg)
     const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
     uint64_t next_flush = mono_ns() + period;
     if (has_schedule(g_ks.mode)) g_next_phase = kernel_phase(mono_ns());
+    /* ACTIVITY=off: the calls' queue is emptied every CALLS_FOLD_NS (bounded, never waited on) */
+    const uint64_t CALLS_FOLD_NS = 20000000ull;
     for (;;) {
-        sleep_until(g_next_phase < next_flush ? g_next_phase : next_flush);
+        uint64_t wake = g_next_phase < next_flush ? g_next_phase : next_flush;
+        if (g_calls && wake > mono_ns() + CALLS_FOLD_NS) wake = mono_ns() + CALLS_FOLD_NS;
+        sleep_until(wake);
         if (getpid() != g_pid) break;
         int st = atomic_load(&g_state);
         if (st == FAILED) { /* outside any CUPTI callback: safe to stop the tracing */
@@ -415,7 +426,8 @@ static void *flusher(void *arg)
             }
             uint64_t t = gc_wall_ns();
             uint64_t m = mono_ns();
-            if (gc_cupti_flush_all(0) == CUPTI_SUCCESS) {
+            if (g_calls) fold_launches(m); /* every call made before t is in the totals now */
+            if (g_calls || gc_cupti_flush_all(0) == CUPTI_SUCCESS) {
                 pthread_mutex_lock(&g_mu);
                 if (g_seg && atomic_load(&g_state) == ACTIVE) {
                     gc_segment_begin_update(g_seg);
@@ -484,11 +496,13 @@ static int finish(int at_exit)
     wait_flusher_idle(); /* the flusher starts no new flush now */
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
-    gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (!g_calls) gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&g_mu);
+    if (g_calls && (gc_launches_pending() || gc_calls_pending())) (void)segment(); /* counted, never folded yet */
     if (g_seg) {
         gc_segment_begin_update(g_seg);
         gc_launches_fold(g_tally, g_seg, mono_ns());
+        gc_calls_fold(g_tally, g_seg);
         gc_tally_publish(g_tally, 1);
         g_seg->complete_wall_ns = t;
         publish_kernels(g_seg, mono_ns());
@@ -513,6 +527,7 @@ static void at_fork_child(void)
      * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
     atomic_store(&g_state, OFF);
     gc_launches_set_counting(0);
+    gc_calls_set_counting(0);
     gc_contexts_forget();
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_mu = fresh; /* the parent's CUPTI thread may have held it at fork time */
@@ -595,6 +610,9 @@ static void control_poll(uint64_t mono)
         if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
         else if (strcmp(w, "census=off") == 0) pause = 1;
         else if (strcmp(w, "census=on") == 0) pause = 0;
+        else if (g_calls && (strncmp(w, "graphs=", 7) == 0 || strncmp(w, "kernels=", 8) == 0))
+            gc_log("control file %s: ignoring \"%.40s\" (OTEL_GPU_CENSUS_ACTIVITY=off: no activity records to "
+                   "switch)", path, w);
         else if (strcmp(w, "graphs=node") == 0) graphs = GC_GRAPHS_NODE;
         else if (strcmp(w, "graphs=launch") == 0 && g_graphs_learned) graphs = GC_GRAPHS_LAUNCH;
         else if (strcmp(w, "graphs=launch") == 0)
@@ -624,6 +642,7 @@ static void control_poll(uint64_t mono)
     }
     if (pause != g_ctl.paused) {
         gc_launches_set_counting(!pause);
+        gc_calls_set_counting(!pause);
         if (pause) {
             disable_kinds();
             note_tracing(0, mono);
@@ -700,6 +719,7 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
     }
     gc_graphs_callback(dom, cbid, data);
     gc_launches_callback(dom, cbid, data);
+    gc_calls_callback(dom, cbid, data);
     gc_steps_callback(dom, data);
 }
 
@@ -708,9 +728,47 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
 static void follow_contexts(void);
 static void learn_primary_contexts(void);
 
+/* OTEL_GPU_CENSUS_ACTIVITY=off: a subscriber and its callbacks, never the activity API (calls.c says why).
+ * 0: counting so; 1: what it needs is missing (a line; the caller goes on with the activity API). */
+static int start_calls(void)
+{
+    uint64_t m = mono_ns(), w = gc_wall_ns();
+    /* No CUPTI clock without the activity API: the census clock is CLOCK_REALTIME (clock_ref_gpu_ns 0
+     * maps it one to one), read through CLOCK_MONOTONIC as launches.c does. */
+    g_ks.gpu_minus_mono = (int64_t)(w - m);
+    g_clock_ref_gpu = 0;
+    gc_cupti_set_api_callback(on_api);
+    const char *why = gc_graphs_start() != 0 ? "graph contents cannot be learned"
+                    : gc_launches_start(g_ks.gpu_minus_mono) != 0 ? "no launch callbacks"
+                    : gc_calls_start(g_ks.gpu_minus_mono) != 0 ? "no copy callbacks" : NULL;
+    if (why) {
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: %s; counting through CUPTI's activity API", why);
+        return 1;
+    }
+    g_calls = 1;
+    g_graphs_learned = 1;
+    g_graph_mode = GC_GRAPHS_LAUNCH;
+    g_ks.mode = GC_KERNELS_COUNTED;
+    g_ks.on_ms = g_ks.period_ms = 0;
+    g_ks.origin_gpu = 0;
+    g_ks.tracing = 0;
+    follow_contexts();
+    if (g_cfg.start_paused) {
+        gc_launches_set_counting(0);
+        gc_calls_set_counting(0);
+        g_ctl.paused = 1;
+        g_ctl.paused_since = mono_ns();
+    }
+    return 0;
+}
+
 static int start(void)
 {
     if (gc_cupti_subscribe(g_cfg.api_v1) != 0) return -1;
+    if (g_cfg.activity_off) {
+        int rc = start_calls();
+        if (rc <= 0) return rc;
+    }
     CUptiResult r = gc_cupti_register(on_request, on_complete);
     if (r != CUPTI_SUCCESS) {
         gc_log("census off: cannot register activity buffers: %s", gc_cupti_error(r));
@@ -937,7 +995,8 @@ int InitializeInjection(void)
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {
-        gc_cupti_flush_period(g_cfg.flush_ms);
+        if (g_calls) gc_log("no flusher thread: calls are counted at exit only (OTEL_GPU_CENSUS_ACTIVITY=off)");
+        else gc_cupti_flush_period(g_cfg.flush_ms);
         if (has_schedule(g_ks.mode)) { /* nobody to switch kernels off or fold counts: trace them all */
             gc_log("no flusher thread: tracing all kernels instead of OTEL_GPU_CENSUS_KERNELS=%s%u/%u",
                    g_ks.mode == GC_KERNELS_COUNTED ? "counted:" : "", g_ks.on_ms, g_ks.period_ms);
@@ -972,7 +1031,7 @@ int gc_step_end(uint64_t *id)
 int gc_flush(void)
 {
     if (!gc_active()) return -1;
-    if (gc_cupti_flush_all(0) != CUPTI_SUCCESS) return -1;
+    if (!g_calls && gc_cupti_flush_all(0) != CUPTI_SUCCESS) return -1;
     fold_launches(mono_ns());
     return 0;
 }

@@ -39,6 +39,8 @@ struct gc_config {
     int attach_cuinit;          /* OTEL_GPU_CENSUS_ATTACH=cuinit: CUPTI set up inside cuInit (exact from
                                  * the first launch; every context's graph replays pay CUPTI's per-node
                                  * cost), else once the first primary context is active */
+    int activity_off;           /* OTEL_GPU_CENSUS_ACTIVITY=off: no activity API, everything counted at its
+                                 * call (calls.c), no durations */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
@@ -48,6 +50,10 @@ int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *p
 int gc_graphs_start(void);      /* 0: graph launches can be counted from their contents */
 void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
 int gc_graphs_contents(uint32_t corr, gc_graph_contents *out);   /* -1: not known */
+/* A copy's direction and host memory kind (enum gc_dir, gc_mem) from its two ends as the driver knows their
+ * pointers (CU_MEMORYTYPE_UNIFIED: asked of the driver); after gc_graphs_start() succeeded. */
+void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_dev,
+                   CUmemorytype dst_type, const void *dst_host, CUdeviceptr dst_dev, int *dir, int *mem, int *peer_dev);
 
 /* steps.c: the calling thread's step stack, and correlation id -> step for the tally. */
 int gc_steps_start(void);       /* launch callbacks on (once); 0 when steps can be tagged */
@@ -68,6 +74,19 @@ uint64_t gc_launches_thread(void);              /* launches this thread made (st
 void gc_launches_step_done(uint64_t id, uint64_t n);
 int gc_launches_pending(void);                  /* launches counted that no fold took yet */
 void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
+
+/* launches.c, for calls.c: the calling thread's device (-1: unknown), and whether a launch on `stream` only
+ * records into a capture. */
+int gc_launches_device(const CUpti_CallbackData *cb);
+int gc_launches_capturing(CUstream stream);
+
+/* calls.c: copies, memsets and graph launches counted at their API calls (ACTIVITY=off); the fold needs
+ * the writer's lock. */
+int gc_calls_start(int64_t gpu_minus_mono);     /* 0 when every copy and memset call is followed */
+void gc_calls_set_counting(int on);
+void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
+int gc_calls_pending(void);
+void gc_calls_fold(gc_tally *t, gc_segment *seg);
 
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
 /* contexts.c: the kernel kind switched per context (CUPTI loses eager kernel records when it is

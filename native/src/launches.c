@@ -147,20 +147,22 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void count(const CUpti_CallbackData *cb)
+int gc_launches_device(const CUpti_CallbackData *cb)
 {
-    t_launches++;
-    if (!cb->context) {
-        atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
-        return;
-    }
+    if (!cb->context) return -1;
     if (cb->contextUid != t_ctx_uid || t_dev < 0) {
         uint32_t dev = 0;
         t_dev = gc_cupti_device_of(cb->context, &dev) == CUPTI_SUCCESS && dev < GC_MAX_DEVICES ? (int)dev : -1;
         t_ctx_uid = cb->contextUid;
         gc_contexts_add(cb->context); /* its kernel records are switched per context (contexts.c) */
     }
-    if (t_dev < 0) { /* lost launches are in no total, windows included */
+    return t_dev;
+}
+
+static void count(const CUpti_CallbackData *cb)
+{
+    t_launches++;
+    if (gc_launches_device(cb) < 0) { /* lost launches are in no total, windows included */
         atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
         return;
     }
@@ -198,13 +200,16 @@ static CUstream stream_of(int role, const void *p)
 
 /* A launch recorded into a graph under capture, not run: asked of the driver only while a capture is
  * open somewhere in the process. */
+int gc_launches_capturing(CUstream stream)
+{
+    if (atomic_load_explicit(&g_capturing, memory_order_relaxed) <= 0 || !g_is_capturing) return 0;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return g_is_capturing(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static int captured(int role, const CUpti_CallbackData *cb)
 {
-    if (atomic_load_explicit(&g_capturing, memory_order_relaxed) <= 0 || !g_is_capturing || !cb->functionParams)
-        return 0;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return g_is_capturing(stream_of(role, cb->functionParams), &st) == CUDA_SUCCESS &&
-           st != CU_STREAM_CAPTURE_STATUS_NONE;
+    return cb->functionParams && gc_launches_capturing(stream_of(role, cb->functionParams));
 }
 
 static void capture_seen(int role, const CUpti_CallbackData *cb)

@@ -430,6 +430,33 @@ void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_conte
     step_add(t, W_KERNEL, 0, g->deviceId, g->correlationId, g->start, g->end, k, 0);
 }
 
+void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *contents)
+{
+    if (c->what == GC_CALL_GRAPH) {
+        CUpti_ActivityGraphTrace2 g;
+        memset(&g, 0, sizeof(g));
+        g.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE;
+        g.start = g.end = c->t_ns;
+        g.deviceId = c->dev;
+        g.correlationId = c->corr;
+        gc_tally_graph_launch(t, &g, contents);
+        return;
+    }
+    gc_device *d = device(t, c->dev);
+    if (!d) { t->seg->records_unknown++; return; }
+    if (c->what == GC_CALL_MEMSET) {
+        stat_add(&d->memset, c->bytes, 0);
+        seen(t, d, c->t_ns, c->t_ns);
+        window_add(t, W_MEMSET, 0, c->dev, c->t_ns, c->t_ns, 1, c->bytes);
+        step_add(t, W_MEMSET, 0, c->dev, c->corr, c->t_ns, c->t_ns, 1, c->bytes);
+        return;
+    }
+    if (c->what != GC_CALL_COPY || c->dir >= GC_NDIR || c->mem >= GC_NMEM) { t->seg->records_unknown++; return; }
+    tally_copy(t, c->dev, c->dir, c->mem, c->corr, c->t_ns, c->t_ns, c->bytes);
+    gc_device *dst = c->dir == GC_DIR_PTOP ? device(t, c->peer_dev) : NULL;
+    if (dst) stat_add(&dst->peer_recv, c->bytes, 0);
+}
+
 static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)
 {
     gc_graph_contents c;

@@ -40,7 +40,29 @@ CUresult cuGraphNodeGetType(void *n, void *t) { (void)n; (void)t; return NOT_SUP
 CUresult cuGraphMemcpyNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
 CUresult cuGraphMemsetNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
 CUresult cuGraphChildGraphNodeGetGraph(void *n, void *g) { (void)n; (void)g; return NOT_SUPPORTED; }
-CUresult cuPointerGetAttribute(void *d, int a, unsigned long long p) { (void)d; (void)a; (void)p; return NOT_SUPPORTED; }
+/* cuPointerGetAttribute: device memory of device 0 and pinned host memory where the test says (none by
+ * default); any other pointer is pageable host memory, which the driver does not know. */
+static _Atomic unsigned long long g_dev_lo, g_dev_hi, g_pin_lo, g_pin_hi;
+void mock_cuda_set_memory(unsigned long long dev_lo, unsigned long long dev_hi, unsigned long long pin_lo,
+                          unsigned long long pin_hi)
+{
+    g_dev_lo = dev_lo;
+    g_dev_hi = dev_hi;
+    g_pin_lo = pin_lo;
+    g_pin_hi = pin_hi;
+}
+enum { ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9, MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2 };
+CUresult cuPointerGetAttribute(void *d, int a, unsigned long long p)
+{
+    int dev = p >= g_dev_lo && p < g_dev_hi, pin = p >= g_pin_lo && p < g_pin_hi;
+    if (!dev && !pin) return NOT_SUPPORTED;
+    switch (a) {
+    case ATTR_MEMORY_TYPE: *(unsigned int *)d = dev ? MEMORYTYPE_DEVICE : MEMORYTYPE_HOST; return 0;
+    case ATTR_IS_MANAGED: *(unsigned int *)d = 0; return 0;
+    case ATTR_DEVICE_ORDINAL: *(int *)d = 0; return 0;
+    default: return NOT_SUPPORTED;
+    }
+}
 
 /* cuStreamIsCapturing: the one stream the test says captures */
 static _Atomic unsigned long g_capturing;

@@ -117,6 +117,17 @@ CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const ch
         {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, "cuLaunchKernelEx"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc, "cuLaunchHostFunc"},
         {1, CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent, "cuCtxGetCurrent"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, "cuGraphLaunch"},
+        /* copies and memsets, as OTEL_GPU_CENSUS_ACTIVITY=off counts them */
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync_v2"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync_v2_ptsz"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync, "cuMemcpyAsync"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2, "cuMemcpy3DAsync_v2"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async, "cuMemsetD32Async"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D8_v2, "cuMemsetD2D8_v2"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2, "cuMemcpyBatchAsync_v2"},
+        {1, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD, "cuMemcpyHtoD"},   /* v1: 32-bit pointers, not followed */
     };
     int dom = cb_domain(d);
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
@@ -341,10 +352,10 @@ CUptiResult cuptiGetDeviceId(CUcontext ctx, uint32_t *dev)
 
 /* An API call by the calling thread, as the driver reports it to a subscriber: 1 when a callback ran.
  * A runtime launch runs a driver launch inside it when inner_cbid is not 0 (reported if enabled). */
-static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
+static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid, const void *params)
 {
     if (!mock_callback_enabled(dom, cbid) || !g_api_cb) /* the call runs all the same, its inner one too */
-        return inner_cbid ? api_call(1, inner_cbid, corr + 1, 0) : 0;
+        return inner_cbid ? api_call(1, inner_cbid, corr + 1, 0, NULL) : 0;
     CUpti_CallbackData data;
     memset(&data, 0, sizeof(data));
     int result = t_api_result;
@@ -354,17 +365,22 @@ static int api_call(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
     data.functionReturnValue = &result;
     struct rt_params rt = {.stream = t_api_stream};
     struct drv_params drv = {.stream = t_api_stream};
-    data.functionParams = dom == 0 ? (const void *)&rt : (const void *)&drv;
+    data.functionParams = params ? params : dom == 0 ? (const void *)&rt : (const void *)&drv;
     CUpti_CallbackDomain d = dom == 0 ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
     data.callbackSite = CUPTI_API_ENTER;
     g_api_cb(g_api_ud, d, cbid, &data);
-    if (inner_cbid) (void)api_call(1, inner_cbid, corr + 1, 0);
+    if (inner_cbid) (void)api_call(1, inner_cbid, corr + 1, 0, NULL);
     data.callbackSite = CUPTI_API_EXIT;
     g_api_cb(g_api_ud, d, cbid, &data);
     return 1;
 }
 
-int mock_api_call(int dom, uint32_t cbid, uint32_t corr) { return api_call(dom, cbid, corr, 0); }
+int mock_api_call(int dom, uint32_t cbid, uint32_t corr) { return api_call(dom, cbid, corr, 0, NULL); }
+/* The same with the call's own parameters (the driver's copy calls: their layouts are the test's). */
+int mock_api_call_params(int dom, uint32_t cbid, uint32_t corr, const void *params)
+{
+    return api_call(dom, cbid, corr, 0, params);
+}
 
 /* A resource event (CUPTI_CBID_RESOURCE_CONTEXT_CREATED, ..._DESTROY_STARTING) for context `ctx`, as CUPTI
  * reports it to a subscriber that enabled it: 1 when a callback ran. */
@@ -379,7 +395,7 @@ int mock_resource_call(uint32_t cbid, int ctx)
 }
 int mock_api_call_nested(int dom, uint32_t cbid, uint32_t corr, uint32_t inner_cbid)
 {
-    return api_call(dom, cbid, corr, inner_cbid);
+    return api_call(dom, cbid, corr, inner_cbid, NULL);
 }
 
 /* Ask for buffers without returning them, as CUPTI does when many threads launch at once. */

@@ -235,6 +235,8 @@ def _cmd_run(args) -> int:
     plan = build_env(census_dir)
     if args.kernels:
         plan.env["OTEL_GPU_CENSUS_KERNELS"] = args.kernels
+    if args.activity:
+        plan.env["OTEL_GPU_CENSUS_ACTIVITY"] = args.activity
     proxy_plan = None
     if args.proxy is not None:
         proxy_plan = _proxy_plan(args, argv, plan.env)     # checked before anything starts
@@ -490,6 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): counted (default: every kernel "
                           "counted, kernel records 100 ms of every 1000 ms, or counted:ON_MS/PERIOD_MS), all, off, "
                           "or a duty cycle, e.g. 100/1000; copies are always exact")
+    run.add_argument("--activity", choices=("on", "off"),
+                     help="CUPTI's activity API (sets OTEL_GPU_CENSUS_ACTIVITY): on (default: kernel and copy "
+                          "durations), or off: every kernel, copy and memset counted at its CUDA call with no "
+                          "duration, and no CUDA call taxed by the activity API")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

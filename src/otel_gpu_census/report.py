@@ -97,12 +97,23 @@ def kernel_times(censuses: Iterable[ProcessCensus]) -> Dict[str, KernelTime]:
 
 
 def _kernel_time_words(kt: KernelTime) -> str:
+    if kt.unknown and not kt.estimated:
+        return "not measured (OTEL_GPU_CENSUS_ACTIVITY=off)"
     return f"{seconds(kt.ns)} s" + (" (estimated)" if kt.estimated else "") + \
         (" (eager kernels' time unknown: none sampled)" if kt.unknown else "")
 
 
 def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
     k = c.kernels
+    if k.untimed:
+        lost = (f"; {c.calls_lost:,} copies, memsets or graph launches were seen but could not be counted "
+                "(in no total)" if c.calls_lost else "")
+        lost += (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
+                 if c.launches_lost else "")
+        return ("kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off): CUPTI's activity API was never set "
+                "up, so CUDA calls ran at full speed; kernel counts, copies (bytes, direction, host memory) and "
+                "memsets are exact, and no duration was measured: kernel time is unknown, copy time, graph spans "
+                f"and busy time are 0{lost}")
     if k.counted:
         lost = (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                 if c.launches_lost else "")

@@ -25,6 +25,7 @@ STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
 KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
 KERNELS_COUNTED = _c.GC_KERNELS_COUNTED
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
+FLAG_CALLS = _c.GC_FLAG_CALLS
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
 ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
@@ -198,7 +199,10 @@ class KernelTracing:
       kernels from their graphs), and every graph launch's span timed; only eager kernels' records
       (their durations) and busy keep to the SAMPLED schedule. Exact: kernel counts, graph spans,
       copies, memsets. Estimated: the time of eager kernels (:func:`kernel_time`). Busy: traced phases.
-    - OFF: no kernels."""
+    - OFF: no kernels.
+    - ``untimed`` (OTEL_GPU_CENSUS_ACTIVITY=off, mode COUNTED): CUPTI's activity API never set up; every
+      kernel, copy and memset counted at its API call, exact, and no duration measured: kernel time is
+      unknown (:func:`kernel_time`), graph spans, copy time and busy are 0."""
 
     mode: int = KERNELS_ALL
     on_ms: int = 0
@@ -207,9 +211,12 @@ class KernelTracing:
     traced_ns: int = 0             # SAMPLED, COUNTED: how long tracing was on, as of complete_wall_ns
     tracing: bool = True
     outside: int = 0               # kernel records that started outside a traced phase: not counted
+    untimed: bool = False          # ACTIVITY=off: counted at the calls, no durations
 
     @property
     def name(self) -> str:
+        if self.untimed:
+            return UNTIMED_MODE
         if self.mode == KERNELS_SAMPLED:
             return f"{self.on_ms}/{self.period_ms}"
         if self.mode == KERNELS_COUNTED:
@@ -231,7 +238,7 @@ class KernelTracing:
         """Share of time kernels are traced: 1 (all), on/period (sampled, counted), 0 (off)."""
         if self.scheduled and self.period_ms:
             return self.on_ms / self.period_ms
-        return 0.0 if self.mode == KERNELS_OFF else 1.0
+        return 0.0 if self.mode == KERNELS_OFF or self.untimed else 1.0
 
     def _on_before(self, t: int) -> int:
         """Traced ns of the schedule in [origin, t)."""
@@ -259,10 +266,21 @@ class KernelTime:
 
     ns: int
     estimated: bool = False        # COUNTED, with eager kernels in the scope: ns is an estimate
-    unknown: bool = False          # COUNTED: eager launches and no mean to price them: left out of ns
+    unknown: bool = False          # COUNTED: eager launches and no mean to price them: left out of ns;
+                                   # not estimated too: no duration measured at all (ACTIVITY=off)
 
     def __add__(self, o: "KernelTime") -> "KernelTime":
         return KernelTime(self.ns + o.ns, self.estimated or o.estimated, self.unknown or o.unknown)
+
+
+# The kernel tracing name of OTEL_GPU_CENSUS_ACTIVITY=off (KernelTracing.name): readers of a share that
+# lists the modes it saw know from it that no duration was measured.
+UNTIMED_MODE = "calls"
+
+
+def timed_modes(modes) -> bool:
+    """Whether kernel durations were measured in every mode of `modes` (KernelTracing names)."""
+    return UNTIMED_MODE not in modes
 
 
 def eager_mean_ns(scope) -> Optional[Fraction]:
@@ -271,13 +289,17 @@ def eager_mean_ns(scope) -> Optional[Fraction]:
     return Fraction(scope.eager_traced_ns, scope.eager_traced) if scope.eager_traced > 0 else None
 
 
-def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = None) -> KernelTime:
+def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = None,
+                timed: bool = True) -> KernelTime:
     """The kernel time of `scope` (kernel_ns and the eager_* fields: DeviceTotals, Window, Step, a Share).
 
     Not COUNTED: kernel_ns as measured. COUNTED: kernel_ns - eager_traced_ns + eager_launches x mean,
     rounded to the ns, the mean being the scope's own sample (eager_traced_ns / eager_traced) or, without
     one, `fallback_mean_ns` (the process's over its life, :meth:`ProcessCensus.eager_mean_ns`). With
-    neither the eager launches' time is unknown and left out."""
+    neither the eager launches' time is unknown and left out. Not `timed` (OTEL_GPU_CENSUS_ACTIVITY=off):
+    no duration was measured, so a scope with kernels has an unknown kernel time (0 ns, unknown)."""
+    if not timed:
+        return KernelTime(0, unknown=bool(scope.kernel_count))
     if not counted:
         return KernelTime(scope.kernel_ns)
     # a split share rounds each field apart: its eager part may exceed its kernel_ns by a unit
@@ -363,6 +385,7 @@ class ProcessCensus:
     alive: bool = True            # the process still runs (same pid and start time)
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
     launches_lost: int = 0        # COUNTED: eager launches counted but placed nowhere (in no total)
+    calls_lost: int = 0           # ACTIVITY=off: copies, memsets, graph launches seen and in no total
     kernels: KernelTracing = KernelTracing()
     graphs: GraphTracing = GraphTracing()
     attach: Attach = Attach()
@@ -415,7 +438,8 @@ class ProcessCensus:
     def kernel_time(self, scope) -> KernelTime:
         """:func:`kernel_time` of one of this process's scopes, priced by its own mode and mean."""
         own = not self.kernels.counted or eager_mean_ns(scope) is not None
-        return kernel_time(scope, self.kernels.counted, None if own else self.eager_mean_ns())
+        return kernel_time(scope, self.kernels.counted, None if own else self.eager_mean_ns(),
+                           timed=not self.kernels.untimed)
 
     def windows_between(self, gpu_start_ns: int, gpu_end_ns: int) -> List[Window]:
         """Buckets that overlap [gpu_start_ns, gpu_end_ns) of the CUPTI clock."""

@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional
 
 from ..attribution.ledger import GpuCost
 from ..attribution.shares import Share
-from ..census import DIRECTIONS
+from ..census import DIRECTIONS, timed_modes
 
 ALWAYS_DIRECTIONS = ("htod", "dtoh")
 
@@ -84,7 +84,9 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         out["gpu_census.attribution.steps"] = cost.steps
     out["gpu_census.attribution.wait_s"] = round(cost.waited_s, 3)
     note = [cost.note] if cost.note else []
-    if kt.unknown:
+    if kt.unknown and not timed_modes(cost.kernel_tracing):
+        note.append("kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off): kernel counts, copies and memsets only")
+    elif kt.unknown:
         note.append(f"kernel time leaves out {cost.share.eager_launches} eager kernel launches: no kernel "
                     "record was sampled to price them")
     if note or cost.notes:

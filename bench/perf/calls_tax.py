@@ -1,0 +1,192 @@
+"""What the census costs torch's launching thread in each way of counting, processes side by side (§21).
+
+§20 found that CUPTI's activity API, once set up, makes every CUDA call of the process slower (a torch
+in-place add 22-42 %), paused or not. OTEL_GPU_CENSUS_ACTIVITY=off counts at the calls instead, with no
+activity API. This runs the same torch workload in separate processes, one per mode, their order rotating
+every round, each pinned to the same core:
+  plain     no injector
+  calls     the injector, OTEL_GPU_CENSUS_ACTIVITY=off
+  default   the injector as shipped (counted kernels, the activity API for durations and copies)
+Each process times, after a warm-up, ROUNDS rounds of: in-place adds on a 1-element tensor (one eager
+launch each, torch's own CUDA calls around it); replays of a captured CUDA graph of 64 adds (CPU time to
+issue, and to finish); pairs of 4 KiB pinned copies HtoD + DtoH (async, synchronised); a pure-Python loop
+(the host's speed, the control). Ratios are per rotation (mode / plain of the same rotation), median and
+range over the rotations. The census processes also report what they counted (read from their segments
+after the last round): `calls` and `default` must agree on every count and byte of the same workload.
+
+    python3 bench/perf/calls_tax.py --rotations 6 --out calls_tax.json     (on a GPU, after run.sh setup)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, os, sys, time
+import torch
+rounds, adds, replays, pairs = map(int, sys.argv[1:5])
+torch.cuda.init()
+x = torch.zeros(1, device="cuda")
+if os.environ.get("CUDA_INJECTION64_PATH"):
+    from otel_gpu_census import injector
+    attached = injector.wait_attached()
+else:
+    attached = None
+s = torch.cuda.Stream()
+y = torch.zeros(1, device="cuda")
+with torch.cuda.stream(s):
+    y.add_(1)
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g, stream=s):
+    for _ in range(64):
+        y.add_(1)
+h = torch.zeros(1024, dtype=torch.float32).pin_memory()
+d = torch.zeros(1024, device="cuda")
+
+def eager():
+    t = time.perf_counter_ns()
+    for _ in range(adds):
+        x.add_(1)
+    torch.cuda.synchronize()
+    return (time.perf_counter_ns() - t) / adds
+
+def graph():
+    t = time.perf_counter_ns()
+    for _ in range(replays):
+        g.replay()
+    issued = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return (issued - t) / replays, (time.perf_counter_ns() - t) / replays
+
+def copies():
+    t = time.perf_counter_ns()
+    for _ in range(pairs):
+        d.copy_(h, non_blocking=True)
+        h.copy_(d, non_blocking=True)
+    torch.cuda.synchronize()
+    return (time.perf_counter_ns() - t) / pairs
+
+def control():
+    t = time.perf_counter_ns()
+    a = 0
+    for i in range(200_000):
+        a += i
+    return (time.perf_counter_ns() - t) / 1e6
+
+for _ in range(2):            # warm-up
+    eager(), graph(), copies()
+out = {"eager_ns": [], "graph_issue_ns": [], "graph_ns": [], "copy_pair_ns": [], "control_ms": []}
+for _ in range(rounds):
+    out["eager_ns"].append(eager())
+    gi, gt = graph()
+    out["graph_issue_ns"].append(gi)
+    out["graph_ns"].append(gt)
+    out["copy_pair_ns"].append(copies())
+    out["control_ms"].append(control())
+res = {k: statistics.median(v) for k, v in out.items()}
+res["attached"] = attached
+if attached:
+    import ctypes
+    from otel_gpu_census.census.reader import read_segment
+    lib = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"])
+    lib.gc_segment_path.restype = ctypes.c_char_p
+    lib.gc_finish()           # the final flush: every record of the process in
+    c = read_segment(lib.gc_segment_path().decode())
+    dv = c.devices[0]
+    res["census"] = {"kernels": c.kernels.name, "eager_launches": dv.eager_launches, "kernel_count": dv.kernel_count,
+                     "graph_launches": dv.graph_launches, "graph_kernel_count": dv.graph_kernel_count,
+                     "htod_pinned": [dv.copies.get("htod", "pinned").count, dv.copies.get("htod", "pinned").bytes],
+                     "dtoh_pinned": [dv.copies.get("dtoh", "pinned").count, dv.copies.get("dtoh", "pinned").bytes],
+                     "htod_pageable": [dv.copies.get("htod", "pageable").count, dv.copies.get("htod", "pageable").bytes],
+                     "dtoh_pageable": [dv.copies.get("dtoh", "pageable").count, dv.copies.get("dtoh", "pageable").bytes],
+                     "dtod": [dv.copies.get("dtod").count, dv.copies.get("dtod").bytes],
+                     "memset": [dv.memset.count, dv.memset.bytes],
+                     "graph_unknown": c.graphs.unknown, "launches_lost": c.launches_lost,
+                     "calls_lost": c.calls_lost, "kernel_ns": dv.kernel_ns}
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+MODES = ("plain", "calls", "default")
+KEYS = ("eager_ns", "graph_issue_ns", "graph_ns", "copy_pair_ns", "control_ms")
+
+
+def child_env(mode: str, census_dir: str) -> dict:
+    env = dict(os.environ)
+    env.pop("CUDA_INJECTION64_PATH", None)
+    env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
+    if mode != "plain":
+        env["CUDA_INJECTION64_PATH"] = os.environ["OTEL_GPU_CENSUS_LIB"]
+        env["OTEL_GPU_CENSUS_DIR"] = census_dir
+        if mode == "calls":
+            env["OTEL_GPU_CENSUS_ACTIVITY"] = "off"
+    return env
+
+
+def run_child(mode: str, a) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        cmd = ["taskset", "-c", str(a.core), sys.executable, "-c", CHILD,
+               str(a.rounds), str(a.adds), str(a.replays), str(a.pairs)]
+        p = subprocess.run(cmd, env=child_env(mode, d), capture_output=True, text=True, timeout=300)
+    line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if p.returncode != 0 or line is None:
+        return {"mode": mode, "error": p.stderr[-2000:]}
+    return {"mode": mode, **json.loads(line[7:]), "stderr": p.stderr[-500:]}
+
+
+def summarise(rotations: list) -> dict:
+    out: dict = {}
+    for m in MODES[1:]:
+        for k in KEYS:
+            r = [rot[m][k] / rot["plain"][k] for rot in rotations
+                 if "error" not in rot[m] and "error" not in rot["plain"] and rot["plain"].get(k)]
+            if r:
+                out[f"{m}/plain {k}"] = {"median": round(statistics.median(r), 4), "min": round(min(r), 4),
+                                         "max": round(max(r), 4), "all": [round(x, 4) for x in r]}
+    for m in MODES:
+        out[f"{m} medians"] = {k: round(statistics.median(rot[m][k] for rot in rotations if k in rot[m]), 1)
+                               for k in KEYS if any(k in rot[m] for rot in rotations)}
+    def counts(c):        # what both census modes must agree on: every count and byte, not durations
+        return {k: v for k, v in c.items() if k not in ("kernels", "kernel_ns")}
+    same = [counts(rot["calls"]["census"]) == counts(rot["default"]["census"]) for rot in rotations
+            if rot["calls"].get("census") and rot["default"].get("census")]
+    out["census_counts_agree"] = {"rotations": len(same), "agree": sum(same)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rotations", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--adds", type=int, default=20000)
+    ap.add_argument("--replays", type=int, default=2000)
+    ap.add_argument("--pairs", type=int, default=2000)
+    ap.add_argument("--core", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    if not os.environ.get("OTEL_GPU_CENSUS_LIB"):
+        raise SystemExit("OTEL_GPU_CENSUS_LIB: the built injector (bench/device/run.sh setup sets it)")
+    rotations = []
+    for i in range(a.rotations):
+        order = MODES[i % 3:] + MODES[:i % 3]
+        rot = {"order": list(order)}
+        for m in order:
+            rot[m] = run_child(m, a)
+            print(m, {k: round(v, 1) for k, v in rot[m].items() if k in KEYS}, rot[m].get("error", "")[-300:], flush=True)
+        rotations.append(rot)
+        with open(a.out, "w") as f:
+            json.dump({"args": vars(a), "rotations": rotations}, f, indent=1)
+    res = {"args": vars(a), "rotations": rotations, "summary": summarise(rotations)}
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

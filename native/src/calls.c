@@ -1,0 +1,353 @@
+/*
+ * calls.c - copies, memsets and graph launches counted at their API calls, with no activity record
+ * (OTEL_GPU_CENSUS_ACTIVITY=off).
+ *
+ * Why: once CUPTI's activity API is in use, every CUDA call of the process pays for it, with every kind
+ * disabled, until cuptiFinalize (docs/measurements.md §20: +0.65 us an eager launch, up to +0.13 us any
+ * other call; a torch op 22-42 % slower). A subscriber alone costs those calls nothing measurable. What
+ * the census must get exact is visible at the calls: kernel launches (launches.c), graph contents
+ * (graphs.c), and here the copy and memset calls' parameters: bytes, direction from the two ends, the
+ * host end pinned or pageable as the driver knows the pointer (graphs.c's gc_copy_class). What no call
+ * says is how long the work ran: durations, graph spans and busy time are not measured in this mode.
+ *
+ * Driver calls only: the runtime's copies and memsets reach the driver's, whose callbacks fire too (as
+ * for launches, docs/measurements.md §17); the v1 calls of 32-bit device pointers are not followed
+ * (cuda.h has mapped every name to its _v2 since CUDA 3.2). A call counts at its exit when it succeeded
+ * and did not record into a stream capture (its graph's launches count it).
+ *
+ * The launching thread does a bounded amount: its device from a thread-local cache, up to six pointer
+ * queries for a copy whose ends the call does not name, the clock, and one slot of a bounded lock-free
+ * queue (Vyukov's: a sequence number per cell). The flusher empties it under the injector's lock
+ * (gc_calls_fold) and tallies each call as a record of zero duration. A full queue drops the call and
+ * counts it (calls_lost): bounded memory, never a wait.
+ */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda.h>
+
+#include "cupti_api.h"
+#include "internal.h"
+
+#define QUEUE_CELLS 16384u               /* power of two; the flusher empties it every 20 ms or sooner */
+
+/* What a driver call is, by its parameters' layout (generated_cuda_meta.h of CUPTI's headers, which
+ * does not compile on its own; the layouts below are the driver functions' arguments in order). */
+enum shape {
+    S_NONE = 0,
+    S_GENERIC,      /* cuMemcpy(Async): dst, src, bytes, stream; both ends asked of the driver */
+    S_HTOD,         /* dstDevice, srcHost, bytes, stream */
+    S_DTOH,         /* dstHost, srcDevice, bytes, stream */
+    S_DTOD,         /* dstDevice, srcDevice, bytes, stream */
+    S_DTOA,         /* dstArray, dstOffset, srcDevice, bytes */
+    S_ATOD,         /* dstDevice, srcArray, srcOffset, bytes */
+    S_HTOA,         /* dstArray, dstOffset, srcHost, bytes, stream */
+    S_ATOH,         /* dstHost, srcArray, srcOffset, bytes, stream */
+    S_ATOA,         /* dstArray, dstOffset, srcArray, srcOffset, bytes */
+    S_PEER,         /* dstDevice, dstContext, srcDevice, srcContext, bytes, stream */
+    S_2D,           /* const CUDA_MEMCPY2D *, stream */
+    S_3D,           /* const CUDA_MEMCPY3D *, stream */
+    S_3DPEER,       /* const CUDA_MEMCPY3D_PEER *, stream */
+    S_SET,          /* dstDevice, value, N, stream (elements of 1, 2 or 4 bytes) */
+    S_SET2D,        /* dstDevice, dstPitch, value, Width, Height, stream */
+    S_UNREAD,       /* a copy we cannot size (batches): counted as lost */
+    S_GRAPH,        /* cuGraphLaunch: exec, stream */
+};
+
+static const struct {
+    const char *name;
+    uint8_t shape, elem, async;   /* elem: memset element bytes; async: a stream follows */
+} g_table[] = {
+    {"cuMemcpy", S_GENERIC, 0, 0}, {"cuMemcpyAsync", S_GENERIC, 0, 1},
+    {"cuMemcpyHtoD_v2", S_HTOD, 0, 0}, {"cuMemcpyHtoDAsync_v2", S_HTOD, 0, 1},
+    {"cuMemcpyDtoH_v2", S_DTOH, 0, 0}, {"cuMemcpyDtoHAsync_v2", S_DTOH, 0, 1},
+    {"cuMemcpyDtoD_v2", S_DTOD, 0, 0}, {"cuMemcpyDtoDAsync_v2", S_DTOD, 0, 1},
+    {"cuMemcpyDtoA_v2", S_DTOA, 0, 0}, {"cuMemcpyAtoD_v2", S_ATOD, 0, 0},
+    {"cuMemcpyHtoA_v2", S_HTOA, 0, 0}, {"cuMemcpyHtoAAsync_v2", S_HTOA, 0, 1},
+    {"cuMemcpyAtoH_v2", S_ATOH, 0, 0}, {"cuMemcpyAtoHAsync_v2", S_ATOH, 0, 1},
+    {"cuMemcpyAtoA_v2", S_ATOA, 0, 0},
+    {"cuMemcpyPeer", S_PEER, 0, 0}, {"cuMemcpyPeerAsync", S_PEER, 0, 1},
+    {"cuMemcpy2D_v2", S_2D, 0, 0}, {"cuMemcpy2DUnaligned_v2", S_2D, 0, 0}, {"cuMemcpy2DAsync_v2", S_2D, 0, 1},
+    {"cuMemcpy3D_v2", S_3D, 0, 0}, {"cuMemcpy3DAsync_v2", S_3D, 0, 1},
+    {"cuMemcpy3DPeer", S_3DPEER, 0, 0}, {"cuMemcpy3DPeerAsync", S_3DPEER, 0, 1},
+    {"cuMemsetD8_v2", S_SET, 1, 0}, {"cuMemsetD16_v2", S_SET, 2, 0}, {"cuMemsetD32_v2", S_SET, 4, 0},
+    {"cuMemsetD8Async", S_SET, 1, 1}, {"cuMemsetD16Async", S_SET, 2, 1}, {"cuMemsetD32Async", S_SET, 4, 1},
+    {"cuMemsetD2D8_v2", S_SET2D, 1, 0}, {"cuMemsetD2D16_v2", S_SET2D, 2, 0}, {"cuMemsetD2D32_v2", S_SET2D, 4, 0},
+    {"cuMemsetD2D8Async", S_SET2D, 1, 1}, {"cuMemsetD2D16Async", S_SET2D, 2, 1}, {"cuMemsetD2D32Async", S_SET2D, 4, 1},
+    {"cuMemcpyBatchAsync", S_UNREAD, 0, 1}, {"cuMemcpyBatchAsync_v2", S_UNREAD, 0, 1},
+    {"cuMemcpy3DBatchAsync", S_UNREAD, 0, 1}, {"cuMemcpy3DBatchAsync_v2", S_UNREAD, 0, 1},
+    {"cuMemcpyWithAttributesAsync", S_UNREAD, 0, 1}, {"cuMemcpy3DWithAttributesAsync", S_UNREAD, 0, 1},
+    {"cuGraphLaunch", S_GRAPH, 0, 1},
+};
+#define NTABLE (sizeof(g_table) / sizeof(g_table[0]))
+
+/* [cbid]: index in g_table + 1, and whether the call is its per-thread-stream variant (_ptds, _ptsz:
+ * a NULL stream there is the thread's own stream, not the legacy one) */
+static uint8_t g_entry[GC_API_CBIDS], g_per_thread[GC_API_CBIDS];
+static atomic_int g_started, g_counting;
+static int64_t g_gpu_minus_mono;
+
+static struct cell {
+    _Atomic uint64_t seq;
+    gc_call c;
+} g_q[QUEUE_CELLS];
+static _Atomic uint64_t g_enq, g_lost;
+static uint64_t g_deq, f_lost;           /* the fold's (under the injector's lock) */
+
+static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
+{
+    if (dom != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return 0;
+    size_t n = strlen(name);
+    int pt = 0;
+    if (n > 5 && (strcmp(name + n - 5, "_ptds") == 0 || strcmp(name + n - 5, "_ptsz") == 0)) n -= 5, pt = 1;
+    for (size_t i = 0; i < NTABLE; i++) {
+        if (strlen(g_table[i].name) == n && strncmp(name, g_table[i].name, n) == 0) {
+            g_entry[cbid] = (uint8_t)(i + 1);
+            g_per_thread[cbid] = (uint8_t)pt;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int gc_calls_start(int64_t gpu_minus_mono)
+{
+    if (atomic_load(&g_started)) return 0;
+    g_gpu_minus_mono = gpu_minus_mono;
+    for (uint64_t i = 0; i < QUEUE_CELLS; i++) atomic_store_explicit(&g_q[i].seq, i, memory_order_relaxed);
+    atomic_store(&g_enq, 0);
+    g_deq = 0;
+    if (gc_cupti_enable_api("copies not counted", GC_CB_CALLS, wanted) <= 0) return -1;
+    atomic_store(&g_counting, 1);
+    atomic_store(&g_started, 1);
+    return 0;
+}
+
+void gc_calls_set_counting(int on) { atomic_store(&g_counting, on && atomic_load(&g_started)); }
+
+static void push(const gc_call *c)
+{
+    uint64_t pos = atomic_load_explicit(&g_enq, memory_order_relaxed);
+    for (;;) {
+        struct cell *cell = &g_q[pos & (QUEUE_CELLS - 1)];
+        uint64_t seq = atomic_load_explicit(&cell->seq, memory_order_acquire);
+        int64_t diff = (int64_t)(seq - pos);
+        if (diff == 0) {
+            if (atomic_compare_exchange_weak_explicit(&g_enq, &pos, pos + 1, memory_order_relaxed, memory_order_relaxed)) {
+                cell->c = *c;
+                atomic_store_explicit(&cell->seq, pos + 1, memory_order_release);
+                return;
+            }
+        } else if (diff < 0) { /* full: the flusher is behind */
+            atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
+            return;
+        } else {
+            pos = atomic_load_explicit(&g_enq, memory_order_relaxed);
+        }
+    }
+}
+
+/* The parameters' layouts (see enum shape) */
+struct p_generic { CUdeviceptr dst, src; size_t bytes; CUstream stream; };
+struct p_htod { CUdeviceptr dst; const void *src; size_t bytes; CUstream stream; };
+struct p_dtoh { void *dst; CUdeviceptr src; size_t bytes; CUstream stream; };
+struct p_dtoa { CUarray dst; size_t off; CUdeviceptr src; size_t bytes; };
+struct p_atod { CUdeviceptr dst; CUarray src; size_t off, bytes; };
+struct p_htoa { CUarray dst; size_t off; const void *src; size_t bytes; CUstream stream; };
+struct p_atoh { void *dst; CUarray src; size_t off, bytes; CUstream stream; };
+struct p_atoa { CUarray dst; size_t doff; CUarray src; size_t soff, bytes; };
+struct p_peer { CUdeviceptr dst; CUcontext dctx; CUdeviceptr src; CUcontext sctx; size_t bytes; CUstream stream; };
+struct p_ptr { const void *p; CUstream stream; };
+struct p_set { CUdeviceptr dst; unsigned int value; size_t n; CUstream stream; };
+struct p_set2d { CUdeviceptr dst; size_t pitch; unsigned int value; size_t width, height; CUstream stream; };
+
+static CUstream stream_of(uint8_t shape, const void *p)
+{
+    switch (shape) {
+    case S_GENERIC: case S_DTOD: return ((const struct p_generic *)p)->stream;
+    case S_HTOD: return ((const struct p_htod *)p)->stream;
+    case S_DTOH: return ((const struct p_dtoh *)p)->stream;
+    case S_HTOA: return ((const struct p_htoa *)p)->stream;
+    case S_ATOH: return ((const struct p_atoh *)p)->stream;
+    case S_PEER: return ((const struct p_peer *)p)->stream;
+    case S_2D: case S_3D: case S_3DPEER: case S_GRAPH: return ((const struct p_ptr *)p)->stream;
+    case S_SET: return ((const struct p_set *)p)->stream;
+    case S_SET2D: return ((const struct p_set2d *)p)->stream;
+    default: return NULL;
+    }
+}
+
+static void classify(gc_call *c, CUmemorytype st, const void *sh, CUdeviceptr sd, CUmemorytype dt, const void *dh,
+                     CUdeviceptr dd)
+{
+    int dir, mem, peer;
+    gc_copy_class(st, sh, sd, dt, dh, dd, &dir, &mem, &peer);
+    c->dir = (uint8_t)dir;
+    c->mem = (uint8_t)mem;
+    c->peer_dev = peer >= 0 && peer < (int)GC_MAX_DEVICES ? (uint8_t)peer : 0;
+    if (dir == GC_DIR_PTOP && peer < 0) c->dir = GC_DIR_DTOD;
+}
+
+/* What the call put on the GPU: 0, or -1 when its size cannot be read. */
+static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
+{
+    const CUmemorytype H = CU_MEMORYTYPE_HOST, D = CU_MEMORYTYPE_DEVICE, A = CU_MEMORYTYPE_ARRAY,
+                       U = CU_MEMORYTYPE_UNIFIED;
+    c->what = GC_CALL_COPY;
+    switch (shape) {
+    case S_GENERIC: {
+        const struct p_generic *q = p;
+        c->bytes = q->bytes;
+        classify(c, U, (const void *)(uintptr_t)q->src, q->src, U, (const void *)(uintptr_t)q->dst, q->dst);
+        return 0;
+    }
+    case S_HTOD: {
+        const struct p_htod *q = p;
+        c->bytes = q->bytes;
+        classify(c, H, q->src, 0, A, NULL, 0);   /* the device end needs no query */
+        return 0;
+    }
+    case S_DTOH: {
+        const struct p_dtoh *q = p;
+        c->bytes = q->bytes;
+        classify(c, A, NULL, 0, H, q->dst, 0);
+        return 0;
+    }
+    case S_DTOD: {
+        const struct p_generic *q = p;
+        c->bytes = q->bytes;
+        classify(c, D, NULL, q->src, D, NULL, q->dst);
+        return 0;
+    }
+    case S_DTOA: c->bytes = ((const struct p_dtoa *)p)->bytes; c->dir = GC_DIR_DTOD; c->mem = GC_MEM_DEVICE; return 0;
+    case S_ATOD: c->bytes = ((const struct p_atod *)p)->bytes; c->dir = GC_DIR_DTOD; c->mem = GC_MEM_DEVICE; return 0;
+    case S_ATOA: c->bytes = ((const struct p_atoa *)p)->bytes; c->dir = GC_DIR_DTOD; c->mem = GC_MEM_DEVICE; return 0;
+    case S_HTOA: {
+        const struct p_htoa *q = p;
+        c->bytes = q->bytes;
+        classify(c, H, q->src, 0, A, NULL, 0);
+        return 0;
+    }
+    case S_ATOH: {
+        const struct p_atoh *q = p;
+        c->bytes = q->bytes;
+        classify(c, A, NULL, 0, H, q->dst, 0);
+        return 0;
+    }
+    case S_PEER: {
+        const struct p_peer *q = p;
+        uint32_t sdev = 0, ddev = 0;
+        c->bytes = q->bytes;
+        c->mem = GC_MEM_DEVICE;
+        if (gc_cupti_device_of(q->sctx, &sdev) != CUPTI_SUCCESS || gc_cupti_device_of(q->dctx, &ddev) != CUPTI_SUCCESS ||
+            sdev >= GC_MAX_DEVICES || ddev >= GC_MAX_DEVICES)
+            return -1;
+        c->dev = (uint8_t)sdev;
+        c->peer_dev = (uint8_t)ddev;
+        c->dir = sdev == ddev ? GC_DIR_DTOD : GC_DIR_PTOP;
+        return 0;
+    }
+    case S_2D: {
+        const CUDA_MEMCPY2D *m = ((const struct p_ptr *)p)->p;
+        if (!m) return -1;
+        c->bytes = (uint64_t)m->WidthInBytes * (m->Height ? m->Height : 1);
+        classify(c, m->srcMemoryType, m->srcHost, m->srcDevice, m->dstMemoryType, m->dstHost, m->dstDevice);
+        return 0;
+    }
+    case S_3D: {
+        const CUDA_MEMCPY3D *m = ((const struct p_ptr *)p)->p;
+        if (!m) return -1;
+        c->bytes = (uint64_t)m->WidthInBytes * (m->Height ? m->Height : 1) * (m->Depth ? m->Depth : 1);
+        classify(c, m->srcMemoryType, m->srcHost, m->srcDevice, m->dstMemoryType, m->dstHost, m->dstDevice);
+        return 0;
+    }
+    case S_3DPEER: {
+        const CUDA_MEMCPY3D_PEER *m = ((const struct p_ptr *)p)->p;
+        uint32_t sdev = 0, ddev = 0;
+        if (!m || gc_cupti_device_of(m->srcContext, &sdev) != CUPTI_SUCCESS ||
+            gc_cupti_device_of(m->dstContext, &ddev) != CUPTI_SUCCESS || sdev >= GC_MAX_DEVICES || ddev >= GC_MAX_DEVICES)
+            return -1;
+        c->bytes = (uint64_t)m->WidthInBytes * (m->Height ? m->Height : 1) * (m->Depth ? m->Depth : 1);
+        classify(c, m->srcMemoryType, m->srcHost, m->srcDevice, m->dstMemoryType, m->dstHost, m->dstDevice);
+        if (c->dir == GC_DIR_DTOD || c->dir == GC_DIR_PTOP) {
+            c->dev = (uint8_t)sdev;
+            c->peer_dev = (uint8_t)ddev;
+            c->dir = sdev == ddev ? GC_DIR_DTOD : GC_DIR_PTOP;
+        }
+        return 0;
+    }
+    case S_SET: c->what = GC_CALL_MEMSET; c->bytes = (uint64_t)((const struct p_set *)p)->n * elem; return 0;
+    case S_SET2D: {
+        const struct p_set2d *q = p;
+        c->what = GC_CALL_MEMSET;
+        c->bytes = (uint64_t)q->width * elem * (q->height ? q->height : 1);
+        return 0;
+    }
+    case S_GRAPH: c->what = GC_CALL_GRAPH; return 0;
+    default: return -1;
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
+{
+    if (dom != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return;
+    uint8_t e = g_entry[cbid];
+    const CUpti_CallbackData *cb = data;
+    if (!e || cb->callbackSite != CUPTI_API_EXIT || !atomic_load_explicit(&g_counting, memory_order_relaxed)) return;
+    if (!cb->functionReturnValue || *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS) return;
+    uint8_t shape = g_table[e - 1].shape;
+    const void *p = cb->functionParams;
+    if (!p) return;
+    if (g_table[e - 1].async) {
+        CUstream s = stream_of(shape, p);
+        if (!s && g_per_thread[cbid]) s = CU_STREAM_PER_THREAD;
+        if (gc_launches_capturing(s)) return;   /* a node of the graph being captured, not work */
+    }
+    gc_call c;
+    memset(&c, 0, sizeof(c));
+    int dev = gc_launches_device(cb);
+    if (dev < 0 || read_call(shape, g_table[e - 1].elem, p, &c) != 0) {
+        atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
+        return;
+    }
+    if (shape != S_PEER && !(shape == S_3DPEER && (c.dir == GC_DIR_DTOD || c.dir == GC_DIR_PTOP))) c.dev = (uint8_t)dev;
+    if (c.what != GC_CALL_GRAPH && c.bytes == 0) return;   /* no work */
+    c.corr = cb->correlationId;
+    c.t_ns = (uint64_t)((int64_t)mono_ns() + g_gpu_minus_mono);
+    push(&c);
+}
+
+int gc_calls_pending(void)
+{
+    if (!atomic_load(&g_started)) return 0;
+    return atomic_load_explicit(&g_q[g_deq & (QUEUE_CELLS - 1)].seq, memory_order_acquire) == g_deq + 1 ||
+           atomic_load_explicit(&g_lost, memory_order_relaxed) != f_lost;
+}
+
+void gc_calls_fold(gc_tally *t, gc_segment *seg)
+{
+    if (!atomic_load(&g_started) || !t || !seg) return;
+    for (;;) {
+        struct cell *cell = &g_q[g_deq & (QUEUE_CELLS - 1)];
+        if (atomic_load_explicit(&cell->seq, memory_order_acquire) != g_deq + 1) break; /* empty, or being written */
+        gc_call c = cell->c;
+        atomic_store_explicit(&cell->seq, g_deq + QUEUE_CELLS, memory_order_release);
+        g_deq++;
+        gc_graph_contents contents;
+        int known = c.what == GC_CALL_GRAPH && gc_graphs_contents(c.corr, &contents) == 0;
+        gc_tally_call(t, &c, known ? &contents : NULL);
+    }
+    uint64_t lost = atomic_load_explicit(&g_lost, memory_order_relaxed);
+    seg->calls_lost += lost - f_lost;
+    f_lost = lost;
+}
