@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 CHILD = r"""
-import json, os, sys, time
+import json, os, statistics, sys, time
 import torch
 rounds, adds, replays, pairs = map(int, sys.argv[1:5])
 torch.cuda.init()

@@ -95,7 +95,8 @@ static struct cell {
     gc_call c;
 } g_q[QUEUE_CELLS];
 static _Atomic uint64_t g_enq, g_lost;
-static uint64_t g_deq, f_lost;           /* the fold's (under the injector's lock) */
+static _Atomic uint64_t g_deq;           /* moved by the fold (under the injector's lock), read by pending */
+static uint64_t f_lost;                  /* the fold's */
 
 static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
 {
@@ -119,7 +120,7 @@ int gc_calls_start(int64_t gpu_minus_mono)
     g_gpu_minus_mono = gpu_minus_mono;
     for (uint64_t i = 0; i < QUEUE_CELLS; i++) atomic_store_explicit(&g_q[i].seq, i, memory_order_relaxed);
     atomic_store(&g_enq, 0);
-    g_deq = 0;
+    atomic_store(&g_deq, 0);
     if (gc_cupti_enable_api("copies not counted", GC_CB_CALLS, wanted) <= 0) return -1;
     atomic_store(&g_counting, 1);
     atomic_store(&g_started, 1);
@@ -330,7 +331,8 @@ void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const vo
 int gc_calls_pending(void)
 {
     if (!atomic_load(&g_started)) return 0;
-    return atomic_load_explicit(&g_q[g_deq & (QUEUE_CELLS - 1)].seq, memory_order_acquire) == g_deq + 1 ||
+    uint64_t deq = atomic_load_explicit(&g_deq, memory_order_relaxed);
+    return atomic_load_explicit(&g_q[deq & (QUEUE_CELLS - 1)].seq, memory_order_acquire) == deq + 1 ||
            atomic_load_explicit(&g_lost, memory_order_relaxed) != f_lost;
 }
 
@@ -338,11 +340,12 @@ void gc_calls_fold(gc_tally *t, gc_segment *seg)
 {
     if (!atomic_load(&g_started) || !t || !seg) return;
     for (;;) {
-        struct cell *cell = &g_q[g_deq & (QUEUE_CELLS - 1)];
-        if (atomic_load_explicit(&cell->seq, memory_order_acquire) != g_deq + 1) break; /* empty, or being written */
+        uint64_t deq = atomic_load_explicit(&g_deq, memory_order_relaxed);
+        struct cell *cell = &g_q[deq & (QUEUE_CELLS - 1)];
+        if (atomic_load_explicit(&cell->seq, memory_order_acquire) != deq + 1) break; /* empty, or being written */
         gc_call c = cell->c;
-        atomic_store_explicit(&cell->seq, g_deq + QUEUE_CELLS, memory_order_release);
-        g_deq++;
+        atomic_store_explicit(&cell->seq, deq + QUEUE_CELLS, memory_order_release);
+        atomic_store_explicit(&g_deq, deq + 1, memory_order_relaxed);
         gc_graph_contents contents;
         int known = c.what == GC_CALL_GRAPH && gc_graphs_contents(c.corr, &contents) == 0;
         gc_tally_call(t, &c, known ? &contents : NULL);
