@@ -364,6 +364,7 @@ static void fold_launches(uint64_t mono)
         gc_segment_begin_update(seg);
         gc_launches_fold(g_tally, seg, mono);
         gc_calls_fold(g_tally, seg);
+        if (g_calls) fill_uuids(seg); /* no buffer ever completes to do it (the first H200 run: zeros) */
         gc_segment_end_update(seg);
     }
     pthread_mutex_unlock(&g_mu);

@@ -33,6 +33,18 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 void mock_cuda_set_active(int on) { atomic_store(&g_active, on); }
 int mock_cuda_polls(void) { return atomic_load(&g_polls); }
 
+/* the device's UUID (the injector names devices in the segment): 16 bytes of 0xa0 + ordinal */
+CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    *dev = ordinal;
+    return ordinal == 0 ? 0 : 101;   /* CUDA_ERROR_INVALID_DEVICE */
+}
+CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev)
+{
+    for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(0xa0 + dev);
+    return 0;
+}
+
 /* graphs.c needs these to exist; the mock has no graphs to walk */
 #define NOT_SUPPORTED 801
 CUresult cuGraphGetNodes(void *g, void *nodes, void *n) { (void)g; (void)nodes; (void)n; return NOT_SUPPORTED; }

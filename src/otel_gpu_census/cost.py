@@ -18,6 +18,12 @@ measurement:
   records, taken on the duty cycle, are priced as eager kernels as well. CUPTI's tax on the CUDA calls
   that launch nothing (~0.1 µs a call, §20) is not counted, so not in the estimate.
 
+Counted at the calls (OTEL_GPU_CENSUS_ACTIVITY=off: no activity API, so none of the above applies) the
+prices are torch's, measured on the H200 as processes side by side against a process without the census
+(§21, bench/perf/calls_tax.py, 6 rotations): an eager launch 1.31 µs (a torch add on its launching thread:
+CUPTI's launch callbacks), a copy 0.65 µs (its callback and pointer queries), a graph kernel node 0.129 µs
+of GPU time (and 0.269 µs of the thread that launches the graph).
+
 The estimate is seconds over the census's life: of the launching threads' time for eager launches and
 copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14-§15: with CUPTI set
 up before the context existed each graph kernel node costs ~0.12 µs more for the context's life, even
@@ -37,6 +43,9 @@ GRAPH_NODE_PER_LAUNCH_S = 0.119e-6          # CUPTI set up in cuInit, before the
 GRAPH_NODE_AFTER_CONTEXT_S = 0.010e-6       # set up once the context was active (ATTACH=context)
 GRAPH_NODE_PER_NODE_S = 0.332e-6
 COPY_S = 0.81e-6
+CALLS_LAUNCH_S = 1.31e-6                    # ACTIVITY=off (§21): an eager launch, its callbacks
+CALLS_COPY_S = 0.65e-6                      # ... a copy or memset call
+CALLS_GRAPH_NODE_S = 0.129e-6               # ... a graph kernel node, GPU time
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,13 @@ class CensusCost:
 
 def estimate(c: ProcessCensus) -> CensusCost:
     eager = graph = copies = launches = 0
+    if c.kernels.untimed:         # counted at the calls: callbacks' prices, no record, no activity API
+        for d in c.devices.values():
+            graph += d.graph_kernel_count
+            launches += d.eager_launches
+            copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
+        s = launches * CALLS_LAUNCH_S + copies * CALLS_COPY_S + graph * CALLS_GRAPH_NODE_S
+        return CensusCost(0, graph, copies, s, False, CALLS_GRAPH_NODE_S, launches, 0)
     for d in c.devices.values():
         graph += d.graph_kernel_count
         # counted: kernel_count holds launches, and only the duty cycle's eager kernels were records

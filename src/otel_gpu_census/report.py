@@ -238,6 +238,8 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = Fals
     if kt is not None and kt.estimated:
         out["kernel_ns_estimated"] = kt.ns
         out["kernel_time_unknown"] = kt.unknown
+    elif kt is not None and kt.unknown:     # no duration measured at all (ACTIVITY=off): kernel_ns is no time
+        out["kernel_time_unknown"] = True
     if census_ns is not None:
         ratio, why = busy_of_census_time(d, census_ns, sampled)
         out["busy_ratio_of_census_time"] = ratio
@@ -298,6 +300,11 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
+    if c.kernels.untimed:
+        return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
+                f"{share} ({e.launches_counted:,} launches counted x {us(cost.CALLS_LAUNCH_S)}, {e.graph_nodes:,} "
+                f"graph kernel nodes x {us(cost.CALLS_GRAPH_NODE_S)}, {e.copies:,} copies and memsets x "
+                f"{us(cost.CALLS_COPY_S)}: CUPTI's callbacks, measured on an H200 beside an untraced torch process)")
     counted = (f", {e.launches_set_up:,} {'launches counted' if e.launches_counted else 'eager launches'} x "
                f"{us(cost.SET_UP_EAGER_S)} (CUPTI set up)" if e.launches_set_up else "")
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes

@@ -131,6 +131,7 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
     refused = graphs == "launch" and not per_launch
     assert p.stderr.count("graphs traced node by node") == int(refused) and p.stderr.count("\n") == int(refused), p.stderr
     assert got["state"] == 2  # EXITED: final flush ran
+    assert got["uuid"] != "0" * 32   # the device named (ACTIVITY=off left it zero on the H200's first run)
     assert got["kernel_count"] == want["kernels"]
     assert got["htod_pageable"]["bytes"] == want["htod_pageable"] and got["htod_pageable"]["count"] == 1
     assert got["htod_pinned"]["bytes"] == want["htod_pinned"] and got["htod_pinned"]["count"] == 1

@@ -109,11 +109,19 @@ def test_activity_off_counts_every_copy_memset_and_launch_at_its_call_without_th
     assert (dev.memset.count, dev.memset.bytes) == (2, 1324)
     assert (dev.eager_launches, dev.graph_launches, p.graphs.unknown, dev.kernel_count) == (5, 3, 3, 5)
     assert p.calls_lost == 1 and p.launches_lost == 0
+    assert dev.uuid.replace("-", "").removeprefix("GPU") == "a0" * 16, dev.uuid   # named without any buffer
     assert p.kernels.untimed and p.kernels.name == "calls" and p.kernels.fraction == 0.0
     # no duration is measured: kernel time unknown, never a 0 that reads as measured
     kt = p.kernel_time(dev)
     assert (kt.ns, kt.unknown, kt.estimated) == (0, True, False)
     assert dev.kernel_ns == dev.busy_ns == dev.copies.get("dtoh", "pageable").ns == 0
+    from otel_gpu_census import report
+    text = report.render_text([p], requests=1)
+    assert "kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off)" in text
+    assert "kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off)" in text and "(estimated)" not in text
+    assert "5 launches counted x 1.31 us" in text and "1 copies, memsets or graph launches were seen but could not" in text
+    out = report.to_dict([p], requests=1)
+    assert out["processes"][0]["devices"][0]["kernel_time_unknown"] is True
     st = p.steps[9]
     assert (st.eager_launches, st.kernel_count, st.copies["htod"].count, st.copies["htod"].bytes) == (4, 4, 1, 3 << 20)
     assert p.step_max == 9                       # the step's call came: the settler may split it

@@ -334,3 +334,14 @@ def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records(
     assert (e_all.eager_kernels, e_all.launches_counted) == (10_000, 0)
     assert e_all.launches_set_up == 10_000 and abs(e_all.seconds - (10_000 * (0.902e-6 + 0.654e-6) +
                                                                     200 * cost.graph_node_s(head()))) < 1e-12
+
+
+def test_the_cost_estimate_of_a_census_at_the_calls_prices_its_callbacks_not_records():
+    """ACTIVITY=off: no record and no activity API; launches, copies and graph nodes at the callbacks' prices
+    measured beside an untraced process (§21)."""
+    from otel_gpu_census import cost
+    d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000,
+                     memset=Stat(3, 300, 0))
+    e = cost.estimate(head(kernels=KernelTracing(mode=KERNELS_COUNTED, untimed=True), devices={0: d}))
+    assert (e.eager_kernels, e.launches_counted, e.launches_set_up, e.graph_nodes, e.copies) == (0, 10_000, 0, 200, 3)
+    assert abs(e.seconds - (10_000 * 1.31e-6 + 3 * 0.65e-6 + 200 * 0.129e-6)) < 1e-12
