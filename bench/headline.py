@@ -164,6 +164,18 @@ def kind_cost_set_up_us(workload: str):
     return value
 
 
+def calls_tax_ratio(mode: str, workload: str) -> Callable[[Dict[str, Any]], float]:
+    """plain's time over `mode`'s for one workload of bench/perf/calls_tax.py (a throughput ratio), the median over
+    rotations of processes side by side, each rotation's own pair."""
+    def value(raw: Dict[str, Any]) -> float:
+        r = [rot["plain"][workload] / rot[mode][workload] for rot in raw["rotations"]
+             if workload in rot["plain"] and workload in rot[mode]]
+        if len(r) < 3:
+            raise HeadlineError(f"{len(r)} rotations with {mode} and plain")
+        return round(statistics.median(r), 3)
+    return value
+
+
 def vllm_separate_servers(raw: Dict[str, Any]) -> float:
     """Separate servers give no pairs: each census load over the median plain load of its own
     machine (the machines differ ~35 % in plain throughput), median over every census load."""
@@ -195,6 +207,11 @@ S11_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-together P,S --phase-modes off
             "bash bench/device/run.sh setup vllm")
 S11_KIND_COST = ("KIND_COST_ARGS='--rounds 21 --pristine 21 --configs cb-launch-driver,cb-paused,graph --budget-s 100' "
                  "bash bench/device/run.sh setup kind-cost")
+
+S12_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=off --phase-together P,S "
+            "--phase-modes off,calls --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
+            "--budget-s 330' bash bench/device/run.sh setup vllm")
+S12_CALLS_TAX = "CALLS_TAX_ARGS='--rotations 6' bash bench/device/run.sh setup calls-tax"
 
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
@@ -233,6 +250,26 @@ RULES = (
          "30 windows of the run 0.894, geometric mean 0.906 [0.859, 0.951]): CUPTI set up and every kind off still "
          "taxes each CUDA call (micro_eager_us_per_launch_cupti_set_up); measurements §20",
          command=S11_VLLM),
+    Rule("vllm_calls_vs_plain_throughput_ratio", "2026-12-03-h200-s12-vllm-calls.json",
+         beside_ratio("calls/P@once"), 0.99,
+         "ratio of output tok/s, a census counting at the calls (OTEL_GPU_CENSUS_ACTIVITY=off, no activity API) with the "
+         "vLLM integration (R) / a plain vLLM (P) loaded at the same time, random 160M Llama, CUDA graphs, 64 closed-loop "
+         "clients each, 3 s windows, median of 16 rounds (geometric mean 0.863 [0.822, 0.905]; against the paused "
+         "activity census S loaded at once 0.987 [0.939, 1.035]): counting through CUPTI's callbacks costs vLLM as "
+         "much as its activity API; measurements §21",
+         command=S12_VLLM, date="2026-12-03"),
+    Rule("micro_torch_op_ratio_calls", "2026-12-03-h200-s12-calls-tax.json",
+         calls_tax_ratio("calls", "eager_ns"), 0.99,
+         "ratio of torch in-place adds a second on the launching thread (one eager launch each), a process under the "
+         "census counting at the calls (OTEL_GPU_CENSUS_ACTIVITY=off) / a process without it, median of 6 rotations "
+         "of processes side by side on one core (calls_tax.py); the default census 0.784; measurements §21",
+         command=S12_CALLS_TAX, date="2026-12-03"),
+    Rule("micro_torch_op_ratio_default", "2026-12-03-h200-s12-calls-tax.json",
+         calls_tax_ratio("default", "eager_ns"), 0.99,
+         "ratio of torch in-place adds a second on the launching thread, a process under the default census / a "
+         "process without it, median of 6 rotations of processes side by side on one core (calls_tax.py); "
+         "measurements §21",
+         command=S12_CALLS_TAX, date="2026-12-03"),
     Rule("micro_graph_replay_ratio_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_ratio("graph", "census"), 0.99,
          "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), the default census (CUPTI set up once "
