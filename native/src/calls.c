@@ -192,11 +192,19 @@ static void classify(gc_call *c, CUmemorytype st, const void *sh, CUdeviceptr sd
     if (dir == GC_DIR_PTOP && peer < 0) c->dir = GC_DIR_DTOD;
 }
 
+/* A copy between host memory and an end the call names as the device's (memory or an array): only the host
+ * end is asked of the driver (pinned or pageable). */
+static void host_copy(gc_call *c, size_t bytes, const void *host, int to_device)
+{
+    c->bytes = bytes;
+    if (to_device) classify(c, CU_MEMORYTYPE_HOST, host, 0, CU_MEMORYTYPE_ARRAY, NULL, 0);
+    else classify(c, CU_MEMORYTYPE_ARRAY, NULL, 0, CU_MEMORYTYPE_HOST, host, 0);
+}
+
 /* What the call put on the GPU: 0, or -1 when its size cannot be read. */
 static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
 {
-    const CUmemorytype H = CU_MEMORYTYPE_HOST, D = CU_MEMORYTYPE_DEVICE, A = CU_MEMORYTYPE_ARRAY,
-                       U = CU_MEMORYTYPE_UNIFIED;
+    const CUmemorytype D = CU_MEMORYTYPE_DEVICE, U = CU_MEMORYTYPE_UNIFIED;
     c->what = GC_CALL_COPY;
     switch (shape) {
     case S_GENERIC: {
@@ -205,18 +213,8 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
         classify(c, U, (const void *)(uintptr_t)q->src, q->src, U, (const void *)(uintptr_t)q->dst, q->dst);
         return 0;
     }
-    case S_HTOD: {
-        const struct p_htod *q = p;
-        c->bytes = q->bytes;
-        classify(c, H, q->src, 0, A, NULL, 0);   /* the device end needs no query */
-        return 0;
-    }
-    case S_DTOH: {
-        const struct p_dtoh *q = p;
-        c->bytes = q->bytes;
-        classify(c, A, NULL, 0, H, q->dst, 0);
-        return 0;
-    }
+    case S_HTOD: host_copy(c, ((const struct p_htod *)p)->bytes, ((const struct p_htod *)p)->src, 1); return 0;
+    case S_DTOH: host_copy(c, ((const struct p_dtoh *)p)->bytes, ((const struct p_dtoh *)p)->dst, 0); return 0;
     case S_DTOD: {
         const struct p_generic *q = p;
         c->bytes = q->bytes;
@@ -226,18 +224,8 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
     case S_DTOA: c->bytes = ((const struct p_dtoa *)p)->bytes; c->dir = GC_DIR_DTOD; c->mem = GC_MEM_DEVICE; return 0;
     case S_ATOD: c->bytes = ((const struct p_atod *)p)->bytes; c->dir = GC_DIR_DTOD; c->mem = GC_MEM_DEVICE; return 0;
     case S_ATOA: c->bytes = ((const struct p_atoa *)p)->bytes; c->dir = GC_DIR_DTOD; c->mem = GC_MEM_DEVICE; return 0;
-    case S_HTOA: {
-        const struct p_htoa *q = p;
-        c->bytes = q->bytes;
-        classify(c, H, q->src, 0, A, NULL, 0);
-        return 0;
-    }
-    case S_ATOH: {
-        const struct p_atoh *q = p;
-        c->bytes = q->bytes;
-        classify(c, A, NULL, 0, H, q->dst, 0);
-        return 0;
-    }
+    case S_HTOA: host_copy(c, ((const struct p_htoa *)p)->bytes, ((const struct p_htoa *)p)->src, 1); return 0;
+    case S_ATOH: host_copy(c, ((const struct p_atoh *)p)->bytes, ((const struct p_atoh *)p)->dst, 0); return 0;
     case S_PEER: {
         const struct p_peer *q = p;
         uint32_t sdev = 0, ddev = 0;

@@ -6,7 +6,7 @@ mock driver (pointer attributes: device memory, pinned host memory, the rest pag
 test_injector.py."""
 from __future__ import annotations
 
-from test_injector import read, run_with_driver
+from test_injector import CONTROL_SWITCH, read, run_with_driver
 
 # The driver calls' parameters, in the order of their arguments (cuda.h), as CUPTI passes them.
 CALLS = """
@@ -130,21 +130,9 @@ def test_activity_off_counts_every_copy_memset_and_launch_at_its_call_without_th
 def test_activity_off_pauses_with_the_census_and_ignores_record_switches(native, mock_lib, mock_cuda, tmp_path, records):
     """census=off stops counting calls and census=on resumes it; kernels= and graphs= have no records to
     switch (one line each, nothing changes); the activity API stays untouched throughout."""
-    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, CALLS + """
-        from otel_gpu_census.census.reader import read_segment
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, CALLS + CONTROL_SWITCH + """
         g.InitializeInjection()
         call('cuMemcpyHtoDAsync_v2', 'htod_t', dst=DEV, src=ptr(PIN), bytes=100)
-        for _ in range(300):             # the flusher makes the segment (and so the control file's name)
-            if path():
-                break
-            time.sleep(0.01)
-        ctl = path()[:-4] + '.control'
-        def switch(text, paused):
-            open(ctl, 'w').write(text)
-            for _ in range(300):
-                if read_segment(path(), detail=False).graphs.paused == paused:
-                    return True
-                time.sleep(0.01)
         out['off'] = switch('census=off kernels=all graphs=node\\n', True)
         call('cuMemcpyHtoDAsync_v2', 'htod_t', dst=DEV, src=ptr(PIN), bytes=10_000)          # paused: nothing
         torch_launch(3)

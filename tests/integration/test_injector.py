@@ -851,30 +851,36 @@ def test_counted_kernels_keep_every_launch_of_a_step_begun_again(native, mock_li
     assert p.step_max == 0
 
 
-def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda, tmp_path, records):
-    """Started paused, nothing counts; census=on counts from then on; census=off stops it again. While
-    paused the launch calls' callbacks are off (a paused census costs a launch nothing), the captures'
-    stay on (a capture begun while paused is still known when counting resumes)."""
-    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + """
+# For a body that switches its census through the control file: switch(text, paused) writes it and waits
+# until the segment shows the pause state; it first waits for the flusher to make the segment (and so
+# the control file's name).
+CONTROL_SWITCH = """
         from otel_gpu_census.census.reader import read_segment
-        g.InitializeInjection()
-        torch_launch(10)
         def readable():
             try:
                 return read_segment(path(), detail=False)
             except Exception:            # not made yet, or made and not yet initialised
                 return None
-        for _ in range(300):             # the flusher makes the segment (and so the control file's name)
-            if path() and readable():
-                break
-            time.sleep(0.01)
-        ctl = path()[:-4] + '.control'
         def switch(text, paused):
-            open(ctl, 'w').write(text)
+            for _ in range(300):
+                if path() and readable():
+                    break
+                time.sleep(0.01)
+            open(path()[:-4] + '.control', 'w').write(text)
             for _ in range(300):
                 if read_segment(path(), detail=False).graphs.paused == paused:
                     return True
                 time.sleep(0.01)
+"""
+
+
+def test_counted_kernels_count_nothing_while_paused(native, mock_lib, mock_cuda, tmp_path, records):
+    """Started paused, nothing counts; census=on counts from then on; census=off stops it again. While
+    paused the launch calls' callbacks are off (a paused census costs a launch nothing), the captures'
+    stay on (a capture begun while paused is still known when counting resumes)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, COUNTED_CALLS + CONTROL_SWITCH + """
+        g.InitializeInjection()
+        torch_launch(10)
         BEGIN = rlib.CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000
         def callbacks():
             return [mock.mock_callback_enabled(RT, RT_LAUNCH), mock.mock_callback_enabled(DRV, DRV_LAUNCH),
