@@ -29,13 +29,13 @@
 
 #include <cuda.h>
 
+#include "call_params.h"
 #include "cupti_api.h"
 #include "internal.h"
 
 #define QUEUE_CELLS 16384u               /* power of two; the flusher empties it every 20 ms or sooner */
 
-/* What a driver call is, by its parameters' layout (generated_cuda_meta.h of CUPTI's headers, which
- * does not compile on its own; the layouts below are the driver functions' arguments in order). */
+/* What a driver call is, by its parameters' layout (call_params.h). */
 enum shape {
     S_NONE = 0,
     S_GENERIC,      /* cuMemcpy(Async): dst, src, bytes, stream; both ends asked of the driver */
@@ -150,20 +150,6 @@ static void push(const gc_call *c)
         }
     }
 }
-
-/* The parameters' layouts (see enum shape) */
-struct p_generic { CUdeviceptr dst, src; size_t bytes; CUstream stream; };
-struct p_htod { CUdeviceptr dst; const void *src; size_t bytes; CUstream stream; };
-struct p_dtoh { void *dst; CUdeviceptr src; size_t bytes; CUstream stream; };
-struct p_dtoa { CUarray dst; size_t off; CUdeviceptr src; size_t bytes; };
-struct p_atod { CUdeviceptr dst; CUarray src; size_t off, bytes; };
-struct p_htoa { CUarray dst; size_t off; const void *src; size_t bytes; CUstream stream; };
-struct p_atoh { void *dst; CUarray src; size_t off, bytes; CUstream stream; };
-struct p_atoa { CUarray dst; size_t doff; CUarray src; size_t soff, bytes; };
-struct p_peer { CUdeviceptr dst; CUcontext dctx; CUdeviceptr src; CUcontext sctx; size_t bytes; CUstream stream; };
-struct p_ptr { const void *p; CUstream stream; };
-struct p_set { CUdeviceptr dst; unsigned int value; size_t n; CUstream stream; };
-struct p_set2d { CUdeviceptr dst; size_t pitch; unsigned int value; size_t width, height; CUstream stream; };
 
 static CUstream stream_of(uint8_t shape, const void *p)
 {
