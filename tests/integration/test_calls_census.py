@@ -111,6 +111,7 @@ def test_activity_off_counts_every_copy_memset_and_launch_at_its_call_without_th
     assert p.calls_lost == 1 and p.launches_lost == 0
     assert dev.uuid.replace("-", "").removeprefix("GPU") == "a0" * 16, dev.uuid   # named without any buffer
     assert p.kernels.untimed and p.kernels.name == "calls" and p.kernels.fraction == 0.0
+    assert p.kernels.traced_between(0, 10**18) == 0     # spans say kernel_traced_ratio 0, not 1 (the H200's run)
     # no duration is measured: kernel time unknown, never a 0 that reads as measured
     kt = p.kernel_time(dev)
     assert (kt.ns, kt.unknown, kt.estimated) == (0, True, False)

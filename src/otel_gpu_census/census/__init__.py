@@ -251,8 +251,8 @@ class KernelTracing:
     def traced_between(self, gpu_start_ns: int, gpu_end_ns: int) -> int:
         """How many ns of [gpu_start_ns, gpu_end_ns) (CUPTI clock) were inside a traced phase, by the
         schedule (the switch itself lands within a millisecond or so of it)."""
-        if gpu_end_ns <= gpu_start_ns or self.mode == KERNELS_OFF:
-            return 0
+        if gpu_end_ns <= gpu_start_ns or self.mode == KERNELS_OFF or self.untimed:
+            return 0   # untimed (ACTIVITY=off): counted, never traced
         if not self.scheduled or not self.period_ms:
             return gpu_end_ns - gpu_start_ns
         return self._on_before(gpu_end_ns) - self._on_before(gpu_start_ns)
