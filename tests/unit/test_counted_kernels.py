@@ -345,3 +345,19 @@ def test_the_cost_estimate_of_a_census_at_the_calls_prices_its_callbacks_not_rec
     e = cost.estimate(head(kernels=KernelTracing(mode=KERNELS_COUNTED, untimed=True), devices={0: d}))
     assert (e.eager_kernels, e.launches_counted, e.launches_set_up, e.graph_nodes, e.copies) == (0, 10_000, 0, 200, 3)
     assert abs(e.seconds - (10_000 * 1.31e-6 + 3 * 0.65e-6 + 200 * 0.129e-6)) < 1e-12
+
+
+def test_a_census_at_the_calls_exports_kernel_counts_and_no_kernel_time():
+    """ACTIVITY=off measures no duration: the kernel count goes out, the kernel time series has no point for
+    the process (a 0 would read as an idle GPU)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from otel_gpu_census.telemetry import census_metrics as metrics
+    d = DeviceTotals(0, "GPU-1", kernel_count=14, graph_kernel_count=4, eager_launches=10)
+    procs = [head(kernels=KernelTracing(mode=KERNELS_COUNTED, untimed=True), devices={0: d})]
+    rd = InMemoryMetricReader()
+    metrics.register_census_instruments(MeterProvider(metric_readers=[rd]), lambda: procs, min_refresh_s=0)
+    got = {m.name: [dp.value for dp in m.data.data_points] for rm in rd.get_metrics_data().resource_metrics
+           for sm in rm.scope_metrics for m in sm.metrics}
+    assert got.get("gpu_census.kernel.count") == [14]
+    assert not got.get("gpu_census.kernel.time")

@@ -128,9 +128,11 @@ class _Proc:
         self.counting = bool(p.alive and p.state == census.STATE_ACTIVE)
         self.kernels = p.kernels
         self.traced_ns = traced_ns(p)
-        # counted: an estimate whose mean moves; a counter must not go back
-        self.kernel_ns = {hid: max(self.kernel_ns.get(hid, 0), p.kernel_time(d).ns) if p.kernels.counted
-                          else d.kernel_ns for hid, d in self.devices.items()}
+        # counted: an estimate whose mean moves; a counter must not go back. Untimed (ACTIVITY=off): no
+        # kernel time at all, so no point, never a 0 that reads as measured
+        self.kernel_ns = {} if p.kernels.untimed else {
+            hid: max(self.kernel_ns.get(hid, 0), p.kernel_time(d).ns) if p.kernels.counted else d.kernel_ns
+            for hid, d in self.devices.items()}
 
     @property
     def attrs(self) -> Dict[str, object]:
