@@ -14,7 +14,7 @@ from otel_gpu_census import census
 from otel_gpu_census.attribution import Interval
 from otel_gpu_census.attribution.ledger import cost_of
 from otel_gpu_census.attribution.shares import Share
-from otel_gpu_census.census import (KERNELS_COUNTED, DeviceTotals, KernelTime, KernelTracing, ProcessCensus,
+from otel_gpu_census.census import (KERNELS_COUNTED, CopyTable, DeviceTotals, KernelTime, KernelTracing, ProcessCensus,
                                     Stat, Step, Window, kernel_time, reader)
 from otel_gpu_census.telemetry.attributes import gpu_attributes
 
@@ -353,11 +353,14 @@ def test_a_census_at_the_calls_exports_kernel_counts_and_no_kernel_time():
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from otel_gpu_census.telemetry import census_metrics as metrics
-    d = DeviceTotals(0, "GPU-1", kernel_count=14, graph_kernel_count=4, eager_launches=10)
+    d = DeviceTotals(0, "GPU-1", kernel_count=14, graph_kernel_count=4, eager_launches=10, graph_launches=1,
+                     memset=Stat(3, 300, 0), copies=CopyTable({("htod", "pinned"): Stat(2, 8192, 0)}))
     procs = [head(kernels=KernelTracing(mode=KERNELS_COUNTED, untimed=True), devices={0: d})]
     rd = InMemoryMetricReader()
     metrics.register_census_instruments(MeterProvider(metric_readers=[rd]), lambda: procs, min_refresh_s=0)
     got = {m.name: [dp.value for dp in m.data.data_points] for rm in rd.get_metrics_data().resource_metrics
            for sm in rm.scope_metrics for m in sm.metrics}
-    assert got.get("gpu_census.kernel.count") == [14]
-    assert not got.get("gpu_census.kernel.time")
+    assert got.get("gpu_census.kernel.count") == [14] and got.get("gpu_census.copy.bytes") == [8192]
+    assert got.get("gpu_census.memset.count") == [3] and got.get("gpu_census.graph.count") == [1]
+    for name in ("gpu_census.kernel.time", "gpu_census.copy.time", "gpu_census.memset.time", "gpu_census.graph.time"):
+        assert not got.get(name), name

@@ -304,10 +304,13 @@ class CensusMetrics:
         return callback
 
     def _per_device(self, value: Callable[[DeviceTotals], object],
-                    counted: Optional[Callable[[DeviceTotals], int]] = None) -> Iterable[Observation]:
+                    counted: Optional[Callable[[DeviceTotals], int]] = None, timed: bool = False) -> Iterable[Observation]:
         """One point per (process, GPU); with `counted`, only where it is non-zero (a series that
-        most processes never start, such as graph launches or memsets, costs nothing until then)."""
+        most processes never start, such as graph launches or memsets, costs nothing until then); a
+        `timed` series (a duration) none for a process that measures none (ACTIVITY=off)."""
         for rec in self.processes():
+            if timed and rec.kernels.untimed:
+                continue
             attrs = rec.attrs
             for hid, d in rec.devices.items():
                 if counted is None or counted(d):
@@ -315,6 +318,8 @@ class CensusMetrics:
 
     def _per_copy(self, field: str) -> Iterable[Observation]:
         for rec in self.processes():
+            if field == "ns" and rec.kernels.untimed:
+                continue                         # no copy time measured (ACTIVITY=off)
             attrs = rec.attrs
             for hid, d in rec.devices.items():
                 for (direction, mem), s in sorted(d.copies.cells.items()):
@@ -352,7 +357,7 @@ class CensusMetrics:
             "gpu_census.busy.time": lambda: self._per_device(lambda d: d.busy_ns / s),
             "gpu_census.kernel.traced.time": self._traced,
             "gpu_census.graph.count": lambda: self._per_device(lambda d: d.graph_launches, graphs),
-            "gpu_census.graph.time": lambda: self._per_device(lambda d: d.graph_ns / s, graphs),
+            "gpu_census.graph.time": lambda: self._per_device(lambda d: d.graph_ns / s, graphs, timed=True),
             "gpu_census.copy.count": lambda: self._per_copy("count"),
             "gpu_census.copy.bytes": lambda: self._per_copy("bytes"),
             "gpu_census.copy.time": lambda: self._per_copy("ns"),
@@ -361,7 +366,7 @@ class CensusMetrics:
             "gpu_census.peer.received.time": lambda: self._per_device(lambda d: d.peer_recv.ns / s, peers),
             "gpu_census.memset.count": lambda: self._per_device(lambda d: d.memset.count, memsets),
             "gpu_census.memset.bytes": lambda: self._per_device(lambda d: d.memset.bytes, memsets),
-            "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s, memsets),
+            "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s, memsets, timed=True),
             "gpu_census.records.dropped": lambda: (Observation(r.dropped, r.attrs) for r in self.processes()),
             "gpu_census.process.counting": lambda: (Observation(int(r.counting), r.attrs) for r in self.processes()),
             "gpu_census.busy.ratio": lambda: (Observation(v, {HW_ID: h}) for h, v in sorted(self.busy_ratios().items())),
