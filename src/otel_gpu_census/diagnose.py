@@ -265,9 +265,11 @@ def pageable_hot_path(c: ProcessCensus, t: Optional[Timeline]) -> List[Diagnosis
         pinned = totals.copies.get(d, "pinned")
         compare = (f"; its pinned {DIRECTION_WORDS[d]} copies ran at {pinned.bytes / pinned.ns:.1f} GB/s"
                    if pinned.count and pinned.ns else "")
+        # untimed (OTEL_GPU_CENSUS_ACTIVITY=off): bytes without a time, never "0.0 GB/s"
+        took = f" in {seconds(pageable.ns)} s ({bw:.1f} GB/s){compare}" if pageable.ns else ""
         text = (f"pageable host memory on a hot path: at least {exact(at_least)} {DIRECTION_WORDS[d]} copies with "
                 f"pageable memory {where}, {rate:.1f} a second; all {exact(pageable.count)} such copies moved "
-                f"{_bytes(pageable.bytes)} in {seconds(pageable.ns)} s ({bw:.1f} GB/s){compare}. A copy with "
+                f"{_bytes(pageable.bytes)}{took}. A copy with "
                 "pageable memory is synchronous and staged through a driver buffer; page-locked host buffers "
                 "(cudaHostAlloc, torch's pin_memory) make it asynchronous and faster.")
         out.append(Diagnosis("pageable_hot_path", text, c.pid, {

@@ -111,9 +111,9 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         lost += (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                  if c.launches_lost else "")
         return ("kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off): CUPTI's activity API was never set "
-                "up, so CUDA calls ran at full speed; kernel counts, copies (bytes, direction, host memory) and "
-                "memsets are exact, and no duration was measured: kernel time is unknown, copy time, graph spans "
-                f"and busy time are 0{lost}")
+                "up (its tax on every CUDA call not paid; its callbacks still cost each launch, measurements §21); "
+                "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
+                f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
     if k.counted:
         lost = (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                 if c.launches_lost else "")
@@ -259,6 +259,8 @@ def per_request(censuses: Sequence[ProcessCensus], requests: int) -> dict:
            "copies": {}}
     if kt.estimated:
         out["kernel_time_estimated"] = True
+    if kt.unknown:
+        out["kernel_time_unknown"] = True
     for direction in DIRECTIONS:
         s = total.copies.get(direction)
         if s.count:
@@ -370,13 +372,14 @@ _LABEL_END = 26      # indent + label column: room for "peer-to-peer received"
 _COPY_HEADER = f"{'':<{_LABEL_END}}{'count':>12}{'bytes':>22}{'size':>12}{'time s':>14}"
 
 
-def _copy_row(label: str, s: Stat, indent: int = 4) -> str:
+def _copy_row(label: str, s: Stat, indent: int = 4, untimed: bool = False) -> str:
     return (f"{' ' * indent}{label:<{_LABEL_END - indent}}{s.count:>12,}{s.bytes:>22,}{human_size(s.bytes):>12}"
-            f"{seconds(s.ns):>14}")
+            f"{'—' if untimed else seconds(s.ns):>14}")
 
 
 def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
-                  kt: Optional[KernelTime] = None) -> List[str]:
+                  kt: Optional[KernelTime] = None, untimed: bool = False) -> List[str]:
+    """untimed (OTEL_GPU_CENSUS_ACTIVITY=off): counts and bytes only; every time says it was not measured."""
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
@@ -388,26 +391,29 @@ def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
     span = d.last_ns - d.first_ns
     if span > 0:
         busy += f"; {percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity"
+    if untimed:
+        busy = "busy not measured"
     lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {_kernel_time_words(kt or KernelTime(d.kernel_ns))}   "
                  f"{busy}")
     if d.graph_launches:
-        lines.append(f"    graph launches {d.graph_launches:,} ({seconds(d.graph_ns)} s), traced per launch: "
-                     f"{d.graph_kernel_count:,} of the kernels ran inside them (kernel time: their spans)")
+        lines.append(f"    graph launches {d.graph_launches:,} " + (
+            "(spans not measured)" if untimed else f"({seconds(d.graph_ns)} s)") + ", traced per launch: "
+            f"{d.graph_kernel_count:,} of the kernels ran inside them" + ("" if untimed else " (kernel time: their spans)"))
     rows = []
     for direction in DIRECTIONS:
         s = d.copies.get(direction)
         if not s.count:
             continue
-        rows.append(_copy_row(DIRECTION_LABELS[direction], s))
+        rows.append(_copy_row(DIRECTION_LABELS[direction], s, untimed=untimed))
         if direction in HOST_DIRECTIONS:
             for mem in MEMORY_KINDS:
                 m = d.copies.get(direction, mem)
                 if m.count:
-                    rows.append(_copy_row(f"{mem} host", m, indent=6))
+                    rows.append(_copy_row(f"{mem} host", m, indent=6, untimed=untimed))
     if d.peer_recv.count:          # not a copy this device made: listed apart from the directions
-        rows.append(_copy_row(PEER_RECEIVED_LABEL, d.peer_recv))
+        rows.append(_copy_row(PEER_RECEIVED_LABEL, d.peer_recv, untimed=untimed))
     if d.memset.count:
-        rows.append(_copy_row("memset", d.memset))
+        rows.append(_copy_row("memset", d.memset, untimed=untimed))
     if rows:
         lines.append(_COPY_HEADER)
         lines.extend(rows)
@@ -424,7 +430,7 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d)))
+        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d), c.kernels.untimed))
     cl = cost_line(c)
     if cl:
         lines.append(f"  {cl}")
@@ -458,8 +464,10 @@ def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List
     if "memset" in pr:
         lines.append(f"  {exact(pr['memset']['bytes'])} bytes ({human_size(pr['memset']['bytes'])}) set "
                      f"per request, in {plural(pr['memset']['count'], 'memset')}")
-    lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, {seconds(pr['kernel_ns'])} s kernel "
-                 "time per request" + (" (estimated)" if pr.get("kernel_time_estimated") else ""))
+    untimed = pr.get("kernel_time_unknown") and not pr.get("kernel_time_estimated")
+    lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, " + (
+        "kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off)" if untimed else
+        f"{seconds(pr['kernel_ns'])} s kernel time per request" + (" (estimated)" if pr.get("kernel_time_estimated") else "")))
     return lines
 
 

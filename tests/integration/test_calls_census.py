@@ -120,6 +120,8 @@ def test_activity_off_counts_every_copy_memset_and_launch_at_its_call_without_th
     text = report.render_text([p], requests=1)
     assert "kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off)" in text
     assert "kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off)" in text and "(estimated)" not in text
+    assert "busy not measured" in text and "graph launches 3 (spans not measured)" in text
+    assert "5 kernels per request, kernel time not measured" in text and "0.000000" not in text   # no time reads as 0
     assert "5 launches counted x 1.31 us" in text and "1 copies, memsets or graph launches were seen but could not" in text
     out = report.to_dict([p], requests=1)
     assert out["processes"][0]["devices"][0]["kernel_time_unknown"] is True

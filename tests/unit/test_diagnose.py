@@ -102,6 +102,20 @@ def test_pageable_copies_while_serving(census, records):
     assert "64 per request" in d.text and "pin_memory" in d.text
 
 
+def test_pageable_copies_counted_without_time_are_named_without_a_bandwidth(census, records):
+    """A census at the calls (OTEL_GPU_CENSUS_ACTIVITY=off) has the copies and their bytes, no time: the
+    diagnosis stands, with no "0.0 GB/s"."""
+    from dataclasses import replace
+    from otel_gpu_census.census import CopyTable
+    sv = serve(records, clients=1, requests=8)
+    c = census(sv)
+    devices = {k: replace(dv, copies=CopyTable({key: replace(st, ns=0) for key, st in dv.copies.cells.items()}))
+               for k, dv in c.devices.items()}
+    d = one(diagnose([replace(c, devices=devices)], with_log(sv)), "pageable_hot_path")
+    assert "at least 512 device-to-host copies with pageable memory while serving" in d.text
+    assert "GB/s" not in d.text and " in 0.000000 s" not in d.text and d.figures["pageable_ns"] == 0
+
+
 def test_pinned_copies_are_not_a_hot_path(census, records):
     sv = serve(records, clients=1, requests=8, logits_mem="pinned")
     assert "pageable_hot_path" not in kinds(diagnose([census(sv)], with_log(sv)))
