@@ -75,6 +75,14 @@ def test_run_kernels_sets_the_setting_for_the_child(env, census_dir, value, chil
     assert p.returncode == 0 and p.stdout.strip() == child_sees
 
 
+def test_run_activity_off_sets_the_setting_for_the_child_and_none_leaves_it_unset(env, census_dir):
+    env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
+    show = ["--", "sh", "-c", 'echo "[$OTEL_GPU_CENSUS_ACTIVITY]"']
+    off = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
+    default = run_cli(env, "run", "--dir", str(census_dir), *show)
+    assert (off.returncode, off.stdout.strip(), default.stdout.strip()) == (0, "[off]", "[]")
+
+
 def test_run_keeps_another_injector_and_warns(env, census_dir):
     env["CUDA_INJECTION64_PATH"] = "/opt/nsight/libToolsInjection64.so"
     p = run_cli(env, "run", "--dir", str(census_dir), "--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH"')
@@ -112,6 +120,7 @@ def test_run_without_command_is_a_usage_error(env, census_dir):
     ["run", "--kernels", "30/100", "--", "true"],
     ["run", "--kernels", "100/100", "--", "true"],
     ["run", "--kernels", "some", "--", "true"],
+    ["run", "--activity", "none", "--", "true"],
     ["report", "--bogus"],
     ["report", "--pid", "x"],
     ["frobnicate"],
