@@ -313,7 +313,7 @@ int gc_calls_pending(void)
 void gc_calls_fold(gc_tally *t, gc_segment *seg)
 {
     if (!atomic_load(&g_started) || !t || !seg) return;
-    for (;;) {
+    for (uint32_t n = 0; n < QUEUE_CELLS; n++) {   /* at most a queue's worth under the lock: never endless */
         uint64_t deq = atomic_load_explicit(&g_deq, memory_order_relaxed);
         struct cell *cell = &g_q[deq & (QUEUE_CELLS - 1)];
         if (atomic_load_explicit(&cell->seq, memory_order_acquire) != deq + 1) break; /* empty, or being written */
