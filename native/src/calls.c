@@ -266,13 +266,6 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
     }
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
     if (dom != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return;
@@ -291,14 +284,14 @@ void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const vo
     gc_call c;
     memset(&c, 0, sizeof(c));
     int dev = gc_launches_device(cb);
+    c.dev = (uint8_t)dev;                     /* the calling context's; a peer copy names its sender */
     if (dev < 0 || read_call(shape, g_table[e - 1].elem, p, &c) != 0) {
         atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
         return;
     }
-    if (shape != S_PEER && !(shape == S_3DPEER && (c.dir == GC_DIR_DTOD || c.dir == GC_DIR_PTOP))) c.dev = (uint8_t)dev;
     if (c.what != GC_CALL_GRAPH && c.bytes == 0) return;   /* no work */
     c.corr = cb->correlationId;
-    c.t_ns = (uint64_t)((int64_t)mono_ns() + g_gpu_minus_mono);
+    c.t_ns = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
     push(&c);
 }
 

@@ -91,13 +91,6 @@ static struct {
 /* Modes whose kernel records follow the ON_MS/PERIOD_MS schedule. */
 static int has_schedule(uint32_t mode) { return !g_calls && (mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED); }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Called with g_mu held: the kernel kind went on or off at `mono` (traced time accrues while on). */
 static void note_tracing(int on, uint64_t mono)
 {
@@ -196,7 +189,7 @@ static gc_segment *segment(void)
     }
     gc_segment_init(seg, NULL, g_start_wall, g_clock_ref_gpu);
     seg->cupti_version = gc_cupti_version();
-    publish_kernels(seg, mono_ns());
+    publish_kernels(seg, gc_mono_ns());
     g_tally = t;
     g_seg = seg;
     return seg;
@@ -230,7 +223,7 @@ static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t
         seg->buffers++;
         count_losses(seg, ctx, stream);
         fill_uuids(seg);
-        gc_launches_fold(g_tally, seg, mono_ns());
+        gc_launches_fold(g_tally, seg, gc_mono_ns());
         gc_tally_publish(g_tally, 0);
         gc_segment_end_update(seg);
     }
@@ -390,13 +383,13 @@ static void *flusher(void *arg)
     (void)arg;
     if (atomic_load(&g_state) == WAITING && wait_and_attach() != 0) return NULL;
     const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
-    uint64_t next_flush = mono_ns() + period;
-    if (has_schedule(g_ks.mode)) g_next_phase = kernel_phase(mono_ns());
+    uint64_t next_flush = gc_mono_ns() + period;
+    if (has_schedule(g_ks.mode)) g_next_phase = kernel_phase(gc_mono_ns());
     /* ACTIVITY=off: the calls' queue is emptied every CALLS_FOLD_NS (bounded, never waited on) */
     const uint64_t CALLS_FOLD_NS = 20000000ull;
     for (;;) {
         uint64_t wake = g_next_phase < next_flush ? g_next_phase : next_flush;
-        if (g_calls && wake > mono_ns() + CALLS_FOLD_NS) wake = mono_ns() + CALLS_FOLD_NS;
+        if (g_calls && wake > gc_mono_ns() + CALLS_FOLD_NS) wake = gc_mono_ns() + CALLS_FOLD_NS;
         sleep_until(wake);
         if (getpid() != g_pid) break;
         int st = atomic_load(&g_state);
@@ -406,7 +399,7 @@ static void *flusher(void *arg)
         }
         if (st != ACTIVE) break;
         atomic_store(&g_flusher_busy, 1);
-        uint64_t now = mono_ns();
+        uint64_t now = gc_mono_ns();
         if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
             g_next_phase = has_schedule(g_ks.mode) ? kernel_phase(now) : UINT64_MAX;
         fold_launches(now);
@@ -426,7 +419,7 @@ static void *flusher(void *arg)
                 break;
             }
             uint64_t t = gc_wall_ns();
-            uint64_t m = mono_ns();
+            uint64_t m = gc_mono_ns();
             if (g_calls) fold_launches(m); /* every call made before t is in the totals now */
             if (g_calls || gc_cupti_flush_all(0) == CUPTI_SUCCESS) {
                 pthread_mutex_lock(&g_mu);
@@ -502,11 +495,11 @@ static int finish(int at_exit)
     if (g_calls && (gc_launches_pending() || gc_calls_pending())) (void)segment(); /* counted, never folded yet */
     if (g_seg) {
         gc_segment_begin_update(g_seg);
-        gc_launches_fold(g_tally, g_seg, mono_ns());
+        gc_launches_fold(g_tally, g_seg, gc_mono_ns());
         gc_calls_fold(g_tally, g_seg);
         gc_tally_publish(g_tally, 1);
         g_seg->complete_wall_ns = t;
-        publish_kernels(g_seg, mono_ns());
+        publish_kernels(g_seg, gc_mono_ns());
         count_losses(g_seg, NULL, 0);
         g_seg->state = GC_STATE_EXITED;
         gc_segment_end_update(g_seg);
@@ -733,7 +726,7 @@ static void learn_primary_contexts(void);
  * 0: counting so; 1: what it needs is missing (a line; the caller goes on with the activity API). */
 static int start_calls(void)
 {
-    uint64_t m = mono_ns(), w = gc_wall_ns();
+    uint64_t m = gc_mono_ns(), w = gc_wall_ns();
     /* No CUPTI clock without the activity API: the census clock is CLOCK_REALTIME (clock_ref_gpu_ns 0
      * maps it one to one), read through CLOCK_MONOTONIC as launches.c does. */
     g_ks.gpu_minus_mono = (int64_t)(w - m);
@@ -758,7 +751,7 @@ static int start_calls(void)
         gc_launches_set_counting(0);
         gc_calls_set_counting(0);
         g_ctl.paused = 1;
-        g_ctl.paused_since = mono_ns();
+        g_ctl.paused_since = gc_mono_ns();
     }
     return 0;
 }
@@ -823,11 +816,11 @@ static int start(void)
         g_graph_mode = GC_GRAPHS_NODE;
         g_graphs_learned = 0;
     }
-    uint64_t m0 = mono_ns();
+    uint64_t m0 = gc_mono_ns();
     CUptiResult tr;
     uint64_t ts = gc_cupti_timestamp(&tr);
     g_clock_ref_gpu = ts;
-    uint64_t m1 = mono_ns();
+    uint64_t m1 = gc_mono_ns();
     /* The schedule starts now, with kernels on (enabled above). Without a CUPTI clock, sampling
      * cannot be placed on the records' time line: trace every kernel instead. */
     if (has_schedule(g_ks.mode) && !ts) {
@@ -953,14 +946,14 @@ static void follow_contexts(void)
  * meanwhile (exit, gc_finish, a fork) or CUPTI cannot be set up. */
 static int wait_and_attach(void)
 {
-    const uint64_t t0 = mono_ns();
+    const uint64_t t0 = gc_mono_ns();
     for (;;) {
         if (getpid() != g_pid || atomic_load(&g_state) != WAITING) return -1;
-        uint64_t now = mono_ns(), age = now - t0;
+        uint64_t now = gc_mono_ns(), age = now - t0;
         uint64_t tick = age < 10000000000ull ? 100000ull : age < 60000000000ull ? 1000000ull : 10000000ull;
         if (primary_context_active()) {
             atomic_store(&g_flusher_busy, 1); /* exit waits (bounded) for the set-up to end */
-            int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (mono_ns() - now)) : -1;
+            int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (gc_mono_ns() - now)) : -1;
             int waiting = WAITING;
             int ok = rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE);
             if (!ok) { /* CUPTI refused, or exit/gc_finish/fork came first (then the state is no longer WAITING) */
@@ -1033,7 +1026,7 @@ int gc_flush(void)
 {
     if (!gc_active()) return -1;
     if (!g_calls && gc_cupti_flush_all(0) != CUPTI_SUCCESS) return -1;
-    fold_launches(mono_ns());
+    fold_launches(gc_mono_ns());
     return 0;
 }
 

@@ -106,5 +106,6 @@ struct gc_segment;
 /* Create and map this process's segment in the census folder; NULL (and a log line) on failure. */
 struct gc_segment *gc_segment_open(char *path_out, size_t path_len);
 uint64_t gc_wall_ns(void);
+uint64_t gc_mono_ns(void);      /* CLOCK_MONOTONIC: what launches and calls are placed by, what the flusher sleeps on */
 
 #endif

@@ -140,13 +140,6 @@ int gc_launches_start(int64_t gpu_minus_mono)
 
 void gc_launches_set_counting(int on) { atomic_store(&g_counting, on && atomic_load(&g_started)); }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int gc_launches_device(const CUpti_CallbackData *cb)
 {
     if (!cb->context) return -1;
@@ -167,7 +160,7 @@ static void count(const CUpti_CallbackData *cb)
         return;
     }
     atomic_fetch_add_explicit(&g_dev[t_dev], 1, memory_order_relaxed);
-    uint64_t gpu = (uint64_t)((int64_t)mono_ns() + g_gpu_minus_mono);
+    uint64_t gpu = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
     atomic_fetch_add_explicit(&g_win[(gpu / GC_WINDOW_NS) & (GC_WINDOW_SLOTS - 1)], 1, memory_order_relaxed);
 }
 

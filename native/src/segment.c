@@ -25,6 +25,13 @@ uint64_t gc_wall_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t gc_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* Field 22 of /proc/self/stat: start time in clock ticks since boot. With the pid it names a
  * process uniquely, so a reader can tell a reused pid apart. */
 static uint64_t proc_start_ticks(void)

@@ -363,22 +363,32 @@ static void tally_memcpy(gc_tally *t, const GC_MEMCPY_T *m)
 }
 
 /* Peer copies: counted as sent by the source device, and as received by the destination. */
+static void tally_peer_copy(gc_tally *t, uint32_t src, uint32_t dst, uint32_t corr, uint64_t s, uint64_t e,
+                            uint64_t bytes)
+{
+    tally_copy(t, src, GC_DIR_PTOP, GC_MEM_DEVICE, corr, s, e, bytes);
+    gc_device *d = device(t, dst);
+    if (d) stat_add(&d->peer_recv, bytes, dur(s, e));
+}
+
 static void tally_peer(gc_tally *t, const CUpti_ActivityMemcpyPtoP4 *p)
 {
-    tally_copy(t, p->srcDeviceId, GC_DIR_PTOP, GC_MEM_DEVICE, p->correlationId, p->start, p->end,
-               p->bytes);
-    gc_device *dst = device(t, p->dstDeviceId);
-    if (dst) stat_add(&dst->peer_recv, p->bytes, dur(p->start, p->end));
+    tally_peer_copy(t, p->srcDeviceId, p->dstDeviceId, p->correlationId, p->start, p->end, p->bytes);
+}
+
+static void tally_set(gc_tally *t, uint32_t dev, uint32_t corr, uint64_t s, uint64_t e, uint64_t bytes)
+{
+    gc_device *d = device(t, dev);
+    if (!d) { t->seg->records_unknown++; return; }
+    stat_add(&d->memset, bytes, dur(s, e));
+    seen(t, d, s, e);
+    window_add(t, W_MEMSET, 0, dev, s, e, 1, bytes);
+    step_add(t, W_MEMSET, 0, dev, corr, s, e, 1, bytes);
 }
 
 static void tally_memset(gc_tally *t, const GC_MEMSET_T *m)
 {
-    gc_device *d = device(t, m->deviceId);
-    if (!d) { t->seg->records_unknown++; return; }
-    stat_add(&d->memset, m->bytes, dur(m->start, m->end));
-    seen(t, d, m->start, m->end);
-    window_add(t, W_MEMSET, 0, m->deviceId, m->start, m->end, 1, m->bytes);
-    step_add(t, W_MEMSET, 0, m->deviceId, m->correlationId, m->start, m->end, 1, m->bytes);
+    tally_set(t, m->deviceId, m->correlationId, m->start, m->end, m->bytes);
 }
 
 /* One record per graph launch (GRAPH_TRACE), with what the launch put on the GPU as graphs.c learned
@@ -442,19 +452,10 @@ void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *conte
         gc_tally_graph_launch(t, &g, contents);
         return;
     }
-    gc_device *d = device(t, c->dev);
-    if (!d) { t->seg->records_unknown++; return; }
-    if (c->what == GC_CALL_MEMSET) {
-        stat_add(&d->memset, c->bytes, 0);
-        seen(t, d, c->t_ns, c->t_ns);
-        window_add(t, W_MEMSET, 0, c->dev, c->t_ns, c->t_ns, 1, c->bytes);
-        step_add(t, W_MEMSET, 0, c->dev, c->corr, c->t_ns, c->t_ns, 1, c->bytes);
-        return;
-    }
-    if (c->what != GC_CALL_COPY || c->dir >= GC_NDIR || c->mem >= GC_NMEM) { t->seg->records_unknown++; return; }
-    tally_copy(t, c->dev, c->dir, c->mem, c->corr, c->t_ns, c->t_ns, c->bytes);
-    gc_device *dst = c->dir == GC_DIR_PTOP ? device(t, c->peer_dev) : NULL;
-    if (dst) stat_add(&dst->peer_recv, c->bytes, 0);
+    if (c->what == GC_CALL_MEMSET) tally_set(t, c->dev, c->corr, c->t_ns, c->t_ns, c->bytes);
+    else if (c->what != GC_CALL_COPY || c->dir >= GC_NDIR || c->mem >= GC_NMEM) t->seg->records_unknown++;
+    else if (c->dir == GC_DIR_PTOP) tally_peer_copy(t, c->dev, c->peer_dev, c->corr, c->t_ns, c->t_ns, c->bytes);
+    else tally_copy(t, c->dev, c->dir, c->mem, c->corr, c->t_ns, c->t_ns, c->bytes);
 }
 
 static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)
