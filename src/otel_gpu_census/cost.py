@@ -65,19 +65,15 @@ class CensusCost:
 
 def estimate(c: ProcessCensus) -> CensusCost:
     eager = graph = copies = launches = 0
-    if c.kernels.untimed:         # counted at the calls: callbacks' prices, no record, no activity API
-        for d in c.devices.values():
-            graph += d.graph_kernel_count
-            launches += d.eager_launches
-            copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
-        s = launches * CALLS_LAUNCH_S + copies * CALLS_COPY_S + graph * CALLS_GRAPH_NODE_S
-        return CensusCost(0, graph, copies, s, False, CALLS_GRAPH_NODE_S, launches, 0)
     for d in c.devices.values():
         graph += d.graph_kernel_count
         # counted: kernel_count holds launches, and only the duty cycle's eager kernels were records
         eager += d.eager_traced if c.kernels.counted else d.kernel_count - d.graph_kernel_count
         launches += d.eager_launches if c.kernels.counted else 0
         copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
+    if c.kernels.untimed:         # counted at the calls (no record: eager is 0): the callbacks' prices
+        s = launches * CALLS_LAUNCH_S + copies * CALLS_COPY_S + graph * CALLS_GRAPH_NODE_S
+        return CensusCost(eager, graph, copies, s, False, CALLS_GRAPH_NODE_S, launches, 0)
     per_node = c.graphs.mode != GRAPHS_LAUNCH
     # Traced node by node, graph nodes are kernel records like eager ones: priced as eager launches,
     # an upper bound (a node costs CUPTI 0.332 µs against 0.902 for an eager launch).
