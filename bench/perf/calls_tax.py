@@ -5,7 +5,9 @@ in-place add 22-42 %), paused or not. OTEL_GPU_CENSUS_ACTIVITY=off counts at the
 activity API. This runs the same torch workload in separate processes, one per mode, their order rotating
 every round, each pinned to the same core:
   plain     no injector
-  calls     the injector, OTEL_GPU_CENSUS_ACTIVITY=off
+  preload   the injector preloaded (LD_PRELOAD) too, OTEL_GPU_CENSUS_ACTIVITY=off: the calls are its own
+            wrappers', CUPTI never loaded (interpose.c)
+  calls     the injector, OTEL_GPU_CENSUS_ACTIVITY=off, not preloaded: CUPTI's callbacks
   default   the injector as shipped (counted kernels, the activity API for durations and copies)
 Each process times, after a warm-up, ROUNDS rounds of: in-place adds on a 1-element tensor (one eager
 launch each, torch's own CUDA calls around it); replays of a captured CUDA graph of 64 adds (CPU time to
@@ -99,7 +101,7 @@ if attached:
     lib.gc_finish()           # the final flush: every record of the process in
     c = read_segment(lib.gc_segment_path().decode())
     dv = c.devices[0]
-    res["census"] = {"kernels": c.kernels.name, "eager_launches": dv.eager_launches, "kernel_count": dv.kernel_count,
+    res["census"] = {"kernels": c.kernels.name, "preloaded": bool(c.flags & 0x40), "eager_launches": dv.eager_launches, "kernel_count": dv.kernel_count,
                      "graph_launches": dv.graph_launches, "graph_kernel_count": dv.graph_kernel_count,
                      "htod_pinned": [dv.copies.get("htod", "pinned").count, dv.copies.get("htod", "pinned").bytes],
                      "dtoh_pinned": [dv.copies.get("dtoh", "pinned").count, dv.copies.get("dtoh", "pinned").bytes],
@@ -112,7 +114,7 @@ if attached:
 print("RESULT " + json.dumps(res), flush=True)
 """
 
-MODES = ("plain", "calls", "default")
+MODES = ("plain", "preload", "calls", "default")
 KEYS = ("eager_ns", "graph_issue_ns", "graph_ns", "copy_pair_ns", "control_ms")
 
 
@@ -120,11 +122,14 @@ def child_env(mode: str, census_dir: str) -> dict:
     env = dict(os.environ)
     env.pop("CUDA_INJECTION64_PATH", None)
     env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
+    env.pop("LD_PRELOAD", None)
     if mode != "plain":
         env["CUDA_INJECTION64_PATH"] = os.environ["OTEL_GPU_CENSUS_LIB"]
         env["OTEL_GPU_CENSUS_DIR"] = census_dir
-        if mode == "calls":
+        if mode in ("calls", "preload"):
             env["OTEL_GPU_CENSUS_ACTIVITY"] = "off"
+        if mode == "preload":
+            env["LD_PRELOAD"] = os.environ["OTEL_GPU_CENSUS_LIB"]
     return env
 
 
@@ -144,18 +149,19 @@ def summarise(rotations: list) -> dict:
     for m in MODES[1:]:
         for k in KEYS:
             r = [rot[m][k] / rot["plain"][k] for rot in rotations
-                 if "error" not in rot[m] and "error" not in rot["plain"] and rot["plain"].get(k)]
+                 if m in rot and "error" not in rot[m] and "error" not in rot["plain"] and rot["plain"].get(k)]
             if r:
                 out[f"{m}/plain {k}"] = {"median": round(statistics.median(r), 4), "min": round(min(r), 4),
                                          "max": round(max(r), 4), "all": [round(x, 4) for x in r]}
     for m in MODES:
-        out[f"{m} medians"] = {k: round(statistics.median(rot[m][k] for rot in rotations if k in rot[m]), 1)
-                               for k in KEYS if any(k in rot[m] for rot in rotations)}
-    def counts(c):        # what both census modes must agree on: every count and byte, not durations
-        return {k: v for k, v in c.items() if k not in ("kernels", "kernel_ns")}
-    same = [counts(rot["calls"]["census"]) == counts(rot["default"]["census"]) for rot in rotations
-            if rot["calls"].get("census") and rot["default"].get("census")]
-    out["census_counts_agree"] = {"rotations": len(same), "agree": sum(same)}
+        out[f"{m} medians"] = {k: round(statistics.median(rot[m][k] for rot in rotations if k in rot.get(m, {})), 1)
+                               for k in KEYS if any(k in rot.get(m, {}) for rot in rotations)}
+    def counts(c):        # what the census modes must agree on: every count and byte, not durations or the mode
+        return {k: v for k, v in c.items() if k not in ("kernels", "kernel_ns", "preloaded")}
+    for m in ("calls", "preload"):
+        same = [counts(rot[m]["census"]) == counts(rot["default"]["census"]) for rot in rotations
+                if rot.get(m, {}).get("census") and rot["default"].get("census")]
+        out[f"census_counts_agree_{m}"] = {"rotations": len(same), "agree": sum(same)}
     return out
 
 
@@ -173,7 +179,7 @@ def main() -> int:
         raise SystemExit("OTEL_GPU_CENSUS_LIB: the built injector (bench/device/run.sh setup sets it)")
     rotations = []
     for i in range(a.rotations):
-        order = MODES[i % 3:] + MODES[:i % 3]
+        order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
         rot = {"order": list(order)}
         for m in order:
             rot[m] = run_child(m, a)

@@ -86,6 +86,9 @@ enum gc_kernels {
  * its API call (exact counts, bytes, directions and host memory kinds), no durations: kernel, copy and
  * memset time, graph spans and busy are not measured (all 0) */
 #define GC_FLAG_CALLS           0x20u
+/* with GC_FLAG_CALLS: the calls seen by this library preloaded (LD_PRELOAD: it answers the process's dlsym and
+ * cuGetProcAddress with wrappers of the driver's functions), CUPTI never loaded; else by CUPTI's callbacks */
+#define GC_FLAG_PRELOAD         0x40u
 
 /* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
 enum gc_graphs {

@@ -22,6 +22,7 @@
  * counts it (calls_lost): bounded memory, never a wait.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -89,6 +90,7 @@ static const struct {
 static uint8_t g_entry[GC_API_CBIDS], g_per_thread[GC_API_CBIDS];
 static atomic_int g_started, g_counting;
 static int64_t g_gpu_minus_mono;
+static CUresult (*g_ctx_device)(CUdevice *, CUcontext);   /* cuCtxGetDevice_v2: a peer's device without CUPTI */
 
 static struct cell {
     _Atomic uint64_t seq;
@@ -114,14 +116,16 @@ static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *n
     return 0;
 }
 
-int gc_calls_start(int64_t gpu_minus_mono)
+int gc_calls_start(int64_t gpu_minus_mono, int by_cupti)
 {
     if (atomic_load(&g_started)) return 0;
     g_gpu_minus_mono = gpu_minus_mono;
     for (uint64_t i = 0; i < QUEUE_CELLS; i++) atomic_store_explicit(&g_q[i].seq, i, memory_order_relaxed);
     atomic_store(&g_enq, 0);
     atomic_store(&g_deq, 0);
-    if (gc_cupti_enable_api("copies not counted", GC_CB_CALLS, wanted) <= 0) return -1;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (cuda) *(void **)&g_ctx_device = dlsym(cuda, "cuCtxGetDevice_v2");
+    if (by_cupti && gc_cupti_enable_api("copies not counted", GC_CB_CALLS, wanted) <= 0) return -1;
     atomic_store(&g_counting, 1);
     atomic_store(&g_started, 1);
     return 0;
@@ -165,6 +169,16 @@ static CUstream stream_of(uint8_t shape, const void *p)
     case S_SET2D: return ((const struct p_set2d *)p)->stream;
     default: return NULL;
     }
+}
+
+/* The device of a peer copy's context: CUPTI's word, else the driver's (no CUPTI loaded). */
+static int ctx_device(CUcontext ctx, uint32_t *dev)
+{
+    if (gc_cupti_device_of(ctx, dev) == CUPTI_SUCCESS) return 0;
+    CUdevice d = 0;
+    if (!g_ctx_device || g_ctx_device(&d, ctx) != CUDA_SUCCESS || d < 0) return -1;
+    *dev = (uint32_t)d;
+    return 0;
 }
 
 static void classify(gc_call *c, CUmemorytype st, const void *sh, CUdeviceptr sd, CUmemorytype dt, const void *dh,
@@ -217,7 +231,7 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
         uint32_t sdev = 0, ddev = 0;
         c->bytes = q->bytes;
         c->mem = GC_MEM_DEVICE;
-        if (gc_cupti_device_of(q->sctx, &sdev) != CUPTI_SUCCESS || gc_cupti_device_of(q->dctx, &ddev) != CUPTI_SUCCESS ||
+        if (ctx_device(q->sctx, &sdev) != 0 || ctx_device(q->dctx, &ddev) != 0 ||
             sdev >= GC_MAX_DEVICES || ddev >= GC_MAX_DEVICES)
             return -1;
         c->dev = (uint8_t)sdev;
@@ -242,8 +256,8 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
     case S_3DPEER: {
         const CUDA_MEMCPY3D_PEER *m = ((const struct p_ptr *)p)->p;
         uint32_t sdev = 0, ddev = 0;
-        if (!m || gc_cupti_device_of(m->srcContext, &sdev) != CUPTI_SUCCESS ||
-            gc_cupti_device_of(m->dstContext, &ddev) != CUPTI_SUCCESS || sdev >= GC_MAX_DEVICES || ddev >= GC_MAX_DEVICES)
+        if (!m || ctx_device(m->srcContext, &sdev) != 0 || ctx_device(m->dstContext, &ddev) != 0 ||
+            sdev >= GC_MAX_DEVICES || ddev >= GC_MAX_DEVICES)
             return -1;
         c->bytes = (uint64_t)m->WidthInBytes * (m->Height ? m->Height : 1) * (m->Depth ? m->Depth : 1);
         classify(c, m->srcMemoryType, m->srcHost, m->srcDevice, m->dstMemoryType, m->dstHost, m->dstDevice);
@@ -266,6 +280,28 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
     }
 }
 
+/* A call of g_table[e - 1] that succeeded, its parameters `p`, made on device `dev` (-1: unknown). */
+static void note(uint8_t e, int per_thread, const void *p, int dev, uint32_t corr)
+{
+    uint8_t shape = g_table[e - 1].shape;
+    if (g_table[e - 1].async) {
+        CUstream s = stream_of(shape, p);
+        if (!s && per_thread) s = CU_STREAM_PER_THREAD;
+        if (gc_launches_capturing(s)) return;   /* a node of the graph being captured, not work */
+    }
+    gc_call c;
+    memset(&c, 0, sizeof(c));
+    c.dev = (uint8_t)dev;                     /* the calling context's; a peer copy names its sender */
+    if (dev < 0 || read_call(shape, g_table[e - 1].elem, p, &c) != 0) {
+        atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
+        return;
+    }
+    if (c.what != GC_CALL_GRAPH && c.bytes == 0) return;   /* no work */
+    c.corr = corr;
+    c.t_ns = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
+    push(&c);
+}
+
 void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
 {
     if (dom != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return;
@@ -273,26 +309,22 @@ void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const vo
     const CUpti_CallbackData *cb = data;
     if (!e || cb->callbackSite != CUPTI_API_EXIT || !atomic_load_explicit(&g_counting, memory_order_relaxed)) return;
     if (!cb->functionReturnValue || *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS) return;
-    uint8_t shape = g_table[e - 1].shape;
-    const void *p = cb->functionParams;
-    if (!p) return;
-    if (g_table[e - 1].async) {
-        CUstream s = stream_of(shape, p);
-        if (!s && g_per_thread[cbid]) s = CU_STREAM_PER_THREAD;
-        if (gc_launches_capturing(s)) return;   /* a node of the graph being captured, not work */
-    }
-    gc_call c;
-    memset(&c, 0, sizeof(c));
-    int dev = gc_launches_device(cb);
-    c.dev = (uint8_t)dev;                     /* the calling context's; a peer copy names its sender */
-    if (dev < 0 || read_call(shape, g_table[e - 1].elem, p, &c) != 0) {
-        atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
+    if (!cb->functionParams) return;
+    note(e, g_per_thread[cbid], cb->functionParams, gc_launches_device(cb), cb->correlationId);
+}
+
+int gc_calls_index(const char *name)
+{
+    for (size_t i = 0; i < NTABLE; i++)
+        if (strcmp(name, g_table[i].name) == 0) return (int)i;
+    return -1;
+}
+
+void gc_calls_note(int index, int per_thread, const void *params, int dev, uint32_t corr)
+{
+    if (index < 0 || (size_t)index >= NTABLE || !params || !atomic_load_explicit(&g_counting, memory_order_relaxed))
         return;
-    }
-    if (c.what != GC_CALL_GRAPH && c.bytes == 0) return;   /* no work */
-    c.corr = cb->correlationId;
-    c.t_ns = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
-    push(&c);
+    note((uint8_t)(index + 1), per_thread, params, dev, corr);
 }
 
 int gc_calls_pending(void)

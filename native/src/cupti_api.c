@@ -42,6 +42,10 @@ static struct {
     CUptiResult (*device_id)(CUcontext, uint32_t *);
 } cu;
 
+/* gc_cupti_load succeeded: the activity API is resolved (a census counting through the preloaded interposer never
+ * loads CUPTI, and every call below then answers NOT_INITIALIZED). */
+#define LOADED (cu.flush_all != NULL)
+
 /* The v2 buffer callbacks carry extra info we do not need: adapt them to the v1 shapes. */
 static CUpti_BuffersCallbackRequestFunc g_req;
 static CUpti_BuffersCallbackCompleteFunc g_done;
@@ -193,11 +197,21 @@ CUptiResult gc_cupti_register(CUpti_BuffersCallbackRequestFunc req, CUpti_Buffer
 {
     g_req = req;
     g_done = done;
+    if (!LOADED) return CUPTI_ERROR_NOT_INITIALIZED;
     return cu.v2 ? cu.register_cb_v2(cu.sub, on_request_v2, on_complete_v2) : cu.register_cb(req, done);
 }
 
-CUptiResult gc_cupti_enable(CUpti_ActivityKind k) { return cu.v2 ? cu.enable_v2(cu.sub, k, NULL) : cu.enable(k); }
-CUptiResult gc_cupti_disable(CUpti_ActivityKind k) { return cu.v2 ? cu.disable_v2(cu.sub, k, NULL) : cu.disable(k); }
+CUptiResult gc_cupti_enable(CUpti_ActivityKind k)
+{
+    if (!LOADED) return CUPTI_ERROR_NOT_INITIALIZED;
+    return cu.v2 ? cu.enable_v2(cu.sub, k, NULL) : cu.enable(k);
+}
+
+CUptiResult gc_cupti_disable(CUpti_ActivityKind k)
+{
+    if (!LOADED) return CUPTI_ERROR_NOT_INITIALIZED;
+    return cu.v2 ? cu.disable_v2(cu.sub, k, NULL) : cu.disable(k);
+}
 
 CUptiResult gc_cupti_kernels_context(CUcontext ctx, int on)
 {
@@ -207,16 +221,18 @@ CUptiResult gc_cupti_kernels_context(CUcontext ctx, int on)
 
 CUptiResult gc_cupti_next_record(uint8_t *buffer, size_t valid, CUpti_Activity **record)
 {
+    if (!LOADED) return CUPTI_ERROR_NOT_INITIALIZED;
     return cu.v2 ? cu.next_record_v2(cu.sub, buffer, valid, record) : cu.next_record(buffer, valid, record);
 }
 
 CUptiResult gc_cupti_dropped(CUcontext ctx, uint32_t stream, size_t *dropped)
 {
+    if (!LOADED) return CUPTI_ERROR_NOT_INITIALIZED;
     return cu.v2 ? cu.dropped_v2(cu.sub, ctx, stream, dropped) : cu.dropped(ctx, stream, dropped);
 }
 
-CUptiResult gc_cupti_flush_all(uint32_t flag) { return cu.flush_all(flag); }
-CUptiResult gc_cupti_flush_period(uint32_t ms) { return cu.flush_period(ms); }
+CUptiResult gc_cupti_flush_all(uint32_t flag) { return LOADED ? cu.flush_all(flag) : CUPTI_ERROR_NOT_INITIALIZED; }
+CUptiResult gc_cupti_flush_period(uint32_t ms) { return LOADED ? cu.flush_period(ms) : CUPTI_ERROR_NOT_INITIALIZED; }
 
 uint64_t gc_cupti_timestamp(CUptiResult *why)
 {

@@ -271,6 +271,35 @@ static void mark_changed(CUgraphExec exec)
         atomic_fetch_or_explicit(&v->flags, GC_GRAPH_INEXACT, memory_order_relaxed);
 }
 
+/* A launch of `exec` under correlation id `corr`: its contents as of now, for the tally. */
+static void note_launch(CUgraphExec exec, uint32_t corr)
+{
+    uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
+    atomic_store_explicit(&g.launch[corr & (GL_SLOTS - 1)], ((uint64_t)corr << 32) | n, memory_order_release);
+}
+
+/* ---- what the preloaded interposer reports (interpose.c): the calls the callbacks below follow ---- */
+
+void gc_graphs_learn(CUgraphExec exec, CUgraph graph)
+{
+    if (atomic_load_explicit(&g_on, memory_order_acquire) && exec) learn(exec, graph);
+}
+
+void gc_graphs_forget(CUgraphExec exec)
+{
+    if (atomic_load_explicit(&g_on, memory_order_acquire) && exec) exec_set((uint64_t)(uintptr_t)exec, 0);
+}
+
+void gc_graphs_changed(CUgraphExec exec)
+{
+    if (atomic_load_explicit(&g_on, memory_order_acquire)) mark_changed(exec);
+}
+
+void gc_graphs_launch(CUgraphExec exec, uint32_t corr)
+{
+    if (atomic_load_explicit(&g_on, memory_order_acquire)) note_launch(exec, corr);
+}
+
 /* ---- callbacks ---- */
 
 static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
@@ -316,10 +345,7 @@ void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const v
     if (!p) return;
     CUgraphExec exec = (CUgraphExec)p[0];
     if (role == R_LAUNCH) {
-        if (cb->callbackSite != CUPTI_API_ENTER) return;
-        uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
-        atomic_store_explicit(&g.launch[cb->correlationId & (GL_SLOTS - 1)],
-                              ((uint64_t)cb->correlationId << 32) | n, memory_order_release);
+        if (cb->callbackSite == CUPTI_API_ENTER) note_launch(exec, cb->correlationId);
         return;
     }
     if (cb->callbackSite != CUPTI_API_EXIT || !cb->functionReturnValue ||
@@ -345,7 +371,7 @@ int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
     return 0;
 }
 
-int gc_graphs_start(void)
+int gc_graphs_start(int by_cupti)
 {
     if (atomic_load(&g_on)) return 0;   /* ACTIVITY=off started it before falling back */
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -372,6 +398,7 @@ int gc_graphs_start(void)
         return -1;
     }
     atomic_store(&g_on, 1);
+    if (!by_cupti) return 0;   /* the preloaded interposer tells us (gc_graphs_learn and friends) */
     if (gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) != 0 ||
         gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING) != 0 ||
         gc_cupti_enable_api("graphs traced node by node", GC_CB_GRAPHS, wanted) <= 0) {

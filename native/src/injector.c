@@ -79,6 +79,8 @@ static int g_graphs_learned;          /* graphs.c is learning graph contents */
 /* OTEL_GPU_CENSUS_ACTIVITY=off in force: everything counted at its call (calls.c), CUPTI's activity API
  * never set up (no buffers, no kinds, no flush), so no duration is known. Fixed at start. */
 static int g_calls;
+/* ... and the calls seen by the preloaded interposer (interpose.c): CUPTI never loaded. */
+static int g_preload;
 
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
 static struct {
@@ -117,6 +119,7 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->attach_after_ns = g_attach.after_ns;
     seg->contexts_late = atomic_load(&g_attach.contexts_late);
     if (g_calls) seg->flags |= GC_FLAG_CALLS;
+    if (g_preload) seg->flags |= GC_FLAG_PRELOAD;
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -669,7 +672,7 @@ static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uin
         gc_log("control file: ignoring kernels=counted (graphs are traced node by node)");
         return;
     }
-    if (mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono) != 0) {
+    if (mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono, 1) != 0) {
         gc_log("control file: ignoring kernels=counted (CUPTI gave no launch callbacks)");
         return;
     }
@@ -731,14 +734,16 @@ static int start_calls(void)
      * maps it one to one), read through CLOCK_MONOTONIC as launches.c does. */
     g_ks.gpu_minus_mono = (int64_t)(w - m);
     g_clock_ref_gpu = 0;
-    gc_cupti_set_api_callback(on_api);
-    const char *why = gc_graphs_start() != 0 ? "graph contents cannot be learned"
-                    : gc_launches_start(g_ks.gpu_minus_mono) != 0 ? "no launch callbacks"
-                    : gc_calls_start(g_ks.gpu_minus_mono) != 0 ? "no copy callbacks" : NULL;
+    int by_cupti = !g_preload;
+    if (by_cupti) gc_cupti_set_api_callback(on_api);
+    const char *why = gc_graphs_start(by_cupti) != 0 ? "graph contents cannot be learned"
+                    : gc_launches_start(g_ks.gpu_minus_mono, by_cupti) != 0 ? "no launch callbacks"
+                    : gc_calls_start(g_ks.gpu_minus_mono, by_cupti) != 0 ? "no copy callbacks" : NULL;
     if (why) {
         gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: %s; counting through CUPTI's activity API", why);
         return 1;
     }
+    if (g_preload) gc_interpose_start();
     g_calls = 1;
     g_graphs_learned = 1;
     g_graph_mode = GC_GRAPHS_LAUNCH;
@@ -746,7 +751,7 @@ static int start_calls(void)
     g_ks.on_ms = g_ks.period_ms = 0;
     g_ks.origin_gpu = 0;
     g_ks.tracing = 0;
-    follow_contexts();
+    if (by_cupti) follow_contexts();
     if (g_cfg.start_paused) {
         gc_launches_set_counting(0);
         gc_calls_set_counting(0);
@@ -789,7 +794,7 @@ static int start(void)
     }
     /* Graph contents are learned through callbacks: under the v1 API they hold CUPTI's one slot. */
     g_graph_mode = GC_GRAPHS_NODE;
-    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start() == 0) {
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start(1) == 0) {
         g_graphs_learned = 1;
         g_graph_mode = GC_GRAPHS_LAUNCH;
     }
@@ -836,7 +841,7 @@ static int start(void)
         if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: graphs are traced node by node; tracing all kernels");
         g_ks.mode = GC_KERNELS_ALL;
     }
-    if (g_ks.mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono) != 0) {
+    if (g_ks.mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono, 1) != 0) {
         if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: no launch callbacks; tracing all kernels");
         g_ks.mode = GC_KERNELS_ALL;
     }
@@ -975,6 +980,23 @@ int InitializeInjection(void)
     gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
+    /* ACTIVITY=off in a process we are preloaded into: the calls are ours, CUPTI is never loaded. */
+    if (g_cfg.activity_off && gc_interpose_ready()) {
+        g_preload = 1;
+        if (start_calls() == 0) {
+            pthread_atfork(NULL, NULL, at_fork_child);
+            atexit(at_exit);
+            g_attach.mode = GC_ATTACH_CUINIT;
+            g_attach.wall_ns = gc_wall_ns();
+            atomic_store(&g_state, ACTIVE);
+            if (start_flusher() != 0) gc_log("no flusher thread: calls are counted at exit only (OTEL_GPU_CENSUS_ACTIVITY=off)");
+            return 1;
+        }
+        g_preload = 0;   /* start_calls said why (only graphs can fail, and then nothing was started) */
+    }
+    if (g_cfg.activity_off && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: preloaded, but no driver function was looked up through us before "
+               "cuInit; counting through CUPTI's callbacks");
     if (gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);

@@ -47,7 +47,13 @@ void gc_config_load(struct gc_config *c);
 int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *period_ms);
 
 /* graphs.c: the contents of graph launches, learned from their graphs (needs the v2 API's callbacks). */
-int gc_graphs_start(void);      /* 0: graph launches can be counted from their contents */
+/* 0: graph launches can be counted from their contents (learned through CUPTI's callbacks when by_cupti,
+ * else from what interpose.c reports through the four calls below) */
+int gc_graphs_start(int by_cupti);
+void gc_graphs_learn(CUgraphExec exec, CUgraph graph);  /* instantiated, or updated from `graph` */
+void gc_graphs_forget(CUgraphExec exec);                /* about to be destroyed */
+void gc_graphs_changed(CUgraphExec exec);               /* a node changed in the exec: inexact from now */
+void gc_graphs_launch(CUgraphExec exec, uint32_t corr); /* launched under `corr` (before the call) */
 void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
 int gc_graphs_contents(uint32_t corr, gc_graph_contents *out);   /* -1: not known */
 /* A copy's direction and host memory kind (enum gc_dir, gc_mem) from its two ends as the driver knows their
@@ -62,9 +68,16 @@ int gc_steps_pop(uint64_t *id);
 uint64_t gc_steps_lookup(uint32_t corr);    /* 0: not launched inside a step (or forgotten) */
 int gc_steps_in_use(void);
 void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
+void gc_steps_note(uint32_t corr);  /* interpose.c: a call under correlation id `corr` belongs to the open step */
+
+/* interpose.c: the driver's calls seen through this library preloaded (no CUPTI). */
+int gc_interpose_ready(void);       /* driver functions were handed out as our wrappers */
+void gc_interpose_start(void);      /* the wrappers report from now on */
+int gc_interpose_on(void);
 
 /* launches.c: eager kernel launches counted by callbacks (KERNELS=counted); the fold needs the writer's lock. */
-int gc_launches_start(int64_t gpu_minus_mono);  /* launch callbacks on; 0 when launches are counted */
+/* launch callbacks on (by_cupti; else interpose.c counts through gc_launches_count); 0 when counted */
+int gc_launches_start(int64_t gpu_minus_mono, int by_cupti);
 void gc_launches_set_counting(int on);          /* off while the census is paused, or in a forked child */
 void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
 /* The flusher's (and a finishing census's): launch callbacks off while nothing is counted, and a runtime
@@ -79,10 +92,19 @@ void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
  * records into a capture. */
 int gc_launches_device(const CUpti_CallbackData *cb);
 int gc_launches_capturing(CUstream stream);
+/* launches.c, for interpose.c: one eager launch on `dev` (-1: unknown) while counting; a capture begun (ok:
+ * it succeeded) or ended. */
+void gc_launches_count(int dev);
+int gc_launches_counting(void);
+void gc_launches_capture(int begin, int ok);
 
 /* calls.c: copies, memsets and graph launches counted at their API calls (ACTIVITY=off); the fold needs
  * the writer's lock. */
-int gc_calls_start(int64_t gpu_minus_mono);     /* 0 when every copy and memset call is followed */
+int gc_calls_start(int64_t gpu_minus_mono, int by_cupti); /* 0 when every copy and memset call is followed */
+/* for interpose.c: the index of a driver call calls.c reads (its name without _ptds/_ptsz; -1: none), and
+ * one such call that succeeded, its parameters laid out as CUPTI passes them (call_params.h) */
+int gc_calls_index(const char *name);
+void gc_calls_note(int index, int per_thread, const void *params, int dev, uint32_t corr);
 void gc_calls_set_counting(int on);
 void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
 int gc_calls_pending(void);

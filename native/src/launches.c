@@ -123,12 +123,17 @@ static int is_launch(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char
     return 1;
 }
 
-int gc_launches_start(int64_t gpu_minus_mono)
+int gc_launches_start(int64_t gpu_minus_mono, int by_cupti)
 {
     if (atomic_load(&g_started)) return 0;
     g_gpu_minus_mono = gpu_minus_mono;
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (cuda) *(void **)&g_is_capturing = dlsym(cuda, "cuStreamIsCapturing");
+    if (!by_cupti) { /* the preloaded interposer counts (interpose.c) */
+        atomic_store(&g_counting, 1);
+        atomic_store(&g_started, 1);
+        return 0;
+    }
     /* every runtime and driver kernel launch call, or none: a partial set would not be exact */
     g_nids = 0;
     int n = gc_cupti_enable_api("launches not counted", GC_CB_LAUNCHES, is_launch);
@@ -152,17 +157,29 @@ int gc_launches_device(const CUpti_CallbackData *cb)
     return t_dev;
 }
 
-static void count(const CUpti_CallbackData *cb)
+/* One launch on device `dev` (-1: unknown, lost: in no total, windows included). */
+static void count_on(int dev)
 {
     t_launches++;
-    if (gc_launches_device(cb) < 0) { /* lost launches are in no total, windows included */
+    if (dev < 0 || dev >= (int)GC_MAX_DEVICES) {
         atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
         return;
     }
-    atomic_fetch_add_explicit(&g_dev[t_dev], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_dev[dev], 1, memory_order_relaxed);
     uint64_t gpu = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
     atomic_fetch_add_explicit(&g_win[(gpu / GC_WINDOW_NS) & (GC_WINDOW_SLOTS - 1)], 1, memory_order_relaxed);
 }
+
+static void count(const CUpti_CallbackData *cb) { count_on(gc_launches_device(cb)); }
+
+void gc_launches_count(int dev)
+{
+    if (!atomic_load_explicit(&g_counting, memory_order_relaxed)) return;
+    if (dev >= 0) t_dev = dev;   /* the thread's device, for its steps */
+    count_on(dev);
+}
+
+int gc_launches_counting(void) { return atomic_load_explicit(&g_counting, memory_order_relaxed); }
 
 /* The launch calls' parameters as CUPTI passes them (generated_cuda_meta.h and
  * generated_cuda_runtime_api_meta.h of its headers, which do not compile on their own): the stream is
@@ -205,15 +222,20 @@ static int captured(int role, const CUpti_CallbackData *cb)
     return cb->functionParams && gc_launches_capturing(stream_of(role, cb->functionParams));
 }
 
-static void capture_seen(int role, const CUpti_CallbackData *cb)
+void gc_launches_capture(int begin, int ok)
 {
-    if (role == BEGIN_CAPTURE) {
-        if (cb->functionReturnValue && *(const int *)cb->functionReturnValue == 0) atomic_fetch_add(&g_capturing, 1);
+    if (begin) {
+        if (ok) atomic_fetch_add(&g_capturing, 1);
         return;
     }
     /* an end whose begin came before the census: never below zero */
     int v = atomic_load(&g_capturing);
     while (v > 0 && !atomic_compare_exchange_weak(&g_capturing, &v, v - 1)) {}
+}
+
+static void capture_seen(int role, const CUpti_CallbackData *cb)
+{
+    gc_launches_capture(role == BEGIN_CAPTURE, cb->functionReturnValue && *(const int *)cb->functionReturnValue == 0);
 }
 
 void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)

@@ -61,6 +61,14 @@ void gc_steps_callback(CUpti_CallbackDomain dom, const void *data)
                               ((uint64_t)cb->correlationId << 32) | id, memory_order_release);
 }
 
+void gc_steps_note(uint32_t corr)
+{
+    uint32_t id = t_top;
+    if (!id) return;
+    _Atomic uint64_t *map = atomic_load_explicit(&g_map, memory_order_relaxed);
+    if (map) atomic_store_explicit(&map[corr & (GC_LAUNCH_SLOTS - 1)], ((uint64_t)corr << 32) | id, memory_order_release);
+}
+
 int gc_steps_start(void)
 {
     static atomic_int state;  /* 0 untried, 1 on, -1 off */
@@ -74,7 +82,8 @@ int gc_steps_start(void)
             gc_log("steps off: no memory for the launch table");
         } else {
             atomic_store(&g_map, map);
-            if (gc_cupti_enable_api("steps off", GC_CB_STEPS, launches_work) > 0) s = 1;
+            /* counting through the preloaded interposer: it notes each call's step (gc_steps_note) */
+            if (gc_interpose_on() || gc_cupti_enable_api("steps off", GC_CB_STEPS, launches_work) > 0) s = 1;
         }
         if (s != 1) s = -1;
         atomic_store(&state, s);

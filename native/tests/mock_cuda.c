@@ -45,10 +45,26 @@ CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev)
     return 0;
 }
 
-/* graphs.c needs these to exist; the mock has no graphs to walk */
+/* graphs.c needs these to exist. Only the test graphs (0x6000 + K: K kernel nodes, node handles
+ * 0x70000 + i) can be walked; any other graph answers "not supported". */
 #define NOT_SUPPORTED 801
-CUresult cuGraphGetNodes(void *g, void *nodes, void *n) { (void)g; (void)nodes; (void)n; return NOT_SUPPORTED; }
-CUresult cuGraphNodeGetType(void *n, void *t) { (void)n; (void)t; return NOT_SUPPORTED; }
+#include <stddef.h>
+CUresult cuGraphGetNodes(void *g, void **nodes, size_t *n)
+{
+    unsigned long h = (unsigned long)g;
+    if (h < 0x6000 || h >= 0x6100) return NOT_SUPPORTED;
+    size_t k = h - 0x6000;
+    if (nodes)
+        for (size_t i = 0; i < k && i < *n; i++) nodes[i] = (void *)(0x70000ul + i);
+    *n = k;
+    return 0;
+}
+CUresult cuGraphNodeGetType(void *n, int *t)
+{
+    if ((unsigned long)n < 0x70000 || (unsigned long)n >= 0x70100) return NOT_SUPPORTED;
+    *t = 0;   /* CU_GRAPH_NODE_TYPE_KERNEL */
+    return 0;
+}
 CUresult cuGraphMemcpyNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
 CUresult cuGraphMemsetNodeGetParams(void *n, void *p) { (void)n; (void)p; return NOT_SUPPORTED; }
 CUresult cuGraphChildGraphNodeGetGraph(void *n, void *g) { (void)n; (void)g; return NOT_SUPPORTED; }
@@ -84,4 +100,115 @@ CUresult cuStreamIsCapturing(void *stream, int *status)
     unsigned long c = atomic_load(&g_capturing);
     *status = c && (unsigned long)stream == c;   /* CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 */
     return 0;
+}
+
+/* ---- the driver as the preloaded interposer sees it (interpose.c) ----
+ * cuGetProcAddress_v2 answers from the table below (the per-thread twin under
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), as libcuda answers with its exports; the current context
+ * is device mock_cuda_set_device(D)'s; launches, copies and graph launches succeed unless
+ * mock_cuda_set_result(R) says otherwise, and count themselves (mock_cuda_calls()). Test graphs: a handle
+ * 0x6000 + K is a graph of K kernel nodes (its exec: the handle + 0x1000). */
+#include <string.h>
+
+static atomic_int g_dev, g_result, g_calls;
+void mock_cuda_set_device(int dev) { atomic_store(&g_dev, dev); }
+void mock_cuda_set_result(int r) { atomic_store(&g_result, r); }
+int mock_cuda_calls(void) { return atomic_load(&g_calls); }
+static CUresult done(void) { atomic_fetch_add(&g_calls, 1); return atomic_load(&g_result); }
+
+CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
+CUresult cuCtxGetCurrent(void **ctx) { *ctx = (void *)(unsigned long)(0xc000 + atomic_load(&g_dev)); return 0; }
+CUresult cuCtxGetDevice(CUdevice *dev) { *dev = atomic_load(&g_dev); return 0; }
+CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned long)ctx - 0xc000); return 0; }
+
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, void *stream, void **params, void **extra)
+{
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)stream, (void)params,
+        (void)extra;
+    return done();
+}
+CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             unsigned shared, void *stream, void **params, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+CUresult cuLaunchKernelEx(const void *config, void *f, void **params, void **extra)
+{
+    (void)config, (void)f, (void)params, (void)extra;
+    return done();
+}
+CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *stream)
+{
+    (void)dst, (void)src, (void)n, (void)stream;
+    return done();
+}
+CUresult cuMemcpyHtoDAsync_v2_ptsz(unsigned long long dst, const void *src, size_t n, void *stream)
+{
+    return cuMemcpyHtoDAsync_v2(dst, src, n, stream);
+}
+CUresult cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) { (void)dst, (void)src, (void)n; return done(); }
+CUresult cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t n, void *stream)
+{
+    (void)dst, (void)src, (void)n, (void)stream;
+    return done();
+}
+CUresult cuMemsetD32Async(unsigned long long dst, unsigned int v, size_t n, void *stream)
+{
+    (void)dst, (void)v, (void)n, (void)stream;
+    return done();
+}
+CUresult cuGraphInstantiateWithFlags(unsigned long *exec, unsigned long graph, unsigned long long flags)
+{
+    (void)flags;
+    *exec = graph + 0x1000;
+    return done();
+}
+CUresult cuGraphLaunch(unsigned long exec, void *stream) { (void)exec, (void)stream; return done(); }
+CUresult cuGraphExecDestroy(unsigned long exec) { (void)exec; return done(); }
+CUresult cuStreamBeginCapture_v2(unsigned long stream, int mode)
+{
+    (void)mode;
+    mock_cuda_set_capturing(stream);
+    return 0;
+}
+CUresult cuStreamEndCapture(unsigned long stream, void **graph)
+{
+    (void)stream;
+    *graph = NULL;
+    mock_cuda_set_capturing(0);
+    return 0;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
+static const struct { const char *name; void *fn; } g_procs[] = {
+    {"cuInit", (void *)cuInit}, {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
+    {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
+    {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
+    {"cuMemcpyHtoDAsync", (void *)cuMemcpyHtoDAsync_v2}, {"cuMemcpyHtoDAsync_ptsz", (void *)cuMemcpyHtoDAsync_v2_ptsz},
+    {"cuMemcpyDtoH", (void *)cuMemcpyDtoH_v2}, {"cuMemcpyAsync", (void *)cuMemcpyAsync},
+    {"cuMemsetD32Async", (void *)cuMemsetD32Async},
+    {"cuGraphInstantiate", (void *)cuGraphInstantiateWithFlags}, {"cuGraphLaunch", (void *)cuGraphLaunch},
+    {"cuGraphExecDestroy", (void *)cuGraphExecDestroy}, {"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2},
+    {"cuStreamEndCapture", (void *)cuStreamEndCapture}, {"cuGetProcAddress", (void *)cuGetProcAddress_v2},
+};
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status)
+{
+    (void)version;
+    char want[128];
+    for (int pass = (flags & 2) ? 0 : 1; pass < 2; pass++) {   /* 2: CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
+        strncpy(want, symbol, sizeof(want) - 8);
+        want[sizeof(want) - 8] = 0;
+        if (pass == 0) strcat(want, "_ptsz");
+        for (size_t i = 0; i < sizeof(g_procs) / sizeof(g_procs[0]); i++) {
+            if (strcmp(want, g_procs[i].name) == 0) {
+                *pfn = g_procs[i].fn;
+                if (status) *status = 0;
+                return 0;
+            }
+        }
+    }
+    *pfn = NULL;
+    if (status) *status = 1;   /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+    return 500;                /* CUDA_ERROR_NOT_FOUND */
 }

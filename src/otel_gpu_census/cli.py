@@ -215,7 +215,7 @@ def _cmd_run(args) -> int:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
     from . import report
     from .census import folder, proctree, reader
-    from .launcher import build_env
+    from .launcher import build_env, preload_for_calls
     try:
         census_dir = folder.census_dir(args.dir)
     except folder.CensusDirError as e:
@@ -237,6 +237,7 @@ def _cmd_run(args) -> int:
         plan.env["OTEL_GPU_CENSUS_KERNELS"] = args.kernels
     if args.activity:
         plan.env["OTEL_GPU_CENSUS_ACTIVITY"] = args.activity
+    preload_for_calls(plan)
     proxy_plan = None
     if args.proxy is not None:
         proxy_plan = _proxy_plan(args, argv, plan.env)     # checked before anything starts
@@ -495,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--activity", choices=("on", "off"),
                      help="CUPTI's activity API (sets OTEL_GPU_CENSUS_ACTIVITY): on (default: kernel and copy "
                           "durations), or off: every kernel, copy and memset counted at its CUDA call with no "
-                          "duration, and no CUDA call taxed by the activity API")
+                          "duration, seen by the census library preloaded (LD_PRELOAD) so that CUPTI is never "
+                          "loaded (OTEL_GPU_CENSUS_PRELOAD=off: through CUPTI's callbacks instead)")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

@@ -116,3 +116,19 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
                              "the injector will say whether it finds another libcupti")
     plan.census_on = True
     return plan
+
+
+def preload_for_calls(plan: LaunchPlan) -> None:
+    """OTEL_GPU_CENSUS_ACTIVITY=off counts every launch, copy and memset at its CUDA call. Preloaded
+    (LD_PRELOAD, the same file as CUDA_INJECTION64_PATH: one copy in the process), the library sees those
+    calls itself and CUPTI is never loaded; without it, CUPTI's callbacks see them, at ~1.3 µs a launch
+    (docs/measurements.md §21, §22). OTEL_GPU_CENSUS_PRELOAD=off keeps CUPTI's callbacks."""
+    env = plan.env
+    if not plan.census_on or plan.library is None or env.get("OTEL_GPU_CENSUS_ACTIVITY", "").lower() != "off":
+        return
+    if env.get("OTEL_GPU_CENSUS_PRELOAD", "").lower() in ("off", "0", "false", "no"):
+        return
+    lib = str(plan.library)
+    have = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+    if lib not in have:
+        env["LD_PRELOAD"] = ":".join([lib] + have)

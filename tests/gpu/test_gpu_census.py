@@ -86,7 +86,8 @@ def workload(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("api,graphs,attach,kernels", [
     ("auto", "launch", "context", "default"), ("v1", "launch", "context", "default"),
     ("auto", "launch", "context", "all"), ("v2", "launch", "context", "all"), ("v2", "node", "context", "all"),
-    ("auto", "launch", "cuinit", "default"), ("auto", "launch", "context", "calls")])
+    ("auto", "launch", "cuinit", "default"), ("auto", "launch", "context", "calls"),
+    ("auto", "launch", "cuinit", "preload")])
 def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kernels):
     """Every count and byte exact, eager and inside CUDA graphs (one of them updated in place), in
     both graph modes. Graphs per launch (the default) must hold with the API left to the census (auto)
@@ -95,8 +96,10 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
     every kernel traced, and counted at the calls with CUPTI's activity API never set up (kernels "calls":
     OTEL_GPU_CENSUS_ACTIVITY=off, no duration measured)."""
     extra = {} if api == "auto" else {"OTEL_GPU_CENSUS_CUPTI_API": api}
-    if kernels == "calls":
+    if kernels in ("calls", "preload"):
         extra["OTEL_GPU_CENSUS_ACTIVITY"] = "off"
+        if kernels == "preload":     # the calls seen by the library preloaded: CUPTI never loaded
+            extra["LD_PRELOAD"] = lib_path()
     elif kernels != "default":
         extra["OTEL_GPU_CENSUS_KERNELS"] = kernels
     if attach != "context":
@@ -116,12 +119,12 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
     got.update(attach_mode=seg.attach_mode, attach_after_ns=seg.attach_after_ns, contexts_late=seg.contexts_late)
     got.update(kernel_mode=seg.kernel_mode, eager_launches=seg.devices[0].eager_launches,
                eager_traced=seg.devices[0].eager_traced, launches_lost=seg.launches_lost,
-               flags=seg.flags, calls_lost=seg.calls_lost, records=seg.records)
+               flags=seg.flags, calls_lost=seg.calls_lost, records=seg.records, cupti_version=seg.cupti_version)
     RESULTS[f"workload_{api}_{graphs}_{attach}_{kernels}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
     # the workload waited for the census after making its context (census_wait.h): nothing it checks
     # ran before counting began, and no context came after it; set up in cuInit, its one context came after
     assert got["attach_mode"] == (1 if attach == "context" else 0)
-    assert got["contexts_late"] == (0 if attach == "context" else 1)
+    assert got["contexts_late"] == (0 if attach == "context" or kernels == "preload" else 1)
     assert (0 < got["attach_after_ns"] < 1_000_000_000) if attach == "context" else got["attach_after_ns"] == 0
     assert got["graph_mode"] == (1 if per_launch else 0)
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
@@ -140,11 +143,12 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
     assert got["dtod"]["bytes"] == want["dtod"]
     assert got["memset"]["bytes"] == want["memset"] and got["memset"]["count"] == 1
     assert got["dropped"] == 0
-    assert got["kernel_mode"] == (3 if kernels in ("default", "calls") else 0) and got["launches_lost"] == 0
-    assert bool(got["flags"] & 0x20) == (kernels == "calls") and got["calls_lost"] == 0
-    if kernels == "calls":     # no activity record at all, so no duration: zeros, never a guess
+    assert got["kernel_mode"] == (3 if kernels in ("default", "calls", "preload") else 0) and got["launches_lost"] == 0
+    assert bool(got["flags"] & 0x20) == (kernels in ("calls", "preload")) and got["calls_lost"] == 0
+    assert bool(got["flags"] & 0x40) == (kernels == "preload") and got["cupti_version"] == (0 if kernels == "preload" else got["cupti_version"])
+    if kernels in ("calls", "preload"):     # no activity record at all, so no duration: zeros, never a guess
         assert got["records"] == 0 and got["kernel_ns"] == got["busy_ns"] == got["eager_traced"] == 0
-    if kernels in ("default", "calls"):   # counted: eager launches from the callbacks, graph kernels from contents
+    if kernels in ("default", "calls", "preload"):   # counted: eager launches from the callbacks, graph kernels from contents
         assert got["eager_launches"] + got["graph_kernel_count"] == want["kernels"]
         return
     # Two 20 ms spins overlapped: summed kernel time counts both, busy time about one.

@@ -1,0 +1,381 @@
+/*
+ * interpose.c - the driver's kernel launches, graph launches, copies and memsets seen without CUPTI, in a
+ * process this library is LD_PRELOADed into (`run --activity off` preloads it; OTEL_GPU_CENSUS_ACTIVITY=off
+ * then counts here, and CUPTI is never loaded).
+ *
+ * Why: on the H200 CUPTI costs every launch whatever it is asked for: a subscriber's launch callbacks
+ * ~1.3 us, its activity API once set up 0.65 us with every kind off, a graph replay 0.27 us a node (docs/
+ * measurements.md §20, §21); no CUPTI mode came within 10 % of an untraced vLLM. What the census counts is
+ * in the calls' own arguments, so we take the calls: since CUDA 11.3 the runtime takes every driver entry
+ * point from cuGetProcAddress, which it finds with dlsym on libcuda, and triton and torch's NVRTC path
+ * dlsym the launch calls by name. This library defines dlsym. A lookup whose answer is one of the driver
+ * functions below (compared by address with what libcuda exports under that name, so the function's
+ * signature is known, never guessed from a name) gets our wrapper instead, and so do cuGetProcAddress's
+ * answers. A wrapper calls the driver's function and, while the census counts, notes what the call put on
+ * the GPU; launches.c, calls.c and graphs.c fold it as they fold what CUPTI's callbacks report.
+ *
+ * A wrapped launch pays an indirect call, the current context (cuCtxGetCurrent: no CUPTI behind it) and
+ * launches.c's two relaxed atomic adds; a copy what calls.c asks of the driver. Graph calls keep graphs.c's
+ * tables: instantiations and updates walk the graph, destroys forget it, a launch notes its version.
+ *
+ * Not seen: a program that links libcuda and calls the driver's functions directly, without dlsym or
+ * cuGetProcAddress (the CUDA runtime, torch, triton and llama.cpp do not), and the pre-13 batch copies
+ * (cuMemcpyBatchAsync v1). The injector counts through CUPTI's callbacks instead when no driver function
+ * was handed out through us by the time CUDA is initialised (gc_interpose_ready).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "internal.h"
+
+/* The legacy exports by their own names: cuda.h maps these names to their newer versions. */
+#undef cuGraphInstantiate
+#undef cuGraphExecUpdate
+#undef cuStreamBeginCapture
+#undef cuGetProcAddress
+
+typedef void *(*dlsym_fn)(void *, const char *);
+
+/* glibc's dlsym, the next definition after ours (versions: glibc >= 2.34, then x86-64's and arm64's first). */
+static dlsym_fn real_dlsym(void)
+{
+    static _Atomic(dlsym_fn) f;
+    dlsym_fn r = atomic_load_explicit(&f, memory_order_acquire);
+    if (r) return r;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    for (size_t i = 0; !r && i < sizeof(versions) / sizeof(versions[0]); i++)
+        r = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    atomic_store_explicit(&f, r, memory_order_release);
+    return r;
+}
+
+/* ---- what each wrapper reports ---- */
+
+static atomic_int g_on;                   /* the injector counts through us (gc_interpose_start) */
+static _Atomic uint32_t g_corr;           /* our correlation ids: a graph launch's contents, a call's step */
+static _Atomic int g_handed;              /* driver functions handed out as wrappers */
+static CUresult (*g_get_current)(CUcontext *);
+static CUresult (*g_get_device)(CUdevice *);
+static __thread CUcontext t_ctx;
+static __thread int t_dev = -1;
+
+/* The calling thread's device (-1: no context): the context's, asked again only when it changes. */
+static int cur_dev(void)
+{
+    CUcontext c = NULL;
+    if (!g_get_current || g_get_current(&c) != CUDA_SUCCESS || !c) return -1;
+    if (c != t_ctx || t_dev < 0) {
+        CUdevice d = -1;
+        t_dev = g_get_device && g_get_device(&d) == CUDA_SUCCESS && d >= 0 ? (int)d : -1;
+        t_ctx = c;
+    }
+    return t_dev;
+}
+
+static uint32_t next_corr(void)
+{
+    uint32_t c = atomic_fetch_add_explicit(&g_corr, 1, memory_order_relaxed) + 1;
+    return c ? c : atomic_fetch_add_explicit(&g_corr, 1, memory_order_relaxed) + 1;
+}
+
+static inline int counting(void) { return atomic_load_explicit(&g_on, memory_order_relaxed) && gc_launches_counting(); }
+
+static void launched(CUstream s, int per_thread)
+{
+    if (!s && per_thread) s = CU_STREAM_PER_THREAD;
+    if (gc_launches_capturing(s)) return;     /* recorded into a capture: its graph's launches count it */
+    gc_launches_count(cur_dev());
+}
+
+/* A copy or memset call (calls.c's table) that succeeded; `p` its arguments laid out as CUPTI's params. */
+static void called(int calls_index, int per_thread, const void *p)
+{
+    uint32_t corr = next_corr();
+    gc_steps_note(corr);
+    gc_calls_note(calls_index, per_thread, p, cur_dev(), corr);
+}
+
+/* ---- the wrapped functions ----
+ *
+ * Each entry: a driver function by its exported name, and its per-thread-stream twin (_ptsz or _ptds,
+ * whichever libcuda exports); a wrapper for each. X(name, kind, arity, types...) lists them. */
+enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDATE, K_DESTROY, K_CHANGE, K_BEGIN,
+            K_END, K_GPA };
+
+#define ENTRIES(X)                                                                                           \
+    X(cuMemcpy, K_COPY, 3, CUdeviceptr, CUdeviceptr, size_t)                                                 \
+    X(cuMemcpyAsync, K_COPY, 4, CUdeviceptr, CUdeviceptr, size_t, CUstream)                                  \
+    X(cuMemcpyHtoD_v2, K_COPY, 3, CUdeviceptr, const void *, size_t)                                         \
+    X(cuMemcpyHtoDAsync_v2, K_COPY, 4, CUdeviceptr, const void *, size_t, CUstream)                          \
+    X(cuMemcpyDtoH_v2, K_COPY, 3, void *, CUdeviceptr, size_t)                                               \
+    X(cuMemcpyDtoHAsync_v2, K_COPY, 4, void *, CUdeviceptr, size_t, CUstream)                                \
+    X(cuMemcpyDtoD_v2, K_COPY, 3, CUdeviceptr, CUdeviceptr, size_t)                                          \
+    X(cuMemcpyDtoDAsync_v2, K_COPY, 4, CUdeviceptr, CUdeviceptr, size_t, CUstream)                           \
+    X(cuMemcpyDtoA_v2, K_COPY, 4, CUarray, size_t, CUdeviceptr, size_t)                                      \
+    X(cuMemcpyAtoD_v2, K_COPY, 4, CUdeviceptr, CUarray, size_t, size_t)                                      \
+    X(cuMemcpyHtoA_v2, K_COPY, 4, CUarray, size_t, const void *, size_t)                                     \
+    X(cuMemcpyHtoAAsync_v2, K_COPY, 5, CUarray, size_t, const void *, size_t, CUstream)                      \
+    X(cuMemcpyAtoH_v2, K_COPY, 4, void *, CUarray, size_t, size_t)                                           \
+    X(cuMemcpyAtoHAsync_v2, K_COPY, 5, void *, CUarray, size_t, size_t, CUstream)                            \
+    X(cuMemcpyAtoA_v2, K_COPY, 5, CUarray, size_t, CUarray, size_t, size_t)                                  \
+    X(cuMemcpyPeer, K_COPY, 5, CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t)                       \
+    X(cuMemcpyPeerAsync, K_COPY, 6, CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream)        \
+    X(cuMemcpy2D_v2, K_COPY, 1, const CUDA_MEMCPY2D *)                                                       \
+    X(cuMemcpy2DUnaligned_v2, K_COPY, 1, const CUDA_MEMCPY2D *)                                              \
+    X(cuMemcpy2DAsync_v2, K_COPY, 2, const CUDA_MEMCPY2D *, CUstream)                                        \
+    X(cuMemcpy3D_v2, K_COPY, 1, const CUDA_MEMCPY3D *)                                                       \
+    X(cuMemcpy3DAsync_v2, K_COPY, 2, const CUDA_MEMCPY3D *, CUstream)                                        \
+    X(cuMemcpy3DPeer, K_COPY, 1, const CUDA_MEMCPY3D_PEER *)                                                 \
+    X(cuMemcpy3DPeerAsync, K_COPY, 2, const CUDA_MEMCPY3D_PEER *, CUstream)                                  \
+    X(cuMemsetD8_v2, K_COPY, 3, CUdeviceptr, unsigned char, size_t)                                          \
+    X(cuMemsetD16_v2, K_COPY, 3, CUdeviceptr, unsigned short, size_t)                                        \
+    X(cuMemsetD32_v2, K_COPY, 3, CUdeviceptr, unsigned int, size_t)                                          \
+    X(cuMemsetD8Async, K_COPY, 4, CUdeviceptr, unsigned char, size_t, CUstream)                              \
+    X(cuMemsetD16Async, K_COPY, 4, CUdeviceptr, unsigned short, size_t, CUstream)                            \
+    X(cuMemsetD32Async, K_COPY, 4, CUdeviceptr, unsigned int, size_t, CUstream)                              \
+    X(cuMemsetD2D8_v2, K_COPY, 5, CUdeviceptr, size_t, unsigned char, size_t, size_t)                        \
+    X(cuMemsetD2D16_v2, K_COPY, 5, CUdeviceptr, size_t, unsigned short, size_t, size_t)                      \
+    X(cuMemsetD2D32_v2, K_COPY, 5, CUdeviceptr, size_t, unsigned int, size_t, size_t)                        \
+    X(cuMemsetD2D8Async, K_COPY, 6, CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream)            \
+    X(cuMemsetD2D16Async, K_COPY, 6, CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream)          \
+    X(cuMemsetD2D32Async, K_COPY, 6, CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream)            \
+    X(cuMemcpyBatchAsync_v2, K_COPY, 8, CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, \
+      size_t *, size_t, CUstream)                                                                            \
+    X(cuMemcpy3DBatchAsync_v2, K_COPY, 4, size_t, CUDA_MEMCPY3D_BATCH_OP *, unsigned long long, CUstream)    \
+    X(cuMemcpyWithAttributesAsync, K_COPY, 5, CUdeviceptr, CUdeviceptr, size_t, CUmemcpyAttributes *, CUstream) \
+    X(cuMemcpy3DWithAttributesAsync, K_COPY, 3, CUDA_MEMCPY3D_BATCH_OP *, unsigned long long, CUstream)      \
+    X(cuGraphLaunch, K_GRAPH_LAUNCH, 2, CUgraphExec, CUstream)                                               \
+    X(cuLaunchKernel, K_LAUNCH, 11, CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,      \
+      unsigned int, unsigned int, unsigned int, CUstream, void **, void **)                                  \
+    X(cuLaunchCooperativeKernel, K_LAUNCH, 10, CUfunction, unsigned int, unsigned int, unsigned int,         \
+      unsigned int, unsigned int, unsigned int, unsigned int, CUstream, void **)                             \
+    X(cuLaunchKernelEx, K_LAUNCH_EX, 4, const CUlaunchConfig *, CUfunction, void **, void **)                \
+    X(cuGraphInstantiateWithFlags, K_INSTANTIATE, 3, CUgraphExec *, CUgraph, unsigned long long)             \
+    X(cuGraphInstantiateWithParams, K_INSTANTIATE, 3, CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *) \
+    X(cuGraphInstantiate, K_INSTANTIATE, 5, CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t)           \
+    X(cuGraphInstantiate_v2, K_INSTANTIATE, 5, CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t)        \
+    X(cuGraphExecUpdate_v2, K_UPDATE, 3, CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *)                \
+    X(cuGraphExecUpdate, K_UPDATE, 4, CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *)        \
+    X(cuGraphExecDestroy, K_DESTROY, 1, CUgraphExec)                                                         \
+    X(cuGraphExecMemcpyNodeSetParams, K_CHANGE, 4, CUgraphExec, CUgraphNode, const CUDA_MEMCPY3D *, CUcontext) \
+    X(cuGraphExecMemsetNodeSetParams, K_CHANGE, 4, CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *, \
+      CUcontext)                                                                                             \
+    X(cuGraphExecNodeSetParams, K_CHANGE, 3, CUgraphExec, CUgraphNode, CUgraphNodeParams *)                  \
+    X(cuGraphExecChildGraphNodeSetParams, K_CHANGE, 3, CUgraphExec, CUgraphNode, CUgraph)                    \
+    X(cuGraphNodeSetEnabled, K_CHANGE, 3, CUgraphExec, CUgraphNode, unsigned int)                            \
+    X(cuStreamBeginCapture, K_BEGIN, 1, CUstream)                                                            \
+    X(cuStreamBeginCapture_v2, K_BEGIN, 2, CUstream, CUstreamCaptureMode)                                    \
+    X(cuStreamBeginCaptureToGraph, K_BEGIN, 6, CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, \
+      size_t, CUstreamCaptureMode)                                                                           \
+    X(cuStreamBeginCaptureToCig, K_BEGIN, 2, CUstream, CUstreamCigCaptureParams *)                           \
+    X(cuStreamBeginRecaptureToGraph, K_BEGIN, 5, CUstream, CUstreamCaptureMode, CUgraph,                     \
+      CUgraphRecaptureCallback, void *)                                                                      \
+    X(cuStreamEndCapture, K_END, 2, CUstream, CUgraph *)                                                     \
+    X(cuStreamEndCaptureToCig, K_END, 1, CUstream)                                                           \
+    X(cuGetProcAddress_v2, K_GPA, 5, const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) \
+    X(cuGetProcAddress, K_GPA, 4, const char *, void **, int, cuuint64_t)
+
+#define ID(name) E_##name
+#define ENUM(name, kind, n, ...) ID(name),
+enum { ENTRIES(ENUM) NENTRIES };
+
+static struct entry {
+    const char *name;
+    uint8_t kind;
+    _Atomic int calls;         /* K_COPY, K_GRAPH_LAUNCH: calls.c's index */
+    void *wrap[2];             /* [per-thread twin?] */
+    void *_Atomic real[2];     /* libcuda's, resolved once libcuda is loaded; NULL: not exported */
+} g_e[NENTRIES];
+
+/* The arguments as a parameter list, a call's argument list and an initializer, by arity. */
+#define P1(T0) T0 a0
+#define P2(T0, T1) P1(T0), T1 a1
+#define P3(T0, T1, T2) P2(T0, T1), T2 a2
+#define P4(T0, T1, T2, T3) P3(T0, T1, T2), T3 a3
+#define P5(T0, T1, T2, T3, T4) P4(T0, T1, T2, T3), T4 a4
+#define P6(T0, T1, T2, T3, T4, T5) P5(T0, T1, T2, T3, T4), T5 a5
+#define P7(T0, T1, T2, T3, T4, T5, T6) P6(T0, T1, T2, T3, T4, T5), T6 a6
+#define P8(T0, T1, T2, T3, T4, T5, T6, T7) P7(T0, T1, T2, T3, T4, T5, T6), T7 a7
+#define P10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9) P8(T0, T1, T2, T3, T4, T5, T6, T7), T8 a8, T9 a9
+#define P11(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9, T10) P10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9), T10 a10
+#define A1 a0
+#define A2 A1, a1
+#define A3 A2, a2
+#define A4 A3, a3
+#define A5 A4, a4
+#define A6 A5, a5
+#define A7 A6, a6
+#define A8 A7, a7
+#define A10 A8, a8, a9
+#define A11 A10, a10
+#define PARAMS(n, ...) P##n(__VA_ARGS__)
+#define ARGS(n) A##n
+/* the params struct: CUPTI's layout for the call (each argument a member, in order) */
+#define M1(T0) T0 a0;
+#define M2(T0, T1) M1(T0) T1 a1;
+#define M3(T0, T1, T2) M2(T0, T1) T2 a2;
+#define M4(T0, T1, T2, T3) M3(T0, T1, T2) T3 a3;
+#define M5(T0, T1, T2, T3, T4) M4(T0, T1, T2, T3) T4 a4;
+#define M6(T0, T1, T2, T3, T4, T5) M5(T0, T1, T2, T3, T4) T5 a5;
+#define M7(T0, T1, T2, T3, T4, T5, T6) M6(T0, T1, T2, T3, T4, T5) T6 a6;
+#define M8(T0, T1, T2, T3, T4, T5, T6, T7) M7(T0, T1, T2, T3, T4, T5, T6) T7 a7;
+#define M10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9) M8(T0, T1, T2, T3, T4, T5, T6, T7) T8 a8; T9 a9;
+#define M11(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9, T10) M10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9) T10 a10;
+#define MEMBERS(n, ...) M##n(__VA_ARGS__)
+
+static CUresult gpa_answer(CUresult r, void **pfn);
+
+/* What a wrapper does before and after the driver's call; `pt`: the per-thread twin, a0..: the arguments.
+ * Nothing until the injector counts through us (a census through CUPTI follows the same calls itself). */
+#define BEFORE_K_COPY(name, pt)
+#define BEFORE_K_LAUNCH(name, pt)
+#define BEFORE_K_LAUNCH_EX(name, pt)
+#define BEFORE_K_GRAPH_LAUNCH(name, pt)                                                                      \
+    uint32_t corr = 0;                                                                                       \
+    if (counting()) { /* the exec's contents as of the launch, as graphs.c notes them at CUPTI's enter */   \
+        corr = next_corr();                                                                                  \
+        gc_graphs_launch(a0, corr);                                                                          \
+        gc_steps_note(corr);                                                                                 \
+    }
+#define BEFORE_K_INSTANTIATE(name, pt)
+#define BEFORE_K_UPDATE(name, pt)
+#define BEFORE_K_DESTROY(name, pt) if (gc_interpose_on()) gc_graphs_forget(a0);
+#define BEFORE_K_CHANGE(name, pt)
+#define BEFORE_K_BEGIN(name, pt)
+#define BEFORE_K_END(name, pt)
+#define BEFORE_K_GPA(name, pt)
+
+#define AFTER_K_COPY(name, n, pt, ...)                                                                       \
+    if (r == CUDA_SUCCESS && counting()) {                                                                   \
+        struct { MEMBERS(n, __VA_ARGS__) } p = {ARGS(n)};                                                    \
+        called(g_e[ID(name)].calls, pt, &p);                                                                 \
+    }
+#define AFTER_K_LAUNCH(name, n, pt, ...) if (r == CUDA_SUCCESS && counting()) launched(a8, pt);
+#define AFTER_K_LAUNCH_EX(name, n, pt, ...) if (r == CUDA_SUCCESS && counting()) launched(a0 ? a0->hStream : NULL, pt);
+#define AFTER_K_GRAPH_LAUNCH(name, n, pt, ...)                                                               \
+    if (r == CUDA_SUCCESS && corr) {                                                                         \
+        struct { MEMBERS(n, __VA_ARGS__) } p = {ARGS(n)};                                                    \
+        gc_calls_note(g_e[ID(name)].calls, pt, &p, cur_dev(), corr);                                        \
+    }
+#define AFTER_K_INSTANTIATE(name, n, pt, ...) if (r == CUDA_SUCCESS && a0 && gc_interpose_on()) gc_graphs_learn(*a0, a1);
+#define AFTER_K_UPDATE(name, n, pt, ...) if (r == CUDA_SUCCESS && gc_interpose_on()) gc_graphs_learn(a0, a1);
+#define AFTER_K_DESTROY(name, n, pt, ...)
+#define AFTER_K_CHANGE(name, n, pt, ...) if (r == CUDA_SUCCESS && gc_interpose_on()) gc_graphs_changed(a0);
+#define AFTER_K_BEGIN(name, n, pt, ...) if (gc_interpose_on()) gc_launches_capture(1, r == CUDA_SUCCESS);
+#define AFTER_K_END(name, n, pt, ...) if (gc_interpose_on()) gc_launches_capture(0, r == CUDA_SUCCESS);
+#define AFTER_K_GPA(name, n, pt, ...) r = gpa_answer(r, a1);
+
+#define WRAPPER(name, kind, n, pt, ...)                                                                      \
+    static CUresult w_##name##_##pt(PARAMS(n, __VA_ARGS__))                                                  \
+    {                                                                                                        \
+        CUresult (*f)(__VA_ARGS__) =                                                                         \
+            (CUresult (*)(__VA_ARGS__))atomic_load_explicit(&g_e[ID(name)].real[pt], memory_order_relaxed);  \
+        BEFORE_##kind(name, pt)                                                                              \
+        CUresult r = f(ARGS(n));                                                                             \
+        AFTER_##kind(name, n, pt, __VA_ARGS__)                                                               \
+        return r;                                                                                            \
+    }
+#define WRAPPERS(name, kind, n, ...) WRAPPER(name, kind, n, 0, __VA_ARGS__) WRAPPER(name, kind, n, 1, __VA_ARGS__)
+ENTRIES(WRAPPERS)
+
+#define INIT(name, kind, n, ...) [ID(name)] = {#name, kind, -1, {(void *)w_##name##_0, (void *)w_##name##_1}, {NULL, NULL}},
+static struct entry g_e[NENTRIES] = {ENTRIES(INIT)};
+
+/* ---- the table: libcuda's functions by address ---- */
+
+static atomic_int g_resolved;              /* libcuda was loaded and the table filled */
+
+/* Fill the table from the libcuda in the process (none loaded yet: tried again at the next lookup). No lock:
+ * two threads filling it at once store the same values (a lock held across dlopen could deadlock against a
+ * library constructor that looks a driver function up under the loader's lock). */
+static int resolve(void)
+{
+    if (atomic_load_explicit(&g_resolved, memory_order_acquire)) return 1;
+    dlsym_fn sym = real_dlsym();
+    void *cuda = sym ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (!cuda) return 0;
+    for (int i = 0; i < NENTRIES; i++) {
+        struct entry *e = &g_e[i];
+        static const char *const suffix[] = {"_ptsz", "_ptds"};
+        char twin[96];
+        void *t = NULL;
+        atomic_store(&e->real[0], sym(cuda, e->name));
+        for (int k = 0; k < 2 && !t; k++)
+            if ((size_t)snprintf(twin, sizeof(twin), "%s%s", e->name, suffix[k]) < sizeof(twin)) t = sym(cuda, twin);
+        atomic_store(&e->real[1], t);
+        if (e->kind == K_COPY || e->kind == K_GRAPH_LAUNCH) atomic_store(&e->calls, gc_calls_index(e->name));
+    }
+    CUresult (*cur)(CUcontext *) = (CUresult (*)(CUcontext *))sym(cuda, "cuCtxGetCurrent");
+    CUresult (*dev)(CUdevice *) = (CUresult (*)(CUdevice *))sym(cuda, "cuCtxGetDevice");
+    if (!cur || !dev) return 0;   /* not a driver we can follow: nothing is wrapped */
+    g_get_current = cur;
+    g_get_device = dev;
+    atomic_store_explicit(&g_resolved, 1, memory_order_release);
+    return 1;
+}
+
+/* Our wrapper for libcuda's function at `p`, or `p` itself. */
+static void *answer(void *p)
+{
+    if (!p || !atomic_load_explicit(&g_resolved, memory_order_acquire)) return p;
+    for (int i = 0; i < NENTRIES; i++) {
+        for (int t = 0; t < 2; t++) {
+            if (atomic_load_explicit(&g_e[i].real[t], memory_order_relaxed) != p) continue;
+            /* a copy calls.c does not know (never, by the table) stays unwrapped rather than miscounted */
+            if ((g_e[i].kind == K_COPY || g_e[i].kind == K_GRAPH_LAUNCH) && atomic_load(&g_e[i].calls) < 0) return p;
+            atomic_fetch_add_explicit(&g_handed, 1, memory_order_relaxed);
+            return g_e[i].wrap[t];
+        }
+    }
+    return p;
+}
+
+static CUresult gpa_answer(CUresult r, void **pfn)
+{
+    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = answer(*pfn);
+    return r;
+}
+
+static int named(const char *name)
+{
+    if (name[0] != 'c' || name[1] != 'u') return 0;
+    for (int i = 0; i < NENTRIES; i++) {
+        size_t n = strlen(g_e[i].name);
+        if (strncmp(name, g_e[i].name, n) == 0 &&
+            (name[n] == 0 || strcmp(name + n, "_ptsz") == 0 || strcmp(name + n, "_ptds") == 0))
+            return 1;
+    }
+    return 0;
+}
+
+/* The process's dlsym (this library is preloaded). RTLD_NEXT is relative to its caller, so that lookup is
+ * passed on as a tail call: glibc then sees the caller's return address, not ours (a test holds this). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnonnull-compare"   /* glibc declares name nonnull; a caller may still pass NULL */
+__attribute__((visibility("default"), optimize("optimize-sibling-calls")))
+void *dlsym(void *handle, const char *name)
+{
+    dlsym_fn real = real_dlsym();
+    if (!real) return NULL;
+    if (handle == RTLD_NEXT || !name || !named(name)) return real(handle, name);
+    (void)resolve();   /* first: the caller's lookup below is the last one, and dlerror() says how it went */
+    return answer(real(handle, name));
+}
+#pragma GCC diagnostic pop
+
+/* ---- the injector's ---- */
+
+int gc_interpose_ready(void)
+{
+    return atomic_load(&g_resolved) && atomic_load(&g_handed) > 0 && g_get_current && g_get_device;
+}
+
+void gc_interpose_start(void) { atomic_store(&g_on, 1); }
+int gc_interpose_on(void) { return atomic_load_explicit(&g_on, memory_order_relaxed); }

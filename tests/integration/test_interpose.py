@@ -1,0 +1,179 @@
+"""The census library preloaded (LD_PRELOAD): it answers the process's dlsym and the driver's cuGetProcAddress
+with wrappers of the driver's launch, copy, memset and graph calls, and under OTEL_GPU_CENSUS_ACTIVITY=off
+counts those calls itself: CUPTI is never loaded (every CUPTI mode taxes each launch: docs/measurements.md §20,
+§21).
+
+The process looks the driver up as the CUDA runtime does (dlsym of cuGetProcAddress_v2, then every entry point
+through it, the per-thread-stream twins too) in the mock driver (native/tests/mock_cuda.c), whose test graphs
+can be walked; then calls what it got."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_injector import read, run_with_driver
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = """
+        import ctypes
+        from ctypes import c_int, c_uint, c_void_p, c_uint64, c_ulong, c_size_t, byref
+        cffi_cuda.cdef('void mock_cuda_set_memory(unsigned long long, unsigned long long, unsigned long long, '
+                       'unsigned long long); void mock_cuda_set_result(int); int mock_cuda_calls(void); '
+                       'void mock_cuda_set_device(int);')
+        DEV, PIN, PAGE = 0x7000_0000_0000, 0x1000_0000, 0x5000_0000
+        cuda.mock_cuda_set_memory(DEV, DEV + (1 << 40), PIN, PIN + (1 << 28))
+        cu = ctypes.CDLL({mock_cuda!r})            # looked up through the process's dlsym, as cudart does
+        GPA = ctypes.CFUNCTYPE(c_int, ctypes.c_char_p, ctypes.POINTER(c_void_p), c_int, c_uint64, ctypes.POINTER(c_int))
+        gpa = GPA(ctypes.cast(cu.cuGetProcAddress_v2, c_void_p).value)
+        def proc(name, ftype, per_thread=False):
+            p, st = c_void_p(), c_int()
+            assert gpa(name.encode(), byref(p), 13000, 2 if per_thread else 0, byref(st)) == 0, name
+            return ftype(p.value)
+        LAUNCH = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
+                                  c_void_p, c_void_p)
+        EX = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p)
+        HTOD = ctypes.CFUNCTYPE(c_int, c_uint64, c_void_p, c_size_t, c_void_p)
+        DTOH = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint64, c_size_t)
+        COPY = ctypes.CFUNCTYPE(c_int, c_uint64, c_uint64, c_size_t, c_void_p)
+        SET32 = ctypes.CFUNCTYPE(c_int, c_uint64, c_uint, c_size_t, c_void_p)
+        INST = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_ulong), c_ulong, c_uint64)
+        GLAUNCH = ctypes.CFUNCTYPE(c_int, c_ulong, c_void_p)
+        DESTROY = ctypes.CFUNCTYPE(c_int, c_ulong)
+        BEGIN = ctypes.CFUNCTYPE(c_int, c_ulong, c_int)
+        END = ctypes.CFUNCTYPE(c_int, c_ulong, ctypes.POINTER(c_void_p))
+        launch, launch_pt = proc('cuLaunchKernel', LAUNCH), proc('cuLaunchKernel', LAUNCH, True)
+        launch_ex = proc('cuLaunchKernelEx', EX)
+        htod, htod_pt = proc('cuMemcpyHtoDAsync', HTOD), proc('cuMemcpyHtoDAsync', HTOD, True)
+        dtoh, copy, set32 = proc('cuMemcpyDtoH', DTOH), proc('cuMemcpyAsync', COPY), proc('cuMemsetD32Async', SET32)
+        inst, glaunch, destroy = proc('cuGraphInstantiate', INST), proc('cuGraphLaunch', GLAUNCH), proc('cuGraphExecDestroy', DESTROY)
+        begin, end = proc('cuStreamBeginCapture', BEGIN), proc('cuStreamEndCapture', END)
+        def k(f=launch, stream=None):
+            return f(None, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
+        config = ctypes.create_string_buffer(64)   # a CUlaunchConfig on the NULL stream
+        def graph(nodes):
+            ex = c_ulong()
+            assert inst(byref(ex), 0x6000 + nodes, 0) == 0
+            return ex.value
+"""
+
+ENV = {"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_ACTIVITY": "off", "OTEL_GPU_CENSUS_KERNELS": "counted"}
+
+
+def preloaded(native):
+    return {"LD_PRELOAD": native[2]}
+
+
+def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(native, mock_lib, mock_cuda, tmp_path):
+    """Launches of both stream flavours and through cuLaunchKernelEx count, failed ones and ones recorded into a
+    capture do not; copies keep bytes, direction and host memory kind; a graph instantiated through us is walked
+    once and each launch counts its kernels; a step gets its launches, graph kernels and copies. CUPTI is never
+    loaded: no subscriber, no callback, no activity buffer."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+
+        for _ in range(3): k()
+        for _ in range(2): k(launch_pt)
+        out['ex'] = launch_ex(config, None, None, None)
+        cuda.mock_cuda_set_result(1)
+        out['failed'] = [k(), htod(DEV, PIN, 999, None), glaunch(0x7005, None)]
+        cuda.mock_cuda_set_result(0)
+        begin(0x55, 0)
+        k(stream=0x55)                           # recorded into the capture: its graph's launches count it
+        htod(DEV, PIN, 777, 0x55)
+        k()                                      # another stream: runs
+        end(0x55, byref(c_void_p()))
+        htod(DEV, PIN, 1 << 20, None)            # pinned
+        htod_pt(DEV, PAGE, 4096, None)           # pageable, the per-thread stream
+        dtoh(PAGE, DEV, 643_000_000)             # synchronous, pageable
+        copy(DEV + 4096, DEV, 2048, None)        # UVA: device to device
+        set32(DEV, 0, 256, None)                 # 1,024 bytes
+        ex = graph(5)
+        for _ in range(3): glaunch(ex, None)
+        unknown = graph(0)                       # nothing to walk: an empty graph (0 kernels), known
+        glaunch(unknown, None)
+        g.gc_step_begin(9)
+        k(); k()
+        glaunch(ex, None)
+        htod(DEV, PIN, 3 << 20, None)
+        g.gc_step_end(gffi.NULL)
+        destroy(ex)
+        glaunch(ex, None)                        # a destroyed exec (the driver would refuse): contents unknown
+        out['calls'] = cuda.mock_cuda_calls()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+        out['cupti_after'] = [mock.mock_registered()]
+    """, env=dict(ENV, **preloaded(native)))
+    assert res["init"] == 1 and res["flush"] == 0 and res["ex"] == 0 and res["failed"] == [1, 1, 1]
+    assert res["cupti_after"] == [0] and err == "", err
+    p = read(native, res["path"])
+    dev = p.devices[0]
+    assert p.flags & 0x40 and p.kernels.untimed and p.cupti_version == 0   # GC_FLAG_PRELOAD: CUPTI never loaded
+    assert (dev.eager_launches, dev.graph_launches, dev.graph_kernel_count) == (3 + 2 + 1 + 1 + 2, 3 + 1 + 1 + 1, 20)
+    assert dev.kernel_count == 9 + 20 and p.graphs.unknown == 1
+    got = {(dr, mem): (dev.copies.get(dr, mem).count, dev.copies.get(dr, mem).bytes)
+           for dr in ("htod", "dtoh", "dtod") for mem in ("pageable", "pinned", "device")
+           if dev.copies.get(dr, mem).count}
+    assert got == {("htod", "pinned"): (2, (1 << 20) + (3 << 20)), ("htod", "pageable"): (1, 4096),
+                   ("dtoh", "pageable"): (1, 643_000_000), ("dtod", "device"): (1, 2048)}, got
+    assert (dev.memset.count, dev.memset.bytes) == (1, 1024)
+    st = p.steps[9]
+    assert (st.eager_launches, st.kernel_count, st.copies["htod"].bytes) == (2, 2 + 5, 3 << 20)
+    assert p.calls_lost == 0 and p.launches_lost == 0
+
+
+def test_preloaded_without_activity_off_only_passes_calls_through(native, mock_lib, mock_cuda, tmp_path):
+    """Preloaded under the default census (CUPTI's records): the wrappers count nothing themselves, so nothing
+    is counted twice; the driver still gets every call."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        for _ in range(4): k()
+        ex = graph(3)
+        glaunch(ex, None)
+        htod(DEV, PIN, 1 << 20, None)
+        out['calls'] = cuda.mock_cuda_calls()
+        queue(cr.memcpy('dtoh', 4096, T, T + 10, dst='pinned'), cr.MEMCPY_T)   # CUPTI's record of a copy
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+        out['registered'] = mock.mock_registered()
+    """, env={**preloaded(native), "OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "all"})
+    assert res["init"] == 1 and res["calls"] == 7 and res["registered"] == 1
+    p = read(native, res["path"])
+    assert not p.flags & 0x40 and not p.kernels.untimed
+    dev = p.devices[0]
+    assert (dev.eager_launches, dev.graph_launches, dev.kernel_count) == (0, 0, 0)
+    assert dev.copies.get("dtoh", "pinned").bytes == 4096 and dev.copies.get("htod", "pinned").bytes == 0
+
+
+def test_rtld_next_still_searches_after_its_caller(tmp_path, native):
+    """RTLD_NEXT is relative to the library that calls dlsym; the census library's dlsym passes it on as a tail
+    call, so glibc still sees that caller: probe 1's dlsym(RTLD_NEXT, "probe") finds probe 2, not itself."""
+    cc = os.environ.get("CC", "cc")
+    libs = []
+    for n in (1, 2):
+        out = tmp_path / f"libprobe{n}.so"
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", f"-DPROBE={n}", str(ROOT / "native" / "tests" / "next_probe.c"),
+                        "-o", str(out), "-ldl"], check=True)
+        libs.append(str(out))
+    code = ("import ctypes; l = ctypes.CDLL(%r); print(l.next_probe(), ctypes.CDLL(None).getpid() > 0)" % libs[0])
+    env = dict(os.environ, LD_PRELOAD=":".join([native[2]] + libs))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["2", "True"]
+
+
+def test_not_preloaded_activity_off_counts_through_cupti(native, mock_lib, mock_cuda, tmp_path):
+    """Without the preload nothing answers dlsym: ACTIVITY=off counts through CUPTI's callbacks as before."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['registered'] = mock.mock_registered()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=ENV)
+    assert res["init"] == 1 and res["registered"] == 0
+    p = read(native, res["path"]) if res["path"] else None
+    assert p is None or not p.flags & 0x40
