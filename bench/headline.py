@@ -212,6 +212,12 @@ S12_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY
             "--phase-modes off,calls --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 330' bash bench/device/run.sh setup vllm")
 S12_CALLS_TAX = "CALLS_TAX_ARGS='--rotations 6' bash bench/device/run.sh setup calls-tax"
+S13_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=off --phase-together P,S "
+            "--phase-modes off,calls --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
+            "--budget-s 330' bash bench/device/run.sh setup vllm   (R under `run`, which preloads the library when "
+            "ACTIVITY=off)")
+S13_VLLM_NOINT = S13_VLLM.replace("ACTIVITY=off --", "ACTIVITY=off,OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=vllm --", 1)
+S13_CALLS_TAX = "CALLS_TAX_ARGS='--rotations 4' bash bench/device/run.sh setup calls-tax"
 
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
@@ -258,6 +264,33 @@ RULES = (
          "activity census S loaded at once 0.987 [0.939, 1.035]): counting through CUPTI's callbacks costs vLLM as "
          "much as its activity API; measurements §21",
          command=S12_VLLM, date="2026-12-03"),
+    Rule("vllm_preload_vs_plain_throughput_ratio", "2026-12-03-h200-s13-vllm-preload.json",
+         beside_ratio("calls/P@once"), 0.99,
+         "ratio of output tok/s, a census counting at the calls by the library preloaded (`run --activity off`: "
+         "LD_PRELOAD, CUPTI never loaded) with the vLLM integration (R) / a plain vLLM (P) loaded at the same time, "
+         "random 160M Llama, CUDA graphs, 64 closed-loop clients each, 3 s windows, median of 14 rounds (geometric "
+         "mean 0.972 [0.934, 1.017]; through CUPTI's callbacks 0.864, §21); counting / R paused 1.02: what is left is "
+         "the integration's; measurements §22",
+         command=S13_VLLM, date="2026-12-03"),
+    Rule("vllm_preload_census_only_vs_plain_throughput_ratio", "2026-12-03-h200-s13-vllm-preload-noint.json",
+         beside_ratio("calls/P@once"), 0.99,
+         "ratio of output tok/s, the census counting at the calls by the library preloaded, the vLLM integration "
+         "disabled (R) / a plain vLLM (P) loaded at the same time, same load as vllm_preload_vs_plain_throughput_ratio, "
+         "median of 12 rounds (geometric mean 1.024 [0.974, 1.081]): the native census costs vLLM nothing "
+         "measurable; measurements §22",
+         command=S13_VLLM_NOINT, date="2026-12-03"),
+    Rule("micro_graph_issue_ratio_preload", "2026-12-03-h200-s13-preload-tax.json",
+         calls_tax_ratio("preload", "graph_issue_ns"), 0.99,
+         "ratio of CUDA-graph replays (64 adds a graph) issued a second by torch's thread, a process under the census "
+         "preloaded (ACTIVITY=off, no CUPTI) / a process without it, median of 4 rotations of processes side by side "
+         "on one core (0.995-1.006; through CUPTI's callbacks 0.648, the default 0.917); measurements §22",
+         command=S13_CALLS_TAX, date="2026-12-03"),
+    Rule("micro_torch_op_ratio_preload", "2026-12-03-h200-s13-preload-tax.json",
+         calls_tax_ratio("preload", "eager_ns"), 0.99,
+         "ratio of torch in-place adds a second on the launching thread, a process under the census preloaded "
+         "(ACTIVITY=off, no CUPTI) / a process without it, median of 4 rotations (0.76-1.24: the host's noise, its "
+         "pure-Python control 0.80-1.48; the default 0.749 in the same rotations); measurements §22",
+         command=S13_CALLS_TAX, date="2026-12-03"),
     Rule("micro_torch_op_ratio_calls", "2026-12-03-h200-s12-calls-tax.json",
          calls_tax_ratio("calls", "eager_ns"), 0.99,
          "ratio of torch in-place adds a second on the launching thread (one eager launch each), a process under the "

@@ -24,6 +24,10 @@ prices are torch's, measured on the H200 as processes side by side against a pro
 CUPTI's launch callbacks), a copy 0.65 µs (its callback and pointer queries), a graph kernel node 0.129 µs
 of GPU time (and 0.269 µs of the thread that launches the graph).
 
+Counted at the calls by the census library preloaded (LD_PRELOAD; `run --activity off`: no CUPTI loaded)
+the estimate is 0: on the H200 it was not told from zero (§22: graph replays 0.999 of an untraced torch
+process, eager launches and copies within the host's noise; vLLM at 1.00 of plain without the integration).
+
 The estimate is seconds over the census's life: of the launching threads' time for eager launches and
 copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14-§15: with CUPTI set
 up before the context existed each graph kernel node costs ~0.12 µs more for the context's life, even
@@ -71,6 +75,8 @@ def estimate(c: ProcessCensus) -> CensusCost:
         eager += d.eager_traced if c.kernels.counted else d.kernel_count - d.graph_kernel_count
         launches += d.eager_launches if c.kernels.counted else 0
         copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
+    if c.kernels.preloaded:       # the library's own wrappers, no CUPTI: not told from zero (§22)
+        return CensusCost(eager, graph, copies, 0.0, False, 0.0, launches, 0)
     if c.kernels.untimed:         # counted at the calls (no record: eager is 0): the callbacks' prices
         s = launches * CALLS_LAUNCH_S + copies * CALLS_COPY_S + graph * CALLS_GRAPH_NODE_S
         return CensusCost(eager, graph, copies, s, False, CALLS_GRAPH_NODE_S, launches, 0)

@@ -110,8 +110,11 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                 "(in no total)" if c.calls_lost else "")
         lost += (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                  if c.launches_lost else "")
-        return ("kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off): CUPTI's activity API was never set "
-                "up (its tax on every CUDA call not paid; its callbacks still cost each launch, measurements §21); "
+        how = ("seen by the census library preloaded: CUPTI was never loaded (no CUPTI tax on any CUDA call, "
+               "measurements §22)" if k.preloaded else
+               "CUPTI's activity API was never set up (its tax on every CUDA call not paid; its callbacks still cost "
+               "each launch, measurements §21; `run --activity off` preloads the library and loads no CUPTI)")
+        return (f"kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off), {how}; "
                 "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
                 f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
     if k.counted:
@@ -302,6 +305,10 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
+    if c.kernels.preloaded:
+        return ("census cost, estimated: not told from zero (the calls counted by the census library preloaded, "
+                "CUPTI never loaded: on an H200 graph replays ran at 0.999 of an untraced process, eager launches "
+                "and copies within the host's noise, measurements §22)")
     if c.kernels.untimed:
         return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
                 f"{share} ({e.launches_counted:,} launches counted x {us(cost.CALLS_LAUNCH_S)}, {e.graph_nodes:,} "

@@ -83,6 +83,23 @@ def test_run_activity_off_sets_the_setting_for_the_child_and_none_leaves_it_unse
     assert (off.returncode, off.stdout.strip(), default.stdout.strip()) == (0, "[off]", "[]")
 
 
+def test_run_activity_off_preloads_the_injector_it_names_unless_told_not_to(env, census_dir):
+    """Counting at the calls is the preloaded library's (no CUPTI): LD_PRELOAD names the very file CUDA loads as
+    its injector (one copy in the process), before what the user preloads; OTEL_GPU_CENSUS_PRELOAD=off and the
+    default census leave LD_PRELOAD as it was."""
+    env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
+    env["LD_PRELOAD"] = "libm.so.6"
+    show = ["--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH|$LD_PRELOAD"']
+    off = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
+    inj, pre = off.stdout.strip().split("|")
+    assert off.returncode == 0 and inj.endswith("libotel_gpu_census.so") and pre == f"{inj}:libm.so.6", off.stdout
+    default = run_cli(env, "run", "--dir", str(census_dir), *show)
+    assert default.stdout.strip().split("|")[1] == "libm.so.6"
+    env["OTEL_GPU_CENSUS_PRELOAD"] = "off"
+    kept = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
+    assert kept.stdout.strip().split("|")[1] == "libm.so.6"
+
+
 def test_run_keeps_another_injector_and_warns(env, census_dir):
     env["CUDA_INJECTION64_PATH"] = "/opt/nsight/libToolsInjection64.so"
     p = run_cli(env, "run", "--dir", str(census_dir), "--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH"')

@@ -124,6 +124,11 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
     st = p.steps[9]
     assert (st.eager_launches, st.kernel_count, st.copies["htod"].bytes) == (2, 2 + 5, 3 << 20)
     assert p.calls_lost == 0 and p.launches_lost == 0
+    from otel_gpu_census import cost, report
+    assert p.kernels.preloaded and cost.estimate(p).seconds == 0.0
+    text = report.render_text([p], requests=1)
+    assert "seen by the census library preloaded: CUPTI was never loaded" in text
+    assert "census cost, estimated: not told from zero" in text and "kernel time not measured" in text
 
 
 def test_preloaded_without_activity_off_only_passes_calls_through(native, mock_lib, mock_cuda, tmp_path):

@@ -25,7 +25,7 @@ STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
 KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
 KERNELS_COUNTED = _c.GC_KERNELS_COUNTED
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
-FLAG_CALLS = _c.GC_FLAG_CALLS
+FLAG_CALLS, FLAG_PRELOAD = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
 ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
@@ -202,7 +202,8 @@ class KernelTracing:
     - OFF: no kernels.
     - ``untimed`` (OTEL_GPU_CENSUS_ACTIVITY=off, mode COUNTED): CUPTI's activity API never set up; every
       kernel, copy and memset counted at its API call, exact, and no duration measured: kernel time is
-      unknown (:func:`kernel_time`), graph spans, copy time and busy are 0."""
+      unknown (:func:`kernel_time`), graph spans, copy time and busy are 0. ``preloaded``: the calls were seen
+      by the census library preloaded into the process (interpose.c), with CUPTI never loaded."""
 
     mode: int = KERNELS_ALL
     on_ms: int = 0
@@ -212,6 +213,8 @@ class KernelTracing:
     tracing: bool = True
     outside: int = 0               # kernel records that started outside a traced phase: not counted
     untimed: bool = False          # ACTIVITY=off: counted at the calls, no durations
+    preloaded: bool = False        # ... the calls seen by the census library preloaded (LD_PRELOAD), CUPTI never
+                                   # loaded; else by CUPTI's callbacks
 
     @property
     def name(self) -> str:
