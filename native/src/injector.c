@@ -523,6 +523,7 @@ static void at_fork_child(void)
     /* CUDA is unusable in a child forked after init and CUPTI's threads did not come along.
      * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
     atomic_store(&g_state, OFF);
+    gc_interpose_stop();
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
     gc_contexts_forget();

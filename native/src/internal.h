@@ -73,6 +73,7 @@ void gc_steps_note(uint32_t corr);  /* interpose.c: a call under correlation id 
 /* interpose.c: the driver's calls seen through this library preloaded (no CUPTI). */
 int gc_interpose_ready(void);       /* driver functions were handed out as our wrappers */
 void gc_interpose_start(void);      /* the wrappers report from now on */
+void gc_interpose_stop(void);       /* ... no longer (a forked child) */
 int gc_interpose_on(void);
 
 /* launches.c: eager kernel launches counted by callbacks (KERNELS=counted); the fold needs the writer's lock. */

@@ -357,9 +357,14 @@ static int named(const char *name)
 
 /* The process's dlsym (this library is preloaded). RTLD_NEXT is relative to its caller, so that lookup is
  * passed on as a tail call: glibc then sees the caller's return address, not ours (a test holds this). */
+#if defined(__clang__)                 /* clang makes sibling calls at -O1 and up, and knows no optimize() */
+#define SIBLING_CALLS
+#else
+#define SIBLING_CALLS __attribute__((optimize("optimize-sibling-calls")))
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnonnull-compare"   /* glibc declares name nonnull; a caller may still pass NULL */
-__attribute__((visibility("default"), optimize("optimize-sibling-calls")))
+#endif
+__attribute__((visibility("default"))) SIBLING_CALLS
 void *dlsym(void *handle, const char *name)
 {
     dlsym_fn real = real_dlsym();
@@ -368,7 +373,9 @@ void *dlsym(void *handle, const char *name)
     (void)resolve();   /* first: the caller's lookup below is the last one, and dlerror() says how it went */
     return answer(real(handle, name));
 }
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 /* ---- the injector's ---- */
 
@@ -378,4 +385,6 @@ int gc_interpose_ready(void)
 }
 
 void gc_interpose_start(void) { atomic_store(&g_on, 1); }
+/* A forked child: its wrappers only pass calls through (the parent's locks may be held in its copy). */
+void gc_interpose_stop(void) { atomic_store(&g_on, 0); }
 int gc_interpose_on(void) { return atomic_load_explicit(&g_on, memory_order_relaxed); }

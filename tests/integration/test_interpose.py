@@ -182,3 +182,36 @@ def test_not_preloaded_activity_off_counts_through_cupti(native, mock_lib, mock_
     assert res["init"] == 1 and res["registered"] == 0
     p = read(native, res["path"]) if res["path"] else None
     assert p is None or not p.flags & 0x40
+
+
+def test_preloaded_counts_every_launch_of_many_threads_and_none_of_a_forked_child(native, mock_lib, mock_cuda, tmp_path):
+    """Eight threads launching at once through the wrappers, on two devices: every launch counted once, on its
+    thread's device. A child forked meanwhile launches too: nothing of it reaches the parent's segment, and the
+    child exits cleanly (its wrappers only pass calls through)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
+        import threading
+        out['init'] = g.InitializeInjection()
+        go = threading.Barrier(8)
+        def work(i):
+            go.wait()
+            for _ in range(5000):
+                k()
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in ts: t.start()
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(1000): k()
+            ex = graph(4); glaunch(ex, None); htod(DEV, PIN, 12345, None)
+            os._exit(0)
+        for t in ts: t.join()
+        out['child'] = os.waitpid(pid, 0)[1]
+        cuda.mock_cuda_set_device(1)             # this thread's context is device 1's from now on
+        for _ in range(7): k()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=dict(ENV, **preloaded(native)))
+    assert res["init"] == 1 and res["child"] == 0 and res["flush"] == 0
+    p = read(native, res["path"])
+    assert p.devices[0].eager_launches == 8 * 5000 and p.devices[1].eager_launches == 7
+    assert p.devices[0].graph_launches == 0 and p.devices[0].copies.get("htod", "pinned").count == 0
+    assert p.launches_lost == 0 and len(list(d.glob("*.seg"))) == 1
