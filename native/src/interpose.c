@@ -40,6 +40,9 @@
 #undef cuGraphExecUpdate
 #undef cuStreamBeginCapture
 #undef cuGetProcAddress
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
@@ -63,18 +66,23 @@ static _Atomic uint32_t g_corr;           /* our correlation ids: a graph launch
 static _Atomic int g_handed;              /* driver functions handed out as wrappers */
 static CUresult (*g_get_current)(CUcontext *);
 static CUresult (*g_get_device)(CUdevice *);
+static _Atomic uint32_t g_ctx_gen;        /* moves when a context may have gone: every cached device is asked again */
 static __thread CUcontext t_ctx;
+static __thread uint32_t t_gen;
 static __thread int t_dev = -1;
 
-/* The calling thread's device (-1: no context): the context's, asked again only when it changes. */
+/* The calling thread's device (-1: no context): the context's, asked again only when it changes or a
+ * context went away (a new one may take its address on another device). */
 static int cur_dev(void)
 {
     CUcontext c = NULL;
     if (!g_get_current || g_get_current(&c) != CUDA_SUCCESS || !c) return -1;
-    if (c != t_ctx || t_dev < 0) {
+    uint32_t gen = atomic_load_explicit(&g_ctx_gen, memory_order_acquire);
+    if (c != t_ctx || t_dev < 0 || gen != t_gen) {
         CUdevice d = -1;
         t_dev = g_get_device && g_get_device(&d) == CUDA_SUCCESS && d >= 0 ? (int)d : -1;
         t_ctx = c;
+        t_gen = gen;
     }
     return t_dev;
 }
@@ -107,7 +115,7 @@ static void called(int calls_index, int per_thread, const void *p)
  * Each entry: a driver function by its exported name, and its per-thread-stream twin (_ptsz or _ptds,
  * whichever libcuda exports); a wrapper for each. X(name, kind, arity, types...) lists them. */
 enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDATE, K_DESTROY, K_CHANGE, K_BEGIN,
-            K_END, K_GPA };
+            K_END, K_GPA, K_CTX_GONE };
 
 #define ENTRIES(X)                                                                                           \
     X(cuMemcpy, K_COPY, 3, CUdeviceptr, CUdeviceptr, size_t)                                                 \
@@ -179,6 +187,9 @@ enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDA
       CUgraphRecaptureCallback, void *)                                                                      \
     X(cuStreamEndCapture, K_END, 2, CUstream, CUgraph *)                                                     \
     X(cuStreamEndCaptureToCig, K_END, 1, CUstream)                                                           \
+    X(cuCtxDestroy_v2, K_CTX_GONE, 1, CUcontext)                                                             \
+    X(cuDevicePrimaryCtxRelease_v2, K_CTX_GONE, 1, CUdevice)                                                 \
+    X(cuDevicePrimaryCtxReset_v2, K_CTX_GONE, 1, CUdevice)                                                   \
     X(cuGetProcAddress_v2, K_GPA, 5, const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) \
     X(cuGetProcAddress, K_GPA, 4, const char *, void **, int, cuuint64_t)
 
@@ -251,6 +262,7 @@ static CUresult gpa_answer(CUresult r, void **pfn);
 #define BEFORE_K_BEGIN(name, pt)
 #define BEFORE_K_END(name, pt)
 #define BEFORE_K_GPA(name, pt)
+#define BEFORE_K_CTX_GONE(name, pt)
 
 #define AFTER_K_COPY(name, n, pt, ...)                                                                       \
     if (r == CUDA_SUCCESS && counting()) {                                                                   \
@@ -271,6 +283,7 @@ static CUresult gpa_answer(CUresult r, void **pfn);
 #define AFTER_K_BEGIN(name, n, pt, ...) if (gc_interpose_on()) gc_launches_capture(1, r == CUDA_SUCCESS);
 #define AFTER_K_END(name, n, pt, ...) if (gc_interpose_on()) gc_launches_capture(0, r == CUDA_SUCCESS);
 #define AFTER_K_GPA(name, n, pt, ...) r = gpa_answer(r, a1);
+#define AFTER_K_CTX_GONE(name, n, pt, ...) atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
 
 #define WRAPPER(name, kind, n, pt, ...)                                                                      \
     static CUresult w_##name##_##pt(PARAMS(n, __VA_ARGS__))                                                  \

@@ -117,7 +117,16 @@ int mock_cuda_calls(void) { return atomic_load(&g_calls); }
 static CUresult done(void) { atomic_fetch_add(&g_calls, 1); return atomic_load(&g_result); }
 
 CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
-CUresult cuCtxGetCurrent(void **ctx) { *ctx = (void *)(unsigned long)(0xc000 + atomic_load(&g_dev)); return 0; }
+/* the current context: its own address per device, or one address for all after
+ * mock_cuda_set_one_context_address(1) (a context destroyed and another made where it was) */
+static atomic_int g_ctx_same;
+void mock_cuda_set_one_context_address(int on) { atomic_store(&g_ctx_same, on); }
+CUresult cuCtxGetCurrent(void **ctx)
+{
+    *ctx = (void *)(unsigned long)(0xc000 + (atomic_load(&g_ctx_same) ? 0 : atomic_load(&g_dev)));
+    return 0;
+}
+CUresult cuCtxDestroy_v2(void *ctx) { (void)ctx; return 0; }
 CUresult cuCtxGetDevice(CUdevice *dev) { *dev = atomic_load(&g_dev); return 0; }
 CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned long)ctx - 0xc000); return 0; }
 
@@ -191,6 +200,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     {"cuGraphInstantiate", (void *)cuGraphInstantiateWithFlags}, {"cuGraphLaunch", (void *)cuGraphLaunch},
     {"cuGraphExecDestroy", (void *)cuGraphExecDestroy}, {"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2},
     {"cuStreamEndCapture", (void *)cuStreamEndCapture}, {"cuGetProcAddress", (void *)cuGetProcAddress_v2},
+    {"cuCtxDestroy", (void *)cuCtxDestroy_v2},
 };
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status)
 {

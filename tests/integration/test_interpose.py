@@ -186,7 +186,7 @@ def test_not_preloaded_activity_off_counts_through_cupti(native, mock_lib, mock_
 
 def test_preloaded_counts_every_launch_of_many_threads_and_none_of_a_forked_child(native, mock_lib, mock_cuda, tmp_path):
     """Eight threads launching at once through the wrappers, on two devices: every launch counted once, on its
-    thread's device. A child forked meanwhile launches too: nothing of it reaches the parent's segment, and the
+    thread's device (asked again once a context was destroyed: a new one may sit at its address). A child forked meanwhile launches too: nothing of it reaches the parent's segment, and the
     child exits cleanly (its wrappers only pass calls through)."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
         import threading
@@ -207,11 +207,19 @@ def test_preloaded_counts_every_launch_of_many_threads_and_none_of_a_forked_chil
         out['child'] = os.waitpid(pid, 0)[1]
         cuda.mock_cuda_set_device(1)             # this thread's context is device 1's from now on
         for _ in range(7): k()
+        # a context destroyed and another made at its address on device 0: its launches are device 0's
+        cffi_cuda.cdef('void mock_cuda_set_one_context_address(int);')
+        cuda.mock_cuda_set_one_context_address(1)
+        for _ in range(2): k()                   # cached: device 1's address, still device 1
+        destroy_ctx = proc('cuCtxDestroy', ctypes.CFUNCTYPE(c_int, c_void_p))
+        destroy_ctx(0xc000)
+        cuda.mock_cuda_set_device(0)
+        for _ in range(3): k()
         out['flush'] = g.gc_flush()
         out['path'] = path()
     """, env=dict(ENV, **preloaded(native)))
     assert res["init"] == 1 and res["child"] == 0 and res["flush"] == 0
     p = read(native, res["path"])
-    assert p.devices[0].eager_launches == 8 * 5000 and p.devices[1].eager_launches == 7
+    assert p.devices[0].eager_launches == 8 * 5000 + 3 and p.devices[1].eager_launches == 7 + 2
     assert p.devices[0].graph_launches == 0 and p.devices[0].copies.get("htod", "pinned").count == 0
     assert p.launches_lost == 0 and len(list(d.glob("*.seg"))) == 1
