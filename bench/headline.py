@@ -269,8 +269,8 @@ RULES = (
          "ratio of output tok/s, a census counting at the calls by the library preloaded (`run --activity off`: "
          "LD_PRELOAD, CUPTI never loaded) with the vLLM integration (R) / a plain vLLM (P) loaded at the same time, "
          "random 160M Llama, CUDA graphs, 64 closed-loop clients each, 3 s windows, median of 14 rounds (geometric "
-         "mean 0.972 [0.934, 1.017]; through CUPTI's callbacks 0.864, §21); counting / R paused 1.02: what is left is "
-         "the integration's; measurements §22",
+         "mean 0.972 [0.934, 1.017]; through CUPTI's callbacks 0.864, §21); counting / R paused 1.02: counting is not what "
+         "is left; measurements §22",
          command=S13_VLLM, date="2026-12-03"),
     Rule("vllm_preload_census_only_vs_plain_throughput_ratio", "2026-12-03-h200-s13-vllm-preload-noint.json",
          beside_ratio("calls/P@once"), 0.99,
