@@ -160,6 +160,54 @@ def check_injector(facts: Facts) -> List[Check]:
     return [Check(OK, "injector", f"{path} loads (segment layout {version})")]
 
 
+# Run in a child with the library preloaded: who answers the driver's cuGetProcAddress_v2 lookup.
+_PRELOAD_PROBE = r"""
+import ctypes, sys
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+except OSError:
+    print("no-driver"); sys.exit(0)
+try:
+    addr = ctypes.cast(cu.cuGetProcAddress_v2, ctypes.c_void_p).value
+except AttributeError:
+    print("no-gpa"); sys.exit(0)
+class Info(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+info = Info()
+ok = ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info))
+print("answered-by", (info.fname or b"?").decode() if ok else "?")
+"""
+
+
+def check_preload(facts: Facts) -> List[Check]:
+    """`run --activity off` counts through the library preloaded (no CUPTI): does it answer the driver's
+    lookups here? A child process with LD_PRELOAD looks cuGetProcAddress_v2 up as the CUDA runtime does."""
+    import subprocess
+    if facts.library is None:
+        return []
+    env = dict(os.environ, LD_PRELOAD=str(facts.library))
+    env.pop("CUDA_INJECTION64_PATH", None)
+    try:
+        p = subprocess.run([sys.executable, "-c", _PRELOAD_PROBE], env=env, capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return [Check(WARN, "preload", f"could not try `run --activity off`'s preload: {e}")]
+    out = p.stdout.split()
+    if p.returncode != 0 or not out:
+        return [Check(WARN, "preload", "a process with the library preloaded failed ("
+                      + (p.stderr.strip().splitlines() or ["no output"])[-1] + "): `run --activity off` counts through "
+                      "CUPTI's callbacks instead, or set OTEL_GPU_CENSUS_PRELOAD=off")]
+    if out[0] in ("no-driver", "no-gpa"):
+        return [Check(WARN, "preload", "no CUDA driver with cuGetProcAddress_v2 to look up: whether `run --activity off` "
+                      "can count without CUPTI is not known here")]
+    who = out[-1]
+    if Path(who).resolve() == Path(facts.library).resolve():
+        return [Check(OK, "preload", "`run --activity off`: the library preloaded answers the driver's lookups, so "
+                      "it counts every launch, copy and memset with no CUPTI loaded (no durations)")]
+    return [Check(WARN, "preload", f"the driver's cuGetProcAddress_v2 came from {who}, not the census library: "
+                  "`run --activity off` will count through CUPTI's callbacks (another preload or interposer first?)")]
+
+
 def check_census_dir(facts: Facts) -> List[Check]:
     import tempfile
     from .census import folder
@@ -214,7 +262,8 @@ def check_exporters(facts: Facts) -> List[Check]:
 
 
 CHECKS: List[Callable[[Facts], List[Check]]] = [
-    check_driver, check_nvml, check_cupti, check_injector, check_census_dir, check_environment, check_exporters]
+    check_driver, check_nvml, check_cupti, check_injector, check_preload, check_census_dir, check_environment,
+    check_exporters]
 
 
 def run_checks() -> List[Check]:

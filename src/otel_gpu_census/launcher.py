@@ -126,8 +126,12 @@ def preload_for_calls(plan: LaunchPlan) -> None:
     env = plan.env
     if not plan.census_on or plan.library is None or env.get("OTEL_GPU_CENSUS_ACTIVITY", "").lower() != "off":
         return
-    if env.get("OTEL_GPU_CENSUS_PRELOAD", "").lower() in ("off", "0", "false", "no"):
+    want = env.get("OTEL_GPU_CENSUS_PRELOAD", "").strip().lower()
+    if want in ("off", "0", "false", "no"):
         return
+    if want not in ("", "on", "1", "true", "yes"):
+        plan.warnings.append(f"OTEL_GPU_CENSUS_PRELOAD={env['OTEL_GPU_CENSUS_PRELOAD']!r} is neither on nor off: "
+                             "preloading the census library (on)")
     lib = str(plan.library)
     have = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     if lib not in have:

@@ -98,6 +98,10 @@ def test_run_activity_off_preloads_the_injector_it_names_unless_told_not_to(env,
     env["OTEL_GPU_CENSUS_PRELOAD"] = "off"
     kept = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
     assert kept.stdout.strip().split("|")[1] == "libm.so.6"
+    env["OTEL_GPU_CENSUS_PRELOAD"] = "sometimes"      # a bad value: said, and the default (on) kept
+    bad = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
+    assert bad.stdout.strip().split("|")[1] == f"{inj}:libm.so.6"
+    assert "OTEL_GPU_CENSUS_PRELOAD='sometimes' is neither on nor off" in bad.stderr
 
 
 def test_run_keeps_another_injector_and_warns(env, census_dir):
@@ -442,6 +446,18 @@ def test_doctor_without_a_driver_says_why(env):
     assert p.returncode == 1
     assert any(line.startswith("FAIL") and "NVIDIA driver" in line and "libcuda.so.1" in line
                for line in p.stdout.splitlines())
+
+
+def test_doctor_says_whether_the_preloaded_library_answers_the_driver(env, mock_cuda):
+    """`run --activity off` needs the library preloaded to answer the driver's lookups: with a driver (the mock
+    libcuda.so.1) doctor says it does; without one it says it cannot tell, as a warning."""
+    found = run_cli(dict(env, LD_LIBRARY_PATH=os.path.dirname(mock_cuda)), "doctor")
+    line = next(l for l in found.stdout.splitlines() if l.split()[1:2] == ["preload"])
+    assert line.startswith("OK") and "no CUPTI loaded" in line, found.stdout
+    if not os.path.exists("/dev/nvidiactl"):
+        none = run_cli(dict(env, LD_LIBRARY_PATH=""), "doctor")
+        line = next(l for l in none.stdout.splitlines() if l.split()[1:2] == ["preload"])
+        assert line.startswith("WARN") and "not known here" in line, none.stdout
 
 
 def test_doctor_flags_another_injector(env):
