@@ -19,6 +19,7 @@
 #   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
 #                vLLM calls can run meanwhile) / wait for it to finish
 #   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
+#                (BENCH_ARGS='--activity off --modes off,calls --beside-plain': the census preloaded, §22)
 #   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
 #                graph node and copy, one process, alternating rounds, paired against nothing enabled
 #                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)

@@ -46,6 +46,9 @@ def main() -> int:
                     help="also a plain llama-server (no census, on --port + 1), the same load after every round: "
                          "mode/plain says what the census costs against no census at all (off is CUPTI attached, paused)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
+    ap.add_argument("--activity", choices=("on", "off"), default=None,
+                    help="the census server's `run --activity`: off counts at the calls through the library "
+                         "preloaded, CUPTI never loaded (phases off,calls; measurements §22)")
     ap.add_argument("--ballast", type=int, default=0,
                     help="this many spinning processes through every round (ballast.py: a steadier host CPU)")
     a = ap.parse_args()
@@ -57,8 +60,8 @@ def main() -> int:
     def server(port):
         return [a.server, "-m", a.model, "-ngl", "99", "-np", str(a.clients), "-c", str(2048 * a.clients),
                 "--host", "127.0.0.1", "--port", str(port), *a.flags.split()]
-    cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--dir", str(census), "--exporter", "none", "--",
-           *server(a.port)]
+    cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--dir", str(census), "--exporter", "none",
+           *(["--activity", a.activity] if a.activity else []), "--", *server(a.port)]
     log = open(Path(a.out).with_suffix(".server.log"), "w")
     procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
     logs = [log]
