@@ -996,8 +996,9 @@ int InitializeInjection(void)
         g_preload = 0;   /* start_calls said why (only graphs can fail, and then nothing was started) */
     }
     if (g_cfg.activity_off && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: preloaded, but no driver function was looked up through us before "
-               "cuInit; counting through CUPTI's callbacks");
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: LD_PRELOAD names the census library, but no driver function was "
+               "looked up through this copy of it before cuInit (the program calls libcuda directly, or LD_PRELOAD "
+               "and CUDA_INJECTION64_PATH name different files); counting through CUPTI's callbacks");
     if (gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);

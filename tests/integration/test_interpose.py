@@ -223,3 +223,22 @@ def test_preloaded_counts_every_launch_of_many_threads_and_none_of_a_forked_chil
     assert p.devices[0].eager_launches == 8 * 5000 + 3 and p.devices[1].eager_launches == 7 + 2
     assert p.devices[0].graph_launches == 0 and p.devices[0].copies.get("htod", "pinned").count == 0
     assert p.launches_lost == 0 and len(list(d.glob("*.seg"))) == 1
+
+
+def test_preloaded_copy_that_is_not_the_injector_says_so_and_cupti_counts(native, mock_lib, mock_cuda, tmp_path):
+    """LD_PRELOAD naming another file than CUDA_INJECTION64_PATH: two copies of the library in the process, and the
+    injector's copy handed nothing out. It says so in one line and counts through CUPTI's callbacks; the
+    preloaded copy's wrappers pass every call through."""
+    import shutil
+    other = tmp_path / "copy" / "libotel_gpu_census.so"
+    other.parent.mkdir()
+    shutil.copy(native[2], other)
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
+        out['init'] = g.InitializeInjection()
+        out['cb'] = mock.mock_callback_enabled(1, rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel)
+        for _ in range(3): k()
+        out['calls'] = cuda.mock_cuda_calls()
+    """, env=dict(ENV, LD_PRELOAD=str(other)))
+    assert res["init"] == 1 and res["cb"] == 1 and res["calls"] == 3
+    assert err.count("LD_PRELOAD and CUDA_INJECTION64_PATH name different files") == 1, err
+    assert not list(d.glob("*.seg")) or not read(native, next(d.glob("*.seg"))).kernels.preloaded
