@@ -764,6 +764,11 @@ static int start_calls(void)
 
 static int start(void)
 {
+    if (g_preload) {   /* the calls are the preloaded interposer's: CUPTI only if that cannot count */
+        if (start_calls() == 0) return 0;
+        g_preload = 0;
+        if (gc_cupti_load(g_cfg.cupti_path) != 0) return -1;
+    }
     if (gc_cupti_subscribe(g_cfg.api_v1) != 0) return -1;
     if (g_cfg.activity_off) {
         int rc = start_calls();
@@ -981,30 +986,19 @@ int InitializeInjection(void)
     gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
-    /* ACTIVITY=off in a process we are preloaded into: the calls are ours, CUPTI is never loaded. */
-    if (g_cfg.activity_off && gc_interpose_ready()) {
-        g_preload = 1;
-        if (start_calls() == 0) {
-            pthread_atfork(NULL, NULL, at_fork_child);
-            atexit(at_exit);
-            g_attach.mode = GC_ATTACH_CUINIT;
-            g_attach.wall_ns = gc_wall_ns();
-            atomic_store(&g_state, ACTIVE);
-            if (start_flusher() != 0) gc_log("no flusher thread: calls are counted at exit only (OTEL_GPU_CENSUS_ACTIVITY=off)");
-            return 1;
-        }
-        g_preload = 0;   /* start_calls said why (only graphs can fail, and then nothing was started) */
-    }
-    if (g_cfg.activity_off && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
+    /* ACTIVITY=off in a process we are preloaded into: the calls are ours, CUPTI is not loaded, and counting
+     * starts here (no context's graphs to spare from CUPTI: nothing to wait for). */
+    g_preload = g_cfg.activity_off && gc_interpose_ready();
+    if (g_cfg.activity_off && !g_preload && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
         gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: LD_PRELOAD names the census library, but no driver function was "
                "looked up through this copy of it before cuInit (the program calls libcuda directly, or LD_PRELOAD "
                "and CUDA_INJECTION64_PATH name different files); counting through CUPTI's callbacks");
-    if (gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
+    if (!g_preload && gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);
     /* Later, from the flusher, once a context exists; now when there is no driver to ask (the CPU
      * tests' mock CUPTI) or no thread to wait with. */
-    if (!g_cfg.attach_cuinit && watch_init() == 0) {
+    if (!g_preload && !g_cfg.attach_cuinit && watch_init() == 0) {
         atomic_store(&g_state, WAITING);
         if (start_flusher() == 0) return 1;
         atomic_store(&g_state, OFF);

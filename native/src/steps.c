@@ -48,25 +48,19 @@ static int launches_work(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const 
     return 0;
 }
 
-void gc_steps_callback(CUpti_CallbackDomain dom, const void *data)
-{
-    uint32_t id = t_top;
-    if (dom == CUPTI_CB_DOMAIN_RESOURCE) return;
-    if (!id) return;                    /* most calls of a server outside steps end here */
-    const CUpti_CallbackData *cb = data;
-    if (cb->callbackSite != CUPTI_API_ENTER) return;
-    _Atomic uint64_t *map = atomic_load_explicit(&g_map, memory_order_relaxed);
-    if (map)
-        atomic_store_explicit(&map[cb->correlationId & (GC_LAUNCH_SLOTS - 1)],
-                              ((uint64_t)cb->correlationId << 32) | id, memory_order_release);
-}
-
 void gc_steps_note(uint32_t corr)
 {
     uint32_t id = t_top;
     if (!id) return;
     _Atomic uint64_t *map = atomic_load_explicit(&g_map, memory_order_relaxed);
     if (map) atomic_store_explicit(&map[corr & (GC_LAUNCH_SLOTS - 1)], ((uint64_t)corr << 32) | id, memory_order_release);
+}
+
+void gc_steps_callback(CUpti_CallbackDomain dom, const void *data)
+{
+    if (dom == CUPTI_CB_DOMAIN_RESOURCE || !t_top) return;   /* most calls of a server outside steps end here */
+    const CUpti_CallbackData *cb = data;
+    if (cb->callbackSite == CUPTI_API_ENTER) gc_steps_note(cb->correlationId);
 }
 
 int gc_steps_start(void)
