@@ -359,12 +359,16 @@ BESIDE = {
           "the census paused from its start (no activity kind on while vLLM loads its kernels and captures its "
           "graphs), the integration disabled: Z/N is a census that never traced, S/Z (1 / Z/S) what tracing at start-up "
           "leaves behind"),
+    "A": (8114, True, {"OTEL_GPU_CENSUS_ACTIVITY": "on", "OTEL_GPU_CENSUS_KERNELS": "all"},
+          "the activity census tracing every kernel, the integration on, never paused: its requests' kernel time is "
+          "measured, the reference R's estimates are checked against (reference_check)"),
     "T": (8111, True, {"OTEL_GPU_CENSUS_SETTLE": "thread"},
           "the census paused, the integration settling in a thread of the engine (the design until 2026-12-02): "
           "T/S is that integration's cost, off/T what settling in a process of its own gains"),
 }
 
 STARTED_BEFORE_R = {"F"}
+COUNTING = {"A"}   # beside servers whose census counts through every phase (the others run paused)
 
 
 def phase_extra(a) -> list:
@@ -479,7 +483,7 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
            "together": {n: BESIDE[n][3] for n in together}}
     ph = Phases(base / "R")
     for n in chain:     # the census servers beside R run paused (N has no segment to pause)
-        if BESIDE[n][1] and n != "N":
+        if BESIDE[n][1] and n != "N" and n not in COUNTING:
             check(Phases(base / n).set("off"), f"{n}: census paused")
 
     clients, per_client, stream = a.phase_clients, a.phase_requests, a.phase_stream
@@ -551,7 +555,56 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         logs = conservation_check("R", base / "R", [s for s in rx.span_snapshot()
                                                     if s.resource.get("service.name") == "vllm-R"], res["spans_R"])
         estimate_check("R", logs, rounds, res["spans_R"].setdefault("estimate", {}))
+        if "A" in servers:
+            res["stop_A"] = servers.pop("A").stop()
+            time.sleep(1)
+            res["reference"] = reference_check(logs, read_census(base / "A")[1], rounds, modes)
     return res
+
+
+REFERENCE_ERROR_MAX = 0.10  # the stated bound: R's estimated kernel time a token vs A's measured, same windows
+
+
+def reference_check(logs_r, logs_a, rounds, modes) -> dict:
+    """R's requests (estimated kernel time) against A's (every kernel traced, measured) loaded in the same
+    windows by clients of their own: per phase, kernel ns an output token of each and their ratio; per request of
+    R, its distance from A's median request of the same phase (relative), beside A's own requests' distance from
+    that median (the spread of one load, no error at all)."""
+    def per_tok(l):
+        return l["gpu"]["kernel.time_ns"] / l["output_tokens"]
+
+    def placed(logs, t0, t1):
+        return [l for l in logs if "gpu" in l and l.get("output_tokens") and t0 <= l["start_time_unix_nano"] <= t1]
+    out: dict = {}
+    for m in modes:
+        if m == "off":
+            continue
+        ratios, err, spread = [], [], []
+        for r in rounds:
+            if m not in r:
+                continue
+            t0, t1 = r[m]["t0_ns"], r[m]["t1_ns"]
+            rr, aa = placed(logs_r, t0, t1), placed(logs_a, t0, t1)
+            if not rr or not aa:
+                continue
+            r_tok = sum(l["gpu"]["kernel.time_ns"] for l in rr) / sum(l["output_tokens"] for l in rr)
+            a_tok = sum(l["gpu"]["kernel.time_ns"] for l in aa) / sum(l["output_tokens"] for l in aa)
+            ratios.append(r_tok / a_tok)
+            ref = statistics.median(per_tok(l) for l in aa)
+            err += [abs(per_tok(l) / ref - 1) for l in rr]
+            spread += [abs(per_tok(l) / ref - 1) for l in aa]
+        if not ratios:
+            continue
+        q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]   # noqa: E731
+        med = statistics.median(ratios)
+        out[m] = {"phases": len(ratios), "kernel_ns_per_token_ratio_median": round(med, 4),
+                  "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+                  "request_error_p50": round(q(err, 0.5), 4), "request_error_p90": round(q(err, 0.9), 4),
+                  "reference_spread_p50": round(q(spread, 0.5), 4), "reference_spread_p90": round(q(spread, 0.9), 4),
+                  "requests": len(err), "reference_requests": len(spread)}
+        check(abs(med - 1) <= REFERENCE_ERROR_MAX,
+              f"R's {m} requests' kernel time a token within {REFERENCE_ERROR_MAX:.0%} of A's measured ({med - 1:+.1%})")
+    return out
 
 
 def cpu_medians(rounds, names) -> dict:

@@ -8,6 +8,8 @@ every round, each pinned to the same core:
   preload   the injector preloaded (LD_PRELOAD) too, OTEL_GPU_CENSUS_ACTIVITY=off: the calls are its own
             wrappers', CUPTI never loaded (interpose.c)
   calls     the injector, OTEL_GPU_CENSUS_ACTIVITY=off, not preloaded: CUPTI's callbacks
+  windows   preloaded, OTEL_GPU_CENSUS_ACTIVITY=windows: as preload, and CUPTI attached for kernel durations
+            ($CALLS_TAX_WINDOWS, default the shipped 200 ms of every 5 s) and detached between
   default   the injector as shipped (counted kernels, the activity API for durations and copies)
 Each process times, after a warm-up, ROUNDS rounds of: in-place adds on a 1-element tensor (one eager
 launch each, torch's own CUDA calls around it); replays of a captured CUDA graph of 64 adds (CPU time to
@@ -102,6 +104,8 @@ if attached:
     c = read_segment(lib.gc_segment_path().decode())
     dv = c.devices[0]
     res["census"] = {"kernels": c.kernels.name, "preloaded": bool(c.flags & 0x40), "eager_launches": dv.eager_launches, "kernel_count": dv.kernel_count,
+                     "windows": [c.kernels.windows_opened, c.kernels.windows_failed, c.kernels.attach_ns, c.kernels.detach_ns,
+                                 c.kernels.graph_untimed, dv.eager_traced, dv.eager_traced_ns],
                      "graph_launches": dv.graph_launches, "graph_kernel_count": dv.graph_kernel_count,
                      "htod_pinned": [dv.copies.get("htod", "pinned").count, dv.copies.get("htod", "pinned").bytes],
                      "dtoh_pinned": [dv.copies.get("dtoh", "pinned").count, dv.copies.get("dtoh", "pinned").bytes],
@@ -114,7 +118,7 @@ if attached:
 print("RESULT " + json.dumps(res), flush=True)
 """
 
-MODES = ("plain", "preload", "calls", "default")
+MODES = ("plain", "preload", "calls", "default", "windows")
 KEYS = ("eager_ns", "graph_issue_ns", "graph_ns", "copy_pair_ns", "control_ms")
 
 
@@ -128,7 +132,11 @@ def child_env(mode: str, census_dir: str) -> dict:
         env["OTEL_GPU_CENSUS_DIR"] = census_dir
         if mode in ("calls", "preload"):
             env["OTEL_GPU_CENSUS_ACTIVITY"] = "off"
-        if mode == "preload":
+        if mode == "windows":
+            env["OTEL_GPU_CENSUS_ACTIVITY"] = "windows"
+            if os.environ.get("CALLS_TAX_WINDOWS"):
+                env["OTEL_GPU_CENSUS_KERNELS"] = "counted:" + os.environ["CALLS_TAX_WINDOWS"]
+        if mode in ("preload", "windows"):
             env["LD_PRELOAD"] = os.environ["OTEL_GPU_CENSUS_LIB"]
     return env
 
@@ -146,21 +154,22 @@ def run_child(mode: str, a) -> dict:
 
 def summarise(rotations: list) -> dict:
     out: dict = {}
-    for m in MODES[1:]:
+    modes = [m for m in MODES if any(m in rot for rot in rotations)]
+    for m in modes[1:]:
         for k in KEYS:
             r = [rot[m][k] / rot["plain"][k] for rot in rotations
                  if m in rot and "error" not in rot[m] and "error" not in rot["plain"] and rot["plain"].get(k)]
             if r:
                 out[f"{m}/plain {k}"] = {"median": round(statistics.median(r), 4), "min": round(min(r), 4),
                                          "max": round(max(r), 4), "all": [round(x, 4) for x in r]}
-    for m in MODES:
+    for m in modes:
         out[f"{m} medians"] = {k: round(statistics.median(rot[m][k] for rot in rotations if k in rot.get(m, {})), 1)
                                for k in KEYS if any(k in rot.get(m, {}) for rot in rotations)}
     def counts(c):        # what the census modes must agree on: every count and byte, not durations or the mode
-        return {k: v for k, v in c.items() if k not in ("kernels", "kernel_ns", "preloaded")}
-    for m in ("calls", "preload"):
+        return {k: v for k, v in c.items() if k not in ("kernels", "kernel_ns", "preloaded", "windows")}
+    for m in ("calls", "preload", "windows"):
         same = [counts(rot[m]["census"]) == counts(rot["default"]["census"]) for rot in rotations
-                if rot.get(m, {}).get("census") and rot["default"].get("census")]
+                if rot.get(m, {}).get("census") and rot.get("default", {}).get("census")]
         out[f"census_counts_agree_{m}"] = {"rotations": len(same), "agree": sum(same)}
     return out
 
@@ -174,12 +183,14 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=2000)
     ap.add_argument("--core", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default=",".join(MODES), help="plain first, then any of " + ",".join(MODES[1:]))
     a = ap.parse_args()
     if not os.environ.get("OTEL_GPU_CENSUS_LIB"):
         raise SystemExit("OTEL_GPU_CENSUS_LIB: the built injector (bench/device/run.sh setup sets it)")
     rotations = []
     for i in range(a.rotations):
-        order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
+        modes = tuple(a.modes.split(","))
+        order = modes[i % len(modes):] + modes[:i % len(modes)]
         rot = {"order": list(order)}
         for m in order:
             rot[m] = run_child(m, a)

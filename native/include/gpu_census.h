@@ -89,6 +89,11 @@ enum gc_kernels {
 /* with GC_FLAG_CALLS: the calls seen by this library preloaded (LD_PRELOAD: it answers the process's dlsym and
  * cuGetProcAddress with wrappers of the driver's functions), CUPTI never loaded; else by CUPTI's callbacks */
 #define GC_FLAG_PRELOAD         0x40u
+/* with GC_FLAG_PRELOAD: kernel durations sampled in windows (OTEL_GPU_CENSUS_ACTIVITY=windows): CUPTI attached for
+ * the schedule's on-phases (kernel_on_ms of every kernel_period_ms) and detached (cuptiFinalize) between them.
+ * Counts and bytes stay exact and whole; eager kernel time is launches x the sampled mean (as COUNTED), a graph
+ * launch's span is its exec's mean span measured in the windows (graph_untimed: launches with none) */
+#define GC_FLAG_TIMED           0x80u
 
 /* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
 enum gc_graphs {
@@ -192,7 +197,13 @@ typedef struct gc_segment {
     uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
     uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
                                    that finished before it is in the totals (0: not known yet) */
-    char     reserved_text[GC_NOTE_LEN]; /* unused: nothing is written here (room for growth) */
+    /* GC_FLAG_TIMED: the windows CUPTI was attached for, and what attaching and detaching took (the flusher's
+     * wall time; a detach waits for the process's next driver call, which calls cuptiFinalize) */
+    uint64_t timing_windows;    /* attached */
+    uint64_t timing_failed;     /* attaches refused (CUPTI held by another tool, a kind refused) */
+    uint64_t timing_attach_ns;  /* summed */
+    uint64_t timing_detach_ns;  /* summed, request to cuptiFinalize done */
+    char     reserved_text[GC_NOTE_LEN - 32]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */
@@ -220,7 +231,8 @@ typedef struct gc_segment {
     uint64_t calls_lost;        /* GC_FLAG_CALLS: copies, memsets and graph launches seen at their calls but
                                    in no total (the queue to the flusher full, a call whose size could not
                                    be read); 0 otherwise. Was reserved: older writers leave it 0 */
-    uint64_t reserved[1];
+    uint64_t graph_untimed;     /* GC_FLAG_TIMED: graph launches counted with no span to price them (their exec
+                                   never ran in a window, and no graph did): in kernel counts, not in kernel_ns */
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];
@@ -262,8 +274,10 @@ typedef struct gc_graph_contents {
     uint32_t copies[GC_NDIR][GC_NMEM];
     uint64_t copy_bytes[GC_NDIR][GC_NMEM];
     uint32_t flags;             /* GC_GRAPH_INEXACT */
-    uint32_t reserved;
+    uint32_t span_from;         /* where span_ns comes from (GC_SPAN_*), read with the contents, never stored */
+    uint64_t span_ns;           /* GC_FLAG_TIMED: the launch's estimated span (0: none) */
 } gc_graph_contents;
+enum { GC_SPAN_NONE = 0, GC_SPAN_EXEC = 1, GC_SPAN_ALL = 2 }; /* none; this exec's mean; all graphs' per kernel */
 
 typedef struct gc_tally gc_tally;
 
@@ -289,6 +303,9 @@ typedef struct gc_call {
     uint8_t  peer_dev;          /* COPY of GC_DIR_PTOP: the receiving device */
     uint8_t  pad[7];
 } gc_call;
+/* GC_FLAG_TIMED: one kernel or GRAPH_TRACE record of a window, its times on the census clock: durations only
+ * (the eager sample, the busy union), never a count, never a step. */
+void gc_tally_timed(gc_tally *t, const void *record);
 /* Count one call: a copy or memset as a record of zero duration would be; a graph launch with
  * `contents` (NULL: not known) as gc_tally_graph_launch does for a GRAPH_TRACE record spanning 0 ns. */
 void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *contents);

@@ -16,7 +16,7 @@ extern char **environ;
 /* The injector's names, and those only the Python side reads (so they are not typos). */
 static const char *const KNOWN[] = {
     "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
-    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY",
+    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE",
     "SETTLE",                   /* the Python engine integrations' (integrations/settle_process.py) */
 };
 #define PREFIX "OTEL_GPU_CENSUS_"
@@ -41,13 +41,18 @@ static int env_choice(const char *name, const char *const *choices, int n)
     if (!v || !*v) return 0;
     for (int i = 0; i < n; i++)
         if (strcmp(v, choices[i]) == 0) return i;
-    gc_log("ignoring %s=%s (expected %s or %s); using %s", name, v, choices[0], choices[1], choices[0]);
+    gc_log("ignoring %s=%s (expected %s or %s%s%s); using %s", name, v, choices[0], choices[1], n > 2 ? " or " : "",
+           n > 2 ? choices[2] : "", choices[0]);
     return 0;
 }
 
 /* The default: every kernel counted, kernel records for 100 ms of every second. */
 #define COUNTED_ON_MS 100u
 #define COUNTED_PERIOD_MS 1000u
+
+/* ACTIVITY=windows: CUPTI attached 200 ms of every 5 s (measured in docs/measurements.md §23) */
+#define WINDOWS_ON_MS 200u
+#define WINDOWS_PERIOD_MS 5000u
 
 /* ON_MS/PERIOD_MS, both multiples of the 20 ms window, 0 < ON_MS < PERIOD_MS <= 1 h: 0, or -1. */
 static int parse_schedule(const char *v, uint32_t *on_ms, uint32_t *period_ms)
@@ -134,7 +139,7 @@ void gc_config_load(struct gc_config *c)
 {
     static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"},
                              *const start[] = {"on", "paused"}, *const attach[] = {"context", "cuinit"},
-                             *const activity[] = {"on", "off"};
+                             *const activity[] = {"on", "off", "windows"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
     c->cupti_path = getenv("OTEL_GPU_CENSUS_CUPTI");
@@ -149,6 +154,14 @@ void gc_config_load(struct gc_config *c)
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
     c->start_paused = env_choice("OTEL_GPU_CENSUS_START", start, 2) == 1;
     c->attach_cuinit = env_choice("OTEL_GPU_CENSUS_ATTACH", attach, 2) == 1;
-    c->activity_off = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 2) == 1;
+    int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 3);
+    c->activity_off = act != 0;
+    c->activity_windows = act == 2;
     parse_kernels(c);
+    /* Windows of CUPTI attached and detached: each costs a set-up and a detach, so longer and rarer than the
+     * activity census's duty cycle unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */
+    if (c->activity_windows && !c->kernels_named) {
+        c->kernel_on_ms = WINDOWS_ON_MS;
+        c->kernel_period_ms = WINDOWS_PERIOD_MS;
+    }
 }

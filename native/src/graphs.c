@@ -35,6 +35,7 @@
 #define GX_SLOTS 8192u           /* exec handle -> current version, open addressing (power of two) */
 #define GX_PROBES 64u
 #define GL_SLOTS (1u << 16)      /* correlation id -> version, direct-mapped (power of two) */
+#define GT_SLOTS (1u << 14)      /* the same for CUPTI's ids in a timing window (power of two) */
 #define MAX_DEPTH 8
 #define MAX_NODES (1u << 20)
 
@@ -42,6 +43,9 @@ struct version {
     _Atomic uint32_t n;          /* the version number this slot holds; 0: none */
     _Atomic uint32_t flags;      /* GC_GRAPH_INEXACT may be set later (a node changed in the exec) */
     gc_graph_contents c;
+    /* GC_FLAG_TIMED: the spans its launches had in CUPTI's windows (the flusher adds, the fold reads) */
+    _Atomic uint64_t span_ns;
+    _Atomic uint64_t spans;
 };
 
 struct exec_slot {
@@ -54,6 +58,8 @@ static struct {
     struct version *v;           /* GV_SLOTS */
     struct exec_slot *x;         /* GX_SLOTS */
     _Atomic uint64_t *launch;    /* GL_SLOTS: (correlation id << 32) | version */
+    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for CUPTI's correlation ids in a window (timing.c) */
+    _Atomic uint64_t all_ns, all_kernels; /* every timed span, and the kernels of those launches */
     _Atomic uint32_t next;       /* the last version number handed out */
     pthread_mutex_t mu;          /* writers of the exec table */
     /* the driver's graph queries, from the libcuda already in the process */
@@ -189,6 +195,8 @@ static uint32_t publish_version(const gc_graph_contents *c)
     atomic_store_explicit(&v->n, 0, memory_order_relaxed); /* readers of the old version see it go */
     atomic_thread_fence(memory_order_release);
     v->c = *c;
+    atomic_store_explicit(&v->span_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&v->spans, 0, memory_order_relaxed);
     atomic_store_explicit(&v->flags, c->flags, memory_order_relaxed);
     atomic_store_explicit(&v->n, n, memory_order_release);
     return n;
@@ -355,6 +363,59 @@ void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const v
     else mark_changed(exec);
 }
 
+/* ---- spans measured in CUPTI's windows (GC_FLAG_TIMED, timing.c) ---- */
+
+/* CUPTI's enter callback of a graph launch in a window: its correlation id -> the exec's version now. */
+void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr)
+{
+    if (!atomic_load_explicit(&g_on, memory_order_acquire) || !g.timed) return;
+    uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
+    atomic_store_explicit(&g.timed[cupti_corr & (GT_SLOTS - 1)], ((uint64_t)cupti_corr << 32) | n, memory_order_release);
+}
+
+/* The GRAPH_TRACE record of that launch: its span joins the version's mean (and the all-graphs one). */
+void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns)
+{
+    if (!g.timed || !ns) return;
+    uint64_t e = atomic_load_explicit(&g.timed[cupti_corr & (GT_SLOTS - 1)], memory_order_acquire);
+    uint32_t n = (uint32_t)e;
+    if ((uint32_t)(e >> 32) != cupti_corr || n == 0) return;
+    struct version *v = &g.v[n & (GV_SLOTS - 1)];
+    if (atomic_load_explicit(&v->n, memory_order_acquire) != n || !v->c.kernels) return;
+    atomic_fetch_add_explicit(&v->span_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->spans, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g.all_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g.all_kernels, v->c.kernels, memory_order_relaxed);
+}
+
+/* The table for windows' launches, made by the first window (the flusher): 0, or -1 without memory. */
+int gc_graphs_timed_start(void)
+{
+    if (g.timed) return 0;
+    _Atomic uint64_t *p = calloc(GT_SLOTS, sizeof(*p));
+    if (!p) return -1;
+    g.timed = p;
+    return 0;
+}
+
+/* A launch's estimated span: its version's mean, else every timed graph's time per kernel node x its kernels. */
+static void span_of(const struct version *v, gc_graph_contents *out)
+{
+    uint64_t ns = atomic_load_explicit(&v->span_ns, memory_order_relaxed);
+    uint64_t k = atomic_load_explicit(&v->spans, memory_order_relaxed);
+    uint64_t all = atomic_load_explicit(&g.all_ns, memory_order_relaxed);
+    uint64_t all_k = atomic_load_explicit(&g.all_kernels, memory_order_relaxed);
+    out->span_from = GC_SPAN_NONE;
+    out->span_ns = 0;
+    if (k) {
+        out->span_from = GC_SPAN_EXEC;
+        out->span_ns = (ns + k / 2) / k;
+    } else if (all_k && out->kernels) {
+        out->span_from = GC_SPAN_ALL;
+        out->span_ns = (uint64_t)((unsigned __int128)all * out->kernels / all_k);
+    }
+}
+
 int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
 {
     if (!g.launch) return -1;
@@ -365,6 +426,7 @@ int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
     if (atomic_load_explicit(&v->n, memory_order_acquire) != n) return -1;
     *out = v->c;
     uint32_t flags = atomic_load_explicit(&v->flags, memory_order_relaxed);
+    span_of(v, out);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&v->n, memory_order_relaxed) != n) return -1; /* reused while copied */
     out->flags |= flags;

@@ -81,6 +81,9 @@ static int g_graphs_learned;          /* graphs.c is learning graph contents */
 static int g_calls;
 /* ... and the calls seen by the preloaded interposer (interpose.c): CUPTI never loaded. */
 static int g_preload;
+/* ... and kernel durations from windows of CUPTI attached and detached (ACTIVITY=windows, timing.c): the kernel
+ * schedule's on-phases are the windows. */
+static int g_timing;
 
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
 static struct {
@@ -91,7 +94,10 @@ static struct {
 } g_ctl;
 
 /* Modes whose kernel records follow the ON_MS/PERIOD_MS schedule. */
-static int has_schedule(uint32_t mode) { return !g_calls && (mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED); }
+static int has_schedule(uint32_t mode)
+{
+    return (!g_calls || g_timing) && (mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED);
+}
 
 /* Called with g_mu held: the kernel kind went on or off at `mono` (traced time accrues while on). */
 static void note_tracing(int on, uint64_t mono)
@@ -120,6 +126,15 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->contexts_late = atomic_load(&g_attach.contexts_late);
     if (g_calls) seg->flags |= GC_FLAG_CALLS;
     if (g_preload) seg->flags |= GC_FLAG_PRELOAD;
+    if (g_timing) {
+        struct gc_timing_stats st;
+        gc_timing_stats(&st);
+        seg->flags |= GC_FLAG_TIMED;
+        seg->timing_windows = st.windows;
+        seg->timing_failed = st.failed;
+        seg->timing_attach_ns = st.attach_ns;
+        seg->timing_detach_ns = st.detach_ns;
+    }
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -233,6 +248,24 @@ static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t
     pthread_mutex_unlock(&g_mu);
 }
 
+/* ACTIVITY=windows: a buffer of a window's records (timing.c), times on the census clock: durations only. */
+static void timed_sink(uint8_t *buffer, size_t valid, int (*next)(uint8_t *, size_t, CUpti_Activity **))
+{
+    if (getpid() != g_pid) return;
+    pthread_mutex_lock(&g_mu);
+    int st = atomic_load(&g_state);
+    gc_segment *seg = st == ACTIVE ? segment() : st == EXITING ? g_seg : NULL;
+    if (seg) {
+        gc_segment_begin_update(seg);
+        CUpti_Activity *r = NULL;
+        while (next(buffer, valid, &r) == 0) gc_tally_timed(g_tally, r);
+        seg->buffers++;
+        gc_tally_publish(g_tally, 0);
+        gc_segment_end_update(seg);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
 static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
 {
     (void)size;
@@ -309,6 +342,7 @@ static void disable_kinds(void)
 /* The census ends (failed, or finished by the server): nothing more is recorded, from any context. */
 static void disable_kinds_for_good(void)
 {
+    if (g_timing) gc_timing_stop(0);
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
     gc_launches_tune();   /* the launch callbacks too: nothing counts them now */
@@ -317,8 +351,15 @@ static void disable_kinds_for_good(void)
         g_kernel_global = 0;
 }
 
+static int primary_context_active(void);
+static int watch_init(void);
+static int g_timing_watch;        /* the driver can be asked whether a primary context is active */
+
 static int set_kernels(int on)
 {
+    /* A window: CUPTI attached, or its detach begun. Never before a context exists: CUPTI set up before a
+     * context makes that context's graph replays slower for its whole life, even after cuptiFinalize (§15). */
+    if (g_timing) return on && (!g_timing_watch || !primary_context_active()) ? -2 : gc_timing_set(on);
     return kind_set(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, on) == CUPTI_SUCCESS ? 0 : -1;
 }
 
@@ -331,12 +372,15 @@ static uint64_t kernel_phase(uint64_t mono)
     uint64_t origin_mono = (uint64_t)((int64_t)g_ks.origin_gpu - g_ks.gpu_minus_mono);
     uint64_t t = mono > origin_mono ? mono - origin_mono : 0, k = t / P, r = t % P;
     int on = r < ON, want = on && !g_ctl.paused; /* a paused census keeps every kind off */
-    if (want != g_ks.tracing && set_kernels(want) == 0) {
+    int rc = want != g_ks.tracing ? set_kernels(want) : 0;
+    if (want != g_ks.tracing && rc == 0) {
         pthread_mutex_lock(&g_mu);
         note_tracing(want, mono);
         pthread_mutex_unlock(&g_mu);
     }
-    return origin_mono + k * P + (on ? ON : P);
+    uint64_t next = origin_mono + k * P + (on ? ON : P);
+    /* a window that waits for the first context: asked again every 20 ms of its on-phase */
+    return rc == -2 && next > mono + 20000000ull ? mono + 20000000ull : next;
 }
 
 static void sleep_until(uint64_t mono)
@@ -406,6 +450,7 @@ static void *flusher(void *arg)
         if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
             g_next_phase = has_schedule(g_ks.mode) ? kernel_phase(now) : UINT64_MAX;
         fold_launches(now);
+        if (g_timing) gc_timing_poll(); /* a detach the process's next driver call finished */
         if (atomic_load(&g_state) == ACTIVE) new_contexts();
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
@@ -491,6 +536,7 @@ static int finish(int at_exit)
     }
     if (!atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
     wait_flusher_idle(); /* the flusher starts no new flush now */
+    if (g_timing) gc_timing_stop(at_exit); /* the open window's records (they take g_mu) */
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
     if (!g_calls) gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
@@ -524,6 +570,7 @@ static void at_fork_child(void)
      * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
     atomic_store(&g_state, OFF);
     gc_interpose_stop();
+    gc_timing_forget();
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
     gc_contexts_forget();
@@ -632,6 +679,8 @@ static void control_poll(uint64_t mono)
     /* Records of the mode ending are judged by the mode in force when they are tallied: hand back the
      * completed ones first (not forced: no half-filled records mid-run). */
     if (kmode != g_ks.mode || kon != g_ks.on_ms || kperiod != g_ks.period_ms) gc_cupti_flush_all(0);
+    /* a window open at a pause closes now (outside g_mu: its records come to the sink, which takes it) */
+    if (g_timing && pause && !g_ctl.paused) (void)gc_timing_set(0);
     pthread_mutex_lock(&g_mu);
     if (graphs != g_graph_mode) {
         if (graphs == GC_GRAPHS_LAUNCH ? add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) == CUPTI_SUCCESS
@@ -746,11 +795,24 @@ static int start_calls(void)
     }
     if (g_preload) gc_interpose_start();
     g_calls = 1;
+    /* ACTIVITY=windows: the kernel schedule's on-phases attach CUPTI (the flusher's kernel_phase), on the
+     * census clock (CLOCK_REALTIME); OTEL_GPU_CENSUS_KERNELS=off leaves durations unknown, as ACTIVITY=off. */
+    if (g_preload && g_cfg.activity_windows && g_cfg.kernel_mode == GC_KERNELS_COUNTED &&
+        gc_timing_start(g_cfg.cupti_path, timed_sink) == 0) {
+        g_timing = 1;
+        g_timing_watch = watch_init() == 0;
+        if (!g_timing_watch) gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the driver cannot say when a context exists; "
+                                    "kernel time not measured");
+    }
+    else if (g_cfg.activity_windows && g_cfg.kernel_mode != GC_KERNELS_OFF)
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the windows follow OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS; "
+               "kernel time not measured");
     g_graphs_learned = 1;
     g_graph_mode = GC_GRAPHS_LAUNCH;
     g_ks.mode = GC_KERNELS_COUNTED;
-    g_ks.on_ms = g_ks.period_ms = 0;
-    g_ks.origin_gpu = 0;
+    g_ks.on_ms = g_timing ? g_cfg.kernel_on_ms : 0;
+    g_ks.period_ms = g_timing ? g_cfg.kernel_period_ms : 0;
+    g_ks.origin_gpu = g_timing ? w : 0; /* the census clock: the first window opens at the flusher's first wake */
     g_ks.tracing = 0;
     if (by_cupti) follow_contexts();
     if (g_cfg.start_paused) {
@@ -989,6 +1051,11 @@ int InitializeInjection(void)
     /* ACTIVITY=off in a process we are preloaded into: the calls are ours, CUPTI is not loaded, and counting
      * starts here (no context's graphs to spare from CUPTI: nothing to wait for). */
     g_preload = g_cfg.activity_off && gc_interpose_ready();
+    if (g_cfg.activity_windows && !g_preload) { /* durations need the activity API then: the default census */
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows needs the census library preloaded (LD_PRELOAD, as `run` sets it); "
+               "counting through CUPTI's activity API");
+        g_cfg.activity_off = g_cfg.activity_windows = 0;
+    }
     if (g_cfg.activity_off && !g_preload && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
         gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: LD_PRELOAD names the census library, but no driver function was "
                "looked up through this copy of it before cuInit (the program calls libcuda directly, or LD_PRELOAD "
@@ -1044,6 +1111,7 @@ int gc_flush(void)
 {
     if (!gc_active()) return -1;
     if (!g_calls && gc_cupti_flush_all(0) != CUPTI_SUCCESS) return -1;
+    if (g_timing) gc_timing_flush();
     fold_launches(gc_mono_ns());
     return 0;
 }

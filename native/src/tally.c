@@ -395,9 +395,10 @@ static void tally_memset(gc_tally *t, const GC_MEMSET_T *m)
  * it. Copies and memsets count exactly, always (their own durations are not known: 0 ns); kernels
  * count by node, and their time, the busy union and the windows take the graph's span, like a kernel
  * record that covers the graph (sampled like kernel records). Unknown contents: only the span. */
-void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *c)
+/* `busy`: the span was measured (a record), so it joins the busy union; an estimated span (a launch counted at
+ * its call and priced at its exec's mean, GC_FLAG_TIMED) does not. */
+static void graph_launch(gc_tally *t, const CUpti_ActivityGraphTrace2 *g, const gc_graph_contents *c, int busy)
 {
-    const CUpti_ActivityGraphTrace2 *g = record;
     gc_device *d = device(t, g->deviceId);
     if (!d) { t->seg->records_unknown++; return; }
     t->seg->flags |= GC_FLAG_GRAPH_LAUNCHES;
@@ -435,7 +436,7 @@ void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_conte
     d->kernel_count += k;
     d->graph_kernel_count += k;
     d->kernel_ns += dur(g->start, g->end);
-    if (!outside) frontier_add(&t->fr[g->deviceId], g->start, g->end);
+    if (!outside && busy) frontier_add(&t->fr[g->deviceId], g->start, g->end);
     window_add(t, W_KERNEL, 0, g->deviceId, g->start, g->end, k, 0);
     step_add(t, W_KERNEL, 0, g->deviceId, g->correlationId, g->start, g->end, k, 0);
 }
@@ -449,13 +450,53 @@ void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *conte
         g.start = g.end = c->t_ns;
         g.deviceId = c->dev;
         g.correlationId = c->corr;
-        gc_tally_graph_launch(t, &g, contents);
+        /* GC_FLAG_TIMED: the span its exec had in the windows, placed from the call on */
+        if (contents && contents->span_from != GC_SPAN_NONE) g.end = g.start + contents->span_ns;
+        else if ((t->seg->flags & GC_FLAG_TIMED) && (!contents || contents->kernels)) t->seg->graph_untimed++;
+        graph_launch(t, &g, contents, 0);
         return;
     }
     if (c->what == GC_CALL_MEMSET) tally_set(t, c->dev, c->corr, c->t_ns, c->t_ns, c->bytes);
     else if (c->what != GC_CALL_COPY || c->dir >= GC_NDIR || c->mem >= GC_NMEM) t->seg->records_unknown++;
     else if (c->dir == GC_DIR_PTOP) tally_peer_copy(t, c->dev, c->peer_dev, c->corr, c->t_ns, c->t_ns, c->bytes);
     else tally_copy(t, c->dev, c->dir, c->mem, c->corr, c->t_ns, c->t_ns, c->bytes);
+}
+
+void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *c)
+{
+    graph_launch(t, record, c, 1);
+}
+
+/* GC_FLAG_TIMED: a record of a window CUPTI was attached for, its times on the census clock. Counts are the
+ * calls' (whole and exact): a kernel record gives the eager sample its duration (as COUNTED's records do), a
+ * graph record the busy union (its span goes to its exec's mean, graphs.c). Never a step: the record's
+ * correlation id is CUPTI's, not the one our calls were noted under. */
+void gc_tally_timed(gc_tally *t, const void *record)
+{
+    const CUpti_Activity *r = record;
+    uint64_t s, e;
+    uint32_t dev;
+    t->seg->records++;
+    if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+        const GC_KERNEL_T *k = record;
+        s = k->start, e = k->end, dev = k->deviceId;
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
+        const CUpti_ActivityGraphTrace2 *g = record;
+        s = g->start, e = g->end, dev = g->deviceId;
+    } else {
+        t->seg->records_unknown++;
+        return;
+    }
+    gc_device *d = device(t, dev);
+    if (!d) { t->seg->records_unknown++; return; }
+    if (!s || e <= s) { t->seg->kernel_outside++; return; } /* still running at the detach's forced flush */
+    seen(t, d, s, e);
+    frontier_add(&t->fr[dev], s, e);
+    if (r->kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE) return;
+    d->kernel_ns += e - s;
+    d->eager_traced++;
+    d->eager_traced_ns += e - s;
+    window_add(t, W_EAGER, 0, dev, s, e, 1, 0);
 }
 
 static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)

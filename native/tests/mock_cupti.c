@@ -16,6 +16,8 @@
  *                            page (set up on a live context, CUPTI and the driver need deep stacks: on the
  *                            H200 llama-server segfaulted in libcuda on a 256 KiB thread stack)
  * Like CUPTI, it keeps no record of a kind that is not enabled when the record is queued ("launched").
+ * cuptiFinalize detaches as CUPTI does: subscriber, callbacks, buffers and kinds gone; any later call attaches
+ * again (mock_finalizes counts them; mock_subscribed says whether a subscriber holds the slot).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -146,6 +148,15 @@ CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle s, CUpti
     int dom = cb_domain(d);
     if (!g_subscribed || dom < 0 || cbid >= 4096) return CUPTI_ERROR_INVALID_PARAMETER;
     g_cb_on[dom][cbid] = enable ? 1 : 0;
+    return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle s, CUpti_CallbackDomain d)
+{
+    (void)s;
+    int dom = cb_domain(d);
+    if (!g_subscribed || dom < 0) return CUPTI_ERROR_INVALID_PARAMETER;
+    memset(g_cb_on[dom], enable ? 1 : 0, sizeof(g_cb_on[dom]));
     return CUPTI_SUCCESS;
 }
 
@@ -294,7 +305,26 @@ CUptiResult cuptiActivityFlushAll(uint32_t flag)
     return CUPTI_SUCCESS;
 }
 
+/* CUPTI's dynamic detach: everything set up is gone; records still queued go with it. */
+static int g_finalizes;
+CUptiResult cuptiFinalize(void)
+{
+    pthread_mutex_lock(&g_lock);
+    g_pending_len = 0;
+    pthread_mutex_unlock(&g_lock);
+    g_subscribed = 0;
+    g_api_cb = NULL;
+    memset(g_cb_on, 0, sizeof(g_cb_on));
+    memset(g_enabled, 0, sizeof(g_enabled));
+    g_req = NULL;
+    g_done = NULL;
+    g_finalizes++;
+    return CUPTI_SUCCESS;
+}
+
 /* ---- test controls ---- */
+int mock_finalizes(void) { return g_finalizes; }
+int mock_subscribed(void) { return g_subscribed; }
 
 int mock_queue_record(const void *rec, uint32_t size)
 {

@@ -493,11 +493,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): counted (default: every kernel "
                           "counted, kernel records 100 ms of every 1000 ms, or counted:ON_MS/PERIOD_MS), all, off, "
                           "or a duty cycle, e.g. 100/1000; copies are always exact")
-    run.add_argument("--activity", choices=("on", "off"),
+    run.add_argument("--activity", choices=("on", "off", "windows"),
                      help="CUPTI's activity API (sets OTEL_GPU_CENSUS_ACTIVITY): on (default: kernel and copy "
-                          "durations), or off: every kernel, copy and memset counted at its CUDA call with no "
+                          "durations), off: every kernel, copy and memset counted at its CUDA call with no "
                           "duration, seen by the census library preloaded (LD_PRELOAD) so that CUPTI is never "
-                          "loaded (OTEL_GPU_CENSUS_PRELOAD=off: through CUPTI's callbacks instead)")
+                          "loaded (OTEL_GPU_CENSUS_PRELOAD=off: through CUPTI's callbacks instead), or windows: "
+                          "counted as off, and kernel durations sampled with CUPTI attached 200 ms of every 5 s "
+                          "and detached between (--kernels counted:ON_MS/PERIOD_MS sets the windows)")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

@@ -29,7 +29,7 @@ from fractions import Fraction
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..census import (FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, DeviceTotals, KernelTime, ProcessCensus,
-                      eager_mean_ns, folder, kernel_time, proctree, reader, timed_modes)
+                      eager_mean_ns, folder, kernel_time, proctree, reader, spans_estimated, timed_modes)
 from .shares import NOTHING, Share
 from .windows import METHOD as WINDOW_METHOD
 from .windows import Interval, attribute
@@ -89,7 +89,8 @@ class GpuCost:
     def kernel_time(self, share: Share) -> KernelTime:
         """Kernel time of one of its shares (share, prefill, window, unattributed): measured, or under
         counted tracing estimated (census.kernel_time)."""
-        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing))
+        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing),
+                           spans_estimated=spans_estimated(self.kernel_tracing))
 
     @property
     def has_figures(self) -> bool:

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
-from ..census import DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, timed_modes
+from ..census import DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
 from .shares import NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
@@ -121,7 +121,8 @@ class Settled:
 
     def kernel_time(self, share: Share) -> KernelTime:
         """Kernel time of `share` (its share or prefill): measured, or estimated under counted tracing."""
-        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing))
+        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing),
+                           spans_estimated=spans_estimated(self.kernel_tracing))
 
 
 @dataclass

@@ -25,7 +25,7 @@ STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
 KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
 KERNELS_COUNTED = _c.GC_KERNELS_COUNTED
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
-FLAG_CALLS, FLAG_PRELOAD = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD
+FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD, _c.GC_FLAG_TIMED
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
 ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
@@ -203,7 +203,12 @@ class KernelTracing:
     - ``untimed`` (OTEL_GPU_CENSUS_ACTIVITY=off, mode COUNTED): CUPTI's activity API never set up; every
       kernel, copy and memset counted at its API call, exact, and no duration measured: kernel time is
       unknown (:func:`kernel_time`), graph spans, copy time and busy are 0. ``preloaded``: the calls were seen
-      by the census library preloaded into the process (interpose.c), with CUPTI never loaded."""
+      by the census library preloaded into the process (interpose.c), with CUPTI never loaded.
+    - ``windows`` (OTEL_GPU_CENSUS_ACTIVITY=windows, mode COUNTED): counted at the calls by the census library
+      preloaded, as ``preloaded``; kernel durations from windows of CUPTI attached for `on_ms` of every
+      `period_ms` and detached between them (timing.c). Exact: counts, copies, memsets. Estimated: eager kernel
+      time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
+      windows; `graph_untimed` launches had none). Busy: the windows."""
 
     mode: int = KERNELS_ALL
     on_ms: int = 0
@@ -215,11 +220,19 @@ class KernelTracing:
     untimed: bool = False          # ACTIVITY=off: counted at the calls, no durations
     preloaded: bool = False        # ... the calls seen by the census library preloaded (LD_PRELOAD), CUPTI never
                                    # loaded; else by CUPTI's callbacks
+    windows: bool = False          # ACTIVITY=windows: preloaded counts, durations from CUPTI's windows
+    windows_opened: int = 0        # windows CUPTI was attached for
+    windows_failed: int = 0        # windows refused (CUPTI held by another tool, a kind refused)
+    attach_ns: int = 0             # summed set-up time of the windows (the census's own thread)
+    detach_ns: int = 0             # summed time from a detach's request to cuptiFinalize done
+    graph_untimed: int = 0         # graph launches with no span to price them (in counts, not in kernel time)
 
     @property
     def name(self) -> str:
         if self.untimed:
             return UNTIMED_MODE
+        if self.windows:
+            return f"{WINDOWS_MODE}{self.on_ms}/{self.period_ms}"
         if self.mode == KERNELS_SAMPLED:
             return f"{self.on_ms}/{self.period_ms}"
         if self.mode == KERNELS_COUNTED:
@@ -279,11 +292,18 @@ class KernelTime:
 # The kernel tracing name of OTEL_GPU_CENSUS_ACTIVITY=off (KernelTracing.name): readers of a share that
 # lists the modes it saw know from it that no duration was measured.
 UNTIMED_MODE = "calls"
+# ... and the prefix of OTEL_GPU_CENSUS_ACTIVITY=windows's names: graph spans are estimated there too.
+WINDOWS_MODE = "windows:"
 
 
 def timed_modes(modes) -> bool:
     """Whether kernel durations were measured in every mode of `modes` (KernelTracing names)."""
     return UNTIMED_MODE not in modes
+
+
+def spans_estimated(modes) -> bool:
+    """Whether graph spans were priced from windows (not measured per launch) in any mode of `modes`."""
+    return any(str(m).startswith(WINDOWS_MODE) for m in modes)
 
 
 def eager_mean_ns(scope) -> Optional[Fraction]:
@@ -293,21 +313,22 @@ def eager_mean_ns(scope) -> Optional[Fraction]:
 
 
 def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = None,
-                timed: bool = True) -> KernelTime:
+                timed: bool = True, spans_estimated: bool = False) -> KernelTime:
     """The kernel time of `scope` (kernel_ns and the eager_* fields: DeviceTotals, Window, Step, a Share).
 
     Not COUNTED: kernel_ns as measured. COUNTED: kernel_ns - eager_traced_ns + eager_launches x mean,
     rounded to the ns, the mean being the scope's own sample (eager_traced_ns / eager_traced) or, without
     one, `fallback_mean_ns` (the process's over its life, :meth:`ProcessCensus.eager_mean_ns`). With
     neither the eager launches' time is unknown and left out. Not `timed` (OTEL_GPU_CENSUS_ACTIVITY=off):
-    no duration was measured, so a scope with kernels has an unknown kernel time (0 ns, unknown)."""
+    no duration was measured, so a scope with kernels has an unknown kernel time (0 ns, unknown).
+    `spans_estimated` (ACTIVITY=windows): the graph spans in kernel_ns are priced too, so any kernel is."""
     if not timed:
         return KernelTime(0, unknown=bool(scope.kernel_count))
     if not counted:
         return KernelTime(scope.kernel_ns)
     # a split share rounds each field apart: its eager part may exceed its kernel_ns by a unit
     base = max(0, scope.kernel_ns - scope.eager_traced_ns)
-    estimated = bool(scope.eager_launches or scope.eager_traced)
+    estimated = bool(scope.eager_launches or scope.eager_traced or (spans_estimated and scope.kernel_count))
     if not scope.eager_launches:
         return KernelTime(base, estimated)
     mean = eager_mean_ns(scope)
@@ -442,7 +463,7 @@ class ProcessCensus:
         """:func:`kernel_time` of one of this process's scopes, priced by its own mode and mean."""
         own = not self.kernels.counted or eager_mean_ns(scope) is not None
         return kernel_time(scope, self.kernels.counted, None if own else self.eager_mean_ns(),
-                           timed=not self.kernels.untimed)
+                           timed=not self.kernels.untimed, spans_estimated=self.kernels.windows)
 
     def windows_between(self, gpu_start_ns: int, gpu_end_ns: int) -> List[Window]:
         """Buckets that overlap [gpu_start_ns, gpu_end_ns) of the CUPTI clock."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from . import (FLAG_CALLS, FLAG_PRELOAD, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
+from . import (FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
                Window)
 from .proctree import is_alive
 
@@ -341,8 +341,12 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
                               origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside,
-                              untimed=bool(seg.flags & FLAG_CALLS),
-                              preloaded=bool(seg.flags & FLAG_CALLS and seg.flags & FLAG_PRELOAD)),
+                              untimed=bool(seg.flags & FLAG_CALLS and not seg.flags & FLAG_TIMED),
+                              preloaded=bool(seg.flags & FLAG_CALLS and seg.flags & FLAG_PRELOAD),
+                              windows=bool(seg.flags & FLAG_TIMED),
+                              windows_opened=seg.timing_windows, windows_failed=seg.timing_failed,
+                              attach_ns=seg.timing_attach_ns, detach_ns=seg.timing_detach_ns,
+                              graph_untimed=seg.graph_untimed),
         graphs=GraphTracing(mode=seg.graph_mode, unknown=seg.graph_unknown, inexact=seg.graph_inexact,
                             paused=bool(seg.paused), paused_ns=seg.paused_ns),
         attach=Attach(mode=seg.attach_mode, wall_ns=seg.attach_wall_ns, after_ns=seg.attach_after_ns,
