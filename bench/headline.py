@@ -176,6 +176,17 @@ def calls_tax_ratio(mode: str, workload: str) -> Callable[[Dict[str, Any]], floa
     return value
 
 
+def reference_ratio(mode: str) -> Callable[[Dict[str, Any]], float]:
+    """R's estimated kernel time an output token over A's measured (every kernel traced), loaded in the same
+    windows: the median over phases (bench/device/vllm_e2e.py reference_check)."""
+    def value(raw: Dict[str, Any]) -> float:
+        ref = raw["phases"].get("reference", {}).get(mode)
+        if not ref or ref.get("phases", 0) < 8:
+            raise HeadlineError(f"fewer than 8 phases of {mode} with a reference")
+        return round(ref["kernel_ns_per_token_ratio_median"], 3)
+    return value
+
+
 def vllm_separate_servers(raw: Dict[str, Any]) -> float:
     """Separate servers give no pairs: each census load over the median plain load of its own
     machine (the machines differ ~35 % in plain throughput), median over every census load."""
@@ -218,6 +229,11 @@ S13_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY
             "ACTIVITY=off)")
 S13_VLLM_NOINT = S13_VLLM.replace("ACTIVITY=off --", "ACTIVITY=off,OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=vllm --", 1)
 S13_CALLS_TAX = "CALLS_TAX_ARGS='--rotations 4' bash bench/device/run.sh setup calls-tax"
+S14_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=windows --phase-together P,A "
+            "--phase-modes off,windows --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
+            "--budget-s 300' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
+S14_CALLS_TAX = ("CALLS_TAX_WINDOWS=100/1000 CALLS_TAX_ARGS='--modes plain,preload,windows,default --rotations 4 "
+                 "--rounds 6' bash bench/device/run.sh setup calls-tax")
 
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
@@ -279,6 +295,28 @@ RULES = (
          "median of 12 rounds (geometric mean 1.024 [0.974, 1.081]): the native census costs vLLM nothing "
          "measurable; measurements §22",
          command=S13_VLLM_NOINT, date="2026-12-03"),
+    Rule("vllm_windows_vs_plain_throughput_ratio", "2026-12-03-h200-s14-vllm-windows.json",
+         beside_ratio("windows/P@once"), 0.99,
+         "ratio of output tok/s, the census counting at the calls by the library preloaded with kernel durations from "
+         "CUPTI windows (OTEL_GPU_CENSUS_ACTIVITY=windows, 200 ms of every 5 s, CUPTI never detached) and the vLLM "
+         "integration (R) / a plain vLLM (P) loaded at the same time, 64 closed-loop clients each, 3 s windows, median "
+         "of 12 rounds (geometric mean 0.861 [0.800, 0.928]; R paused / P 0.844): CUPTI set up at the first window "
+         "taxes every launch after it, as a paused census; measurements §23",
+         command=S14_VLLM, date="2026-12-03"),
+    Rule("vllm_windows_kernel_time_vs_measured_ratio", "2026-12-03-h200-s14-vllm-windows.json",
+         reference_ratio("windows"), 1.0,
+         "ratio of kernel ns an output token, R's requests under OTEL_GPU_CENSUS_ACTIVITY=windows (estimated: eager "
+         "launches x the windows' mean, graph launches x their exec's mean span) / A's requests (the activity census "
+         "tracing every kernel, measured) loaded in the same 3 s windows, median of 12 phases (0.984-1.057; per request "
+         "p50 11.9 % / p90 35.9 % from A's median request, A's own requests 12.8 % / 35.5 %); stated bound +-10 %; "
+         "measurements §23",
+         command=S14_VLLM, date="2026-12-03"),
+    Rule("micro_graph_issue_ratio_windows", "2026-12-03-h200-s14-calls-tax.json",
+         calls_tax_ratio("windows", "graph_issue_ns"), 0.99,
+         "ratio of CUDA-graph replays (64 adds a graph) issued a second by torch's thread, a process under "
+         "OTEL_GPU_CENSUS_ACTIVITY=windows (100 ms of every 1 s) / a process without the census, median of 4 rotations "
+         "(0.979-0.981; the default 0.904, preloaded without windows 0.999, same rotations); measurements §23",
+         command=S14_CALLS_TAX, date="2026-12-03"),
     Rule("micro_graph_issue_ratio_preload", "2026-12-03-h200-s13-preload-tax.json",
          calls_tax_ratio("preload", "graph_issue_ns"), 0.99,
          "ratio of CUDA-graph replays (64 adds a graph) issued a second by torch's thread, a process under the census "

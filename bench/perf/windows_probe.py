@@ -1,6 +1,8 @@
 """Which part of a CUPTI window a failure needs (OTEL_GPU_CENSUS_ACTIVITY=windows): tests/gpu/steady.cu and a
-torch program of five launching threads, each under the windows as shipped and with one part left out
-(OTEL_GPU_CENSUS_WINDOWS_PROBE=nograph: no GRAPH_TRACE; nodetach: CUPTI kept set up between windows).
+torch program of five launching threads, each under the windows as shipped (CUPTI kept set up between windows)
+and as probed (OTEL_GPU_CENSUS_WINDOWS_PROBE=detach: cuptiFinalize between windows, as designed; nograph: no
+GRAPH_TRACE). The 2026-12-03 run (measurements §23) named the probes as they were then: "" detached, "nodetach"
+did not.
 
     python3 bench/perf/windows_probe.py --out probe.json     (on a GPU, after bench/device/run.sh setup)
 """
@@ -43,7 +45,7 @@ def run(cmd, probe, kernels, timeout=120):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--probes", default=",nograph,nodetach,nograph+nodetach")
+    ap.add_argument("--probes", default=",detach,nograph,detach+nograph")
     a = ap.parse_args()
     steady = "/tmp/steady"
     subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", steady, str(ROOT / "tests/gpu/steady.cu"), "-ldl"], check=True)

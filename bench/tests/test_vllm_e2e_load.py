@@ -399,3 +399,24 @@ def test_conservation_leaves_estimated_kernel_time_to_the_estimate_check(monkeyp
     monkeypatch.setattr(vllm_e2e, "FAILS", [])
     vllm_e2e.conservation_check("R", tmp_path, spans, {"_out": str(tmp_path / "out")})
     assert any("kernel.time_ns: requests 900" in f for f in vllm_e2e.FAILS)
+
+
+def test_reference_check_compares_r_with_the_measured_server_loaded_in_the_same_windows(monkeypatch):
+    """R's requests of each windows phase (estimated kernel time) against A's requests started in the same phase
+    (every kernel traced): the per-token ratio of each phase, its median within the stated bound, and each R request's
+    distance from A's median request beside A's own requests' distance; paused phases and other windows left out."""
+    rounds = [{"windows": {"t0_ns": 0, "t1_ns": 99}, "off": {"t0_ns": 100, "t1_ns": 199}},
+              {"windows": {"t0_ns": 200, "t1_ns": 299}, "off": {"t0_ns": 300, "t1_ns": 399}}]
+
+    def req(t, ns, tokens=10):
+        return {"start_time_unix_nano": t, "output_tokens": tokens, "gpu": {"kernel.time_ns": ns, "kernel.count": 5}}
+    a = [req(10, 1000), req(20, 1200), req(30, 800), req(210, 2000), req(220, 2000), req(150, 99_999)]
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    out = vllm_e2e.reference_check([req(50, 1050), req(60, 950), req(250, 2100), req(150, 5)], a, rounds,
+                                   ["off", "windows"])
+    w = out["windows"]
+    assert list(out) == ["windows"] and w["phases"] == 2 and w["requests"] == 3 and w["reference_requests"] == 5
+    assert (w["ratio_min"], w["ratio_max"], w["kernel_ns_per_token_ratio_median"]) == (1.0, 1.05, 1.025)
+    assert w["request_error_p50"] == 0.05 and w["reference_spread_p90"] == 0.2 and vllm_e2e.FAILS == []
+    out = vllm_e2e.reference_check([req(50, 1300), req(250, 2400)], a, rounds, ["windows"])
+    assert out["windows"]["kernel_ns_per_token_ratio_median"] == 1.25 and len(vllm_e2e.FAILS) == 1

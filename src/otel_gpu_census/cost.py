@@ -75,6 +75,10 @@ def estimate(c: ProcessCensus) -> CensusCost:
         eager += d.eager_traced if c.kernels.counted else d.kernel_count - d.graph_kernel_count
         launches += d.eager_launches if c.kernels.counted else 0
         copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
+    if c.kernels.windows:         # the wrappers count; CUPTI set up at the first window taxes every launch
+        node_s = graph_node_s(c)  # after it (§23), and the windows' kernel records cost as the default's
+        s = eager * EAGER_KERNEL_S + graph * node_s + launches * SET_UP_EAGER_S
+        return CensusCost(eager, graph, copies, s, False, node_s, launches, launches)
     if c.kernels.preloaded:       # the library's own wrappers, no CUPTI: not told from zero (§22)
         return CensusCost(eager, graph, copies, 0.0, False, 0.0, launches, 0)
     if c.kernels.untimed:         # counted at the calls (no record: eager is 0): the callbacks' prices

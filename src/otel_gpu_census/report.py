@@ -117,6 +117,15 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         return (f"kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off), {how}; "
                 "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
                 f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
+    if k.windows:
+        lost = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in kernel "
+                "time)" if k.graph_untimed else "")
+        lost += f"; {k.windows_failed:,} windows refused (CUPTI held by another tool)" if k.windows_failed else ""
+        return (f"kernels counted at their calls by the census library preloaded, with durations from "
+                f"{k.windows_opened:,} CUPTI windows ({k.on_ms} ms of every {k.period_ms} ms, OTEL_GPU_CENSUS_ACTIVITY="
+                "windows); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
+                "priced at the windows' mean duration, each graph launch at its graph's mean span there; busy time "
+                f"is of the windows{lost}")
     if k.counted:
         lost = (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                 if c.launches_lost else "")

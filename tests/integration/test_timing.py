@@ -77,6 +77,9 @@ def test_windows_time_a_sample_and_price_every_counted_launch(native, mock_lib, 
     assert kt.ns == 4 * 50_000 + 40 * 1_000 and kt.estimated and not kt.unknown
     assert dev.busy_ns == 10 * 1_000 + 50_000    # busy: what the window measured
     assert p.step_unmatched == 0 and "error" not in err.lower(), err
+    from otel_gpu_census import report
+    text = report.render_text([p], requests=1)
+    assert "durations from 1 CUPTI windows" in text or "CUPTI windows (200 ms of every 1000 ms" in text, text
 
 
 def test_no_window_while_a_detach_waits_and_cupti_held_elsewhere_skips_windows(native, mock_lib, mock_cuda, tmp_path):
