@@ -107,7 +107,9 @@ def test_steps_are_exact_eager_and_in_graph_replays(tmp_path, api, kernels):
     assert s1.kernel_count == 10 and s1.copies["dtoh"].count == 1 and s1.copies["dtoh"].bytes == 4000
     assert s2.kernel_count == 15 and s2.copies["dtoh"].count == 3 and s2.copies["dtoh"].bytes == 12000
     assert s3.kernel_count == 7 and s4.kernel_count == 2
-    assert c.step_max == 4 and c.launches_lost == 0
+    # step_max moves with records; under counted the eager steps 3 and 4 have records only when their kernels
+    # fall in a traced phase (v1-counted on the H200, 2026-12-03: 2), the graph step 2 always has its launch's
+    assert (c.step_max == 4 if kernels == "all" else 2 <= c.step_max <= 4) and c.launches_lost == 0
     if kernels == "counted":
         return
     assert all(s.kernel_ns > 0 for s in (s1, s2, s3, s4))
