@@ -93,6 +93,8 @@ def test_run_activity_off_preloads_the_injector_it_names_unless_told_not_to(env,
     off = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
     inj, pre = off.stdout.strip().split("|")
     assert off.returncode == 0 and inj.endswith("libotel_gpu_census.so") and pre == f"{inj}:libm.so.6", off.stdout
+    windows = run_cli(env, "run", "--dir", str(census_dir), "--activity", "windows", *show)   # counted as off, too
+    assert windows.returncode == 0 and windows.stdout.strip().split("|")[1] == f"{inj}:libm.so.6", windows.stdout
     default = run_cli(env, "run", "--dir", str(census_dir), *show)
     assert default.stdout.strip().split("|")[1] == "libm.so.6"
     env["OTEL_GPU_CENSUS_PRELOAD"] = "off"
