@@ -8,8 +8,8 @@ every round, each pinned to the same core:
   preload   the injector preloaded (LD_PRELOAD) too, OTEL_GPU_CENSUS_ACTIVITY=off: the calls are its own
             wrappers', CUPTI never loaded (interpose.c)
   calls     the injector, OTEL_GPU_CENSUS_ACTIVITY=off, not preloaded: CUPTI's callbacks
-  windows   preloaded, OTEL_GPU_CENSUS_ACTIVITY=windows: as preload, and CUPTI attached for kernel durations
-            ($CALLS_TAX_WINDOWS, default the shipped 200 ms of every 5 s) and detached between
+  windows   preloaded, OTEL_GPU_CENSUS_ACTIVITY=windows: as preload, and CUPTI set up at the first window for
+            kernel durations ($CALLS_TAX_WINDOWS, default the shipped 200 ms of every 5 s), its kinds off between
   default   the injector as shipped (counted kernels, the activity API for durations and copies)
 Each process times, after a warm-up, ROUNDS rounds of: in-place adds on a 1-element tensor (one eager
 launch each, torch's own CUDA calls around it); replays of a captured CUDA graph of 64 adds (CPU time to
@@ -188,8 +188,8 @@ def main() -> int:
     if not os.environ.get("OTEL_GPU_CENSUS_LIB"):
         raise SystemExit("OTEL_GPU_CENSUS_LIB: the built injector (bench/device/run.sh setup sets it)")
     rotations = []
+    modes = tuple(a.modes.split(","))
     for i in range(a.rotations):
-        modes = tuple(a.modes.split(","))
         order = modes[i % len(modes):] + modes[:i % len(modes)]
         rot = {"order": list(order)}
         for m in order:

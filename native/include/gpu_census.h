@@ -89,8 +89,9 @@ enum gc_kernels {
 /* with GC_FLAG_CALLS: the calls seen by this library preloaded (LD_PRELOAD: it answers the process's dlsym and
  * cuGetProcAddress with wrappers of the driver's functions), CUPTI never loaded; else by CUPTI's callbacks */
 #define GC_FLAG_PRELOAD         0x40u
-/* with GC_FLAG_PRELOAD: kernel durations sampled in windows (OTEL_GPU_CENSUS_ACTIVITY=windows): CUPTI attached for
- * the schedule's on-phases (kernel_on_ms of every kernel_period_ms) and detached (cuptiFinalize) between them.
+/* with GC_FLAG_PRELOAD: kernel durations sampled in windows (OTEL_GPU_CENSUS_ACTIVITY=windows): CUPTI set up at the
+ * first of the schedule's on-phases (kernel_on_ms of every kernel_period_ms), its kernel and graph kinds on only in
+ * them (never detached: cuptiFinalize crashed CUDA-graph programs, docs/measurements.md §23).
  * Counts and bytes stay exact and whole; eager kernel time is launches x the sampled mean (as COUNTED), a graph
  * launch's span is its exec's mean span measured in the windows (graph_untimed: launches with none) */
 #define GC_FLAG_TIMED           0x80u
@@ -197,12 +198,13 @@ typedef struct gc_segment {
     uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
     uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
                                    that finished before it is in the totals (0: not known yet) */
-    /* GC_FLAG_TIMED: the windows CUPTI was attached for, and what attaching and detaching took (the flusher's
-     * wall time; a detach waits for the process's next driver call, which calls cuptiFinalize) */
-    uint64_t timing_windows;    /* attached */
-    uint64_t timing_failed;     /* attaches refused (CUPTI held by another tool, a kind refused) */
-    uint64_t timing_attach_ns;  /* summed */
-    uint64_t timing_detach_ns;  /* summed, request to cuptiFinalize done */
+    /* GC_FLAG_TIMED: the windows opened, and what setting CUPTI up and detaching it took (the flusher's wall
+     * time; CUPTI is set up once unless a probe detaches it between windows, a detach waiting for the process's
+     * next driver call, which calls cuptiFinalize) */
+    uint64_t timing_windows;    /* opened */
+    uint64_t timing_failed;     /* windows refused (CUPTI held by another tool, a kind refused) */
+    uint64_t timing_attach_ns;  /* summed over the set-ups */
+    uint64_t timing_detach_ns;  /* summed, request to cuptiFinalize done (0 unless a probe detaches) */
     char     reserved_text[GC_NOTE_LEN - 32]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */

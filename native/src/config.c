@@ -158,8 +158,8 @@ void gc_config_load(struct gc_config *c)
     c->activity_off = act != 0;
     c->activity_windows = act == 2;
     parse_kernels(c);
-    /* Windows of CUPTI attached and detached: each costs a set-up and a detach, so longer and rarer than the
-     * activity census's duty cycle unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */
+    /* Windows of CUPTI: longer and rarer than the activity census's duty cycle (designed to pay a set-up and a
+     * detach each) unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */
     if (c->activity_windows && !c->kernels_named) {
         c->kernel_on_ms = WINDOWS_ON_MS;
         c->kernel_period_ms = WINDOWS_PERIOD_MS;

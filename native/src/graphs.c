@@ -279,11 +279,24 @@ static void mark_changed(CUgraphExec exec)
         atomic_fetch_or_explicit(&v->flags, GC_GRAPH_INEXACT, memory_order_relaxed);
 }
 
-/* A launch of `exec` under correlation id `corr`: its contents as of now, for the tally. */
-static void note_launch(CUgraphExec exec, uint32_t corr)
+/* A launch of `exec` under correlation id `corr`, noted in `table` (`slots` a power of two): its contents as of
+ * now. g.launch for the tally (our ids or CUPTI's), g.timed for the spans of CUPTI's windows. */
+static void note_in(_Atomic uint64_t *table, uint32_t slots, CUgraphExec exec, uint32_t corr)
 {
     uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
-    atomic_store_explicit(&g.launch[corr & (GL_SLOTS - 1)], ((uint64_t)corr << 32) | n, memory_order_release);
+    atomic_store_explicit(&table[corr & (slots - 1)], ((uint64_t)corr << 32) | n, memory_order_release);
+}
+
+static void note_launch(CUgraphExec exec, uint32_t corr) { note_in(g.launch, GL_SLOTS, exec, corr); }
+
+/* The version noted for `corr` in `table`, still held by its slot; NULL (and *n 0) when none. */
+static struct version *noted(_Atomic uint64_t *table, uint32_t slots, uint32_t corr, uint32_t *n)
+{
+    uint64_t e = atomic_load_explicit(&table[corr & (slots - 1)], memory_order_acquire);
+    *n = (uint32_t)e;
+    if ((uint32_t)(e >> 32) != corr || *n == 0) return NULL;
+    struct version *v = &g.v[*n & (GV_SLOTS - 1)];
+    return atomic_load_explicit(&v->n, memory_order_acquire) == *n ? v : NULL;
 }
 
 /* ---- what the preloaded interposer reports (interpose.c): the calls the callbacks below follow ---- */
@@ -368,20 +381,15 @@ void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const v
 /* CUPTI's enter callback of a graph launch in a window: its correlation id -> the exec's version now. */
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr)
 {
-    if (!atomic_load_explicit(&g_on, memory_order_acquire) || !g.timed) return;
-    uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
-    atomic_store_explicit(&g.timed[cupti_corr & (GT_SLOTS - 1)], ((uint64_t)cupti_corr << 32) | n, memory_order_release);
+    if (atomic_load_explicit(&g_on, memory_order_acquire) && g.timed) note_in(g.timed, GT_SLOTS, exec, cupti_corr);
 }
 
 /* The GRAPH_TRACE record of that launch: its span joins the version's mean (and the all-graphs one). */
 void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns)
 {
-    if (!g.timed || !ns) return;
-    uint64_t e = atomic_load_explicit(&g.timed[cupti_corr & (GT_SLOTS - 1)], memory_order_acquire);
-    uint32_t n = (uint32_t)e;
-    if ((uint32_t)(e >> 32) != cupti_corr || n == 0) return;
-    struct version *v = &g.v[n & (GV_SLOTS - 1)];
-    if (atomic_load_explicit(&v->n, memory_order_acquire) != n || !v->c.kernels) return;
+    uint32_t n;
+    struct version *v = g.timed && ns ? noted(g.timed, GT_SLOTS, cupti_corr, &n) : NULL;
+    if (!v || !v->c.kernels) return;
     atomic_fetch_add_explicit(&v->span_ns, ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->spans, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&g.all_ns, ns, memory_order_relaxed);
@@ -418,12 +426,9 @@ static void span_of(const struct version *v, gc_graph_contents *out)
 
 int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
 {
-    if (!g.launch) return -1;
-    uint64_t e = atomic_load_explicit(&g.launch[corr & (GL_SLOTS - 1)], memory_order_acquire);
-    uint32_t n = (uint32_t)e;
-    if ((uint32_t)(e >> 32) != corr || n == 0) return -1;
-    struct version *v = &g.v[n & (GV_SLOTS - 1)];
-    if (atomic_load_explicit(&v->n, memory_order_acquire) != n) return -1;
+    uint32_t n;
+    struct version *v = g.launch ? noted(g.launch, GL_SLOTS, corr, &n) : NULL;
+    if (!v) return -1;
     *out = v->c;
     uint32_t flags = atomic_load_explicit(&v->flags, memory_order_relaxed);
     span_of(v, out);

@@ -81,8 +81,8 @@ static int g_graphs_learned;          /* graphs.c is learning graph contents */
 static int g_calls;
 /* ... and the calls seen by the preloaded interposer (interpose.c): CUPTI never loaded. */
 static int g_preload;
-/* ... and kernel durations from windows of CUPTI attached and detached (ACTIVITY=windows, timing.c): the kernel
- * schedule's on-phases are the windows. */
+/* ... and kernel durations from windows of CUPTI (ACTIVITY=windows, timing.c): the kernel schedule's on-phases
+ * are the windows. */
 static int g_timing;
 
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
@@ -357,8 +357,8 @@ static int g_timing_watch;        /* the driver can be asked whether a primary c
 
 static int set_kernels(int on)
 {
-    /* A window: CUPTI attached, or its detach begun. Never before a context exists: CUPTI set up before a
-     * context makes that context's graph replays slower for its whole life, even after cuptiFinalize (§15). */
+    /* A window on or off. Never before a context exists: CUPTI set up before a context makes that context's
+     * graph replays slower for its whole life, even after cuptiFinalize (§15). */
     if (g_timing) return on && (!g_timing_watch || !primary_context_active()) ? -2 : gc_timing_set(on);
     return kind_set(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, on) == CUPTI_SUCCESS ? 0 : -1;
 }

@@ -69,18 +69,17 @@ int gc_graphs_timed_start(void);
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
 void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
 
-/* timing.c: kernel durations sampled in windows of CUPTI attached and detached (OTEL_GPU_CENSUS_ACTIVITY=windows,
- * the census library preloaded). The flusher drives it; records reach `sink` with times on the census clock. */
+/* timing.c: kernel durations sampled in windows of CUPTI (OTEL_GPU_CENSUS_ACTIVITY=windows, the census library
+ * preloaded): set up at the first, its two kinds switched on and off (detached between only under the probe). The flusher drives it; records reach `sink` with times on the census clock. */
 struct gc_timing_stats { uint64_t windows, failed, attach_ns, detach_ns; };
 typedef void (*gc_timing_sink)(uint8_t *buffer, size_t valid, int (*next)(uint8_t *, size_t, CUpti_Activity **));
 int gc_timing_start(const char *cupti_path, gc_timing_sink sink);   /* no CUPTI yet: the first window loads it */
-int gc_timing_set(int on);          /* attach (1) or begin to detach (0): 0 when it is so or under way */
+int gc_timing_set(int on);          /* a window on (1) or off (0): 0 when it is so or under way */
 void gc_timing_poll(void);          /* the flusher's every wake: a detach waiting for the process goes on */
 void gc_timing_flush(void);         /* records of the open window to the sink now (gc_flush) */
-void gc_timing_stop(int at_exit);   /* the census ends: the open window's records; a detach unless at exit */
+void gc_timing_stop(int at_exit);   /* the census ends: the open window's records (a probe's detach unless at exit) */
 void gc_timing_forget(void);        /* a forked child: nothing of the parent's CUPTI is ours */
 void gc_timing_stats(struct gc_timing_stats *out);   /* lock-free: read under the injector's lock */
-uint64_t gc_timing_lost(void);     /* buffers dropped by cuptiFinalize */
 
 /* steps.c: the calling thread's step stack, and correlation id -> step for the tally. */
 int gc_steps_start(void);       /* launch callbacks on (once); 0 when steps can be tagged */

@@ -329,18 +329,24 @@ static int outside_sample(const gc_segment *seg, uint64_t start)
     return r >= (uint64_t)seg->kernel_on_ms * 1000000ull + GC_WINDOW_NS;
 }
 
+/* One eager kernel's duration: the device's and its window's sample, busy (not its count: COUNTED counts launches). */
+static void eager_sample(gc_tally *t, gc_device *d, uint32_t dev, uint64_t s, uint64_t e)
+{
+    d->kernel_ns += dur(s, e);
+    d->eager_traced++;
+    d->eager_traced_ns += dur(s, e);
+    seen(t, d, s, e);
+    frontier_add(&t->fr[dev], s, e);
+    window_add(t, W_EAGER, 0, dev, s, e, 1, 0);
+}
+
 static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
 {
     if (outside_sample(t->seg, k->start)) { t->seg->kernel_outside++; return; }
     gc_device *d = device(t, k->deviceId);
     if (!d) { t->seg->records_unknown++; return; }
     if (!counted(t)) d->kernel_count++;
-    d->kernel_ns += dur(k->start, k->end);
-    d->eager_traced++;
-    d->eager_traced_ns += dur(k->start, k->end);
-    seen(t, d, k->start, k->end);
-    frontier_add(&t->fr[k->deviceId], k->start, k->end);
-    window_add(t, W_EAGER, 0, k->deviceId, k->start, k->end, 1, 0);
+    eager_sample(t, d, k->deviceId, k->start, k->end);
     step_add(t, W_EAGER, 0, k->deviceId, k->correlationId, k->start, k->end, 1, 0);
 }
 
@@ -489,14 +495,13 @@ void gc_tally_timed(gc_tally *t, const void *record)
     }
     gc_device *d = device(t, dev);
     if (!d) { t->seg->records_unknown++; return; }
-    if (!s || e <= s) { t->seg->kernel_outside++; return; } /* still running at the detach's forced flush */
+    if (!s || e <= s) { t->seg->kernel_outside++; return; } /* still running at the window's forced flush */
+    if (r->kind != CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
+        eager_sample(t, d, dev, s, e);
+        return;
+    }
     seen(t, d, s, e);
     frontier_add(&t->fr[dev], s, e);
-    if (r->kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE) return;
-    d->kernel_ns += e - s;
-    d->eager_traced++;
-    d->eager_traced_ns += e - s;
-    window_add(t, W_EAGER, 0, dev, s, e, 1, 0);
 }
 
 static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)

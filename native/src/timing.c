@@ -6,7 +6,7 @@
  * set up at the schedule's first on-phase with two kinds: CONCURRENT_KERNEL (eager kernels: the sample that
  * prices every counted launch) and GRAPH_TRACE (one record per graph launch: its span, which prices every launch
  * of the same exec), both switched off between windows. The flusher thread does it all; CUPTI's clock is read
- * against CLOCK_REALTIME (the census clock) at each window so every record is moved onto it.
+ * against CLOCK_REALTIME (the census clock) at the set-up so every record is moved onto it.
  *
  * The design detached CUPTI between windows, because its activity API, once set up, costs every launch ~0.65 us
  * until cuptiFinalize (§20): kinds off, a forced flush, then cuptiFinalize at the exit callsite of the process's
@@ -72,7 +72,6 @@ static atomic_int g_detach;              /* D_*: the callbacks read it */
 static int g_no_graph, g_no_detach = 1;
 static _Atomic int64_t g_wall_minus_cupti;
 static atomic_int g_outstanding;
-static atomic_ullong g_lost;             /* records dropped: buffers refused, or completed by cuptiFinalize */
 
 static const char *err(CUptiResult r)
 {
@@ -118,17 +117,9 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
 {
     (void)ud;
     const CUpti_CallbackData *cb = data;
-    if ((dom != CUPTI_CB_DOMAIN_DRIVER_API && dom != CUPTI_CB_DOMAIN_RUNTIME_API) || !cb) return;
-    /* the runtime's graph launch: its GRAPH_TRACE record may carry the runtime call's correlation id (a
-     * statically linked cudart on the H200 left every span unmatched with only the driver's noted) */
-    if (dom == CUPTI_CB_DOMAIN_RUNTIME_API) {
-        if (cb->callbackSite == CUPTI_API_ENTER && cb->functionParams &&
-            (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000 ||
-             cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000))
-            gc_graphs_timed_launch(*(CUgraphExec const *)cb->functionParams, cb->correlationId);
-        return;
-    }
-    if (cb->callbackSite == CUPTI_API_EXIT && atomic_load_explicit(&g_detach, memory_order_acquire) == D_ASKED) {
+    int driver = dom == CUPTI_CB_DOMAIN_DRIVER_API;
+    if ((!driver && dom != CUPTI_CB_DOMAIN_RUNTIME_API) || !cb) return;
+    if (driver && cb->callbackSite == CUPTI_API_EXIT && atomic_load_explicit(&g_detach, memory_order_acquire) == D_ASKED) {
         int asked = D_ASKED;
         if (atomic_compare_exchange_strong(&g_detach, &asked, D_FINALIZING)) {
             cu.finalize(); /* CUPTI's dynamic detach: at an API exit callsite */
@@ -136,8 +127,13 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
         }
         return;
     }
-    if (cb->callbackSite == CUPTI_API_ENTER && cb->functionParams &&
-        (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch || cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz))
+    /* A graph launch's enter, the driver's or the runtime's (its GRAPH_TRACE record may carry the runtime call's
+     * correlation id: a statically linked cudart on the H200 left every span unmatched with only the driver's
+     * noted). Every such call takes the exec first. */
+    int launch = driver ? cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch || cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz
+                        : cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000 ||
+                          cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000;
+    if (launch && cb->callbackSite == CUPTI_API_ENTER && cb->functionParams)
         gc_graphs_timed_launch(*(CUgraphExec const *)cb->functionParams, cb->correlationId);
 }
 
@@ -162,10 +158,8 @@ static int next(uint8_t *buffer, size_t valid, CUpti_Activity **r)
 static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
 {
     (void)ctx, (void)stream, (void)size;
-    if (valid && atomic_load_explicit(&g_detach, memory_order_acquire) == D_FINALIZING) {
-        atomic_fetch_add(&g_lost, 1);  /* from cuptiFinalize, on whatever thread: take no lock */
-        valid = 0;
-    }
+    if (atomic_load_explicit(&g_detach, memory_order_acquire) == D_FINALIZING)
+        valid = 0;  /* from cuptiFinalize, on whatever thread: take no lock, drop what it holds */
     if (valid) {
         const int64_t off = atomic_load_explicit(&g_wall_minus_cupti, memory_order_relaxed);
         CUpti_Activity *r = NULL;
@@ -359,4 +353,3 @@ void gc_timing_stats(struct gc_timing_stats *out)
     out->detach_ns = atomic_load(&g_st.detach_ns);
 }
 
-uint64_t gc_timing_lost(void) { return atomic_load(&g_lost); }

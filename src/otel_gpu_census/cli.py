@@ -498,8 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "durations), off: every kernel, copy and memset counted at its CUDA call with no "
                           "duration, seen by the census library preloaded (LD_PRELOAD) so that CUPTI is never "
                           "loaded (OTEL_GPU_CENSUS_PRELOAD=off: through CUPTI's callbacks instead), or windows: "
-                          "counted as off, and kernel durations sampled with CUPTI attached 200 ms of every 5 s "
-                          "and detached between (--kernels counted:ON_MS/PERIOD_MS sets the windows)")
+                          "counted as off, and kernel durations sampled in CUPTI's records 200 ms of every 5 s "
+                          "(--kernels counted:ON_MS/PERIOD_MS sets the windows; CUPTI stays set up after the first, "
+                          "and so does its cost)")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

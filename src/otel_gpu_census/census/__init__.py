@@ -205,8 +205,8 @@ class KernelTracing:
       unknown (:func:`kernel_time`), graph spans, copy time and busy are 0. ``preloaded``: the calls were seen
       by the census library preloaded into the process (interpose.c), with CUPTI never loaded.
     - ``windows`` (OTEL_GPU_CENSUS_ACTIVITY=windows, mode COUNTED): counted at the calls by the census library
-      preloaded, as ``preloaded``; kernel durations from windows of CUPTI attached for `on_ms` of every
-      `period_ms` and detached between them (timing.c). Exact: counts, copies, memsets. Estimated: eager kernel
+      preloaded, as ``preloaded``; kernel durations from windows of CUPTI, set up at the first and its kernel
+      and graph kinds on for `on_ms` of every `period_ms` (timing.c; never detached: measurements §23). Exact: counts, copies, memsets. Estimated: eager kernel
       time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
       windows; `graph_untimed` launches had none). Busy: the windows."""
 
@@ -221,10 +221,10 @@ class KernelTracing:
     preloaded: bool = False        # ... the calls seen by the census library preloaded (LD_PRELOAD), CUPTI never
                                    # loaded; else by CUPTI's callbacks
     windows: bool = False          # ACTIVITY=windows: preloaded counts, durations from CUPTI's windows
-    windows_opened: int = 0        # windows CUPTI was attached for
+    windows_opened: int = 0        # windows opened
     windows_failed: int = 0        # windows refused (CUPTI held by another tool, a kind refused)
-    attach_ns: int = 0             # summed set-up time of the windows (the census's own thread)
-    detach_ns: int = 0             # summed time from a detach's request to cuptiFinalize done
+    attach_ns: int = 0             # CUPTI's set-up time, summed (once, unless a probe detaches between windows)
+    detach_ns: int = 0             # summed time from a probe's detach request to cuptiFinalize done
     graph_untimed: int = 0         # graph launches with no span to price them (in counts, not in kernel time)
 
     @property
