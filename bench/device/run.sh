@@ -6,6 +6,7 @@
 #   setup        carried wheels (.whl/) into /tmp/site, the injector built against CUPTI 13.5
 #   steps        the GPU step tests (exact per-step kernels and copies, eager and graphs, v1 and v2)
 #   gpu-tests    the whole GPU suite (make gpu-test)
+#   events-tests the GPU tests of OTEL_GPU_CENSUS_ACTIVITY=events only (CUDA event pairs, no CUPTI)
 #   vllm-part1 / vllm-part2   copy one carried piece of the vLLM wheel set into /tmp/vp (three calls:
 #                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
 #   vllm-p1 / vllm-p2   the same from the re-cut pieces (bench/device/vllm_parts.sh), for a tree that no
@@ -83,6 +84,7 @@ phase() {
     setup) setup ;;
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k events 2>&1 | tee "$OUT/events-tests.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
     vllm-p1) mkdir -p /tmp/vp/part1 && cp .vllm/p1/*.part-00a /tmp/vp/part1/ && ls -la /tmp/vp/part1 ;;
     vllm-p2) mkdir -p /tmp/vp/part2 && cp .vllm/p2/*.part-01 /tmp/vp/part2/ && join_p1 p2 && \

@@ -10,6 +10,8 @@ every round, each pinned to the same core:
   calls     the injector, OTEL_GPU_CENSUS_ACTIVITY=off, not preloaded: CUPTI's callbacks
   windows   preloaded, OTEL_GPU_CENSUS_ACTIVITY=windows: as preload, and CUPTI set up at the first window for
             kernel durations ($CALLS_TAX_WINDOWS, default the shipped 200 ms of every 5 s), its kinds off between
+  events    preloaded, OTEL_GPU_CENSUS_ACTIVITY=events: as preload, and kernel durations from CUDA event pairs
+            around 1 of every 128 eager and every graph launch ($CALLS_TAX_EVENT_EVERY=EAGER/GRAPH), no CUPTI
   default   the injector as shipped (counted kernels, the activity API for durations and copies)
 Each process times, after a warm-up, ROUNDS rounds of: in-place adds on a 1-element tensor (one eager
 launch each, torch's own CUDA calls around it); replays of a captured CUDA graph of 64 adds (CPU time to
@@ -113,12 +115,15 @@ if attached:
                      "dtoh_pageable": [dv.copies.get("dtoh", "pageable").count, dv.copies.get("dtoh", "pageable").bytes],
                      "dtod": [dv.copies.get("dtod").count, dv.copies.get("dtod").bytes],
                      "memset": [dv.memset.count, dv.memset.bytes],
+                     "events": [c.kernels.events_timed, c.kernels.events_missed, c.kernels.events_failed,
+                                c.kernels.graph_untimed, dv.eager_traced, dv.eager_traced_ns],
+                     "kernel_time_ns": c.kernel_time(dv).ns,
                      "graph_unknown": c.graphs.unknown, "launches_lost": c.launches_lost,
                      "calls_lost": c.calls_lost, "kernel_ns": dv.kernel_ns}
 print("RESULT " + json.dumps(res), flush=True)
 """
 
-MODES = ("plain", "preload", "calls", "default", "windows")
+MODES = ("plain", "preload", "calls", "default", "windows", "events")
 KEYS = ("eager_ns", "graph_issue_ns", "graph_ns", "copy_pair_ns", "control_ms")
 
 
@@ -136,7 +141,11 @@ def child_env(mode: str, census_dir: str) -> dict:
             env["OTEL_GPU_CENSUS_ACTIVITY"] = "windows"
             if os.environ.get("CALLS_TAX_WINDOWS"):
                 env["OTEL_GPU_CENSUS_KERNELS"] = "counted:" + os.environ["CALLS_TAX_WINDOWS"]
-        if mode in ("preload", "windows"):
+        if mode == "events":
+            env["OTEL_GPU_CENSUS_ACTIVITY"] = "events"
+            if os.environ.get("CALLS_TAX_EVENT_EVERY"):
+                env["OTEL_GPU_CENSUS_EVENT_EVERY"] = os.environ["CALLS_TAX_EVENT_EVERY"]
+        if mode in ("preload", "windows", "events"):
             env["LD_PRELOAD"] = os.environ["OTEL_GPU_CENSUS_LIB"]
     return env
 
@@ -166,8 +175,9 @@ def summarise(rotations: list) -> dict:
         out[f"{m} medians"] = {k: round(statistics.median(rot[m][k] for rot in rotations if k in rot.get(m, {})), 1)
                                for k in KEYS if any(k in rot.get(m, {}) for rot in rotations)}
     def counts(c):        # what the census modes must agree on: every count and byte, not durations or the mode
-        return {k: v for k, v in c.items() if k not in ("kernels", "kernel_ns", "preloaded", "windows")}
-    for m in ("calls", "preload", "windows"):
+        return {k: v for k, v in c.items()
+                if k not in ("kernels", "kernel_ns", "kernel_time_ns", "preloaded", "windows", "events")}
+    for m in ("calls", "preload", "windows", "events"):
         same = [counts(rot[m]["census"]) == counts(rot["default"]["census"]) for rot in rotations
                 if rot.get(m, {}).get("census") and rot.get("default", {}).get("census")]
         out[f"census_counts_agree_{m}"] = {"rotations": len(same), "agree": sum(same)}

@@ -27,6 +27,7 @@ MODES = {      # the whole state each phase runs in: census, graph mode, kernel 
     "counted20": "census=on graphs=launch kernels=counted:20/1000\n",  # records 2 % of the time
     "calls": "census=on\n",       # a census started with OTEL_GPU_CENSUS_ACTIVITY=off: counting at the calls
     "windows": "census=on\n",     # ... started with =windows: counting at the calls, durations in CUPTI's windows
+    "events": "census=on\n",      # ... started with =events: counting at the calls, durations from CUDA event pairs
 }
 
 

@@ -46,7 +46,7 @@ def main() -> int:
                     help="also a plain llama-server (no census, on --port + 1), the same load after every round: "
                          "mode/plain says what the census costs against no census at all (off is CUPTI attached, paused)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
-    ap.add_argument("--activity", choices=("on", "off", "windows"), default=None,
+    ap.add_argument("--activity", choices=("on", "off", "windows", "events"), default=None,
                     help="the census server's `run --activity`: off counts at the calls through the library "
                          "preloaded, CUPTI never loaded (phases off,calls; measurements §22)")
     ap.add_argument("--ballast", type=int, default=0,

@@ -95,6 +95,10 @@ enum gc_kernels {
  * Counts and bytes stay exact and whole; eager kernel time is launches x the sampled mean (as COUNTED), a graph
  * launch's span is its exec's mean span measured in the windows (graph_untimed: launches with none) */
 #define GC_FLAG_TIMED           0x80u
+/* with GC_FLAG_TIMED: the durations came from CUDA event pairs around a sample of the launches (OTEL_GPU_CENSUS_
+ * ACTIVITY=events: 1 of every events_every_eager eager and events_every_graph graph launches of a thread), not from
+ * CUPTI, which was never loaded; no schedule, no busy (0: not measured) */
+#define GC_FLAG_EVENTS          0x100u
 
 /* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
 enum gc_graphs {
@@ -205,7 +209,13 @@ typedef struct gc_segment {
     uint64_t timing_failed;     /* windows refused (CUPTI held by another tool, a kind refused) */
     uint64_t timing_attach_ns;  /* summed over the set-ups */
     uint64_t timing_detach_ns;  /* summed, request to cuptiFinalize done (0 unless a probe detaches) */
-    char     reserved_text[GC_NOTE_LEN - 32]; /* unused: nothing is written here (room for growth) */
+    /* GC_FLAG_EVENTS: the sample and how it went */
+    uint32_t events_every_eager;   /* 1 of every N eager launches of a thread timed */
+    uint32_t events_every_graph;   /* ... and of its graph launches */
+    uint64_t events_timed;      /* event pairs read */
+    uint64_t events_missed;     /* launches of the sample left untimed: no free pair, no pool for their context */
+    uint64_t events_failed;     /* pairs an event call failed for (creating, recording, reading) */
+    char     reserved_text[GC_NOTE_LEN - 64]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */
@@ -308,6 +318,9 @@ typedef struct gc_call {
 /* GC_FLAG_TIMED: one kernel or GRAPH_TRACE record of a window, its times on the census clock: durations only
  * (the eager sample, the busy union), never a count, never a step. */
 void gc_tally_timed(gc_tally *t, const void *record);
+/* GC_FLAG_EVENTS: one eager launch's duration `ns` from a CUDA event pair, launched at `t_ns` (census clock): the
+ * eager sample of its device and 20 ms window; not busy (where it ran on the GPU is not known) */
+void gc_tally_eager_sample(gc_tally *t, uint32_t dev, uint64_t t_ns, uint64_t ns);
 /* Count one call: a copy or memset as a record of zero duration would be; a graph launch with
  * `contents` (NULL: not known) as gc_tally_graph_launch does for a GRAPH_TRACE record spanning 0 ns. */
 void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *contents);

@@ -4,6 +4,7 @@
  * (OTEL_GPU_CENSUS_DIR is read where the folder is made, segment.c; QUIET by log.c.)
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,7 +17,7 @@ extern char **environ;
 /* The injector's names, and those only the Python side reads (so they are not typos). */
 static const char *const KNOWN[] = {
     "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
-    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE",
+    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE", "EVENT_EVERY",
     "SETTLE",                   /* the Python engine integrations' (integrations/settle_process.py) */
 };
 #define PREFIX "OTEL_GPU_CENSUS_"
@@ -41,8 +42,12 @@ static int env_choice(const char *name, const char *const *choices, int n)
     if (!v || !*v) return 0;
     for (int i = 0; i < n; i++)
         if (strcmp(v, choices[i]) == 0) return i;
-    gc_log("ignoring %s=%s (expected %s or %s%s%s); using %s", name, v, choices[0], choices[1], n > 2 ? " or " : "",
-           n > 2 ? choices[2] : "", choices[0]);
+    char list[128] = "";
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof(list); i++)
+        used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+                                 choices[i]);
+    gc_log("ignoring %s=%s (expected %s); using %s", name, v, list, choices[0]);
     return 0;
 }
 
@@ -53,6 +58,11 @@ static int env_choice(const char *name, const char *const *choices, int n)
 /* ACTIVITY=windows: CUPTI attached 200 ms of every 5 s (measured in docs/measurements.md §23) */
 #define WINDOWS_ON_MS 200u
 #define WINDOWS_PERIOD_MS 5000u
+
+/* ACTIVITY=events: 1 of every 128 eager launches and every graph launch of a thread timed by an event pair
+ * (OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]; measured in docs/measurements.md §24) */
+#define EVENTS_EVERY_EAGER 128u
+#define EVENTS_EVERY_GRAPH 1u
 
 /* ON_MS/PERIOD_MS, both multiples of the 20 ms window, 0 < ON_MS < PERIOD_MS <= 1 h: 0, or -1. */
 static int parse_schedule(const char *v, uint32_t *on_ms, uint32_t *period_ms)
@@ -129,6 +139,26 @@ static void warn_unknown(void)
     }
 }
 
+/* OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]: 1 of every EAGER eager launches (GRAPH graph launches, 1 unless
+ * given) of a thread timed, each in [1, 1000000]; anything else: one line and the defaults. */
+static void parse_event_every(struct gc_config *c)
+{
+    c->events_every_eager = EVENTS_EVERY_EAGER;
+    c->events_every_graph = EVENTS_EVERY_GRAPH;
+    const char *v = getenv("OTEL_GPU_CENSUS_EVENT_EVERY");
+    if (!v || !*v) return;
+    char *end;
+    long e = strtol(v, &end, 10), g = 1;
+    if (*end == '/') g = strtol(end + 1, &end, 10);
+    if (*end || e < 1 || e > 1000000 || g < 1 || g > 1000000 || v[0] == '-' || v[0] == '+' || v[0] == ' ') {
+        gc_log("ignoring OTEL_GPU_CENSUS_EVENT_EVERY=%s (expected EAGER or EAGER/GRAPH, integers in [1, 1000000]); "
+               "using %u/%u", v, EVENTS_EVERY_EAGER, EVENTS_EVERY_GRAPH);
+        return;
+    }
+    c->events_every_eager = (uint32_t)e;
+    c->events_every_graph = (uint32_t)g;
+}
+
 int gc_config_disabled(void)
 {
     const char *off = getenv("OTEL_GPU_CENSUS_DISABLED");
@@ -139,7 +169,7 @@ void gc_config_load(struct gc_config *c)
 {
     static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"},
                              *const start[] = {"on", "paused"}, *const attach[] = {"context", "cuinit"},
-                             *const activity[] = {"on", "off", "windows"};
+                             *const activity[] = {"on", "off", "windows", "events"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
     c->cupti_path = getenv("OTEL_GPU_CENSUS_CUPTI");
@@ -154,9 +184,11 @@ void gc_config_load(struct gc_config *c)
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
     c->start_paused = env_choice("OTEL_GPU_CENSUS_START", start, 2) == 1;
     c->attach_cuinit = env_choice("OTEL_GPU_CENSUS_ATTACH", attach, 2) == 1;
-    int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 3);
+    int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 4);
     c->activity_off = act != 0;
     c->activity_windows = act == 2;
+    c->activity_events = act == 3;
+    parse_event_every(c);
     parse_kernels(c);
     /* Windows of CUPTI: longer and rarer than the activity census's duty cycle (designed to pay a set-up and a
      * detach each) unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */

@@ -84,6 +84,8 @@ static int g_preload;
 /* ... and kernel durations from windows of CUPTI (ACTIVITY=windows, timing.c): the kernel schedule's on-phases
  * are the windows. */
 static int g_timing;
+/* ... or from CUDA event pairs around a sample of the launches (ACTIVITY=events, events.c): no CUPTI, no schedule. */
+static int g_events;
 
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
 static struct {
@@ -134,6 +136,16 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
         seg->timing_failed = st.failed;
         seg->timing_attach_ns = st.attach_ns;
         seg->timing_detach_ns = st.detach_ns;
+    }
+    if (g_events) {
+        struct gc_events_stats st;
+        gc_events_stats(&st);
+        seg->flags |= GC_FLAG_TIMED | GC_FLAG_EVENTS;
+        seg->events_every_eager = st.every_eager;
+        seg->events_every_graph = st.every_graph;
+        seg->events_timed = st.timed;
+        seg->events_missed = st.missed;
+        seg->events_failed = st.failed;
     }
 }
 
@@ -410,6 +422,25 @@ static void fold_launches(uint64_t mono)
     pthread_mutex_unlock(&g_mu);
 }
 
+/* ACTIVITY=events: the pairs done since the last wake (graph spans went to their execs' means in graphs.c, before
+ * the launches they price are folded); eager ones are samples of their device and window. The flusher's only: its
+ * thread is the one events.c put in relaxed capture mode. */
+static struct gc_event_sample g_samples[GC_EVENTS_MAX_PENDING];
+
+static void poll_events(void)
+{
+    size_t n = gc_events_poll(g_samples, GC_EVENTS_MAX_PENDING);
+    if (!n) return;
+    pthread_mutex_lock(&g_mu);
+    gc_segment *seg = atomic_load(&g_state) == ACTIVE ? segment() : NULL;
+    if (seg) {
+        gc_segment_begin_update(seg);
+        for (size_t i = 0; i < n; i++) gc_tally_eager_sample(g_tally, g_samples[i].dev, g_samples[i].t_ns, g_samples[i].ns);
+        gc_segment_end_update(seg);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
 /* Contexts learned since the last wake get the kernel kind's state now (until then they had the global
  * one: on, their records outside a traced phase are left out by the tally). They are learned later only
  * where contexts are followed, and there the kind never goes off globally while none is known
@@ -449,6 +480,7 @@ static void *flusher(void *arg)
         uint64_t now = gc_mono_ns();
         if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
             g_next_phase = has_schedule(g_ks.mode) ? kernel_phase(now) : UINT64_MAX;
+        if (g_events) poll_events();
         fold_launches(now);
         if (g_timing) gc_timing_poll(); /* a detach the process's next driver call finished */
         if (atomic_load(&g_state) == ACTIVE) new_contexts();
@@ -537,6 +569,7 @@ static int finish(int at_exit)
     if (!atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
     wait_flusher_idle(); /* the flusher starts no new flush now */
     if (g_timing) gc_timing_stop(at_exit); /* the open window's records (they take g_mu) */
+    if (g_events) gc_events_stop(at_exit);  /* at exit: no driver call; else the idle events destroyed */
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
     if (!g_calls) gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
@@ -571,6 +604,7 @@ static void at_fork_child(void)
     atomic_store(&g_state, OFF);
     gc_interpose_stop();
     gc_timing_forget();
+    gc_events_forget();
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
     gc_contexts_forget();
@@ -804,6 +838,10 @@ static int start_calls(void)
         if (!g_timing_watch) gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the driver cannot say when a context exists; "
                                     "kernel time not measured");
     }
+    /* ACTIVITY=events: event pairs around a sample of the launches, from the first launch on (no CUPTI to wait for) */
+    if (g_preload && g_cfg.activity_events && g_cfg.kernel_mode != GC_KERNELS_OFF &&
+        gc_events_start(g_cfg.events_every_eager, g_cfg.events_every_graph) == 0)
+        g_events = 1;
     else if (g_cfg.activity_windows && g_cfg.kernel_mode != GC_KERNELS_OFF)
         gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the windows follow OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS; "
                "kernel time not measured");
@@ -1051,10 +1089,10 @@ int InitializeInjection(void)
     /* ACTIVITY=off in a process we are preloaded into: the calls are ours, CUPTI is not loaded, and counting
      * starts here (no context's graphs to spare from CUPTI: nothing to wait for). */
     g_preload = g_cfg.activity_off && gc_interpose_ready();
-    if (g_cfg.activity_windows && !g_preload) { /* durations need the activity API then: the default census */
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows needs the census library preloaded (LD_PRELOAD, as `run` sets it); "
-               "counting through CUPTI's activity API");
-        g_cfg.activity_off = g_cfg.activity_windows = 0;
+    if ((g_cfg.activity_windows || g_cfg.activity_events) && !g_preload) { /* durations need the activity API then */
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=%s needs the census library preloaded (LD_PRELOAD, as `run` sets it); "
+               "counting through CUPTI's activity API", g_cfg.activity_events ? "events" : "windows");
+        g_cfg.activity_off = g_cfg.activity_windows = g_cfg.activity_events = 0;
     }
     if (g_cfg.activity_off && !g_preload && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
         gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: LD_PRELOAD names the census library, but no driver function was "

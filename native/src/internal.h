@@ -43,6 +43,9 @@ struct gc_config {
                                  * call (calls.c), no durations; also set by =windows */
     int activity_windows;       /* OTEL_GPU_CENSUS_ACTIVITY=windows: counted at the calls by the library
                                  * preloaded, kernel durations in windows of CUPTI attached (timing.c) */
+    int activity_events;        /* OTEL_GPU_CENSUS_ACTIVITY=events: counted at the calls by the library
+                                 * preloaded, kernel durations from CUDA event pairs (events.c), no CUPTI */
+    uint32_t events_every_eager, events_every_graph;   /* OTEL_GPU_CENSUS_EVENT_EVERY */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
@@ -68,6 +71,22 @@ void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_
 int gc_graphs_timed_start(void);
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
 void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
+
+/* events.c: kernel durations from CUDA event pairs around 1 of every `every_eager` eager and `every_graph` graph
+ * launches of a thread (OTEL_GPU_CENSUS_ACTIVITY=events, the census library preloaded; interpose.c's wrappers call
+ * before and after the driver's launch, the flusher polls). */
+struct gc_event_sample { uint32_t dev; uint64_t t_ns, ns; };   /* an eager launch's: when (census clock), how long */
+struct gc_events_stats { uint32_t every_eager, every_graph; uint64_t timed, missed, failed; };
+int gc_events_start(uint32_t every_eager, uint32_t every_graph);   /* libcuda loaded: 0, else -1 (one line) */
+int gc_events_tick(int graph);      /* this launch of the thread is one of the sample (every launch asks) */
+int gc_events_before(CUstream s, CUcontext c, int dev); /* a pair's slot, its first event recorded; -1 */
+void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev); /* corr: a graph launch's, else 0 */
+size_t gc_events_poll(struct gc_event_sample *out, size_t max);   /* the flusher's: pairs done; eager ones to out */
+void gc_events_context_going(int is_ctx, uintptr_t v);  /* before cuCtxDestroy(v), or device v's primary release */
+void gc_events_stop(int at_exit);
+void gc_events_forget(void);        /* a forked child */
+void gc_events_stats(struct gc_events_stats *out);
+#define GC_EVENTS_MAX_PENDING (8 * 256)   /* pairs outstanding at most: a poll's eager samples fit in this */
 
 /* timing.c: kernel durations sampled in windows of CUPTI (OTEL_GPU_CENSUS_ACTIVITY=windows, the census library
  * preloaded): set up at the first, its two kinds switched on and off (detached between only under the probe). The flusher drives it; records reach `sink` with times on the census clock. */
@@ -118,6 +137,7 @@ int gc_launches_capturing(CUstream stream);
 void gc_launches_count(int dev);
 int gc_launches_counting(void);
 void gc_launches_capture(int begin, int ok);
+int gc_launches_any_capture(void);              /* a capture is open somewhere in the process (events.c) */
 
 /* calls.c: copies, memsets and graph launches counted at their API calls (ACTIVITY=off); the fold needs
  * the writer's lock. */

@@ -102,6 +102,25 @@ static void launched(CUstream s, int per_thread)
     gc_launches_count(cur_dev());
 }
 
+/* ACTIVITY=events: a pair's slot when this launch is one of the sample (its first event recorded), else -1. The
+ * stream as the driver reads it: NULL through a per-thread twin is the thread's own stream. */
+static inline CUstream stream_as_called(CUstream s, int per_thread)
+{
+    return !s && per_thread ? CU_STREAM_PER_THREAD : s;
+}
+
+static int timed_before(int graph, CUstream s, int per_thread)
+{
+    if (!gc_events_tick(graph)) return -1;
+    int dev = cur_dev();
+    return gc_events_before(stream_as_called(s, per_thread), t_ctx, dev);
+}
+
+static inline void timed_after(int ev, CUstream s, int per_thread, CUresult r, uint32_t corr)
+{
+    if (ev >= 0) gc_events_after(ev, stream_as_called(s, per_thread), r == CUDA_SUCCESS, corr, t_dev);
+}
+
 /* A copy or memset call (calls.c's table) that succeeded; `p` its arguments laid out as CUPTI's params. */
 static void called(int calls_index, int per_thread, const void *p)
 {
@@ -246,14 +265,18 @@ static CUresult gpa_answer(CUresult r, void **pfn);
 /* What a wrapper does before and after the driver's call; `pt`: the per-thread twin, a0..: the arguments.
  * Nothing until the injector counts through us (a census through CUPTI follows the same calls itself). */
 #define BEFORE_K_COPY(name, pt)
-#define BEFORE_K_LAUNCH(name, pt)
-#define BEFORE_K_LAUNCH_EX(name, pt)
+/* ACTIVITY=events: a sampled launch gets an event pair around it on its stream (events.c) */
+#define BEFORE_K_LAUNCH(name, pt) int ev = counting() ? timed_before(0, a8, pt) : -1;
+#define BEFORE_K_LAUNCH_EX(name, pt) int ev = counting() ? timed_before(0, a0 ? a0->hStream : NULL, pt) : -1;
 #define BEFORE_K_GRAPH_LAUNCH(name, pt)                                                                      \
     uint32_t corr = 0;                                                                                       \
+    int ev = -1;                                                                                             \
     if (counting()) { /* the exec's contents as of the launch, as graphs.c notes them at CUPTI's enter */   \
         corr = next_corr();                                                                                  \
         gc_graphs_launch(a0, corr);                                                                          \
         gc_steps_note(corr);                                                                                 \
+        ev = timed_before(1, a1, pt);                                                                        \
+        if (ev >= 0) gc_graphs_timed_launch(a0, corr);                                                       \
     }
 #define BEFORE_K_INSTANTIATE(name, pt)
 #define BEFORE_K_UPDATE(name, pt)
@@ -262,16 +285,21 @@ static CUresult gpa_answer(CUresult r, void **pfn);
 #define BEFORE_K_BEGIN(name, pt)
 #define BEFORE_K_END(name, pt)
 #define BEFORE_K_GPA(name, pt)
-#define BEFORE_K_CTX_GONE(name, pt)
+#define BEFORE_K_CTX_GONE(name, pt) gc_events_context_going(ID(name) == ID(cuCtxDestroy_v2), (uintptr_t)a0);
 
 #define AFTER_K_COPY(name, n, pt, ...)                                                                       \
     if (r == CUDA_SUCCESS && counting()) {                                                                   \
         struct { MEMBERS(n, __VA_ARGS__) } p = {ARGS(n)};                                                    \
         called(g_e[ID(name)].calls, pt, &p);                                                                 \
     }
-#define AFTER_K_LAUNCH(name, n, pt, ...) if (r == CUDA_SUCCESS && counting()) launched(a8, pt);
-#define AFTER_K_LAUNCH_EX(name, n, pt, ...) if (r == CUDA_SUCCESS && counting()) launched(a0 ? a0->hStream : NULL, pt);
+#define AFTER_K_LAUNCH(name, n, pt, ...)                                                                     \
+    timed_after(ev, a8, pt, r, 0);                                                                           \
+    if (r == CUDA_SUCCESS && counting()) launched(a8, pt);
+#define AFTER_K_LAUNCH_EX(name, n, pt, ...)                                                                  \
+    timed_after(ev, a0 ? a0->hStream : NULL, pt, r, 0);                                                      \
+    if (r == CUDA_SUCCESS && counting()) launched(a0 ? a0->hStream : NULL, pt);
 #define AFTER_K_GRAPH_LAUNCH(name, n, pt, ...)                                                               \
+    timed_after(ev, a1, pt, r, corr);                                                                        \
     if (r == CUDA_SUCCESS && corr) {                                                                         \
         struct { MEMBERS(n, __VA_ARGS__) } p = {ARGS(n)};                                                    \
         gc_calls_note(g_e[ID(name)].calls, pt, &p, cur_dev(), corr);                                        \

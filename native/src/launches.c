@@ -217,6 +217,8 @@ int gc_launches_capturing(CUstream stream)
     return g_is_capturing(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+int gc_launches_any_capture(void) { return atomic_load_explicit(&g_capturing, memory_order_relaxed) > 0; }
+
 static int captured(int role, const CUpti_CallbackData *cb)
 {
     return cb->functionParams && gc_launches_capturing(stream_of(role, cb->functionParams));

@@ -504,6 +504,16 @@ void gc_tally_timed(gc_tally *t, const void *record)
     frontier_add(&t->fr[dev], s, e);
 }
 
+void gc_tally_eager_sample(gc_tally *t, uint32_t dev, uint64_t t_ns, uint64_t ns)
+{
+    gc_device *d = device(t, dev);
+    if (!d) { t->seg->records_unknown++; return; }
+    d->kernel_ns += ns;
+    d->eager_traced++;
+    d->eager_traced_ns += ns;
+    window_add(t, W_EAGER, 0, dev, t_ns, t_ns + ns, 1, 0);
+}
+
 static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)
 {
     gc_graph_contents c;

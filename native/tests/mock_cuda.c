@@ -130,12 +130,73 @@ CUresult cuCtxDestroy_v2(void *ctx) { (void)ctx; return 0; }
 CUresult cuCtxGetDevice(CUdevice *dev) { *dev = atomic_load(&g_dev); return 0; }
 CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned long)ctx - 0xc000); return 0; }
 
+/* ---- CUDA events (OTEL_GPU_CENSUS_ACTIVITY=events, events.c) ----
+ * A GPU clock that work moves: each successful kernel launch by mock_cuda_set_kernel_ns(N), each graph launch by
+ * mock_cuda_set_graph_ns(N). An event takes the clock's time when recorded; a pair's elapsed time is the difference.
+ *   mock_cuda_set_events_pending(1)  every query says "not ready" (work still running)
+ *   mock_cuda_events_live()          events created and not destroyed
+ *   mock_cuda_events_recorded()      cuEventRecord calls; mock_cuda_event_stream(): the stream of the last one
+ *   mock_cuda_relaxed()              cuThreadExchangeStreamCaptureMode calls that asked for relaxed mode */
+#include <stdlib.h>
+static _Atomic unsigned long long g_clock, g_kernel_ns, g_graph_ns;
+static atomic_int g_ev_pending, g_ev_live, g_ev_recorded, g_relaxed;
+static _Atomic(void *) g_ev_stream;
+struct mock_event { unsigned long long t; };
+void mock_cuda_set_kernel_ns(unsigned long long ns) { atomic_store(&g_kernel_ns, ns); }
+void mock_cuda_set_graph_ns(unsigned long long ns) { atomic_store(&g_graph_ns, ns); }
+void mock_cuda_set_events_pending(int on) { atomic_store(&g_ev_pending, on); }
+int mock_cuda_events_live(void) { return atomic_load(&g_ev_live); }
+int mock_cuda_events_recorded(void) { return atomic_load(&g_ev_recorded); }
+void *mock_cuda_event_stream(void) { return atomic_load(&g_ev_stream); }
+int mock_cuda_relaxed(void) { return atomic_load(&g_relaxed); }
+CUresult cuEventCreate(void **ev, unsigned int flags)
+{
+    (void)flags;
+    *ev = calloc(1, sizeof(struct mock_event));
+    if (!*ev) return 2;   /* CUDA_ERROR_OUT_OF_MEMORY */
+    atomic_fetch_add(&g_ev_live, 1);
+    return 0;
+}
+CUresult cuEventRecord(void *ev, void *stream)
+{
+    ((struct mock_event *)ev)->t = atomic_load(&g_clock);
+    atomic_store(&g_ev_stream, stream);
+    atomic_fetch_add(&g_ev_recorded, 1);
+    return 0;
+}
+CUresult cuEventQuery(void *ev) { (void)ev; return atomic_load(&g_ev_pending) ? 600 : 0; }   /* 600: NOT_READY */
+CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b)
+{
+    *ms = (float)((double)(((struct mock_event *)b)->t - ((struct mock_event *)a)->t) / 1e6);
+    return 0;
+}
+CUresult cuEventDestroy_v2(void *ev)
+{
+    free(ev);
+    atomic_fetch_sub(&g_ev_live, 1);
+    return 0;
+}
+CUresult cuCtxPushCurrent_v2(void *ctx) { (void)ctx; return 0; }
+CUresult cuCtxPopCurrent_v2(void **ctx) { *ctx = NULL; return 0; }
+CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    if (*mode == 2) atomic_fetch_add(&g_relaxed, 1);   /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    *mode = 0;
+    return 0;
+}
+static CUresult ran(unsigned long long ns)
+{
+    CUresult r = done();
+    if (r == 0) atomic_fetch_add(&g_clock, ns);
+    return r;
+}
+
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, void *stream, void **params, void **extra)
 {
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)stream, (void)params,
         (void)extra;
-    return done();
+    return ran(atomic_load(&g_kernel_ns));
 }
 CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                              unsigned shared, void *stream, void **params, void **extra)
@@ -145,7 +206,7 @@ CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, uns
 CUresult cuLaunchKernelEx(const void *config, void *f, void **params, void **extra)
 {
     (void)config, (void)f, (void)params, (void)extra;
-    return done();
+    return ran(atomic_load(&g_kernel_ns));
 }
 CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *stream)
 {
@@ -173,7 +234,7 @@ CUresult cuGraphInstantiateWithFlags(unsigned long *exec, unsigned long graph, u
     *exec = graph + 0x1000;
     return done();
 }
-CUresult cuGraphLaunch(unsigned long exec, void *stream) { (void)exec, (void)stream; return done(); }
+CUresult cuGraphLaunch(unsigned long exec, void *stream) { (void)exec, (void)stream; return ran(atomic_load(&g_graph_ns)); }
 CUresult cuGraphExecDestroy(unsigned long exec) { (void)exec; return done(); }
 CUresult cuStreamBeginCapture_v2(unsigned long stream, int mode)
 {

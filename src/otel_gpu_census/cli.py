@@ -493,14 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): counted (default: every kernel "
                           "counted, kernel records 100 ms of every 1000 ms, or counted:ON_MS/PERIOD_MS), all, off, "
                           "or a duty cycle, e.g. 100/1000; copies are always exact")
-    run.add_argument("--activity", choices=("on", "off", "windows"),
+    run.add_argument("--activity", choices=("on", "off", "windows", "events"),
                      help="CUPTI's activity API (sets OTEL_GPU_CENSUS_ACTIVITY): on (default: kernel and copy "
                           "durations), off: every kernel, copy and memset counted at its CUDA call with no "
                           "duration, seen by the census library preloaded (LD_PRELOAD) so that CUPTI is never "
                           "loaded (OTEL_GPU_CENSUS_PRELOAD=off: through CUPTI's callbacks instead), or windows: "
                           "counted as off, and kernel durations sampled in CUPTI's records 200 ms of every 5 s "
                           "(--kernels counted:ON_MS/PERIOD_MS sets the windows; CUPTI stays set up after the first, "
-                          "and so does its cost)")
+                          "and so does its cost), or events: counted as off, and kernel durations from CUDA event "
+                          "pairs around 1 of every 128 eager and every graph launch of a thread "
+                          "(OTEL_GPU_CENSUS_EVENT_EVERY=EAGER/GRAPH), CUPTI never loaded")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

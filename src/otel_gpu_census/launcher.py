@@ -119,14 +119,15 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
 
 
 def preload_for_calls(plan: LaunchPlan) -> None:
-    """OTEL_GPU_CENSUS_ACTIVITY=off and =windows count every launch, copy and memset at its CUDA call. Preloaded
+    """OTEL_GPU_CENSUS_ACTIVITY=off, =windows and =events count every launch, copy and memset at its CUDA call. Preloaded
     (LD_PRELOAD, the same file as CUDA_INJECTION64_PATH: one copy in the process), the library sees those
     calls itself and CUPTI is never loaded (windows: only for its windows); without it, CUPTI's callbacks see
-    them, at ~1.3 µs a launch (docs/measurements.md §21, §22), and windows falls back to the activity census.
+    them, at ~1.3 µs a launch (docs/measurements.md §21, §22), and windows and events fall back to the activity
+    census.
     OTEL_GPU_CENSUS_PRELOAD=off keeps CUPTI's callbacks."""
     env = plan.env
     if not plan.census_on or plan.library is None or \
-            env.get("OTEL_GPU_CENSUS_ACTIVITY", "").lower() not in ("off", "windows"):
+            env.get("OTEL_GPU_CENSUS_ACTIVITY", "").lower() not in ("off", "windows", "events"):
         return
     want = env.get("OTEL_GPU_CENSUS_PRELOAD", "").strip().lower()
     if want in ("off", "0", "false", "no"):

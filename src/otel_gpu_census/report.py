@@ -117,6 +117,17 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         return (f"kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off), {how}; "
                 "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
                 f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
+    if k.events:
+        lost = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in kernel "
+                "time)" if k.graph_untimed else "")
+        lost += (f"; {k.events_missed + k.events_failed:,} launches of the sample went untimed (no free event pair, "
+                 "or an event call failed)" if k.events_missed + k.events_failed else "")
+        return (f"kernels counted at their calls by the census library preloaded, with durations from "
+                f"{k.events_timed:,} CUDA event pairs around 1 of every {k.events_every_eager:,} eager and "
+                f"{k.events_every_graph:,} graph launches of each thread (OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never "
+                "loaded); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
+                "priced at the sampled mean duration, each graph launch at its graph's mean span; copy time and busy "
+                f"time are not measured{lost}")
     if k.windows:
         lost = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in kernel "
                 "time)" if k.graph_untimed else "")
@@ -394,8 +405,9 @@ def _copy_row(label: str, s: Stat, indent: int = 4, untimed: bool = False) -> st
 
 
 def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
-                  kt: Optional[KernelTime] = None, untimed: bool = False) -> List[str]:
-    """untimed (OTEL_GPU_CENSUS_ACTIVITY=off): counts and bytes only; every time says it was not measured."""
+                  kt: Optional[KernelTime] = None, untimed: bool = False, no_busy: bool = False) -> List[str]:
+    """untimed (OTEL_GPU_CENSUS_ACTIVITY=off): counts and bytes only; every time says it was not measured.
+    no_busy (ACTIVITY=events): kernel time estimated, busy and copy time not measured."""
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
@@ -407,7 +419,7 @@ def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
     span = d.last_ns - d.first_ns
     if span > 0:
         busy += f"; {percent(d.busy_ns, span)} of the {seconds(span)} s from first to last GPU activity"
-    if untimed:
+    if untimed or no_busy:
         busy = "busy not measured"
     lines.append(f"    kernels {d.kernel_count:>15,}   kernel time {_kernel_time_words(kt or KernelTime(d.kernel_ns))}   "
                  f"{busy}")
@@ -416,6 +428,7 @@ def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
             "(spans not measured)" if untimed else f"({seconds(d.graph_ns)} s)") + ", traced per launch: "
             f"{d.graph_kernel_count:,} of the kernels ran inside them" + ("" if untimed else " (kernel time: their spans)"))
     rows = []
+    untimed = untimed or no_busy   # copies below: counted at their calls, no duration
     for direction in DIRECTIONS:
         s = d.copies.get(direction)
         if not s.count:
@@ -446,7 +459,8 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d), c.kernels.untimed))
+        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d), c.kernels.untimed,
+                                   c.kernels.events))
     cl = cost_line(c)
     if cl:
         lines.append(f"  {cl}")

@@ -518,3 +518,71 @@ def test_windows_attach_and_detach_under_threads_launching_and_replaying_graphs(
     assert eager + 3 <= d.eager_launches <= eager + 40
     assert d.graph_launches == want["replays"] and d.graph_kernel_count == 16 * want["replays"]
     assert k.windows_opened >= 30 and k.windows_failed == 0 and d.eager_traced > 0 and c.state_name == "exited"
+
+
+def test_events_count_exactly_and_time_from_event_pairs(steady, tmp_path):
+    """OTEL_GPU_CENSUS_ACTIVITY=events on a real GPU: the library preloaded counts every kernel and copy at its call,
+    and times 1 of every 8 eager launches and every graph launch by a CUDA event pair on its stream (CUPTI never
+    loaded). Against a run of the same program tracing every kernel through CUPTI (per second: the runs differ in
+    length): graph spans within 10 %; eager kernels are recorded (tiny kernels on a starved GPU: a pair also holds
+    the launch call's submission, so they read long)."""
+    want, c = _steady_census(steady, tmp_path / "events", "counted", seconds="4",
+                             OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="8/1",
+                             LD_PRELOAD=lib_path())
+    want_all, a = _steady_census(steady, tmp_path / "all", "all", seconds="4")
+    d, da = c.devices[0], a.devices[0]
+    eager = want["kernels"] - 20 * want["graph_launches"]
+    k = c.kernels
+    est = c.kernel_time(d)
+    est_eager = d.eager_launches * d.eager_traced_ns / d.eager_traced
+    graph_s, graph_s_all = (est.ns - est_eager) / want["seconds"], (da.kernel_ns - da.eager_traced_ns) / want_all["seconds"]
+    eager_s, eager_s_all = est_eager / want["seconds"], da.eager_traced_ns / want_all["seconds"]
+    RESULTS["events_steady"] = {
+        "expected": want, "kernel_count": d.kernel_count, "eager_launches": d.eager_launches,
+        "eager_traced": d.eager_traced, "eager_traced_ns": d.eager_traced_ns, "graph_launches": d.graph_launches,
+        "graph_kernel_count": d.graph_kernel_count, "kernel_ns": d.kernel_ns, "estimate_ns": est.ns,
+        "events": [k.events_timed, k.events_missed, k.events_failed, k.graph_untimed],
+        "all": {"expected": want_all, "kernel_ns": da.kernel_ns, "eager_traced": da.eager_traced,
+                "eager_traced_ns": da.eager_traced_ns},
+        "graph_ns_per_s_ratio": graph_s / graph_s_all, "eager_ns_per_s_ratio": eager_s / eager_s_all}
+    assert k.events and k.name == "events:8/1" and c.state_name == "exited" and c.cupti_version == 0
+    assert k.events_failed == 0 and d.busy_ns == 0
+    assert d.kernel_count == want["kernels"] and d.eager_launches == eager
+    assert d.graph_launches == want["graph_launches"] and d.graph_kernel_count == 20 * want["graph_launches"]
+    assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
+    assert d.copies.get("dtoh", "pinned").count == want["dtoh_pinned_count"]
+    assert d.copies.get("htod", "pageable").bytes == want["htod_pageable_bytes"]
+    assert 0.08 < d.eager_traced / eager < 0.13          # 1 in 8, less what the pool could not hold
+    assert k.graph_untimed <= 2 and est.estimated and not est.unknown
+    assert abs(graph_s / graph_s_all - 1) < 0.10
+    assert eager_s > 0
+
+
+def test_events_under_threads_launching_capturing_and_replaying_graphs(tmp_path):
+    """1 of every 4 eager launches and every graph replay timed while four threads launch and one replays a graph
+    captured (global capture mode) after the census started: the capture is not disturbed (no event recorded while
+    it is open, the flusher's queries in relaxed mode), the process ends cleanly, its results are right, every eager
+    launch and graph kernel is counted."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_WORK)
+    env = census_env(tmp_path, OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="4/1",
+                     LD_PRELOAD=lib_path())
+    p = subprocess.run([sys.executable, str(script), "6"], env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    want = json.loads(p.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    from otel_gpu_census.census import reader
+    segs = sorted(tmp_path.glob("*.seg"))
+    assert len(segs) == 1 and "otel-gpu-census" not in p.stderr, p.stderr
+    c = reader.read_segment(str(segs[0]))
+    d, k = c.devices[0], c.kernels
+    RESULTS["events_threads"] = {"expected": want, "eager_launches": d.eager_launches, "graph_launches": d.graph_launches,
+                                 "graph_kernel_count": d.graph_kernel_count, "eager_traced": d.eager_traced,
+                                 "eager_traced_ns": d.eager_traced_ns, "kernel_ns": d.kernel_ns,
+                                 "events": [k.events_timed, k.events_missed, k.events_failed, k.graph_untimed]}
+    assert want["sums"] == [want[f"eager{i}"] for i in range(4)]
+    eager = sum(want[f"eager{i}"] for i in range(4))
+    assert eager + 3 <= d.eager_launches <= eager + 40
+    assert d.graph_launches == want["replays"] and d.graph_kernel_count == 16 * want["replays"]
+    assert k.events_timed > want["replays"] // 2 and k.events_failed == 0 and d.eager_traced > 0
+    assert c.state_name == "exited"

@@ -26,6 +26,7 @@ KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAM
 KERNELS_COUNTED = _c.GC_KERNELS_COUNTED
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
 FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD, _c.GC_FLAG_TIMED
+FLAG_EVENTS = _c.GC_FLAG_EVENTS
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
 ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
@@ -208,7 +209,12 @@ class KernelTracing:
       preloaded, as ``preloaded``; kernel durations from windows of CUPTI, set up at the first and its kernel
       and graph kinds on for `on_ms` of every `period_ms` (timing.c; never detached: measurements §23). Exact: counts, copies, memsets. Estimated: eager kernel
       time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
-      windows; `graph_untimed` launches had none). Busy: the windows."""
+      windows; `graph_untimed` launches had none). Busy: the windows.
+    - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
+      preloaded, as ``preloaded``; kernel durations from CUDA event pairs around 1 of every `events_every_eager`
+      eager and `events_every_graph` graph launches of each thread (events.c); CUPTI never loaded. Exact: counts,
+      copies, memsets. Estimated: eager kernel time (launches x the sampled mean) and graph spans (each launch
+      priced at its exec's mean span). Busy: not measured (0)."""
 
     mode: int = KERNELS_ALL
     on_ms: int = 0
@@ -226,11 +232,19 @@ class KernelTracing:
     attach_ns: int = 0             # CUPTI's set-up time, summed (once, unless a probe detaches between windows)
     detach_ns: int = 0             # summed time from a probe's detach request to cuptiFinalize done
     graph_untimed: int = 0         # graph launches with no span to price them (in counts, not in kernel time)
+    events: bool = False           # ACTIVITY=events: preloaded counts, durations from CUDA event pairs (no CUPTI)
+    events_every_eager: int = 0    # 1 of every N eager launches of a thread timed ...
+    events_every_graph: int = 0    # ... and of its graph launches
+    events_timed: int = 0          # event pairs read
+    events_missed: int = 0         # launches of the sample left untimed (no free pair)
+    events_failed: int = 0         # pairs an event call failed for
 
     @property
     def name(self) -> str:
         if self.untimed:
             return UNTIMED_MODE
+        if self.events:
+            return f"{EVENTS_MODE}{self.events_every_eager}/{self.events_every_graph}"
         if self.windows:
             return f"{WINDOWS_MODE}{self.on_ms}/{self.period_ms}"
         if self.mode == KERNELS_SAMPLED:
@@ -294,6 +308,8 @@ class KernelTime:
 UNTIMED_MODE = "calls"
 # ... and the prefix of OTEL_GPU_CENSUS_ACTIVITY=windows's names: graph spans are estimated there too.
 WINDOWS_MODE = "windows:"
+# ... and of OTEL_GPU_CENSUS_ACTIVITY=events's (EAGER/GRAPH: 1 of every N launches timed by an event pair).
+EVENTS_MODE = "events:"
 
 
 def timed_modes(modes) -> bool:
@@ -302,8 +318,9 @@ def timed_modes(modes) -> bool:
 
 
 def spans_estimated(modes) -> bool:
-    """Whether graph spans were priced from windows (not measured per launch) in any mode of `modes`."""
-    return any(str(m).startswith(WINDOWS_MODE) for m in modes)
+    """Whether graph spans were priced from a sample (windows or event pairs; not measured per launch) in any mode
+    of `modes`."""
+    return any(str(m).startswith((WINDOWS_MODE, EVENTS_MODE)) for m in modes)
 
 
 def eager_mean_ns(scope) -> Optional[Fraction]:
@@ -445,7 +462,7 @@ class ProcessCensus:
         §17, when it switched the kernel kind globally; §18: now per context): the time estimates then
         lean on the sample taken before. (0, 0) in other modes."""
         k = self.kernels
-        if not k.counted or not self.windows:
+        if not k.counted or not self.windows or k.events:   # events: 1 in N launches sampled, no phases
             return 0, 0
         done = self.state == STATE_EXITED
         until = self.wall_to_gpu_ns(self.complete_wall_ns) - settle_ns if self.complete_wall_ns else 0
@@ -463,7 +480,8 @@ class ProcessCensus:
         """:func:`kernel_time` of one of this process's scopes, priced by its own mode and mean."""
         own = not self.kernels.counted or eager_mean_ns(scope) is not None
         return kernel_time(scope, self.kernels.counted, None if own else self.eager_mean_ns(),
-                           timed=not self.kernels.untimed, spans_estimated=self.kernels.windows)
+                           timed=not self.kernels.untimed,
+                           spans_estimated=self.kernels.windows or self.kernels.events)
 
     def windows_between(self, gpu_start_ns: int, gpu_end_ns: int) -> List[Window]:
         """Buckets that overlap [gpu_start_ns, gpu_end_ns) of the CUPTI clock."""

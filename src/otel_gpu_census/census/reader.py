@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from . import (FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
+from . import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
                Window)
 from .proctree import is_alive
 
@@ -343,10 +343,14 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside,
                               untimed=bool(seg.flags & FLAG_CALLS and not seg.flags & FLAG_TIMED),
                               preloaded=bool(seg.flags & FLAG_CALLS and seg.flags & FLAG_PRELOAD),
-                              windows=bool(seg.flags & FLAG_TIMED),
+                              windows=bool(seg.flags & FLAG_TIMED and not seg.flags & FLAG_EVENTS),
                               windows_opened=seg.timing_windows, windows_failed=seg.timing_failed,
                               attach_ns=seg.timing_attach_ns, detach_ns=seg.timing_detach_ns,
-                              graph_untimed=seg.graph_untimed),
+                              graph_untimed=seg.graph_untimed,
+                              events=bool(seg.flags & FLAG_TIMED and seg.flags & FLAG_EVENTS),
+                              events_every_eager=seg.events_every_eager, events_every_graph=seg.events_every_graph,
+                              events_timed=seg.events_timed, events_missed=seg.events_missed,
+                              events_failed=seg.events_failed),
         graphs=GraphTracing(mode=seg.graph_mode, unknown=seg.graph_unknown, inexact=seg.graph_inexact,
                             paused=bool(seg.paused), paused_ns=seg.paused_ns),
         attach=Attach(mode=seg.attach_mode, wall_ns=seg.attach_wall_ns, after_ns=seg.attach_after_ns,

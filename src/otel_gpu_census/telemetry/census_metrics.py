@@ -259,7 +259,7 @@ class CensusMetrics:
             gained: Dict[str, int] = dict(self._ratio_pending)
             base: Dict[Tuple[Tuple[int, int], str], Tuple[int, int]] = {}
             for rec in self._procs.values():
-                if rec.kernels.mode == census.KERNELS_OFF:
+                if rec.kernels.mode == census.KERNELS_OFF or rec.kernels.untimed or rec.kernels.events:
                     continue                     # no kernel records: nothing to say about busy
                 sampled = rec.kernels.scheduled          # busy covers the traced phases only
                 for hid, d in rec.devices.items():
@@ -304,12 +304,14 @@ class CensusMetrics:
         return callback
 
     def _per_device(self, value: Callable[[DeviceTotals], object],
-                    counted: Optional[Callable[[DeviceTotals], int]] = None, timed: bool = False) -> Iterable[Observation]:
+                    counted: Optional[Callable[[DeviceTotals], int]] = None, timed: bool = False,
+                    busy: bool = False) -> Iterable[Observation]:
         """One point per (process, GPU); with `counted`, only where it is non-zero (a series that
         most processes never start, such as graph launches or memsets, costs nothing until then); a
-        `timed` series (a duration) none for a process that measures none (ACTIVITY=off)."""
+        `timed` series (a duration) none for a process that measures none (ACTIVITY=off); `busy` none where busy
+        is not measured (ACTIVITY=off, events)."""
         for rec in self.processes():
-            if timed and rec.kernels.untimed:
+            if timed and rec.kernels.untimed or busy and (rec.kernels.untimed or rec.kernels.events):
                 continue
             attrs = rec.attrs
             for hid, d in rec.devices.items():
@@ -318,8 +320,8 @@ class CensusMetrics:
 
     def _per_copy(self, field: str) -> Iterable[Observation]:
         for rec in self.processes():
-            if field == "ns" and rec.kernels.untimed:
-                continue                         # no copy time measured (ACTIVITY=off)
+            if field == "ns" and (rec.kernels.untimed or rec.kernels.events):
+                continue                         # no copy time measured (ACTIVITY=off, events)
             attrs = rec.attrs
             for hid, d in rec.devices.items():
                 for (direction, mem), s in sorted(d.copies.cells.items()):
@@ -354,7 +356,7 @@ class CensusMetrics:
         fns: Dict[str, Callable[[], Iterable[Observation]]] = {
             "gpu_census.kernel.count": lambda: self._per_device(lambda d: d.kernel_count),
             "gpu_census.kernel.time": self._kernel_time,
-            "gpu_census.busy.time": lambda: self._per_device(lambda d: d.busy_ns / s),
+            "gpu_census.busy.time": lambda: self._per_device(lambda d: d.busy_ns / s, busy=True),
             "gpu_census.kernel.traced.time": self._traced,
             "gpu_census.graph.count": lambda: self._per_device(lambda d: d.graph_launches, graphs),
             "gpu_census.graph.time": lambda: self._per_device(lambda d: d.graph_ns / s, graphs, timed=True),
