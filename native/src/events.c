@@ -11,8 +11,13 @@
  * pair's joins its exec version's mean span (graphs.c), which prices every launch of that version.
  *
  * What a pair measures: from the GPU reaching the first event to the launch's work done. On a busy stream that is
- * the work's own time; on an idle one it also holds the launch call's submission (a few us), which is why eager
- * samples of tiny kernels on a starved GPU read long (measured against CUPTI's records in docs/measurements.md).
+ * the work's own time; on an idle one it also holds everything the launching thread did between the two calls
+ * (the launch call itself, and any time the thread was held up): on the H200 that made vLLM's eager samples 4.2
+ * times CUPTI's durations (§24). So each context also has a reference event the flusher records on a stream of
+ * its own every REF_EVERY_NS, at a known CLOCK_MONOTONIC time: an event's elapsed time from it places the event on
+ * that clock. An eager kernel then starts no earlier than its launch call returned (the one doorbell is at its
+ * end): its duration is from max(first event, call returned) to the second event. A graph launch submits its
+ * nodes during the call, so its pair's elapsed time is its span as it stands.
  *
  * Safety: nothing is recorded while any stream capture is open (an event recorded into a capturing stream
  * becomes a graph node), and the flusher's thread is switched to relaxed capture mode, so its queries can never
@@ -45,6 +50,7 @@ struct pair {
     uint8_t graph;
     uint32_t dev, corr;   /* corr: a graph launch's, for its exec's span (graphs.c) */
     uint64_t t_ns;        /* the launch, census clock */
+    uint64_t returned;    /* CLOCK_MONOTONIC when the launch call returned */
 };
 
 struct pool {
@@ -52,8 +58,16 @@ struct pool {
     int dev;
     _Atomic uint32_t gen;
     _Atomic uint32_t cursor;
+    /* the flusher's, under ev.mu: the reference (ref[cur], recorded at ref_ns[cur] on `quiet`) and the next one */
+    CUstream quiet;
+    CUevent ref[2];
+    uint64_t ref_ns[2];
+    int cur, next;        /* -1: none */
+    int no_ref;           /* the stream or events could not be made: eager samples are not corrected */
     struct pair p[EV_PAIRS];
 };
+
+#define REF_EVERY_NS 200000000ull   /* a reference a fifth of a second old places an event within ~12 ns (float ms) */
 
 static struct {
     CUresult (*create)(CUevent *, unsigned int);
@@ -64,6 +78,8 @@ static struct {
     CUresult (*push)(CUcontext);
     CUresult (*pop)(CUcontext *);
     CUresult (*exchange_mode)(CUstreamCaptureMode *);
+    CUresult (*stream_create)(CUstream *, unsigned int);
+    CUresult (*stream_destroy)(CUstream);
 } drv;
 
 static struct {
@@ -104,9 +120,11 @@ int gc_events_start(uint32_t every_eager, uint32_t every_graph)
     RESOLVE(push, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
     RESOLVE(pop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
     RESOLVE(exchange_mode, "cuThreadExchangeStreamCaptureMode");
+    RESOLVE(stream_create, "cuStreamCreate");
+    RESOLVE(stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy");
     dlclose(cuda);   /* NOLOAD took a reference of a library the process keeps */
     if (!drv.create || !drv.record || !drv.query || !drv.elapsed || !drv.destroy || !drv.push || !drv.pop ||
-        !drv.exchange_mode) {
+        !drv.exchange_mode || !drv.stream_create || !drv.stream_destroy) {
         gc_log("kernel time not measured: the driver lacks the event calls (OTEL_GPU_CENSUS_ACTIVITY=events); "
                "counts are exact");
         return -1;
@@ -136,6 +154,7 @@ static int pool_of(CUcontext c, int dev)
         for (int i = 0; i < EV_POOLS && found < 0; i++)
             if (!atomic_load(&ev.pools[i].ctx)) {
                 ev.pools[i].dev = dev;
+                ev.pools[i].cur = ev.pools[i].next = -1;
                 atomic_store(&ev.pools[i].ctx, c);
                 found = i;
             }
@@ -187,6 +206,7 @@ int gc_events_before(CUstream s, CUcontext c, int dev)
 void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev)
 {
     if (slot < 0) return;
+    uint64_t returned = gc_mono_ns();
     struct pool *pl = &ev.pools[slot / EV_PAIRS];
     struct pair *p = &pl->p[slot % EV_PAIRS];
     if (p->gen != atomic_load_explicit(&pl->gen, memory_order_acquire)) return; /* its context went: abandoned */
@@ -198,8 +218,54 @@ void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev)
     p->graph = corr != 0;
     p->corr = corr;
     p->dev = (uint32_t)dev;
+    p->returned = returned;
     p->t_ns = gc_wall_ns();
     atomic_store_explicit(&p->state, P_PENDING, memory_order_release);
+}
+
+/* The pool's reference: made once (a stream of its own and two events), recorded again every REF_EVERY_NS; the one
+ * recorded last becomes current once the GPU has reached it. 0: pl->cur is usable. In the pool's context. */
+static int reference(struct pool *pl, uint64_t now)
+{
+    if (pl->no_ref) return -1;
+    if (!pl->quiet) {
+        if (drv.stream_create(&pl->quiet, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+            drv.create(&pl->ref[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+            drv.create(&pl->ref[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            pl->no_ref = 1;   /* what was made stays until the context goes */
+            return -1;
+        }
+    }
+    if (pl->next >= 0 && drv.query(pl->ref[pl->next]) == CUDA_SUCCESS) pl->cur = pl->next, pl->next = -1;
+    if (pl->next < 0 && (pl->cur < 0 || now - pl->ref_ns[pl->cur] > REF_EVERY_NS)) {
+        int k = pl->cur < 0 ? 0 : 1 - pl->cur;
+        if (drv.record(pl->ref[k], pl->quiet) == CUDA_SUCCESS) {
+            pl->ref_ns[k] = gc_mono_ns();   /* the doorbell is at the call's end, as a launch's */
+            pl->next = k;
+        }
+    }
+    return pl->cur >= 0 ? 0 : 1;
+}
+
+/* ms from `from` to `to` as signed ns (whichever order the driver accepts); 0: read. */
+static int between(CUevent from, CUevent to, double *ns)
+{
+    float ms = 0;
+    if (drv.elapsed(&ms, from, to) == CUDA_SUCCESS) { *ns = (double)ms * 1e6; return 0; }
+    if (drv.elapsed(&ms, to, from) == CUDA_SUCCESS) { *ns = -(double)ms * 1e6; return 0; }
+    return -1;
+}
+
+/* An eager pair's duration: from max(first event, launch call returned) to the second event, both placed on
+ * CLOCK_MONOTONIC through the reference; `start` its start there. -1: not read. */
+static int eager_duration(struct pool *pl, struct pair *p, uint64_t *ns, uint64_t *start)
+{
+    double a, ab;
+    if (between(pl->ref[pl->cur], p->a, &a) != 0 || between(p->a, p->b, &ab) != 0 || ab < 0) return -1;
+    double ta = (double)pl->ref_ns[pl->cur] + a, tb = ta + ab, s0 = ta > (double)p->returned ? ta : (double)p->returned;
+    *ns = tb > s0 ? (uint64_t)(tb - s0 + 0.5) : 0;
+    *start = (uint64_t)(s0 > 0 ? s0 : 0);
+    return 0;
 }
 
 size_t gc_events_poll(struct gc_event_sample *out, size_t max)
@@ -210,22 +276,30 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
         CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
         ev.relaxed = drv.exchange_mode(&m) == CUDA_SUCCESS ? 1 : -1;
     }
+    const uint64_t mono = gc_mono_ns();
+    const int64_t wall_minus_mono = (int64_t)(gc_wall_ns() - mono);
     for (int i = 0; i < EV_POOLS && ev.relaxed > 0; i++) {
         struct pool *pl = &ev.pools[i];
         CUcontext c = atomic_load(&pl->ctx);
         if (!c || drv.push(c) != CUDA_SUCCESS) continue;
+        int ref = reference(pl, mono);   /* 1: coming; eager pairs wait for it */
         uint32_t gen = atomic_load(&pl->gen);
         for (int k = 0; k < EV_PAIRS; k++) {
             struct pair *p = &pl->p[k];
             if (atomic_load_explicit(&p->state, memory_order_acquire) != P_PENDING || p->gen != gen) continue;
+            if (!p->graph && ref > 0) continue;
             CUresult r = drv.query(p->b);
             if (r == CUDA_ERROR_NOT_READY) continue;
-            float ms = 0;
-            if (r == CUDA_SUCCESS && drv.elapsed(&ms, p->a, p->b) == CUDA_SUCCESS && ms >= 0) {
-                uint64_t ns = (uint64_t)((double)ms * 1e6 + 0.5);
+            double ab = 0;
+            uint64_t ns = 0, start = 0;
+            int ok = r == CUDA_SUCCESS && between(p->a, p->b, &ab) == 0 && ab >= 0;
+            if (ok && !p->graph && ref == 0) ok = eager_duration(pl, p, &ns, &start) == 0;
+            else if (ok) ns = (uint64_t)(ab + 0.5);
+            if (ok) {
                 atomic_fetch_add_explicit(&g_st.timed, 1, memory_order_relaxed);
                 if (p->graph) gc_graphs_timed_span(p->corr, ns);
-                else if (n < max) out[n++] = (struct gc_event_sample){p->dev, p->t_ns, ns};
+                else if (n < max)
+                    out[n++] = (struct gc_event_sample){p->dev, start ? (uint64_t)((int64_t)start + wall_minus_mono) : p->t_ns, ns};
             } else {
                 atomic_fetch_add_explicit(&g_st.failed, 1, memory_order_relaxed);
             }
@@ -236,6 +310,16 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
     }
     pthread_mutex_unlock(&ev.mu);
     return n;
+}
+
+/* The pool's reference stream and events (under ev.mu, its context still there). */
+static void drop_reference(struct pool *pl)
+{
+    for (int k = 0; k < 2; k++)
+        if (pl->ref[k]) drv.destroy(pl->ref[k]), pl->ref[k] = NULL;
+    if (pl->quiet) drv.stream_destroy(pl->quiet), pl->quiet = NULL;
+    pl->cur = pl->next = -1;
+    pl->no_ref = 0;
 }
 
 /* Before the driver destroys a context (`is_ctx`: cuCtxDestroy of `v`) or releases or resets device `v`'s primary
@@ -258,6 +342,7 @@ void gc_events_context_going(int is_ctx, uintptr_t v)
             p->a = p->b = NULL;
             atomic_store(&p->state, P_FREE);
         }
+        drop_reference(pl);
         atomic_store(&pl->ctx, NULL);
     }
     atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
@@ -270,7 +355,8 @@ void gc_events_stop(int at_exit)
     atomic_store(&ev.on, 0);
     if (at_exit) return;
     pthread_mutex_lock(&ev.mu);
-    for (int i = 0; i < EV_POOLS; i++)
+    for (int i = 0; i < EV_POOLS; i++) {
+        if (atomic_load(&ev.pools[i].ctx)) drop_reference(&ev.pools[i]);
         for (int k = 0; k < EV_PAIRS; k++) {
             struct pair *p = &ev.pools[i].p[k];
             if (atomic_load(&p->state) == P_BUSY || p->gen != atomic_load(&ev.pools[i].gen)) continue;
@@ -279,6 +365,7 @@ void gc_events_stop(int at_exit)
             p->a = p->b = NULL;
             atomic_store(&p->state, P_FREE);
         }
+    }
     pthread_mutex_unlock(&ev.mu);
 }
 

@@ -131,14 +131,29 @@ CUresult cuCtxGetDevice(CUdevice *dev) { *dev = atomic_load(&g_dev); return 0; }
 CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned long)ctx - 0xc000); return 0; }
 
 /* ---- CUDA events (OTEL_GPU_CENSUS_ACTIVITY=events, events.c) ----
- * A GPU clock that work moves: each successful kernel launch by mock_cuda_set_kernel_ns(N), each graph launch by
- * mock_cuda_set_graph_ns(N). An event takes the clock's time when recorded; a pair's elapsed time is the difference.
+ * One GPU timeline on CLOCK_MONOTONIC: a successful kernel launch runs mock_cuda_set_kernel_ns(N) from when it is
+ * called or when the work before it ends, whichever is later (a graph launch: mock_cuda_set_graph_ns(N)); an event
+ * recorded takes the time the work before it ends, or now (on a stream cuStreamCreate made: now). A pair's elapsed
+ * time is the difference (negative when the second came first).
  *   mock_cuda_set_events_pending(1)  every query says "not ready" (work still running)
  *   mock_cuda_events_live()          events created and not destroyed
  *   mock_cuda_events_recorded()      cuEventRecord calls; mock_cuda_event_stream(): the stream of the last one
  *   mock_cuda_relaxed()              cuThreadExchangeStreamCaptureMode calls that asked for relaxed mode */
 #include <stdlib.h>
-static _Atomic unsigned long long g_clock, g_kernel_ns, g_graph_ns;
+#include <time.h>
+static _Atomic unsigned long long g_gpu_free, g_kernel_ns, g_graph_ns;
+static _Atomic(void *) g_quiet;
+static unsigned long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+static unsigned long long after_work(void)
+{
+    unsigned long long t = now_ns(), f = atomic_load(&g_gpu_free);
+    return f > t ? f : t;
+}
 static atomic_int g_ev_pending, g_ev_live, g_ev_recorded, g_relaxed;
 static _Atomic(void *) g_ev_stream;
 struct mock_event { unsigned long long t; };
@@ -159,7 +174,7 @@ CUresult cuEventCreate(void **ev, unsigned int flags)
 }
 CUresult cuEventRecord(void *ev, void *stream)
 {
-    ((struct mock_event *)ev)->t = atomic_load(&g_clock);
+    ((struct mock_event *)ev)->t = stream && stream == atomic_load(&g_quiet) ? now_ns() : after_work();
     atomic_store(&g_ev_stream, stream);
     atomic_fetch_add(&g_ev_recorded, 1);
     return 0;
@@ -167,7 +182,7 @@ CUresult cuEventRecord(void *ev, void *stream)
 CUresult cuEventQuery(void *ev) { (void)ev; return atomic_load(&g_ev_pending) ? 600 : 0; }   /* 600: NOT_READY */
 CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b)
 {
-    *ms = (float)((double)(((struct mock_event *)b)->t - ((struct mock_event *)a)->t) / 1e6);
+    *ms = (float)(((double)((struct mock_event *)b)->t - (double)((struct mock_event *)a)->t) / 1e6);
     return 0;
 }
 CUresult cuEventDestroy_v2(void *ev)
@@ -176,6 +191,15 @@ CUresult cuEventDestroy_v2(void *ev)
     atomic_fetch_sub(&g_ev_live, 1);
     return 0;
 }
+static int g_streams;
+CUresult cuStreamCreate(void **s, unsigned int flags)
+{
+    (void)flags;
+    *s = (void *)(unsigned long)(0x9000 + ++g_streams);
+    atomic_store(&g_quiet, *s);
+    return 0;
+}
+CUresult cuStreamDestroy_v2(void *s) { (void)s; return 0; }
 CUresult cuCtxPushCurrent_v2(void *ctx) { (void)ctx; return 0; }
 CUresult cuCtxPopCurrent_v2(void **ctx) { *ctx = NULL; return 0; }
 CUresult cuThreadExchangeStreamCaptureMode(int *mode)
@@ -187,7 +211,7 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 static CUresult ran(unsigned long long ns)
 {
     CUresult r = done();
-    if (r == 0) atomic_fetch_add(&g_clock, ns);
+    if (r == 0) atomic_store(&g_gpu_free, after_work() + ns);
     return r;
 }
 

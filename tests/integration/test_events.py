@@ -3,8 +3,9 @@ native/src/events.c); CUPTI never loaded.
 
 The census library is preloaded and counts every launch, copy and graph launch at its call (as ACTIVITY=off). One of
 every EAGER eager launches and GRAPH graph launches of a thread also gets cuEventRecord before and after the call on
-its stream; the flusher reads the pairs that completed. The mock driver keeps a GPU clock that each launch moves by a
-set duration, so a pair's elapsed time is that launch's."""
+its stream; the flusher reads the pairs that completed. The mock driver keeps one GPU timeline on CLOCK_MONOTONIC:
+a launch runs its set duration from its call (the GPU idle), so a pair's first event comes before the kernel by the
+time the launching thread takes to call it, which the reference event's placement takes out of eager samples."""
 from __future__ import annotations
 
 from test_injector import read, run_with_driver
@@ -51,18 +52,22 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="4/1"))
     assert res["init"] == 1 and res["flush"] == 0 and res["cupti"] == [0, 0], err
     assert res["stream"] == 2                      # CU_STREAM_PER_THREAD: where the per-thread launch ran
-    assert res["recorded"] == 2 * (10 + 4) and res["relaxed"] == 1
+    # two a pair, and the reference's (one every 200 ms of the flusher's, on a stream of its own)
+    assert 2 * (10 + 4) < res["recorded"] <= 2 * (10 + 4) + 5 and res["relaxed"] == 1
     p = read(native, res["path"])
     dev = p.devices[0]
     k = p.kernels
     assert k.events and not k.windows and not k.untimed and k.preloaded and p.cupti_version == 0
     assert k.name == "events:4/1" and (k.events_every_eager, k.events_every_graph) == (4, 1)
     assert (k.events_timed, k.events_missed, k.events_failed, k.graph_untimed) == (14, 0, 0, 1)
-    assert (dev.eager_launches, dev.eager_traced, dev.eager_traced_ns) == (40, 10, 10_000)
+    assert (dev.eager_launches, dev.eager_traced) == (40, 10)
+    # each 1,000 ns less the few ns from the kernel's start (in the call) to the call's return
+    assert 8_000 <= dev.eager_traced_ns <= 10_000, dev.eager_traced_ns
     assert (dev.graph_launches, dev.graph_kernel_count, dev.kernel_count) == (4, 20, 60)
-    assert dev.kernel_ns == 10_000 + 3 * 50_000
+    graphs = dev.kernel_ns - dev.eager_traced_ns     # 3 launches priced at the mean span: 50,000 and the call's start
+    assert 3 * 50_000 <= graphs <= 3 * 50_000 * 1.02, graphs
     kt = p.kernel_time(dev)
-    assert kt.ns == 3 * 50_000 + 40 * 1_000 and kt.estimated and not kt.unknown
+    assert kt.ns == graphs + round(40 * dev.eager_traced_ns / 10) and kt.estimated and not kt.unknown
     assert dev.busy_ns == 0 and dev.copies.get("htod", "pinned").bytes == 1 << 20
     assert sum(w.eager_traced for w in p.windows) == 10 and sum(w.eager_launches for w in p.windows) == 40
     assert p.sample_gaps() == (0, 0)
@@ -102,11 +107,12 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
         out['path'] = path()
     """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1"))
     assert res["in_capture"] == 0 and res["failed"] == 1 and res["destroy"] == 0, err
-    assert res["live_before"] >= 2 and res["live_after"] == 0 and res["live_again"] == 2
+    assert res["live_before"] >= 2 + 2 and res["live_after"] == 0     # pairs and the reference's two
+    assert res["live_again"] == 2 + 2
     p = read(native, res["path"])
     dev = p.devices[0]
     assert dev.eager_launches == 1 + 2 + 1           # the captured one and the failed one run nothing
-    assert (dev.eager_traced, dev.eager_traced_ns) == (3, 3 * 2000)
+    assert dev.eager_traced == 3 and 3 * 1_600 <= dev.eager_traced_ns <= 3 * 2_000
     assert p.kernels.events_failed == 0 and p.kernels.name == "events:1/1"
 
 
