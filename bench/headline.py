@@ -232,6 +232,9 @@ S13_CALLS_TAX = "CALLS_TAX_ARGS='--rotations 4' bash bench/device/run.sh setup c
 S14_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=windows --phase-together P,A "
             "--phase-modes off,windows --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 300' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
+S15_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events --phase-together P,A "
+            "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
+            "--budget-s 270' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
 S14_CALLS_TAX = ("CALLS_TAX_WINDOWS=100/1000 CALLS_TAX_ARGS='--modes plain,preload,windows,default --rotations 4 "
                  "--rounds 6' bash bench/device/run.sh setup calls-tax")
 
@@ -311,6 +314,21 @@ RULES = (
          "p50 11.9 % / p90 35.9 % from A's median request, A's own requests 12.8 % / 35.5 %); stated bound +-10 %; "
          "measurements §23",
          command=S14_VLLM, date="2026-12-03"),
+    Rule("vllm_events_vs_plain_throughput_ratio", "2026-12-03-h200-s15-vllm-events.json",
+         beside_ratio("events/P@once"), 0.99,
+         "ratio of output tok/s, the census counting at the calls by the library preloaded with kernel durations from "
+         "CUDA event pairs around 1 of every 128 eager and every graph launch (OTEL_GPU_CENSUS_ACTIVITY=events, no "
+         "CUPTI) and the vLLM integration (R) / a plain vLLM (P) loaded at the same time, 64 closed-loop clients each, "
+         "3 s windows, median of 8 rounds (0.843-1.093; R paused / P 0.892 in the same rounds, R's events / its own "
+         "paused phases 1.021): the event pairs cost nothing measurable, the rest is R's integration; measurements §24",
+         command=S15_VLLM, date="2026-12-03"),
+    Rule("vllm_events_kernel_time_vs_measured_ratio", "2026-12-03-h200-s15-vllm-events.json",
+         reference_ratio("events"), 1.0,
+         "ratio of kernel ns an output token, R's requests under OTEL_GPU_CENSUS_ACTIVITY=events (estimated: eager "
+         "launches x the event pairs' mean, graph launches x their exec's mean span) / A's requests (the activity census "
+         "tracing every kernel, measured) loaded in the same 3 s windows, median of 8 phases (1.170-1.638): graph spans "
+         "+5.7 %, eager samples 2.65 times CUPTI's durations; outside the stated +-10 %; measurements §24",
+         command=S15_VLLM, date="2026-12-03"),
     Rule("micro_graph_issue_ratio_windows", "2026-12-03-h200-s14-calls-tax.json",
          calls_tax_ratio("windows", "graph_issue_ns"), 0.99,
          "ratio of CUDA-graph replays (64 adds a graph) issued a second by torch's thread, a process under "
