@@ -215,7 +215,10 @@ typedef struct gc_segment {
     uint64_t events_timed;      /* event pairs read */
     uint64_t events_missed;     /* launches of the sample left untimed: no free pair, no pool for their context */
     uint64_t events_failed;     /* pairs an event call failed for (creating, recording, reading) */
-    char     reserved_text[GC_NOTE_LEN - 64]; /* unused: nothing is written here (room for growth) */
+    uint64_t events_idle;       /* eager pairs whose first event fired before their launch call returned (the stream
+                                   was idle: they read long, docs/measurements.md §24): not the eager sample */
+    uint64_t events_idle_ns;    /* ... their durations from the call's return, summed */
+    char     reserved_text[GC_NOTE_LEN - 80]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */

@@ -15,9 +15,12 @@
  * (the launch call itself, and any time the thread was held up): on the H200 that made vLLM's eager samples 4.2
  * times CUPTI's durations (§24). So each context also has a reference event the flusher records on a stream of
  * its own every REF_EVERY_NS, at a known CLOCK_MONOTONIC time: an event's elapsed time from it places the event on
- * that clock. An eager kernel then starts no earlier than its launch call returned (the one doorbell is at its
- * end): its duration is from max(first event, call returned) to the second event. A graph launch submits its
- * nodes during the call, so its pair's elapsed time is its span as it stands.
+ * that clock. A pair whose first event fired after its launch call returned met a busy stream: the kernel started
+ * as the work before it ended, right after that event, so the pair is its duration, and only such pairs are the
+ * eager sample. One whose first event fired before the call returned met an idle stream: even timed from the call's
+ * return it reads long on the H200 (a kernel's own start latency; 2.65x CUPTI's durations on vLLM when every pair
+ * was taken so, §24); those are summed apart (events_idle), the reader's last resort when a process has no other.
+ * A graph launch submits its nodes during the call, so its pair's elapsed time is its span as it stands.
  *
  * Safety: nothing is recorded while any stream capture is open (an event recorded into a capturing stream
  * becomes a graph node), and the flusher's thread is switched to relaxed capture mode, so its queries can never
@@ -90,7 +93,7 @@ static struct {
     struct pool pools[EV_POOLS];
 } ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static struct { _Atomic uint64_t timed, missed, failed; } g_st;
+static struct { _Atomic uint64_t timed, missed, failed, idle, idle_ns; } g_st;
 static _Atomic uint32_t g_ctx_gen;  /* moves whenever a context goes: threads look their pool up again */
 static __thread uint32_t t_tick[2];
 static __thread CUcontext t_ctx;
@@ -256,16 +259,19 @@ static int between(CUevent from, CUevent to, double *ns)
     return -1;
 }
 
-/* An eager pair's duration: from max(first event, launch call returned) to the second event, both placed on
- * CLOCK_MONOTONIC through the reference; `start` its start there. -1: not read. */
+/* An eager pair placed on CLOCK_MONOTONIC through the reference: 1 when its first event fired after the launch call
+ * returned (a busy stream: `ns` the pair's time), 0 when before (idle: `ns` from the call's return to the second
+ * event), -1 not read; `start` where the kernel started. */
 static int eager_duration(struct pool *pl, struct pair *p, uint64_t *ns, uint64_t *start)
 {
     double a, ab;
     if (between(pl->ref[pl->cur], p->a, &a) != 0 || between(p->a, p->b, &ab) != 0 || ab < 0) return -1;
-    double ta = (double)pl->ref_ns[pl->cur] + a, tb = ta + ab, s0 = ta > (double)p->returned ? ta : (double)p->returned;
+    double ta = (double)pl->ref_ns[pl->cur] + a, tb = ta + ab;
+    int busy = ta >= (double)p->returned;
+    double s0 = busy ? ta : (double)p->returned;
     *ns = tb > s0 ? (uint64_t)(tb - s0 + 0.5) : 0;
     *start = (uint64_t)(s0 > 0 ? s0 : 0);
-    return 0;
+    return busy;
 }
 
 size_t gc_events_poll(struct gc_event_sample *out, size_t max)
@@ -292,14 +298,19 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
             if (r == CUDA_ERROR_NOT_READY) continue;
             double ab = 0;
             uint64_t ns = 0, start = 0;
-            int ok = r == CUDA_SUCCESS && between(p->a, p->b, &ab) == 0 && ab >= 0;
-            if (ok && !p->graph && ref == 0) ok = eager_duration(pl, p, &ns, &start) == 0;
-            else if (ok) ns = (uint64_t)(ab + 0.5);
+            int ok = r == CUDA_SUCCESS && between(p->a, p->b, &ab) == 0 && ab >= 0, busy = 0;
+            if (ok && !p->graph && ref == 0) ok = (busy = eager_duration(pl, p, &ns, &start)) >= 0;
+            else if (ok) ns = (uint64_t)(ab + 0.5);   /* a graph's span; an eager pair with no reference: idle */
             if (ok) {
                 atomic_fetch_add_explicit(&g_st.timed, 1, memory_order_relaxed);
-                if (p->graph) gc_graphs_timed_span(p->corr, ns);
-                else if (n < max)
-                    out[n++] = (struct gc_event_sample){p->dev, start ? (uint64_t)((int64_t)start + wall_minus_mono) : p->t_ns, ns};
+                if (p->graph) {
+                    gc_graphs_timed_span(p->corr, ns);
+                } else if (!busy) {
+                    atomic_fetch_add_explicit(&g_st.idle, 1, memory_order_relaxed);
+                    atomic_fetch_add_explicit(&g_st.idle_ns, ns, memory_order_relaxed);
+                } else if (n < max) {
+                    out[n++] = (struct gc_event_sample){p->dev, (uint64_t)((int64_t)start + wall_minus_mono), ns};
+                }
             } else {
                 atomic_fetch_add_explicit(&g_st.failed, 1, memory_order_relaxed);
             }
@@ -383,4 +394,6 @@ void gc_events_stats(struct gc_events_stats *out)
     out->timed = atomic_load(&g_st.timed);
     out->missed = atomic_load(&g_st.missed);
     out->failed = atomic_load(&g_st.failed);
+    out->idle = atomic_load(&g_st.idle);
+    out->idle_ns = atomic_load(&g_st.idle_ns);
 }

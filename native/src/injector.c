@@ -146,6 +146,8 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
         seg->events_timed = st.timed;
         seg->events_missed = st.missed;
         seg->events_failed = st.failed;
+        seg->events_idle = st.idle;
+        seg->events_idle_ns = st.idle_ns;
     }
 }
 

@@ -76,7 +76,7 @@ void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
  * launches of a thread (OTEL_GPU_CENSUS_ACTIVITY=events, the census library preloaded; interpose.c's wrappers call
  * before and after the driver's launch, the flusher polls). */
 struct gc_event_sample { uint32_t dev; uint64_t t_ns, ns; };   /* an eager launch's: when (census clock), how long */
-struct gc_events_stats { uint32_t every_eager, every_graph; uint64_t timed, missed, failed; };
+struct gc_events_stats { uint32_t every_eager, every_graph; uint64_t timed, missed, failed, idle, idle_ns; };
 int gc_events_start(uint32_t every_eager, uint32_t every_graph);   /* libcuda loaded: 0, else -1 (one line) */
 int gc_events_tick(int graph);      /* this launch of the thread is one of the sample (every launch asks) */
 int gc_events_before(CUstream s, CUcontext c, int dev); /* a pair's slot, its first event recorded; -1 */

@@ -131,8 +131,8 @@ CUresult cuCtxGetDevice(CUdevice *dev) { *dev = atomic_load(&g_dev); return 0; }
 CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned long)ctx - 0xc000); return 0; }
 
 /* ---- CUDA events (OTEL_GPU_CENSUS_ACTIVITY=events, events.c) ----
- * One GPU timeline on CLOCK_MONOTONIC: a successful kernel launch runs mock_cuda_set_kernel_ns(N) from when it is
- * called or when the work before it ends, whichever is later (a graph launch: mock_cuda_set_graph_ns(N)); an event
+ * One GPU timeline on CLOCK_MONOTONIC: a successful kernel launch (a 2 us call) runs mock_cuda_set_kernel_ns(N) from
+ * the call's end or when the work before it ends, whichever is later (a graph launch: mock_cuda_set_graph_ns(N)); an event
  * recorded takes the time the work before it ends, or now (on a stream cuStreamCreate made: now). A pair's elapsed
  * time is the difference (negative when the second came first).
  *   mock_cuda_set_events_pending(1)  every query says "not ready" (work still running)
@@ -208,8 +208,10 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode)
     *mode = 0;
     return 0;
 }
+/* A launch call takes 2 us, and its work reaches the GPU at the call's end (the doorbell), as on a real driver. */
 static CUresult ran(unsigned long long ns)
 {
+    for (unsigned long long t0 = now_ns(); now_ns() - t0 < 2000;) {}
     CUresult r = done();
     if (r == 0) atomic_store(&g_gpu_free, after_work() + ns);
     return r;

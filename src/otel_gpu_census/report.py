@@ -122,6 +122,9 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                 "time)" if k.graph_untimed else "")
         lost += (f"; {k.events_missed + k.events_failed:,} launches of the sample went untimed (no free event pair, "
                  "or an event call failed)" if k.events_missed + k.events_failed else "")
+        lost += (f"; {k.events_idle:,} eager pairs met an idle stream and read long: " +
+                 ("they priced the eager launches, no pair having met a busy one" if not c.totals().eager_traced else
+                  "left out of the sample") if k.events_idle else "")
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
                 f"{k.events_timed:,} CUDA event pairs around 1 of every {k.events_every_eager:,} eager and "
                 f"{k.events_every_graph:,} graph launches of each thread (OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never "

@@ -8,6 +8,8 @@ a launch runs its set duration from its call (the GPU idle), so a pair's first e
 time the launching thread takes to call it, which the reference event's placement takes out of eager samples."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 from test_injector import read, run_with_driver
 from test_interpose import DRIVER, preloaded
 
@@ -25,23 +27,28 @@ EVENTS = DRIVER + """
 
 
 def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_lib, mock_cuda, tmp_path):
-    """40 eager launches of 1,000 ns, 1 in 4 timed: 10 samples. A 5-kernel graph spanning 50,000 ns launched 4 times:
-    the first while its pair is still running (folded with no span: counted, untimed), then 3 priced at the exec's
-    measured mean. Counts are the calls'; busy and copy time are not measured; CUPTI is never loaded."""
+    """A 5-kernel graph of 50 ms launched 4 times, the first while its pair is still running (folded with no span:
+    counted, untimed), the rest priced at the exec's measured mean. 40 eager launches of 1,000 ns queued behind the
+    first graph, 1 in 4 timed: their first events fire after their calls returned (a busy stream), so each pair is
+    the kernel's 1,000 ns and they are the eager sample. 8 more on an idle GPU: 2 pairs whose first event fired before
+    the call returned, summed apart (they read long on a real GPU). Counts are the calls'; busy and copy time are not
+    measured; CUPTI is never loaded."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
         out['init'] = g.InitializeInjection()
         cuda.mock_cuda_set_kernel_ns(1000)
-        cuda.mock_cuda_set_graph_ns(50_000)
-        for _ in range(36): k()
-        for _ in range(4): k(launch_pt)    # the 4th is sampled: its events go to the thread's own stream
-        out['stream'] = int(cffi_cuda.cast('uintptr_t', cuda.mock_cuda_event_stream()))
+        cuda.mock_cuda_set_graph_ns(50_000_000)
         ex = graph(5)
         cuda.mock_cuda_set_events_pending(1)
-        glaunch(ex, None)
-        settle()                           # folded before its pair is read: no span yet
+        glaunch(ex, None)                  # 50 ms of GPU work
+        for _ in range(36): k()            # queued behind it
+        for _ in range(4): k(launch_pt)    # the 4th is sampled: its events go to the thread's own stream
+        out['stream'] = int(cffi_cuda.cast('uintptr_t', cuda.mock_cuda_event_stream()))
+        settle()                           # the graph launch folded before its pair is read: no span
         cuda.mock_cuda_set_events_pending(0)
         settle()
         for _ in range(3): glaunch(ex, None)
+        time.sleep(0.2)                    # the GPU idle again
+        for _ in range(8): k()
         htod(DEV, PIN, 1 << 20, None)
         settle()
         out['recorded'] = cuda.mock_cuda_events_recorded()
@@ -53,31 +60,35 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     assert res["init"] == 1 and res["flush"] == 0 and res["cupti"] == [0, 0], err
     assert res["stream"] == 2                      # CU_STREAM_PER_THREAD: where the per-thread launch ran
     # two a pair, and the reference's (one every 200 ms of the flusher's, on a stream of its own)
-    assert 2 * (10 + 4) < res["recorded"] <= 2 * (10 + 4) + 5 and res["relaxed"] == 1
+    assert 2 * (12 + 4) < res["recorded"] <= 2 * (12 + 4) + 6 and res["relaxed"] == 1
     p = read(native, res["path"])
     dev = p.devices[0]
     k = p.kernels
     assert k.events and not k.windows and not k.untimed and k.preloaded and p.cupti_version == 0
     assert k.name == "events:4/1" and (k.events_every_eager, k.events_every_graph) == (4, 1)
-    assert (k.events_timed, k.events_missed, k.events_failed, k.graph_untimed) == (14, 0, 0, 1)
-    assert (dev.eager_launches, dev.eager_traced) == (40, 10)
-    # each 1,000 ns less the few ns from the kernel's start (in the call) to the call's return
-    assert 8_000 <= dev.eager_traced_ns <= 10_000, dev.eager_traced_ns
-    assert (dev.graph_launches, dev.graph_kernel_count, dev.kernel_count) == (4, 20, 60)
-    graphs = dev.kernel_ns - dev.eager_traced_ns     # 3 launches priced at the mean span: 50,000 and the call's start
-    assert 3 * 50_000 <= graphs <= 3 * 50_000 * 1.02, graphs
+    assert (k.events_timed, k.events_missed, k.events_failed, k.graph_untimed) == (16, 0, 0, 1)
+    assert (dev.eager_launches, dev.eager_traced, dev.eager_traced_ns) == (48, 10, 10_000)
+    # idle: from the call's return to the second event, each the kernel's 1,000 ns give or take the reference's
+    # placement (its CPU time is read as its record call returns: a few hundred ns after the mock stamps it)
+    assert k.events_idle == 2 and 2 * 600 <= k.events_idle_ns <= 2 * 2_000, k.events_idle_ns
+    assert (dev.graph_launches, dev.graph_kernel_count, dev.kernel_count) == (4, 20, 68)
+    # 3 launches at the exec's mean span: 50 ms, and the first pair's call (it met an idle GPU: a graph's pair is
+    # its span as it stands, the launch call's submission with it)
+    graphs = dev.kernel_ns - 10_000
+    assert 3 * 50_000_000 < graphs <= 3 * 50_000_000 + 3 * 25_000, graphs
     kt = p.kernel_time(dev)
-    assert kt.ns == graphs + round(40 * dev.eager_traced_ns / 10) and kt.estimated and not kt.unknown
+    assert kt.ns == graphs + 48 * 1_000 and kt.estimated and not kt.unknown
     assert dev.busy_ns == 0 and dev.copies.get("htod", "pinned").bytes == 1 << 20
-    assert sum(w.eager_traced for w in p.windows) == 10 and sum(w.eager_launches for w in p.windows) == 40
+    assert sum(w.eager_traced for w in p.windows) == 10 and sum(w.eager_launches for w in p.windows) == 48
     assert p.sample_gaps() == (0, 0)
     assert "error" not in err.lower(), err
     from otel_gpu_census import cost, report
     from otel_gpu_census.census import spans_estimated
     assert spans_estimated([k.name]) and cost.estimate(p).seconds > 0
     text = report.render_text([p], requests=1)
-    assert "14 CUDA event pairs around 1 of every 4 eager and 1 graph launches" in text, text
+    assert "16 CUDA event pairs around 1 of every 4 eager and 1 graph launches" in text, text
     assert "busy not measured" in text and "1 graph launches had no measured span" in text
+    assert "2 eager pairs met an idle stream and read long: left out of the sample" in text
 
 
 def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going_takes_its_events(
@@ -112,8 +123,12 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
     p = read(native, res["path"])
     dev = p.devices[0]
     assert dev.eager_launches == 1 + 2 + 1           # the captured one and the failed one run nothing
-    assert dev.eager_traced == 3 and 3 * 1_600 <= dev.eager_traced_ns <= 3 * 2_000
-    assert p.kernels.events_failed == 0 and p.kernels.name == "events:1/1"
+    k = p.kernels
+    # an idle GPU throughout: every pair met an idle stream, so their mean is the last resort that prices the launches
+    assert dev.eager_traced == 0 and k.events_idle == 3 and 3 * 1_600 <= k.events_idle_ns <= 3 * 3_000
+    assert p.eager_mean_ns() == Fraction(k.events_idle_ns, 3)
+    assert p.kernel_time(dev).ns == round(4 * Fraction(k.events_idle_ns, 3)) and p.kernel_time(dev).estimated
+    assert k.events_failed == 0 and k.name == "events:1/1"
 
 
 def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(native, mock_lib, mock_cuda, tmp_path):

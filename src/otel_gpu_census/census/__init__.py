@@ -213,7 +213,8 @@ class KernelTracing:
     - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
       preloaded, as ``preloaded``; kernel durations from CUDA event pairs around 1 of every `events_every_eager`
       eager and `events_every_graph` graph launches of each thread (events.c); CUPTI never loaded. Exact: counts,
-      copies, memsets. Estimated: eager kernel time (launches x the sampled mean) and graph spans (each launch
+      copies, memsets. Estimated: eager kernel time (launches x the mean of the pairs that met a busy stream; with none
+      in the process, of those that met an idle one, `events_idle`, which read long) and graph spans (each launch
       priced at its exec's mean span). Busy: not measured (0)."""
 
     mode: int = KERNELS_ALL
@@ -238,6 +239,8 @@ class KernelTracing:
     events_timed: int = 0          # event pairs read
     events_missed: int = 0         # launches of the sample left untimed (no free pair)
     events_failed: int = 0         # pairs an event call failed for
+    events_idle: int = 0           # eager pairs that met an idle stream (they read long): not the eager sample ...
+    events_idle_ns: int = 0        # ... their durations from the launch call's return, summed
 
     @property
     def name(self) -> str:
@@ -452,7 +455,11 @@ class ProcessCensus:
     def eager_mean_ns(self) -> Optional[Fraction]:
         """Mean eager kernel duration over the process's life, all devices: the fallback mean of
         :func:`kernel_time` for its windows, steps and requests."""
-        return eager_mean_ns(self.totals())
+        m = eager_mean_ns(self.totals())
+        k = self.kernels
+        if m is None and k.events and k.events_idle:   # only idle-stream pairs: the last resort (they read long)
+            m = Fraction(k.events_idle_ns, k.events_idle)
+        return m
 
     def sample_gaps(self, min_launches: int = 20, settle_ns: int = 2_000_000_000) -> Tuple[int, int]:
         """COUNTED: (windows inside a traced phase with at least `min_launches` eager launches, those of
