@@ -116,7 +116,8 @@ if attached:
                      "dtod": [dv.copies.get("dtod").count, dv.copies.get("dtod").bytes],
                      "memset": [dv.memset.count, dv.memset.bytes],
                      "events": [c.kernels.events_timed, c.kernels.events_missed, c.kernels.events_failed,
-                                c.kernels.graph_untimed, dv.eager_traced, dv.eager_traced_ns],
+                                c.kernels.graph_untimed, dv.eager_traced, dv.eager_traced_ns, c.kernels.events_idle,
+                                c.kernels.events_idle_ns],
                      "kernel_time_ns": c.kernel_time(dv).ns,
                      "graph_unknown": c.graphs.unknown, "launches_lost": c.launches_lost,
                      "calls_lost": c.calls_lost, "kernel_ns": dv.kernel_ns}
