@@ -10,17 +10,19 @@
  * An eager pair's time is a sample of eager kernel duration (priced as COUNTED prices eager launches); a graph
  * pair's joins its exec version's mean span (graphs.c), which prices every launch of that version.
  *
- * What a pair measures: from the GPU reaching the first event to the launch's work done. On a busy stream that is
- * the work's own time; on an idle one it also holds everything the launching thread did between the two calls
- * (the launch call itself, and any time the thread was held up): on the H200 that made vLLM's eager samples 4.2
- * times CUPTI's durations (§24). So each context also has a reference event the flusher records on a stream of
- * its own every REF_EVERY_NS, at a known CLOCK_MONOTONIC time: an event's elapsed time from it places the event on
- * that clock. A pair whose first event fired after its launch call returned met a busy stream: the kernel started
- * as the work before it ended, right after that event, so the pair is its duration, and only such pairs are the
- * eager sample. One whose first event fired before the call returned met an idle stream: even timed from the call's
- * return it reads long on the H200 (a kernel's own start latency; 2.65x CUPTI's durations on vLLM when every pair
- * was taken so, §24); those are summed apart (events_idle), the reader's last resort when a process has no other.
- * A graph launch submits its nodes during the call, so its pair's elapsed time is its span as it stands.
+ * Which launches: each thread counts down a random gap, uniform in [1, 2N-1] launches (N on average), to its next
+ * sampled one. A fixed stride aliases with a server's regular launch sequence (vLLM launches the same kernels in
+ * the same order every step: 1 in every 128 took the same few of them, §24).
+ *
+ * What a pair measures: from the GPU reaching the first event to the launch's work done. If the stream is busy,
+ * the first event fires as the work before it ends and the kernel starts right after it: the pair is the kernel's
+ * time. If it is idle, the first event fires at once and the kernel only when the launch call has submitted it, so
+ * the pair also holds the call (and whatever held the thread up): on the H200 such pairs read several times
+ * CUPTI's durations (§24). So right after an eager launch call returns the launching thread asks whether the first
+ * event has fired (cuEventQuery, in relaxed capture mode for that one call): not yet, the stream was busy and the
+ * pair is the eager sample; already, it was idle and the pair is summed apart (events_idle), the reader's last
+ * resort when a process has no other. A graph launch submits its nodes during the call: its pair is its span as it
+ * stands (an idle stream's holds the submission too: +5.7 % a launch on vLLM, §24).
  *
  * Safety: nothing is recorded while any stream capture is open (an event recorded into a capturing stream
  * becomes a graph node), and the flusher's thread is switched to relaxed capture mode, so its queries can never
@@ -52,8 +54,8 @@ struct pair {
     CUevent a, b;         /* created in the pool's context by the first thread that takes the pair */
     uint8_t graph;
     uint32_t dev, corr;   /* corr: a graph launch's, for its exec's span (graphs.c) */
+    uint8_t idle;         /* an eager pair whose first event had fired when its launch call returned */
     uint64_t t_ns;        /* the launch, census clock */
-    uint64_t returned;    /* CLOCK_MONOTONIC when the launch call returned */
 };
 
 struct pool {
@@ -61,16 +63,9 @@ struct pool {
     int dev;
     _Atomic uint32_t gen;
     _Atomic uint32_t cursor;
-    /* the flusher's, under ev.mu: the reference (ref[cur], recorded at ref_ns[cur] on `quiet`) and the next one */
-    CUstream quiet;
-    CUevent ref[2];
-    uint64_t ref_ns[2];
-    int cur, next;        /* -1: none */
-    int no_ref;           /* the stream or events could not be made: eager samples are not corrected */
     struct pair p[EV_PAIRS];
 };
 
-#define REF_EVERY_NS 200000000ull   /* a reference a fifth of a second old places an event within ~12 ns (float ms) */
 
 static struct {
     CUresult (*create)(CUevent *, unsigned int);
@@ -81,8 +76,6 @@ static struct {
     CUresult (*push)(CUcontext);
     CUresult (*pop)(CUcontext *);
     CUresult (*exchange_mode)(CUstreamCaptureMode *);
-    CUresult (*stream_create)(CUstream *, unsigned int);
-    CUresult (*stream_destroy)(CUstream);
 } drv;
 
 static struct {
@@ -95,7 +88,7 @@ static struct {
 
 static struct { _Atomic uint64_t timed, missed, failed, idle, idle_ns; } g_st;
 static _Atomic uint32_t g_ctx_gen;  /* moves whenever a context goes: threads look their pool up again */
-static __thread uint32_t t_tick[2];
+static __thread uint32_t t_left[2], t_rng;   /* launches to the next sampled one; the thread's xorshift state */
 static __thread CUcontext t_ctx;
 static __thread int t_pool = -1;
 static __thread uint32_t t_gen;
@@ -123,11 +116,9 @@ int gc_events_start(uint32_t every_eager, uint32_t every_graph)
     RESOLVE(push, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
     RESOLVE(pop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
     RESOLVE(exchange_mode, "cuThreadExchangeStreamCaptureMode");
-    RESOLVE(stream_create, "cuStreamCreate");
-    RESOLVE(stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy");
     dlclose(cuda);   /* NOLOAD took a reference of a library the process keeps */
     if (!drv.create || !drv.record || !drv.query || !drv.elapsed || !drv.destroy || !drv.push || !drv.pop ||
-        !drv.exchange_mode || !drv.stream_create || !drv.stream_destroy) {
+        !drv.exchange_mode) {
         gc_log("kernel time not measured: the driver lacks the event calls (OTEL_GPU_CENSUS_ACTIVITY=events); "
                "counts are exact");
         return -1;
@@ -157,7 +148,6 @@ static int pool_of(CUcontext c, int dev)
         for (int i = 0; i < EV_POOLS && found < 0; i++)
             if (!atomic_load(&ev.pools[i].ctx)) {
                 ev.pools[i].dev = dev;
-                ev.pools[i].cur = ev.pools[i].next = -1;
                 atomic_store(&ev.pools[i].ctx, c);
                 found = i;
             }
@@ -171,8 +161,18 @@ static int pool_of(CUcontext c, int dev)
 int gc_events_tick(int graph)
 {
     if (!atomic_load_explicit(&ev.on, memory_order_relaxed)) return 0;
-    if (++t_tick[graph] < (graph ? ev.every_graph : ev.every_eager)) return 0;
-    t_tick[graph] = 0;
+    if (t_left[graph] > 1) {
+        t_left[graph]--;
+        return 0;
+    }
+    uint32_t every = graph ? ev.every_graph : ev.every_eager;
+    if (every <= 1) {
+        t_left[graph] = 1;
+        return 1;
+    }
+    if (!t_rng) t_rng = ((uint32_t)(uintptr_t)&t_rng ^ (uint32_t)gc_mono_ns()) | 1u;
+    t_rng ^= t_rng << 13, t_rng ^= t_rng >> 17, t_rng ^= t_rng << 5;
+    t_left[graph] = 1 + t_rng % (2 * every - 1);
     return 1;
 }
 
@@ -209,10 +209,19 @@ int gc_events_before(CUstream s, CUcontext c, int dev)
 void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev)
 {
     if (slot < 0) return;
-    uint64_t returned = gc_mono_ns();
     struct pool *pl = &ev.pools[slot / EV_PAIRS];
     struct pair *p = &pl->p[slot % EV_PAIRS];
     if (p->gen != atomic_load_explicit(&pl->gen, memory_order_acquire)) return; /* its context went: abandoned */
+    p->idle = 0;
+    if (ok && !corr) { /* an eager launch: had the GPU reached the first event before the kernel was submitted? */
+        CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;   /* never an unsafe call for a capture elsewhere */
+        if (drv.exchange_mode(&m) == CUDA_SUCCESS) {
+            p->idle = drv.query(p->a) != CUDA_ERROR_NOT_READY;
+            drv.exchange_mode(&m);
+        } else {
+            p->idle = 1;   /* not known: not the sample */
+        }
+    }
     if (!ok || drv.record(p->b, s) != CUDA_SUCCESS) {
         if (ok) atomic_fetch_add_explicit(&g_st.failed, 1, memory_order_relaxed);
         atomic_store_explicit(&p->state, P_FREE, memory_order_release);
@@ -221,57 +230,8 @@ void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev)
     p->graph = corr != 0;
     p->corr = corr;
     p->dev = (uint32_t)dev;
-    p->returned = returned;
     p->t_ns = gc_wall_ns();
     atomic_store_explicit(&p->state, P_PENDING, memory_order_release);
-}
-
-/* The pool's reference: made once (a stream of its own and two events), recorded again every REF_EVERY_NS; the one
- * recorded last becomes current once the GPU has reached it. 0: pl->cur is usable. In the pool's context. */
-static int reference(struct pool *pl, uint64_t now)
-{
-    if (pl->no_ref) return -1;
-    if (!pl->quiet) {
-        if (drv.stream_create(&pl->quiet, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
-            drv.create(&pl->ref[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-            drv.create(&pl->ref[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-            pl->no_ref = 1;   /* what was made stays until the context goes */
-            return -1;
-        }
-    }
-    if (pl->next >= 0 && drv.query(pl->ref[pl->next]) == CUDA_SUCCESS) pl->cur = pl->next, pl->next = -1;
-    if (pl->next < 0 && (pl->cur < 0 || now - pl->ref_ns[pl->cur] > REF_EVERY_NS)) {
-        int k = pl->cur < 0 ? 0 : 1 - pl->cur;
-        if (drv.record(pl->ref[k], pl->quiet) == CUDA_SUCCESS) {
-            pl->ref_ns[k] = gc_mono_ns();   /* the doorbell is at the call's end, as a launch's */
-            pl->next = k;
-        }
-    }
-    return pl->cur >= 0 ? 0 : 1;
-}
-
-/* ms from `from` to `to` as signed ns (whichever order the driver accepts); 0: read. */
-static int between(CUevent from, CUevent to, double *ns)
-{
-    float ms = 0;
-    if (drv.elapsed(&ms, from, to) == CUDA_SUCCESS) { *ns = (double)ms * 1e6; return 0; }
-    if (drv.elapsed(&ms, to, from) == CUDA_SUCCESS) { *ns = -(double)ms * 1e6; return 0; }
-    return -1;
-}
-
-/* An eager pair placed on CLOCK_MONOTONIC through the reference: 1 when its first event fired after the launch call
- * returned (a busy stream: `ns` the pair's time), 0 when before (idle: `ns` from the call's return to the second
- * event), -1 not read; `start` where the kernel started. */
-static int eager_duration(struct pool *pl, struct pair *p, uint64_t *ns, uint64_t *start)
-{
-    double a, ab;
-    if (between(pl->ref[pl->cur], p->a, &a) != 0 || between(p->a, p->b, &ab) != 0 || ab < 0) return -1;
-    double ta = (double)pl->ref_ns[pl->cur] + a, tb = ta + ab;
-    int busy = ta >= (double)p->returned;
-    double s0 = busy ? ta : (double)p->returned;
-    *ns = tb > s0 ? (uint64_t)(tb - s0 + 0.5) : 0;
-    *start = (uint64_t)(s0 > 0 ? s0 : 0);
-    return busy;
 }
 
 size_t gc_events_poll(struct gc_event_sample *out, size_t max)
@@ -282,34 +242,27 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
         CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
         ev.relaxed = drv.exchange_mode(&m) == CUDA_SUCCESS ? 1 : -1;
     }
-    const uint64_t mono = gc_mono_ns();
-    const int64_t wall_minus_mono = (int64_t)(gc_wall_ns() - mono);
     for (int i = 0; i < EV_POOLS && ev.relaxed > 0; i++) {
         struct pool *pl = &ev.pools[i];
         CUcontext c = atomic_load(&pl->ctx);
         if (!c || drv.push(c) != CUDA_SUCCESS) continue;
-        int ref = reference(pl, mono);   /* 1: coming; eager pairs wait for it */
         uint32_t gen = atomic_load(&pl->gen);
         for (int k = 0; k < EV_PAIRS; k++) {
             struct pair *p = &pl->p[k];
             if (atomic_load_explicit(&p->state, memory_order_acquire) != P_PENDING || p->gen != gen) continue;
-            if (!p->graph && ref > 0) continue;
             CUresult r = drv.query(p->b);
             if (r == CUDA_ERROR_NOT_READY) continue;
-            double ab = 0;
-            uint64_t ns = 0, start = 0;
-            int ok = r == CUDA_SUCCESS && between(p->a, p->b, &ab) == 0 && ab >= 0, busy = 0;
-            if (ok && !p->graph && ref == 0) ok = (busy = eager_duration(pl, p, &ns, &start)) >= 0;
-            else if (ok) ns = (uint64_t)(ab + 0.5);   /* a graph's span; an eager pair with no reference: idle */
-            if (ok) {
+            float ms = 0;
+            if (r == CUDA_SUCCESS && drv.elapsed(&ms, p->a, p->b) == CUDA_SUCCESS && ms >= 0) {
+                uint64_t ns = (uint64_t)((double)ms * 1e6 + 0.5);
                 atomic_fetch_add_explicit(&g_st.timed, 1, memory_order_relaxed);
                 if (p->graph) {
                     gc_graphs_timed_span(p->corr, ns);
-                } else if (!busy) {
+                } else if (p->idle) {
                     atomic_fetch_add_explicit(&g_st.idle, 1, memory_order_relaxed);
                     atomic_fetch_add_explicit(&g_st.idle_ns, ns, memory_order_relaxed);
                 } else if (n < max) {
-                    out[n++] = (struct gc_event_sample){p->dev, (uint64_t)((int64_t)start + wall_minus_mono), ns};
+                    out[n++] = (struct gc_event_sample){p->dev, p->t_ns, ns};
                 }
             } else {
                 atomic_fetch_add_explicit(&g_st.failed, 1, memory_order_relaxed);
@@ -321,16 +274,6 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
     }
     pthread_mutex_unlock(&ev.mu);
     return n;
-}
-
-/* The pool's reference stream and events (under ev.mu, its context still there). */
-static void drop_reference(struct pool *pl)
-{
-    for (int k = 0; k < 2; k++)
-        if (pl->ref[k]) drv.destroy(pl->ref[k]), pl->ref[k] = NULL;
-    if (pl->quiet) drv.stream_destroy(pl->quiet), pl->quiet = NULL;
-    pl->cur = pl->next = -1;
-    pl->no_ref = 0;
 }
 
 /* Before the driver destroys a context (`is_ctx`: cuCtxDestroy of `v`) or releases or resets device `v`'s primary
@@ -353,7 +296,6 @@ void gc_events_context_going(int is_ctx, uintptr_t v)
             p->a = p->b = NULL;
             atomic_store(&p->state, P_FREE);
         }
-        drop_reference(pl);
         atomic_store(&pl->ctx, NULL);
     }
     atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
@@ -367,7 +309,6 @@ void gc_events_stop(int at_exit)
     if (at_exit) return;
     pthread_mutex_lock(&ev.mu);
     for (int i = 0; i < EV_POOLS; i++) {
-        if (atomic_load(&ev.pools[i].ctx)) drop_reference(&ev.pools[i]);
         for (int k = 0; k < EV_PAIRS; k++) {
             struct pair *p = &ev.pools[i].p[k];
             if (atomic_load(&p->state) == P_BUSY || p->gen != atomic_load(&ev.pools[i].gen)) continue;

@@ -133,8 +133,8 @@ CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned lo
 /* ---- CUDA events (OTEL_GPU_CENSUS_ACTIVITY=events, events.c) ----
  * One GPU timeline on CLOCK_MONOTONIC: a successful kernel launch (a 2 us call) runs mock_cuda_set_kernel_ns(N) from
  * the call's end or when the work before it ends, whichever is later (a graph launch: mock_cuda_set_graph_ns(N)); an event
- * recorded takes the time the work before it ends, or now (on a stream cuStreamCreate made: now). A pair's elapsed
- * time is the difference (negative when the second came first).
+ * recorded takes the time the work before it ends, or now, and has fired once that time has passed. A pair's elapsed
+ * time is the difference.
  *   mock_cuda_set_events_pending(1)  every query says "not ready" (work still running)
  *   mock_cuda_events_live()          events created and not destroyed
  *   mock_cuda_events_recorded()      cuEventRecord calls; mock_cuda_event_stream(): the stream of the last one
@@ -142,7 +142,6 @@ CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned lo
 #include <stdlib.h>
 #include <time.h>
 static _Atomic unsigned long long g_gpu_free, g_kernel_ns, g_graph_ns;
-static _Atomic(void *) g_quiet;
 static unsigned long long now_ns(void)
 {
     struct timespec ts;
@@ -174,12 +173,13 @@ CUresult cuEventCreate(void **ev, unsigned int flags)
 }
 CUresult cuEventRecord(void *ev, void *stream)
 {
-    ((struct mock_event *)ev)->t = stream && stream == atomic_load(&g_quiet) ? now_ns() : after_work();
+    ((struct mock_event *)ev)->t = after_work();
     atomic_store(&g_ev_stream, stream);
     atomic_fetch_add(&g_ev_recorded, 1);
     return 0;
 }
-CUresult cuEventQuery(void *ev) { (void)ev; return atomic_load(&g_ev_pending) ? 600 : 0; }   /* 600: NOT_READY */
+/* 600: CUDA_ERROR_NOT_READY */
+CUresult cuEventQuery(void *ev) { return atomic_load(&g_ev_pending) || ((struct mock_event *)ev)->t > now_ns() ? 600 : 0; }
 CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b)
 {
     *ms = (float)(((double)((struct mock_event *)b)->t - (double)((struct mock_event *)a)->t) / 1e6);
@@ -191,15 +191,6 @@ CUresult cuEventDestroy_v2(void *ev)
     atomic_fetch_sub(&g_ev_live, 1);
     return 0;
 }
-static int g_streams;
-CUresult cuStreamCreate(void **s, unsigned int flags)
-{
-    (void)flags;
-    *s = (void *)(unsigned long)(0x9000 + ++g_streams);
-    atomic_store(&g_quiet, *s);
-    return 0;
-}
-CUresult cuStreamDestroy_v2(void *s) { (void)s; return 0; }
 CUresult cuCtxPushCurrent_v2(void *ctx) { (void)ctx; return 0; }
 CUresult cuCtxPopCurrent_v2(void **ctx) { *ctx = NULL; return 0; }
 CUresult cuThreadExchangeStreamCaptureMode(int *mode)
