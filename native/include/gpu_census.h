@@ -96,7 +96,7 @@ enum gc_kernels {
  * launch's span is its exec's mean span measured in the windows (graph_untimed: launches with none) */
 #define GC_FLAG_TIMED           0x80u
 /* with GC_FLAG_TIMED: the durations came from CUDA event pairs around a sample of the launches (OTEL_GPU_CENSUS_
- * ACTIVITY=events: 1 of every events_every_eager eager and events_every_graph graph launches of a thread), not from
+ * ACTIVITY=events: about 1 of every events_every_eager eager and events_every_graph graph launches of a thread), not from
  * CUPTI, which was never loaded; no schedule, no busy (0: not measured) */
 #define GC_FLAG_EVENTS          0x100u
 
@@ -210,7 +210,7 @@ typedef struct gc_segment {
     uint64_t timing_attach_ns;  /* summed over the set-ups */
     uint64_t timing_detach_ns;  /* summed, request to cuptiFinalize done (0 unless a probe detaches) */
     /* GC_FLAG_EVENTS: the sample and how it went */
-    uint32_t events_every_eager;   /* 1 of every N eager launches of a thread timed */
+    uint32_t events_every_eager;   /* about 1 of every N eager launches of a thread timed (random gaps) */
     uint32_t events_every_graph;   /* ... and of its graph launches */
     uint64_t events_timed;      /* event pairs read */
     uint64_t events_missed;     /* launches of the sample left untimed: no free pair, no pool for their context */

@@ -59,7 +59,7 @@ static int env_choice(const char *name, const char *const *choices, int n)
 #define WINDOWS_ON_MS 200u
 #define WINDOWS_PERIOD_MS 5000u
 
-/* ACTIVITY=events: 1 of every 128 eager launches and every graph launch of a thread timed by an event pair
+/* ACTIVITY=events: about 1 of every 128 eager launches (random gaps) and every graph launch of a thread timed by an event pair
  * (OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]; measured in docs/measurements.md §24) */
 #define EVENTS_EVERY_EAGER 128u
 #define EVENTS_EVERY_GRAPH 1u

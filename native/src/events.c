@@ -4,7 +4,7 @@
  *
  * Why: counting at the calls (interpose.c) costs vLLM nothing measurable but measures no duration (§22), and
  * CUPTI, once set up for durations, taxes every launch of the process for good: its detach crashes CUDA-graph
- * programs on the H200 (§23). An event pair costs only the launches it brackets. So 1 of every `eager` eager
+ * programs on the H200 (§23). An event pair costs only the launches it brackets. So about 1 of every `eager` eager
  * launches and 1 of every `graph` graph launches of each thread get cuEventRecord before and after the call, on
  * the launch's stream; the flusher reads the pairs that completed (cuEventQuery, cuEventElapsedTime) every wake.
  * An eager pair's time is a sample of eager kernel duration (priced as COUNTED prices eager launches); a graph
@@ -29,7 +29,8 @@
  * invalidate another thread's capture. Pools are per context, fixed in size (memory bounded); a pair is taken
  * lock-free by the launching thread (FREE -> BUSY -> PENDING), read and freed by the flusher under ev.mu. A
  * context about to be destroyed or released (interpose.c's wrappers, before the driver's call) has its pools'
- * events destroyed first under ev.mu; a pair in flight on another thread then is abandoned, never touched again.
+ * events destroyed first under ev.mu; a pair in flight on another thread then is given back by its thread with its
+ * events forgotten (they went with their context), never read.
  * At exit nothing calls the driver; a forked child forgets everything.
  */
 #define _GNU_SOURCE
@@ -211,7 +212,11 @@ void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev)
     if (slot < 0) return;
     struct pool *pl = &ev.pools[slot / EV_PAIRS];
     struct pair *p = &pl->p[slot % EV_PAIRS];
-    if (p->gen != atomic_load_explicit(&pl->gen, memory_order_acquire)) return; /* its context went: abandoned */
+    if (p->gen != atomic_load_explicit(&pl->gen, memory_order_acquire)) { /* its context went, its events with it */
+        p->a = p->b = NULL;
+        atomic_store_explicit(&p->state, P_FREE, memory_order_release);
+        return;
+    }
     p->idle = 0;
     if (ok && !corr) { /* an eager launch: had the GPU reached the first event before the kernel was submitted? */
         CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;   /* never an unsafe call for a capture elsewhere */
@@ -241,6 +246,9 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
     if (!ev.relaxed) { /* this thread's queries never count as unsafe calls during another thread's capture */
         CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
         ev.relaxed = drv.exchange_mode(&m) == CUDA_SUCCESS ? 1 : -1;
+        if (ev.relaxed < 0) /* a query could break a capture elsewhere: none is made, every sampled launch is missed */
+            gc_log("kernel time not measured: the flusher's thread cannot be put in relaxed capture mode; counts are "
+                   "exact");
     }
     for (int i = 0; i < EV_POOLS && ev.relaxed > 0; i++) {
         struct pool *pl = &ev.pools[i];

@@ -72,7 +72,7 @@ int gc_graphs_timed_start(void);
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
 void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
 
-/* events.c: kernel durations from CUDA event pairs around 1 of every `every_eager` eager and `every_graph` graph
+/* events.c: kernel durations from CUDA event pairs around about 1 of every `every_eager` eager and `every_graph` graph
  * launches of a thread (OTEL_GPU_CENSUS_ACTIVITY=events, the census library preloaded; interpose.c's wrappers call
  * before and after the driver's launch, the flusher polls). */
 struct gc_event_sample { uint32_t dev; uint64_t t_ns, ns; };   /* an eager launch's: when (census clock), how long */

@@ -126,7 +126,7 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                  ("they priced the eager launches, no pair having met a busy one" if not c.totals().eager_traced else
                   "left out of the sample") if k.events_idle else "")
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
-                f"{k.events_timed:,} CUDA event pairs around 1 of every {k.events_every_eager:,} eager and "
+                f"{k.events_timed:,} CUDA event pairs around about 1 of every {k.events_every_eager:,} eager and "
                 f"{k.events_every_graph:,} graph launches of each thread (OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never "
                 "loaded); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
                 "priced at the sampled mean duration, each graph launch at its graph's mean span; copy time and busy "

@@ -491,15 +491,12 @@ THREADS_WORK = textwrap.dedent("""
 """)
 
 
-def test_windows_attach_and_detach_under_threads_launching_and_replaying_graphs(tmp_path):
-    """Ten windows a second while four threads launch eager kernels and one replays a CUDA graph, the kinds
-    switched under their launches. The process ends cleanly, its results are right, and every eager launch and
-    graph kernel is counted. (With OTEL_GPU_CENSUS_WINDOWS_PROBE=detach this program died of an illegal memory
-    access at the first detach: §23.)"""
+def _threads_census(tmp_path, **extra):
+    """THREADS_WORK for 6 s under the census library preloaded with `extra`: what it did, and its one segment. It ends
+    cleanly and the census says nothing on stderr."""
     script = tmp_path / "threads.py"
     script.write_text(THREADS_WORK)
-    env = census_env(tmp_path, OTEL_GPU_CENSUS_ACTIVITY="windows", OTEL_GPU_CENSUS_KERNELS="counted:40/100",
-                     LD_PRELOAD=lib_path())
+    env = census_env(tmp_path, LD_PRELOAD=lib_path(), **extra)
     p = subprocess.run([sys.executable, str(script), "6"], env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     want = json.loads(p.stdout.strip().splitlines()[-1])
@@ -507,7 +504,15 @@ def test_windows_attach_and_detach_under_threads_launching_and_replaying_graphs(
     from otel_gpu_census.census import reader
     segs = sorted(tmp_path.glob("*.seg"))
     assert len(segs) == 1 and "otel-gpu-census" not in p.stderr, p.stderr
-    c = reader.read_segment(str(segs[0]))
+    return want, reader.read_segment(str(segs[0]))
+
+
+def test_windows_attach_and_detach_under_threads_launching_and_replaying_graphs(tmp_path):
+    """Ten windows a second while four threads launch eager kernels and one replays a CUDA graph, the kinds
+    switched under their launches. The process ends cleanly, its results are right, and every eager launch and
+    graph kernel is counted. (With OTEL_GPU_CENSUS_WINDOWS_PROBE=detach this program died of an illegal memory
+    access at the first detach: §23.)"""
+    want, c = _threads_census(tmp_path, OTEL_GPU_CENSUS_ACTIVITY="windows", OTEL_GPU_CENSUS_KERNELS="counted:40/100")
     d, k = c.devices[0], c.kernels
     RESULTS["windows_threads"] = {"expected": want, "eager_launches": d.eager_launches, "graph_launches": d.graph_launches,
                                   "graph_kernel_count": d.graph_kernel_count, "eager_traced": d.eager_traced,
@@ -524,9 +529,9 @@ def test_events_count_exactly_and_time_from_event_pairs(steady, tmp_path):
     """OTEL_GPU_CENSUS_ACTIVITY=events on a real GPU: the library preloaded counts every kernel and copy at its call,
     and times 1 of every 8 eager launches and every graph launch by a CUDA event pair on its stream (CUPTI never
     loaded). Against a run of the same program tracing every kernel through CUPTI (per second: the runs differ in
-    length). On this starved GPU (empty kernels, 20 a millisecond) a graph pair's span also holds the launch call's
-    submission (15-16 % long on the H200, §24), and eager pairs meet an idle stream: summed apart (events_idle), they
-    price the eager launches only for want of pairs that met a busy one, and read long (7.3 times CUPTI's 589 ns)."""
+    length). On this starved GPU (empty kernels, 20 a millisecond) a pair measures how far apart the launching thread
+    submitted its two events, not the kernel: graph spans read 14-16 % long, eager pairs several times CUPTI's 589 ns
+    whether their first event had fired when the launch call returned (idle, summed apart) or not (the sample); §24."""
     want, c = _steady_census(steady, tmp_path / "events", "counted", seconds="4",
                              OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="8/1",
                              LD_PRELOAD=lib_path())
@@ -564,18 +569,7 @@ def test_events_under_threads_launching_capturing_and_replaying_graphs(tmp_path)
     captured (global capture mode) after the census started: the capture is not disturbed (no event recorded while
     it is open, the flusher's queries in relaxed mode), the process ends cleanly, its results are right, every eager
     launch and graph kernel is counted."""
-    script = tmp_path / "threads.py"
-    script.write_text(THREADS_WORK)
-    env = census_env(tmp_path, OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="4/1",
-                     LD_PRELOAD=lib_path())
-    p = subprocess.run([sys.executable, str(script), "6"], env=env, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    want = json.loads(p.stdout.strip().splitlines()[-1])
-    sys.path.insert(0, str(HERE.parents[1] / "src"))
-    from otel_gpu_census.census import reader
-    segs = sorted(tmp_path.glob("*.seg"))
-    assert len(segs) == 1 and "otel-gpu-census" not in p.stderr, p.stderr
-    c = reader.read_segment(str(segs[0]))
+    want, c = _threads_census(tmp_path, OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="4/1")
     d, k = c.devices[0], c.kernels
     RESULTS["events_threads"] = {"expected": want, "eager_launches": d.eager_launches, "graph_launches": d.graph_launches,
                                  "graph_kernel_count": d.graph_kernel_count, "eager_traced": d.eager_traced,

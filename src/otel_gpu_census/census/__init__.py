@@ -211,7 +211,7 @@ class KernelTracing:
       time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
       windows; `graph_untimed` launches had none). Busy: the windows.
     - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
-      preloaded, as ``preloaded``; kernel durations from CUDA event pairs around 1 of every `events_every_eager`
+      preloaded, as ``preloaded``; kernel durations from CUDA event pairs around about 1 of every `events_every_eager`
       eager and `events_every_graph` graph launches of each thread (events.c); CUPTI never loaded. Exact: counts,
       copies, memsets. Estimated: eager kernel time (launches x the mean of the pairs that met a busy stream; with none
       in the process, of those that met an idle one, `events_idle`, which read long) and graph spans (each launch
