@@ -232,7 +232,7 @@ S13_CALLS_TAX = "CALLS_TAX_ARGS='--rotations 4' bash bench/device/run.sh setup c
 S14_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=windows --phase-together P,A "
             "--phase-modes off,windows --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 300' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
-S15_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events --phase-together P,A "
+S15_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events,OTEL_GPU_CENSUS_EVENT_EVERY=128 --phase-together P,A "
             "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 270' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
 S14_CALLS_TAX = ("CALLS_TAX_WINDOWS=100/1000 CALLS_TAX_ARGS='--modes plain,preload,windows,default --rotations 4 "

@@ -59,9 +59,10 @@ static int env_choice(const char *name, const char *const *choices, int n)
 #define WINDOWS_ON_MS 200u
 #define WINDOWS_PERIOD_MS 5000u
 
-/* ACTIVITY=events: about 1 of every 128 eager launches (random gaps) and every graph launch of a thread timed by an event pair
- * (OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]; measured in docs/measurements.md §24) */
-#define EVENTS_EVERY_EAGER 128u
+/* ACTIVITY=events: every graph launch of a thread timed by an event pair, and no eager launch: an eager pair times the
+ * launching thread as much as the kernel (2.6-2.9 times CUPTI's durations on vLLM, docs/measurements.md §24), so
+ * eager kernel time is left unknown unless OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH] asks for pairs */
+#define EVENTS_EVERY_EAGER 0u
 #define EVENTS_EVERY_GRAPH 1u
 
 /* ON_MS/PERIOD_MS, both multiples of the 20 ms window, 0 < ON_MS < PERIOD_MS <= 1 h: 0, or -1. */
@@ -139,8 +140,9 @@ static void warn_unknown(void)
     }
 }
 
-/* OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]: 1 of every EAGER eager launches (GRAPH graph launches, 1 unless
- * given) of a thread timed, each in [1, 1000000]; anything else: one line and the defaults. */
+/* OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]: about 1 of every EAGER eager launches (0: none) and GRAPH graph launches
+ * (1 unless given) of a thread timed, EAGER in [0, 1000000], GRAPH in [1, 1000000]; anything else: one line and the
+ * defaults. */
 static void parse_event_every(struct gc_config *c)
 {
     c->events_every_eager = EVENTS_EVERY_EAGER;
@@ -150,8 +152,10 @@ static void parse_event_every(struct gc_config *c)
     char *end;
     long e = strtol(v, &end, 10), g = 1;
     if (*end == '/') g = strtol(end + 1, &end, 10);
-    if (*end || e < 1 || e > 1000000 || g < 1 || g > 1000000 || v[0] == '-' || v[0] == '+' || v[0] == ' ') {
-        gc_log("ignoring OTEL_GPU_CENSUS_EVENT_EVERY=%s (expected EAGER or EAGER/GRAPH, integers in [1, 1000000]); "
+    if (*end || e < 0 || e > 1000000 || g < 1 || g > 1000000 || v[0] == '-' || v[0] == '+' || v[0] == ' ' ||
+        end == v) {
+        gc_log("ignoring OTEL_GPU_CENSUS_EVENT_EVERY=%s (expected EAGER or EAGER/GRAPH, EAGER in [0, 1000000], GRAPH "
+               "in [1, 1000000]); "
                "using %u/%u", v, EVENTS_EVERY_EAGER, EVENTS_EVERY_GRAPH);
         return;
     }

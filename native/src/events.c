@@ -4,9 +4,10 @@
  *
  * Why: counting at the calls (interpose.c) costs vLLM nothing measurable but measures no duration (§22), and
  * CUPTI, once set up for durations, taxes every launch of the process for good: its detach crashes CUDA-graph
- * programs on the H200 (§23). An event pair costs only the launches it brackets. So about 1 of every `eager` eager
- * launches and 1 of every `graph` graph launches of each thread get cuEventRecord before and after the call, on
- * the launch's stream; the flusher reads the pairs that completed (cuEventQuery, cuEventElapsedTime) every wake.
+ * programs on the H200 (§23). An event pair costs only the launches it brackets. So about 1 of every `graph` graph
+ * launches (every one by default) and of every `eager` eager launches (none by default: below) of each thread get
+ * cuEventRecord before and after the call, on the launch's stream; the flusher reads the pairs that completed
+ * (cuEventQuery, cuEventElapsedTime) every wake.
  * An eager pair's time is a sample of eager kernel duration (priced as COUNTED prices eager launches); a graph
  * pair's joins its exec version's mean span (graphs.c), which prices every launch of that version.
  *
@@ -18,7 +19,10 @@
  * the first event fires as the work before it ends and the kernel starts right after it: the pair is the kernel's
  * time. If it is idle, the first event fires at once and the kernel only when the launch call has submitted it, so
  * the pair also holds the call (and whatever held the thread up): on the H200 such pairs read several times
- * CUPTI's durations (§24). So right after an eager launch call returns the launching thread asks whether the first
+ * CUPTI's durations (§24), and even pairs whose first event had not fired when the call returned read several
+ * times CUPTI's on an idle GPU (whose front end had simply not reached it yet). So eager launches are not timed by
+ * default, and their time is left unknown. Asked for, right after an eager launch call returns the launching
+ * thread asks whether the first
  * event has fired (cuEventQuery, in relaxed capture mode for that one call): not yet, the stream was busy and the
  * pair is the eager sample; already, it was idle and the pair is summed apart (events_idle), the reader's last
  * resort when a process has no other. A graph launch submits its nodes during the call: its pair is its span as it
@@ -128,7 +132,7 @@ int gc_events_start(uint32_t every_eager, uint32_t every_graph)
         gc_log("kernel time not measured: no memory for the graph table; counts are exact");
         return -1;
     }
-    ev.every_eager = every_eager ? every_eager : 1;
+    ev.every_eager = every_eager;   /* 0: no eager launch is timed */
     ev.every_graph = every_graph ? every_graph : 1;
     atomic_store(&ev.on, 1);
     return 0;
@@ -167,7 +171,8 @@ int gc_events_tick(int graph)
         return 0;
     }
     uint32_t every = graph ? ev.every_graph : ev.every_eager;
-    if (every <= 1) {
+    if (every == 0) return 0;
+    if (every == 1) {
         t_left[graph] = 1;
         return 1;
     }

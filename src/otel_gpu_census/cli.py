@@ -501,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "counted as off, and kernel durations sampled in CUPTI's records 200 ms of every 5 s "
                           "(--kernels counted:ON_MS/PERIOD_MS sets the windows; CUPTI stays set up after the first, "
                           "and so does its cost), or events: counted as off, and kernel durations from CUDA event "
-                          "pairs around about 1 in 128 eager launches (random gaps) and every graph launch of a thread "
+                          "pairs around every graph launch (eager kernel time unknown unless OTEL_GPU_CENSUS_EVENT_EVERY=EAGER asks for "
+                          "pairs around about 1 in EAGER eager launches too) "
                           "(OTEL_GPU_CENSUS_EVENT_EVERY=EAGER/GRAPH), CUPTI never loaded")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "

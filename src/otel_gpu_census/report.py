@@ -125,12 +125,18 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         lost += (f"; {k.events_idle:,} eager pairs met an idle stream and read long: " +
                  ("they priced the eager launches, no pair having met a busy one" if not c.totals().eager_traced else
                   "left out of the sample") if k.events_idle else "")
+        eager = (f"about 1 of every {k.events_every_eager:,} eager launches and " if k.events_every_eager else "")
+        graphs = ("every graph launch" if k.events_every_graph <= 1 else
+                  f"about 1 of every {k.events_every_graph:,} graph launches")
+        priced = ("eager launches priced at the sampled mean duration, each graph launch at its graph's mean span"
+                  if k.events_every_eager else
+                  "each graph launch priced at its graph's mean span; eager kernels are not timed (an event pair "
+                  "around one times its launching thread as much as the kernel), so their time is unknown")
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
-                f"{k.events_timed:,} CUDA event pairs around about 1 of every {k.events_every_eager:,} eager and "
-                f"{k.events_every_graph:,} graph launches of each thread (OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never "
-                "loaded); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
-                "priced at the sampled mean duration, each graph launch at its graph's mean span; copy time and busy "
-                f"time are not measured{lost}")
+                f"{k.events_timed:,} CUDA event pairs around {eager}{graphs} of each thread "
+                "(OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never loaded); kernel counts, copies "
+                f"and memsets are exact; kernel time is estimated: {priced}; copy time and busy time are not "
+                f"measured{lost}")
     if k.windows:
         lost = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in kernel "
                 "time)" if k.graph_untimed else "")

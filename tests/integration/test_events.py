@@ -84,7 +84,7 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     from otel_gpu_census.census import spans_estimated
     assert spans_estimated([k.name]) and cost.estimate(p).seconds > 0
     text = report.render_text([p], requests=1)
-    assert f"{k.events_timed} CUDA event pairs around about 1 of every 4 eager and 1 graph launches" in text, text
+    assert f"{k.events_timed} CUDA event pairs around about 1 of every 4 eager launches and every graph launch of each thread" in text, text
     assert "busy not measured" in text and "1 graph launches had no measured span" in text
     assert f"{k.events_idle} eager pairs met an idle stream and read long: left out of the sample" in text
 
@@ -96,13 +96,17 @@ def test_sampled_launches_are_one_in_n_on_average_with_no_fixed_stride(native, m
         g.InitializeInjection()
         seen = []
         for i in range(16_000):
+            if i % 256 == 0: time.sleep(0.03)   # the flusher gives pairs back: the pool never runs out
             before = cuda.mock_cuda_events_recorded()
             k()
             if cuda.mock_cuda_events_recorded() != before: seen.append(i)
         out['n'] = len(seen)
         out['residues'] = len(set(i % 16 for i in seen))
         out['gaps'] = [min(b - a for a, b in zip(seen, seen[1:])), max(b - a for a, b in zip(seen, seen[1:]))]
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
     """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="16"))
+    assert read(native, res["path"]).kernels.events_missed == 0
     assert 850 <= res["n"] <= 1150 and res["residues"] == 16 and res["gaps"][0] >= 1 and res["gaps"][1] <= 31, res
 
 
@@ -147,8 +151,46 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
     assert k.events_failed == 0 and k.name == "events:1/1"
 
 
+def test_by_default_only_graph_launches_are_timed_and_eager_time_is_unknown(native, mock_lib, mock_cuda, tmp_path):
+    """The default: every graph launch gets a pair, no eager launch does (an eager pair times its launching thread
+    as much as the kernel, measurements §24). Eager kernel time is then unknown, and said: in the report, and in
+    the metrics, which give no kernel-time point (a part never read as the whole) and no busy or copy-time point,
+    while graph time, counts and bytes are there."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
+        g.InitializeInjection()
+        cuda.mock_cuda_set_kernel_ns(1000)
+        cuda.mock_cuda_set_graph_ns(30_000)
+        ex = graph(4)
+        for _ in range(20): k()
+        for _ in range(3): glaunch(ex, None)
+        htod(DEV, PIN, 4096, None)
+        settle()
+        out['recorded'] = cuda.mock_cuda_events_recorded()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=dict(ENV, **preloaded(native)))
+    assert res["flush"] == 0 and res["recorded"] == 2 * 3 and err == "", err
+    p = read(native, res["path"])
+    dev, k = p.devices[0], p.kernels
+    assert k.name == "events:0/1" and k.events_timed == 3 and k.events_idle == 0 and dev.eager_traced == 0
+    assert (dev.eager_launches, dev.graph_kernel_count) == (20, 12)
+    kt = p.kernel_time(dev)
+    assert kt.unknown and kt.estimated and kt.ns == dev.kernel_ns > 0      # the graph spans only, and said so
+    from otel_gpu_census import report
+    from otel_gpu_census.telemetry.census_metrics import CensusMetrics
+    text = report.render_text([p], requests=1)
+    assert "eager kernels are not timed" in text and "eager kernels' time unknown" in text, text
+    m = CensusMetrics(lambda: [p], min_refresh_s=0)
+    cbs = m.callbacks()
+    points = {name: cbs[name](None) for name in ("gpu_census.kernel.time", "gpu_census.kernel.count",
+                                                  "gpu_census.busy.time", "gpu_census.graph.time")}
+    assert points["gpu_census.kernel.time"] == [] and points["gpu_census.busy.time"] == []
+    assert [o.value for o in points["gpu_census.kernel.count"]] == [32]
+    assert [o.value for o in points["gpu_census.graph.time"]] == [dev.graph_ns / 1e9] and dev.graph_ns > 0
+
+
 def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(native, mock_lib, mock_cuda, tmp_path):
-    """OTEL_GPU_CENSUS_EVENT_EVERY=0 is refused with one line (the defaults: 128/1); without the preload, events fall
+    """OTEL_GPU_CENSUS_EVENT_EVERY=4/0 is refused with one line (the defaults: 0/1); without the preload, events fall
     back to the activity census, with one line."""
     body = EVENTS.format(mock_cuda=mock_cuda) + """
         out['init'] = g.InitializeInjection()
@@ -158,9 +200,9 @@ def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(nati
         out['registered'] = mock.mock_registered()
     """
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body,
-                                  env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="0/1"))
-    assert "ignoring OTEL_GPU_CENSUS_EVENT_EVERY=0/1" in err and err.count("\n") == 1, err
-    assert read(native, res["path"]).kernels.name == "events:128/1" and res["registered"] == 0
+                                  env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="4/0"))
+    assert "ignoring OTEL_GPU_CENSUS_EVENT_EVERY=4/0" in err and err.count("\n") == 1, err
+    assert read(native, res["path"]).kernels.name == "events:0/1" and res["registered"] == 0
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=ENV)
     assert "OTEL_GPU_CENSUS_ACTIVITY=events needs the census library preloaded" in err, err
     assert res["init"] == 1 and res["registered"] == 1     # CUPTI's activity API: the default census

@@ -130,9 +130,10 @@ class _Proc:
         self.traced_ns = traced_ns(p)
         # counted: an estimate whose mean moves; a counter must not go back. Untimed (ACTIVITY=off): no
         # kernel time at all, so no point, never a 0 that reads as measured
+        # events: eager kernels not timed make a device's kernel time unknown: no point, never a part read as whole
         self.kernel_ns = {} if p.kernels.untimed else {
             hid: max(self.kernel_ns.get(hid, 0), p.kernel_time(d).ns) if p.kernels.counted else d.kernel_ns
-            for hid, d in self.devices.items()}
+            for hid, d in self.devices.items() if not (p.kernels.events and p.kernel_time(d).unknown)}
 
     @property
     def attrs(self) -> Dict[str, object]:
