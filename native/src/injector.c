@@ -840,13 +840,13 @@ static int start_calls(void)
         if (!g_timing_watch) gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the driver cannot say when a context exists; "
                                     "kernel time not measured");
     }
+    else if (g_cfg.activity_windows && g_cfg.kernel_mode != GC_KERNELS_OFF)
+        gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the windows follow OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS; "
+               "kernel time not measured");
     /* ACTIVITY=events: event pairs around a sample of the launches, from the first launch on (no CUPTI to wait for) */
     if (g_preload && g_cfg.activity_events && g_cfg.kernel_mode != GC_KERNELS_OFF &&
         gc_events_start(g_cfg.events_every_eager, g_cfg.events_every_graph) == 0)
         g_events = 1;
-    else if (g_cfg.activity_windows && g_cfg.kernel_mode != GC_KERNELS_OFF)
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the windows follow OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS; "
-               "kernel time not measured");
     g_graphs_learned = 1;
     g_graph_mode = GC_GRAPHS_LAUNCH;
     g_ks.mode = GC_KERNELS_COUNTED;

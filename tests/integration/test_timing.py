@@ -76,7 +76,7 @@ def test_windows_time_a_sample_and_price_every_counted_launch(native, mock_lib, 
     kt = p.kernel_time(dev)
     assert kt.ns == 4 * 50_000 + 40 * 1_000 and kt.estimated and not kt.unknown
     assert dev.busy_ns == 10 * 1_000 + 50_000    # busy: what the window measured
-    assert p.step_unmatched == 0 and "error" not in err.lower(), err
+    assert p.step_unmatched == 0 and "error" not in err.lower() and "not measured" not in err, err
     from otel_gpu_census import cost, report
     est = cost.estimate(p)                       # CUPTI set up: every launch pays its tax, and the windows' records
     assert est.seconds > 0 and (est.launches_counted, est.launches_set_up, est.eager_kernels) == (40, 40, 10)
