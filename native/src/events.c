@@ -289,6 +289,20 @@ size_t gc_events_poll(struct gc_event_sample *out, size_t max)
     return n;
 }
 
+/* The events of the pool's pairs that were made in generation `made` destroyed (under ev.mu, their context still
+ * there), every pair not in flight free with none; a pair in flight is its thread's. */
+static void destroy_events(struct pool *pl, uint32_t made)
+{
+    for (int k = 0; k < EV_PAIRS; k++) {
+        struct pair *p = &pl->p[k];
+        if (atomic_load(&p->state) == P_BUSY) continue;
+        if (p->gen == made && p->a) drv.destroy(p->a);
+        if (p->gen == made && p->b) drv.destroy(p->b);
+        p->a = p->b = NULL;
+        atomic_store(&p->state, P_FREE);
+    }
+}
+
 /* Before the driver destroys a context (`is_ctx`: cuCtxDestroy of `v`) or releases or resets device `v`'s primary
  * one: that context's events are destroyed while they are still valid, and its pool is free again. */
 void gc_events_context_going(int is_ctx, uintptr_t v)
@@ -299,16 +313,7 @@ void gc_events_context_going(int is_ctx, uintptr_t v)
         struct pool *pl = &ev.pools[i];
         CUcontext c = atomic_load(&pl->ctx);
         if (!c || (is_ctx ? (uintptr_t)c != v : (uintptr_t)(unsigned)pl->dev != v)) continue;
-        atomic_fetch_add(&pl->gen, 1);   /* a pair in flight on another thread is abandoned */
-        for (int k = 0; k < EV_PAIRS; k++) {
-            struct pair *p = &pl->p[k];
-            int st = atomic_load(&p->state);
-            if (st == P_BUSY) continue;
-            if (p->a) drv.destroy(p->a);
-            if (p->b) drv.destroy(p->b);
-            p->a = p->b = NULL;
-            atomic_store(&p->state, P_FREE);
-        }
+        destroy_events(pl, atomic_fetch_add(&pl->gen, 1));   /* a pair in flight on another thread is abandoned */
         atomic_store(&pl->ctx, NULL);
     }
     atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
@@ -321,16 +326,7 @@ void gc_events_stop(int at_exit)
     atomic_store(&ev.on, 0);
     if (at_exit) return;
     pthread_mutex_lock(&ev.mu);
-    for (int i = 0; i < EV_POOLS; i++) {
-        for (int k = 0; k < EV_PAIRS; k++) {
-            struct pair *p = &ev.pools[i].p[k];
-            if (atomic_load(&p->state) == P_BUSY || p->gen != atomic_load(&ev.pools[i].gen)) continue;
-            if (p->a) drv.destroy(p->a);
-            if (p->b) drv.destroy(p->b);
-            p->a = p->b = NULL;
-            atomic_store(&p->state, P_FREE);
-        }
-    }
+    for (int i = 0; i < EV_POOLS; i++) destroy_events(&ev.pools[i], atomic_load(&ev.pools[i].gen));
     pthread_mutex_unlock(&ev.mu);
 }
 

@@ -329,15 +329,21 @@ static int outside_sample(const gc_segment *seg, uint64_t start)
     return r >= (uint64_t)seg->kernel_on_ms * 1000000ull + GC_WINDOW_NS;
 }
 
-/* One eager kernel's duration: the device's and its window's sample, busy (not its count: COUNTED counts launches). */
-static void eager_sample(gc_tally *t, gc_device *d, uint32_t dev, uint64_t s, uint64_t e)
+/* One eager kernel's duration: the device's and its window's sample (not its count: COUNTED counts launches). */
+static void eager_time(gc_tally *t, gc_device *d, uint32_t dev, uint64_t s, uint64_t e)
 {
     d->kernel_ns += dur(s, e);
     d->eager_traced++;
     d->eager_traced_ns += dur(s, e);
+    window_add(t, W_EAGER, 0, dev, s, e, 1, 0);
+}
+
+/* ... and, a record of where it ran on the GPU, busy too. */
+static void eager_sample(gc_tally *t, gc_device *d, uint32_t dev, uint64_t s, uint64_t e)
+{
+    eager_time(t, d, dev, s, e);
     seen(t, d, s, e);
     frontier_add(&t->fr[dev], s, e);
-    window_add(t, W_EAGER, 0, dev, s, e, 1, 0);
 }
 
 static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
@@ -508,10 +514,7 @@ void gc_tally_eager_sample(gc_tally *t, uint32_t dev, uint64_t t_ns, uint64_t ns
 {
     gc_device *d = device(t, dev);
     if (!d) { t->seg->records_unknown++; return; }
-    d->kernel_ns += ns;
-    d->eager_traced++;
-    d->eager_traced_ns += ns;
-    window_add(t, W_EAGER, 0, dev, t_ns, t_ns + ns, 1, 0);
+    eager_time(t, d, dev, t_ns, t_ns + ns);
 }
 
 static void tally_graph(gc_tally *t, const CUpti_ActivityGraphTrace2 *g)

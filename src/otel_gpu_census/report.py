@@ -117,9 +117,10 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         return (f"kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off), {how}; "
                 "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
                 f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
+    untimed_graphs = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in "
+                      "kernel time)" if k.graph_untimed else "")
     if k.events:
-        lost = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in kernel "
-                "time)" if k.graph_untimed else "")
+        lost = untimed_graphs
         lost += (f"; {k.events_missed + k.events_failed:,} launches of the sample went untimed (no free event pair, "
                  "or an event call failed)" if k.events_missed + k.events_failed else "")
         lost += (f"; {k.events_idle:,} eager pairs met an idle stream and read long: " +
@@ -138,8 +139,7 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                 f"and memsets are exact; kernel time is estimated: {priced}; copy time and busy time are not "
                 f"measured{lost}")
     if k.windows:
-        lost = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in kernel "
-                "time)" if k.graph_untimed else "")
+        lost = untimed_graphs
         lost += f"; {k.windows_failed:,} windows refused (CUPTI held by another tool)" if k.windows_failed else ""
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
                 f"{k.windows_opened:,} CUPTI windows ({k.on_ms} ms of every {k.period_ms} ms, OTEL_GPU_CENSUS_ACTIVITY="
