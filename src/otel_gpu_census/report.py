@@ -337,7 +337,9 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     if c.kernels.preloaded:
         return ("census cost, estimated: not told from zero (the calls counted by the census library preloaded, "
                 "CUPTI never loaded: on an H200 graph replays ran at 0.999 of an untraced process, eager launches "
-                "and copies within the host's noise, measurements §22)")
+                "and copies within the host's noise, measurements §22" +
+                ("; the event pairs of ACTIVITY=events: vLLM's throughput within its noise in two runs, no price a "
+                 "pair measured, §24)" if c.kernels.events else ")"))
     if c.kernels.untimed:
         return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
                 f"{share} ({e.launches_counted:,} launches counted x {us(cost.CALLS_LAUNCH_S)}, {e.graph_nodes:,} "
