@@ -7,6 +7,9 @@
 #   steps        the GPU step tests (exact per-step kernels and copies, eager and graphs, v1 and v2)
 #   gpu-tests    the whole GPU suite (make gpu-test)
 #   events-tests the GPU tests of OTEL_GPU_CENSUS_ACTIVITY=events only (CUDA event pairs, no CUPTI)
+#   gate-floor   bench/floor/gate_floor.cu: gated event pairs around kernels of known length and around nothing
+#   gate-probe   bench/perf/event_gate_probe.py: gated and ungated event pairs against CUPTI on steady.cu's kernels
+#                of known length ($GATE_PROBE_ARGS)
 #   vllm-part1 / vllm-part2   copy one carried piece of the vLLM wheel set into /tmp/vp (three calls:
 #                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
 #   vllm-p1 / vllm-p2   the same from the re-cut pieces (bench/device/vllm_parts.sh), for a tree that no
@@ -85,6 +88,10 @@ phase() {
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k events 2>&1 | tee "$OUT/events-tests.log" ;;
+    gate-floor)  # what a gated event pair reads around kernels of known length and around nothing, no census
+      make -s -C bench/floor gate_floor BUILD=/tmp/floor && /tmp/floor/gate_floor ${GATE_FLOOR_N:-2000} | tee "$OUT/gate_floor.json" ;;
+    gate-probe)  # gated and ungated event pairs against CUPTI on kernels of known length (bench/perf/event_gate_probe.py)
+      python3 bench/perf/event_gate_probe.py --out "$OUT/gate_probe.json" ${GATE_PROBE_ARGS:-} 2>&1 | tee "$OUT/gate_probe.log" ;;
     vllm-part1|vllm-part2) mkdir -p /tmp/vp && cp -r ".vllm/${1#vllm-}" /tmp/vp/ && ls -la /tmp/vp ;;
     vllm-p1) mkdir -p /tmp/vp/part1 && cp .vllm/p1/*.part-00a /tmp/vp/part1/ && ls -la /tmp/vp/part1 ;;
     vllm-p2) mkdir -p /tmp/vp/part2 && cp .vllm/p2/*.part-01 /tmp/vp/part2/ && join_p1 p2 && \

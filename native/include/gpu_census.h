@@ -218,7 +218,14 @@ typedef struct gc_segment {
     uint64_t events_idle;       /* eager pairs whose first event fired before their launch call returned (the stream
                                    was idle: they read long, docs/measurements.md §24): not the eager sample */
     uint64_t events_idle_ns;    /* ... their durations from the call's return, summed */
-    char     reserved_text[GC_NOTE_LEN - 80]; /* unused: nothing is written here (room for growth) */
+    uint64_t events_gated;      /* pairs whose stream waited for their launch to be submitted (EVENT_GATE=on) */
+    uint64_t events_forced;     /* ... whose gate the watchdog opened, its thread held up (dropped, not timed) */
+    uint32_t events_gate;       /* 1: pairs gated */
+    uint32_t events_pad;
+    uint64_t events_lead;       /* gated eager pairs read with an event just before their first: the GPU's pass over
+                                   one event, taken off each such pair's duration (the eager sample holds the rest) */
+    uint64_t events_lead_ns;    /* ... those passes, summed */
+    char     reserved_text[GC_NOTE_LEN - 120]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */

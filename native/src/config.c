@@ -17,7 +17,7 @@ extern char **environ;
 /* The injector's names, and those only the Python side reads (so they are not typos). */
 static const char *const KNOWN[] = {
     "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
-    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE", "EVENT_EVERY",
+    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE", "EVENT_EVERY", "EVENT_GATE",
     "SETTLE",                   /* the Python engine integrations' (integrations/settle_process.py) */
 };
 #define PREFIX "OTEL_GPU_CENSUS_"
@@ -173,7 +173,8 @@ void gc_config_load(struct gc_config *c)
 {
     static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"},
                              *const start[] = {"on", "paused"}, *const attach[] = {"context", "cuinit"},
-                             *const activity[] = {"on", "off", "windows", "events"};
+                             *const activity[] = {"on", "off", "windows", "events"},
+                             *const gate[] = {"on", "off"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
     c->cupti_path = getenv("OTEL_GPU_CENSUS_CUPTI");
@@ -193,6 +194,7 @@ void gc_config_load(struct gc_config *c)
     c->activity_windows = act == 2;
     c->activity_events = act == 3;
     parse_event_every(c);
+    c->events_gate = env_choice("OTEL_GPU_CENSUS_EVENT_GATE", gate, 2) == 0;
     parse_kernels(c);
     /* Windows of CUPTI: longer and rarer than the activity census's duty cycle (designed to pay a set-up and a
      * detach each) unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */

@@ -148,6 +148,11 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
         seg->events_failed = st.failed;
         seg->events_idle = st.idle;
         seg->events_idle_ns = st.idle_ns;
+        seg->events_gate = st.gate;
+        seg->events_gated = st.gated;
+        seg->events_forced = st.forced;
+        seg->events_lead = st.lead;
+        seg->events_lead_ns = st.lead_ns;
     }
 }
 
@@ -845,7 +850,7 @@ static int start_calls(void)
                "kernel time not measured");
     /* ACTIVITY=events: event pairs around a sample of the launches, from the first launch on (no CUPTI to wait for) */
     if (g_preload && g_cfg.activity_events && g_cfg.kernel_mode != GC_KERNELS_OFF &&
-        gc_events_start(g_cfg.events_every_eager, g_cfg.events_every_graph) == 0)
+        gc_events_start(g_cfg.events_every_eager, g_cfg.events_every_graph, g_cfg.events_gate) == 0)
         g_events = 1;
     g_graphs_learned = 1;
     g_graph_mode = GC_GRAPHS_LAUNCH;

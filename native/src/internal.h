@@ -46,6 +46,7 @@ struct gc_config {
     int activity_events;        /* OTEL_GPU_CENSUS_ACTIVITY=events: counted at the calls by the library
                                  * preloaded, kernel durations from CUDA event pairs (events.c), no CUPTI */
     uint32_t events_every_eager, events_every_graph;   /* OTEL_GPU_CENSUS_EVENT_EVERY */
+    int events_gate;            /* OTEL_GPU_CENSUS_EVENT_GATE=on (default): pairs gated (events.c) */
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
@@ -76,10 +77,10 @@ void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
  * launches of a thread (OTEL_GPU_CENSUS_ACTIVITY=events, the census library preloaded; interpose.c's wrappers call
  * before and after the driver's launch, the flusher polls). */
 struct gc_event_sample { uint32_t dev; uint64_t t_ns, ns; };   /* an eager launch's: when (census clock), how long */
-struct gc_events_stats { uint32_t every_eager, every_graph; uint64_t timed, missed, failed, idle, idle_ns; };
-int gc_events_start(uint32_t every_eager, uint32_t every_graph);   /* libcuda loaded: 0, else -1 (one line) */
+struct gc_events_stats { uint32_t every_eager, every_graph, gate; uint64_t timed, missed, failed, idle, idle_ns, gated, forced, lead, lead_ns; };
+int gc_events_start(uint32_t every_eager, uint32_t every_graph, int gate);   /* libcuda loaded: 0, else -1 (one line) */
 int gc_events_tick(int graph);      /* this launch of the thread is one of the sample (every launch asks) */
-int gc_events_before(CUstream s, CUcontext c, int dev); /* a pair's slot, its first event recorded; -1 */
+int gc_events_before(CUstream s, CUcontext c, int dev, uintptr_t key, int graph); /* key: function or exec; slot, -1 */
 void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev); /* corr: a graph launch's, else 0 */
 size_t gc_events_poll(struct gc_event_sample *out, size_t max);   /* the flusher's: pairs done; eager ones to out */
 void gc_events_context_going(int is_ctx, uintptr_t v);  /* before cuCtxDestroy(v), or device v's primary release */

@@ -109,11 +109,11 @@ static inline CUstream stream_as_called(CUstream s, int per_thread)
     return !s && per_thread ? CU_STREAM_PER_THREAD : s;
 }
 
-static int timed_before(int graph, CUstream s, int per_thread)
+static int timed_before(int graph, CUstream s, int per_thread, const void *key)
 {
     if (!gc_events_tick(graph)) return -1;
     int dev = cur_dev();
-    return gc_events_before(stream_as_called(s, per_thread), t_ctx, dev);
+    return gc_events_before(stream_as_called(s, per_thread), t_ctx, dev, (uintptr_t)key, graph);
 }
 
 static inline void timed_after(int ev, CUstream s, int per_thread, CUresult r, uint32_t corr)
@@ -266,8 +266,8 @@ static CUresult gpa_answer(CUresult r, void **pfn);
  * Nothing until the injector counts through us (a census through CUPTI follows the same calls itself). */
 #define BEFORE_K_COPY(name, pt)
 /* ACTIVITY=events: a sampled launch gets an event pair around it on its stream (events.c) */
-#define BEFORE_K_LAUNCH(name, pt) int ev = counting() ? timed_before(0, a8, pt) : -1;
-#define BEFORE_K_LAUNCH_EX(name, pt) int ev = counting() ? timed_before(0, a0 ? a0->hStream : NULL, pt) : -1;
+#define BEFORE_K_LAUNCH(name, pt) int ev = counting() ? timed_before(0, a8, pt, a0) : -1;
+#define BEFORE_K_LAUNCH_EX(name, pt) int ev = counting() ? timed_before(0, a0 ? a0->hStream : NULL, pt, a1) : -1;
 #define BEFORE_K_GRAPH_LAUNCH(name, pt)                                                                      \
     uint32_t corr = 0;                                                                                       \
     int ev = -1;                                                                                             \
@@ -275,7 +275,7 @@ static CUresult gpa_answer(CUresult r, void **pfn);
         corr = next_corr();                                                                                  \
         gc_graphs_launch(a0, corr);                                                                          \
         gc_steps_note(corr);                                                                                 \
-        ev = timed_before(1, a1, pt);                                                                        \
+        ev = timed_before(1, a1, pt, a0);                                                                      \
         if (ev >= 0) gc_graphs_timed_launch(a0, corr);                                                       \
     }
 #define BEFORE_K_INSTANTIATE(name, pt)

@@ -138,10 +138,18 @@ CUresult cuCtxGetDevice_v2(CUdevice *dev, void *ctx) { *dev = (int)((unsigned lo
  *   mock_cuda_set_events_pending(1)  every query says "not ready" (work still running)
  *   mock_cuda_events_live()          events created and not destroyed
  *   mock_cuda_events_recorded()      cuEventRecord calls; mock_cuda_event_stream(): the stream of the last one
- *   mock_cuda_relaxed()              cuThreadExchangeStreamCaptureMode calls that asked for relaxed mode */
+ *   mock_cuda_relaxed()              cuThreadExchangeStreamCaptureMode calls that asked for relaxed mode
+ * A gate (cuStreamWaitValue32 on a word not yet at its value) holds the timeline: events and launches behind it are
+ * placed from the moment a mock call first sees the word written (R), the GPU then meeting them back to back.
+ *   mock_cuda_set_call_ns(N)         a launch call's own time (2,000 ns unless set)
+ *   mock_cuda_set_event_ns(N)        the GPU's time to pass an event (0 unless set): a pair's reading holds it once
+ *   mock_cuda_gates()                waits made on a shut word; mock_cuda_gate_opened_in_call(): a gate shut when
+ *                                    a launch call began was opened during it (by someone else: the call was running) */
 #include <stdlib.h>
 #include <time.h>
-static _Atomic unsigned long long g_gpu_free, g_kernel_ns, g_graph_ns;
+#include <pthread.h>
+#include <stdint.h>
+static _Atomic unsigned long long g_gpu_free, g_kernel_ns, g_graph_ns, g_call_ns = 2000, g_event_ns;
 static unsigned long long now_ns(void)
 {
     struct timespec ts;
@@ -153,9 +161,58 @@ static unsigned long long after_work(void)
     unsigned long long t = now_ns(), f = atomic_load(&g_gpu_free);
     return f > t ? f : t;
 }
-static atomic_int g_ev_pending, g_ev_live, g_ev_recorded, g_relaxed;
+static atomic_int g_ev_pending, g_ev_live, g_ev_recorded, g_relaxed, g_gates, g_opened_in_call;
 static _Atomic(void *) g_ev_stream;
-struct mock_event { unsigned long long t; };
+struct mock_event { unsigned long long t; int gate; };   /* gate: behind gate number `gate`, t its offset there */
+/* the gate now shut: its word and value, the GPU's time when it reached it, the work queued behind it; R per gate */
+static struct { volatile unsigned *word; unsigned val; unsigned long long at, behind; int id; } g_gate;
+static unsigned long long g_gate_r[64];
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static int gate_shut(void)   /* under g_gate_mu: the gate written since is opened, its time fixed */
+{
+    if (!g_gate.word) return 0;
+    if (__atomic_load_n(g_gate.word, __ATOMIC_ACQUIRE) < g_gate.val) return 1;
+    unsigned long long r = now_ns() > g_gate.at ? now_ns() : g_gate.at;
+    g_gate_r[g_gate.id % 64] = r;
+    atomic_store(&g_gpu_free, r + g_gate.behind);
+    g_gate.word = NULL;
+    return 0;
+}
+static int event_time(struct mock_event *e, unsigned long long *t)   /* 0: not known yet (behind a shut gate) */
+{
+    pthread_mutex_lock(&g_gate_mu);
+    int shut = gate_shut();
+    int known = !e->gate || !(shut && e->gate == g_gate.id);
+    *t = e->gate ? g_gate_r[e->gate % 64] + e->t : e->t;
+    pthread_mutex_unlock(&g_gate_mu);
+    return known;
+}
+void mock_cuda_set_call_ns(unsigned long long ns) { atomic_store(&g_call_ns, ns); }
+void mock_cuda_set_event_ns(unsigned long long ns) { atomic_store(&g_event_ns, ns); }
+int mock_cuda_gates(void) { return atomic_load(&g_gates); }
+int mock_cuda_gate_opened_in_call(void) { return atomic_load(&g_opened_in_call); }
+CUresult cuStreamWaitValue32_v2(void *stream, unsigned long long addr, unsigned value, unsigned flags)
+{
+    (void)stream, (void)flags;   /* CU_STREAM_WAIT_VALUE_GEQ */
+    pthread_mutex_lock(&g_gate_mu);
+    if (!gate_shut() && *(volatile unsigned *)(uintptr_t)addr < value) {
+        g_gate.word = (volatile unsigned *)(uintptr_t)addr;
+        g_gate.val = value;
+        g_gate.at = after_work();
+        g_gate.behind = 0;
+        g_gate.id++;
+        atomic_fetch_add(&g_gates, 1);
+    }
+    pthread_mutex_unlock(&g_gate_mu);
+    return 0;
+}
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { (void)p, (void)n, (void)flags; return 0; }
+CUresult cuMemHostGetDevicePointer_v2(unsigned long long *d, void *p, unsigned flags)
+{
+    (void)flags;
+    *d = (unsigned long long)(uintptr_t)p;   /* unified addressing: the host's address */
+    return 0;
+}
 void mock_cuda_set_kernel_ns(unsigned long long ns) { atomic_store(&g_kernel_ns, ns); }
 void mock_cuda_set_graph_ns(unsigned long long ns) { atomic_store(&g_graph_ns, ns); }
 void mock_cuda_set_events_pending(int on) { atomic_store(&g_ev_pending, on); }
@@ -173,16 +230,32 @@ CUresult cuEventCreate(void **ev, unsigned int flags)
 }
 CUresult cuEventRecord(void *ev, void *stream)
 {
-    ((struct mock_event *)ev)->t = after_work();
+    struct mock_event *e = ev;
+    pthread_mutex_lock(&g_gate_mu);
+    if (gate_shut()) {
+        e->gate = g_gate.id;
+        e->t = g_gate.behind += atomic_load(&g_event_ns);
+    } else {
+        e->gate = 0;
+        e->t = after_work() + atomic_load(&g_event_ns);
+        if (atomic_load(&g_event_ns)) atomic_store(&g_gpu_free, e->t);
+    }
+    pthread_mutex_unlock(&g_gate_mu);
     atomic_store(&g_ev_stream, stream);
     atomic_fetch_add(&g_ev_recorded, 1);
     return 0;
 }
 /* 600: CUDA_ERROR_NOT_READY */
-CUresult cuEventQuery(void *ev) { return atomic_load(&g_ev_pending) || ((struct mock_event *)ev)->t > now_ns() ? 600 : 0; }
+CUresult cuEventQuery(void *ev)
+{
+    unsigned long long t;
+    return atomic_load(&g_ev_pending) || !event_time(ev, &t) || t > now_ns() ? 600 : 0;
+}
 CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b)
 {
-    *ms = (float)(((double)((struct mock_event *)b)->t - (double)((struct mock_event *)a)->t) / 1e6);
+    unsigned long long ta, tb;
+    if (!event_time(a, &ta) || !event_time(b, &tb)) return 600;
+    *ms = (float)(((double)tb - (double)ta) / 1e6);
     return 0;
 }
 CUresult cuEventDestroy_v2(void *ev)
@@ -202,9 +275,18 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 /* A launch call takes 2 us, and its work reaches the GPU at the call's end (the doorbell), as on a real driver. */
 static CUresult ran(unsigned long long ns)
 {
-    for (unsigned long long t0 = now_ns(); now_ns() - t0 < 2000;) {}
+    pthread_mutex_lock(&g_gate_mu);
+    int shut = gate_shut();
+    volatile unsigned *w = g_gate.word;
+    unsigned v = g_gate.val;
+    pthread_mutex_unlock(&g_gate_mu);
+    for (unsigned long long t0 = now_ns(), call = atomic_load(&g_call_ns); now_ns() - t0 < call;) {}
+    if (shut && __atomic_load_n(w, __ATOMIC_ACQUIRE) >= v) atomic_store(&g_opened_in_call, 1);
     CUresult r = done();
-    if (r == 0) atomic_store(&g_gpu_free, after_work() + ns);
+    pthread_mutex_lock(&g_gate_mu);
+    if (r == 0 && gate_shut()) g_gate.behind += ns;
+    else if (r == 0) atomic_store(&g_gpu_free, after_work() + ns);
+    pthread_mutex_unlock(&g_gate_mu);
     return r;
 }
 

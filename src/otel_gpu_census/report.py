@@ -123,6 +123,8 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         lost = untimed_graphs
         lost += (f"; {k.events_missed + k.events_failed:,} launches of the sample went untimed (no free event pair, "
                  "or an event call failed)" if k.events_missed + k.events_failed else "")
+        lost += (f"; {k.events_forced:,} gated pairs were dropped, their gate opened by the census's watchdog after "
+                 "10 ms (their launching thread held up)" if k.events_forced else "")
         lost += (f"; {k.events_idle:,} eager pairs met an idle stream and read long: " +
                  ("they priced the eager launches, no pair having met a busy one" if not c.totals().eager_traced else
                   "left out of the sample") if k.events_idle else "")
@@ -133,8 +135,12 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                   if k.events_every_eager else
                   "each graph launch priced at its graph's mean span; eager kernels are not timed (an event pair "
                   "around one times its launching thread as much as the kernel), so their time is unknown")
+        lead = (f"; each eager pair less the GPU's pass over one event, timed just before it (mean "
+                f"{k.events_lead_ns / k.events_lead:,.0f} ns)" if k.events_lead else "")
+        gated = (f" ({k.events_gated:,} gated: the stream waited for the launch to be submitted before the first "
+                 f"event{lead})" if k.events_gate else " (not gated)")
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
-                f"{k.events_timed:,} CUDA event pairs around {eager}{graphs} of each thread "
+                f"{k.events_timed:,} CUDA event pairs{gated} around {eager}{graphs} of each thread "
                 "(OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never loaded); kernel counts, copies "
                 f"and memsets are exact; kernel time is estimated: {priced}; copy time and busy time are not "
                 f"measured{lost}")

@@ -2,7 +2,9 @@
 // every millisecond `per_ms` tiny kernels (eager), every 10 ms a graph of 20 kernel nodes and one
 // 1 MiB device-to-host copy into pinned memory, plus a 64 KiB host-to-device copy from pageable
 // memory. Prints what it did as one JSON line.
-//   steady SECONDS PER_MS
+//   steady SECONDS PER_MS [SPIN_NS]
+// SPIN_NS: every kernel, eager or a graph's node, spins that long on the GPU's global timer (0: empty), so that
+// samples of kernel durations have a known answer.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,7 +15,12 @@
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
 
-__global__ void tiny_kernel() {}
+__global__ void tiny_kernel(unsigned long long spin_ns) {
+    if (!spin_ns) return;
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < spin_ns);
+}
 
 static double now_s() {
     timespec t;
@@ -24,6 +31,7 @@ static double now_s() {
 int main(int argc, char **argv) {
     const double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     const int per_ms = argc > 2 ? atoi(argv[2]) : 20;
+    const unsigned long long spin = argc > 3 ? strtoull(argv[3], NULL, 10) : 0;
     const size_t MiB = 1 << 20, small = 64 << 10;
     char *d, *pinned, *pageable;
     CK(cudaSetDevice(0));
@@ -38,14 +46,14 @@ int main(int argc, char **argv) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 20; i++) tiny_kernel<<<1, 1, 0, s>>>();
+    for (int i = 0; i < 20; i++) tiny_kernel<<<1, 1, 0, s>>>(spin);
     CK(cudaMemcpyAsync(pinned, d, MiB, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     long kernels = 0, graphs = 0, htod = 0;
     const double t0 = now_s();
     for (long ms = 0; now_s() - t0 < seconds; ms++) {
-        for (int i = 0; i < per_ms; i++) tiny_kernel<<<1, 1, 0, s>>>();
+        for (int i = 0; i < per_ms; i++) tiny_kernel<<<1, 1, 0, s>>>(spin);
         kernels += per_ms;
         if (ms % 10 == 0) {
             CK(cudaGraphLaunch(ge, s));

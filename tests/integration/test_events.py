@@ -4,8 +4,9 @@ native/src/events.c); CUPTI never loaded.
 The census library is preloaded and counts every launch, copy and graph launch at its call (as ACTIVITY=off). One of
 every EAGER eager launches and GRAPH graph launches of a thread also gets cuEventRecord before and after the call on
 its stream; the flusher reads the pairs that completed. The mock driver keeps one GPU timeline on CLOCK_MONOTONIC:
-a launch runs its set duration from its call (the GPU idle), so a pair's first event comes before the kernel by the
-time the launching thread takes to call it, which the reference event's placement takes out of eager samples."""
+a launch runs its set duration from the end of its call (the GPU idle), so an ungated pair's first event comes before
+the kernel by the time the launching thread takes to call it. Gated (the default), the stream waits for a word the
+launching thread writes once launch and second event are submitted, and the pair is the kernel's time."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -14,12 +15,15 @@ from test_injector import read, run_with_driver
 from test_interpose import DRIVER, preloaded
 
 ENV = {"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_ACTIVITY": "events", "OTEL_GPU_CENSUS_KERNELS": "counted"}
+UNGATED = {"OTEL_GPU_CENSUS_EVENT_GATE": "off"}
 
 EVENTS = DRIVER + """
         cffi_cuda.cdef('void mock_cuda_set_kernel_ns(unsigned long long); void mock_cuda_set_graph_ns(unsigned long long); '
                        'void mock_cuda_set_events_pending(int); int mock_cuda_events_live(void); '
                        'int mock_cuda_events_recorded(void); void *mock_cuda_event_stream(void); '
-                       'int mock_cuda_relaxed(void); void mock_cuda_set_capturing(unsigned long);')
+                       'int mock_cuda_relaxed(void); void mock_cuda_set_capturing(unsigned long); '
+                       'void mock_cuda_set_call_ns(unsigned long long); int mock_cuda_gates(void); '
+                       'int mock_cuda_gate_opened_in_call(void); void mock_cuda_set_event_ns(unsigned long long);')
         ctx_destroy = proc('cuCtxDestroy', ctypes.CFUNCTYPE(c_int, c_void_p))
         def settle():                      # the flusher reads pairs and folds calls every 20 ms
             time.sleep(0.15)
@@ -55,7 +59,7 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
         out['flush'] = g.gc_flush()
         out['path'] = path()
         out['cupti'] = [mock.mock_registered(), mock.mock_callback_enabled(1, 0)]
-    """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="4/1"))
+    """, env=dict(ENV, **UNGATED, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="4/1"))
     assert res["init"] == 1 and res["flush"] == 0 and res["cupti"] == [0, 0], err
     p = read(native, res["path"])
     dev = p.devices[0]
@@ -85,7 +89,7 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     assert spans_estimated([k.name]) and cost.estimate(p).seconds == 0.0   # never priced: not measured (§24)
     text = report.render_text([p], requests=1)
     assert "census cost, estimated: not told from zero" in text and "no price a pair measured, §24" in text
-    assert f"{k.events_timed} CUDA event pairs around about 1 of every 4 eager launches and every graph launch of each thread" in text, text
+    assert f"{k.events_timed} CUDA event pairs (not gated) around about 1 of every 4 eager launches and every graph launch of each thread" in text, text
     assert "busy not measured" in text and "1 graph launches had no measured span" in text
     assert f"{k.events_idle} eager pairs met an idle stream and read long: left out of the sample" in text
 
@@ -106,7 +110,7 @@ def test_sampled_launches_are_one_in_n_on_average_with_no_fixed_stride(native, m
         out['gaps'] = [min(b - a for a, b in zip(seen, seen[1:])), max(b - a for a, b in zip(seen, seen[1:]))]
         out['flush'] = g.gc_flush()
         out['path'] = path()
-    """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="16"))
+    """, env=dict(ENV, **UNGATED, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="16"))
     assert read(native, res["path"]).kernels.events_missed == 0
     assert 850 <= res["n"] <= 1150 and res["residues"] == 16 and res["gaps"][0] >= 1 and res["gaps"][1] <= 31, res
 
@@ -137,7 +141,7 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
         out['live_again'] = cuda.mock_cuda_events_live()
         out['flush'] = g.gc_flush()
         out['path'] = path()
-    """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1"))
+    """, env=dict(ENV, **UNGATED, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1"))
     assert res["in_capture"] == 0 and res["failed"] == 1 and res["destroy"] == 0, err
     assert res["live_before"] >= 2 and res["live_after"] == 0 and res["live_again"] == 2
     assert res["stream"] == 2                        # CU_STREAM_PER_THREAD
@@ -153,8 +157,8 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
 
 
 def test_by_default_only_graph_launches_are_timed_and_eager_time_is_unknown(native, mock_lib, mock_cuda, tmp_path):
-    """The default: every graph launch gets a pair, no eager launch does (an eager pair times its launching thread
-    as much as the kernel, measurements §24). Eager kernel time is then unknown, and said: in the report, and in
+    """The default: every graph launch gets a gated pair but an exec's first (its first launch may wait for the
+    context), no eager launch does. Eager kernel time is then unknown, and said: in the report, and in
     the metrics, which give no kernel-time point (a part never read as the whole) and no busy or copy-time point,
     while graph time, counts and bytes are there."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
@@ -167,13 +171,16 @@ def test_by_default_only_graph_launches_are_timed_and_eager_time_is_unknown(nati
         htod(DEV, PIN, 4096, None)
         settle()
         out['recorded'] = cuda.mock_cuda_events_recorded()
+        out['gates'] = cuda.mock_cuda_gates()
         out['flush'] = g.gc_flush()
         out['path'] = path()
     """, env=dict(ENV, **preloaded(native)))
-    assert res["flush"] == 0 and res["recorded"] == 2 * 3 and err == "", err
+    assert res["flush"] == 0 and res["recorded"] == 2 * 2 and res["gates"] == 2 and err == "", err
     p = read(native, res["path"])
     dev, k = p.devices[0], p.kernels
-    assert k.name == "events:0/1" and k.events_timed == 3 and k.events_idle == 0 and dev.eager_traced == 0
+    assert k.name == "events:0/1" and k.events_timed == 2 and k.events_idle == 0 and dev.eager_traced == 0
+    assert k.events_gate and (k.events_gated, k.events_forced) == (2, 0)
+    assert dev.kernel_ns == 3 * 30_000      # every launch at the exec's span, the gated pairs' exactly
     assert (dev.eager_launches, dev.graph_kernel_count) == (20, 12)
     kt = p.kernel_time(dev)
     assert kt.unknown and kt.estimated and kt.ns == dev.kernel_ns > 0      # the graph spans only, and said so
@@ -207,3 +214,76 @@ def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(nati
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=ENV)
     assert "OTEL_GPU_CENSUS_ACTIVITY=events needs the census library preloaded" in err, err
     assert res["init"] == 1 and res["registered"] == 1     # CUPTI's activity API: the default census
+
+
+def test_gated_pairs_time_the_kernel_on_an_idle_stream_and_skip_a_functions_first_launch(
+        native, mock_lib, mock_cuda, tmp_path):
+    """Every launch sampled, gated (the default): the stream waits for the launching thread's word, written once the
+    launch and the second event are submitted, so on an idle GPU a pair reads the kernel's 1,000 ns and the graph's
+    30,000 ns and the GPU's 300 ns pass over the second event, not the 2 us call before them (ungated: the call and
+    the kernel, summed apart as idle). An eager pair also has an event just before its first, whose pass is taken
+    off: the eager sample is the kernels' 1,000 ns exactly. The first sampled launch of each function and of each
+    graph exec gets no pair (a first launch may load code and wait for the whole context, the gate with it)."""
+    body = EVENTS.format(mock_cuda=mock_cuda) + """
+        g.InitializeInjection()
+        cuda.mock_cuda_set_kernel_ns(1000)
+        cuda.mock_cuda_set_graph_ns(30_000)
+        cuda.mock_cuda_set_event_ns(300)
+        ex = graph(5)
+        for i in range(20):
+            k(fn=0xf00 + 0x10 * (i % 2))       # two functions
+            time.sleep(0.001)                  # the GPU idle before each
+        for _ in range(3): glaunch(ex, None); time.sleep(0.001)
+        settle()
+        out['recorded'] = cuda.mock_cuda_events_recorded()
+        out['gates'] = cuda.mock_cuda_gates()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """
+    env = dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1")
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=env)
+    assert res["flush"] == 0 and err == "", err
+    p = read(native, res["path"])
+    dev, k = p.devices[0], p.kernels
+    assert k.events_gate and k.events_gated == 18 + 2 == res["gates"] and k.events_forced == 0
+    assert res["recorded"] == 3 * 18 + 2 * 2 and k.events_timed == 20 and k.events_idle == 0 and k.events_missed == 0
+    assert (k.events_lead, k.events_lead_ns) == (18, 18 * 300)
+    assert dev.eager_launches == 20 and dev.eager_traced == 18 and dev.eager_traced_ns == 18 * 1_000
+    assert dev.kernel_ns == 18 * 1_000 + 3 * 30_300 and p.kernel_time(dev).ns == 20 * 1_000 + 3 * 30_300
+    from otel_gpu_census import report
+    assert "20 CUDA event pairs (20 gated: the stream waited for the launch to be submitted" in report.render_text([p])
+    # the same launches ungated: every eager pair met an idle stream and holds the 2 us call
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=dict(env, **UNGATED))
+    p = read(native, res["path"])
+    dev, k = p.devices[0], p.kernels
+    assert not k.events_gate and k.events_gated == 0 and res["gates"] == 0 and res["recorded"] == 2 * 23
+    assert k.events_idle == 20 and k.events_idle_ns >= 20 * 3_000 and dev.eager_traced == 0 and k.events_lead == 0
+    assert dev.kernel_ns - dev.eager_traced_ns >= 3 * 32_000
+
+
+def test_a_gate_its_thread_leaves_shut_is_opened_by_the_watchdog_and_its_pair_dropped(
+        native, mock_lib, mock_cuda, tmp_path):
+    """A launch call that takes 40 ms (held up inside the driver) while its stream waits at the gate: the census's
+    watchdog opens the gate during the call (the stream stalls 10-20 ms, never for good), and the pair, which holds
+    the stall, is dropped and counted as forced. The next sampled launch is timed as ever."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
+        g.InitializeInjection()
+        cuda.mock_cuda_set_kernel_ns(1000)
+        k(fn=0xf00)                            # the function's first launch: no pair
+        cuda.mock_cuda_set_call_ns(40_000_000)
+        k(fn=0xf00)
+        out['opened_in_call'] = cuda.mock_cuda_gate_opened_in_call()
+        cuda.mock_cuda_set_call_ns(2000)
+        time.sleep(0.001)
+        k(fn=0xf00)
+        settle()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1"))
+    assert res["flush"] == 0 and res["opened_in_call"] == 1 and err == "", err
+    p = read(native, res["path"])
+    dev, k = p.devices[0], p.kernels
+    assert (k.events_gated, k.events_forced, k.events_timed, k.events_failed) == (2, 1, 1, 0)
+    assert dev.eager_launches == 3 and dev.eager_traced == 1 and dev.eager_traced_ns == 1_000
+    from otel_gpu_census import report
+    assert "1 gated pairs were dropped, their gate opened by the census's watchdog" in report.render_text([p])

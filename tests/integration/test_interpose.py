@@ -52,8 +52,8 @@ DRIVER = """
         dtoh, copy, set32 = proc('cuMemcpyDtoH', DTOH), proc('cuMemcpyAsync', COPY), proc('cuMemsetD32Async', SET32)
         inst, glaunch, destroy = proc('cuGraphInstantiate', INST), proc('cuGraphLaunch', GLAUNCH), proc('cuGraphExecDestroy', DESTROY)
         begin, end = proc('cuStreamBeginCapture', BEGIN), proc('cuStreamEndCapture', END)
-        def k(f=launch, stream=None):
-            return f(None, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
+        def k(f=launch, stream=None, fn=None):
+            return f(fn, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
         config = ctypes.create_string_buffer(64)   # a CUlaunchConfig on the NULL stream
         def graph(nodes):
             ex = c_ulong()

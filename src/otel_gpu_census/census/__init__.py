@@ -213,9 +213,11 @@ class KernelTracing:
     - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
       preloaded, as ``preloaded``; kernel durations from CUDA event pairs around about 1 of every `events_every_eager`
       eager and `events_every_graph` graph launches of each thread (events.c); CUPTI never loaded. Exact: counts,
-      copies, memsets. Estimated: eager kernel time (launches x the mean of the pairs that met a busy stream; with none
-      in the process, of those that met an idle one, `events_idle`, which read long) and graph spans (each launch
-      priced at its exec's mean span). Busy: not measured (0)."""
+      copies, memsets. Estimated: eager kernel time (launches x the mean of the pairs; ungated, only those that met a
+      busy stream, or with none in the process, of those that met an idle one, `events_idle`, which read long) and
+      graph spans (each launch priced at its exec's mean span). ``events_gate``: each pair's stream waited for its
+      launch to be submitted before the first event, so the pair is the kernel's time whatever the stream held
+      (`events_forced` gates the watchdog opened were dropped). Busy: not measured (0)."""
 
     mode: int = KERNELS_ALL
     on_ms: int = 0
@@ -241,6 +243,11 @@ class KernelTracing:
     events_failed: int = 0         # pairs an event call failed for
     events_idle: int = 0           # eager pairs that met an idle stream (they read long): not the eager sample ...
     events_idle_ns: int = 0        # ... their durations from the launch call's return, summed
+    events_gate: bool = False      # pairs gated: the stream waited for the launch's submission before its first event
+    events_gated: int = 0          # pairs gated
+    events_forced: int = 0         # ... whose gate the census's watchdog opened (their thread held up): dropped
+    events_lead: int = 0           # gated eager pairs less the GPU's pass over one event, timed just before them ...
+    events_lead_ns: int = 0        # ... those passes, summed (already taken off the eager sample)
 
     @property
     def name(self) -> str:
