@@ -151,8 +151,10 @@ static void *watchdog(void *arg)
             for (int k = 0; w && k < EV_PAIRS; k++) {
                 struct pair *p = &ev.pools[i].p[k];
                 uint32_t seq = atomic_load_explicit(&p->open, memory_order_acquire);
-                if (!seq || now - atomic_load_explicit(&p->opened_ns, memory_order_relaxed) < GATE_FORCE_NS ||
-                    !atomic_compare_exchange_strong(&p->open, &seq, 0))
+                /* signed: a gate shut after `now` was read is not 2^64 ns old (the H200 run before this fix: 1 or
+                 * 2 of 15,000 pairs forced at once) */
+                int64_t age = (int64_t)(now - atomic_load_explicit(&p->opened_ns, memory_order_relaxed));
+                if (!seq || age < (int64_t)GATE_FORCE_NS || !atomic_compare_exchange_strong(&p->open, &seq, 0))
                     continue;
                 __atomic_store_n(&w[k], seq, __ATOMIC_RELEASE);   /* its thread finds the gate open: forced */
             }
