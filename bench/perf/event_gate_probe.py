@@ -7,6 +7,10 @@ call is still running, measurements §24). Per run: the eager mean per timed lau
 launch, the counts against what the program did, and the pairs' accounting (gated, forced, idle, missed, failed).
 
     python3 bench/perf/event_gate_probe.py --out gate.json [--spins 0,3000,20000] [--seconds 3] [--rounds 2]
+                                           [--neighbour]
+
+--neighbour: every run twice, alone and beside a second process on the same GPU (steady.cu spinning 20 us kernels,
+40 a millisecond, no census): do pairs hold the other process's time on the GPU (time-sliced between contexts)?
 
 Needs OTEL_GPU_CENSUS_LIB (the injector; bench/device/run.sh setup exports it), nvcc and a GPU.
 """
@@ -38,15 +42,21 @@ def build(tmp: Path) -> Path:
     return exe
 
 
-def one(exe: Path, lib: str, mode: str, spin: int, seconds: float, every: str, tmp: Path) -> dict:
+def one(exe: Path, lib: str, mode: str, spin: int, seconds: float, every: str, tmp: Path,
+        neighbour: bool = False) -> dict:
     from otel_gpu_census.census import reader
     d = Path(tempfile.mkdtemp(dir=tmp))
     env = dict(os.environ, CUDA_INJECTION64_PATH=lib, OTEL_GPU_CENSUS_DIR=str(d), OTEL_GPU_CENSUS_EVENT_EVERY=every)
     env.update({k: v for k, v in MODES[mode].items() if k != "PRELOAD"})
     if MODES[mode].get("PRELOAD"):
         env["LD_PRELOAD"] = lib
+    other = subprocess.Popen([str(exe), str(seconds + 2), "40", "20000"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) if neighbour else None
     p = subprocess.run([str(exe), str(seconds), "20", str(spin)], env=env, capture_output=True, text=True, timeout=120)
-    out = {"mode": mode, "spin_ns": spin, "rc": p.returncode, "stderr": p.stderr[-2000:]}
+    if other:
+        other.wait(timeout=60)
+    out = {"mode": mode + ("+neighbour" if neighbour else ""), "spin_ns": spin, "rc": p.returncode,
+           "stderr": p.stderr[-2000:]}
     segs = sorted(d.glob("*.seg"))
     if p.returncode != 0 or len(segs) != 1:
         return out
@@ -78,6 +88,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--every", default="4/1", help="OTEL_GPU_CENSUS_EVENT_EVERY of the event modes")
+    ap.add_argument("--neighbour", action="store_true", help="each run also beside a busy second process")
     a = ap.parse_args()
     lib = os.environ["OTEL_GPU_CENSUS_LIB"]
     tmp = Path(tempfile.mkdtemp(prefix="gate-probe-"))
@@ -86,25 +97,28 @@ def main() -> int:
     for r in range(a.rounds):
         for spin in (int(s) for s in a.spins.split(",")):
             for mode in MODES:
-                res = one(exe, lib, mode, spin, a.seconds, a.every, tmp)
-                res["round"] = r
-                runs.append(res)
+                for beside in ((False, True) if a.neighbour else (False,)):
+                    res = one(exe, lib, mode, spin, a.seconds, a.every, tmp, beside)
+                    res["round"] = r
+                    runs.append(res)
                 print(json.dumps({k: res.get(k) for k in ("round", "mode", "spin_ns", "rc", "exact", "eager_mean_ns",
                                                            "graph_span_ns", "pairs")}), flush=True)
     summary = {}
     for spin in (int(s) for s in a.spins.split(",")):
         row = {}
-        for mode in MODES:
+        for mode in [m + n for m in MODES for n in (("", "+neighbour") if a.neighbour else ("",))]:
             rs = [x for x in runs if x["spin_ns"] == spin and x["mode"] == mode and x.get("exact") is not None]
             e = [x["eager_mean_ns"] for x in rs if x["eager_mean_ns"]]
             g = [x["graph_span_ns"] for x in rs if x["graph_span_ns"]]
             row[mode] = {"eager_mean_ns": statistics.median(e) if e else None,
                          "graph_span_ns": statistics.median(g) if g else None,
                          "exact": all(x["exact"] for x in rs) if rs else None}
-        for mode in ("gated", "ungated"):
+        for mode in row:
+            ref = row["all+neighbour" if mode.endswith("+neighbour") else "all"]
             for f in ("eager_mean_ns", "graph_span_ns"):
-                if row[mode][f] and row["all"][f]:
-                    row[mode][f.replace("_ns", "_vs_all")] = row[mode][f] / row["all"][f]
+                if mode.startswith("all") or not (row[mode][f] and ref[f]):
+                    continue
+                row[mode][f.replace("_ns", "_vs_all")] = row[mode][f] / ref[f]
         summary[str(spin)] = row
     Path(a.out).write_text(json.dumps({"args": vars(a), "summary": summary, "runs": runs}, indent=1))
     print(json.dumps(summary, indent=1))
