@@ -176,14 +176,25 @@ def calls_tax_ratio(mode: str, workload: str) -> Callable[[Dict[str, Any]], floa
     return value
 
 
-def reference_ratio(mode: str) -> Callable[[Dict[str, Any]], float]:
+def reference_ratio(mode: str, min_phases: int = 8) -> Callable[[Dict[str, Any]], float]:
     """R's estimated kernel time an output token over A's measured (every kernel traced), loaded in the same
     windows: the median over phases (bench/device/vllm_e2e.py reference_check)."""
     def value(raw: Dict[str, Any]) -> float:
         ref = raw["phases"].get("reference", {}).get(mode)
-        if not ref or ref.get("phases", 0) < 8:
-            raise HeadlineError(f"fewer than 8 phases of {mode} with a reference")
+        if not ref or ref.get("phases", 0) < min_phases:
+            raise HeadlineError(f"fewer than {min_phases} phases of {mode} with a reference")
         return round(ref["kernel_ns_per_token_ratio_median"], 3)
+    return value
+
+
+def gate_excess_ns(spin_ns: int) -> Callable[[Dict[str, Any]], float]:
+    """ns a gated eager event pair (the lead event's pass taken off) reads above CUPTI's duration of the same
+    kernel, steady.cu's kernels spinning `spin_ns` (bench/perf/event_gate_probe.py's summary)."""
+    def value(raw: Dict[str, Any]) -> float:
+        row = raw["summary"][str(spin_ns)]
+        if not (row["gated"]["exact"] and row["all"]["exact"]):
+            raise HeadlineError("a run's counts were not exact")
+        return round(row["gated"]["eager_mean_ns"] - row["all"]["eager_mean_ns"])
     return value
 
 
@@ -235,6 +246,8 @@ S14_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY
 S15_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events,OTEL_GPU_CENSUS_EVENT_EVERY=128 --phase-together P,A "
             "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 270' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
+S16_VLLM = S15_VLLM
+S16_GATE_PROBE = "GATE_PROBE_ARGS='--rounds 1' bash bench/device/run.sh setup gate-probe"
 S14_CALLS_TAX = ("CALLS_TAX_WINDOWS=100/1000 CALLS_TAX_ARGS='--modes plain,preload,windows,default --rotations 4 "
                  "--rounds 6' bash bench/device/run.sh setup calls-tax")
 
@@ -329,6 +342,31 @@ RULES = (
          "tracing every kernel, measured) loaded in the same 3 s windows, median of 8 phases (1.170-1.638): graph spans "
          "+5.7 %, eager samples 2.65 times CUPTI's durations; outside the stated +-10 %; measurements §24",
          command=S15_VLLM, date="2026-12-03"),
+    Rule("vllm_events_gated_vs_plain_throughput_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
+         beside_ratio("events/P@once"), 0.99,
+         "ratio of output tok/s, the census preloaded with kernel durations from gated CUDA event pairs (the stream "
+         "waits for the launch's submission before the first event) around 1 of every 128 eager and every graph launch "
+         "(OTEL_GPU_CENSUS_ACTIVITY=events, no CUPTI) and the vLLM integration (R) / a plain vLLM (P) loaded at the "
+         "same time, 64 closed-loop clients each, 3 s windows, median of 7 rounds (0.861-1.043; R paused / P 0.885, "
+         "R's events / its own paused phases 0.969): the gates cost nothing told from this host's noise; measurements "
+         "§25",
+         command=S16_VLLM, date="2026-12-03"),
+    Rule("vllm_events_gated_kernel_time_vs_measured_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
+         reference_ratio("events", min_phases=7), 1.0,
+         "ratio of kernel ns an output token, R's requests under gated event pairs (eager launches x the pairs' mean, "
+         "graph launches x their exec's mean span) / A's requests (the activity census tracing every kernel) loaded "
+         "in the same 3 s windows, three vLLM servers on one H200, median of 7 phases (1.595-1.735): graph spans "
+         "+1.9 %, eager pairs 2.9 times CUPTI's mean, the other servers' work inside them (R alone on the GPU: "
+         "eager pairs 1.26 times A's CUPTI mean, ~1.08 a token against A's); measurements §25",
+         command=S16_VLLM, date="2026-12-03"),
+    Rule("micro_gated_eager_pair_excess_ns", "2026-12-03-h200-s16-gate-probe.json",
+         gate_excess_ns(3000), None,
+         "ns a gated eager event pair reads above CUPTI's duration of the same kernel (steady.cu, 20 kernels a ms "
+         "spinning 3 us, 1 in 4 eager launches paired, the lead event's pass taken off; 986 ns for empty kernels, "
+         "1,076 ns for 20 us ones): the GPU's dispatch of a kernel, which CUPTI's records do not count; measurements "
+         "§25",
+         command=S16_GATE_PROBE, date="2026-12-03",
+         why_no_target="the overhead issue states a bound on per-request kernel time (±10 %), none per pair"),
     Rule("micro_graph_issue_ratio_windows", "2026-12-03-h200-s14-calls-tax.json",
          calls_tax_ratio("windows", "graph_issue_ns"), 0.99,
          "ratio of CUDA-graph replays (64 adds a graph) issued a second by torch's thread, a process under "

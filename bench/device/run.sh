@@ -87,7 +87,7 @@ phase() {
     setup) setup ;;
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
-    events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k events 2>&1 | tee "$OUT/events-tests.log" ;;
+    events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k "events or gated_event" 2>&1 | tee "$OUT/events-tests.log" ;;
     gate-floor)  # what a gated event pair reads around kernels of known length and around nothing, no census
       make -s -C bench/floor gate_floor BUILD=/tmp/floor && /tmp/floor/gate_floor ${GATE_FLOOR_N:-2000} | tee "$OUT/gate_floor.json" ;;
     gate-probe)  # gated and ungated event pairs against CUPTI on kernels of known length (bench/perf/event_gate_probe.py)

@@ -59,10 +59,10 @@ static int env_choice(const char *name, const char *const *choices, int n)
 #define WINDOWS_ON_MS 200u
 #define WINDOWS_PERIOD_MS 5000u
 
-/* ACTIVITY=events: every graph launch of a thread timed by an event pair, and no eager launch: an eager pair times the
- * launching thread as much as the kernel (2.6-2.9 times CUPTI's durations on vLLM, docs/measurements.md §24), so
- * eager kernel time is left unknown unless OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH] asks for pairs */
-#define EVENTS_EVERY_EAGER 0u
+/* ACTIVITY=events: every graph launch of a thread timed by an event pair, and about 1 in 128 eager launches. Gated
+ * (events.c), an eager pair is the kernel and ~1 us of dispatch on the H200 (ungated, 2.6-2.9 times CUPTI's
+ * durations on vLLM: docs/measurements.md §24-§25); EAGER 0 leaves eager kernel time unknown */
+#define EVENTS_EVERY_EAGER 128u
 #define EVENTS_EVERY_GRAPH 1u
 
 /* ON_MS/PERIOD_MS, both multiples of the 20 ms window, 0 < ON_MS < PERIOD_MS <= 1 h: 0, or -1. */

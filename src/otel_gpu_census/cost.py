@@ -97,8 +97,14 @@ def estimate(c: ProcessCensus) -> CensusCost:
 
 def context_made_under_cupti(c: ProcessCensus) -> bool:
     """A context of this process was created while CUPTI was set up (ATTACH=cuinit, or a context made
-    after the attach): its graph replays pay CUPTI's per-node cost, paused or not."""
-    return c.attach.mode == ATTACH_CUINIT or c.attach.contexts_late > 0
+    after the attach): its graph replays pay CUPTI's per-node cost, paused or not. Never where CUPTI was never
+    loaded (:func:`cupti_never_loaded`)."""
+    return not cupti_never_loaded(c) and (c.attach.mode == ATTACH_CUINIT or c.attach.contexts_late > 0)
+
+
+def cupti_never_loaded(c: ProcessCensus) -> bool:
+    """The census library preloaded counted at the calls, with no CUPTI window (ACTIVITY=off or events)."""
+    return c.kernels.preloaded and not c.kernels.windows
 
 
 def graph_node_s(c: ProcessCensus) -> float:

@@ -489,10 +489,12 @@ def _process_lines(c: ProcessCensus) -> List[str]:
                 "of GPU time a graph kernel node, H200: CUPTI was set up before the context; the default "
                 "OTEL_GPU_CENSUS_ATTACH=context avoids it, OTEL_GPU_CENSUS_DISABLED=1 is free of it)"
                 if cost.context_made_under_cupti(c) else "")
+        after = (f"; CUPTI stayed set up, so the launching threads still paid its cost (~{cost.SET_UP_EAGER_S * 1e6:g} "
+                 "us an eager launch, more on the calls around it, H200: a paused census is not an untraced process)"
+                 if not cost.cupti_never_loaded(c) else "; CUPTI was never loaded, so the launching threads paid only the census "
+                 "library's check of its wrappers")
         lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"
-                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then{tail}; CUPTI stayed "
-                     f"set up, so the launching threads still paid its cost (~{cost.SET_UP_EAGER_S * 1e6:g} us an "
-                     "eager launch, more on the calls around it, H200: a paused census is not an untraced process)")
+                     f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then{tail}{after}")
     note = attach_note(c)
     if note:
         lines.append(f"  note: {note}")

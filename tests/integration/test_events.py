@@ -156,9 +156,10 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
     assert k.events_failed == 0 and k.name == "events:1/1"
 
 
-def test_by_default_only_graph_launches_are_timed_and_eager_time_is_unknown(native, mock_lib, mock_cuda, tmp_path):
-    """The default: every graph launch gets a gated pair but an exec's first (its first launch may wait for the
-    context), no eager launch does. Eager kernel time is then unknown, and said: in the report, and in
+def test_with_no_eager_pair_only_graph_launches_are_timed_and_eager_time_is_unknown(
+        native, mock_lib, mock_cuda, tmp_path):
+    """OTEL_GPU_CENSUS_EVENT_EVERY=0/1: every graph launch gets a gated pair but an exec's first (its first launch may
+    wait for the context), no eager launch does. Eager kernel time is then unknown, and said: in the report, and in
     the metrics, which give no kernel-time point (a part never read as the whole) and no busy or copy-time point,
     while graph time, counts and bytes are there."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
@@ -174,7 +175,7 @@ def test_by_default_only_graph_launches_are_timed_and_eager_time_is_unknown(nati
         out['gates'] = cuda.mock_cuda_gates()
         out['flush'] = g.gc_flush()
         out['path'] = path()
-    """, env=dict(ENV, **preloaded(native)))
+    """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="0/1"))
     assert res["flush"] == 0 and res["recorded"] == 2 * 2 and res["gates"] == 2 and err == "", err
     p = read(native, res["path"])
     dev, k = p.devices[0], p.kernels
@@ -198,7 +199,7 @@ def test_by_default_only_graph_launches_are_timed_and_eager_time_is_unknown(nati
 
 
 def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(native, mock_lib, mock_cuda, tmp_path):
-    """OTEL_GPU_CENSUS_EVENT_EVERY=4/0 is refused with one line (the defaults: 0/1); without the preload, events fall
+    """OTEL_GPU_CENSUS_EVENT_EVERY=4/0 is refused with one line (the defaults: 128/1); without the preload, events fall
     back to the activity census, with one line."""
     body = EVENTS.format(mock_cuda=mock_cuda) + """
         out['init'] = g.InitializeInjection()
@@ -210,7 +211,7 @@ def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(nati
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body,
                                   env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="4/0"))
     assert "ignoring OTEL_GPU_CENSUS_EVENT_EVERY=4/0" in err and err.count("\n") == 1, err
-    assert read(native, res["path"]).kernels.name == "events:0/1" and res["registered"] == 0
+    assert read(native, res["path"]).kernels.name == "events:128/1" and res["registered"] == 0
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=ENV)
     assert "OTEL_GPU_CENSUS_ACTIVITY=events needs the census library preloaded" in err, err
     assert res["init"] == 1 and res["registered"] == 1     # CUPTI's activity API: the default census
@@ -306,3 +307,31 @@ def test_the_watchdog_leaves_gates_their_threads_open_in_time(native, mock_lib, 
     k = read(native, res["path"]).kernels
     assert res["flush"] == 0 and err == "", err
     assert k.events_gated > 4_000 and k.events_forced == 0, (k.events_gated, k.events_forced)
+
+
+def test_by_default_one_eager_launch_in_128_and_every_graph_launch_get_a_gated_pair(
+        native, mock_lib, mock_cuda, tmp_path):
+    """The mode's default (OTEL_GPU_CENSUS_EVENT_EVERY unset: 128/1, gated): about 1 of every 128 eager launches and
+    every graph launch but an exec's first are paired, every pair gated; eager kernel time is then known (the pairs'
+    mean prices every eager launch), not left unknown."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
+        g.InitializeInjection()
+        cuda.mock_cuda_set_kernel_ns(1000)
+        cuda.mock_cuda_set_graph_ns(30_000)
+        ex = graph(4)
+        for i in range(6_400):
+            if i % 512 == 0: time.sleep(0.002)
+            k(fn=0xf00)
+        for _ in range(3): glaunch(ex, None)
+        settle()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=dict(ENV, **preloaded(native)))
+    assert res["flush"] == 0 and err == "", err
+    p = read(native, res["path"])
+    dev, k = p.devices[0], p.kernels
+    assert k.name == "events:128/1" and k.events_gate and k.events_forced == 0
+    assert 20 <= dev.eager_traced <= 80 and dev.eager_traced_ns == 1_000 * dev.eager_traced
+    assert k.events_gated == dev.eager_traced + 2 and k.events_lead == dev.eager_traced
+    kt = p.kernel_time(dev)
+    assert not kt.unknown and kt.ns == 6_400 * 1_000 + 3 * 30_000

@@ -188,6 +188,17 @@ def test_a_paused_census_says_what_a_pause_does_not_take_away(census_dir, segmen
     note = next(l for l in report.render_text([c]).splitlines() if "paused the census" in l)
     assert "nothing was counted then; CUPTI stayed set up" in note and "graph replays" not in note
     assert "~0.654 us an eager launch" in note and "not an untraced process" in note
+    # the census library preloaded (CUPTI never loaded, attached at cuInit): no CUPTI cost is left behind
+    (census_dir / "preloaded").mkdir(mode=0o700)
+
+    def preloaded(seg):
+        edit(seg)
+        seg.cupti_version, seg.flags = 0, seg.flags | 0x20 | 0x40   # GC_FLAG_CALLS | GC_FLAG_PRELOAD
+    c = reader.read_segment(segments.segment(census_dir / "preloaded", [], edit=preloaded))
+    assert c.attach.mode == 0 and cost.cupti_never_loaded(c) and not cost.context_made_under_cupti(c)
+    note = next(l for l in report.render_text([c]).splitlines() if "paused the census" in l)
+    assert "nothing was counted then; CUPTI was never loaded" in note
+    assert "CUPTI stayed" not in note and "graph replays" not in note
 
 
 def test_no_census_cost_line_without_records(census_dir, segments, records):
