@@ -16,17 +16,11 @@
 #include <algorithm>
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include "../../tests/gpu/spin.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
 #define CD(x) do { CUresult r = (x); if (r != CUDA_SUCCESS) { fprintf(stderr, "%s:%d CUresult %d\n", __FILE__, __LINE__, (int)r); exit(1); } } while (0)
-
-__global__ void spin_kernel(unsigned long long spin_ns) {
-    if (!spin_ns) return;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < spin_ns);
-}
 
 static double now_ns() {
     timespec t;

@@ -11,16 +11,10 @@
 #include <ctime>
 #include <cuda_runtime.h>
 #include "census_wait.h"
+#include "spin.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
-__global__ void tiny_kernel(unsigned long long spin_ns) {
-    if (!spin_ns) return;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < spin_ns);
-}
 
 static double now_s() {
     timespec t;
@@ -46,14 +40,14 @@ int main(int argc, char **argv) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 20; i++) tiny_kernel<<<1, 1, 0, s>>>(spin);
+    for (int i = 0; i < 20; i++) spin_kernel<<<1, 1, 0, s>>>(spin);
     CK(cudaMemcpyAsync(pinned, d, MiB, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     long kernels = 0, graphs = 0, htod = 0;
     const double t0 = now_s();
     for (long ms = 0; now_s() - t0 < seconds; ms++) {
-        for (int i = 0; i < per_ms; i++) tiny_kernel<<<1, 1, 0, s>>>(spin);
+        for (int i = 0; i < per_ms; i++) spin_kernel<<<1, 1, 0, s>>>(spin);
         kernels += per_ms;
         if (ms % 10 == 0) {
             CK(cudaGraphLaunch(ge, s));
