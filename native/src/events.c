@@ -195,17 +195,11 @@ int gc_events_start(uint32_t every_eager, uint32_t every_graph, int gate)
         gc_log("event pairs not gated: the driver lacks stream memory operations (OTEL_GPU_CENSUS_EVENT_GATE); "
                "eager pairs on an idle stream hold their launch call");
     else if (gate) {
-        pthread_t t;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&at, 64 * 1024);
         atomic_store(&ev.gate, 1);
-        if (pthread_create(&t, &at, watchdog, NULL) != 0) {
+        /* it calls no library: a small stack */
+        if (gc_thread_start(watchdog, 64 * 1024, "watchdog thread of the event gates, so event pairs are not gated "
+                                                 "(OTEL_GPU_CENSUS_EVENT_GATE)") != 0)
             atomic_store(&ev.gate, 0);
-            gc_log("event pairs not gated: no watchdog thread (OTEL_GPU_CENSUS_EVENT_GATE)");
-        }
-        pthread_attr_destroy(&at);
     }
     atomic_store(&ev.on, 1);
     return 0;

@@ -527,30 +527,10 @@ static void *flusher(void *arg)
 
 #define GC_FLUSHER_STACK (8u << 20)
 
-static int start_flusher(void)
-{
-    pthread_attr_t attr;
-    pthread_t th;
-    sigset_t all, old;
-    if (pthread_attr_init(&attr) != 0) return -1;
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits "all blocked" */
-    /* The stack CUDA's own threads get (8 MiB, virtual: only the pages touched are memory). The
-     * flusher sets CUPTI up on a live context (ATTACH=context), and CUPTI and the driver then need
-     * deep stacks: with 256 KiB llama-server segfaulted in libcuda on the H200 (2026-12-02). */
-    int rc = pthread_attr_setstacksize(&attr, GC_FLUSHER_STACK) == 0 ? pthread_create(&th, &attr, flusher, NULL) : EINVAL;
-    if (rc == EINVAL) {
-        pthread_attr_destroy(&attr);
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        rc = pthread_create(&th, &attr, flusher, NULL);
-    }
-    if (rc != 0) gc_log("cannot start the flusher thread: %s", strerror(rc));
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
-    return rc == 0 ? 0 : -1;
-}
+/* The stack CUDA's own threads get (8 MiB, virtual: only the pages touched are memory). The flusher sets CUPTI up
+ * on a live context (ATTACH=context), and CUPTI and the driver then need deep stacks: with 256 KiB llama-server
+ * segfaulted in libcuda on the H200 (2026-12-02). */
+static int start_flusher(void) { return gc_thread_start(flusher, GC_FLUSHER_STACK, "flusher thread"); }
 
 /* ---- process life: exit and fork ---- */
 

@@ -163,6 +163,9 @@ uint64_t gc_contexts_full(void);                /* contexts not kept (more than 
 int gc_contexts_new(void);                      /* contexts not yet given a state */
 void gc_contexts_forget(void);                  /* in a forked child */
 
+/* thread.c: a thread of the census's own, detached, every signal blocked, on `stack` bytes (the default where
+ * refused); 0, else -1 with one line: "cannot start the `what`: why". */
+int gc_thread_start(void *(*fn)(void *), size_t stack, const char *what);
 void gc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* segment.c */

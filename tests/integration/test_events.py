@@ -266,7 +266,8 @@ def test_a_gate_its_thread_leaves_shut_is_opened_by_the_watchdog_and_its_pair_dr
         native, mock_lib, mock_cuda, tmp_path):
     """A launch call that takes 40 ms (held up inside the driver) while its stream waits at the gate: the census's
     watchdog opens the gate during the call (the stream stalls 10-20 ms, never for good), and the pair, which holds
-    the stall, is dropped and counted as forced. The next sampled launch is timed as ever."""
+    the stall, is dropped and counted as forced. The next sampled launch is timed as ever. The watchdog, like the
+    flusher, blocks every signal: the server's signals never run on a thread of ours."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
         g.InitializeInjection()
         cuda.mock_cuda_set_kernel_ns(1000)
@@ -278,10 +279,18 @@ def test_a_gate_its_thread_leaves_shut_is_opened_by_the_watchdog_and_its_pair_dr
         time.sleep(0.001)
         k(fn=0xf00)
         settle()
+        import os
+        out['blocked'] = []                    # the census's threads (flusher, watchdog) take none of the server's signals
+        for tid in os.listdir('/proc/self/task'):
+            if int(tid) != os.getpid():
+                blk = next(l for l in open(f'/proc/self/task/{tid}/status') if l.startswith('SigBlk:'))
+                out['blocked'].append(int(blk.split()[1], 16))
         out['flush'] = g.gc_flush()
         out['path'] = path()
     """, env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1"))
     assert res["flush"] == 0 and res["opened_in_call"] == 1 and err == "", err
+    term_int = (1 << (15 - 1)) | (1 << (2 - 1))  # SIGTERM, SIGINT
+    assert len(res["blocked"]) >= 2 and all(b & term_int == term_int for b in res["blocked"]), res["blocked"]
     p = read(native, res["path"])
     dev, k = p.devices[0], p.kernels
     assert (k.events_gated, k.events_forced, k.events_timed, k.events_failed) == (2, 1, 1, 0)
