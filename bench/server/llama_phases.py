@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from ballast import Ballast  # noqa: E402
-from control_phases import Phases, phase_seed, run_rounds, summarise  # noqa: E402
+from control_phases import Phases, delta, phase_seed, run_rounds, summarise  # noqa: E402
 from load import run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
 
@@ -45,6 +45,10 @@ def main() -> int:
     ap.add_argument("--beside-plain", action="store_true",
                     help="also a plain llama-server (no census, on --port + 1), the same load after every round: "
                          "mode/plain says what the census costs against no census at all (off is CUPTI attached, paused)")
+    ap.add_argument("--beside-traced", action="store_true",
+                    help="also a llama-server under the activity census tracing every kernel (on --port + 2), the same "
+                         "load after every round, alone on the GPU: each mode's kernel ns an output token / its "
+                         "(`kt:MODE/traced`), the check of an estimating mode (events, windows) against the measured")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
     ap.add_argument("--activity", choices=("on", "off", "windows", "events"), default=None,
                     help="the census server's `run --activity`: off counts at the calls through the library "
@@ -72,14 +76,27 @@ def main() -> int:
         logs.append(open(Path(a.out).with_suffix(".plain.log"), "w"))
         procs.append(subprocess.Popen(server(a.port + 1), stdout=logs[-1], stderr=subprocess.STDOUT,
                                       start_new_session=True))
+    traced_url = f"http://127.0.0.1:{a.port + 2}"
+    traced = Path(tempfile.mkdtemp(prefix="llama-traced-"))
+    if a.beside_traced:
+        os.chmod(traced, 0o700)
+        tcmd = [*cmd[:4], "--dir", str(traced), "--exporter", "none", "--", *server(a.port + 2)]
+        res["traced_command"] = " ".join(tcmd)
+        logs.append(open(Path(a.out).with_suffix(".traced.log"), "w"))
+        procs.append(subprocess.Popen(tcmd, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
     try:
-        for u, p in zip((url, plain_url), procs):
+        urls = [url] + [plain_url] * a.beside_plain + [traced_url] * a.beside_traced
+        for u, p in zip(urls, procs):
             if wait_health(u, p, 300) is None:
                 res["error"] = f"llama-server at {u} did not come up"
                 return 1
             run_load(u, a.clients, a.clients, n_predict=16, seed=999)        # warm-up (and the segment)
         time.sleep(1.5)
         ph = Phases(census)
+        tr = Phases(traced)
+        if a.beside_traced and not tr.set("launch"):       # every kernel traced, graphs per launch, never paused
+            res["error"] = "the traced server's census did not switch to every kernel"
+            return 1
 
         modes = a.modes.split(",")
 
@@ -101,11 +118,36 @@ def main() -> int:
                     rnd[f"{m}/plain"] = round(rnd[m]["tok_s"] / rnd["plain"]["tok_s"], 4)
             res["rounds"].append(rnd)
             print("plain", {k: v for k, v in rnd.items() if k.endswith("/plain")}, flush=True)
+        def measured(rnd):    # the every-kernel server after each round, alone on the GPU, prompts its own
+            before = tr.totals()
+            ld = run_load(traced_url, a.clients, a.requests, n_predict=a.n_predict,
+                          seed=phase_seed(100, len(res["rounds"]), "traced", modes) + 7)
+            time.sleep(1.5)     # the flusher's period: the load's records into the totals
+            rnd["traced"] = {"tok_s": ld.get("output_tok_s"), "tokens": ld.get("output_tokens"), "switched": True,
+                             "errors": ld.get("errors"), "census": delta(tr.totals(), before)}
+            t = rnd["traced"]
+            for m in modes:
+                c = rnd[m]["census"]
+                if m != "off" and c.get("kernel_ns") and t["census"].get("kernel_ns") and rnd[m].get("tokens") \
+                        and t["tokens"]:
+                    rnd[f"kt:{m}/traced"] = round(c["kernel_ns"] / rnd[m]["tokens"]
+                                                  / (t["census"]["kernel_ns"] / t["tokens"]), 4)
+            print("traced", {k: v for k, v in rnd.items() if k.startswith("kt:")}, flush=True)
+
+        def after(rnd):
+            if a.beside_traced:
+                measured(rnd)
+            if a.beside_plain:
+                plain(rnd)      # appends the round to res["rounds"]
+            else:
+                res["rounds"].append(rnd)
         with Ballast(a.ballast) as b:
-            res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=plain if a.beside_plain else None,
-                                       deadline=t_start + a.budget_s)
+            res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=after, deadline=t_start + a.budget_s)
             res["ballast"] = {"processes": b.n, "alive_at_end": b.alive()}
         res.update(summarise(res["rounds"], modes=modes))
+        if a.beside_traced:     # the measured server's figures an output token, beside each mode's
+            res["per_output_token"]["traced"] = summarise(
+                [{"traced": x["traced"]} for x in res["rounds"]], modes=["traced"])["per_output_token"]["traced"]
         return 0
     finally:
         for p in procs:

@@ -420,3 +420,24 @@ def test_reference_check_compares_r_with_the_measured_server_loaded_in_the_same_
     assert w["request_error_p50"] == 0.05 and w["reference_spread_p90"] == 0.2 and vllm_e2e.FAILS == []
     out = vllm_e2e.reference_check([req(50, 1300), req(250, 2400)], a, rounds, ["windows"])
     assert out["windows"]["kernel_ns_per_token_ratio_median"] == 1.25 and len(vllm_e2e.FAILS) == 1
+
+
+def test_reference_check_sets_each_phase_against_a_loaded_beside_in_its_round(monkeypatch):
+    """A loaded after R's round (alone on the GPU): each of R's phases is set against A's load of the same round,
+    found by A's own wall times; A's requests that fell in R's windows are not the reference."""
+    rounds = [{"events": {"t0_ns": 0, "t1_ns": 99}, "off": {"t0_ns": 100, "t1_ns": 199}, "A": {"t0_ns": 200, "t1_ns": 299}},
+              {"events": {"t0_ns": 300, "t1_ns": 399}, "off": {"t0_ns": 400, "t1_ns": 499}, "A": {"t0_ns": 500, "t1_ns": 599}},
+              {"events": {"t0_ns": 600, "t1_ns": 699}, "off": {"t0_ns": 700, "t1_ns": 799}}]   # A down: left out
+
+    def req(t, ns, tokens=10):
+        return {"start_time_unix_nano": t, "output_tokens": tokens, "gpu": {"kernel.time_ns": ns, "kernel.count": 5}}
+    a = [req(210, 1000), req(220, 1000), req(510, 2000), req(50, 7777)]
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    r = [req(50, 1050), req(350, 2100), req(650, 999)]
+    out = vllm_e2e.reference_check(r, a, rounds, ["off", "events"], a_beside=True)
+    e = out["events"]
+    assert e["phases"] == 2 and e["requests"] == 2 and e["reference_requests"] == 3
+    assert e["kernel_ns_per_token_ratio_median"] == 1.05 and vllm_e2e.FAILS == []
+    # together (the default) the same logs compare R's first phase with A's request inside it
+    out = vllm_e2e.reference_check(r, a, rounds, ["off", "events"])
+    assert out["events"]["phases"] == 1 and out["events"]["kernel_ns_per_token_ratio_median"] == round(1050 / 7777, 4)
