@@ -14,6 +14,7 @@
 #                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
 #   vllm-p1 / vllm-p2   the same from the re-cut pieces (bench/device/vllm_parts.sh), for a tree that no
 #                longer fits beside part1 in 64 MiB; the last call carries .vllm/p3 and .vllm/part3
+#   vllm-install vLLM from the carried pieces and the package, no run (a call of its own when the run needs all 600 s)
 #   install      the package into /tmp/site (built here; its entry points are how vLLM finds it)
 #   vllm         install vLLM and the package, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (the
 #                integration end to end: spans to a real OTLP receiver, conservation, KV offload,
@@ -100,8 +101,9 @@ phase() {
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
         > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
-    vllm) { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
-          { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install && rm -rf /tmp/e2e && \
+    vllm-install) { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
+          { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install ;;
+    vllm) phase vllm-install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
           # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files
           # (session 11 lost vllm_e2e.json to that count: the request log's copy and the partial rounds,
