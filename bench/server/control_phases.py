@@ -83,6 +83,10 @@ class Phases:
             for d in c.devices.values():
                 add("kernel_count", d.kernel_count)
                 add("kernel_ns", d.kernel_ns)
+                # the census's kernel time: under a counting mode (counted, windows, events) eager launches priced
+                # at the sample's mean, which the raw kernel_ns leaves out (events: graph spans only). A phase's
+                # delta of it prices the phase's launches at the mean as it stood at each end.
+                add("kernel_time_ns", c.kernel_time(d).ns)
                 add("busy_ns", d.busy_ns)
                 add("graph_launches", d.graph_launches)
                 add("graph_kernel_count", d.graph_kernel_count)

@@ -128,10 +128,10 @@ def main() -> int:
             t = rnd["traced"]
             for m in modes:
                 c = rnd[m]["census"]
-                if m != "off" and c.get("kernel_ns") and t["census"].get("kernel_ns") and rnd[m].get("tokens") \
-                        and t["tokens"]:
-                    rnd[f"kt:{m}/traced"] = round(c["kernel_ns"] / rnd[m]["tokens"]
-                                                  / (t["census"]["kernel_ns"] / t["tokens"]), 4)
+                if m != "off" and c.get("kernel_time_ns") and t["census"].get("kernel_time_ns") \
+                        and rnd[m].get("tokens") and t["tokens"]:
+                    rnd[f"kt:{m}/traced"] = round(c["kernel_time_ns"] / rnd[m]["tokens"]
+                                                  / (t["census"]["kernel_time_ns"] / t["tokens"]), 4)
             print("traced", {k: v for k, v in rnd.items() if k.startswith("kt:")}, flush=True)
 
         def after(rnd):

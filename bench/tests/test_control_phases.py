@@ -156,3 +156,20 @@ def test_a_state_with_the_kernel_kind_on_that_got_no_eager_record_is_a_gap():
               {"mode": "counted20", "census": {"eager_launches": 0}}]                # idle: not judged
     assert kind_toggle.gaps(states) == [states[1], states[3]]
     assert {"launch", "counted", "off"} <= set(kind_toggle.CYCLE)
+
+
+def test_totals_give_the_censuss_priced_kernel_time_beside_the_raw_kernel_ns(tmp_path, monkeypatch):
+    """Under a counting mode (events, windows, counted) a device's raw kernel_ns holds the graph spans and the sample
+    only; the eager launches' time is the census's price (ProcessCensus.kernel_time): totals carry both, so a phase's
+    kernel time a token is the census's, not the graph part alone (the llama-server run of 2026-12-04 read 0.24)."""
+    from types import SimpleNamespace as NS
+    from otel_gpu_census.census import KernelTime, reader
+    (tmp_path / "gpu-census-1-2.seg").write_bytes(b"")
+    dev = NS(kernel_count=10, kernel_ns=400, busy_ns=0, graph_launches=1, graph_kernel_count=2, eager_launches=8,
+             eager_traced=1, eager_traced_ns=50, memset=NS(count=0, bytes=0), copies=NS(cells={}))
+    fake = NS(devices={0: dev}, graphs=NS(unknown=0, inexact=0), records=0, buffers=0, dropped=0, buffers_refused=0,
+              records_unknown=0, kernels=NS(outside=0), launches_lost=0,
+              kernel_time=lambda d: KernelTime(d.kernel_ns - d.eager_traced_ns + d.eager_launches * 50, True))
+    monkeypatch.setattr(reader, "read_segment", lambda path, detail=True: fake)
+    t = cp.Phases(tmp_path).totals()
+    assert t["kernel_ns"] == 400 and t["kernel_time_ns"] == 750

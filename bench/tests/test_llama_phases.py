@@ -26,7 +26,7 @@ def test_beside_traced_sets_each_modes_kernel_time_a_token_against_the_measured_
     class FakePhases:
         def __init__(self, d):
             self.d = str(d)
-            totals.setdefault(self.d, {"kernel_ns": 0, "copy.dtoh.pageable.bytes": 0})
+            totals.setdefault(self.d, {"kernel_time_ns": 0, "copy.dtoh.pageable.bytes": 0})
 
         def set(self, mode, timeout=10.0):
             switched.setdefault(self.d, []).append(mode)
@@ -49,8 +49,8 @@ def test_beside_traced_sets_each_modes_kernel_time_a_token_against_the_measured_
         loads.append(port)
         tokens = requests * n_predict
         if port in census_of_port:
-            t = totals.setdefault(census_of_port[port], {"kernel_ns": 0, "copy.dtoh.pageable.bytes": 0})
-            t["kernel_ns"] += kernel_ns_per_token[port] * tokens
+            t = totals.setdefault(census_of_port[port], {"kernel_time_ns": 0, "copy.dtoh.pageable.bytes": 0})
+            t["kernel_time_ns"] += kernel_ns_per_token[port] * tokens
             t["copy.dtoh.pageable.bytes"] += 4096 * tokens
         return {"output_tok_s": 100.0 + port - 8193, "output_tokens": tokens, "errors": 0}
 
@@ -78,7 +78,7 @@ def test_beside_traced_sets_each_modes_kernel_time_a_token_against_the_measured_
     assert res["kt:events/traced"]["all"] == [1.1, 1.1, 1.1]
     assert res["events/plain"]["median"] == round(100 / 101, 4)
     per = res["per_output_token"]
-    assert per["traced"]["kernel_ns"] == 1000 and per["events"]["kernel_ns"] == 1100
+    assert per["traced"]["kernel_time_ns"] == 1000 and per["events"]["kernel_time_ns"] == 1100
     assert per["traced"]["copy.dtoh.pageable.bytes"] == per["events"]["copy.dtoh.pageable.bytes"] == 4096
 
 
