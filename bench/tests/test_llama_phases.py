@@ -94,10 +94,10 @@ def _mkdir(p: Path) -> Path:
 
 
 def test_phase_kernel_time_prices_each_phases_eager_launches_at_its_own_sample():
-    """graph spans 400 + 8 eager launches at the sample's 50 ns = 800 ns for 10 tokens, against 1,000 ns for 10 tokens
+    """graph spans 400 (kernel_ns 500 less the sample's 100) + 8 eager launches at the sample's 50 ns = 800 ns for 10 tokens, against 1,000 ns for 10 tokens
     measured: 0.8; a phase without a traced load beside it, or without a sample, is left out."""
     import phase_kernel_time as pk
-    ev = {"kernel_count": 10, "kernel_ns": 450, "eager_launches": 8, "eager_traced": 2, "eager_traced_ns": 100}
+    ev = {"kernel_count": 10, "kernel_ns": 500, "eager_launches": 8, "eager_traced": 2, "eager_traced_ns": 100}
     raw = {"rounds": [{"events": {"tokens": 10, "census": ev}, "traced": {"tokens": 10, "census": {"kernel_ns": 1000}}},
                       {"events": {"tokens": 10, "census": ev}},
                       {"events": {"tokens": 10, "census": {**ev, "eager_traced": 0, "eager_traced_ns": 0}},
