@@ -187,6 +187,20 @@ def reference_ratio(mode: str, min_phases: int = 8) -> Callable[[Dict[str, Any]]
     return value
 
 
+def phase_kernel_time_ratio(mode: str) -> Callable[[Dict[str, Any]], float]:
+    """Each phase's kernel time a token, priced as the census prices it, over the every-kernel server's loaded after
+    the same round (bench/server/phase_kernel_time.py on a llama_phases.py --beside-traced file): the median."""
+    def value(raw: Dict[str, Any]) -> float:
+        sys.path.insert(0, str(REPO / "bench" / "server"))
+        sys.path.insert(0, str(REPO / "src"))
+        import phase_kernel_time
+        xs = phase_kernel_time.ratios(raw, mode)
+        if not xs:
+            raise HeadlineError(f"no {mode} phase with a traced load beside it")
+        return round(statistics.median(xs), 3)
+    return value
+
+
 def gate_excess_ns(spin_ns: int) -> Callable[[Dict[str, Any]], float]:
     """ns a gated eager event pair (the lead event's pass taken off) reads above CUPTI's duration of the same
     kernel, steady.cu's kernels spinning `spin_ns` (bench/perf/event_gate_probe.py's summary)."""
@@ -248,35 +262,83 @@ S15_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY
             "--budget-s 270' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
 S16_VLLM = S15_VLLM
 S16_GATE_PROBE = "GATE_PROBE_ARGS='--rounds 1' bash bench/device/run.sh setup gate-probe"
+S17_LLAMA = ("BENCH_ARGS='--activity events --modes off,events --beside-plain --beside-traced --rounds 14 "
+             "--budget-s 420' bash bench/device/run.sh setup llama-phases (after setup llama-bg, vllm-install llama-wait)")
+S17_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events --phase-beside P,A "
+            "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
+            "--budget-s 250' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
 S14_CALLS_TAX = ("CALLS_TAX_WINDOWS=100/1000 CALLS_TAX_ARGS='--modes plain,preload,windows,default --rotations 4 "
                  "--rounds 6' bash bench/device/run.sh setup calls-tax")
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
+    Rule("llamacpp_default_throughput_ratio", "2026-12-04-h200-s17-llama-events.json",
+         phases_ratio("events"), 0.99,
+         "ratio of output tok/s, the default census (`run`: counted at the calls by the library preloaded, CUPTI never "
+         "loaded, kernel durations from gated CUDA event pairs around every graph launch and ~1 in 128 eager launches) / "
+         "the same census paused (its wrappers passing every call through), one llama-server (8B, 16 slots) in "
+         "alternating control-file phases with prompts of their own, median of 11 rounds (spread 0.962-1.045, "
+         "geometric mean 0.991 [0.979, 1.005]); measurements §26",
+         command=S17_LLAMA, date="2026-12-04"),
+    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-04-h200-s17-llama-events.json",
+         beside_ratio("events/plain", under=None), 0.99,
+         "ratio of output tok/s, the default census (R's events phases) / a plain llama-server (no census) loaded after "
+         "every round of R's phases, 8B, 16 slots, prompts of their own, median of 11 rounds (geometric mean 0.980 "
+         "[0.960, 1.002]; R paused / plain 0.986, geometric mean 0.989 [0.969, 1.010]); measurements §26",
+         command=S17_LLAMA, date="2026-12-04"),
+    Rule("llamacpp_default_kernel_time_vs_measured_ratio", "2026-12-04-h200-s17-llama-events.json",
+         phase_kernel_time_ratio("events"), 1.0,
+         "ratio of kernel ns an output token, the default census's events phases (eager launches x the pairs' mean, "
+         "graph launches x their exec's mean span) / a llama-server under the activity census tracing every kernel, "
+         "loaded alone after each round, 8B, 16 slots, median of 11 rounds (1.024-1.121; eager pairs' mean 16.5 us "
+         "against CUPTI's 15.4: the dispatch each pair holds); stated bound +-10 %; measurements §26",
+         command=S17_LLAMA, date="2026-12-04"),
+    Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
+         phases_ratio("events", "phases"), 0.99,
+         "ratio of output tok/s, the default census (`run`: preloaded, gated event pairs, 128/1, no CUPTI) with the vLLM "
+         "integration / the same server paused, random 160M Llama, CUDA graphs, 64 closed-loop clients, 3 s windows, "
+         "alternating phases, P and A loaded at the same time, median of 7 rounds (0.835-1.051); measurements §25-§26",
+         command=S16_VLLM, date="2026-12-03"),
+    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
+         beside_ratio("events/P@once"), 0.99,
+         "ratio of output tok/s, the default census (`run`: preloaded, gated event pairs, 128/1, no CUPTI) with the vLLM "
+         "integration (R) / a plain vLLM (P) loaded at the same time, 64 closed-loop clients each, 3 s windows, median "
+         "of 7 rounds (0.861-1.043; R paused / P 0.885: what is left is the integration's, measurements §22); "
+         "the activity census in §20: 0.917; measurements §25-§26",
+         command=S16_VLLM, date="2026-12-03"),
+    Rule("vllm_default_kernel_time_vs_measured_ratio", "2026-12-04-h200-s17-vllm-events-alone.json",
+         reference_ratio("events", min_phases=5), 1.0,
+         "ratio of kernel ns an output token, the default census's requests (eager launches x the pairs' mean, graph "
+         "launches x their exec's mean span) / A's requests (the activity census tracing every kernel), A loaded alone "
+         "after each round of R's phases, random 160M Llama, CUDA graphs, 64 closed-loop clients, 3 s windows, median "
+         "of 5 phases (1.059-1.096; per request p50 14.8 % / p90 39.5 % from A's median request, A's own 13.5 % / "
+         "39.8 %; eager pairs' mean 8,056 ns against CUPTI's 7,098, graph spans 1.013 of A's); stated bound +-10 %; "
+         "measurements §26",
+         command=S17_VLLM, date="2026-12-04"),
+    Rule("llamacpp_activity_counted_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
          phases_ratio("counted"), 0.99,
-         "ratio of output tok/s, default census (every kernel launch counted by the driver's launch callback, kernel "
+         "ratio of output tok/s, the activity census (`run --activity on`; the default until 2026-12-04: every kernel launch counted by the driver's launch callback, kernel "
          "records 100 ms of every 1000 ms switched per CUDA context, graphs per launch) / census paused (every activity "
          "kind and every launch callback off), one llama-server (8B, 16 slots) in alternating control-file phases with "
          "prompts of their own, median of 16 rounds (spread 0.899-1.082, geometric mean 0.980 [0.954, 1.005]); "
          "measurements §19",
          command=S10_LLAMA),
-    Rule("llamacpp_default_vs_plain_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
+    Rule("llamacpp_activity_counted_vs_plain_throughput_ratio", "2026-12-03-h200-s10-llama-phases.json",
          beside_ratio("counted/plain", under=None), 0.99,
-         "ratio of output tok/s, the default census (R's counted phases) / a plain llama-server (no census) loaded "
+         "ratio of output tok/s, the activity census (`run --activity on`, R's counted phases) / a plain llama-server (no census) loaded "
          "after every round of R's phases, 8B, 16 slots, prompts of their own, median of 16 rounds (geometric mean "
          "0.995 [0.963, 1.031]; the paused census / plain 0.991, geometric mean 1.015 [0.976, 1.061])",
          command=S10_LLAMA),
-    Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
+    Rule("vllm_activity_counted_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
          phases_ratio("counted", "phases"), 0.99,
-         "ratio of output tok/s, default census (counted kernels, graphs per launch) / census paused, one vLLM server "
+         "ratio of output tok/s, the activity census (`run --activity on`: counted kernels, graphs per launch) / census paused, one vLLM server "
          "(random 160M Llama, CUDA graphs, 64 closed-loop non-streaming clients, vLLM's generated-token counter over "
          "3 s windows) in alternating control-file phases, median of 10 rounds (spread 0.73-1.23, geometric mean 1.013 "
          "[0.916, 1.111]); every-kernel phases 0.891; a paused census is not an untraced vLLM (CUPTI's set-up tax, "
          "vllm_paused_vs_plain_throughput_ratio); measurements §20",
          command=S11_VLLM),
-    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
+    Rule("vllm_activity_counted_vs_plain_throughput_ratio", "2026-12-03-h200-s11-vllm-phases.json",
          beside_ratio("counted/P@once"), 0.99,
-         "ratio of output tok/s, the default census with the vLLM integration (R's counted phases) / a plain vLLM (P) "
+         "ratio of output tok/s, the activity census (`run --activity on`) with the vLLM integration (R's counted phases) / a plain vLLM (P) "
          "loaded at the same time by clients of its own, random 160M Llama, CUDA graphs, 64 closed-loop non-streaming "
          "clients each, each load's rate vLLM's own generated-token counter over a 3 s window, median of 10 rounds "
          "(geometric mean 0.912 [0.834, 0.994]); measurements §20",
@@ -393,13 +455,13 @@ RULES = (
          command=S12_CALLS_TAX, date="2026-12-03"),
     Rule("micro_torch_op_ratio_default", "2026-12-03-h200-s12-calls-tax.json",
          calls_tax_ratio("default", "eager_ns"), 0.99,
-         "ratio of torch in-place adds a second on the launching thread, a process under the default census / a "
+         "ratio of torch in-place adds a second on the launching thread, a process under the activity census (the default until 2026-12-04) / a "
          "process without it, median of 6 rotations of processes side by side on one core (calls_tax.py); "
          "measurements §21",
          command=S12_CALLS_TAX, date="2026-12-03"),
     Rule("micro_graph_replay_ratio_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_ratio("graph", "census"), 0.99,
-         "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), the default census (CUPTI set up once "
+         "ratio of CUDA-graph replay throughput (1,000 tiny kernels a graph), the activity census (the default until 2026-12-04; CUPTI set up once "
          "the context is active, graphs per launch, every kernel counted) / plain, median of 5 same-round pairs "
          "(0.9863-0.9907; set up inside cuInit as before: 0.875)"),
     Rule("micro_graph_replay_ratio_census_paused", "2026-12-02-h200-s5-micro-presence.json",
@@ -421,7 +483,7 @@ RULES = (
                  "--seconds 25)", date="2026-12-02"),
     Rule("micro_eager_us_per_launch_default", "2026-12-02-h200-s3-kind-cost.json",
          kind_cost_us("graph+kernel"), None,
-         "µs CUPTI adds per eager kernel launch with the default's activity kinds (kernels, copies, memsets, "
+         "µs CUPTI adds per eager kernel launch with the activity census's kinds (`run --activity on`, the default until 2026-12-04; the events default loads no CUPTI: micro_torch_op_ratio_preload) (kernels, copies, memsets, "
          "graph launches), paired against none in one process, median of 21 rounds",
          command="bash bench/device/run.sh setup kind-cost", date="2026-12-02",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
@@ -451,7 +513,7 @@ RULES = (
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_graph_us_per_node_default", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_us_added("graph"), None,
-         "µs of GPU time the default census adds per CUDA-graph kernel node vs plain (CUPTI set up once the "
+         "µs of GPU time the activity census (`run --activity on`, the default until 2026-12-04; the events default: micro_graph_issue_ratio_preload) adds per CUDA-graph kernel node vs plain (CUPTI set up once the "
          "context is active; 0.120 set up inside cuInit), median of 5 same-round pairs",
          why_no_target="the overhead issue sets none per node; its target is ≥ 0.99 of server throughput"),
 )

@@ -215,7 +215,7 @@ def _cmd_run(args) -> int:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
     from . import report
     from .census import folder, proctree, reader
-    from .launcher import build_env, preload_for_calls
+    from .launcher import build_env, choose_activity, preload_for_calls
     try:
         census_dir = folder.census_dir(args.dir)
     except folder.CensusDirError as e:
@@ -235,8 +235,7 @@ def _cmd_run(args) -> int:
     plan = build_env(census_dir)
     if args.kernels:
         plan.env["OTEL_GPU_CENSUS_KERNELS"] = args.kernels
-    if args.activity:
-        plan.env["OTEL_GPU_CENSUS_ACTIVITY"] = args.activity
+    choose_activity(plan, args.activity, kernels_asked=bool(args.kernels))
     preload_for_calls(plan)
     proxy_plan = None
     if args.proxy is not None:
@@ -490,20 +489,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
                      help="seconds between metric exports")
     run.add_argument("--kernels", type=kernel_tracing, metavar="counted|all|off|ON_MS/PERIOD_MS",
-                     help="which kernels to trace (sets OTEL_GPU_CENSUS_KERNELS): counted (default: every kernel "
-                          "counted, kernel records 100 ms of every 1000 ms, or counted:ON_MS/PERIOD_MS), all, off, "
-                          "or a duty cycle, e.g. 100/1000; copies are always exact")
+                     help="which kernels CUPTI traces (sets OTEL_GPU_CENSUS_KERNELS; given without --activity, it "
+                          "selects --activity on): counted (every kernel counted, kernel records 100 ms of every "
+                          "1000 ms, or counted:ON_MS/PERIOD_MS), all, off, or a duty cycle, e.g. 100/1000; copies are "
+                          "always exact")
     run.add_argument("--activity", choices=("on", "off", "windows", "events"),
-                     help="CUPTI's activity API (sets OTEL_GPU_CENSUS_ACTIVITY): on (default: kernel and copy "
-                          "durations), off: every kernel, copy and memset counted at its CUDA call with no "
-                          "duration, seen by the census library preloaded (LD_PRELOAD) so that CUPTI is never "
-                          "loaded (OTEL_GPU_CENSUS_PRELOAD=off: through CUPTI's callbacks instead), or windows: "
-                          "counted as off, and kernel durations sampled in CUPTI's records 200 ms of every 5 s "
-                          "(--kernels counted:ON_MS/PERIOD_MS sets the windows; CUPTI stays set up after the first, "
-                          "and so does its cost), or events: counted as off, and kernel durations from CUDA event "
-                          "pairs around every graph launch (eager kernel time unknown unless OTEL_GPU_CENSUS_EVENT_EVERY=EAGER asks for "
-                          "pairs around about 1 in EAGER eager launches too) "
-                          "(OTEL_GPU_CENSUS_EVENT_EVERY=EAGER/GRAPH), CUPTI never loaded")
+                     help="how the census sees the GPU (sets OTEL_GPU_CENSUS_ACTIVITY; default: its value, else events, "
+                          "else on where --kernels is given): events (the default): every kernel, copy and memset "
+                          "counted at its CUDA call by the census library preloaded (LD_PRELOAD), CUPTI never loaded, "
+                          "kernel durations from CUDA event pairs around every graph launch and about 1 in 128 eager "
+                          "launches (OTEL_GPU_CENSUS_EVENT_EVERY=EAGER/GRAPH): kernel time estimated, copy time and busy "
+                          "not measured; on: CUPTI's activity API (kernel and copy durations measured, --kernels all "
+                          "for every kernel; CUPTI taxes every CUDA call); off: counted as events, no duration; windows: "
+                          "counted as events, kernel durations sampled in CUPTI's records 200 ms of every 5 s "
+                          "(--kernels counted:ON_MS/PERIOD_MS; CUPTI stays set up after the first window). "
+                          "OTEL_GPU_CENSUS_PRELOAD=off: CUPTI's callbacks count instead of the preloaded library")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "

@@ -80,7 +80,8 @@ def estimate(c: ProcessCensus) -> CensusCost:
         s = eager * EAGER_KERNEL_S + graph * node_s + launches * SET_UP_EAGER_S
         return CensusCost(eager, graph, copies, s, False, node_s, launches, launches)
     # the library's own wrappers, no CUPTI: not told from zero (§22); with event pairs (ACTIVITY=events) not resolved
-    # either, vLLM within its noise in two runs (§24): no price a pair was ever measured at
+    # either, vLLM within its noise (§24-§25), llama-server 0.985 of its paused phases (§26): no price a pair was
+    # ever measured at
     if c.kernels.preloaded:
         return CensusCost(eager, graph, copies, 0.0, False, 0.0, launches, 0)
     if c.kernels.untimed:         # counted at the calls (no record: eager is 0): the callbacks' prices

@@ -118,6 +118,24 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
     return plan
 
 
+# `run`'s census when neither --activity nor OTEL_GPU_CENSUS_ACTIVITY names one: counted at the calls by the library
+# preloaded, kernel durations from gated CUDA event pairs, CUPTI never loaded. CUPTI set up at all, even paused, slowed
+# vLLM to 0.84-0.89 of a plain one (measurements §20, §25); counting at the calls cost it nothing measurable (§22), and
+# the pairs' kernel time a token was 1.06 (llama-server) and 1.09 (vLLM) of every kernel traced (§26). The injector's
+# own default, for a process CUDA loads it into without `run` (no preload), stays the activity census.
+RUN_DEFAULT_ACTIVITY = "events"
+
+
+def choose_activity(plan: LaunchPlan, asked: Optional[str], kernels_asked: bool = False) -> str:
+    """The census `run` gives its command: --activity, else OTEL_GPU_CENSUS_ACTIVITY as set, else the activity census
+    when --kernels asked for CUPTI's kernel records, else RUN_DEFAULT_ACTIVITY. Written into the child's environment."""
+    have = plan.env.get("OTEL_GPU_CENSUS_ACTIVITY", "").strip()
+    chosen = asked or have or ("on" if kernels_asked else RUN_DEFAULT_ACTIVITY)
+    if chosen != have:
+        plan.env["OTEL_GPU_CENSUS_ACTIVITY"] = chosen
+    return chosen
+
+
 def preload_for_calls(plan: LaunchPlan) -> None:
     """OTEL_GPU_CENSUS_ACTIVITY=off, =windows and =events count every launch, copy and memset at its CUDA call. Preloaded
     (LD_PRELOAD, the same file as CUDA_INJECTION64_PATH: one copy in the process), the library sees those

@@ -344,8 +344,8 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
         return ("census cost, estimated: not told from zero (the calls counted by the census library preloaded, "
                 "CUPTI never loaded: on an H200 graph replays ran at 0.999 of an untraced process, eager launches "
                 "and copies within the host's noise, measurements §22" +
-                ("; the event pairs of ACTIVITY=events: vLLM's throughput within its noise in two runs, no price a "
-                 "pair measured, §24)" if c.kernels.events else ")"))
+                ("; the event pairs of ACTIVITY=events: llama-server 0.985 of its own paused phases, vLLM within its "
+                 "noise, no price a pair measured, §24-§26)" if c.kernels.events else ")"))
     if c.kernels.untimed:
         return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
                 f"{share} ({e.launches_counted:,} launches counted x {us(cost.CALLS_LAUNCH_S)}, {e.graph_nodes:,} "
@@ -514,9 +514,13 @@ def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List
         lines.append(f"  {exact(pr['memset']['bytes'])} bytes ({human_size(pr['memset']['bytes'])}) set "
                      f"per request, in {plural(pr['memset']['count'], 'memset')}")
     untimed = pr.get("kernel_time_unknown") and not pr.get("kernel_time_estimated")
+    # estimated and unknown: eager launches and no sample to price them (events with few launches), so the
+    # figure is the graph part only and must not read as the whole
+    how = (" (estimated, eager kernels left out: none sampled)" if pr.get("kernel_time_unknown") else " (estimated)") \
+        if pr.get("kernel_time_estimated") else ""
     lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, " + (
         "kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off)" if untimed else
-        f"{seconds(pr['kernel_ns'])} s kernel time per request" + (" (estimated)" if pr.get("kernel_time_estimated") else "")))
+        f"{seconds(pr['kernel_ns'])} s kernel time per request{how}"))
     return lines
 
 

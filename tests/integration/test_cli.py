@@ -75,18 +75,26 @@ def test_run_kernels_sets_the_setting_for_the_child(env, census_dir, value, chil
     assert p.returncode == 0 and p.stdout.strip() == child_sees
 
 
-def test_run_activity_off_sets_the_setting_for_the_child_and_none_leaves_it_unset(env, census_dir):
+def test_run_activity_sets_the_setting_for_the_child_and_its_default_is_events(env, census_dir):
+    """--activity first, then OTEL_GPU_CENSUS_ACTIVITY as the user set it, then the activity census where --kernels
+    asks for CUPTI's kernel records, else events (no CUPTI: measurements §26)."""
     env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
     show = ["--", "sh", "-c", 'echo "[$OTEL_GPU_CENSUS_ACTIVITY]"']
     off = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
     default = run_cli(env, "run", "--dir", str(census_dir), *show)
-    assert (off.returncode, off.stdout.strip(), default.stdout.strip()) == (0, "[off]", "[]")
+    kernels = run_cli(env, "run", "--dir", str(census_dir), "--kernels", "all", *show)
+    assert (off.returncode, off.stdout.strip(), default.stdout.strip()) == (0, "[off]", "[events]")
+    assert kernels.stdout.strip() == "[on]"
+    env["OTEL_GPU_CENSUS_ACTIVITY"] = "windows"
+    kept = run_cli(env, "run", "--dir", str(census_dir), "--kernels", "all", *show)
+    asked = run_cli(env, "run", "--dir", str(census_dir), "--activity", "on", *show)
+    assert (kept.stdout.strip(), asked.stdout.strip()) == ("[windows]", "[on]")
 
 
 def test_run_activity_off_preloads_the_injector_it_names_unless_told_not_to(env, census_dir):
     """Counting at the calls is the preloaded library's (no CUPTI): LD_PRELOAD names the very file CUDA loads as
-    its injector (one copy in the process), before what the user preloads; OTEL_GPU_CENSUS_PRELOAD=off and the
-    default census leave LD_PRELOAD as it was."""
+    its injector (one copy in the process), before what the user preloads; the default (events) preloads too;
+    OTEL_GPU_CENSUS_PRELOAD=off and the activity census leave LD_PRELOAD as it was."""
     env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
     env["LD_PRELOAD"] = "libm.so.6"
     show = ["--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH|$LD_PRELOAD"']
@@ -96,7 +104,9 @@ def test_run_activity_off_preloads_the_injector_it_names_unless_told_not_to(env,
     windows = run_cli(env, "run", "--dir", str(census_dir), "--activity", "windows", *show)   # counted as off, too
     assert windows.returncode == 0 and windows.stdout.strip().split("|")[1] == f"{inj}:libm.so.6", windows.stdout
     default = run_cli(env, "run", "--dir", str(census_dir), *show)
-    assert default.stdout.strip().split("|")[1] == "libm.so.6"
+    assert default.stdout.strip().split("|")[1] == f"{inj}:libm.so.6"
+    activity = run_cli(env, "run", "--dir", str(census_dir), "--activity", "on", *show)
+    assert activity.returncode == 0 and activity.stdout.strip().split("|")[1] == "libm.so.6"
     env["OTEL_GPU_CENSUS_PRELOAD"] = "off"
     kept = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
     assert kept.stdout.strip().split("|")[1] == "libm.so.6"

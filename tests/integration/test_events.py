@@ -88,7 +88,7 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     from otel_gpu_census.census import spans_estimated
     assert spans_estimated([k.name]) and cost.estimate(p).seconds == 0.0   # never priced: not measured (§24)
     text = report.render_text([p], requests=1)
-    assert "census cost, estimated: not told from zero" in text and "no price a pair measured, §24" in text
+    assert "census cost, estimated: not told from zero" in text and "no price a pair measured, §24-§26" in text
     assert f"{k.events_timed} CUDA event pairs (not gated) around about 1 of every 4 eager launches and every graph launch of each thread" in text, text
     assert "busy not measured" in text and "1 graph launches had no measured span" in text
     assert f"{k.events_idle} eager pairs met an idle stream and read long: left out of the sample" in text

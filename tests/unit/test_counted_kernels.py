@@ -364,3 +364,32 @@ def test_a_census_at_the_calls_exports_kernel_counts_and_no_kernel_time():
     assert got.get("gpu_census.memset.count") == [3] and got.get("gpu_census.graph.count") == [1]
     for name in ("gpu_census.kernel.time", "gpu_census.copy.time", "gpu_census.memset.time", "gpu_census.graph.time"):
         assert not got.get(name), name
+
+
+def test_a_per_request_kernel_time_without_its_eager_part_says_so(monkeypatch):
+    """Events with eager launches and no pair to price them (a short program: a function's first sampled launch gets
+    no pair): the per-request figure is the graph part only, and the line says the eager kernels are left out."""
+    from otel_gpu_census import report
+    base = {"requests": 10, "kernel_count": 0.1, "kernel_ns": 0, "copies": {}, "kernel_time_estimated": True}
+    monkeypatch.setattr(report, "per_request", lambda cs, n: {**base, "kernel_time_unknown": True})
+    assert report._per_request_lines([], 10)[-1] == \
+        "  0.1 kernels per request, 0.000000 s kernel time per request (estimated, eager kernels left out: none sampled)"
+    monkeypatch.setattr(report, "per_request", lambda cs, n: base)
+    assert report._per_request_lines([], 10)[-1].endswith("s kernel time per request (estimated)")
+
+
+def test_span_attributes_give_no_copy_time_where_nothing_timed_copies():
+    """Counted at the calls (events, `run`'s default; off; windows) a copy has bytes and no duration: its span carries
+    the bytes and counts and no time_ns, which would read as a measured 0; under CUPTI's records it carries all three."""
+    from otel_gpu_census.attribution.shares import Share
+    from otel_gpu_census.census import Stat, copy_times_measured
+    from otel_gpu_census.telemetry.attributes import share_attributes
+    s = Share(kernel_count=3, kernel_ns=10, copies={"dtoh": Stat(count=1, bytes=4096, ns=0)},
+              memset=Stat(count=1, bytes=64, ns=0))
+    timed = share_attributes("g.", s, copy_time=True)
+    bare = share_attributes("g.", s, copy_time=copy_times_measured(["events:128/1"]))
+    assert "g.copy.dtoh.time_ns" in timed and "g.memset.time_ns" in timed
+    assert bare["g.copy.dtoh.bytes"] == 4096 and bare["g.memset.count"] == 1
+    assert not [k for k in bare if k.endswith("time_ns") and k != "g.kernel.time_ns"]
+    assert [copy_times_measured(m) for m in (["all"], ["counted"], [], ["calls"], ["windows:200/5000"])] == \
+        [True, True, True, False, False]

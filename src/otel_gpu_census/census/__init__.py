@@ -327,6 +327,12 @@ def timed_modes(modes) -> bool:
     return UNTIMED_MODE not in modes
 
 
+def copy_times_measured(modes) -> bool:
+    """Whether copy and memset durations were measured in every mode of `modes`: only CUPTI's activity records time
+    them; counted at the calls (off, windows, events) a copy has bytes and no duration."""
+    return not any(m == UNTIMED_MODE or str(m).startswith((WINDOWS_MODE, EVENTS_MODE)) for m in modes)
+
+
 def spans_estimated(modes) -> bool:
     """Whether graph spans were priced from a sample (windows or event pairs; not measured per launch) in any mode
     of `modes`."""

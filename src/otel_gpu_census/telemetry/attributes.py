@@ -4,7 +4,8 @@ Integers, exact; times in ns because the census counts ns:
 
 - ``gpu_census.kernel.count``, ``gpu_census.kernel.time_ns``: kernels attributed to the request;
 - ``gpu_census.copy.<dir>.bytes|count|time_ns`` for dir in htod, dtoh (always present) and dtod,
-  ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise;
+  ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise; no ``time_ns`` of copies and memsets where
+  nothing timed them (counted at the calls: ACTIVITY=off, windows, events, `run`'s default);
 - ``gpu_census.prefill.copy.dtoh.bytes``, ``.prefill.copy.htod.bytes``, ``.prefill.kernel.time_ns``:
   the part of the share before the first token;
 - with window data (time-window attribution): ``gpu_census.window.*``, everything the buckets of the
@@ -29,14 +30,16 @@ from typing import Any, Dict, Optional
 
 from ..attribution.ledger import GpuCost
 from ..attribution.shares import Share
-from ..census import DIRECTIONS, timed_modes
+from ..census import DIRECTIONS, copy_times_measured, timed_modes
 
 ALWAYS_DIRECTIONS = ("htod", "dtoh")
 
 
-def share_attributes(prefix: str, s: Share, always: bool = True, kernel_ns: Optional[int] = None) -> Dict[str, Any]:
+def share_attributes(prefix: str, s: Share, always: bool = True, kernel_ns: Optional[int] = None,
+                     copy_time: bool = True) -> Dict[str, Any]:
     """`s` as `prefix`kernel.*, copy.<dir>.*, memset.* (htod and dtoh even when zero if `always`);
-    `kernel_ns`: its kernel time when not as measured (an estimate: GpuCost.kernel_time)."""
+    `kernel_ns`: its kernel time when not as measured (an estimate: GpuCost.kernel_time); not `copy_time`: no
+    copy or memset time_ns (counted at the calls nothing timed them: a 0 would read as measured)."""
     out: Dict[str, Any] = {f"{prefix}kernel.count": s.kernel_count,
                            f"{prefix}kernel.time_ns": s.kernel_ns if kernel_ns is None else kernel_ns}
     for d in DIRECTIONS:
@@ -44,11 +47,13 @@ def share_attributes(prefix: str, s: Share, always: bool = True, kernel_ns: Opti
         if (always and d in ALWAYS_DIRECTIONS) or st.count or st.bytes:
             out[f"{prefix}copy.{d}.bytes"] = st.bytes
             out[f"{prefix}copy.{d}.count"] = st.count
-            out[f"{prefix}copy.{d}.time_ns"] = st.ns
+            if copy_time:
+                out[f"{prefix}copy.{d}.time_ns"] = st.ns
     if s.memset.count or s.memset.bytes:
         out[f"{prefix}memset.bytes"] = s.memset.bytes
         out[f"{prefix}memset.count"] = s.memset.count
-        out[f"{prefix}memset.time_ns"] = s.memset.ns
+        if copy_time:
+            out[f"{prefix}memset.time_ns"] = s.memset.ns
     return out
 
 
@@ -63,7 +68,8 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
             out["gpu_census.attribution.note"] = "; ".join(cost.notes)
         return out
     kt = cost.kernel_time(cost.share)
-    out.update(share_attributes("gpu_census.", cost.share, kernel_ns=kt.ns))
+    timed_copies = copy_times_measured(cost.kernel_tracing)
+    out.update(share_attributes("gpu_census.", cost.share, kernel_ns=kt.ns, copy_time=timed_copies))
     if cost.kernel_tracing:
         out["gpu_census.kernel.tracing"] = ",".join(cost.kernel_tracing)
         if cost.kernel_tracing != ["all"]:
@@ -74,9 +80,10 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
     out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
     out["gpu_census.prefill.kernel.time_ns"] = cost.kernel_time(cost.prefill).ns
     if cost.has_window:
-        out.update(share_attributes("gpu_census.window.", cost.window, kernel_ns=cost.kernel_time(cost.window).ns))
+        out.update(share_attributes("gpu_census.window.", cost.window, kernel_ns=cost.kernel_time(cost.window).ns,
+                                    copy_time=timed_copies))
         out.update(share_attributes("gpu_census.window.unattributed.", cost.unattributed, always=False,
-                                    kernel_ns=cost.kernel_time(cost.unattributed).ns))
+                                    kernel_ns=cost.kernel_time(cost.unattributed).ns, copy_time=timed_copies))
     out["gpu_census.attribution.concurrency_max"] = cost.concurrency_max
     if cost.has_window:
         out["gpu_census.attribution.buckets"] = cost.buckets
