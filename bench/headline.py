@@ -404,15 +404,6 @@ RULES = (
          "tracing every kernel, measured) loaded in the same 3 s windows, median of 8 phases (1.170-1.638): graph spans "
          "+5.7 %, eager samples 2.65 times CUPTI's durations; outside the stated +-10 %; measurements §24",
          command=S15_VLLM, date="2026-12-03"),
-    Rule("vllm_events_gated_vs_plain_throughput_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
-         beside_ratio("events/P@once"), 0.99,
-         "ratio of output tok/s, the census preloaded with kernel durations from gated CUDA event pairs (the stream "
-         "waits for the launch's submission before the first event) around 1 of every 128 eager and every graph launch "
-         "(OTEL_GPU_CENSUS_ACTIVITY=events, no CUPTI) and the vLLM integration (R) / a plain vLLM (P) loaded at the "
-         "same time, 64 closed-loop clients each, 3 s windows, median of 7 rounds (0.861-1.043; R paused / P 0.885, "
-         "R's events / its own paused phases 0.969): the gates cost nothing told from this host's noise; measurements "
-         "§25",
-         command=S16_VLLM, date="2026-12-03"),
     Rule("vllm_events_gated_kernel_time_vs_measured_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
          reference_ratio("events", min_phases=7), 1.0,
          "ratio of kernel ns an output token, R's requests under gated event pairs (eager launches x the pairs' mean, "
