@@ -366,6 +366,29 @@ def test_a_census_at_the_calls_exports_kernel_counts_and_no_kernel_time():
         assert not got.get(name), name
 
 
+@pytest.mark.parametrize("how", [dict(untimed=True), dict(windows=True, preloaded=True),
+                                 dict(events=True, preloaded=True)])
+def test_censuses_counted_at_the_calls_export_copy_bytes_and_no_copy_or_memset_time(how):
+    """Counted at the calls (off, windows, events) copies and memsets have bytes and no duration: their time series
+    get no point for the process (a 0 would read as measured); the activity census's do."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from otel_gpu_census.telemetry import census_metrics as metrics
+
+    def got(kernels):
+        d = DeviceTotals(0, "GPU-1", kernel_count=4, eager_launches=4, memset=Stat(3, 300, 0),
+                         copies=CopyTable({("htod", "pinned"): Stat(2, 8192, 0)}))
+        rd = InMemoryMetricReader()
+        metrics.register_census_instruments(MeterProvider(metric_readers=[rd]),
+                                            lambda: [head(kernels=kernels, devices={0: d})], min_refresh_s=0)
+        return {m.name: [dp.value for dp in m.data.data_points] for rm in rd.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics}
+    bare, timed = got(KernelTracing(mode=KERNELS_COUNTED, **how)), got(KernelTracing(mode=KERNELS_COUNTED))
+    assert bare.get("gpu_census.copy.bytes") == [8192] and bare.get("gpu_census.memset.bytes") == [300]
+    assert not bare.get("gpu_census.copy.time") and not bare.get("gpu_census.memset.time")
+    assert timed.get("gpu_census.copy.time") == [0.0] and timed.get("gpu_census.memset.time") == [0.0]
+
+
 def test_a_per_request_kernel_time_without_its_eager_part_says_so(monkeypatch):
     """Events with eager launches and no pair to price them (a short program: a function's first sampled launch gets
     no pair): the per-request figure is the graph part only, and the line says the eager kernels are left out."""

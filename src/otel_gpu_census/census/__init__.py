@@ -264,6 +264,12 @@ class KernelTracing:
         return {KERNELS_ALL: "all", KERNELS_OFF: "off"}.get(self.mode, f"unknown({self.mode})")
 
     @property
+    def copies_timed(self) -> bool:
+        """Copy and memset durations measured: only CUPTI's copy records time them; counted at the calls (off,
+        windows, events) a copy has bytes and no duration."""
+        return not (self.untimed or self.windows or self.events)
+
+    @property
     def counted(self) -> bool:
         """Kernel counts exact, eager kernels' time estimated from a sample (COUNTED)."""
         return self.mode == KERNELS_COUNTED
@@ -328,9 +334,8 @@ def timed_modes(modes) -> bool:
 
 
 def copy_times_measured(modes) -> bool:
-    """Whether copy and memset durations were measured in every mode of `modes`: only CUPTI's activity records time
-    them; counted at the calls (off, windows, events) a copy has bytes and no duration."""
-    return not any(m == UNTIMED_MODE or str(m).startswith((WINDOWS_MODE, EVENTS_MODE)) for m in modes)
+    """KernelTracing.copies_timed in every mode of `modes` (KernelTracing names): no mode counted at the calls."""
+    return timed_modes(modes) and not spans_estimated(modes)
 
 
 def spans_estimated(modes) -> bool:

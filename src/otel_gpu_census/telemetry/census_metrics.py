@@ -306,13 +306,15 @@ class CensusMetrics:
 
     def _per_device(self, value: Callable[[DeviceTotals], object],
                     counted: Optional[Callable[[DeviceTotals], int]] = None, timed: bool = False,
-                    busy: bool = False) -> Iterable[Observation]:
+                    busy: bool = False, copy_time: bool = False) -> Iterable[Observation]:
         """One point per (process, GPU); with `counted`, only where it is non-zero (a series that
         most processes never start, such as graph launches or memsets, costs nothing until then); a
         `timed` series (a duration) none for a process that measures none (ACTIVITY=off); `busy` none where busy
-        is not measured (ACTIVITY=off, events)."""
+        is not measured (ACTIVITY=off, events); `copy_time` none where copies are counted at the calls (off,
+        windows, events: KernelTracing.copies_timed)."""
         for rec in self.processes():
-            if timed and rec.kernels.untimed or busy and (rec.kernels.untimed or rec.kernels.events):
+            if timed and rec.kernels.untimed or busy and (rec.kernels.untimed or rec.kernels.events) \
+                    or copy_time and not rec.kernels.copies_timed:
                 continue
             attrs = rec.attrs
             for hid, d in rec.devices.items():
@@ -321,8 +323,8 @@ class CensusMetrics:
 
     def _per_copy(self, field: str) -> Iterable[Observation]:
         for rec in self.processes():
-            if field == "ns" and (rec.kernels.untimed or rec.kernels.events):
-                continue                         # no copy time measured (ACTIVITY=off, events)
+            if field == "ns" and not rec.kernels.copies_timed:
+                continue                         # no copy time measured (ACTIVITY=off, windows, events)
             attrs = rec.attrs
             for hid, d in rec.devices.items():
                 for (direction, mem), s in sorted(d.copies.cells.items()):
@@ -366,10 +368,11 @@ class CensusMetrics:
             "gpu_census.copy.time": lambda: self._per_copy("ns"),
             "gpu_census.peer.received.count": lambda: self._per_device(lambda d: d.peer_recv.count, peers),
             "gpu_census.peer.received.bytes": lambda: self._per_device(lambda d: d.peer_recv.bytes, peers),
-            "gpu_census.peer.received.time": lambda: self._per_device(lambda d: d.peer_recv.ns / s, peers),
+            "gpu_census.peer.received.time": lambda: self._per_device(lambda d: d.peer_recv.ns / s, peers,
+                                                                      copy_time=True),
             "gpu_census.memset.count": lambda: self._per_device(lambda d: d.memset.count, memsets),
             "gpu_census.memset.bytes": lambda: self._per_device(lambda d: d.memset.bytes, memsets),
-            "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s, memsets, timed=True),
+            "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s, memsets, copy_time=True),
             "gpu_census.records.dropped": lambda: (Observation(r.dropped, r.attrs) for r in self.processes()),
             "gpu_census.process.counting": lambda: (Observation(int(r.counting), r.attrs) for r in self.processes()),
             "gpu_census.busy.ratio": lambda: (Observation(v, {HW_ID: h}) for h, v in sorted(self.busy_ratios().items())),
