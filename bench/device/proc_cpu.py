@@ -7,6 +7,11 @@ EngineCore, the settling child, the launcher) pays for what, where the throughpu
 
     before = snapshot(root_pid); ...load...; cpu = delta(before, snapshot(root_pid))
 
+Each role also says how long its threads waited on a run queue (`wait_s`, /proc/.../schedstat): a thread
+that is ready but has no CPU, because another thread of this machine holds it. `host()` / `host_delta()`
+say what the whole machine did over a window, steal time too: the share of its CPUs' time the hypervisor
+gave to others, which no pinning inside the machine can take back.
+
 Linux only (/proc); a process or thread that ends within the window counts up to its last snapshot.
 """
 from __future__ import annotations
@@ -66,8 +71,17 @@ def tree(root: int) -> Dict[int, str]:
     return {p: role(p, comm[p]) for p in keep}
 
 
+def _run_delay_ns(path: str) -> int:
+    """A thread's time ready to run but waiting for a CPU (schedstat's second field), 0 where not kept."""
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def snapshot(root: int) -> Dict[int, dict]:
-    """{pid: {"role", "threads": {tid: (thread comm, ticks)}}} for root's process tree, now."""
+    """{pid: {"role", "threads": {tid: (thread comm, ticks, run-queue wait ns)}}} for root's process tree, now."""
     out: Dict[int, dict] = {}
     for pid, r in tree(root).items():
         threads = {}
@@ -80,21 +94,24 @@ def snapshot(root: int) -> Dict[int, dict]:
                 c, _, ticks = _stat(f"/proc/{pid}/task/{t}/stat")
             except (OSError, ValueError, IndexError):
                 continue
-            threads[int(t)] = (c, ticks)
+            threads[int(t)] = (c, ticks, _run_delay_ns(f"/proc/{pid}/task/{t}/schedstat"))
         out[pid] = {"role": r, "threads": threads}
     return out
 
 
 def delta(before: Dict[int, dict], after: Dict[int, dict], top: int = 3) -> Dict[str, dict]:
     """CPU seconds spent between two snapshots, per role (processes of one role summed): the total,
-    the busiest threads (the main thread named "main"), and how many processes had the role."""
+    the busiest threads (the main thread named "main"), how many processes had the role, and the
+    seconds its threads waited on a run queue."""
     roles: Dict[str, dict] = {}
     for pid, a in after.items():
         b = before.get(pid, {"threads": {}})["threads"]
-        r = roles.setdefault(a["role"], {"cpu_s": 0.0, "processes": 0, "_threads": {}})
+        r = roles.setdefault(a["role"], {"cpu_s": 0.0, "wait_s": 0.0, "processes": 0, "_threads": {}})
         r["processes"] += 1
-        for tid, (c, ticks) in a["threads"].items():
-            d = (ticks - b.get(tid, (c, 0))[1]) * TICK_S
+        for tid, (c, ticks, wait) in a["threads"].items():
+            was = b.get(tid, (c, 0, 0))
+            r["wait_s"] += max(wait - was[2], 0) / 1e9
+            d = (ticks - was[1]) * TICK_S
             if d <= 0:
                 continue
             r["cpu_s"] += d
@@ -103,5 +120,23 @@ def delta(before: Dict[int, dict], after: Dict[int, dict], top: int = 3) -> Dict
     for r in roles.values():
         th = r.pop("_threads")
         r["cpu_s"] = round(r["cpu_s"], 3)
+        r["wait_s"] = round(r["wait_s"], 3)
         r["threads"] = {k: round(v, 3) for k, v in sorted(th.items(), key=lambda kv: -kv[1])[:top]}
     return roles
+
+
+def host() -> Tuple[int, ...]:
+    """The machine's CPU ticks now, all CPUs summed: /proc/stat's first line (user nice system idle iowait
+    irq softirq steal ...)."""
+    with open("/proc/stat") as f:
+        return tuple(int(x) for x in f.readline().split()[1:])
+
+
+def host_delta(before: Tuple[int, ...], after: Tuple[int, ...]) -> Dict[str, float]:
+    """Over a window: the share of all CPU time that was busy, idle, and stolen by the hypervisor (%)."""
+    d = [a - b for a, b in zip(after, before)]
+    d += [0] * (8 - len(d))
+    total = sum(d[:8]) or 1                    # guest time is already inside user
+    idle, steal = d[3] + d[4], d[7]
+    return {"busy_pct": round(100 * (total - idle - steal) / total, 2), "idle_pct": round(100 * idle / total, 2),
+            "steal_pct": round(100 * steal / total, 2)}

@@ -30,6 +30,8 @@
 #                ($KIND_COST_ARGS, not $BENCH_ARGS: it runs beside llama-phases in one call)
 #   calls-tax    bench/perf/calls_tax.py: torch's adds, graph replays and copies in processes side by side, plain /
 #                OTEL_GPU_CENSUS_ACTIVITY=off / the default, order rotating, and what each census counted ($CALLS_TAX_ARGS)
+#   launch-price the same from C (bench/floor/launch_price.cu, calls_tax.py --child c): the ns a launch, a graph
+#                launch and a copy pair cost the launching thread per census mode ($LAUNCH_PRICE_ARGS)
 #   torch-tax    bench/perf/torch_tax.py: torch's in-place adds before CUPTI is set up, with it set up and
 #                paused, after cuptiFinalize, one process ($TORCH_TAX_ARGS)
 #   kind-toggle  bench/perf/kind_toggle.py on tests/gpu/steady.cu: eager kernel records per census state
@@ -110,6 +112,9 @@ phase() {
           # both in the archive or the result, leave)
           tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null
           [ ! -f "$OUT/vllm_e2e.json" ] || rm -f "$OUT/phases-partial.json" "$OUT"/*-gpu-census-*.requests.jsonl ;;
+    launch-price)   # calls_tax.py's workloads from C (bench/floor/launch_price.cu): a launch's price per census mode, in ns
+      make -s -C bench/floor launch_price BUILD=/tmp/floor && python3 bench/perf/calls_tax.py --child c \
+        --binary /tmp/floor/launch_price --out "$OUT/launch_price.json" ${LAUNCH_PRICE_ARGS:-} 2>&1 | tee "$OUT/launch_price.log" ;;
     calls-tax)   # torch's launching thread in processes side by side: plain, ACTIVITY=off, the default (§21)
       python3 bench/perf/calls_tax.py --out "$OUT/calls_tax.json" ${CALLS_TAX_ARGS:-} 2>&1 | tee "$OUT/calls_tax.log" ;;
     torch-tax)   # what CUPTI set up and paused costs torch's launching thread, one process (§20)

@@ -53,7 +53,8 @@ def otlp_receiver():
 
 
 class Server:
-    def __init__(self, name, port, model, out: Path, census_dir=None, extra=(), env=None, gpu_mem=0.2, cache=None):
+    def __init__(self, name, port, model, out: Path, census_dir=None, extra=(), env=None, gpu_mem=0.2, cache=None,
+                 cpus=None):
         self.name, self.port, self.census_dir = name, port, census_dir
         e = dict(os.environ, **VLLM_ENV, **(env or {}))
         e["OTEL_SERVICE_NAME"] = f"vllm-{name}"
@@ -66,6 +67,9 @@ class Server:
         if census_dir is not None:
             e["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
             cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--exporter", "none", "--"] + cmd
+        if cpus:                        # --pin: the server's whole tree on CPUs of its own (children inherit it)
+            cmd = ["taskset", "-c", cpus] + cmd
+        self.cpus = cpus
         self.log = open(out / f"server-{name}.log", "w")
         self.proc = subprocess.Popen(cmd, env=e, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.t0 = time.time()
@@ -194,11 +198,13 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
         try:
             await asyncio.sleep(ramp_s)
             c0 = proc_cpu.snapshot(root) if root else None
+            h0 = proc_cpu.host()
             p0 = time.process_time()        # this process: the clients (and the OTLP receiver's threads)
             (n0, w0) = await mark(s)
             await asyncio.sleep(window_s)
             (n1, w1) = await mark(s)
             c1 = proc_cpu.snapshot(root) if root else None
+            h1 = proc_cpu.host()
             p1 = time.process_time()
         finally:
             stop.set()
@@ -207,6 +213,7 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
     toks = sum(r["tokens"] for r in results)
     return {"requests": results, "errors": errors, "elapsed_s": el, "tok_per_s": (n1 - n0) / (w1 - w0),
             "window": {"tokens": n1 - n0, "s": w1 - w0}, "client_tok_per_s": toks / el if el else 0.0,
+            "host": proc_cpu.host_delta(h0, h1),
             **({"cpu": {**proc_cpu.delta(c0, c1), "bench": {"cpu_s": p1 - p0, "processes": 1, "threads": {}}}}
                if root else {})}
 
@@ -219,12 +226,17 @@ def summary(load_res):
     if "window" in load_res:        # a window load: what the server counted, and the clients' own rate
         out["window"] = {"tokens": load_res["window"]["tokens"], "s": round(load_res["window"]["s"], 4),
                          "client_tok_per_s": round(load_res["client_tok_per_s"], 1)}
+        if "host" in load_res:      # the whole machine over the window: busy, idle, stolen by the hypervisor
+            out["host"] = load_res["host"]
     if "cpu" in load_res:           # CPU ms per 1,000 generated tokens, per process role and busiest threads
         k = 1e6 / max(load_res["window"]["tokens"], 1)
         out["cpu_ms_per_ktok"] = {r: {"all": round(v["cpu_s"] * k, 2), "n": v["processes"],
                                       **{t: round(x * k, 2) for t, x in v["threads"].items()}}
                                   for r, v in load_res["cpu"].items()}
         out["cpu_cores"] = {r: round(v["cpu_s"] / load_res["window"]["s"], 3) for r, v in load_res["cpu"].items()}
+        # seconds a role's threads were ready with no CPU to run on, per second of the window
+        out["run_queue_wait"] = {r: round(v.get("wait_s", 0.0) / load_res["window"]["s"], 3)
+                                 for r, v in load_res["cpu"].items()}
     return out
 
 
@@ -359,6 +371,9 @@ BESIDE = {
           "the census paused from its start (no activity kind on while vLLM loads its kernels and captures its "
           "graphs), the integration disabled: Z/N is a census that never traced, S/Z (1 / Z/S) what tracing at start-up "
           "leaves behind"),
+    "E": (8115, True, {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
+          "under `run`, its default census (events) counting through every phase, the integration disabled: E/P "
+          "is the census's own cost, R's events / E at once the integration's"),
     "A": (8114, True, {"OTEL_GPU_CENSUS_ACTIVITY": "on", "OTEL_GPU_CENSUS_KERNELS": "all"},
           "the activity census tracing every kernel, the integration on, never paused: its requests' kernel time is "
           "measured, the reference R's estimates are checked against (reference_check)"),
@@ -368,7 +383,7 @@ BESIDE = {
 }
 
 STARTED_BEFORE_R = {"F"}
-COUNTING = {"A"}   # beside servers whose census counts through every phase (the others run paused)
+COUNTING = {"A", "E"}   # beside servers whose census counts through every phase (the others run paused)
 
 
 def phase_extra(a) -> list:
@@ -378,29 +393,50 @@ def phase_extra(a) -> list:
     return ["--kv-cache-memory-bytes", str(a.phase_kv_bytes)] if a.phase_kv_bytes else []
 
 
-def beside_server(name, model, out, base, env, gpu_mem, extra=()):
+def pin_arg(v: str) -> dict:
+    """--pin R=0-3,P=4-7,bench=12-15: {name: taskset CPU list}; `bench` is this process (the clients)."""
+    out = {}
+    for part in filter(None, v.split(",")):
+        name, _, cpus = part.partition("=")
+        if not name or not cpus or not all(c.isdigit() or c in "-:" for c in cpus.replace(" ", "")):
+            raise argparse.ArgumentTypeError(f"--pin wants NAME=CPUS[,...] (taskset -c lists with '-'), not {part!r}")
+        out[name] = cpus
+    return out
+
+
+def cpu_set(cpus: str) -> set:
+    """A taskset list with '-' ranges ("0-3" or "4-5:6-7", ':' for ',') as a set of CPU numbers."""
+    got: set = set()
+    for r in cpus.replace(":", ",").split(","):
+        lo, _, hi = r.partition("-")
+        got.update(range(int(lo), int(hi or lo) + 1))
+    return got
+
+
+def beside_server(name, model, out, base, env, gpu_mem, extra=(), cpus=None):
     port, census, extra_env, _ = BESIDE[name]
     if not census:
-        return Server(name, port, model, out, gpu_mem=gpu_mem, extra=extra)
+        return Server(name, port, model, out, gpu_mem=gpu_mem, extra=extra, cpus=cpus)
     return Server(name, port, model, out, census_dir=base / name, env={**env, **extra_env}, gpu_mem=gpu_mem,
-                  extra=extra)
+                  extra=extra, cpus=cpus)
 
 
 def start_phase_servers(a, chain, model, out, base, env) -> dict:
     """R and the servers beside it, 3 s apart (not all measuring free GPU memory at one moment); those
     of STARTED_BEFORE_R first."""
     servers: dict = {}
+    pin = getattr(a, "pin", None) or {}
     first = [n for n in chain if n in STARTED_BEFORE_R]
     for n in first:
-        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
+        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a), pin.get(n))
         time.sleep(3)
     r_env = dict(kv.split("=", 1) for kv in getattr(a, "phase_r_env", "").split(",") if "=" in kv)
     servers["R"] = Server("R", 8105, model, out, census_dir=base / "R", env={**env, **r_env},
-                          gpu_mem=a.phase_gpu_mem, extra=phase_extra(a))
+                          gpu_mem=a.phase_gpu_mem, extra=phase_extra(a), cpus=pin.get("R"))
     for n in chain:
         if n not in servers:
             time.sleep(3)
-            servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a))
+            servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a), pin.get(n))
     return servers
 
 
@@ -778,8 +814,14 @@ def main():
     ap.add_argument("--ballast", type=int, default=0,
                     help="phases: this many spinning processes through every round (bench/server/ballast.py): the "
                          "host's CPU speed follows how busy it is, and a launch-bound server's throughput with it")
+    ap.add_argument("--pin", type=pin_arg, default={}, metavar="NAME=CPUS,...",
+                    help="phases: each named server's process tree on CPUs of its own (taskset -c), `bench` for "
+                         "this process and its clients, e.g. R=0-3,P=4-7,E=8-11,bench=12-15: no server's busy thread "
+                         "waits for a CPU another holds, and none migrates between windows")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
+    if "bench" in a.pin:
+        os.sched_setaffinity(0, cpu_set(a.pin["bench"]))
     bad = [n for n in (a.phase_beside + "," + a.phase_together).split(",") if n and n not in BESIDE]
     if bad:
         ap.error(f"--phase-beside: unknown {','.join(bad)} (known: {','.join(BESIDE)})")

@@ -43,3 +43,37 @@ def test_without_the_injector_it_says_so():
     p = subprocess.run([sys.executable, str(REPO / "bench/perf/calls_tax.py"), "--out", "/dev/null"],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 1 and "OTEL_GPU_CENSUS_LIB" in p.stderr
+
+
+def test_the_ns_a_mode_adds_is_per_rotation_and_the_c_childs_counts_are_checked_against_what_it_did():
+    did = {"eager_launches": 2300, "graph_launches": 230, "graph_kernels": 14720, "htod_pinned": [230, 942080],
+           "dtoh_pinned": [230, 942080]}
+    exact = {"eager_launches": 2300, "graph_launches": 230, "graph_kernel_count": 14720, "kernel_count": 17020,
+             "htod_pinned": [230, 942080], "dtoh_pinned": [230, 942080]}
+    rotations = [
+        {"plain": proc(2000.0, did=did), "events": proc(2030.0, exact, did=did), "pairs": proc(2400.0, exact, did=did)},
+        {"plain": proc(2100.0, did=did), "events": proc(2110.0, {**exact, "dtoh_pinned": [229, 937984]}, did=did),
+         "pairs": proc(2600.0, exact, did=did)},
+        {"plain": proc(1900.0, did=did), "events": proc(1950.0, exact, did=did),
+         "pairs": proc(2300.0, {**exact, "kernel_count": 17019}, did=did)},
+    ]
+    s = calls_tax.summarise(rotations)
+    assert s["events-plain eager_ns"] == {"median": 30.0, "min": 10.0, "max": 50.0}
+    assert s["pairs-plain eager_ns"]["median"] == 400.0
+    assert "events-plain control_ms" not in s           # a time in ms is no price a call
+    assert s["census_exact_events"] == {"rotations": 3, "exact": 2}   # one copy fewer counted
+    assert s["census_exact_pairs"] == {"rotations": 3, "exact": 2}    # one kernel fewer counted
+
+
+def test_the_c_child_runs_pinned_with_its_counts_and_its_result_is_read(tmp_path):
+    fake = tmp_path / "launch_price"
+    fake.write_text("#!/bin/sh\necho \"args $*\" >&2\n"
+                    "echo 'RESULT {\"eager_ns\": 2000.5, \"graph_issue_ns\": 3000, \"graph_ns\": 90000, "
+                    "\"copy_pair_ns\": 20000, \"control_ms\": 4.2, \"did\": {\"eager_launches\": 46}}'\n")
+    fake.chmod(0o755)
+    a = type("A", (), {"child": "c", "binary": str(fake), "core": 0, "rounds": 21, "adds": 2, "replays": 3, "pairs": 4})
+    r = calls_tax.run_child("plain", a)
+    assert r["eager_ns"] == 2000.5 and r["did"] == {"eager_launches": 46} and "census" not in r
+    assert "args 21 2 3 4" in r["stderr"]
+    fake.write_text("#!/bin/sh\necho 'no GPU' >&2\nexit 1\n")
+    assert calls_tax.run_child("plain", a) == {"mode": "plain", "error": "no GPU\n"}

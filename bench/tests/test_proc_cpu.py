@@ -42,3 +42,35 @@ def test_a_pid_that_is_gone_is_an_empty_tree():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert proc_cpu.snapshot(p.pid) == {} and proc_cpu.delta({}, {}) == {}
+
+
+SHARED = r'''
+import os, subprocess, sys
+cpu = min(os.sched_getaffinity(0))
+spin = "import time\nt = time.time()\nwhile time.time() - t < 2.5: pass\n"
+kids = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", spin]) for _ in range(2)]
+for k in kids: k.wait()
+'''
+
+
+def test_run_queue_wait_is_counted_when_two_spinners_share_one_cpu():
+    p = subprocess.Popen([sys.executable, "-c", SHARED])
+    try:
+        time.sleep(0.5)
+        before = proc_cpu.snapshot(p.pid)
+        time.sleep(1.5)
+        got = proc_cpu.delta(before, proc_cpu.snapshot(p.pid))
+    finally:
+        p.wait(10)
+    spinners = [v for k, v in got.items() if v["cpu_s"] > 0.2]
+    # two processes ready all the time on one CPU: together they ran ~1.5 s and waited about as long
+    assert sum(v["cpu_s"] for v in spinners) <= 1.8
+    assert sum(v["wait_s"] for v in spinners) >= 0.6
+
+
+def test_host_delta_gives_busy_idle_and_steal_shares():
+    before = (100, 0, 50, 1000, 0, 0, 0, 0, 0, 0)
+    after = (400, 0, 150, 1500, 100, 0, 0, 100, 0, 0)     # 400 busy, 600 idle (iowait in), 100 stolen
+    assert proc_cpu.host_delta(before, after) == {"busy_pct": 36.36, "idle_pct": 54.55, "steal_pct": 9.09}
+    h = proc_cpu.host()
+    assert len(h) >= 8 and sum(h) > 0

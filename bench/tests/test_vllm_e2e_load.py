@@ -441,3 +441,51 @@ def test_reference_check_sets_each_phase_against_a_loaded_beside_in_its_round(mo
     # together (the default) the same logs compare R's first phase with A's request inside it
     out = vllm_e2e.reference_check(r, a, rounds, ["off", "events"])
     assert out["events"]["phases"] == 1 and out["events"]["kernel_ns_per_token_ratio_median"] == round(1050 / 7777, 4)
+
+
+def test_pin_gives_each_server_its_own_cpus_and_a_bad_list_is_a_usage_error(monkeypatch, tmp_path):
+    """--pin R=0-3,P=4-7: each named server's whole tree under taskset; a server not named is not pinned."""
+    import argparse
+    assert vllm_e2e.pin_arg("R=0-3,P=4-7,bench=12-15") == {"R": "0-3", "P": "4-7", "bench": "12-15"}
+    assert vllm_e2e.cpu_set("0-3") == {0, 1, 2, 3} and vllm_e2e.cpu_set("4:6-7") == {4, 6, 7}
+    for bad in ("R", "R=", "=0-3", "R=0-3;rm"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            vllm_e2e.pin_arg(bad)
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "device" / "vllm_e2e.py"), "--out", str(tmp_path),
+                        "--pin", "R=a-b"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--pin wants" in r.stderr and "Traceback" not in r.stderr
+
+    cmds = {}
+
+    class Popen:
+        def __init__(self, cmd, env=None, **kw):
+            cmds[env["OTEL_SERVICE_NAME"]] = cmd
+    monkeypatch.setattr(vllm_e2e.subprocess, "Popen", Popen)
+    monkeypatch.setattr(vllm_e2e.time, "sleep", lambda s: None)
+    a = argparse.Namespace(phase_gpu_mem=0.1, phase_kv_bytes=0, pin={"R": "0-3", "P": "4-7"})
+    vllm_e2e.start_phase_servers(a, ["P", "E"], "/m", tmp_path, tmp_path, {})
+    assert cmds["vllm-R"][:3] == ["taskset", "-c", "0-3"] and "otel_gpu_census.cli" in cmds["vllm-R"]
+    assert cmds["vllm-P"][:3] == ["taskset", "-c", "4-7"] and "otel_gpu_census.cli" not in cmds["vllm-P"]
+    assert cmds["vllm-E"][0] != "taskset" and "otel_gpu_census.cli" in cmds["vllm-E"]
+
+
+def test_e_counts_through_every_phase_beside_r_and_its_ratios_are_taken_at_once(monkeypatch, tmp_path):
+    """E (the default census counting, the integration disabled) is never paused: R's events / E at once
+    is the integration's share, E / P at once the census's own."""
+    E, P = vllm_e2e.BESIDE["E"][0], vllm_e2e.BESIDE["P"][0]
+    res, _, switched = _phases_against(monkeypatch, tmp_path, {8105: 900.0, P: 1000.0, E: 960.0}, 2, ("P", "E"),
+                                       window=(1.0, 3.0), together="P,E")
+    assert not [s for s in switched if s[0] == "E"] and ("R", "launch") in switched
+    rnd = res["rounds"][0]
+    assert rnd["launch/E@once"] == round(900 / 960, 4) and rnd["E/P@once:launch"] == 0.96
+    assert "E" in vllm_e2e.COUNTING and vllm_e2e.BESIDE["E"][2] == {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"}
+
+
+def test_a_window_summary_says_how_busy_the_host_was_and_how_long_each_role_waited_for_a_cpu():
+    got = vllm_e2e.summary({"requests": [], "errors": [], "tok_per_s": 1000.0, "client_tok_per_s": 900.0,
+                            "window": {"tokens": 3000, "s": 3.0},
+                            "host": {"busy_pct": 20.0, "idle_pct": 79.0, "steal_pct": 1.0},
+                            "cpu": {"VLLM::EngineCore": {"cpu_s": 3.0, "wait_s": 0.3, "processes": 1,
+                                                         "threads": {"main": 2.9}}}})
+    assert got["host"] == {"busy_pct": 20.0, "idle_pct": 79.0, "steal_pct": 1.0}
+    assert got["run_queue_wait"] == {"VLLM::EngineCore": 0.1} and got["cpu_cores"] == {"VLLM::EngineCore": 1.0}
