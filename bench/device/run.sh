@@ -32,6 +32,8 @@
 #                OTEL_GPU_CENSUS_ACTIVITY=off / the default, order rotating, and what each census counted ($CALLS_TAX_ARGS)
 #   launch-price the same from C (bench/floor/launch_price.cu, calls_tax.py --child c): the ns a launch, a graph
 #                launch and a copy pair cost the launching thread per census mode ($LAUNCH_PRICE_ARGS)
+#   launch-phases the same inside one process (bench/perf/launch_phases.py): the census switched off / events between
+#                rounds through its control file, ABBA; the ns it adds a call, and its counts against the counting rounds
 #   torch-tax    bench/perf/torch_tax.py: torch's in-place adds before CUPTI is set up, with it set up and
 #                paused, after cuptiFinalize, one process ($TORCH_TAX_ARGS)
 #   kind-toggle  bench/perf/kind_toggle.py on tests/gpu/steady.cu: eager kernel records per census state
@@ -115,6 +117,9 @@ phase() {
     launch-price)   # calls_tax.py's workloads from C (bench/floor/launch_price.cu): a launch's price per census mode, in ns
       make -s -C bench/floor launch_price BUILD=/tmp/floor && python3 bench/perf/calls_tax.py --child c \
         --binary /tmp/floor/launch_price --out "$OUT/launch_price.json" ${LAUNCH_PRICE_ARGS:-} 2>&1 | tee "$OUT/launch_price.log" ;;
+    launch-phases)  # the same inside one process: the census switched off / events between rounds (bench/perf/launch_phases.py)
+      make -s -C bench/floor launch_price BUILD=/tmp/floor && python3 bench/perf/launch_phases.py \
+        --binary /tmp/floor/launch_price --out "$OUT/launch_phases.json" ${LAUNCH_PHASES_ARGS:-} 2>&1 | tee "$OUT/launch_phases.log" ;;
     calls-tax)   # torch's launching thread in processes side by side: plain, ACTIVITY=off, the default (§21)
       python3 bench/perf/calls_tax.py --out "$OUT/calls_tax.json" ${CALLS_TAX_ARGS:-} 2>&1 | tee "$OUT/calls_tax.log" ;;
     torch-tax)   # what CUPTI set up and paused costs torch's launching thread, one process (§20)

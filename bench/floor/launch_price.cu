@@ -9,10 +9,14 @@
 //   control_ms      a pure-C loop: the host's speed
 // and what it launched and copied, for the census's counts to be checked against:
 //   launch_price ROUNDS ADDS REPLAYS PAIRS        prints one line: RESULT {...}
+//   launch_price --serve ADDS REPLAYS PAIRS       two warm-up rounds, READY, then one round (RESULT {...}, that round's
+//                                                 figures) for each line read from stdin; at EOF, DID {...} for the
+//                                                 whole process (launch_phases.py: census modes switched between rounds)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <string>
 #include <vector>
 #include <cuda_runtime.h>
 
@@ -88,12 +92,19 @@ static double control() {
     return (now_ns() - t) / 1e6;
 }
 
+static void did(const char *tag, long long runs, int adds, int replays, int pairs) {
+    printf("%s{\"eager_launches\": %lld, \"graph_launches\": %lld, \"graph_kernels\": %lld, \"htod_pinned\": [%lld, %lld], "
+           "\"dtoh_pinned\": [%lld, %lld]}", tag, runs * adds, runs * replays, runs * replays * NODES, runs * pairs,
+           runs * pairs * BYTES, runs * pairs, runs * pairs * BYTES);
+}
+
 int main(int argc, char **argv) {
+    const bool serve = argc == 5 && std::string(argv[1]) == "--serve";
     if (argc != 5) {
-        fprintf(stderr, "usage: launch_price ROUNDS ADDS REPLAYS PAIRS\n");
+        fprintf(stderr, "usage: launch_price ROUNDS ADDS REPLAYS PAIRS | launch_price --serve ADDS REPLAYS PAIRS\n");
         return 2;
     }
-    const int rounds = atoi(argv[1]), adds = atoi(argv[2]), replays = atoi(argv[3]), pairs = atoi(argv[4]);
+    const int rounds = serve ? 0 : atoi(argv[1]), adds = atoi(argv[2]), replays = atoi(argv[3]), pairs = atoi(argv[4]);
     CK(cudaSetDevice(0));
     CK(cudaStreamCreate(&s));
     CK(cudaMallocHost((void **)&h, BYTES));
@@ -109,6 +120,27 @@ int main(int argc, char **argv) {
         graph(replays, &gi, &gt);
         copies(pairs);
     }
+    if (serve) {
+        printf("READY\n");
+        fflush(stdout);
+        long long runs = 2;
+        char line[64];
+        while (fgets(line, sizeof line, stdin)) {
+            double ee = eager(adds);
+            graph(replays, &gi, &gt);
+            double cc = copies(pairs);
+            double ct = control();
+            runs++;
+            printf("RESULT {\"eager_ns\": %.1f, \"graph_issue_ns\": %.1f, \"graph_ns\": %.1f, \"copy_pair_ns\": %.1f, "
+                   "\"control_ms\": %.3f}\n", ee, gi, gt, cc, ct);
+            fflush(stdout);
+        }
+        CK(cudaStreamSynchronize(s));
+        did("DID ", runs, adds, replays, pairs);
+        printf("\n");
+        fflush(stdout);
+        return 0;
+    }
     std::vector<double> e, issue, total, c, ctl;
     for (int r = 0; r < rounds; r++) {
         e.push_back(eager(adds));
@@ -121,10 +153,9 @@ int main(int argc, char **argv) {
     CK(cudaStreamSynchronize(s));
     const long long runs = rounds + 2;
     printf("RESULT {\"eager_ns\": %.1f, \"graph_issue_ns\": %.1f, \"graph_ns\": %.1f, \"copy_pair_ns\": %.1f, "
-           "\"control_ms\": %.3f, \"did\": {\"eager_launches\": %lld, \"graph_launches\": %lld, "
-           "\"graph_kernels\": %lld, \"htod_pinned\": [%lld, %lld], \"dtoh_pinned\": [%lld, %lld]}}\n",
-           median(e), median(issue), median(total), median(c), median(ctl), runs * adds, runs * replays,
-           runs * replays * NODES, runs * pairs, runs * pairs * BYTES, runs * pairs, runs * pairs * BYTES);
+           "\"control_ms\": %.3f, ", median(e), median(issue), median(total), median(c), median(ctl));
+    did("\"did\": ", runs, adds, replays, pairs);
+    printf("}\n");
     fflush(stdout);
     return 0;
 }
