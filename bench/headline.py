@@ -176,6 +176,31 @@ def calls_tax_ratio(mode: str, workload: str) -> Callable[[Dict[str, Any]], floa
     return value
 
 
+def launch_phases_us(key: str, per: int = 1) -> Callable[[Dict[str, Any]], float]:
+    """µs the census's events default adds to one call of `key` (eager_ns, graph_issue_ns, ...) in one process,
+    switched off / events between rounds, ABBA (bench/perf/launch_phases.py): the median over round pairs of the
+    difference, divided by `per` (a graph's nodes); refused unless the census counted exactly what ran."""
+    def value(raw: Dict[str, Any]) -> float:
+        if not raw.get("exact"):
+            raise HeadlineError("the census did not count exactly what launch_price did")
+        got = raw["summary"][f"events-off {key}"]
+        if raw["summary"]["rounds"] < 8:
+            raise HeadlineError(f"{raw['summary']['rounds']} round pairs")
+        return round(got["median"] / per / 1000.0, 3)
+    return value
+
+
+def pooled_beside_ratio(keys: tuple, under: str = "phases") -> Callable[[Dict[str, Any]], float]:
+    """The median of one ratio over every round of several windows of a phase run (e.g. E/P at once in R's off and
+    its events windows: two servers whose own modes never change, loaded at once twice a round)."""
+    def value(raw: Dict[str, Any]) -> float:
+        res = raw[under]
+        if not res.get("all_switched"):
+            raise HeadlineError("a phase did not switch the census")
+        return round(statistics.median([x for k in keys for x in res[k]["all"]]), 3)
+    return value
+
+
 def reference_ratio(mode: str, min_phases: int = 8) -> Callable[[Dict[str, Any]], float]:
     """R's estimated kernel time an output token over A's measured (every kernel traced), loaded in the same
     windows: the median over phases (bench/device/vllm_e2e.py reference_check)."""
@@ -264,6 +289,11 @@ S16_VLLM = S15_VLLM
 S16_GATE_PROBE = "GATE_PROBE_ARGS='--rounds 1' bash bench/device/run.sh setup gate-probe"
 S17_LLAMA = ("BENCH_ARGS='--activity events --modes off,events --beside-plain --beside-traced --rounds 14 "
              "--budget-s 420' bash bench/device/run.sh setup llama-phases (after setup llama-bg, vllm-install llama-wait)")
+S18_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events --phase-together P,E "
+            "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 40 "
+            "--budget-s 460 --pin R=0-3,P=4-7,E=8-11,bench=12-15' bash bench/device/run.sh setup vllm "
+            "(after vllm-p1, vllm-p2, setup vllm-install)")
+S18_PHASES = "LAUNCH_PHASES_ARGS='--rounds 40' bash bench/device/run.sh setup launch-phases"
 S17_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events --phase-beside P,A "
             "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 250' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
@@ -292,19 +322,33 @@ RULES = (
          "loaded alone after each round, 8B, 16 slots, median of 11 rounds (1.024-1.121; eager pairs' mean 16.5 us "
          "against CUPTI's 15.4: the dispatch each pair holds); stated bound +-10 %; measurements §26",
          command=S17_LLAMA, date="2026-12-04"),
-    Rule("vllm_default_throughput_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
+    Rule("vllm_default_throughput_ratio", "2026-12-04-h200-s18-vllm-pinned.json",
          phases_ratio("events", "phases"), 0.99,
          "ratio of output tok/s, the default census (`run`: preloaded, gated event pairs, 128/1, no CUPTI) with the vLLM "
-         "integration / the same server paused, random 160M Llama, CUDA graphs, 64 closed-loop clients, 3 s windows, "
-         "alternating phases, P and A loaded at the same time, median of 7 rounds (0.835-1.051); measurements §25-§26",
-         command=S16_VLLM, date="2026-12-03"),
-    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-03-h200-s16-vllm-events-gated.json",
+         "integration / the same server paused (the integration on in both), random 160M Llama, CUDA graphs, 64 "
+         "closed-loop clients, 3 s windows, alternating phases, P and E loaded at the same time, each server on 4 CPUs "
+         "of its own, median of 24 rounds (0.832-1.165; geometric mean 0.982 [0.954, 1.012]); the price of its launches "
+         "in one process puts it at ~0.995 (measurements §27)",
+         command=S18_VLLM, date="2026-12-04"),
+    Rule("vllm_default_vs_plain_throughput_ratio", "2026-12-04-h200-s18-vllm-pinned.json",
          beside_ratio("events/P@once"), 0.99,
          "ratio of output tok/s, the default census (`run`: preloaded, gated event pairs, 128/1, no CUPTI) with the vLLM "
-         "integration (R) / a plain vLLM (P) loaded at the same time, 64 closed-loop clients each, 3 s windows, median "
-         "of 7 rounds (0.861-1.043; R paused / P 0.885: what is left is the integration's, measurements §22); "
-         "the activity census in §20: 0.917; measurements §25-§26",
-         command=S16_VLLM, date="2026-12-03"),
+         "integration (R) / a plain vLLM (P) loaded at the same time, 64 closed-loop clients each, 3 s windows, each "
+         "server on 4 CPUs of its own, median of 24 rounds (0.844-1.073; geometric mean 0.937 [0.915, 0.960]; R paused / "
+         "P 0.942 in the same rounds: a gap between two servers that R's own phases do not show); measurements §27",
+         command=S18_VLLM, date="2026-12-04"),
+    Rule("vllm_default_census_only_vs_plain_throughput_ratio", "2026-12-04-h200-s18-vllm-pinned.json",
+         pooled_beside_ratio(("E/P@once:off", "E/P@once:events")), 0.99,
+         "ratio of output tok/s, the default census counting with the vLLM integration disabled (E) / a plain vLLM (P), "
+         "loaded at the same time, both windows of each of 24 rounds (48), each server on 4 CPUs of its own; two "
+         "servers, so each one's own speed is in it (§13, §27)",
+         command=S18_VLLM, date="2026-12-04"),
+    Rule("vllm_default_integration_vs_census_only_throughput_ratio", "2026-12-04-h200-s18-vllm-pinned.json",
+         beside_ratio("events/E@once"), 0.99,
+         "ratio of output tok/s, the default census with the vLLM integration (R, counting) / the same census with the "
+         "integration disabled (E), loaded at the same time, median of 24 rounds (0.853-1.143; geometric mean 0.953 "
+         "[0.930, 0.978]); R paused / E 0.985 in the same rounds; two servers (§27)",
+         command=S18_VLLM, date="2026-12-04"),
     Rule("vllm_default_kernel_time_vs_measured_ratio", "2026-12-04-h200-s17-vllm-events-alone.json",
          reference_ratio("events", min_phases=5), 1.0,
          "ratio of kernel ns an output token, the default census's requests (eager launches x the pairs' mean, graph "
@@ -472,12 +516,36 @@ RULES = (
          sidecar_pct, 1.0, "% of one core (8 processes, 1 s interval, NVML and GPM on)",
          command="bash bench/device/run.sh setup sidecar (bench/perf/perf_sidecar_cpu.py --workload cuda "
                  "--seconds 25)", date="2026-12-02"),
-    Rule("micro_eager_us_per_launch_default", "2026-12-02-h200-s3-kind-cost.json",
+    Rule("micro_eager_us_per_launch_default", "2026-12-04-h200-s18-launch-phases.json",
+         launch_phases_us("eager_ns"), None,
+         "µs the default census (`run`: preloaded, events 128/1, gated, no CUPTI) adds to the launching thread per eager "
+         "launch of an empty kernel (launch_price.cu through the CUDA runtime, 4,231 ns a launch paused): counting it and "
+         "pairing 1 in 128; one process pinned to a core, the census switched off/events between rounds, ABBA, median of "
+         "40 round pairs (mean 0.225 [0.087, 0.366]); every launch and copy counted exactly; measurements §27",
+         command=S18_PHASES, date="2026-12-04",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_eager_us_per_launch_activity_census", "2026-12-02-h200-s3-kind-cost.json",
          kind_cost_us("graph+kernel"), None,
-         "µs CUPTI adds per eager kernel launch with the activity census's kinds (`run --activity on`, the default until 2026-12-04; the events default loads no CUPTI: micro_torch_op_ratio_preload) (kernels, copies, memsets, "
-         "graph launches), paired against none in one process, median of 21 rounds",
+         "µs CUPTI adds per eager kernel launch with the activity census's kinds (`run --activity on`, the default until "
+         "2026-12-04) (kernels, copies, memsets, graph launches), paired against none in one process, median of 21 rounds",
          command="bash bench/device/run.sh setup kind-cost", date="2026-12-02",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_graph_us_per_launch_default", "2026-12-04-h200-s18-launch-phases.json",
+         launch_phases_us("graph_issue_ns"), None,
+         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 2,508 ns a launch "
+         "paused): counting it and its gated event pair (every graph launch paired); one process, ABBA, median of 40 "
+         "round pairs (mean 5.345 [5.035, 5.654]); OTEL_GPU_CENSUS_EVENT_EVERY=128/4: 1.953, ungated: 3.829 "
+         "(measurements §27)",
+         command=S18_PHASES, date="2026-12-04",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_eager_pair_us_events", "2026-12-04-h200-s18-launch-phases-every.json",
+         launch_phases_us("eager_ns"), None,
+         "µs one gated eager event pair (three events, a stream wait, the gate's write) adds to the launching thread: "
+         "the events census with every launch paired (EVENT_EVERY=1/1), one process, ABBA, median of 30 round pairs "
+         "(the default pairs 1 in 128); measurements §27",
+         command="LAUNCH_PHASES_ARGS='--rounds 30 --event-every 1/1 --adds 200 --replays 48' bash bench/device/run.sh "
+                 "setup launch-phases", date="2026-12-04",
+         why_no_target="a price, not a goal: the default pays it on 1 in 128 eager launches"),
     Rule("micro_eager_us_per_launch_launch_callbacks", "2026-12-03-h200-s10-kind-cost.json",
          kind_cost_us("cb-launch"), None,
          "µs CUPTI's callbacks on the kernel launch calls, runtime and driver, add per eager launch (what counting "
@@ -502,10 +570,18 @@ RULES = (
          command=S11_KIND_COST,
          date="2026-12-03",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
-    Rule("micro_graph_us_per_node_default", "2026-12-02-h200-s6-micro-census-attach.json",
+    Rule("micro_graph_us_per_node_default", "2026-12-04-h200-s18-launch-phases.json",
+         launch_phases_us("graph_issue_ns", per=64), None,
+         "µs the default census adds to the launching thread per CUDA-graph kernel node, for a graph of 64 (its price is "
+         "per launch, micro_graph_us_per_launch_default, whatever the graph's size: vLLM's hold ~31 kernels); one "
+         "process, ABBA, median of 40 round pairs; measurements §27",
+         command=S18_PHASES, date="2026-12-04",
+         why_no_target="the overhead issue sets none per node; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_graph_us_per_node_activity_census", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_us_added("graph"), None,
-         "µs of GPU time the activity census (`run --activity on`, the default until 2026-12-04; the events default: micro_graph_issue_ratio_preload) adds per CUDA-graph kernel node vs plain (CUPTI set up once the "
-         "context is active; 0.120 set up inside cuInit), median of 5 same-round pairs",
+         "µs of GPU time the activity census (`run --activity on`, the default until 2026-12-04) adds per CUDA-graph "
+         "kernel node vs plain (CUPTI set up once the context is active; 0.120 set up inside cuInit), median of 5 "
+         "same-round pairs",
          why_no_target="the overhead issue sets none per node; its target is ≥ 0.99 of server throughput"),
 )
 
