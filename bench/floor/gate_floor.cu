@@ -16,22 +16,12 @@
 #include <algorithm>
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include "clock.h"
 #include "../../tests/gpu/spin.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
 #define CD(x) do { CUresult r = (x); if (r != CUDA_SUCCESS) { fprintf(stderr, "%s:%d CUresult %d\n", __FILE__, __LINE__, (int)r); exit(1); } } while (0)
-
-static double now_ns() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-}
 
 static volatile unsigned *word;
 static CUdeviceptr dword;

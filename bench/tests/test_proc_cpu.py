@@ -21,15 +21,20 @@ time.sleep(3); child.wait()
 '''
 
 
-def test_a_trees_cpu_is_counted_per_role_and_thread_children_in_sessions_of_their_own_too():
-    p = subprocess.Popen([sys.executable, "-c", TREE])
+def cpu_of(program: str, settle_s: float) -> dict:
+    """proc_cpu's delta over 1.5 s of `program`'s process tree, settle_s after its start."""
+    p = subprocess.Popen([sys.executable, "-c", program])
     try:
-        time.sleep(0.4)
+        time.sleep(settle_s)
         before = proc_cpu.snapshot(p.pid)
         time.sleep(1.5)
-        got = proc_cpu.delta(before, proc_cpu.snapshot(p.pid))
+        return proc_cpu.delta(before, proc_cpu.snapshot(p.pid))
     finally:
         p.wait(10)
+
+
+def test_a_trees_cpu_is_counted_per_role_and_thread_children_in_sessions_of_their_own_too():
+    got = cpu_of(TREE, 0.4)
     # the parent (no role word: its comm) spins one thread, its main thread sleeps; the settling child spins
     settle = got["settle"]
     assert settle["processes"] == 1 and 1.0 <= settle["cpu_s"] <= 1.7
@@ -54,14 +59,7 @@ for k in kids: k.wait()
 
 
 def test_run_queue_wait_is_counted_when_two_spinners_share_one_cpu():
-    p = subprocess.Popen([sys.executable, "-c", SHARED])
-    try:
-        time.sleep(0.5)
-        before = proc_cpu.snapshot(p.pid)
-        time.sleep(1.5)
-        got = proc_cpu.delta(before, proc_cpu.snapshot(p.pid))
-    finally:
-        p.wait(10)
+    got = cpu_of(SHARED, 0.5)
     spinners = [v for k, v in got.items() if v["cpu_s"] > 0.2]
     # two processes ready all the time on one CPU: together they ran ~1.5 s and waited about as long
     assert sum(v["cpu_s"] for v in spinners) <= 1.8
