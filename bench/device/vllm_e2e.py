@@ -2,7 +2,7 @@
 conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
 start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
 
-    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,kv,kv-plain,tp]
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,toggle,kv,kv-plain,tp]
 
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
@@ -11,8 +11,11 @@ in alternating phases through the control file (off / graphs per launch / per no
 vLLM (P) for the fixed cost of the integration; `--phase-beside P,Q,N,S,X` loads more servers after each
 round (BESIDE says what each is), so that the fixed cost (on 2026-12-02 R off / P was 0.85 in two
 sessions, unexplained) splits into its parts: two plain servers' own spread, the launcher, the paused
-injector, the integration, its export. Every figure lands in DIR/vllm_e2e.json; the checks that fail
-are listed in it and the exit code is 1.
+injector, the integration, its export. `toggle`: R alone under one long load, its census switched
+(--phase-modes) every --toggle-slot seconds in ABBA pairs, each slot rated by the server's own token
+counter: vLLM's 3 s windows spread ±15 % from one to the next on the H200 (§27), which phases of a few
+seconds apart cannot average away; adjacent slots of one load share whatever drifts slower than a pair.
+Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed in it and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -216,6 +219,113 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
             "host": proc_cpu.host_delta(h0, h1),
             **({"cpu": {**proc_cpu.delta(c0, c1), "bench": {"cpu_s": p1 - p0, "processes": 1, "threads": {}}}}
                if root else {})}
+
+
+async def toggle_load(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
+                      tokens=(64, 192), prompt_words=64):
+    """One closed-loop load (window_load's clients) for ramp_s, then for `seconds` the server's census switched
+    between `modes` in slots of slot_s, pair by pair, the order alternating (off events, events off, ...: ABBA).
+    The server's token counter is read once each switch has taken (`switch(mode)` blocks until the segment shows
+    it; run in a thread) and as its slot ends: tok/s a slot, from the server's own count, the switch's own time
+    in neither. A drift slower than a pair (a 3 s window of vLLM spread ±15 % on the H200) falls mostly inside
+    the pair, and every pair's ratio is taken on the same server, the same clients, the same load.
+    root: the server's pid; its tree's CPU a slot is added per role (proc_cpu)."""
+    import aiohttp
+    results, errors = [], []
+    stop = asyncio.Event()
+
+    async def client(s, cid):
+        rnd = random.Random(seed * 1000 + cid)
+        while not stop.is_set():
+            await _request(s, port, rnd, rnd.randint(*tokens), prompt_words, False, results, errors)
+
+    async def mark(s):
+        t = time.perf_counter()
+        n = await generated_tokens(s, port)
+        return n, (t + time.perf_counter()) / 2
+
+    slots = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        tasks = [asyncio.create_task(client(s, c)) for c in range(clients)]
+        try:
+            await asyncio.sleep(ramp_s)
+            t_end = time.perf_counter() + seconds
+            pair = 0
+            while time.perf_counter() + 2 * slot_s < t_end:
+                for m in (modes if pair % 2 == 0 else modes[::-1]):
+                    ok = await asyncio.to_thread(switch, m)
+                    c0 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
+                    n0, w0 = await mark(s)
+                    await asyncio.sleep(slot_s)
+                    n1, w1 = await mark(s)
+                    c1 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
+                    slot = {"pair": pair, "mode": m, "switched": ok, "tokens": n1 - n0, "s": round(w1 - w0, 4),
+                            "tok_s": (n1 - n0) / (w1 - w0)}
+                    if root:
+                        cpu = proc_cpu.delta(c0, c1)
+                        k = 1e6 / max(n1 - n0, 1)
+                        slot["cpu_ms_per_ktok"] = {r: {"all": round(v["cpu_s"] * k, 2),
+                                                       **{t: round(x * k, 2) for t, x in v["threads"].items()}}
+                                                   for r, v in cpu.items()}
+                    slots.append(slot)
+                pair += 1
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+    return {"slots": slots, "requests": results, "errors": errors}
+
+
+def toggle_pairs(slots: list, modes=("off", "events")) -> dict:
+    """Each pair's second mode's tok/s over its first's (events/off), from the slots of toggle_load; a pair whose
+    switch did not take is left out. Median, spread, geometric mean and its bootstrap 95 % interval."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ratio_interval import gmean, interval
+    by = {}
+    for sl in slots:
+        by.setdefault(sl["pair"], {})[sl["mode"]] = sl
+    a, b = modes
+    r = [p[b]["tok_s"] / p[a]["tok_s"] for _, p in sorted(by.items())
+         if a in p and b in p and p[a]["switched"] and p[b]["switched"] and p[a]["tok_s"] > 0]
+    out = {"pairs": len(r), "left_out": len(by) - len(r)}
+    if r:
+        lo, hi = interval(r)
+        out.update({f"{b}/{a}": {"median": round(statistics.median(r), 4), "min": round(min(r), 4),
+                                 "max": round(max(r), 4), "gmean": round(gmean(r), 4),
+                                 "gmean_95": [round(lo, 4), round(hi, 4)], "all": [round(x, 4) for x in r]}})
+    return out
+
+
+def toggle_run(a, out, base, servers, rx=None) -> dict:
+    """R alone, one long load, its census switched off / events in slots (toggle_load); then R stopped and its
+    spans conserved (requests that ran across switches included)."""
+    sys.path.insert(0, str(ROOT / "bench" / "server"))
+    from control_phases import Phases
+    r = servers["R"]
+    asyncio.run(load(r.port, 4, 2, 16))
+    check(counter_readable(r.port), f"R: {GENERATED} counts (--only toggle)")
+    res = {"waited_for_quiet_s": wait_quiet()}
+    ph = Phases(base / "R")
+    modes = tuple(a.phase_modes.split(","))
+    ramp_s = a.phase_window[0] if a.phase_window else 2.0
+    left = a.budget_s - (time.time() - T0) - 60        # the stop and the checks
+    seconds = max(min(a.toggle_s, left), 4 * a.toggle_slot)
+    got = asyncio.run(toggle_load(r.port, a.phase_clients, ramp_s, seconds, a.toggle_slot, ph.set, modes=modes,
+                                  seed=700, root=r.proc.pid))
+    res.update(slots=got["slots"], requests=len(got["requests"]), errors=len(got["errors"]),
+               load=f"{a.phase_clients} closed-loop non-streaming clients, each request 64-192 tokens, one load of "
+                    f"{seconds:.0f} s after {ramp_s} s of ramp; R's census switched {'/'.join(modes)} every "
+                    f"{a.toggle_slot} s, pairs in ABBA order; tok/s = the server's {GENERATED} over each slot",
+               **toggle_pairs(got["slots"], modes))
+    check(all(sl["switched"] for sl in got["slots"]), "R: every slot switched the census")
+    check(not got["errors"], f"R: load without errors ({len(got['errors'])})")
+    print("toggle", {k: v for k, v in res.items() if "/" in k or k == "pairs"}, flush=True)
+    res["stop_R"] = servers.pop("R").stop()
+    if rx is not None:
+        res["spans_R"] = {"_out": str(out)}
+        time.sleep(2)
+        conservation_check("R", base / "R", [s for s in rx.span_snapshot()
+                                             if s.resource.get("service.name") == "vllm-R"], res["spans_R"])
+    return res
 
 
 def summary(load_res):
@@ -814,6 +924,10 @@ def main():
     ap.add_argument("--ballast", type=int, default=0,
                     help="phases: this many spinning processes through every round (bench/server/ballast.py): the "
                          "host's CPU speed follows how busy it is, and a launch-bound server's throughput with it")
+    ap.add_argument("--toggle-s", type=float, default=240.0,
+                    help="--only toggle: seconds of one load on R alone while its census is switched between "
+                         "--phase-modes every --toggle-slot seconds (within --budget-s)")
+    ap.add_argument("--toggle-slot", type=float, default=2.0, help="--only toggle: seconds a slot")
     ap.add_argument("--pin", type=pin_arg, default={}, metavar="NAME=CPUS,...",
                     help="phases: each named server's process tree on CPUs of its own (taskset -c), `bench` for "
                          "this process and its clients, e.g. R=0-3,P=4-7,E=8-11,bench=12-15: no server's busy thread "
@@ -841,7 +955,7 @@ def main():
            "OTEL_METRIC_EXPORT_INTERVAL": "5000"}
     servers = {}
     try:
-        if only & {"spans", "throughput", "kv", "phases"}:
+        if only & {"spans", "throughput", "kv", "phases", "toggle"}:
             if "throughput" in only:
                 servers["P"] = Server("P", 8101, model, out)
                 time.sleep(3)       # not all of them measuring free GPU memory at the same moment
@@ -859,6 +973,8 @@ def main():
                     [] if a.phase_together else ["P"]
                 chain += [n for n in a.phase_together.split(",") if n and n not in chain]
                 servers.update(start_phase_servers(a, [n for n in chain if n not in servers], model, out, base, env))
+            if "toggle" in only and "R" not in servers:   # R alone, as the phases start it (--phase-r-env, --pin)
+                servers.update(start_phase_servers(a, [], model, out, base, env))
             if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
                 time.sleep(3)
                 servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",
@@ -895,6 +1011,8 @@ def main():
                 print(f"throughput {n}/P:", r, flush=True)
         if "phases" in only:
             res["phases"] = phases_run(a, model, out, base, env, servers, rx)
+        if "toggle" in only and "R" in servers:
+            res["toggle"] = toggle_run(a, out, base, servers, rx)
         if "KP" in servers:
             res["load_KP"] = summary(asyncio.run(load(8106, 32, 2, 256, seed=1)))
         for n, s in list(servers.items()):

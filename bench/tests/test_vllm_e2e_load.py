@@ -489,3 +489,86 @@ def test_a_window_summary_says_how_busy_the_host_was_and_how_long_each_role_wait
                                                          "threads": {"main": 2.9}}}})
     assert got["host"] == {"busy_pct": 20.0, "idle_pct": 79.0, "steal_pct": 1.0}
     assert got["run_queue_wait"] == {"VLLM::EngineCore": 0.1} and got["cpu_cores"] == {"VLLM::EngineCore": 1.0}
+
+
+def test_toggle_load_switches_in_abba_pairs_and_rates_each_slot_by_the_servers_counter(server):
+    """--only toggle: one load, the census switched every slot, pairs in ABBA order; each slot's tok/s is the
+    server's counter between the reads after its switch took and at its end; when the server slows down in a
+    mode (here: `events` doubles each answer's delay) the pairs say so."""
+    port, seen, state = server
+    state["delay_s"] = 0.01
+    switched = []
+
+    def switch(mode):
+        switched.append(mode)
+        state["delay_s"] = 0.02 if mode == "events" else 0.01
+        return True
+    res = asyncio.run(vllm_e2e.toggle_load(port, clients=4, ramp_s=0.2, seconds=2.5, slot_s=0.25, switch=switch,
+                                           tokens=(3, 5), seed=3))
+    slots = res["slots"]
+    assert [s["mode"] for s in slots] == switched
+    assert switched[:8] == ["off", "events", "events", "off", "off", "events", "events", "off"]
+    assert len(slots) % 2 == 0 and len(slots) >= 6 and [s["pair"] for s in slots[:4]] == [0, 0, 1, 1]
+    assert all(s["tokens"] > 0 and s["tok_s"] == pytest.approx(s["tokens"] / s["s"], rel=1e-3) for s in slots)
+    got = vllm_e2e.toggle_pairs(slots)
+    assert got["pairs"] == len(slots) // 2 and got["left_out"] == 0
+    assert 0.35 < got["events/off"]["median"] < 0.75             # twice the delay: about half the rate
+    assert got["events/off"]["gmean_95"][0] <= got["events/off"]["gmean"] <= got["events/off"]["gmean_95"][1]
+    assert state["generated"] == sum(r["tokens"] for r in res["requests"])
+    assert set(res["errors"]) <= {500}                           # the stand-in fails one prompt of the seed
+
+
+def test_toggle_pairs_leave_out_a_pair_whose_switch_did_not_take():
+    def sl(pair, mode, tok_s, ok=True):
+        return {"pair": pair, "mode": mode, "tok_s": tok_s, "switched": ok}
+    slots = [sl(0, "off", 100.0), sl(0, "events", 99.0), sl(1, "events", 90.0), sl(1, "off", 100.0),
+             sl(2, "off", 100.0), sl(2, "events", 50.0, ok=False), sl(3, "off", 200.0)]
+    got = vllm_e2e.toggle_pairs(slots)
+    assert got["pairs"] == 2 and got["left_out"] == 2
+    assert got["events/off"]["all"] == [0.99, 0.9] and got["events/off"]["median"] == 0.945
+
+
+def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tmp_path):
+    """--only toggle: R warmed, its counter checked, one toggled load no longer than the budget leaves room for
+    (the stop and the checks: 60 s), its pairs summarised, R stopped; a slot whose switch did not take fails."""
+    import argparse
+    sys.path.insert(0, str(REPO / "bench" / "server"))
+    import control_phases
+    asked = {}
+
+    class FakePhases:
+        def __init__(self, d):
+            self.d = d
+
+        def set(self, mode, timeout=10.0):
+            return True
+    monkeypatch.setattr(control_phases, "Phases", FakePhases)
+    monkeypatch.setattr(vllm_e2e, "wait_quiet", lambda: 0.0)
+    monkeypatch.setattr(vllm_e2e, "counter_readable", lambda port: True)
+
+    async def fake_load(*a, **k):
+        return {"requests": [], "errors": [], "tok_per_s": 1.0}
+    monkeypatch.setattr(vllm_e2e, "load", fake_load)
+
+    async def fake_toggle(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None):
+        asked.update(port=port, seconds=seconds, slot_s=slot_s, modes=modes, root=root, switch=switch)
+        slots = [{"pair": 0, "mode": "off", "tok_s": 100.0, "switched": True},
+                 {"pair": 0, "mode": "events", "tok_s": 99.0, "switched": True},
+                 {"pair": 1, "mode": "events", "tok_s": 98.0, "switched": False},
+                 {"pair": 1, "mode": "off", "tok_s": 100.0, "switched": True}]
+        return {"slots": slots, "requests": [{}] * 5, "errors": []}
+    monkeypatch.setattr(vllm_e2e, "toggle_load", fake_toggle)
+    stopped = []
+    r = SimpleNamespace(port=8105, proc=SimpleNamespace(pid=4242), stop=lambda: stopped.append(1) or {"rc": 0})
+    servers = {"R": r}
+    monkeypatch.setattr(vllm_e2e, "T0", time.time() - 100)
+    a = argparse.Namespace(phase_modes="off,events", phase_window=(1.0, 3.0), budget_s=400.0, toggle_s=600.0,
+                           toggle_slot=2.0, phase_clients=8)
+    fails = len(vllm_e2e.FAILS)
+    res = vllm_e2e.toggle_run(a, tmp_path, tmp_path, servers)
+    assert 230 <= asked["seconds"] <= 240 and asked["slot_s"] == 2.0 and asked["root"] == 4242
+    assert asked["modes"] == ("off", "events") and asked["switch"].__self__.d == tmp_path / "R"
+    assert res["pairs"] == 1 and res["left_out"] == 1 and res["events/off"]["median"] == 0.99
+    assert stopped == [1] and "R" not in servers and res["requests"] == 5
+    assert vllm_e2e.FAILS[fails:] == ["R: every slot switched the census"]
+    del vllm_e2e.FAILS[fails:]
