@@ -14,6 +14,8 @@
 #                see ../shared/vllm-offline/README.md; .vllm/part3 is carried with the last call)
 #   vllm-p1 / vllm-p2   the same from the re-cut pieces (bench/device/vllm_parts.sh), for a tree that no
 #                longer fits beside part1 in 64 MiB; the last call carries .vllm/p3 and .vllm/part3
+#   vllm-q1 / vllm-q2 / vllm-q3   the same for the four-piece cut (vllm_parts.sh: q1-q4, 32 MB a call at most);
+#                the last call carries .vllm/q4 and runs vllm-install (or vllm)
 #   vllm-install vLLM from the carried pieces and the package, no run (a call of its own when the run needs all 600 s)
 #   install      the package into /tmp/site (built here; its entry points are how vLLM finds it)
 #   vllm         install vLLM and the package, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (the
@@ -74,6 +76,20 @@ join_p1() {
   done
 }
 
+# the four q pieces (bench/device/vllm_parts.sh: q1-q3 copied to /tmp/vp/q by their calls, q4 carried now) joined
+# into the two pieces install.sh takes, and part3 where vllm_e2e.py and install.sh look for it
+join_q() {
+  local a w
+  mkdir -p /tmp/vp/part1 /tmp/vp/part2 .vllm/part3 && cp .vllm/q4/*.part-01b /tmp/vp/q/ && cp -r .vllm/q4/part3/. .vllm/part3/ || return 1
+  for a in /tmp/vp/q/*.part-00a; do
+    [ -f "$a" ] || { log "no q1 piece in /tmp/vp/q (vllm-q1 first)"; return 1; }
+    w=$(basename "$a" .part-00a)
+    cat "$a" "/tmp/vp/q/$w.part-00b" > "/tmp/vp/part1/$w.part-00" && \
+      cat "/tmp/vp/q/$w.part-01a" "/tmp/vp/q/$w.part-01b" > "/tmp/vp/part2/$w.part-01" || return 1
+  done
+  cp /tmp/vp/q/*.whl /tmp/vp/part2/
+}
+
 setup() {
   if [ ! -f /tmp/site/.done ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -105,7 +121,9 @@ phase() {
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site . \
         > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
-    vllm-install) { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
+    vllm-q1|vllm-q2|vllm-q3) mkdir -p /tmp/vp/q && cp ".vllm/${1#vllm-}"/* /tmp/vp/q/ && ls -la /tmp/vp/q ;;
+    vllm-install) { [ ! -d .vllm/q4 ] || join_q; } && \
+          { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
           { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install ;;
     vllm) phase vllm-install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"

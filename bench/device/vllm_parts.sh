@@ -9,6 +9,12 @@
 #   carry DIR/p2:                      bash bench/device/run.sh vllm-p2
 #   carry DIR/p3, DIR/part3, .whl:     bash bench/device/run.sh setup vllm
 #   bash bench/device/vllm_parts.sh [.vllm]
+# DIR/q1..q4 (2026-12-04: a 22 MB tree no longer fitted beside p2's 46.4 MB): the wheel's two pieces each cut in two
+# at $Q_BYTES (32,000,000), part2's small wheels with q2, part3 (installer, wheels, model maker) in q4/part3; each
+# call carries 32 MB at most, so a tree up to ~35 MB still fits. Five calls back to back:
+#   carry .whl:                   bash bench/device/run.sh setup
+#   carry DIR/q1, then q2, q3:    bash bench/device/run.sh vllm-q1   (vllm-q2, vllm-q3)
+#   carry DIR/q4:                 bash bench/device/run.sh setup vllm-install ...   (or setup vllm)
 set -euo pipefail
 D=${1:-.vllm}
 p0=$(ls "$D"/part1/*.part-00) p1=$(ls "$D"/part2/*.part-01)
@@ -19,4 +25,14 @@ tail -c +$(( ${P1_BYTES:-48000000} + 1 )) "$p0" > "$D/p3/$w.part-00b"
 cp "$p1" "$D/p2/"
 cp "$D"/part2/*.whl "$D/p3/"
 cat "$D/p1/$w.part-00a" "$D/p3/$w.part-00b" | cmp -s - "$p0" || { echo "re-cut differs from $p0" >&2; exit 1; }
-du -sb "$D/p1" "$D/p2" "$D/p3"
+Q=${Q_BYTES:-32000000}
+mkdir -p "$D/q1" "$D/q2" "$D/q3" "$D/q4/part3"
+head -c "$Q" "$p0" > "$D/q1/$w.part-00a"
+tail -c +$(( Q + 1 )) "$p0" > "$D/q2/$w.part-00b"
+cp "$D"/part2/*.whl "$D/q2/"
+head -c "$Q" "$p1" > "$D/q3/$w.part-01a"
+tail -c +$(( Q + 1 )) "$p1" > "$D/q4/$w.part-01b"
+cp -r "$D"/part3/. "$D/q4/part3/"
+cat "$D/q1/$w.part-00a" "$D/q2/$w.part-00b" | cmp -s - "$p0" || { echo "q re-cut differs from $p0" >&2; exit 1; }
+cat "$D/q3/$w.part-01a" "$D/q4/$w.part-01b" | cmp -s - "$p1" || { echo "q re-cut differs from $p1" >&2; exit 1; }
+du -sb "$D/p1" "$D/p2" "$D/p3" "$D/q1" "$D/q2" "$D/q3" "$D/q4"
