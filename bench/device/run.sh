@@ -76,20 +76,6 @@ join_p1() {
   done
 }
 
-# the four q pieces (bench/device/vllm_parts.sh: q1-q3 copied to /tmp/vp/q by their calls, q4 carried now) joined
-# into the two pieces install.sh takes, and part3 where vllm_e2e.py and install.sh look for it
-join_q() {
-  local a w
-  mkdir -p /tmp/vp/part1 /tmp/vp/part2 .vllm/part3 && cp .vllm/q4/*.part-01b /tmp/vp/q/ && cp -r .vllm/q4/part3/. .vllm/part3/ || return 1
-  for a in /tmp/vp/q/*.part-00a; do
-    [ -f "$a" ] || { log "no q1 piece in /tmp/vp/q (vllm-q1 first)"; return 1; }
-    w=$(basename "$a" .part-00a)
-    cat "$a" "/tmp/vp/q/$w.part-00b" > "/tmp/vp/part1/$w.part-00" && \
-      cat "/tmp/vp/q/$w.part-01a" "/tmp/vp/q/$w.part-01b" > "/tmp/vp/part2/$w.part-01" || return 1
-  done
-  cp /tmp/vp/q/*.whl /tmp/vp/part2/
-}
-
 setup() {
   if [ ! -f /tmp/site/.done ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -122,7 +108,7 @@ phase() {
         > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; return 1; }
       export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; unset OTEL_GPU_CENSUS_LIB ;;
     vllm-q1|vllm-q2|vllm-q3) mkdir -p /tmp/vp/q && cp ".vllm/${1#vllm-}"/* /tmp/vp/q/ && ls -la /tmp/vp/q ;;
-    vllm-install) { [ ! -d .vllm/q4 ] || join_q; } && \
+    vllm-install) { [ ! -d .vllm/q4 ] || bash bench/device/vllm_parts.sh --join .vllm /tmp/vp; } && \
           { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
           { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install ;;
     vllm) phase vllm-install && rm -rf /tmp/e2e && \

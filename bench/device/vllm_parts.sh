@@ -15,7 +15,27 @@
 #   carry .whl:                   bash bench/device/run.sh setup
 #   carry DIR/q1, then q2, q3:    bash bench/device/run.sh vllm-q1   (vllm-q2, vllm-q3)
 #   carry DIR/q4:                 bash bench/device/run.sh setup vllm-install ...   (or setup vllm)
+# On the GPU machine the last call joins them (run.sh vllm-install):
+#   bash bench/device/vllm_parts.sh --join DIR VP    VP/q holds q1-q3's files (their calls copied them there), DIR/q4
+#                                                    is carried: VP/part1 and VP/part2 as install.sh takes them,
+#                                                    and DIR/part3 (where install.sh and vllm_e2e.py look)
 set -euo pipefail
+if [ "${1:-}" = "--join" ]; then
+  D=$2 V=$3
+  mkdir -p "$V/part1" "$V/part2" "$D/part3"
+  cp "$D"/q4/*.part-01b "$V/q/" && cp -r "$D/q4/part3/." "$D/part3/"
+  n=0
+  for a in "$V"/q/*.part-00a; do
+    [ -f "$a" ] || { echo "no q1 piece in $V/q (vllm-q1 first)" >&2; exit 1; }
+    w=$(basename "$a" .part-00a)
+    cat "$a" "$V/q/$w.part-00b" > "$V/part1/$w.part-00"
+    cat "$V/q/$w.part-01a" "$V/q/$w.part-01b" > "$V/part2/$w.part-01"
+    n=$((n + 1))
+  done
+  cp "$V"/q/*.whl "$V/part2/"
+  echo "joined $n wheel(s) into $V/part1, $V/part2"
+  exit 0
+fi
 D=${1:-.vllm}
 p0=$(ls "$D"/part1/*.part-00) p1=$(ls "$D"/part2/*.part-01)
 w=$(basename "$p0" .part-00)
