@@ -174,6 +174,42 @@ async def generated_tokens(s, port) -> float:
     return sum(got)
 
 
+class ClosedLoop:
+    """`clients` closed-loop clients of /v1/completions (each sends its next request once its last is answered,
+    non-streaming, each request its own length in `tokens`) while the block runs; mark() reads the server's own
+    generated-token counter (and when). On leaving, no new request is sent and the ones in flight finish."""
+
+    def __init__(self, port, clients, tokens, seed, prompt_words):
+        self.port, self.clients, self.tokens, self.seed, self.words = port, clients, tokens, seed, prompt_words
+        self.results: list = []
+        self.errors: list = []
+        self._stop = asyncio.Event()
+
+    async def _client(self, cid):
+        rnd = random.Random(self.seed * 1000 + cid)
+        while not self._stop.is_set():
+            await _request(self._s, self.port, rnd, rnd.randint(*self.tokens), self.words, False, self.results,
+                           self.errors)
+
+    async def mark(self):
+        t = time.perf_counter()
+        n = await generated_tokens(self._s, self.port)
+        return n, (t + time.perf_counter()) / 2
+
+    async def __aenter__(self):
+        import aiohttp
+        self._s = await aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)).__aenter__()
+        self._tasks = [asyncio.create_task(self._client(c)) for c in range(self.clients)]
+        return self
+
+    async def __aexit__(self, *exc):
+        self._stop.set()
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            await self._s.__aexit__(*exc)
+
+
 async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0, prompt_words=64, root=None):
     """Closed-loop clients (each sends its next request when its last is answered, non-streaming) for
     ramp_s + window_s, then each finishes the request it has in flight (none is cut). The rate is the
@@ -181,37 +217,19 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
     Each request asks for its own number of tokens (uniform in `tokens`), so that the clients do not
     move in waves that end together (with one length for all, a window holds whole waves or not).
     root: the server's pid; its process tree's CPU over the window is added (proc_cpu.py), per role."""
-    import aiohttp
-    results, errors = [], []
-    stop = asyncio.Event()
-
-    async def client(s, cid):
-        rnd = random.Random(seed * 1000 + cid)
-        while not stop.is_set():
-            await _request(s, port, rnd, rnd.randint(*tokens), prompt_words, False, results, errors)
-
-    async def mark(s):
-        t = time.perf_counter()
-        n = await generated_tokens(s, port)
-        return n, (t + time.perf_counter()) / 2
-
     t0 = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
-        tasks = [asyncio.create_task(client(s, c)) for c in range(clients)]
-        try:
-            await asyncio.sleep(ramp_s)
-            c0 = proc_cpu.snapshot(root) if root else None
-            h0 = proc_cpu.host()
-            p0 = time.process_time()        # this process: the clients (and the OTLP receiver's threads)
-            (n0, w0) = await mark(s)
-            await asyncio.sleep(window_s)
-            (n1, w1) = await mark(s)
-            c1 = proc_cpu.snapshot(root) if root else None
-            h1 = proc_cpu.host()
-            p1 = time.process_time()
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks)
+    async with ClosedLoop(port, clients, tokens, seed, prompt_words) as cl:
+        await asyncio.sleep(ramp_s)
+        c0 = proc_cpu.snapshot(root) if root else None
+        h0 = proc_cpu.host()
+        p0 = time.process_time()        # this process: the clients (and the OTLP receiver's threads)
+        (n0, w0) = await cl.mark()
+        await asyncio.sleep(window_s)
+        (n1, w1) = await cl.mark()
+        c1 = proc_cpu.snapshot(root) if root else None
+        h1 = proc_cpu.host()
+        p1 = time.process_time()
+    results, errors = cl.results, cl.errors
     el = time.perf_counter() - t0
     toks = sum(r["tokens"] for r in results)
     return {"requests": results, "errors": errors, "elapsed_s": el, "tok_per_s": (n1 - n0) / (w1 - w0),
@@ -230,49 +248,30 @@ async def toggle_load(port, clients, ramp_s, seconds, slot_s, switch, modes=("of
     in neither. A drift slower than a pair (a 3 s window of vLLM spread ±15 % on the H200) falls mostly inside
     the pair, and every pair's ratio is taken on the same server, the same clients, the same load.
     root: the server's pid; its tree's CPU a slot is added per role (proc_cpu)."""
-    import aiohttp
-    results, errors = [], []
-    stop = asyncio.Event()
-
-    async def client(s, cid):
-        rnd = random.Random(seed * 1000 + cid)
-        while not stop.is_set():
-            await _request(s, port, rnd, rnd.randint(*tokens), prompt_words, False, results, errors)
-
-    async def mark(s):
-        t = time.perf_counter()
-        n = await generated_tokens(s, port)
-        return n, (t + time.perf_counter()) / 2
-
     slots = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
-        tasks = [asyncio.create_task(client(s, c)) for c in range(clients)]
-        try:
-            await asyncio.sleep(ramp_s)
-            t_end = time.perf_counter() + seconds
-            pair = 0
-            while time.perf_counter() + 2 * slot_s < t_end:
-                for m in (modes if pair % 2 == 0 else modes[::-1]):
-                    ok = await asyncio.to_thread(switch, m)
-                    c0 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
-                    n0, w0 = await mark(s)
-                    await asyncio.sleep(slot_s)
-                    n1, w1 = await mark(s)
-                    c1 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
-                    slot = {"pair": pair, "mode": m, "switched": ok, "tokens": n1 - n0, "s": round(w1 - w0, 4),
-                            "tok_s": (n1 - n0) / (w1 - w0)}
-                    if root:
-                        cpu = proc_cpu.delta(c0, c1)
-                        k = 1e6 / max(n1 - n0, 1)
-                        slot["cpu_ms_per_ktok"] = {r: {"all": round(v["cpu_s"] * k, 2),
-                                                       **{t: round(x * k, 2) for t, x in v["threads"].items()}}
-                                                   for r, v in cpu.items()}
-                    slots.append(slot)
-                pair += 1
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks)
-    return {"slots": slots, "requests": results, "errors": errors}
+    async with ClosedLoop(port, clients, tokens, seed, prompt_words) as cl:
+        await asyncio.sleep(ramp_s)
+        t_end = time.perf_counter() + seconds
+        pair = 0
+        while time.perf_counter() + 2 * slot_s < t_end:
+            for m in (modes if pair % 2 == 0 else modes[::-1]):
+                ok = await asyncio.to_thread(switch, m)
+                c0 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
+                n0, w0 = await cl.mark()
+                await asyncio.sleep(slot_s)
+                n1, w1 = await cl.mark()
+                c1 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
+                slot = {"pair": pair, "mode": m, "switched": ok, "tokens": n1 - n0, "s": round(w1 - w0, 4),
+                        "tok_s": (n1 - n0) / (w1 - w0)}
+                if root:
+                    cpu = proc_cpu.delta(c0, c1)
+                    k = 1e6 / max(n1 - n0, 1)
+                    slot["cpu_ms_per_ktok"] = {r: {"all": round(v["cpu_s"] * k, 2),
+                                                   **{t: round(x * k, 2) for t, x in v["threads"].items()}}
+                                               for r, v in cpu.items()}
+                slots.append(slot)
+            pair += 1
+    return {"slots": slots, "requests": cl.results, "errors": cl.errors}
 
 
 def toggle_pairs(slots: list, modes=("off", "events")) -> dict:
