@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 import sys
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 RESAMPLES = 20_000
 SEED = 1
@@ -34,10 +34,12 @@ def gmean(xs: Sequence[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
-def interval(xs: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED) -> Tuple[float, float]:
-    """The 2.5th and 97.5th percentiles of the geometric mean over `resamples` resamplings of xs."""
+def interval(xs: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED,
+             stat: Callable[[Sequence[float]], float] = gmean) -> Tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of `stat` (the geometric mean of ratios; statistics.fmean for
+    differences) over `resamples` resamplings of xs."""
     rnd = random.Random(seed)
-    means = sorted(gmean([rnd.choice(xs) for _ in xs]) for _ in range(resamples))
+    means = sorted(stat([rnd.choice(xs) for _ in xs]) for _ in range(resamples))
     return means[int(0.025 * resamples)], means[int(0.975 * resamples)]
 
 

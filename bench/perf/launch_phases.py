@@ -4,9 +4,8 @@ calls_tax.py (--child c) compares processes, and a C process's own launch time m
 the next on the H200 (§27): more than the tens of ns the census adds a launch. Here one launch_price process
 (bench/floor/launch_price.cu --serve), preloaded with the census and pinned to one core, runs round after round;
 between rounds the census is switched (control_phases.Phases: `off`, its wrappers passing every call through,
-or `events`, counting and pairing as it runs by default), in ABBA order. Each round's figures minus the mean of
-the other mode's rounds beside it (`events-off`, ns a call) are what the census adds, with no process-to-process
-spread in them. A flusher wake (1 s) separates rounds, so that the event-pair pool (256 a context) is read
+or `events`, counting and pairing as it runs by default), in ABBA order. Each round pair's events figure minus
+its off figure (`events-off`, ns a call) is what the census adds, with no process-to-process spread in it. A flusher wake (1 s) separates rounds, so that the event-pair pool (256 a context) is read
 between them and no sampled launch goes unpaired for want of a pair.
 
 At the end, what the census counted must be exactly what the process did in its counting rounds and warm-up
@@ -19,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -29,7 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "server"))
+sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ratio_interval import interval  # noqa: E402  (bench/ratio_interval.py: one seeded bootstrap)
 KEYS = ("eager_ns", "graph_issue_ns", "graph_ns", "copy_pair_ns", "control_ms")
 MODES = ("off", "events")
 WARMUP_ROUNDS = 2         # launch_price's own, before READY, the census counting from the process's start
@@ -45,20 +45,13 @@ def paired(rows: list, key: str) -> list:
     return [r["events"][key] - r["off"][key] for r in rows if "events" in r and "off" in r]
 
 
-def interval(xs: list, resamples: int = 20_000, seed: int = 1):
-    """Mean and a bootstrap 95 % interval of the mean (fixed seed: the same figures every time)."""
-    rnd = random.Random(seed)
-    means = sorted(statistics.fmean(rnd.choice(xs) for _ in xs) for _ in range(resamples))
-    return statistics.fmean(xs), (means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1])
-
-
 def summarise(rows: list) -> dict:
     out: dict = {"rounds": len(rows)}
     for k in KEYS:
         d = paired(rows, k)
         if not d:
             continue
-        mean, (lo, hi) = interval(d)
+        mean, (lo, hi) = statistics.fmean(d), interval(d, stat=statistics.fmean)   # bootstrap, fixed seed
         off = statistics.median(r["off"][k] for r in rows if "off" in r and "events" in r)
         out[f"events-off {k}"] = {"median": round(statistics.median(d), 2), "mean": round(mean, 2),
                                   "mean_95": [round(lo, 2), round(hi, 2)], "off_median": round(off, 2),
@@ -92,7 +85,7 @@ def main() -> int:
     if not lib:
         raise SystemExit("OTEL_GPU_CENSUS_LIB: the built injector (bench/device/run.sh setup sets it)")
     from control_phases import Phases
-    from calls_tax import census_fields
+    from calls_tax import census_did, census_fields
     from otel_gpu_census.census.reader import segment_paths
     res: dict = {"args": vars(a)}
     with tempfile.TemporaryDirectory() as d:
@@ -133,11 +126,9 @@ def main() -> int:
         segs = segment_paths(d)
         census = census_fields(str(segs[0])) if len(segs) == 1 else {"segments": len(segs)}
     want = expected(did, counting, total) if did else {}
-    got = {"eager_launches": census.get("eager_launches"), "graph_launches": census.get("graph_launches"),
-           "graph_kernels": census.get("graph_kernel_count"), "htod_pinned": census.get("htod_pinned"),
-           "dtoh_pinned": census.get("dtoh_pinned")}
-    res.update(rows=rows, did=did, census=census, counted_expected=want, counted=got, exact=bool(want) and got == want,
-               summary=summarise(rows))
+    # calls_tax's one test of "counted exactly what launch_price did", against the counting rounds' share of it
+    exact = bool(want) and census_did({"did": want, "census": census})
+    res.update(rows=rows, did=did, census=census, counted_expected=want, exact=exact, summary=summarise(rows))
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(json.dumps({**res["summary"], "exact": res["exact"], "events": census.get("events")}, indent=1))
     return 0 if res["exact"] else 1
