@@ -24,9 +24,19 @@ prices are torch's, measured on the H200 as processes side by side against a pro
 CUPTI's launch callbacks), a copy 0.65 µs (its callback and pointer queries), a graph kernel node 0.129 µs
 of GPU time (and 0.269 µs of the thread that launches the graph).
 
-Counted at the calls by the census library preloaded (LD_PRELOAD; `run --activity off`: no CUPTI loaded)
-the estimate is 0: on the H200 it was not told from zero (§22: graph replays 0.999 of an untraced torch
-process, eager launches and copies within the host's noise; vLLM at 1.00 of plain without the integration).
+Counted at the calls by the census library preloaded (LD_PRELOAD, CUPTI never loaded: `run`'s default
+ACTIVITY=events, and `run --activity off`) the prices are the library's wrappers', measured on the H200 inside one
+process whose census was switched off and back between rounds, ABBA (§27, bench/perf/launch_phases.py, 30-40
+pairs of rounds of a C program's launches, medians):
+- an eager launch counted: 0.137 µs (the default's 0.185, less 1/128 of a gated eager pair);
+- a graph launch counted: 0.790 µs (its exec's contents looked up; from the two graph rows, every launch paired
+  5.441 and 1 in 4 paired 1.953: count + pair and count + pair / 4);
+- an event pair (ACTIVITY=events): around an eager launch 6.045 µs gated (6.182 for the launch and its pair, less
+  the count; the ungated eager pair was not measured alone, so it is priced the same: an upper bound), around a
+  graph launch 4.651 µs gated, 3.039 ungated.
+Copies and memsets are not priced there: in the same runs a copy pair ran faster while counted (§27), so no price
+for a copy call could be read. Processes side by side had not told these prices from zero (§22: ±0.5 µs a launch
+from one process to the next).
 
 The estimate is seconds over the census's life: of the launching threads' time for eager launches and
 copies, and of GPU time for graph nodes (a graph's replay is the GPU's work; §14-§15: with CUPTI set
@@ -50,6 +60,11 @@ COPY_S = 0.81e-6
 CALLS_LAUNCH_S = 1.31e-6                    # ACTIVITY=off (§21): an eager launch, its callbacks
 CALLS_COPY_S = 0.65e-6                      # ... a copy or memset call
 CALLS_GRAPH_NODE_S = 0.129e-6               # ... a graph kernel node, GPU time
+WRAPPED_LAUNCH_S = 0.137e-6                 # preloaded (§27): an eager launch counted by the library's wrapper
+WRAPPED_GRAPH_LAUNCH_S = 0.790e-6           # ... a graph launch counted
+PAIR_EAGER_S = 6.045e-6                     # ... ACTIVITY=events: an event pair around an eager launch (gated)
+PAIR_GRAPH_S = 4.651e-6                     # ... around a graph launch, gated
+PAIR_GRAPH_UNGATED_S = 3.039e-6             # ... ungated (OTEL_GPU_CENSUS_EVENT_GATE=off)
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,11 @@ class CensusCost:
     node_s: float = GRAPH_NODE_PER_LAUNCH_S    # what one graph kernel node was priced at
     launches_counted: int = 0     # eager launches the launch callbacks counted (counted mode)
     launches_set_up: int = 0      # eager launches priced at CUPTI's set-up cost (counted, else records)
+    wrapped: bool = False         # counted by the library preloaded: launches at the wrappers' prices, copies unpriced
+    graph_launches: int = 0       # ... graph launches counted
+    pairs_eager: int = 0          # ... ACTIVITY=events: event pairs around eager launches (the sample, idle ones too)
+    pairs_graph: int = 0          # ... and around graph launches
+    pair_graph_s: float = PAIR_GRAPH_S   # what one graph pair was priced at (gated or not)
 
     def share_of(self, ns: int) -> float:
         return self.seconds * 1e9 / ns if ns > 0 else 0.0
@@ -79,11 +99,8 @@ def estimate(c: ProcessCensus) -> CensusCost:
         node_s = graph_node_s(c)  # after it (§23), and the windows' kernel records cost as the default's
         s = eager * EAGER_KERNEL_S + graph * node_s + launches * SET_UP_EAGER_S
         return CensusCost(eager, graph, copies, s, False, node_s, launches, launches)
-    # the library's own wrappers, no CUPTI: not told from zero (§22); with event pairs (ACTIVITY=events) not resolved
-    # either, vLLM within its noise (§24-§25), llama-server 0.985 of its paused phases (§26): no price a pair was
-    # ever measured at
-    if c.kernels.preloaded:
-        return CensusCost(eager, graph, copies, 0.0, False, 0.0, launches, 0)
+    if c.kernels.preloaded:       # the library's own wrappers, no CUPTI: their prices in one process (§27)
+        return wrapped_cost(c, eager, graph, copies, launches)
     if c.kernels.untimed:         # counted at the calls (no record: eager is 0): the callbacks' prices
         s = launches * CALLS_LAUNCH_S + copies * CALLS_COPY_S + graph * CALLS_GRAPH_NODE_S
         return CensusCost(eager, graph, copies, s, False, CALLS_GRAPH_NODE_S, launches, 0)
@@ -94,6 +111,20 @@ def estimate(c: ProcessCensus) -> CensusCost:
     set_up = launches if c.kernels.counted else eager
     s = eager * EAGER_KERNEL_S + graph * node_s + copies * COPY_S + set_up * SET_UP_EAGER_S
     return CensusCost(eager, graph, copies, s, per_node, node_s, launches, set_up)
+
+
+def wrapped_cost(c: ProcessCensus, eager: int, graph: int, copies: int, launches: int) -> CensusCost:
+    """The census library preloaded: each launch at its wrapper's price and, under ACTIVITY=events, each event pair
+    at its own; copies unpriced (§27)."""
+    k = c.kernels
+    glaunches = sum(d.graph_launches for d in c.devices.values())
+    pe = pg = 0
+    if k.events:                  # events_timed: every pair read; the eager ones are the sample and the idle ones
+        pe = min(k.events_timed, eager + k.events_idle)
+        pg = k.events_timed - pe
+    pg_s = PAIR_GRAPH_S if k.events_gate else PAIR_GRAPH_UNGATED_S
+    s = launches * WRAPPED_LAUNCH_S + glaunches * WRAPPED_GRAPH_LAUNCH_S + pe * PAIR_EAGER_S + pg * pg_s
+    return CensusCost(eager, graph, copies, s, False, 0.0, launches, 0, True, glaunches, pe, pg, pg_s)
 
 
 def context_made_under_cupti(c: ProcessCensus) -> bool:

@@ -314,7 +314,8 @@ def _cost_dict(c: ProcessCensus, census_ns: int) -> dict:
     return {"seconds": round(e.seconds, 6), "share_of_census_time": round(e.share_of(census_ns), 6),
             "eager_kernels": e.eager_kernels, "graph_nodes": e.graph_nodes, "copies_and_memsets": e.copies,
             "graphs_per_node": e.per_node, "launches_counted": e.launches_counted,
-            "launches_priced_set_up": e.launches_set_up}
+            "launches_priced_set_up": e.launches_set_up, "graph_launches": e.graph_launches,
+            "event_pairs_eager": e.pairs_eager, "event_pairs_graph": e.pairs_graph}
 
 
 def attach_note(c: ProcessCensus) -> Optional[str]:
@@ -340,12 +341,14 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
     us = lambda s: f"{s * 1e6:g} us"      # noqa: E731
-    if c.kernels.preloaded:
-        return ("census cost, estimated: not told from zero (the calls counted by the census library preloaded, "
-                "CUPTI never loaded: on an H200 graph replays ran at 0.999 of an untraced process, eager launches "
-                "and copies within the host's noise, measurements §22" +
-                ("; the event pairs of ACTIVITY=events: llama-server 0.985 of its own paused phases, vLLM within its "
-                 "noise, no price a pair measured, §24-§26)" if c.kernels.events else ")"))
+    if e.wrapped:
+        pairs = (f", {e.pairs_eager:,} eager event pairs x {us(cost.PAIR_EAGER_S)}, {e.pairs_graph:,} graph event pairs "
+                 f"x {us(e.pair_graph_s)}" if c.kernels.events else "")
+        return (f"census cost, estimated: {e.seconds:.6f} s of the launching threads{share} "
+                f"({e.launches_counted:,} eager launches counted x {us(cost.WRAPPED_LAUNCH_S)}, {e.graph_launches:,} "
+                f"graph launches x {us(cost.WRAPPED_GRAPH_LAUNCH_S)}{pairs}; {e.copies:,} copies and memsets not "
+                "priced: the census library's wrappers, CUPTI never loaded, measured in one process on an H200, "
+                "measurements §27)")
     if c.kernels.untimed:
         return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
                 f"{share} ({e.launches_counted:,} launches counted x {us(cost.CALLS_LAUNCH_S)}, {e.graph_nodes:,} "

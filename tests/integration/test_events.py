@@ -86,9 +86,16 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     assert "error" not in err.lower(), err
     from otel_gpu_census import cost, report
     from otel_gpu_census.census import spans_estimated
-    assert spans_estimated([k.name]) and cost.estimate(p).seconds == 0.0   # never priced: not measured (§24)
+    # priced as measured in one process (§27): each launch at its wrapper's price, each pair at its own (ungated
+    # here: a graph pair 3.039 us); copies not priced
+    e = cost.estimate(p)
+    assert (e.launches_counted, e.graph_launches, e.pairs_eager, e.pairs_graph) == (48, 4, eager_pairs, 4)
+    want = 48 * 0.137e-6 + 4 * 0.790e-6 + eager_pairs * 6.045e-6 + 4 * 3.039e-6
+    assert spans_estimated([k.name]) and abs(e.seconds - want) < 1e-12, (e.seconds, want)
     text = report.render_text([p], requests=1)
-    assert "census cost, estimated: not told from zero" in text and "no price a pair measured, §24-§26" in text
+    assert (f"census cost, estimated: {want:.6f} s of the launching threads" in text and "(48 eager launches counted "
+            f"x 0.137 us, 4 graph launches x 0.79 us, {eager_pairs} eager event pairs x 6.045 us, 4 graph event pairs "
+            "x 3.039 us; 1 copies and memsets not priced" in text), text
     assert f"{k.events_timed} CUDA event pairs (not gated) around about 1 of every 4 eager launches and every graph launch of each thread" in text, text
     assert "busy not measured" in text and "1 graph launches had no measured span" in text
     assert f"{k.events_idle} eager pairs met an idle stream and read long: left out of the sample" in text

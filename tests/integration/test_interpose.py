@@ -125,10 +125,13 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
     assert (st.eager_launches, st.kernel_count, st.copies["htod"].bytes) == (2, 2 + 5, 3 << 20)
     assert p.calls_lost == 0 and p.launches_lost == 0
     from otel_gpu_census import cost, report
-    assert p.kernels.preloaded and cost.estimate(p).seconds == 0.0
+    e = cost.estimate(p)      # the wrappers' prices (§27), no event pair under ACTIVITY=off, copies unpriced
+    assert p.kernels.preloaded and (e.launches_counted, e.graph_launches, e.pairs_eager, e.pairs_graph) == (9, 6, 0, 0)
+    assert abs(e.seconds - (9 * 0.137e-6 + 6 * 0.790e-6)) < 1e-12
     text = report.render_text([p], requests=1)
     assert "seen by the census library preloaded: CUPTI was never loaded" in text
-    assert "census cost, estimated: not told from zero" in text and "kernel time not measured" in text
+    assert "(9 eager launches counted x 0.137 us, 6 graph launches x 0.79 us; 6 copies and memsets not priced" in text, text
+    assert "event pairs" not in text and "kernel time not measured" in text
 
 
 def test_preloaded_without_activity_off_only_passes_calls_through(native, mock_lib, mock_cuda, tmp_path):
