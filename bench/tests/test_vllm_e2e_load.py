@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -526,6 +527,19 @@ def test_toggle_pairs_leave_out_a_pair_whose_switch_did_not_take():
     got = vllm_e2e.toggle_pairs(slots)
     assert got["pairs"] == 2 and got["left_out"] == 2
     assert got["events/off"]["all"] == [0.99, 0.9] and got["events/off"]["median"] == 0.945
+    # each mode's slots, the kept pairs' only: off 100 and 100, events 99 and 90
+    assert got["slot_cv"] == {"off": 0.0, "events": round(statistics.stdev([99.0, 90.0]) / 94.5, 4)}
+
+
+@pytest.mark.parametrize("v, want", [("960,1088", (960, 1088)), ("64,64", (64, 64)), ("0,10", None),
+                                     ("10,5", None), ("1,2000", None), ("a,b", None), ("100", None)])
+def test_toggle_tokens_are_lo_hi_within_what_the_model_length_holds(v, want):
+    import argparse
+    if want:
+        assert vllm_e2e.tokens_arg(v) == want
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            vllm_e2e.tokens_arg(v)
 
 
 def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tmp_path):
@@ -550,8 +564,9 @@ def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tm
         return {"requests": [], "errors": [], "tok_per_s": 1.0}
     monkeypatch.setattr(vllm_e2e, "load", fake_load)
 
-    async def fake_toggle(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None):
-        asked.update(port=port, seconds=seconds, slot_s=slot_s, modes=modes, root=root, switch=switch)
+    async def fake_toggle(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
+                          tokens=(64, 192)):
+        asked.update(port=port, seconds=seconds, slot_s=slot_s, modes=modes, root=root, switch=switch, tokens=tokens)
         slots = [{"pair": 0, "mode": "off", "tok_s": 100.0, "switched": True},
                  {"pair": 0, "mode": "events", "tok_s": 99.0, "switched": True},
                  {"pair": 1, "mode": "events", "tok_s": 98.0, "switched": False},
@@ -563,11 +578,12 @@ def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tm
     servers = {"R": r}
     monkeypatch.setattr(vllm_e2e, "T0", time.time() - 100)
     a = argparse.Namespace(phase_modes="off,events", phase_window=(1.0, 3.0), budget_s=400.0, toggle_s=600.0,
-                           toggle_slot=2.0, phase_clients=8)
+                           toggle_slot=2.0, phase_clients=8, toggle_tokens=(960, 1088))
     fails = len(vllm_e2e.FAILS)
     res = vllm_e2e.toggle_run(a, tmp_path, tmp_path, servers)
     assert 230 <= asked["seconds"] <= 240 and asked["slot_s"] == 2.0 and asked["root"] == 4242
     assert asked["modes"] == ("off", "events") and asked["switch"].__self__.d == tmp_path / "R"
+    assert asked["tokens"] == (960, 1088) and "each request 960-1088 tokens" in res["load"]
     assert res["pairs"] == 1 and res["left_out"] == 1 and res["events/off"]["median"] == 0.99
     assert stopped == [1] and "R" not in servers and res["requests"] == 5
     assert vllm_e2e.FAILS[fails:] == ["R: every slot switched the census"]

@@ -54,6 +54,8 @@ class Opts:
     prompt_tokens: int = 7
     ping_every_tokens: Optional[int] = None   # send a ":\n\n" SSE ping after this many tokens
     gzip: bool = False                    # gzip streamed answers (Content-Encoding: gzip, flushed per write)
+    tokens_per_event: int = 1             # /completion: tokens one event carries (llama-server holds back an
+                                          # incomplete UTF-8 sequence and sends it with the next token)
 
 
 @dataclass
@@ -296,10 +298,11 @@ class Standin:
                  "timings": self._timings(n, 12.5, 3.0 * n)}
         if not body.get("stream"):
             return web.Response(body=dump(final), content_type="application/json")
-        events = [(b"data: " + dump({"index": 0, "content": "tok", "tokens": [], "stop": False,
-                                     "id_slot": o.id_slot, "tokens_predicted": i + 1,
+        k = max(1, o.tokens_per_event)
+        events = [(b"data: " + dump({"index": 0, "content": "tok" * (min(i + k, n) - i), "tokens": [], "stop": False,
+                                     "id_slot": o.id_slot, "tokens_predicted": min(i + k, n),
                                      "tokens_evaluated": o.prompt_tokens}) + b"\n\n", True)
-                  for i in range(n)]
+                  for i in range(0, n, k)]
         events.append((b"data: " + dump(final) + b"\n\n", False))
         return await self._stream(request, s, events, "text/event-stream")
 

@@ -1,0 +1,130 @@
+"""CPU tests of bench/server/llama_toggle.py (and toggle_slots.py) against the llama-server stand-in
+(tests/support/llama_standin.py): one streaming load, a mode switched slot by slot, each slot rated by the tokens
+the clients received, counted from the events' running `tokens_predicted`."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench" / "server"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
+import llama_toggle  # noqa: E402
+from llama_standin import Standin  # noqa: E402
+
+
+@pytest.fixture
+def standin():
+    s = Standin(tokens=1000, token_delay=0.002).start()
+    yield s
+    s.stop()
+
+
+def test_tokens_are_counted_from_tokens_predicted_when_one_event_carries_several(standin):
+    """llama-server holds back an incomplete UTF-8 sequence and sends it with the next token: counting events
+    would miss those tokens, the running count does not."""
+    standin.opts.tokens_per_event = 3
+
+    async def go():
+        async with llama_toggle.StreamLoop(standin.url, clients=3, prompt_tokens=8, n_predict=10, seed=1) as sl:
+            await asyncio.sleep(0.3)
+        return sl
+    sl = asyncio.run(go())
+    assert sl.results and not sl.errors
+    assert all(r == {"tokens": 10, "predicted_n": 10} for r in sl.results)
+    assert sl.n == 10 * len(sl.results)          # every request in flight at the end was finished, none cut
+    prompts = [json.loads(s.body)["prompt"] for s in standin.seen if s.path == "/completion"]
+    assert len(prompts) == len(sl.results) and len({tuple(p) for p in prompts}) == len(prompts)   # all distinct
+    assert all(len(p) == 8 for p in prompts)
+
+
+def test_toggle_load_rates_each_slot_and_sees_a_mode_that_halves_the_rate(standin):
+    switched = []
+
+    def switch(mode):
+        switched.append(mode)
+        standin.opts.token_delay = 0.004 if mode == "events" else 0.002
+        return True
+    got = asyncio.run(llama_toggle.toggle_load(standin.url, clients=4, prompt_tokens=4, n_predict=20, ramp_s=0.2,
+                                               seconds=2.4, slot_s=0.25, switch=switch, seed=5))
+    slots = got["slots"]
+    assert [s["mode"] for s in slots] == switched and switched[:4] == ["off", "events", "events", "off"]
+    assert len(slots) >= 6 and all(s["tokens"] > 0 for s in slots)
+    pairs = llama_toggle.toggle_pairs(slots)
+    assert pairs["pairs"] == len(slots) // 2 and 0.35 < pairs["events/off"]["median"] < 0.75
+    assert set(pairs["slot_cv"]) == {"off", "events"}
+    assert got["tokens"] == sum(r["tokens"] for r in got["requests"])
+    assert all(ok for ok, _ in llama_toggle.checks(got, 20))
+
+
+def test_checks_fail_on_a_switch_not_taken_a_failed_request_or_a_short_count():
+    good = {"slots": [{"switched": True}], "errors": [], "requests": [{"tokens": 64, "predicted_n": 64}]}
+    assert [ok for ok, _ in llama_toggle.checks(good, 64)] == [True, True, True]
+    bad = {"slots": [{"switched": True}, {"switched": False}], "errors": ["HTTP 503"],
+           "requests": [{"tokens": 63, "predicted_n": 64}]}
+    assert [ok for ok, _ in llama_toggle.checks(bad, 64)] == [False, False, False]
+    assert not llama_toggle.checks({**good, "requests": [{"tokens": 64, "predicted_n": None}]}, 64)[2][0]
+
+
+def test_main_runs_the_server_under_run_toggles_its_census_and_writes_every_figure(standin, monkeypatch, tmp_path):
+    """The command: `run` (its default census unless --activity), llama-server with the load's slots, pinned with
+    --pin, OTEL_GPU_CENSUS_FLUSH_MS=200; the toggled load within --budget-s; checks and pairs in the JSON."""
+    started = {}
+
+    class Proc:
+        pid = os.getpid()          # its process tree's CPU a slot is read (proc_cpu): this one's
+
+        def poll(self):
+            return None
+
+        def wait(self, t=None):
+            return 0
+
+    def popen(cmd, env=None, **kw):
+        started.update(cmd=cmd, env=env)
+        return Proc()
+    monkeypatch.setattr(llama_toggle.subprocess, "Popen", popen)
+    monkeypatch.setattr(llama_toggle.os, "killpg", lambda pid, sig: started.setdefault("killed", (pid, sig)))
+    monkeypatch.setattr(llama_toggle, "wait_health", lambda url, proc, t: 1.0)
+
+    class FakePhases:
+        def __init__(self, d):
+            self.d = d
+
+        def set(self, mode, timeout=10.0):
+            standin.opts.token_delay = 0.004 if mode == "events" else 0.002
+            return True
+
+        def totals(self):
+            return {"kernel_count": 1}
+    monkeypatch.setattr(llama_toggle, "Phases", FakePhases)
+    port = standin.port
+    out = tmp_path / "toggle.json"
+    rc = llama_toggle.main(["--server", "/x/llama-server", "--model", "/m.gguf", "--out", str(out), "--port", str(port),
+                            "--clients", "3", "--prompt-tokens", "4", "--n-predict", "12", "--ramp", "0.2",
+                            "--slot", "0.2", "--seconds", "1.6", "--pin", "0-3"])
+    res = json.loads(out.read_text())
+    cmd = started["cmd"]
+    assert cmd[:3] == ["taskset", "-c", "0-3"] and cmd[4:7] == ["-m", "otel_gpu_census.cli", "run"]
+    assert "--activity" not in cmd and cmd[cmd.index("--") + 1:cmd.index("--") + 3] == ["/x/llama-server", "-m"]
+    assert ["-np", "3"] == cmd[cmd.index("-np"):cmd.index("-np") + 2] and "--cache-ram" in cmd
+    assert started["env"]["OTEL_GPU_CENSUS_FLUSH_MS"] == "200" and started["killed"][0] == os.getpid()
+    assert rc == 0 and all(c["ok"] for c in res["checks"]) and res["pairs"] >= 3 and res["census"] == {"kernel_count": 1}
+    assert 0.35 < res["events/off"]["median"] < 0.75 and res["requests"] > 0 and res["tokens"] >= 12 * res["requests"]
+
+
+def test_main_says_so_when_the_server_does_not_come_up(monkeypatch, tmp_path):
+    monkeypatch.setattr(llama_toggle.subprocess, "Popen", lambda cmd, **kw: SimpleNamespace(
+        pid=1, poll=lambda: 1, wait=lambda t=None: 1))
+    monkeypatch.setattr(llama_toggle, "wait_health", lambda url, proc, t: None)
+    out = tmp_path / "t.json"
+    assert llama_toggle.main(["--server", "s", "--model", "m", "--out", str(out)]) == 1
+    assert "did not come up" in json.loads(out.read_text())["error"]
+    with pytest.raises(SystemExit):
+        llama_toggle.main(["--server", "s", "--model", "m", "--out", str(out), "--modes", "off"])
