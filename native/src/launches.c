@@ -29,6 +29,10 @@
  * kernel records by when they started on the GPU. Each window slot's counter only grows; the fold
  * takes the growth since the last fold and gives it to the one window of the ring that maps to the
  * slot near "now" (the flusher folds at least every period, far inside the ring's 41 s).
+ * Reading CLOCK_MONOTONIC was ~70 % of what a wrapped eager launch cost the census on a CPU (~25 of ~35 ns on
+ * a KVM guest, bench/floor/eager_path.py), so a launch reads CLOCK_MONOTONIC_COARSE (the same clock as of its
+ * last tick: never ahead of it, ~5 ns) and the precise one only near a window's end, where the two could
+ * differ: the slot is the one the precise clock would give (window_now; eager_path.py --placement checks it).
  *
  * Steps: the thread's own count is exact between gc_step_begin and gc_step_end (steps.c keeps the
  * marks); the step's total is deposited at its end in a slot the fold empties.
@@ -74,6 +78,61 @@ static __thread int t_dev = -1;           /* ... and its device */
 static __thread uint32_t t_rt;            /* inside a runtime launch: its index in g_ids + 1; 0: not */
 static __thread uint32_t t_nested;        /* ... and a driver launch was reported inside it */
 static __thread uint64_t t_launches;
+
+/* The coarse clock's lag behind CLOCK_MONOTONIC is at most `g_coarse_lag` ns (two of its ticks: ticks run late by
+ * a fraction of one, up to 1.26 ticks seen on a KVM guest), or 0: the precise clock every launch. */
+static _Atomic uint64_t g_coarse_lag;
+
+static int coarse_ns(uint64_t *ns)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0) return -1;
+    *ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return 0;
+}
+
+/* The coarse clock stands in where it pays: a launch then costs a coarse read, and a precise one too in the last
+ * g_coarse_lag of each window. Not where its ticks are 5 ms or longer (HZ=100), nor where it is no cheaper (a system
+ * call where the vDSO lacks it). Timed once, at start, on the starting thread; the best of three trials each. */
+static void choose_clock(void)
+{
+    struct timespec res;
+    if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0 || res.tv_sec != 0 || res.tv_nsec <= 0 ||
+        (uint64_t)res.tv_nsec >= GC_WINDOW_NS / 4)
+        return;
+    const uint64_t lag = 2 * (uint64_t)res.tv_nsec, reads = 32;
+    uint64_t coarse = UINT64_MAX, precise = UINT64_MAX, sink = 0;
+    for (int k = 0; k < 3; k++) {
+        uint64_t t0 = gc_mono_ns(), c = 0;
+        for (uint64_t i = 0; i < reads; i++) {
+            if (coarse_ns(&c) != 0) return;
+            sink += c;
+        }
+        uint64_t t1 = gc_mono_ns();
+        for (uint64_t i = 0; i < reads; i++) sink += gc_mono_ns();
+        uint64_t t2 = gc_mono_ns();
+        if (t1 - t0 < coarse) coarse = t1 - t0;
+        if (t2 - t1 < precise) precise = t2 - t1;
+    }
+    (void)sink;
+    /* coarse + precise * lag / window < precise (in us: no overflow) */
+    if (coarse * (GC_WINDOW_NS / 1000) < precise * ((GC_WINDOW_NS - lag) / 1000))
+        atomic_store_explicit(&g_coarse_lag, lag, memory_order_relaxed);
+}
+
+/* The window slot of now (CLOCK_MONOTONIC mapped onto CUPTI's clock). The coarse clock reads c <= the precise time
+ * t <= c + lag: when c and c + lag fall in one window, so does t, and no precise read is needed. A tick later than
+ * the lag bound places a launch early by at most its lateness, as a thread preempted between its clock read and its
+ * count is placed today; never lost (g_dev holds it; the fold reads one window back from its last). */
+static uint64_t window_now(void)
+{
+    uint64_t lag = atomic_load_explicit(&g_coarse_lag, memory_order_relaxed), c;
+    if (lag && coarse_ns(&c) == 0) {
+        uint64_t gpu = (uint64_t)((int64_t)c + g_gpu_minus_mono);
+        if (gpu / GC_WINDOW_NS == (gpu + lag) / GC_WINDOW_NS) return gpu / GC_WINDOW_NS;
+    }
+    return (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono) / GC_WINDOW_NS;
+}
 
 static int role_of(CUpti_CallbackDomain dom, const char *name)
 {
@@ -127,6 +186,7 @@ int gc_launches_start(int64_t gpu_minus_mono, int by_cupti)
 {
     if (atomic_load(&g_started)) return 0;
     g_gpu_minus_mono = gpu_minus_mono;
+    choose_clock();
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (cuda) *(void **)&g_is_capturing = dlsym(cuda, "cuStreamIsCapturing");
     if (!by_cupti) { /* the preloaded interposer counts (interpose.c) */
@@ -166,8 +226,7 @@ static void count_on(int dev)
         return;
     }
     atomic_fetch_add_explicit(&g_dev[dev], 1, memory_order_relaxed);
-    uint64_t gpu = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
-    atomic_fetch_add_explicit(&g_win[(gpu / GC_WINDOW_NS) & (GC_WINDOW_SLOTS - 1)], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_win[window_now() & (GC_WINDOW_SLOTS - 1)], 1, memory_order_relaxed);
 }
 
 static void count(const CUpti_CallbackData *cb) { count_on(gc_launches_device(cb)); }
