@@ -44,6 +44,25 @@ def test_tokens_are_counted_from_tokens_predicted_when_one_event_carries_several
     assert all(len(p) == 8 for p in prompts)
 
 
+def test_tokens_held_back_for_the_final_event_are_counted():
+    """An answer that ends inside a UTF-8 sequence: llama-server sends its last tokens only in the stop event
+    (tokens_predicted 64 there, 62 in the last partial). The H200 run of 2026-12-04 failed its check on this."""
+    s = Standin(tokens=1000, token_delay=0.001).start()
+    s.opts.held_at_end = 2
+    try:
+        async def go():
+            async with llama_toggle.StreamLoop(s.url, clients=2, prompt_tokens=4, n_predict=9, seed=2) as sl:
+                await asyncio.sleep(0.2)
+            return sl
+        sl = asyncio.run(go())
+    finally:
+        s.stop()
+    assert sl.results and not sl.errors
+    assert all(r == {"tokens": 9, "predicted_n": 9} for r in sl.results)
+    assert sl.n == 9 * len(sl.results)
+    assert all(ok for ok, _ in llama_toggle.checks({"slots": [], "errors": [], "requests": sl.results}, 9))
+
+
 def test_toggle_load_rates_each_slot_and_sees_a_mode_that_halves_the_rate(standin):
     switched = []
 

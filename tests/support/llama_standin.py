@@ -56,6 +56,8 @@ class Opts:
     gzip: bool = False                    # gzip streamed answers (Content-Encoding: gzip, flushed per write)
     tokens_per_event: int = 1             # /completion: tokens one event carries (llama-server holds back an
                                           # incomplete UTF-8 sequence and sends it with the next token)
+    held_at_end: int = 0                  # /completion: the last tokens sent only in the final (stop) event, as
+                                          # llama-server does when they end inside a UTF-8 sequence
 
 
 @dataclass
@@ -298,11 +300,11 @@ class Standin:
                  "timings": self._timings(n, 12.5, 3.0 * n)}
         if not body.get("stream"):
             return web.Response(body=dump(final), content_type="application/json")
-        k = max(1, o.tokens_per_event)
-        events = [(b"data: " + dump({"index": 0, "content": "tok" * (min(i + k, n) - i), "tokens": [], "stop": False,
-                                     "id_slot": o.id_slot, "tokens_predicted": min(i + k, n),
+        k, sent = max(1, o.tokens_per_event), max(0, n - o.held_at_end)
+        events = [(b"data: " + dump({"index": 0, "content": "tok" * (min(i + k, sent) - i), "tokens": [],
+                                     "stop": False, "id_slot": o.id_slot, "tokens_predicted": min(i + k, sent),
                                      "tokens_evaluated": o.prompt_tokens}) + b"\n\n", True)
-                  for i in range(0, n, k)]
+                  for i in range(0, sent, k)]
         events.append((b"data: " + dump(final) + b"\n\n", False))
         return await self._stream(request, s, events, "text/event-stream")
 
