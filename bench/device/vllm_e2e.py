@@ -12,7 +12,7 @@ vLLM (P) for the fixed cost of the integration; `--phase-beside P,Q,N,S,X` loads
 round (BESIDE says what each is), so that the fixed cost (on 2026-12-02 R off / P was 0.85 in two
 sessions, unexplained) splits into its parts: two plain servers' own spread, the launcher, the paused
 injector, the integration, its export. `toggle`: R alone under one long load, its census switched
-(--phase-modes) every --toggle-slot seconds in ABBA pairs, each slot rated by the server's own token
+(--phase-modes) every --toggle-slot seconds in pairs (random order), each slot rated by the server's own token
 counter: vLLM's 3 s windows spread ±15 % from one to the next on the H200 (§27), which phases of a few
 seconds apart cannot average away; adjacent slots of one load share whatever drifts slower than a pair.
 Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed in it and the exit code is 1.
@@ -242,14 +242,14 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
 
 
 async def toggle_load(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
-                      tokens=(64, 192), prompt_words=64):
+                      tokens=(64, 192), prompt_words=64, order="random"):
     """One closed-loop load (window_load's clients) for ramp_s, then for `seconds` the server's census switched
-    between `modes` in slots of slot_s (bench/server/toggle_slots.py: ABBA pairs, `switch(mode)` blocks until the
+    between `modes` in slots of slot_s (bench/server/toggle_slots.py: pairs in `order`, `switch(mode)` blocks until the
     segment shows it), each slot rated by the server's own token counter between the switch having taken and the
     slot's end. root: the server's pid; its tree's CPU a slot is added per role (proc_cpu)."""
     async with ClosedLoop(port, clients, tokens, seed, prompt_words) as cl:
         await asyncio.sleep(ramp_s)
-        slots = await toggle_slots(cl, seconds, slot_s, switch, modes, root=root)
+        slots = await toggle_slots(cl, seconds, slot_s, switch, modes, root=root, order=order, seed=seed)
     return {"slots": slots, "requests": cl.results, "errors": cl.errors}
 
 
@@ -280,11 +280,11 @@ def toggle_run(a, out, base, servers, rx=None) -> dict:
     seconds = max(min(a.toggle_s, left), 4 * a.toggle_slot)
     lo, hi = a.toggle_tokens
     got = asyncio.run(toggle_load(r.port, a.phase_clients, ramp_s, seconds, a.toggle_slot, ph.set, modes=modes,
-                                  seed=700, root=r.proc.pid, tokens=(lo, hi)))
+                                  seed=700, root=r.proc.pid, tokens=(lo, hi), order=a.toggle_order))
     res.update(slots=got["slots"], requests=len(got["requests"]), errors=len(got["errors"]),
                load=f"{a.phase_clients} closed-loop non-streaming clients, each request {lo}-{hi} tokens, one load of "
                     f"{seconds:.0f} s after {ramp_s} s of ramp; R's census switched {'/'.join(modes)} every "
-                    f"{a.toggle_slot} s, pairs in ABBA order; tok/s = the server's {GENERATED} over each slot",
+                    f"{a.toggle_slot} s, pairs in {a.toggle_order} order; tok/s = the server's {GENERATED} over each slot",
                **toggle_pairs(got["slots"], modes))
     check(all(sl["switched"] for sl in got["slots"]), "R: every slot switched the census")
     check(not got["errors"], f"R: load without errors ({len(got['errors'])})")
@@ -898,6 +898,8 @@ def main():
                     help="--only toggle: seconds of one load on R alone while its census is switched between "
                          "--phase-modes every --toggle-slot seconds (within --budget-s)")
     ap.add_argument("--toggle-slot", type=float, default=2.0, help="--only toggle: seconds a slot")
+    ap.add_argument("--toggle-order", choices=("random", "abba"), default="random",
+                    help="--only toggle: each pair's order drawn at random (seeded), or alternating (ABBA)")
     ap.add_argument("--toggle-tokens", type=tokens_arg, default=(64, 192), metavar="LO,HI",
                     help="--only toggle: each request's tokens, uniform in LO..HI (long ones: fewer request starts "
                          "a slot, whose prefills spread a short slot's rate, §27; LO + HI / 2 + the prompt must fit "

@@ -3,15 +3,17 @@
 llama_phases.py gives each mode its own load of a few seconds (ramp, tail, which prompts meet): ±5 % a round on
 the H200 (§26), so 11 rounds left the census's cost inside ±1.3 %. Here the same load shape (closed-loop clients,
 one slot each, distinct prompts of --prompt-tokens ids, --n-predict tokens, ignore_eos) runs on, and the census is
-switched through its control file every --slot seconds, pairs in ABBA order. A slot is rated by the tokens the
-clients received over it, counted from each event's `tokens_predicted` (exact when llama-server merges tokens
-into one event, or holds the last ones back for its final event), between the switch having taken and the slot's end. The server runs with
-OTEL_GPU_CENSUS_FLUSH_MS=200 so that a switch takes within ~0.2 s.
+switched through its control file every --slot seconds, pairs in random order (--order). Each request asks for
+--n-predict tokens, or a number drawn in LO..HI, which keeps the clients out of step. A slot is rated by the tokens
+the clients received over it, counted from each event's `tokens_predicted` (exact when llama-server merges tokens
+into one event, or holds the last ones back for its final event), between the switch having taken and the slot's
+end. The server runs with OTEL_GPU_CENSUS_FLUSH_MS=200 so that a switch takes within ~0.2 s.
 
     python3 bench/server/llama_toggle.py --server PATH --model M.gguf --out toggle.json [--seconds 300] [--slot 3]
 
 Checks (in the JSON's `checks`; exit 1 if one fails): every slot switched; no request failed; the tokens counted
-equal llama-server's own `predicted_n` of every request that ended, and each is --n-predict.
+equal llama-server's own `predicted_n` of every request that ended, and each is what it asked for. With --tick, each
+slot keeps its count every tick, and the pairs are rated again leaving out each slot's first --settle seconds.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class StreamLoop:
     `tokens_predicted`; mark() reads it (and when). On leaving, no new request is sent and the ones in flight end."""
 
     def __init__(self, url, clients, prompt_tokens, n_predict, seed, timeout_s=300.0):
+        # n_predict: an int, or (lo, hi): request i's drawn from random.Random(seed, i)
         self.url, self.clients, self.prompt_tokens, self.n_predict = url, clients, prompt_tokens, n_predict
         self.seed, self.timeout_s = seed, timeout_s
         self.n = 0
@@ -53,7 +56,9 @@ class StreamLoop:
         self._stop = asyncio.Event()
 
     async def _one(self, i):
-        body = {"prompt": prompt_ids(self.seed, i, self.prompt_tokens), "n_predict": self.n_predict,
+        n_predict = (self.n_predict if isinstance(self.n_predict, int)
+                     else random.Random(self.seed * 7919 + i).randint(*self.n_predict))
+        body = {"prompt": prompt_ids(self.seed, i, self.prompt_tokens), "n_predict": n_predict,
                 "stream": True, "ignore_eos": True, "seed": self.seed + i}
         got, predicted = 0, None
         try:
@@ -78,7 +83,7 @@ class StreamLoop:
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as e:
             self.errors.append(f"{type(e).__name__}: {e}"[:200])
             return
-        self.results.append({"tokens": got, "predicted_n": predicted})
+        self.results.append({"tokens": got, "predicted_n": predicted, "asked": n_predict})
 
     async def _client(self):
         while not self._stop.is_set():
@@ -103,21 +108,35 @@ class StreamLoop:
 
 
 async def toggle_load(url, clients, prompt_tokens, n_predict, ramp_s, seconds, slot_s, switch,
-                      modes=("off", "events"), seed=0, root=None) -> dict:
+                      modes=("off", "events"), seed=0, root=None, order="random", tick_s=0.0) -> dict:
     async with StreamLoop(url, clients, prompt_tokens, n_predict, seed) as sl:
         await asyncio.sleep(ramp_s)
-        slots = await toggle_slots(sl, seconds, slot_s, switch, modes, root=root)
+        slots = await toggle_slots(sl, seconds, slot_s, switch, modes, root=root, order=order, seed=seed,
+                                   tick_s=tick_s)
     return {"slots": slots, "requests": sl.results, "errors": sl.errors, "tokens": sl.n}
 
 
-def checks(res: dict, n_predict: int) -> list:
+def checks(res: dict) -> list:
     """What must hold of a toggled load, as (ok, what)."""
     req = res["requests"]
-    bad = [r for r in req if not r["tokens"] == r["predicted_n"] == n_predict]
+    bad = [r for r in req if not r["tokens"] == r["predicted_n"] == r["asked"]]
     return [(all(s["switched"] for s in res["slots"]), "every slot switched the census"),
             (not res["errors"], f"no request failed ({len(res['errors'])})"),
-            (not bad, f"every request's tokens counted = its predicted_n = {n_predict} ({len(req)} requests"
+            (not bad, f"every request's tokens counted = its predicted_n = the tokens it asked for ({len(req)} requests"
                       + (f"; {len(bad)} not, the first {bad[0]})" if bad else ")"))]
+
+
+def n_predict_arg(v: str):
+    """--n-predict N or LO,HI: 1 <= LO <= HI."""
+    try:
+        x = [int(t) for t in v.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"N or LO,HI of whole numbers, not {v!r}") from None
+    if len(x) == 1 and x[0] >= 1:
+        return x[0]
+    if len(x) == 2 and 1 <= x[0] <= x[1]:
+        return x[0], x[1]
+    raise argparse.ArgumentTypeError(f"N >= 1 or 1 <= LO <= HI, not {v!r}")
 
 
 def main(argv=None) -> int:
@@ -127,7 +146,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=1800)
-    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--n-predict", type=n_predict_arg, default=64, metavar="N|LO,HI",
+                    help="tokens a request asks for, or drawn uniformly in LO..HI per request")
+    ap.add_argument("--order", choices=("random", "abba"), default="random",
+                    help="each pair's order drawn at random (seeded), or alternating (ABBA)")
+    ap.add_argument("--tick", type=float, default=0.0, help="seconds between a slot's own marks (0: none)")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="with --tick: also rate the pairs leaving out each slot's first SETTLE seconds")
     ap.add_argument("--seconds", type=float, default=300.0, help="how long the census is toggled")
     ap.add_argument("--slot", type=float, default=3.0, help="seconds a slot")
     ap.add_argument("--ramp", type=float, default=10.0, help="seconds of load before the first slot")
@@ -169,18 +194,22 @@ def main(argv=None) -> int:
         ph = Phases(census)
         seconds = max(min(a.seconds, a.budget_s - (time.time() - t_start) - a.ramp - 30), 4 * a.slot)
         got = asyncio.run(toggle_load(url, a.clients, a.prompt_tokens, a.n_predict, a.ramp, seconds, a.slot, ph.set,
-                                      modes=modes, seed=random.Random(a.port).randrange(1 << 20), root=proc.pid))
+                                      modes=modes, seed=random.Random(a.port).randrange(1 << 20), root=proc.pid,
+                                      order=a.order, tick_s=a.tick))
+        asked = a.n_predict if isinstance(a.n_predict, int) else "%d-%d" % a.n_predict
         res.update(load=f"{a.clients} closed-loop streaming clients, prompts of {a.prompt_tokens} distinct token "
-                        f"ids, {a.n_predict} tokens each (ignore_eos), {a.ramp} s of ramp, then {seconds:.0f} s with "
-                        f"the census switched {'/'.join(modes)} every {a.slot} s, pairs in ABBA order",
+                        f"ids, {asked} tokens each (ignore_eos), {a.ramp} s of ramp, then {seconds:.0f} s with "
+                        f"the census switched {'/'.join(modes)} every {a.slot} s, pairs in {a.order} order",
+                   order=a.order, n_predict=asked,
                    slots=got["slots"], requests=len(got["requests"]), errors=got["errors"][:20], tokens=got["tokens"],
-                   **toggle_pairs(got["slots"], modes))
+                   **toggle_pairs(got["slots"], modes, settle_s=a.settle if a.tick > 0 else 0.0))
         time.sleep(0.5)
         res["census"] = ph.totals()
-        res["checks"] = [{"ok": ok, "what": w} for ok, w in checks(got, a.n_predict)]
+        res["checks"] = [{"ok": ok, "what": w} for ok, w in checks(got)]
         for c in res["checks"]:
             print(("ok   " if c["ok"] else "FAIL ") + c["what"], flush=True)
-        print("toggle", {k: v for k, v in res.items() if "/" in k or k in ("pairs", "slot_cv")}, flush=True)
+        print("toggle", {k: v for k, v in res.items()
+                         if "/" in k or k in ("pairs", "slot_cv", "by_position", "settled")}, flush=True)
         rc = 0 if all(c["ok"] for c in res["checks"]) else 1
         return rc
     finally:

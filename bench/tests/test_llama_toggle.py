@@ -37,7 +37,7 @@ def test_tokens_are_counted_from_tokens_predicted_when_one_event_carries_several
         return sl
     sl = asyncio.run(go())
     assert sl.results and not sl.errors
-    assert all(r == {"tokens": 10, "predicted_n": 10} for r in sl.results)
+    assert all(r == {"tokens": 10, "predicted_n": 10, "asked": 10} for r in sl.results)
     assert sl.n == 10 * len(sl.results)          # every request in flight at the end was finished, none cut
     prompts = [json.loads(s.body)["prompt"] for s in standin.seen if s.path == "/completion"]
     assert len(prompts) == len(sl.results) and len({tuple(p) for p in prompts}) == len(prompts)   # all distinct
@@ -58,9 +58,9 @@ def test_tokens_held_back_for_the_final_event_are_counted():
     finally:
         s.stop()
     assert sl.results and not sl.errors
-    assert all(r == {"tokens": 9, "predicted_n": 9} for r in sl.results)
+    assert all(r == {"tokens": 9, "predicted_n": 9, "asked": 9} for r in sl.results)
     assert sl.n == 9 * len(sl.results)
-    assert all(ok for ok, _ in llama_toggle.checks({"slots": [], "errors": [], "requests": sl.results}, 9))
+    assert all(ok for ok, _ in llama_toggle.checks({"slots": [], "errors": [], "requests": sl.results}))
 
 
 def test_toggle_load_rates_each_slot_and_sees_a_mode_that_halves_the_rate(standin):
@@ -71,7 +71,7 @@ def test_toggle_load_rates_each_slot_and_sees_a_mode_that_halves_the_rate(standi
         standin.opts.token_delay = 0.004 if mode == "events" else 0.002
         return True
     got = asyncio.run(llama_toggle.toggle_load(standin.url, clients=4, prompt_tokens=4, n_predict=20, ramp_s=0.2,
-                                               seconds=2.4, slot_s=0.25, switch=switch, seed=5))
+                                               seconds=2.4, slot_s=0.25, switch=switch, seed=5, order="abba"))
     slots = got["slots"]
     assert [s["mode"] for s in slots] == switched and switched[:4] == ["off", "events", "events", "off"]
     assert len(slots) >= 6 and all(s["tokens"] > 0 for s in slots)
@@ -79,16 +79,19 @@ def test_toggle_load_rates_each_slot_and_sees_a_mode_that_halves_the_rate(standi
     assert pairs["pairs"] == len(slots) // 2 and 0.35 < pairs["events/off"]["median"] < 0.75
     assert set(pairs["slot_cv"]) == {"off", "events"}
     assert got["tokens"] == sum(r["tokens"] for r in got["requests"])
-    assert all(ok for ok, _ in llama_toggle.checks(got, 20))
+    assert all(ok for ok, _ in llama_toggle.checks(got))
 
 
 def test_checks_fail_on_a_switch_not_taken_a_failed_request_or_a_short_count():
-    good = {"slots": [{"switched": True}], "errors": [], "requests": [{"tokens": 64, "predicted_n": 64}]}
-    assert [ok for ok, _ in llama_toggle.checks(good, 64)] == [True, True, True]
+    good = {"slots": [{"switched": True}], "errors": [],
+            "requests": [{"tokens": 64, "predicted_n": 64, "asked": 64}, {"tokens": 70, "predicted_n": 70, "asked": 70}]}
+    assert [ok for ok, _ in llama_toggle.checks(good)] == [True, True, True]
     bad = {"slots": [{"switched": True}, {"switched": False}], "errors": ["HTTP 503"],
-           "requests": [{"tokens": 63, "predicted_n": 64}]}
-    assert [ok for ok, _ in llama_toggle.checks(bad, 64)] == [False, False, False]
-    assert not llama_toggle.checks({**good, "requests": [{"tokens": 64, "predicted_n": None}]}, 64)[2][0]
+           "requests": [{"tokens": 63, "predicted_n": 64, "asked": 64}]}
+    got = llama_toggle.checks(bad)
+    assert [ok for ok, _ in got] == [False, False, False] and "1 not, the first" in got[2][1]
+    assert not llama_toggle.checks({**good, "requests": [{"tokens": 64, "predicted_n": None, "asked": 64}]})[2][0]
+    assert not llama_toggle.checks({**good, "requests": [{"tokens": 60, "predicted_n": 60, "asked": 64}]})[2][0]
 
 
 def test_main_runs_the_server_under_run_toggles_its_census_and_writes_every_figure(standin, monkeypatch, tmp_path):
@@ -147,3 +150,107 @@ def test_main_says_so_when_the_server_does_not_come_up(monkeypatch, tmp_path):
     assert "did not come up" in json.loads(out.read_text())["error"]
     with pytest.raises(SystemExit):
         llama_toggle.main(["--server", "s", "--model", "m", "--out", str(out), "--modes", "off"])
+
+
+def test_requests_ask_for_tokens_drawn_in_a_range_and_each_is_checked_against_its_own(standin):
+    """--n-predict LO,HI: clients that would stay in step (same prompt size, same answer length) drift apart."""
+    async def go():
+        async with llama_toggle.StreamLoop(standin.url, clients=3, prompt_tokens=4, n_predict=(5, 15), seed=4) as sl:
+            await asyncio.sleep(0.4)
+        return sl
+    sl = asyncio.run(go())
+    asked = [r["asked"] for r in sl.results]
+    assert len(sl.results) >= 6 and all(5 <= x <= 15 for x in asked) and len(set(asked)) > 2
+    assert all(r["tokens"] == r["predicted_n"] == r["asked"] for r in sl.results)
+    sent = sorted(json.loads(s.body)["n_predict"] for s in standin.seen if s.path == "/completion")
+    assert sent == sorted(asked)
+    assert all(ok for ok, _ in llama_toggle.checks({"slots": [], "errors": [], "requests": sl.results}))
+
+
+@pytest.mark.parametrize("v, want", [("64", 64), ("48,80", (48, 80)), ("7,7", (7, 7)), ("0", None), ("9,3", None),
+                                     ("1,2,3", None), ("x", None)])
+def test_n_predict_is_n_or_lo_hi(v, want):
+    import argparse
+    if want:
+        assert llama_toggle.n_predict_arg(v) == want
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            llama_toggle.n_predict_arg(v)
+
+
+class Meter:
+    """A meter whose rate depends on the mode last switched to: tokens = integral of the rate."""
+
+    def __init__(self, rates):
+        import time
+        self.rates, self.mode, self.n, self.t = rates, "off", 0.0, time.perf_counter()
+
+    def _advance(self):
+        import time
+        now = time.perf_counter()
+        self.n += self.rates[self.mode] * (now - self.t)
+        self.t = now
+        return now
+
+    async def mark(self):
+        now = self._advance()
+        return int(self.n), now
+
+    def switch(self, mode):
+        self._advance()
+        self.mode = mode
+        return True
+
+
+def test_random_order_is_seeded_both_orders_occur_and_every_pair_holds_both_modes():
+    import toggle_slots as ts
+
+    def orders(seed):
+        m = Meter({"off": 1000.0, "events": 1000.0})
+        slots = asyncio.run(ts.toggle_slots(m, 0.9, 0.02, m.switch, seed=seed))
+        return [tuple(s["mode"] for s in slots if s["pair"] == p) for p in sorted({s["pair"] for s in slots})]
+    a, b = orders(11), orders(11)
+    n = min(len(a), len(b))
+    assert n >= 12 and a[:n] == b[:n]                                   # seeded: the same draws
+    assert set(a) == {("off", "events"), ("events", "off")}             # both orders, every pair both modes
+    with pytest.raises(ValueError):
+        asyncio.run(ts.toggle_slots(Meter({"off": 1.0}), 0.1, 0.02, lambda m: True, order="abab"))
+
+
+def test_marks_rate_a_slot_after_it_settles_and_by_position_shows_a_transient():
+    """A server that runs 30 % fast for the first 0.1 s after any switch to events and 30 % slow after one to off:
+    in ABBA order the second slot of a pair always follows a switch, so by_position shows it; leaving out each slot's
+    first 0.1 s (settled) gives the steady ratio, 1."""
+    import time
+    import toggle_slots as ts
+
+    class Transient(Meter):
+        def _advance(self):           # the integral of the rate since the last reading
+            now = time.perf_counter()
+            boost = 1.3 if self.mode == "events" else 0.7
+            fast = max(0.0, min(now, self.since + 0.1) - self.t)
+            self.n += 1000.0 * (boost * fast + (now - self.t - fast))
+            self.t = now
+            return now
+
+        async def mark(self):
+            now = self._advance()
+            return self.n, now
+
+        def switch(self, mode):
+            self._advance()
+            if mode != self.mode:
+                self.since = time.perf_counter()
+            self.mode = mode
+            return True
+    m = Transient({})
+    m.since = time.perf_counter()
+    slots = asyncio.run(ts.toggle_slots(m, 3.3, 0.4, m.switch, order="abba", tick_s=0.05))
+    assert all(s["marks"][-1] == [s["s"], s["tokens"]] and len(s["marks"]) >= 7 for s in slots)
+    got = ts.toggle_pairs(slots, settle_s=0.15)
+    assert got["events/off"]["gmean"] > 1.02                            # the transient, counted
+    assert abs(got["settled"]["events/off"]["gmean"] - 1.0) < 0.05 and got["settled"]["pairs"] == got["pairs"]
+    pos = got["by_position"]
+    assert pos["events second"]["mean_log"] > pos["events first"]["mean_log"] + 0.03
+    assert pos["off second"]["mean_log"] < pos["off first"]["mean_log"] - 0.03
+    assert ts.settled_rate({"marks": [[0.1, 10], [0.2, 20]]}, 0.5) is None and ts.settled_rate({}, 0.1) is None

@@ -505,7 +505,7 @@ def test_toggle_load_switches_in_abba_pairs_and_rates_each_slot_by_the_servers_c
         state["delay_s"] = 0.02 if mode == "events" else 0.01
         return True
     res = asyncio.run(vllm_e2e.toggle_load(port, clients=4, ramp_s=0.2, seconds=2.5, slot_s=0.25, switch=switch,
-                                           tokens=(3, 5), seed=3))
+                                           tokens=(3, 5), seed=3, order="abba"))
     slots = res["slots"]
     assert [s["mode"] for s in slots] == switched
     assert switched[:8] == ["off", "events", "events", "off", "off", "events", "events", "off"]
@@ -565,8 +565,9 @@ def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tm
     monkeypatch.setattr(vllm_e2e, "load", fake_load)
 
     async def fake_toggle(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
-                          tokens=(64, 192)):
-        asked.update(port=port, seconds=seconds, slot_s=slot_s, modes=modes, root=root, switch=switch, tokens=tokens)
+                          tokens=(64, 192), order="random"):
+        asked.update(port=port, seconds=seconds, slot_s=slot_s, modes=modes, root=root, switch=switch, tokens=tokens,
+                     order=order)
         slots = [{"pair": 0, "mode": "off", "tok_s": 100.0, "switched": True},
                  {"pair": 0, "mode": "events", "tok_s": 99.0, "switched": True},
                  {"pair": 1, "mode": "events", "tok_s": 98.0, "switched": False},
@@ -578,12 +579,13 @@ def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tm
     servers = {"R": r}
     monkeypatch.setattr(vllm_e2e, "T0", time.time() - 100)
     a = argparse.Namespace(phase_modes="off,events", phase_window=(1.0, 3.0), budget_s=400.0, toggle_s=600.0,
-                           toggle_slot=2.0, phase_clients=8, toggle_tokens=(960, 1088))
+                           toggle_slot=2.0, phase_clients=8, toggle_tokens=(960, 1088), toggle_order="random")
     fails = len(vllm_e2e.FAILS)
     res = vllm_e2e.toggle_run(a, tmp_path, tmp_path, servers)
     assert 230 <= asked["seconds"] <= 240 and asked["slot_s"] == 2.0 and asked["root"] == 4242
     assert asked["modes"] == ("off", "events") and asked["switch"].__self__.d == tmp_path / "R"
     assert asked["tokens"] == (960, 1088) and "each request 960-1088 tokens" in res["load"]
+    assert asked["order"] == "random" and "pairs in random order" in res["load"]
     assert res["pairs"] == 1 and res["left_out"] == 1 and res["events/off"]["median"] == 0.99
     assert stopped == [1] and "R" not in servers and res["requests"] == 5
     assert vllm_e2e.FAILS[fails:] == ["R: every slot switched the census"]
