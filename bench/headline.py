@@ -176,6 +176,18 @@ def calls_tax_ratio(mode: str, workload: str) -> Callable[[Dict[str, Any]], floa
     return value
 
 
+def toggle_ratio(key: str = "events/off", min_pairs: int = 8) -> Callable[[Dict[str, Any]], float]:
+    """The median over pairs of slots of key (events/off tok/s) in one load of one server whose census was switched
+    slot by slot (bench/server/toggle_slots.py); refused unless every check passed and every slot switched."""
+    def value(raw: Dict[str, Any]) -> float:
+        if not all(c.get("ok") for c in raw.get("checks", [{"ok": False}])):
+            raise HeadlineError("a check of the toggled load failed")
+        if raw.get("pairs", 0) < min_pairs:
+            raise HeadlineError(f"{raw.get('pairs', 0)} pairs")
+        return round(raw[key]["median"], 3)
+    return value
+
+
 def launch_phases_us(key: str, per: int = 1) -> Callable[[Dict[str, Any]], float]:
     """µs the census's events default adds to one call of `key` (eager_ns, graph_issue_ns, ...) in one process,
     switched off / events between rounds, ABBA (bench/perf/launch_phases.py): the median over round pairs of the
@@ -294,6 +306,9 @@ S18_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY
             "--budget-s 460 --pin R=0-3,P=4-7,E=8-11,bench=12-15' bash bench/device/run.sh setup vllm "
             "(after vllm-p1, vllm-p2, setup vllm-install)")
 S18_PHASES = "LAUNCH_PHASES_ARGS='--rounds 40' bash bench/device/run.sh setup launch-phases"
+S20_PHASES = S18_PHASES + "   (native code of 4b8f528: the coarse clock)"
+S20_LLAMA_TOGGLE = ("LLAMA_TOGGLE_ARGS='--seconds 400 --slot 3 --tick 0.5 --settle 1 --n-predict 48,80 --budget-s 540' "
+                    "bash bench/device/run.sh setup llama-toggle (after setup, LLAMA_BG_CPUS=8-15 llama-bg, llama-wait)")
 S17_VLLM = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events --phase-beside P,A "
             "--phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 "
             "--budget-s 250' bash bench/device/run.sh setup vllm   (after vllm-p1, vllm-p2)")
@@ -301,7 +316,16 @@ S14_CALLS_TAX = ("CALLS_TAX_WINDOWS=100/1000 CALLS_TAX_ARGS='--modes plain,prelo
                  "--rounds 6' bash bench/device/run.sh setup calls-tax")
 
 RULES = (
-    Rule("llamacpp_default_throughput_ratio", "2026-12-04-h200-s17-llama-events.json",
+    Rule("llamacpp_default_throughput_ratio", "2026-12-04-h200-s20-llama-toggle.json",
+         toggle_ratio(), 0.99,
+         "ratio of output tok/s, the default census (`run`: preloaded, events 128/1, gated, no CUPTI; native code of "
+         "4b8f528) / the same census switched off (its wrappers passing every call through), inside ONE load of one "
+         "llama-server (8B, 16 slots, 16 closed-loop streaming clients, prompts of 1,800 distinct ids, 48-80 tokens a "
+         "request), switched every 3 s, each pair's order drawn at random, median of 63 pairs (0.851-1.238; geometric "
+         "mean 1.007 [0.987, 1.029]; no slot position differs from another by more than its error); the phases of "
+         "§26 gave 0.985 (llamacpp_default_phases_throughput_ratio); measurements §28",
+         command=S20_LLAMA_TOGGLE, date="2026-12-04"),
+    Rule("llamacpp_default_phases_throughput_ratio", "2026-12-04-h200-s17-llama-events.json",
          phases_ratio("events"), 0.99,
          "ratio of output tok/s, the default census (`run`: counted at the calls by the library preloaded, CUPTI never "
          "loaded, kernel durations from gated CUDA event pairs around every graph launch and ~1 in 128 eager launches) / "
@@ -516,9 +540,19 @@ RULES = (
          sidecar_pct, 1.0, "% of one core (8 processes, 1 s interval, NVML and GPM on)",
          command="bash bench/device/run.sh setup sidecar (bench/perf/perf_sidecar_cpu.py --workload cuda "
                  "--seconds 25)", date="2026-12-02"),
-    Rule("micro_eager_us_per_launch_default", "2026-12-04-h200-s18-launch-phases.json",
+    Rule("micro_eager_us_per_launch_default", "2026-12-04-h200-s20-launch-phases.json",
          launch_phases_us("eager_ns"), None,
-         "µs the default census (`run`: preloaded, events 128/1, gated, no CUPTI) adds to the launching thread per eager "
+         "µs the default census (`run`: preloaded, events 128/1, gated, no CUPTI; a launch reads the coarse clock, "
+         "4b8f528) adds to the launching thread per eager launch of an empty kernel (launch_price.cu through the CUDA "
+         "runtime, 4,269 ns a launch paused): counting it and pairing 1 in 128; one process pinned to a core, the "
+         "census switched off/events between rounds, ABBA, median of 40 round pairs (mean 0.121 [-0.051, 0.299]: the "
+         "precise clock's 0.185 of §27 is inside it; on the mock driver the coarse clock saves 15-35 ns a launch); "
+         "every launch and copy counted exactly; measurements §28",
+         command=S20_PHASES, date="2026-12-04",
+         why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
+    Rule("micro_eager_us_per_launch_default_precise_clock", "2026-12-04-h200-s18-launch-phases.json",
+         launch_phases_us("eager_ns"), None,
+         "µs the default census as of 1fa6ffc (every launch read CLOCK_MONOTONIC) adds to the launching thread per eager "
          "launch of an empty kernel (launch_price.cu through the CUDA runtime, 4,231 ns a launch paused): counting it and "
          "pairing 1 in 128; one process pinned to a core, the census switched off/events between rounds, ABBA, median of "
          "40 round pairs (mean 0.225 [0.087, 0.366]); every launch and copy counted exactly; measurements §27",
@@ -530,13 +564,13 @@ RULES = (
          "2026-12-04) (kernels, copies, memsets, graph launches), paired against none in one process, median of 21 rounds",
          command="bash bench/device/run.sh setup kind-cost", date="2026-12-02",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
-    Rule("micro_graph_us_per_launch_default", "2026-12-04-h200-s18-launch-phases.json",
+    Rule("micro_graph_us_per_launch_default", "2026-12-04-h200-s20-launch-phases.json",
          launch_phases_us("graph_issue_ns"), None,
-         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 2,508 ns a launch "
+         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 2,419 ns a launch "
          "paused): counting it and its gated event pair (every graph launch paired); one process, ABBA, median of 40 "
-         "round pairs (mean 5.345 [5.035, 5.654]); OTEL_GPU_CENSUS_EVENT_EVERY=128/4: 1.953, ungated: 3.829 "
-         "(measurements §27)",
-         command=S18_PHASES, date="2026-12-04",
+         "round pairs (mean 4.978 [4.555, 5.410]; 5.441 in §27's run); OTEL_GPU_CENSUS_EVENT_EVERY=128/4: 1.953, "
+         "ungated: 3.829 (§27); measurements §28",
+         command=S20_PHASES, date="2026-12-04",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
     Rule("micro_eager_pair_us_events", "2026-12-04-h200-s18-launch-phases-every.json",
          launch_phases_us("eager_ns"), None,
@@ -570,12 +604,12 @@ RULES = (
          command=S11_KIND_COST,
          date="2026-12-03",
          why_no_target="the overhead issue sets none per launch; its target is ≥ 0.99 of server throughput"),
-    Rule("micro_graph_us_per_node_default", "2026-12-04-h200-s18-launch-phases.json",
+    Rule("micro_graph_us_per_node_default", "2026-12-04-h200-s20-launch-phases.json",
          launch_phases_us("graph_issue_ns", per=64), None,
          "µs the default census adds to the launching thread per CUDA-graph kernel node, for a graph of 64 (its price is "
          "per launch, micro_graph_us_per_launch_default, whatever the graph's size: vLLM's hold ~31 kernels); one "
-         "process, ABBA, median of 40 round pairs; measurements §27",
-         command=S18_PHASES, date="2026-12-04",
+         "process, ABBA, median of 40 round pairs (0.085 in §27's run); measurements §28",
+         command=S20_PHASES, date="2026-12-04",
          why_no_target="the overhead issue sets none per node; its target is ≥ 0.99 of server throughput"),
     Rule("micro_graph_us_per_node_activity_census", "2026-12-02-h200-s6-micro-census-attach.json",
          micro_us_added("graph"), None,
