@@ -197,6 +197,9 @@ def _start_run(env, census_dir, tmp_path, script):
 @pytest.mark.parametrize("sig,name", [(signal.SIGTERM, "TERM"), (signal.SIGINT, "INT"), (signal.SIGHUP, "HUP"),
                                       (signal.SIGQUIT, "QUIT")])
 def test_signals_are_forwarded_to_the_command(env, census_dir, tmp_path, sig, name):
+    if signal.getsignal(sig) == signal.SIG_IGN:
+        # under nohup the command inherits SIGHUP ignored, as it should, and sh cannot trap an ignored signal
+        pytest.skip(f"SIG{name} is ignored in this test process (nohup?); the command inherits that")
     p = _start_run(env, census_dir, tmp_path,
                    f'trap "echo got-{name}; exit 42" {name}; touch "$READY"; while :; do sleep 0.05; done')
     p.send_signal(sig)
