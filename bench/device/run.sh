@@ -25,6 +25,7 @@
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
 #   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
 #                vLLM calls can run meanwhile; $LLAMA_BG_CPUS: on those CPUs only) / wait for it to finish
+#   pack         every file in $OUT into one tarball (a call returns at most 8 files): put it last
 #   llama-toggle one llama-server, one load, its census switched off / events every few seconds
 #                (bench/server/llama_toggle.py $LLAMA_TOGGLE_ARGS)
 #   llama-phases census modes (off / graphs per launch / per node) side by side on one llama-server
@@ -196,6 +197,9 @@ PY
                      --model /root/m8b.gguf --flags default --expect-gpu --max-s 140 --out "$OUT/llama_metrics" ;;
     nvml-tests) python3 -m pytest -q -s -m gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/nvml-tests.log" ;;
     sidecar) python3 bench/perf/perf_sidecar_cpu.py --workload cuda --seconds 25 --out "$OUT/sidecar_cpu" 2>&1 | tee "$OUT/sidecar.log" ;;
+    pack)  # the device tool returns at most 8 files a call: every file in $OUT into one out-HHMMSS.tgz there
+      local t; t="out-$(date +%H%M%S).tgz"
+      tar -czf "/tmp/$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "/tmp/$t" "$OUT/" && ls -la "$OUT" ;;
     *) log "unknown phase $1"; return 2 ;;
   esac
 }
