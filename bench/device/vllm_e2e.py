@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proc_cpu  # noqa: E402  (bench/device/proc_cpu.py)
 sys.path.insert(0, str(ROOT / "bench" / "server"))
-from toggle_slots import toggle_pairs, toggle_slots  # noqa: E402,F401  (toggle_pairs: vllm_e2e.toggle_pairs)
+from toggle_slots import ORDERS, toggle_pairs, toggle_slots  # noqa: E402,F401  (toggle_pairs: vllm_e2e.toggle_pairs)
 
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -898,7 +898,7 @@ def main():
                     help="--only toggle: seconds of one load on R alone while its census is switched between "
                          "--phase-modes every --toggle-slot seconds (within --budget-s)")
     ap.add_argument("--toggle-slot", type=float, default=2.0, help="--only toggle: seconds a slot")
-    ap.add_argument("--toggle-order", choices=("random", "abba"), default="random",
+    ap.add_argument("--toggle-order", choices=ORDERS, default="random",
                     help="--only toggle: each pair's order drawn at random (seeded), or alternating (ABBA)")
     ap.add_argument("--toggle-tokens", type=tokens_arg, default=(64, 192), metavar="LO,HI",
                     help="--only toggle: each request's tokens, uniform in LO..HI (long ones: fewer request starts "

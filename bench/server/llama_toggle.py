@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 from control_phases import Phases  # noqa: E402
 from load import prompt_ids, run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
-from toggle_slots import toggle_pairs, toggle_slots  # noqa: E402
+from toggle_slots import ORDERS, toggle_pairs, toggle_slots  # noqa: E402
 
 
 class StreamLoop:
@@ -46,7 +46,7 @@ class StreamLoop:
     `tokens_predicted`; mark() reads it (and when). On leaving, no new request is sent and the ones in flight end."""
 
     def __init__(self, url, clients, prompt_tokens, n_predict, seed, timeout_s=300.0):
-        # n_predict: an int, or (lo, hi): request i's drawn from random.Random(seed, i)
+        # n_predict: an int, or (lo, hi): request i's drawn from random.Random(seed * 7919 + i)
         self.url, self.clients, self.prompt_tokens, self.n_predict = url, clients, prompt_tokens, n_predict
         self.seed, self.timeout_s = seed, timeout_s
         self.n = 0
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1800)
     ap.add_argument("--n-predict", type=n_predict_arg, default=64, metavar="N|LO,HI",
                     help="tokens a request asks for, or drawn uniformly in LO..HI per request")
-    ap.add_argument("--order", choices=("random", "abba"), default="random",
+    ap.add_argument("--order", choices=ORDERS, default="random",
                     help="each pair's order drawn at random (seeded), or alternating (ABBA)")
     ap.add_argument("--tick", type=float, default=0.0, help="seconds between a slot's own marks (0: none)")
     ap.add_argument("--settle", type=float, default=0.0,
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
                         f"the census switched {'/'.join(modes)} every {a.slot} s, pairs in {a.order} order",
                    order=a.order, n_predict=asked,
                    slots=got["slots"], requests=len(got["requests"]), errors=got["errors"][:20], tokens=got["tokens"],
-                   **toggle_pairs(got["slots"], modes, settle_s=a.settle if a.tick > 0 else 0.0))
+                   **toggle_pairs(got["slots"], modes, settle_s=a.settle))
         time.sleep(0.5)
         res["census"] = ph.totals()
         res["checks"] = [{"ok": ok, "what": w} for ok, w in checks(got)]

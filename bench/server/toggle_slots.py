@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1]
+ORDERS = ("random", "abba")      # each pair's order drawn at random (seeded), or alternating
 
 
 async def toggle_slots(meter, seconds: float, slot_s: float, switch, modes=("off", "events"), root=None,
@@ -33,7 +34,7 @@ async def toggle_slots(meter, seconds: float, slot_s: float, switch, modes=("off
     (alternating). Each slot: its mode, whether the switch took, the tokens `meter.mark()` counted over it and their
     rate; with tick_s > 0 also `marks`, [seconds, tokens] since the slot's start every tick_s. root: a pid whose
     process tree's CPU a slot is added per role (bench/device/proc_cpu.py), per 1,000 tokens."""
-    if order not in ("random", "abba"):
+    if order not in ORDERS:
         raise ValueError(f"order: random or abba, not {order!r}")
     if root:
         sys.path.insert(0, str(BENCH / "device"))
@@ -49,17 +50,11 @@ async def toggle_slots(meter, seconds: float, slot_s: float, switch, modes=("off
             c0 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
             n0, w0 = await meter.mark()
             marks = []
-            if tick_s > 0:
-                while True:
-                    left = w0 + slot_s - time.perf_counter()
-                    if left <= tick_s / 2:
-                        break
-                    await asyncio.sleep(min(tick_s, left))
-                    n, w = await meter.mark()
-                    marks.append([round(w - w0, 4), n - n0])
-                await asyncio.sleep(max(0.0, w0 + slot_s - time.perf_counter()))
-            else:
-                await asyncio.sleep(slot_s)
+            while tick_s > 0 and (left := w0 + slot_s - time.perf_counter()) > tick_s / 2:
+                await asyncio.sleep(min(tick_s, left))
+                n, w = await meter.mark()
+                marks.append([round(w - w0, 4), n - n0])
+            await asyncio.sleep(max(0.0, w0 + slot_s - time.perf_counter()))
             n1, w1 = await meter.mark()
             c1 = await asyncio.to_thread(proc_cpu.snapshot, root) if root else None
             slot = {"pair": pair, "mode": m, "switched": ok, "tokens": n1 - n0, "s": round(w1 - w0, 4),
