@@ -242,14 +242,16 @@ async def window_load(port, clients, ramp_s, window_s, tokens=(64, 192), seed=0,
 
 
 async def toggle_load(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
-                      tokens=(64, 192), prompt_words=64, order="random"):
+                      tokens=(64, 192), prompt_words=64, order="random", tick_s=0.0):
     """One closed-loop load (window_load's clients) for ramp_s, then for `seconds` the server's census switched
     between `modes` in slots of slot_s (bench/server/toggle_slots.py: pairs in `order`, `switch(mode)` blocks until the
     segment shows it), each slot rated by the server's own token counter between the switch having taken and the
-    slot's end. root: the server's pid; its tree's CPU a slot is added per role (proc_cpu)."""
+    slot's end (and every tick_s inside it: `marks`). root: the server's pid; its tree's CPU a slot is added per role
+    (proc_cpu)."""
     async with ClosedLoop(port, clients, tokens, seed, prompt_words) as cl:
         await asyncio.sleep(ramp_s)
-        slots = await toggle_slots(cl, seconds, slot_s, switch, modes, root=root, order=order, seed=seed)
+        slots = await toggle_slots(cl, seconds, slot_s, switch, modes, root=root, order=order, seed=seed,
+                                   tick_s=tick_s)
     return {"slots": slots, "requests": cl.results, "errors": cl.errors}
 
 
@@ -280,15 +282,17 @@ def toggle_run(a, out, base, servers, rx=None) -> dict:
     seconds = max(min(a.toggle_s, left), 4 * a.toggle_slot)
     lo, hi = a.toggle_tokens
     got = asyncio.run(toggle_load(r.port, a.phase_clients, ramp_s, seconds, a.toggle_slot, ph.set, modes=modes,
-                                  seed=700, root=r.proc.pid, tokens=(lo, hi), order=a.toggle_order))
+                                  seed=a.toggle_seed, root=r.proc.pid, tokens=(lo, hi), order=a.toggle_order,
+                                  tick_s=a.toggle_tick))
     res.update(slots=got["slots"], requests=len(got["requests"]), errors=len(got["errors"]),
                load=f"{a.phase_clients} closed-loop non-streaming clients, each request {lo}-{hi} tokens, one load of "
                     f"{seconds:.0f} s after {ramp_s} s of ramp; R's census switched {'/'.join(modes)} every "
                     f"{a.toggle_slot} s, pairs in {a.toggle_order} order; tok/s = the server's {GENERATED} over each slot",
-               **toggle_pairs(got["slots"], modes))
+               **toggle_pairs(got["slots"], modes, settle_s=a.toggle_settle))
     check(all(sl["switched"] for sl in got["slots"]), "R: every slot switched the census")
     check(not got["errors"], f"R: load without errors ({len(got['errors'])})")
-    print("toggle", {k: v for k, v in res.items() if "/" in k or k in ("pairs", "slot_cv")}, flush=True)
+    print("toggle", {k: v for k, v in res.items()
+                     if "/" in k or k in ("pairs", "slot_cv", "by_position", "settled", "tick_noise")}, flush=True)
     res["stop_R"] = servers.pop("R").stop()
     if rx is not None:
         res["spans_R"] = {"_out": str(out)}
@@ -900,6 +904,14 @@ def main():
     ap.add_argument("--toggle-slot", type=float, default=2.0, help="--only toggle: seconds a slot")
     ap.add_argument("--toggle-order", choices=ORDERS, default="random",
                     help="--only toggle: each pair's order drawn at random (seeded), or alternating (ABBA)")
+    ap.add_argument("--toggle-seed", type=int, default=700,
+                    help="--only toggle: the seed of the clients' prompts and lengths and of the pairs' order (a "
+                         "second run with another seed is a second sample, not the first again)")
+    ap.add_argument("--toggle-tick", type=float, default=0.0,
+                    help="--only toggle: seconds between a slot's own reads of the counter (0: none); the reads say "
+                         "whether the counter's reads or the load spread a slot (tick_noise, toggle_slots.py)")
+    ap.add_argument("--toggle-settle", type=float, default=0.0,
+                    help="--only toggle, with --toggle-tick: also rate the pairs leaving out each slot's first SETTLE s")
     ap.add_argument("--toggle-tokens", type=tokens_arg, default=(64, 192), metavar="LO,HI",
                     help="--only toggle: each request's tokens, uniform in LO..HI (long ones: fewer request starts "
                          "a slot, whose prefills spread a short slot's rate, §27; LO + HI / 2 + the prompt must fit "

@@ -83,6 +83,39 @@ def settled_rate(slot: dict, settle_s: float):
     return (end[1] - start[1]) / (end[0] - start[0])
 
 
+def tick_noise(slots: list):
+    """What spreads a slot's rate, from its marks: each tick's rate against the mean tick rate of its mode (all the
+    slots'), its coefficient of variation, and the lag-1 autocorrelation of consecutive ticks within a slot. A meter
+    whose every read is off by its own error (a server late to answer it) makes consecutive ticks share that read
+    with opposite signs: lag1 near -0.5, and a longer slot divides the error by its length. A load whose rate varies
+    tick to tick independently gives lag1 near 0, and a longer slot divides it by the root of its length; one that
+    drifts over seconds gives lag1 above 0, and a longer slot hardly helps. None without marks."""
+    per = []                                   # (mode, [rate a tick, or None for a tick cut short])
+    for sl in slots:
+        m = [[0.0, 0]] + (sl.get("marks") or [])
+        iv = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(m, m[1:])]
+        if len(iv) < 3:
+            continue
+        full = statistics.median(dt for dt, _ in iv) / 2      # a slot's last tick can be cut short: not rated
+        per.append((sl.get("mode"), [n / dt if dt >= full and dt > 0 else None for dt, n in iv]))
+    mu = {}
+    for mode, rates in per:
+        mu.setdefault(mode, []).extend(x for x in rates if x is not None)
+    mu = {k: statistics.fmean(v) for k, v in mu.items() if v}
+    devs, lag = [], []
+    for mode, rates in per:
+        if mu.get(mode, 0) <= 0:
+            continue
+        d = [x / mu[mode] - 1 if x is not None else None for x in rates]
+        devs += [x for x in d if x is not None]
+        lag += [(x, y) for x, y in zip(d, d[1:]) if x is not None and y is not None]
+    if len(lag) < 2:
+        return None
+    var = statistics.fmean([x * x for x in devs])
+    return {"ticks": len(devs), "cv": round(math.sqrt(var), 4),
+            "lag1": round(statistics.fmean([x * y for x, y in lag]) / var, 4) if var > 0 else None}
+
+
 def _summary(r: list) -> dict:
     from ratio_interval import gmean, interval
     lo, hi = interval(r)
@@ -97,7 +130,7 @@ def toggle_pairs(slots: list, modes=("off", "events"), settle_s: float = 0.0) ->
     `by_position`: each mode's mean log rate (against all slots') as the first and as the second slot of a pair,
     with its standard error: the second slot always follows a switch, the first does so only when the pair before
     ended in the other mode. With settle_s and slots with marks, `settled`: the same ratio, each slot rated after
-    its first settle_s."""
+    its first settle_s. With marks, `tick_noise`: whether the meter's reads or the load spread a slot's rate."""
     sys.path.insert(0, str(BENCH))
     by, first = {}, {}
     for sl in slots:
@@ -125,6 +158,9 @@ def toggle_pairs(slots: list, modes=("off", "events"), settle_s: float = 0.0) ->
         out["by_position"] = {k: {"n": len(v), "mean_log": round(statistics.fmean(v), 4),
                                   "se": round(statistics.stdev(v) / math.sqrt(len(v)), 4) if len(v) > 1 else None}
                               for k, v in sorted(pos.items())}
+    noise = tick_noise([p[m] for p in kept for m in modes])
+    if noise:
+        out["tick_noise"] = noise
     if settle_s > 0 and kept:
         rs = [(settled_rate(p[b], settle_s), settled_rate(p[a], settle_s)) for p in kept]
         rs = [x / y for x, y in rs if x is not None and y]

@@ -254,3 +254,36 @@ def test_marks_rate_a_slot_after_it_settles_and_by_position_shows_a_transient():
     assert pos["events second"]["mean_log"] > pos["events first"]["mean_log"] + 0.03
     assert pos["off second"]["mean_log"] < pos["off first"]["mean_log"] - 0.03
     assert ts.settled_rate({"marks": [[0.1, 10], [0.2, 20]]}, 0.5) is None and ts.settled_rate({}, 0.1) is None
+
+
+def _ticked_slots(read_err, rate_err, slot_err=0.0, n_slots=60, ticks=8, tick_s=0.5, seed=5):
+    """Slots whose marks come from a load of 1,000 tok/s: each read off by N(0, read_err) tokens (a meter late or
+    early), each tick's rate off by N(0, rate_err) (the load itself), or each slot's by N(0, slot_err) (a slow
+    drift); a last tick cut to 0.01 s, as a slot's end mark can land right after its last tick's."""
+    import random
+    rng = random.Random(seed)
+    slots = []
+    for _ in range(n_slots):
+        n, marks, slow = 0.0, [], rng.gauss(0, slot_err)
+        for k in range(1, ticks + 1):
+            n += tick_s * 1000.0 * (1 + slow + rng.gauss(0, rate_err))
+            marks.append([k * tick_s, n + rng.gauss(0, read_err)])
+        marks.append([ticks * tick_s + 0.01, marks[-1][1] + 10 + rng.gauss(0, read_err)])
+        slots.append({"marks": marks})
+    return slots
+
+
+def test_tick_noise_tells_a_meter_whose_reads_jitter_from_a_load_whose_rate_varies():
+    import toggle_slots as ts
+    jitter = ts.tick_noise(_ticked_slots(read_err=20.0, rate_err=0.0))
+    load = ts.tick_noise(_ticked_slots(read_err=0.0, rate_err=0.05))
+    drift = ts.tick_noise(_ticked_slots(read_err=0.0, rate_err=0.02, slot_err=0.05))
+    assert jitter["lag1"] < -0.4 and abs(load["lag1"]) < 0.1          # shared reads: -0.5; independent ticks: 0
+    assert drift["lag1"] > 0.5                                          # slower than a slot: ticks agree
+    assert jitter["ticks"] == load["ticks"] == 60 * 8                  # the cut-short last ticks are not rated
+    assert load["cv"] == pytest.approx(0.05, rel=0.15)                 # each tick's rate off by 5 %
+    assert jitter["cv"] == pytest.approx(20 * 2 ** 0.5 / 500, rel=0.15)  # two reads' errors over 500 tokens
+    assert ts.tick_noise([{"marks": [[0.5, 500], [1.0, 1000]]}, {}]) is None
+    got = ts.toggle_pairs([{**s, "pair": i // 2, "mode": ("off", "events")[i % 2], "switched": True, "tok_s": 1000.0}
+                           for i, s in enumerate(_ticked_slots(read_err=20.0, rate_err=0.0, n_slots=8))])
+    assert got["tick_noise"]["ticks"] == 64 and got["tick_noise"]["lag1"] < -0.3

@@ -519,6 +519,20 @@ def test_toggle_load_switches_in_abba_pairs_and_rates_each_slot_by_the_servers_c
     assert set(res["errors"]) <= {500}                           # the stand-in fails one prompt of the seed
 
 
+def test_toggle_load_with_ticks_reads_the_counter_inside_each_slot(server):
+    """--toggle-tick: each slot also keeps the server's counter every tick (its last mark is the slot's own
+    reading), so toggle_pairs can say what spreads a slot (tick_noise) and rate it after it settles."""
+    port, seen, state = server
+    state["delay_s"] = 0.01
+    res = asyncio.run(vllm_e2e.toggle_load(port, clients=4, ramp_s=0.2, seconds=2.0, slot_s=0.4, switch=lambda m: True,
+                                           tokens=(3, 5), seed=3, tick_s=0.1))
+    slots = res["slots"]
+    assert len(slots) >= 4 and all(len(s["marks"]) >= 3 and s["marks"][-1] == [s["s"], s["tokens"]] for s in slots)
+    assert all(0 <= a[1] <= b[1] for s in slots for a, b in zip(s["marks"], s["marks"][1:]))
+    got = vllm_e2e.toggle_pairs(slots, settle_s=0.1)
+    assert got["tick_noise"]["ticks"] >= 3 * len(slots) and got["settled"]["pairs"] == got["pairs"]
+
+
 def test_toggle_pairs_leave_out_a_pair_whose_switch_did_not_take():
     def sl(pair, mode, tok_s, ok=True):
         return {"pair": pair, "mode": mode, "tok_s": tok_s, "switched": ok}
@@ -565,9 +579,9 @@ def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tm
     monkeypatch.setattr(vllm_e2e, "load", fake_load)
 
     async def fake_toggle(port, clients, ramp_s, seconds, slot_s, switch, modes=("off", "events"), seed=0, root=None,
-                          tokens=(64, 192), order="random"):
+                          tokens=(64, 192), order="random", tick_s=0.0):
         asked.update(port=port, seconds=seconds, slot_s=slot_s, modes=modes, root=root, switch=switch, tokens=tokens,
-                     order=order)
+                     order=order, seed=seed, tick_s=tick_s)
         slots = [{"pair": 0, "mode": "off", "tok_s": 100.0, "switched": True},
                  {"pair": 0, "mode": "events", "tok_s": 99.0, "switched": True},
                  {"pair": 1, "mode": "events", "tok_s": 98.0, "switched": False},
@@ -579,13 +593,15 @@ def test_toggle_run_loads_r_alone_within_the_budget_and_stops_it(monkeypatch, tm
     servers = {"R": r}
     monkeypatch.setattr(vllm_e2e, "T0", time.time() - 100)
     a = argparse.Namespace(phase_modes="off,events", phase_window=(1.0, 3.0), budget_s=400.0, toggle_s=600.0,
-                           toggle_slot=2.0, phase_clients=8, toggle_tokens=(960, 1088), toggle_order="random")
+                           toggle_slot=2.0, phase_clients=8, toggle_tokens=(960, 1088), toggle_order="random",
+                           toggle_seed=701, toggle_tick=0.5, toggle_settle=1.0)
     fails = len(vllm_e2e.FAILS)
     res = vllm_e2e.toggle_run(a, tmp_path, tmp_path, servers)
     assert 230 <= asked["seconds"] <= 240 and asked["slot_s"] == 2.0 and asked["root"] == 4242
     assert asked["modes"] == ("off", "events") and asked["switch"].__self__.d == tmp_path / "R"
     assert asked["tokens"] == (960, 1088) and "each request 960-1088 tokens" in res["load"]
     assert asked["order"] == "random" and "pairs in random order" in res["load"]
+    assert asked["seed"] == 701 and asked["tick_s"] == 0.5
     assert res["pairs"] == 1 and res["left_out"] == 1 and res["events/off"]["median"] == 0.99
     assert stopped == [1] and "R" not in servers and res["requests"] == 5
     assert vllm_e2e.FAILS[fails:] == ["R: every slot switched the census"]
