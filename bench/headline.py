@@ -13,7 +13,8 @@ one measured, whether or not it meets its target.
 
 Most entries have a rule here that derives the value from its raw file. An entry whose source is
 not its rule's source (a measurement recorded with --set) is kept as it is by --write and --check;
---check still checks its schema and that its source exists. --set takes --date, --command and
+--check still checks its schema and that its source exists. So a rule moved to a newer raw file does
+not replace its entry by itself: take the entry out of headline.json, then --write. --set takes --date, --command and
 --device from the source's own `date`, `command` and `environment.nvidia_smi` when they are there.
 """
 from __future__ import annotations
@@ -188,6 +189,18 @@ def toggle_ratio(key: str = "events/off", min_pairs: int = 8) -> Callable[[Dict[
     return value
 
 
+def toggle_cpu_ratio(role: str, part: str = "main") -> Callable[[Dict[str, Any]], float]:
+    """The median over the pairs of a toggled load of one role's CPU a token (its `part`: "all" its processes,
+    "main" its main thread), events over off (toggle_slots.cpu_pairs); refused as toggle_ratio refuses."""
+    def value(raw: Dict[str, Any]) -> float:
+        toggle_ratio()(raw)
+        try:
+            return round(raw["cpu_per_token"][role][part]["median"], 3)
+        except (KeyError, TypeError):
+            raise HeadlineError(f"no CPU a token of {role} ({part}) in the toggled load") from None
+    return value
+
+
 def launch_phases_us(key: str, per: int = 1) -> Callable[[Dict[str, Any]], float]:
     """µs the census's events default adds to one call of `key` (eager_ns, graph_issue_ns, ...) in one process,
     switched off / events between rounds, ABBA (bench/perf/launch_phases.py): the median over round pairs of the
@@ -346,7 +359,24 @@ RULES = (
          "loaded alone after each round, 8B, 16 slots, median of 11 rounds (1.024-1.121; eager pairs' mean 16.5 us "
          "against CUPTI's 15.4: the dispatch each pair holds); stated bound +-10 %; measurements §26",
          command=S17_LLAMA, date="2026-12-04"),
-    Rule("vllm_default_throughput_ratio", "2026-12-04-h200-s18-vllm-pinned.json",
+    Rule("vllm_default_throughput_ratio", "2026-12-04-h200-s21-vllm-toggle.json",
+         toggle_ratio(), 0.99,
+         "ratio of output tok/s, the default census (`run`: preloaded, gated event pairs, 128/1, no CUPTI) with the vLLM "
+         "integration / the same census switched off (the integration on in both), inside ONE load of one vLLM (random "
+         "160M Llama, CUDA graphs, 64 closed-loop clients, 64-192 tokens a request, on 4 CPUs of its own), switched "
+         "every 2 s (two runs) or 4 s (one), each pair's order drawn at random, median of 244 pairs of three runs "
+         "(0.804-1.230; geometric mean 0.989 [0.980, 0.999]; per run 1.003, 0.981, 0.999); the engine's main thread "
+         "spent 1.1 % more CPU a token (vllm_default_engine_cpu_per_token_ratio); alternating phases gave 0.986 "
+         "(vllm_default_phases_throughput_ratio); measurements §29",
+         command=None, date="2026-12-04"),
+    Rule("vllm_default_engine_cpu_per_token_ratio", "2026-12-04-h200-s21-vllm-toggle.json",
+         toggle_cpu_ratio("python3", "main"), None,
+         "ratio of the vLLM engine core's main thread's CPU ms a token (/proc), the default census / the same census "
+         "switched off, the 244 pairs of vllm_default_throughput_ratio (geometric mean 1.010 [1.000, 1.020]; 65.5 -> "
+         "66.1 ms a 1,000 tokens): the thread that limits this load; measurements §29",
+         command=None, date="2026-12-04",
+         why_no_target="the overhead issue's target is throughput (>= 0.99); this says where its cost goes"),
+    Rule("vllm_default_phases_throughput_ratio", "2026-12-04-h200-s18-vllm-pinned.json",
          phases_ratio("events", "phases"), 0.99,
          "ratio of output tok/s, the default census (`run`: preloaded, gated event pairs, 128/1, no CUPTI) with the vLLM "
          "integration / the same server paused (the integration on in both), random 160M Llama, CUDA graphs, 64 "

@@ -116,6 +116,28 @@ def tick_noise(slots: list):
             "lag1": round(statistics.fmean([x * y for x, y in lag]) / var, 4) if var > 0 else None}
 
 
+def cpu_pairs(kept: list, modes=("off", "events")) -> dict:
+    """Each role's CPU a token (slots' cpu_ms_per_ktok: its whole process tree, and its main thread), the second
+    mode's over the first's, pair by pair: where the throughput goes when a server's busiest thread is its limit.
+    {role: {"all"|"main": summary with each mode's mean ms / 1,000 tokens}}; {} without CPU in the slots."""
+    a, b = modes
+    out = {}
+    roles = sorted({r for p in kept for m in modes for r in (p[m].get("cpu_ms_per_ktok") or {})})
+    for role in roles:
+        for part in ("all", "main"):
+            got = [(p[a]["cpu_ms_per_ktok"][role].get(part), p[b]["cpu_ms_per_ktok"][role].get(part)) for p in kept
+                   if role in (p[a].get("cpu_ms_per_ktok") or {}) and role in (p[b].get("cpu_ms_per_ktok") or {})]
+            got = [(x, y) for x, y in got if x and y]      # a role idle in a slot (0 ms) gives no ratio
+            if len(got) < 2:
+                continue
+            out.setdefault(role, {})[part] = {
+                **_summary([y / x for x, y in got]),
+                f"{a}_ms_per_ktok": round(statistics.fmean(x for x, _ in got), 3),
+                f"{b}_ms_per_ktok": round(statistics.fmean(y for _, y in got), 3)}
+            out[role][part].pop("all")
+    return out
+
+
 def _summary(r: list) -> dict:
     from ratio_interval import gmean, interval
     lo, hi = interval(r)
@@ -130,7 +152,8 @@ def toggle_pairs(slots: list, modes=("off", "events"), settle_s: float = 0.0) ->
     `by_position`: each mode's mean log rate (against all slots') as the first and as the second slot of a pair,
     with its standard error: the second slot always follows a switch, the first does so only when the pair before
     ended in the other mode. With settle_s and slots with marks, `settled`: the same ratio, each slot rated after
-    its first settle_s. With marks, `tick_noise`: whether the meter's reads or the load spread a slot's rate."""
+    its first settle_s. With marks, `tick_noise`: whether the meter's reads or the load spread a slot's rate. With
+    CPU in the slots, `cpu_per_token`: each role's CPU a token, the second mode over the first (cpu_pairs)."""
     sys.path.insert(0, str(BENCH))
     by, first = {}, {}
     for sl in slots:
@@ -161,6 +184,9 @@ def toggle_pairs(slots: list, modes=("off", "events"), settle_s: float = 0.0) ->
     noise = tick_noise([p[m] for p in kept for m in modes])
     if noise:
         out["tick_noise"] = noise
+    cpu = cpu_pairs(kept, modes)
+    if cpu:
+        out["cpu_per_token"] = cpu
     if settle_s > 0 and kept:
         rs = [(settled_rate(p[b], settle_s), settled_rate(p[a], settle_s)) for p in kept]
         rs = [x / y for x, y in rs if x is not None and y]

@@ -287,3 +287,24 @@ def test_tick_noise_tells_a_meter_whose_reads_jitter_from_a_load_whose_rate_vari
     got = ts.toggle_pairs([{**s, "pair": i // 2, "mode": ("off", "events")[i % 2], "switched": True, "tok_s": 1000.0}
                            for i, s in enumerate(_ticked_slots(read_err=20.0, rate_err=0.0, n_slots=8))])
     assert got["tick_noise"]["ticks"] == 64 and got["tick_noise"]["lag1"] < -0.3
+
+
+def test_cpu_per_token_pairs_each_roles_cpu_the_second_mode_over_the_first():
+    """A server whose engine's main thread spends 2 % more CPU a token in events: cpu_per_token says 1.02 for it
+    and 1.0 for a role whose CPU did not move; a role in one slot of a pair only, or without a main thread, is
+    rated where it can be."""
+    import toggle_slots as ts
+    slots = []
+    for i in range(6):
+        for m in (("off", "events") if i % 2 else ("events", "off")):
+            k = 1.02 if m == "events" else 1.0
+            cpu = {"engine": {"all": 80.0 * k + i, "main": 70.0 * k}, "api": {"all": 30.0}}
+            if i == 0 and m == "events":
+                cpu["settle"] = {"all": 5.0}
+            slots.append({"pair": i, "mode": m, "switched": True, "tok_s": 1000.0, "cpu_ms_per_ktok": cpu})
+    got = ts.toggle_pairs(slots)["cpu_per_token"]
+    assert set(got) == {"engine", "api"} and set(got["api"]) == {"all"}
+    assert got["engine"]["main"]["median"] == 1.02 and got["engine"]["main"]["events_ms_per_ktok"] == 71.4
+    assert got["api"]["all"]["median"] == 1.0 and got["api"]["all"]["off_ms_per_ktok"] == 30.0
+    assert 1.0 < got["engine"]["all"]["gmean"] < 1.02                 # +i a pair on both sides: less than 2 %
+    assert "cpu_per_token" not in ts.toggle_pairs([{**s, "cpu_ms_per_ktok": None} for s in slots])
