@@ -177,14 +177,20 @@ def calls_tax_ratio(mode: str, workload: str) -> Callable[[Dict[str, Any]], floa
     return value
 
 
+def toggle_refused(raw: Dict[str, Any], min_pairs: int = 8) -> None:
+    """A toggled load (bench/server/toggle_slots.py, or several pooled) is refused unless every check passed (every
+    slot switched among them) and it holds min_pairs pairs."""
+    if not all(c.get("ok") for c in raw.get("checks", [{"ok": False}])):
+        raise HeadlineError("a check of the toggled load failed")
+    if raw.get("pairs", 0) < min_pairs:
+        raise HeadlineError(f"{raw.get('pairs', 0)} pairs")
+
+
 def toggle_ratio(key: str = "events/off", min_pairs: int = 8) -> Callable[[Dict[str, Any]], float]:
     """The median over pairs of slots of key (events/off tok/s) in one load of one server whose census was switched
     slot by slot (bench/server/toggle_slots.py); refused unless every check passed and every slot switched."""
     def value(raw: Dict[str, Any]) -> float:
-        if not all(c.get("ok") for c in raw.get("checks", [{"ok": False}])):
-            raise HeadlineError("a check of the toggled load failed")
-        if raw.get("pairs", 0) < min_pairs:
-            raise HeadlineError(f"{raw.get('pairs', 0)} pairs")
+        toggle_refused(raw, min_pairs)
         return round(raw[key]["median"], 3)
     return value
 
@@ -193,7 +199,7 @@ def toggle_cpu_ratio(role: str, part: str = "main") -> Callable[[Dict[str, Any]]
     """The median over the pairs of a toggled load of one role's CPU a token (its `part`: "all" its processes,
     "main" its main thread), events over off (toggle_slots.cpu_pairs); refused as toggle_ratio refuses."""
     def value(raw: Dict[str, Any]) -> float:
-        toggle_ratio()(raw)
+        toggle_refused(raw)
         try:
             return round(raw["cpu_per_token"][role][part]["median"], 3)
         except (KeyError, TypeError):

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proc_cpu  # noqa: E402  (bench/device/proc_cpu.py)
 sys.path.insert(0, str(ROOT / "bench" / "server"))
-from toggle_slots import ORDERS, toggle_pairs, toggle_slots  # noqa: E402,F401  (toggle_pairs: vllm_e2e.toggle_pairs)
+from toggle_slots import ORDERS, toggle_pairs, toggle_slots, toggle_summary  # noqa: E402,F401  (toggle_pairs: vllm_e2e.toggle_pairs)
 
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -291,8 +291,7 @@ def toggle_run(a, out, base, servers, rx=None) -> dict:
                **toggle_pairs(got["slots"], modes, settle_s=a.toggle_settle))
     check(all(sl["switched"] for sl in got["slots"]), "R: every slot switched the census")
     check(not got["errors"], f"R: load without errors ({len(got['errors'])})")
-    print("toggle", {k: v for k, v in res.items()
-                     if "/" in k or k in ("pairs", "slot_cv", "by_position", "settled", "tick_noise")}, flush=True)
+    print("toggle", toggle_summary(res), flush=True)
     res["stop_R"] = servers.pop("R").stop()
     if rx is not None:
         res["spans_R"] = {"_out": str(out)}

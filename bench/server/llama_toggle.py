@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 from control_phases import Phases  # noqa: E402
 from load import prompt_ids, run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
-from toggle_slots import ORDERS, toggle_pairs, toggle_slots  # noqa: E402
+from toggle_slots import ORDERS, toggle_pairs, toggle_slots, toggle_summary  # noqa: E402
 
 
 class StreamLoop:
@@ -208,8 +208,7 @@ def main(argv=None) -> int:
         res["checks"] = [{"ok": ok, "what": w} for ok, w in checks(got)]
         for c in res["checks"]:
             print(("ok   " if c["ok"] else "FAIL ") + c["what"], flush=True)
-        print("toggle", {k: v for k, v in res.items()
-                         if "/" in k or k in ("pairs", "slot_cv", "by_position", "settled")}, flush=True)
+        print("toggle", toggle_summary(res), flush=True)
         rc = 0 if all(c["ok"] for c in res["checks"]) else 1
         return rc
     finally:

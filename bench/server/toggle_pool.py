@@ -48,8 +48,8 @@ def pool(paths: list, modes=("off", "events"), settle_s: float = 0.0) -> dict:
     for p in paths:
         r = one_run(Path(p))
         t = r["toggle"]
-        ids = sorted({s["pair"] for s in t["slots"]})
-        slots += [{**s, "pair": base + ids.index(s["pair"])} for s in t["slots"]]
+        ids = {k: base + i for i, k in enumerate(sorted({s["pair"] for s in t["slots"]}))}
+        slots += [{**s, "pair": ids[s["pair"]]} for s in t["slots"]]
         base += len(ids)
         key = f"{modes[1]}/{modes[0]}"
         runs.append({"source": Path(p).name, "date": r["raw"].get("date"), "checks_failed": r["failed"],

@@ -72,6 +72,12 @@ async def toggle_slots(meter, seconds: float, slot_s: float, switch, modes=("off
     return slots
 
 
+def toggle_summary(res: dict) -> dict:
+    """What a toggled load's line in its log shows: the ratios and what says how far to trust them."""
+    return {k: v for k, v in res.items()
+            if "/" in k or k in ("pairs", "slot_cv", "by_position", "settled", "tick_noise")}
+
+
 def settled_rate(slot: dict, settle_s: float):
     """The slot's tokens a second after its first settle_s (from its marks: the first mark at or past settle_s to
     the slot's end); None without marks reaching past it."""
@@ -121,13 +127,15 @@ def cpu_pairs(kept: list, modes=("off", "events")) -> dict:
     mode's over the first's, pair by pair: where the throughput goes when a server's busiest thread is its limit.
     {role: {"all"|"main": summary with each mode's mean ms / 1,000 tokens}}; {} without CPU in the slots."""
     a, b = modes
+
+    def cpu(sl, role, part):
+        return ((sl.get("cpu_ms_per_ktok") or {}).get(role) or {}).get(part)
     out = {}
     roles = sorted({r for p in kept for m in modes for r in (p[m].get("cpu_ms_per_ktok") or {})})
     for role in roles:
         for part in ("all", "main"):
-            got = [(p[a]["cpu_ms_per_ktok"][role].get(part), p[b]["cpu_ms_per_ktok"][role].get(part)) for p in kept
-                   if role in (p[a].get("cpu_ms_per_ktok") or {}) and role in (p[b].get("cpu_ms_per_ktok") or {})]
-            got = [(x, y) for x, y in got if x and y]      # a role idle in a slot (0 ms) gives no ratio
+            got = [(cpu(p[a], role, part), cpu(p[b], role, part)) for p in kept]
+            got = [(x, y) for x, y in got if x and y]      # a role absent or idle in a slot (0 ms) gives no ratio
             if len(got) < 2:
                 continue
             out.setdefault(role, {})[part] = {
