@@ -54,6 +54,9 @@ NO_CENSUS = "no_census"     # no census folder / reading switched off
 NO_SEGMENT = "no_segment"   # the folder holds no segment of the server
 READ_ERROR = "read_error"
 SHUTDOWN = "shutdown"       # the proxy stopped before the census caught up
+# the figures are exact for what the census saw, but it knows it missed work the share should hold (driver
+# calls it could not see or size, steps it lost, work on threads it does not follow): `notes` say what
+PARTIAL = "partial"
 
 
 @dataclass
@@ -95,7 +98,7 @@ class GpuCost:
     @property
     def has_figures(self) -> bool:
         """Whether the census gave this request any figures (its status, or buckets or processes seen)."""
-        return self.status in (COMPLETE, SETTLED) or bool(self.buckets or self.pids)
+        return self.status in (COMPLETE, SETTLED, PARTIAL) or bool(self.buckets or self.pids)
 
     @property
     def has_window(self) -> bool:

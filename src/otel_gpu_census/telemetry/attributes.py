@@ -20,7 +20,7 @@ Integers, exact; times in ns because the census counts ns:
   share's own, else the server's over its life); with no sample at all their time is left out and
   the note says so;
 - ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``),
-  ``.status`` (complete, settled, stale, no_census, no_segment, read_error, shutdown),
+  ``.status`` (complete, settled, partial, stale, no_census, no_segment, read_error, shutdown),
   ``.concurrency_max``, ``.steps`` (step attribution), ``.wait_s``, ``.note`` (the integration's
   ``GpuCost.note`` first, then what went wrong); ``gpu_census.process.pids``.
 """

@@ -20,7 +20,7 @@ from typing import Dict, Optional
 
 from opentelemetry.metrics import MeterProvider, get_meter_provider
 
-from ..attribution.ledger import COMPLETE, SETTLED, GpuCost
+from ..attribution.ledger import COMPLETE, PARTIAL, SETTLED, GpuCost
 from ..version import __version__
 
 # Bucket boundaries advised by the GenAI semantic conventions.
@@ -82,7 +82,7 @@ class RequestInstruments:
             self.tpot.record(tpot_s, ok, context=context)
 
     def gpu(self, attrs: Dict[str, str], cost: GpuCost, context=None) -> None:
-        if cost.status not in (COMPLETE, SETTLED):
+        if cost.status not in (COMPLETE, SETTLED, PARTIAL):
             return
         ok = {k: v for k, v in attrs.items() if k != "error.type"}
         for d in COPY_DIRECTIONS:
