@@ -225,7 +225,13 @@ typedef struct gc_segment {
     uint64_t events_lead;       /* gated eager pairs read with an event just before their first: the GPU's pass over
                                    one event, taken off each such pair's duration (the eager sample holds the rest) */
     uint64_t events_lead_ns;    /* ... those passes, summed */
-    char     reserved_text[GC_NOTE_LEN - 120]; /* unused: nothing is written here (room for growth) */
+    /* Work the census knows it could not count: never silent. Were reserved: older writers leave them 0. */
+    uint64_t unsized_calls;     /* calls of driver functions that put work on the GPU but that the census has no
+                                   wrapper for (a driver newer than the census): counted, not sized, in no total */
+    uint64_t unwrapped;         /* such functions handed out with no way to count their calls (every counting
+                                   slot taken, or no trampolines on this CPU): their calls are not even counted */
+    char     unsized_name[48];  /* the first such function's name (NUL-terminated), for the one line that says so */
+    char     reserved_text[GC_NOTE_LEN - 184]; /* unused: nothing is written here (room for growth) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */
@@ -323,7 +329,8 @@ typedef struct gc_call {
     uint8_t  dir, mem;          /* COPY: enum gc_dir, enum gc_mem */
     uint8_t  dev;               /* the calling context's device (PTOP: the sender) */
     uint8_t  peer_dev;          /* COPY of GC_DIR_PTOP: the receiving device */
-    uint8_t  pad[7];
+    uint8_t  pad[3];
+    uint32_t copies;            /* COPY: how many copies `bytes` sums (a batch's of one class); 0 means 1 */
 } gc_call;
 /* GC_FLAG_TIMED: one kernel or GRAPH_TRACE record of a window, its times on the census clock: durations only
  * (the eager sample, the busy union), never a count, never a step. */

@@ -21,5 +21,14 @@ struct p_ptr { const void *p; CUstream stream; };      /* 2D, 3D, 3D peer (a des
 /* memsets: the value's type differs (unsigned char, short, int), never the offsets of what follows it */
 struct p_set { CUdeviceptr dst; unsigned int value; size_t n; CUstream stream; };
 struct p_set2d { CUdeviceptr dst; size_t pitch; unsigned int value; size_t width, height; CUstream stream; };
+/* batches and copies with attributes: every copy of the batch is read from the caller's arrays */
+struct p_batch { CUdeviceptr *dsts, *srcs; size_t *sizes; size_t count; CUmemcpyAttributes *attrs; size_t *attrs_idx;
+                 size_t nattrs; CUstream stream; };                                  /* cuMemcpyBatchAsync_v2 */
+struct p_batch1 { CUdeviceptr *dsts, *srcs; size_t *sizes; size_t count; CUmemcpyAttributes *attrs; size_t *attrs_idx;
+                  size_t nattrs; size_t *fail; CUstream stream; };                    /* cuMemcpyBatchAsync (12.8) */
+struct p_batch3d { size_t n; CUDA_MEMCPY3D_BATCH_OP *ops; unsigned long long flags; CUstream stream; };   /* _v2 */
+struct p_batch3d1 { size_t n; CUDA_MEMCPY3D_BATCH_OP *ops; size_t *fail; unsigned long long flags; CUstream stream; };
+struct p_attr { CUdeviceptr dst, src; size_t bytes; CUmemcpyAttributes *attr; CUstream stream; };
+struct p_attr3d { CUDA_MEMCPY3D_BATCH_OP *op; unsigned long long flags; CUstream stream; };
 
 #endif

@@ -54,7 +54,12 @@ enum shape {
     S_3DPEER,       /* const CUDA_MEMCPY3D_PEER *, stream */
     S_SET,          /* dstDevice, value, N, stream (elements of 1, 2 or 4 bytes) */
     S_SET2D,        /* dstDevice, dstPitch, value, Width, Height, stream */
-    S_UNREAD,       /* a copy we cannot size (batches): counted as lost */
+    S_BATCH,        /* cuMemcpyBatchAsync_v2: dsts[], srcs[], sizes[], count, attributes, stream */
+    S_BATCH1,       /* cuMemcpyBatchAsync (CUDA 12.8's): the same with failIdx before the stream */
+    S_BATCH3D,      /* cuMemcpy3DBatchAsync_v2: numOps, opList[], flags, stream */
+    S_BATCH3D1,     /* cuMemcpy3DBatchAsync (12.8's): numOps, opList[], failIdx, flags, stream */
+    S_ATTR,         /* cuMemcpyWithAttributesAsync: dst, src, bytes, attributes, stream */
+    S_ATTR3D,       /* cuMemcpy3DWithAttributesAsync: one op, flags, stream */
     S_GRAPH,        /* cuGraphLaunch: exec, stream */
 };
 
@@ -78,9 +83,9 @@ static const struct {
     {"cuMemsetD8Async", S_SET, 1, 1}, {"cuMemsetD16Async", S_SET, 2, 1}, {"cuMemsetD32Async", S_SET, 4, 1},
     {"cuMemsetD2D8_v2", S_SET2D, 1, 0}, {"cuMemsetD2D16_v2", S_SET2D, 2, 0}, {"cuMemsetD2D32_v2", S_SET2D, 4, 0},
     {"cuMemsetD2D8Async", S_SET2D, 1, 1}, {"cuMemsetD2D16Async", S_SET2D, 2, 1}, {"cuMemsetD2D32Async", S_SET2D, 4, 1},
-    {"cuMemcpyBatchAsync", S_UNREAD, 0, 1}, {"cuMemcpyBatchAsync_v2", S_UNREAD, 0, 1},
-    {"cuMemcpy3DBatchAsync", S_UNREAD, 0, 1}, {"cuMemcpy3DBatchAsync_v2", S_UNREAD, 0, 1},
-    {"cuMemcpyWithAttributesAsync", S_UNREAD, 0, 1}, {"cuMemcpy3DWithAttributesAsync", S_UNREAD, 0, 1},
+    {"cuMemcpyBatchAsync", S_BATCH1, 0, 1}, {"cuMemcpyBatchAsync_v2", S_BATCH, 0, 1},
+    {"cuMemcpy3DBatchAsync", S_BATCH3D1, 0, 1}, {"cuMemcpy3DBatchAsync_v2", S_BATCH3D, 0, 1},
+    {"cuMemcpyWithAttributesAsync", S_ATTR, 0, 1}, {"cuMemcpy3DWithAttributesAsync", S_ATTR3D, 0, 1},
     {"cuGraphLaunch", S_GRAPH, 0, 1},
 };
 #define NTABLE (sizeof(g_table) / sizeof(g_table[0]))
@@ -91,6 +96,7 @@ static uint8_t g_entry[GC_API_CBIDS], g_per_thread[GC_API_CBIDS];
 static atomic_int g_started, g_counting;
 static int64_t g_gpu_minus_mono;
 static CUresult (*g_ctx_device)(CUdevice *, CUcontext);   /* cuCtxGetDevice_v2: a peer's device without CUPTI */
+static CUresult (*g_array_desc)(CUDA_ARRAY3D_DESCRIPTOR *, CUarray);   /* an array operand's element size */
 
 static struct cell {
     _Atomic uint64_t seq;
@@ -124,7 +130,10 @@ int gc_calls_start(int64_t gpu_minus_mono, int by_cupti)
     atomic_store(&g_enq, 0);
     atomic_store(&g_deq, 0);
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (cuda) *(void **)&g_ctx_device = dlsym(cuda, "cuCtxGetDevice_v2");
+    if (cuda) {
+        *(void **)&g_ctx_device = dlsym(cuda, "cuCtxGetDevice_v2");
+        *(void **)&g_array_desc = dlsym(cuda, "cuArray3DGetDescriptor_v2");
+    }
     if (by_cupti && gc_cupti_enable_api("copies not counted", GC_CB_CALLS, wanted) <= 0) return -1;
     atomic_store(&g_counting, 1);
     atomic_store(&g_started, 1);
@@ -167,6 +176,12 @@ static CUstream stream_of(uint8_t shape, const void *p)
     case S_2D: case S_3D: case S_3DPEER: case S_GRAPH: return ((const struct p_ptr *)p)->stream;
     case S_SET: return ((const struct p_set *)p)->stream;
     case S_SET2D: return ((const struct p_set2d *)p)->stream;
+    case S_BATCH: return ((const struct p_batch *)p)->stream;
+    case S_BATCH1: return ((const struct p_batch1 *)p)->stream;
+    case S_BATCH3D: return ((const struct p_batch3d *)p)->stream;
+    case S_BATCH3D1: return ((const struct p_batch3d1 *)p)->stream;
+    case S_ATTR: return ((const struct p_attr *)p)->stream;
+    case S_ATTR3D: return ((const struct p_attr3d *)p)->stream;
     default: return NULL;
     }
 }
@@ -207,6 +222,12 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
     const CUmemorytype D = CU_MEMORYTYPE_DEVICE, U = CU_MEMORYTYPE_UNIFIED;
     c->what = GC_CALL_COPY;
     switch (shape) {
+    case S_ATTR: {
+        const struct p_attr *q = p;
+        c->bytes = q->bytes;
+        classify(c, U, (const void *)(uintptr_t)q->src, q->src, U, (const void *)(uintptr_t)q->dst, q->dst);
+        return 0;
+    }
     case S_GENERIC: {
         const struct p_generic *q = p;
         c->bytes = q->bytes;
@@ -280,6 +301,112 @@ static int read_call(uint8_t shape, uint8_t elem, const void *p, gc_call *c)
     }
 }
 
+/* ---- batches: many copies in one call ----
+ * Each copy is sized and classed from the caller's arrays (the driver accepted the call, so they are readable),
+ * and the copies of one class (direction, host memory kind, devices) go to the flusher as one call of `copies`
+ * copies: a batch of thousands of blocks takes a few queue cells, not thousands. */
+#define BATCH_MAX_COPIES (1u << 24)    /* more is not a batch the driver takes: said as lost, never read */
+#define BATCH_CLASSES 8
+
+struct batch {
+    gc_call c[BATCH_CLASSES];
+    int n;
+};
+
+static void batch_flush(struct batch *b)
+{
+    for (int i = 0; i < b->n; i++) push(&b->c[i]);
+    b->n = 0;
+}
+
+static void batch_add(struct batch *b, const gc_call *one)
+{
+    if (one->bytes == 0) return;   /* no work */
+    for (int i = 0; i < b->n; i++) {
+        gc_call *c = &b->c[i];
+        if (c->dir == one->dir && c->mem == one->mem && c->dev == one->dev && c->peer_dev == one->peer_dev &&
+            c->copies < UINT32_MAX) {
+            c->bytes += one->bytes;
+            c->copies++;
+            return;
+        }
+    }
+    if (b->n == BATCH_CLASSES) batch_flush(b);
+    b->c[b->n] = *one;
+    b->c[b->n].copies = 1;
+    b->n++;
+}
+
+/* An array operand's element size in bytes (0: unknown). */
+static uint64_t array_elem(CUarray a)
+{
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    if (!a || !g_array_desc || g_array_desc(&d, a) != CUDA_SUCCESS) return 0;
+    uint64_t size;
+    switch (d.Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: size = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: size = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: size = 4; break;
+    default: return 0;   /* block-compressed and packed formats: not sized */
+    }
+    return size * (d.NumChannels ? d.NumChannels : 1);
+}
+
+/* One op of a 3D batch: 0, or -1 when it cannot be sized (an array of a format we do not size). */
+static int read_op(const CUDA_MEMCPY3D_BATCH_OP *op, gc_call *c)
+{
+    const CUmemcpy3DOperand *s = &op->src, *d = &op->dst;
+    int sp = s->type == CU_MEMCPY_OPERAND_TYPE_POINTER, dp = d->type == CU_MEMCPY_OPERAND_TYPE_POINTER;
+    /* pointer to pointer: elements of one byte; otherwise the array's element size */
+    uint64_t elem = sp && dp ? 1 : array_elem(sp ? d->op.array.array : s->op.array.array);
+    if (!elem) return -1;
+    c->bytes = elem * op->extent.width * (op->extent.height ? op->extent.height : 1) *
+               (op->extent.depth ? op->extent.depth : 1);
+    CUdeviceptr sd = sp ? s->op.ptr.ptr : 0, dd = dp ? d->op.ptr.ptr : 0;
+    classify(c, sp ? CU_MEMORYTYPE_UNIFIED : CU_MEMORYTYPE_ARRAY, (const void *)(uintptr_t)sd, sd,
+             dp ? CU_MEMORYTYPE_UNIFIED : CU_MEMORYTYPE_ARRAY, (const void *)(uintptr_t)dd, dd);
+    return 0;
+}
+
+/* A batch call's copies into `b`; returns how many could not be sized. */
+static uint64_t read_batch(uint8_t shape, const void *p, const gc_call *proto, struct batch *b)
+{
+    const CUmemorytype U = CU_MEMORYTYPE_UNIFIED;
+    uint64_t unsized = 0;
+    if (shape == S_BATCH || shape == S_BATCH1) {
+        const CUdeviceptr *dsts, *srcs;
+        const size_t *sizes;
+        size_t n;
+        if (shape == S_BATCH) {
+            const struct p_batch *q = p;
+            dsts = q->dsts, srcs = q->srcs, sizes = q->sizes, n = q->count;
+        } else {
+            const struct p_batch1 *q = p;
+            dsts = q->dsts, srcs = q->srcs, sizes = q->sizes, n = q->count;
+        }
+        if (!dsts || !srcs || !sizes || n > BATCH_MAX_COPIES) return n ? n : 1;
+        for (size_t i = 0; i < n; i++) {
+            gc_call c = *proto;
+            c.bytes = sizes[i];
+            classify(&c, U, (const void *)(uintptr_t)srcs[i], srcs[i], U, (const void *)(uintptr_t)dsts[i], dsts[i]);
+            batch_add(b, &c);
+        }
+        return 0;
+    }
+    const CUDA_MEMCPY3D_BATCH_OP *ops;
+    size_t n;
+    if (shape == S_BATCH3D) ops = ((const struct p_batch3d *)p)->ops, n = ((const struct p_batch3d *)p)->n;
+    else if (shape == S_BATCH3D1) ops = ((const struct p_batch3d1 *)p)->ops, n = ((const struct p_batch3d1 *)p)->n;
+    else ops = ((const struct p_attr3d *)p)->op, n = 1;
+    if (!ops || n > BATCH_MAX_COPIES) return n ? n : 1;
+    for (size_t i = 0; i < n; i++) {
+        gc_call c = *proto;
+        if (read_op(&ops[i], &c) != 0) unsized++;
+        else batch_add(b, &c);
+    }
+    return unsized;
+}
+
 /* A call of g_table[e - 1] that succeeded, its parameters `p`, made on device `dev` (-1: unknown). */
 static void note(uint8_t e, int per_thread, const void *p, int dev, uint32_t corr)
 {
@@ -292,6 +419,18 @@ static void note(uint8_t e, int per_thread, const void *p, int dev, uint32_t cor
     gc_call c;
     memset(&c, 0, sizeof(c));
     c.dev = (uint8_t)dev;                     /* the calling context's; a peer copy names its sender */
+    if (dev >= 0 && (shape == S_BATCH || shape == S_BATCH1 || shape == S_BATCH3D || shape == S_BATCH3D1 ||
+                     shape == S_ATTR3D)) {
+        struct batch b;
+        b.n = 0;
+        c.what = GC_CALL_COPY;
+        c.corr = corr;
+        c.t_ns = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
+        uint64_t unsized = read_batch(shape, p, &c, &b);
+        batch_flush(&b);
+        if (unsized) atomic_fetch_add_explicit(&g_lost, unsized, memory_order_relaxed);
+        return;
+    }
     if (dev < 0 || read_call(shape, g_table[e - 1].elem, p, &c) != 0) {
         atomic_fetch_add_explicit(&g_lost, 1, memory_order_relaxed);
         return;

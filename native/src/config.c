@@ -171,9 +171,12 @@ int gc_config_disabled(void)
 
 void gc_config_load(struct gc_config *c)
 {
+    /* the first of each list is its default: counted at the calls with event-timed kernels (events) wherever the
+     * library is preloaded, whether `run` started the process or the environment alone did; CUPTI, where it is
+     * asked for, from cuInit on (nothing before its first count goes unseen) */
     static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"},
-                             *const start[] = {"on", "paused"}, *const attach[] = {"context", "cuinit"},
-                             *const activity[] = {"on", "off", "windows", "events"},
+                             *const start[] = {"on", "paused"}, *const attach[] = {"cuinit", "context"},
+                             *const activity[] = {"events", "on", "off", "windows"},
                              *const gate[] = {"on", "off"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
@@ -188,11 +191,11 @@ void gc_config_load(struct gc_config *c)
     const char *named = getenv("OTEL_GPU_CENSUS_CUPTI_API");
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
     c->start_paused = env_choice("OTEL_GPU_CENSUS_START", start, 2) == 1;
-    c->attach_cuinit = env_choice("OTEL_GPU_CENSUS_ATTACH", attach, 2) == 1;
+    c->attach_cuinit = env_choice("OTEL_GPU_CENSUS_ATTACH", attach, 2) == 0;
     int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 4);
-    c->activity_off = act != 0;
-    c->activity_windows = act == 2;
-    c->activity_events = act == 3;
+    c->activity_off = act != 1;
+    c->activity_windows = act == 3;
+    c->activity_events = act == 0;
     parse_event_every(c);
     c->events_gate = env_choice("OTEL_GPU_CENSUS_EVENT_GATE", gate, 2) == 0;
     parse_kernels(c);

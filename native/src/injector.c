@@ -154,6 +154,7 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
         seg->events_lead = st.lead;
         seg->events_lead_ns = st.lead_ns;
     }
+    if (g_preload) gc_interpose_unseen(seg);
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */

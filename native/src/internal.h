@@ -111,7 +111,8 @@ void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
 void gc_steps_note(uint32_t corr);  /* interpose.c: a call under correlation id `corr` belongs to the open step */
 
 /* interpose.c: the driver's calls seen through this library preloaded (no CUPTI). */
-int gc_interpose_ready(void);       /* driver functions were handed out as our wrappers */
+int gc_interpose_ready(void);       /* driver functions were handed out as our wrappers, or our exports called */
+void gc_interpose_unseen(gc_segment *seg);   /* work we could not size: unsized_calls, unwrapped (under the lock) */
 void gc_interpose_start(void);      /* the wrappers report from now on */
 void gc_interpose_stop(void);       /* ... no longer (a forked child) */
 int gc_interpose_on(void);

@@ -43,6 +43,8 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuMemcpyBatchAsync
+#undef cuMemcpy3DBatchAsync
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
@@ -134,7 +136,7 @@ static void called(int calls_index, int per_thread, const void *p)
  * Each entry: a driver function by its exported name, and its per-thread-stream twin (_ptsz or _ptds,
  * whichever libcuda exports); a wrapper for each. X(name, kind, arity, types...) lists them. */
 enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDATE, K_DESTROY, K_CHANGE, K_BEGIN,
-            K_END, K_GPA, K_CTX_GONE };
+            K_END, K_GPA, K_CTX_GONE, K_INIT };
 
 #define ENTRIES(X)                                                                                           \
     X(cuMemcpy, K_COPY, 3, CUdeviceptr, CUdeviceptr, size_t)                                                 \
@@ -173,6 +175,9 @@ enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDA
     X(cuMemsetD2D8Async, K_COPY, 6, CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream)            \
     X(cuMemsetD2D16Async, K_COPY, 6, CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream)          \
     X(cuMemsetD2D32Async, K_COPY, 6, CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream)            \
+    X(cuMemcpyBatchAsync, K_COPY, 9, CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *,   \
+      size_t *, size_t, size_t *, CUstream)                                                                  \
+    X(cuMemcpy3DBatchAsync, K_COPY, 5, size_t, CUDA_MEMCPY3D_BATCH_OP *, size_t *, unsigned long long, CUstream) \
     X(cuMemcpyBatchAsync_v2, K_COPY, 8, CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, \
       size_t *, size_t, CUstream)                                                                            \
     X(cuMemcpy3DBatchAsync_v2, K_COPY, 4, size_t, CUDA_MEMCPY3D_BATCH_OP *, unsigned long long, CUstream)    \
@@ -209,6 +214,7 @@ enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDA
     X(cuCtxDestroy_v2, K_CTX_GONE, 1, CUcontext)                                                             \
     X(cuDevicePrimaryCtxRelease_v2, K_CTX_GONE, 1, CUdevice)                                                 \
     X(cuDevicePrimaryCtxReset_v2, K_CTX_GONE, 1, CUdevice)                                                   \
+    X(cuInit, K_INIT, 1, unsigned int)                                                                       \
     X(cuGetProcAddress_v2, K_GPA, 5, const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) \
     X(cuGetProcAddress, K_GPA, 4, const char *, void **, int, cuuint64_t)
 
@@ -233,6 +239,7 @@ static struct entry {
 #define P6(T0, T1, T2, T3, T4, T5) P5(T0, T1, T2, T3, T4), T5 a5
 #define P7(T0, T1, T2, T3, T4, T5, T6) P6(T0, T1, T2, T3, T4, T5), T6 a6
 #define P8(T0, T1, T2, T3, T4, T5, T6, T7) P7(T0, T1, T2, T3, T4, T5, T6), T7 a7
+#define P9(T0, T1, T2, T3, T4, T5, T6, T7, T8) P8(T0, T1, T2, T3, T4, T5, T6, T7), T8 a8
 #define P10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9) P8(T0, T1, T2, T3, T4, T5, T6, T7), T8 a8, T9 a9
 #define P11(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9, T10) P10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9), T10 a10
 #define A1 a0
@@ -243,6 +250,7 @@ static struct entry {
 #define A6 A5, a5
 #define A7 A6, a6
 #define A8 A7, a7
+#define A9 A8, a8
 #define A10 A8, a8, a9
 #define A11 A10, a10
 #define PARAMS(n, ...) P##n(__VA_ARGS__)
@@ -256,11 +264,12 @@ static struct entry {
 #define M6(T0, T1, T2, T3, T4, T5) M5(T0, T1, T2, T3, T4) T5 a5;
 #define M7(T0, T1, T2, T3, T4, T5, T6) M6(T0, T1, T2, T3, T4, T5) T6 a6;
 #define M8(T0, T1, T2, T3, T4, T5, T6, T7) M7(T0, T1, T2, T3, T4, T5, T6) T7 a7;
+#define M9(T0, T1, T2, T3, T4, T5, T6, T7, T8) M8(T0, T1, T2, T3, T4, T5, T6, T7) T8 a8;
 #define M10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9) M8(T0, T1, T2, T3, T4, T5, T6, T7) T8 a8; T9 a9;
 #define M11(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9, T10) M10(T0, T1, T2, T3, T4, T5, T6, T7, T8, T9) T10 a10;
 #define MEMBERS(n, ...) M##n(__VA_ARGS__)
 
-static CUresult gpa_answer(CUresult r, void **pfn);
+static CUresult gpa_answer(CUresult r, const char *name, void **pfn);
 
 /* What a wrapper does before and after the driver's call; `pt`: the per-thread twin, a0..: the arguments.
  * Nothing until the injector counts through us (a census through CUPTI follows the same calls itself). */
@@ -286,6 +295,7 @@ static CUresult gpa_answer(CUresult r, void **pfn);
 #define BEFORE_K_END(name, pt)
 #define BEFORE_K_GPA(name, pt)
 #define BEFORE_K_CTX_GONE(name, pt) gc_events_context_going(ID(name) == ID(cuCtxDestroy_v2), (uintptr_t)a0);
+#define BEFORE_K_INIT(name, pt)
 
 #define AFTER_K_COPY(name, n, pt, ...)                                                                       \
     if (r == CUDA_SUCCESS && counting()) {                                                                   \
@@ -310,21 +320,50 @@ static CUresult gpa_answer(CUresult r, void **pfn);
 #define AFTER_K_CHANGE(name, n, pt, ...) if (r == CUDA_SUCCESS && gc_interpose_on()) gc_graphs_changed(a0);
 #define AFTER_K_BEGIN(name, n, pt, ...) if (gc_interpose_on()) gc_launches_capture(1, r == CUDA_SUCCESS);
 #define AFTER_K_END(name, n, pt, ...) if (gc_interpose_on()) gc_launches_capture(0, r == CUDA_SUCCESS);
-#define AFTER_K_GPA(name, n, pt, ...) r = gpa_answer(r, a1);
+#define AFTER_K_GPA(name, n, pt, ...) r = gpa_answer(r, a0, a1);
 #define AFTER_K_CTX_GONE(name, n, pt, ...) atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
+#define AFTER_K_INIT(name, n, pt, ...)
+
+/* A driver function that calls another through its exports (a library linked with -lcuda, or a driver whose own
+ * calls go through its PLT) would reach a second wrapper: only the outermost one counts. */
+static __thread int t_inside;
 
 #define WRAPPER(name, kind, n, pt, ...)                                                                      \
     static CUresult w_##name##_##pt(PARAMS(n, __VA_ARGS__))                                                  \
     {                                                                                                        \
         CUresult (*f)(__VA_ARGS__) =                                                                         \
             (CUresult (*)(__VA_ARGS__))atomic_load_explicit(&g_e[ID(name)].real[pt], memory_order_relaxed);  \
+        if (t_inside) return f(ARGS(n));                                                                     \
+        t_inside = 1;                                                                                        \
         BEFORE_##kind(name, pt)                                                                              \
         CUresult r = f(ARGS(n));                                                                             \
         AFTER_##kind(name, n, pt, __VA_ARGS__)                                                               \
+        t_inside = 0;                                                                                        \
         return r;                                                                                            \
     }
 #define WRAPPERS(name, kind, n, ...) WRAPPER(name, kind, n, 0, __VA_ARGS__) WRAPPER(name, kind, n, 1, __VA_ARGS__)
 ENTRIES(WRAPPERS)
+
+/* The same functions exported under the driver's own names (and its per-thread twins'), so that a library linked
+ * against libcuda, whose calls the dynamic linker binds to the first definition in the process, calls our
+ * wrappers: this library is preloaded, so it comes first. exports.map exports every cu* symbol. */
+static int linked(int i, int pt, const char *sym);
+#define EXPORT(name, pt, sym, n, ...)                                                                        \
+    __attribute__((visibility("default"))) CUresult sym(PARAMS(n, __VA_ARGS__))                              \
+    {                                                                                                        \
+        if (!linked(ID(name), pt, #sym)) return CUDA_ERROR_NOT_FOUND;                                        \
+        return w_##name##_##pt(ARGS(n));                                                                     \
+    }
+#define EXPORTS(name, kind, n, ...)                                                                          \
+    EXPORT(name, 0, name, n, __VA_ARGS__) EXPORT(name, 1, name##_ptsz, n, __VA_ARGS__)                       \
+    EXPORT(name, 1, name##_ptds, n, __VA_ARGS__)
+ENTRIES(EXPORTS)
+
+/* Our exports by address: a driver that takes its own functions' addresses through its GOT hands these out (the
+ * dynamic linker bound them to us), and they are wrappers already. */
+#define EXPORTED(name, kind, n, ...) (void *)name, (void *)name##_ptsz, (void *)name##_ptds,
+static void *const g_exported[] = {ENTRIES(EXPORTED)};
+#define NEXPORTED (sizeof(g_exported) / sizeof(g_exported[0]))
 
 #define INIT(name, kind, n, ...) [ID(name)] = {#name, kind, -1, {(void *)w_##name##_0, (void *)w_##name##_1}, {NULL, NULL}},
 static struct entry g_e[NENTRIES] = {ENTRIES(INIT)};
@@ -362,25 +401,118 @@ static int resolve(void)
     return 1;
 }
 
-/* Our wrapper for libcuda's function at `p`, or `p` itself. */
-static void *answer(void *p)
+static _Atomic int g_linked;   /* a call reached one of our exports: a library linked against libcuda calls us */
+
+/* The driver's function behind export `sym` (entry i, twin pt), for a caller that never asked dlsym. */
+static int linked(int i, int pt, const char *sym)
 {
-    if (!p || !atomic_load_explicit(&g_resolved, memory_order_acquire)) return p;
-    for (int i = 0; i < NENTRIES; i++) {
-        for (int t = 0; t < 2; t++) {
-            if (atomic_load_explicit(&g_e[i].real[t], memory_order_relaxed) != p) continue;
-            /* a copy calls.c does not know (never, by the table) stays unwrapped rather than miscounted */
-            if ((g_e[i].kind == K_COPY || g_e[i].kind == K_GRAPH_LAUNCH) && atomic_load(&g_e[i].calls) < 0) return p;
-            atomic_fetch_add_explicit(&g_handed, 1, memory_order_relaxed);
-            return g_e[i].wrap[t];
-        }
+    if (!atomic_load_explicit(&g_linked, memory_order_relaxed)) atomic_store(&g_linked, 1);
+    if (atomic_load_explicit(&g_e[i].real[pt], memory_order_acquire)) return 1;
+    (void)resolve();
+    if (atomic_load_explicit(&g_e[i].real[pt], memory_order_acquire)) return 1;
+    /* no libcuda we can follow: the next definition in the process, called as it is */
+    dlsym_fn sym_fn = real_dlsym();
+    void *f = sym_fn ? sym_fn(RTLD_NEXT, sym) : NULL;
+    if (f) atomic_store_explicit(&g_e[i].real[pt], f, memory_order_release);
+    return f != NULL;
+}
+
+/* ---- driver functions that put work on the GPU and that we have no wrapper for ----
+ * A newer driver's copy or launch function (or an old version of one, asked for by an old CUDA version) would move
+ * bytes or run kernels the census cannot size. Such a function is handed out as a trampoline that counts its calls
+ * and jumps to it, touching neither argument registers nor the stack, so any signature passes through unchanged:
+ * the census then says how many calls it could not size (never a silent gap). Fetched but never called costs
+ * nothing and says nothing. No trampolines on other CPUs, or once all are taken: the function is counted as
+ * unwrapped, and the census says its calls were not even counted. */
+#define TRAMPOLINES 64
+__attribute__((used)) static void *volatile g_tramp_real[TRAMPOLINES];
+__attribute__((used)) static uint64_t g_tramp_calls[TRAMPOLINES];
+static char g_tramp_name[TRAMPOLINES][48];
+static _Atomic int g_tramps;
+static uint8_t g_tramp_said[TRAMPOLINES];   /* the flusher's: its line was written */
+static _Atomic uint64_t g_unwrapped;
+static char g_unwrapped_name[48];
+static _Atomic int g_unwrapped_named;
+
+#if defined(__x86_64__)
+/* slot i at gc_tramp_base + 32 * i: endbr64 (indirect-branch tracking), one locked add, an indirect jump */
+__asm__(".pushsection .text\n"
+        ".p2align 5\n"
+        "gc_tramp_base:\n"
+        ".set gc_tramp_i, 0\n"
+        ".rept 64\n"
+        ".p2align 5\n"
+        "endbr64\n"
+        "lock addq $1, g_tramp_calls+8*gc_tramp_i(%rip)\n"
+        "jmp *g_tramp_real+8*gc_tramp_i(%rip)\n"
+        ".set gc_tramp_i, gc_tramp_i+1\n"
+        ".endr\n"
+        ".popsection\n");
+extern char gc_tramp_base[];
+_Static_assert(TRAMPOLINES == 64, "the .rept count above");
+#define HAVE_TRAMPOLINES 1
+#else
+#define HAVE_TRAMPOLINES 0
+#endif
+
+/* A name of a driver function that puts work on the GPU: copies, memsets, kernel and graph launches (not a host
+ * function queued on a stream). */
+static int work_name(const char *name)
+{
+    if (!name || name[0] != 'c' || name[1] != 'u') return 0;
+    if (strncmp(name, "cuLaunchHostFunc", 16) == 0) return 0;
+    return strncmp(name, "cuMemcpy", 8) == 0 || strncmp(name, "cuMemset", 8) == 0 || strncmp(name, "cuLaunch", 8) == 0 ||
+           strncmp(name, "cuGraphLaunch", 13) == 0;
+}
+
+static void *unknown_work(void *p, const char *name)
+{
+#if HAVE_TRAMPOLINES
+    int n = atomic_load(&g_tramps);
+    for (int i = 0; i < n && i < TRAMPOLINES; i++)
+        if (g_tramp_real[i] == p) return gc_tramp_base + 32 * i;
+    int i = atomic_fetch_add(&g_tramps, 1);
+    if (i < TRAMPOLINES) {
+        snprintf(g_tramp_name[i], sizeof(g_tramp_name[i]), "%s", name);
+        g_tramp_real[i] = p;
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        return gc_tramp_base + 32 * i;
+    }
+#endif
+    atomic_fetch_add(&g_unwrapped, 1);
+    int no = 0;
+    if (atomic_compare_exchange_strong(&g_unwrapped_named, &no, 1)) {
+        snprintf(g_unwrapped_name, sizeof(g_unwrapped_name), "%s", name);
+        gc_log("%s puts work on the GPU and the census has no wrapper for it: its calls are not counted", name);
     }
     return p;
 }
 
-static CUresult gpa_answer(CUresult r, void **pfn)
+/* Our wrapper for libcuda's function at `p` (asked for by `name`, NULL: not known), or `p` itself. */
+static void *answer(void *p, const char *name)
 {
-    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = answer(*pfn);
+    if (!p || !atomic_load_explicit(&g_resolved, memory_order_acquire)) return p;
+    for (size_t i = 0; i < NEXPORTED; i++) {
+        if (g_exported[i] != p) continue;
+        atomic_fetch_add_explicit(&g_handed, 1, memory_order_relaxed);
+        return p;
+    }
+    for (int i = 0; i < NENTRIES; i++) {
+        for (int t = 0; t < 2; t++) {
+            if (atomic_load_explicit(&g_e[i].real[t], memory_order_relaxed) != p) continue;
+            /* a copy calls.c does not know (never, by the table) is counted, not sized */
+            if ((g_e[i].kind == K_COPY || g_e[i].kind == K_GRAPH_LAUNCH) && atomic_load(&g_e[i].calls) < 0)
+                return unknown_work(p, g_e[i].name);
+            atomic_fetch_add_explicit(&g_handed, 1, memory_order_relaxed);
+            return g_e[i].wrap[t];
+        }
+    }
+    return work_name(name) ? unknown_work(p, name) : p;
+}
+
+static CUresult gpa_answer(CUresult r, const char *name, void **pfn)
+{
+    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = answer(*pfn, name);
     return r;
 }
 
@@ -410,9 +542,9 @@ void *dlsym(void *handle, const char *name)
 {
     dlsym_fn real = real_dlsym();
     if (!real) return NULL;
-    if (handle == RTLD_NEXT || !name || !named(name)) return real(handle, name);
+    if (handle == RTLD_NEXT || !name || !(named(name) || work_name(name))) return real(handle, name);
     (void)resolve();   /* first: the caller's lookup below is the last one, and dlerror() says how it went */
-    return answer(real(handle, name));
+    return answer(real(handle, name), name);
 }
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -422,7 +554,36 @@ void *dlsym(void *handle, const char *name)
 
 int gc_interpose_ready(void)
 {
-    return atomic_load(&g_resolved) && atomic_load(&g_handed) > 0 && g_get_current && g_get_device;
+    if (!atomic_load(&g_resolved) && atomic_load(&g_linked)) (void)resolve();   /* cuInit came through our export */
+    return atomic_load(&g_resolved) && (atomic_load(&g_handed) > 0 || atomic_load(&g_linked)) && g_get_current &&
+           g_get_device;
+}
+
+void gc_interpose_unseen(gc_segment *seg)
+{
+    uint64_t calls = 0;
+    const char *first = NULL;
+#if HAVE_TRAMPOLINES
+    int n = atomic_load(&g_tramps);
+    for (int i = 0; i < n && i < TRAMPOLINES; i++) {
+        uint64_t c = __atomic_load_n(&g_tramp_calls[i], __ATOMIC_RELAXED);
+        if (!c) continue;
+        calls += c;
+        if (!first) first = g_tramp_name[i];
+        if (!g_tramp_said[i]) {   /* one line a function, the first time it is seen called */
+            g_tramp_said[i] = 1;
+            gc_log("%s was called %llu times: it puts work on the GPU and the census has no wrapper for it (counted "
+                   "as unsized, in no total)", g_tramp_name[i], (unsigned long long)c);
+        }
+    }
+#endif
+    seg->unsized_calls = calls;
+    seg->unwrapped = atomic_load(&g_unwrapped);
+    if (!first && seg->unwrapped) first = g_unwrapped_name;
+    if (first) {   /* both names hold 48 bytes, NUL-terminated */
+        memcpy(seg->unsized_name, first, sizeof(seg->unsized_name));
+        seg->unsized_name[sizeof(seg->unsized_name) - 1] = 0;
+    }
 }
 
 void gc_interpose_start(void) { atomic_store(&g_on, 1); }

@@ -356,15 +356,22 @@ static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
     step_add(t, W_EAGER, 0, k->deviceId, k->correlationId, k->start, k->end, 1, 0);
 }
 
-static void tally_copy(gc_tally *t, uint32_t dev, int dir, int mem, uint32_t corr,
-                       uint64_t s, uint64_t e, uint64_t bytes)
+/* `n` copies of `bytes` together (a record is one; a batch call's copies of one class are several) */
+static void tally_copies(gc_tally *t, uint32_t dev, int dir, int mem, uint32_t corr,
+                         uint64_t s, uint64_t e, uint64_t n, uint64_t bytes)
 {
     gc_device *d = device(t, dev);
     if (!d) { t->seg->records_unknown++; return; }
-    stat_add(&d->copy[dir][mem], bytes, dur(s, e));
+    stat_add_n(&d->copy[dir][mem], n, bytes, dur(s, e));
     seen(t, d, s, e);
-    window_add(t, W_COPY, dir, dev, s, e, 1, bytes);
-    step_add(t, W_COPY, dir, dev, corr, s, e, 1, bytes);
+    window_add(t, W_COPY, dir, dev, s, e, n, bytes);
+    step_add(t, W_COPY, dir, dev, corr, s, e, n, bytes);
+}
+
+static void tally_copy(gc_tally *t, uint32_t dev, int dir, int mem, uint32_t corr,
+                       uint64_t s, uint64_t e, uint64_t bytes)
+{
+    tally_copies(t, dev, dir, mem, corr, s, e, 1, bytes);
 }
 
 static void tally_memcpy(gc_tally *t, const GC_MEMCPY_T *m)
@@ -375,17 +382,17 @@ static void tally_memcpy(gc_tally *t, const GC_MEMCPY_T *m)
 }
 
 /* Peer copies: counted as sent by the source device, and as received by the destination. */
-static void tally_peer_copy(gc_tally *t, uint32_t src, uint32_t dst, uint32_t corr, uint64_t s, uint64_t e,
-                            uint64_t bytes)
+static void tally_peer_copies(gc_tally *t, uint32_t src, uint32_t dst, uint32_t corr, uint64_t s, uint64_t e,
+                              uint64_t n, uint64_t bytes)
 {
-    tally_copy(t, src, GC_DIR_PTOP, GC_MEM_DEVICE, corr, s, e, bytes);
+    tally_copies(t, src, GC_DIR_PTOP, GC_MEM_DEVICE, corr, s, e, n, bytes);
     gc_device *d = device(t, dst);
-    if (d) stat_add(&d->peer_recv, bytes, dur(s, e));
+    if (d) stat_add_n(&d->peer_recv, n, bytes, dur(s, e));
 }
 
 static void tally_peer(gc_tally *t, const CUpti_ActivityMemcpyPtoP4 *p)
 {
-    tally_peer_copy(t, p->srcDeviceId, p->dstDeviceId, p->correlationId, p->start, p->end, p->bytes);
+    tally_peer_copies(t, p->srcDeviceId, p->dstDeviceId, p->correlationId, p->start, p->end, 1, p->bytes);
 }
 
 static void tally_set(gc_tally *t, uint32_t dev, uint32_t corr, uint64_t s, uint64_t e, uint64_t bytes)
@@ -455,6 +462,7 @@ static void graph_launch(gc_tally *t, const CUpti_ActivityGraphTrace2 *g, const 
 
 void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *contents)
 {
+    uint64_t copies = c->copies ? c->copies : 1;
     if (c->what == GC_CALL_GRAPH) {
         CUpti_ActivityGraphTrace2 g;
         memset(&g, 0, sizeof(g));
@@ -470,8 +478,8 @@ void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *conte
     }
     if (c->what == GC_CALL_MEMSET) tally_set(t, c->dev, c->corr, c->t_ns, c->t_ns, c->bytes);
     else if (c->what != GC_CALL_COPY || c->dir >= GC_NDIR || c->mem >= GC_NMEM) t->seg->records_unknown++;
-    else if (c->dir == GC_DIR_PTOP) tally_peer_copy(t, c->dev, c->peer_dev, c->corr, c->t_ns, c->t_ns, c->bytes);
-    else tally_copy(t, c->dev, c->dir, c->mem, c->corr, c->t_ns, c->t_ns, c->bytes);
+    else if (c->dir == GC_DIR_PTOP) tally_peer_copies(t, c->dev, c->peer_dev, c->corr, c->t_ns, c->t_ns, copies, c->bytes);
+    else tally_copies(t, c->dev, c->dir, c->mem, c->corr, c->t_ns, c->t_ns, copies, c->bytes);
 }
 
 void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *c)

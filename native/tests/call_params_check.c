@@ -44,5 +44,16 @@ AT(p_set2d, cuMemsetD2D8_v2_params, width, Width); AT(p_set2d, cuMemsetD2D8_v2_p
 AT(p_set2d, cuMemsetD2D16_v2_params, width, Width); AT(p_set2d, cuMemsetD2D32_v2_params, height, Height);
 AT(p_set2d, cuMemsetD2D8Async_params, height, Height); STREAM(p_set2d, cuMemsetD2D8Async_params);
 STREAM(p_set2d, cuMemsetD2D16Async_params); STREAM(p_set2d, cuMemsetD2D32Async_params);
+#define BATCH(M, T) AT(M, T, dsts, dsts); AT(M, T, srcs, srcs); AT(M, T, sizes, sizes); AT(M, T, count, count); \
+    STREAM(M, T)
+BATCH(p_batch, cuMemcpyBatchAsync_v2_params); BATCH(p_batch, cuMemcpyBatchAsync_v2_ptsz_params);
+BATCH(p_batch1, cuMemcpyBatchAsync_params); BATCH(p_batch1, cuMemcpyBatchAsync_ptsz_params);
+AT(p_batch3d, cuMemcpy3DBatchAsync_v2_params, n, numOps); AT(p_batch3d, cuMemcpy3DBatchAsync_v2_params, ops, opList);
+STREAM(p_batch3d, cuMemcpy3DBatchAsync_v2_params);
+AT(p_batch3d1, cuMemcpy3DBatchAsync_params, n, numOps); AT(p_batch3d1, cuMemcpy3DBatchAsync_params, ops, opList);
+STREAM(p_batch3d1, cuMemcpy3DBatchAsync_params); STREAM(p_batch3d1, cuMemcpy3DBatchAsync_ptsz_params);
+AT(p_attr, cuMemcpyWithAttributesAsync_params, dst, dst); AT(p_attr, cuMemcpyWithAttributesAsync_params, src, src);
+AT(p_attr, cuMemcpyWithAttributesAsync_params, bytes, size); STREAM(p_attr, cuMemcpyWithAttributesAsync_params);
+AT(p_attr3d, cuMemcpy3DWithAttributesAsync_params, op, op); STREAM(p_attr3d, cuMemcpy3DWithAttributesAsync_params);
 
 int main(void) { return 0; }

@@ -349,8 +349,59 @@ CUresult cuStreamEndCapture(unsigned long stream, void **graph)
     return 0;
 }
 
+/* Batches and copies with attributes (their arguments are read by the census, not here); an array's descriptor:
+ * the test arrays 0xa000 + K have K channels of float (4 bytes); cuMemcpyFutureAsync stands for a copy function of a
+ * driver newer than the census. */
+CUresult cuMemcpyBatchAsync_v2(void *dsts, void *srcs, void *sizes, size_t n, void *attrs, void *idx, size_t na,
+                               void *stream)
+{
+    (void)dsts, (void)srcs, (void)sizes, (void)n, (void)attrs, (void)idx, (void)na, (void)stream;
+    return done();
+}
+CUresult cuMemcpyBatchAsync(void *dsts, void *srcs, void *sizes, size_t n, void *attrs, void *idx, size_t na,
+                            size_t *fail, void *stream)
+{
+    (void)fail;
+    return cuMemcpyBatchAsync_v2(dsts, srcs, sizes, n, attrs, idx, na, stream);
+}
+CUresult cuMemcpy3DBatchAsync_v2(size_t n, void *ops, unsigned long long flags, void *stream)
+{
+    (void)n, (void)ops, (void)flags, (void)stream;
+    return done();
+}
+CUresult cuMemcpy3DWithAttributesAsync(void *op, unsigned long long flags, void *stream)
+{
+    (void)op, (void)flags, (void)stream;
+    return done();
+}
+CUresult cuMemcpyWithAttributesAsync(unsigned long long dst, unsigned long long src, size_t n, void *attr, void *stream)
+{
+    (void)dst, (void)src, (void)n, (void)attr, (void)stream;
+    return done();
+}
+CUresult cuMemcpyFutureAsync(unsigned long long dst, unsigned long long src, size_t n, void *stream)
+{
+    (void)dst, (void)src, (void)n, (void)stream;
+    return done();
+}
+struct mock_array_desc { size_t w, h, d; int format; unsigned channels, flags; };
+CUresult cuArray3DGetDescriptor_v2(struct mock_array_desc *desc, unsigned long a)
+{
+    if (a < 0xa000 || a >= 0xa010) return 1;
+    desc->w = desc->h = desc->d = 0;
+    desc->format = 0x20;    /* CU_AD_FORMAT_FLOAT */
+    desc->channels = (unsigned)(a - 0xa000);
+    desc->flags = 0;
+    return 0;
+}
+
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 static const struct { const char *name; void *fn; } g_procs[] = {
+    {"cuMemcpyBatchAsync", (void *)cuMemcpyBatchAsync_v2}, {"cuMemcpyBatchAsync@12080", (void *)cuMemcpyBatchAsync},
+    {"cuMemcpy3DBatchAsync", (void *)cuMemcpy3DBatchAsync_v2},
+    {"cuMemcpyWithAttributesAsync", (void *)cuMemcpyWithAttributesAsync},
+    {"cuMemcpy3DWithAttributesAsync", (void *)cuMemcpy3DWithAttributesAsync},
+    {"cuMemcpyFutureAsync", (void *)cuMemcpyFutureAsync},
     {"cuInit", (void *)cuInit}, {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
     {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
@@ -364,12 +415,15 @@ static const struct { const char *name; void *fn; } g_procs[] = {
 };
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status)
 {
-    (void)version;
     char want[128];
-    for (int pass = (flags & 2) ? 0 : 1; pass < 2; pass++) {   /* 2: CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
-        strncpy(want, symbol, sizeof(want) - 8);
-        want[sizeof(want) - 8] = 0;
+    for (int pass = (flags & 2) ? 0 : 1; pass < 3; pass++) {   /* 2: CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
+        strncpy(want, symbol, sizeof(want) - 16);
+        want[sizeof(want) - 16] = 0;
         if (pass == 0) strcat(want, "_ptsz");
+        if (pass == 1) {   /* as libcuda does: a CUDA version before 13.0 gets 12.8's batch functions */
+            if (version >= 13000) continue;
+            strcat(want, "@12080");
+        }
         for (size_t i = 0; i < sizeof(g_procs) / sizeof(g_procs[0]); i++) {
             if (strcmp(want, g_procs[i].name) == 0) {
                 *pfn = g_procs[i].fn;

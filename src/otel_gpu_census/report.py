@@ -227,6 +227,16 @@ def process_warnings(c: ProcessCensus) -> List[str]:
     return out
 
 
+def exactness(censuses: Sequence[ProcessCensus]) -> Optional[str]:
+    """None when every process's census counted all it saw; else the one line that says the totals are not exact
+    and what they miss (never a silent gap)."""
+    parts = [f"pid {c.pid}: " + "; ".join(c.gaps) for c in censuses if c.gaps]
+    if not parts:
+        return None
+    return ("NOT EXACT: the census knows it missed GPU work, so the totals below are exact only for what it saw ("
+            + "; ".join(parts) + ")")
+
+
 def no_activity_reason(censuses: Sequence[ProcessCensus], hint: Optional[str] = None) -> Optional[str]:
     """None when some GPU activity was recorded; else the sentence that says so and why."""
     if any(has_activity(d) for c in censuses for d in c.devices.values()):
@@ -384,7 +394,9 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "records": c.records, "records_unknown": c.records_unknown, "dropped": c.dropped,
             "buffers": c.buffers, "buffers_refused": c.buffers_refused,
             "step_unmatched": c.step_unmatched, "window_late": c.window_late,
-            "flags": c.flags, "warnings": process_warnings(c),
+            "flags": c.flags, "warnings": process_warnings(c), "gaps": c.gaps,
+            "unsized_calls": c.unsized_calls, "unwrapped": c.unwrapped, "unsized_name": c.unsized_name,
+            "calls_lost": c.calls_lost,
             "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d))
                         for _, d in sorted(c.devices.items())],
             "census_cost_estimate": _cost_dict(c, census_ns),
@@ -393,6 +405,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
     gpu_kernel_times = kernel_times(censuses)
     out = {
         "census_dir": census_dir,
+        "exact": exactness(censuses) is None,
+        "not_exact": exactness(censuses),
         "units": {"bytes": "exact", "time": "ns",
                   "census_time_ns": "wall_update_ns - wall_start_ns: from CUDA initialising the census to its "
                                     "last update (not the process lifetime)",
@@ -599,6 +613,9 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
     lines = [f"otel-gpu-census report: {n} process{'es' if n != 1 else ''}"
              + (f", census folder {census_dir}" if census_dir else ""),
              f"({UNITS_NOTE})", ""]
+    gap = exactness(censuses)
+    if gap:
+        lines.extend([gap, ""])
     for c in censuses:
         lines.extend(_process_lines(c))
         lines.append("")

@@ -53,7 +53,10 @@ def run_case(native, mock_lib, tmp_path, body: str, env=None, expect_rc=0):
     e = dict(os.environ)
     e.update(OTEL_GPU_CENSUS_CUPTI=mock_lib, OTEL_GPU_CENSUS_DIR=str(census_dir),
              OTEL_GPU_CENSUS_FLUSH_MS="60000",  # the flusher sleeps: the test decides when to flush
-             OTEL_GPU_CENSUS_KERNELS="all")      # counts from records; counted launches have tests of their own
+             OTEL_GPU_CENSUS_KERNELS="all",      # counts from records; counted launches have tests of their own
+             # the CUPTI path, set up once the first context is active, as these cases were written for; the defaults
+             # (events where the library is preloaded, CUPTI from cuInit) have tests of their own
+             OTEL_GPU_CENSUS_ACTIVITY="on", OTEL_GPU_CENSUS_ATTACH="context")
     e.pop("OTEL_GPU_CENSUS_DISABLED", None)
     e.update(env or {})
     script = PRELUDE.format(tests=str(ROOT / "tests" / "support"), mock=mock_lib, lib=native[2]) + textwrap.dedent(body) + \
@@ -725,8 +728,33 @@ def test_a_bad_attach_setting_gets_a_line_and_the_default(native, mock_lib, mock
         cuda.mock_cuda_set_active(1)
         out['active'] = wait_active()
     """, env={"OTEL_GPU_CENSUS_ATTACH": "later", "OTEL_GPU_CENSUS_GRAPHS": "node"})
-    assert res == {"init": 1, "now": 0, "active": 1}
-    assert "ignoring OTEL_GPU_CENSUS_ATTACH=later (expected context or cuinit); using context" in err
+    assert res == {"init": 1, "now": 1, "active": 1}        # the default: CUPTI set up in cuInit
+    assert "ignoring OTEL_GPU_CENSUS_ATTACH=later (expected cuinit or context); using cuinit" in err
+
+
+def test_the_precise_census_counts_from_cuinit_by_default(native, mock_lib, mock_cuda, tmp_path):
+    """CUPTI asked for without an attach setting is set up inside cuInit: work before the first context's
+    activation is counted (nothing between the first CUDA call and the census goes unseen)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['now'] = [g.gc_active(), mock.mock_registered()]
+        queue(cr.memcpy('htod', 12_000_000, T, T + 10, src='pageable'), cr.MEMCPY_T)
+        out['flush'] = g.gc_flush()
+    """, env={"OTEL_GPU_CENSUS_ATTACH": "", "OTEL_GPU_CENSUS_GRAPHS": "node"})
+    assert res == {"init": 1, "now": [1, 1], "flush": 0}, err
+    p = read(native, next(d.glob("*.seg")))
+    assert p.attach.name == "cuinit" and p.devices[0].copies.get("htod", "pageable").bytes == 12_000_000
+
+
+def test_the_default_census_without_the_library_preloaded_says_it_takes_cupti(native, mock_lib, tmp_path):
+    """The default (events) needs the library preloaded; started by CUDA_INJECTION64_PATH alone the injector says
+    so in one line and counts through CUPTI, exact, rather than silently not at all."""
+    res, err, d = run_case(native, mock_lib, tmp_path, """
+        out['init'] = g.InitializeInjection()
+        out['active'] = g.gc_active()
+    """, env={"OTEL_GPU_CENSUS_ACTIVITY": "", "OTEL_GPU_CENSUS_ATTACH": ""})
+    assert res == {"init": 1, "active": 1}
+    assert err.count("needs the census library preloaded") == 1, err
 
 
 # ---- counted kernels (OTEL_GPU_CENSUS_KERNELS=counted, the default) ----

@@ -135,7 +135,7 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
 
 
 def test_preloaded_without_activity_off_only_passes_calls_through(native, mock_lib, mock_cuda, tmp_path):
-    """Preloaded under the default census (CUPTI's records): the wrappers count nothing themselves, so nothing
+    """Preloaded under the precise census (CUPTI's records): the wrappers count nothing themselves, so nothing
     is counted twice; the driver still gets every call."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
         out['init'] = g.InitializeInjection()
@@ -148,7 +148,7 @@ def test_preloaded_without_activity_off_only_passes_calls_through(native, mock_l
         out['flush'] = g.gc_flush()
         out['path'] = path()
         out['registered'] = mock.mock_registered()
-    """, env={**preloaded(native), "OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_KERNELS": "all"})
+    """, env={**preloaded(native), "OTEL_GPU_CENSUS_ACTIVITY": "on", "OTEL_GPU_CENSUS_KERNELS": "all"})
     assert res["init"] == 1 and res["calls"] == 7 and res["registered"] == 1
     p = read(native, res["path"])
     assert not p.flags & 0x40 and not p.kernels.untimed

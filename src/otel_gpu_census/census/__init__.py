@@ -448,11 +448,32 @@ class ProcessCensus:
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
     launches_lost: int = 0        # COUNTED: eager launches counted but placed nowhere (in no total)
     calls_lost: int = 0           # ACTIVITY=off: copies, memsets, graph launches seen and in no total
+    unsized_calls: int = 0        # calls of driver work functions the census has no wrapper for (not sized)
+    unwrapped: int = 0            # such functions handed out with no way to count their calls
+    unsized_name: str = ""        # the first such function
     kernels: KernelTracing = KernelTracing()
     graphs: GraphTracing = GraphTracing()
     attach: Attach = Attach()
 
     # -- derived ---------------------------------------------------------------------
+    @property
+    def gaps(self) -> List[str]:
+        """What this process's census knows it did not count, one phrase each (none: exact for what ran)."""
+        out = []
+        if self.unsized_calls:
+            out.append(f"{self.unsized_calls:,} calls of {self.unsized_name or 'driver functions'} the census "
+                       "could not size (a driver function it has no wrapper for)")
+        if self.unwrapped:
+            out.append(f"{self.unwrapped:,} driver work functions handed out uncounted"
+                       + (f" ({self.unsized_name})" if self.unsized_name and not self.unsized_calls else ""))
+        if self.calls_lost:
+            out.append(f"{self.calls_lost:,} copies, memsets or graph launches seen but not counted")
+        if self.launches_lost:
+            out.append(f"{self.launches_lost:,} kernel launches counted but placed nowhere")
+        if self.dropped:
+            out.append(f"{self.dropped:,} activity records dropped")
+        return out
+
     @property
     def state_name(self) -> str:
         return STATE_NAMES.get(self.state, f"unknown({self.state})")

@@ -338,6 +338,7 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         buffers=seg.buffers, buffers_refused=seg.buffers_refused, step_unmatched=seg.step_unmatched,
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
         complete_wall_ns=seg.complete_wall_ns, launches_lost=seg.launches_lost, calls_lost=seg.calls_lost,
+        unsized_calls=seg.unsized_calls, unwrapped=seg.unwrapped, unsized_name=_cstr(seg.unsized_name),
         kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
                               origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
                               tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside,
