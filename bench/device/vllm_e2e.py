@@ -788,6 +788,24 @@ def kv_check(name, census_dir, res):
               f"{name}: the requests' transfer bytes {got:,} of the sub-steps' {total:,}")
 
 
+def kv_compare(default_dir, precise_dir, res):
+    """The same KV-offloading load under the default census (counted at the calls) and the precise one (CUPTI's
+    records): the engine's device->host bytes agree within 0.1 % (the loads' own steps differ a little), and
+    neither census knows of work it missed."""
+    out = {}
+    for name, d in (("default", default_dir), ("precise", precise_dir)):
+        segs, _ = read_census(d)
+        out[name] = {"dtoh_bytes": sum(s.totals().copies.get("dtoh").bytes for s in segs),
+                     "dtoh_copies": sum(s.totals().copies.get("dtoh").count for s in segs),
+                     "htod_bytes": sum(s.totals().copies.get("htod").bytes for s in segs),
+                     "gaps": [g for s in segs for g in s.gaps], "processes": len(segs)}
+    res["kv_compare"] = out
+    a, b = out["default"]["dtoh_bytes"], out["precise"]["dtoh_bytes"]
+    check(b > 0 and abs(a - b) <= 0.001 * b, f"K/KX: device->host {a:,} B under the default census, {b:,} B under CUPTI")
+    check(not out["default"]["gaps"] and not out["precise"]["gaps"],
+          f"K/KX: no census knows of work it missed ({out['default']['gaps'][:2]}, {out['precise']['gaps'][:2]})")
+
+
 def ranks_check(name, census_dir, res, tp):
     """TP > 1: EngineCore settled its requests from every worker's segment: one ledger entry per rank,
     each rank's steps split whole (requests + unattributed == its steps, in the summary's totals)."""
@@ -952,6 +970,11 @@ def main():
             if only & {"spans", "throughput", "kv"}:
                 servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                       extra=["--kv-offloading-size", "2"])
+            if "kv-precise" in only:   # the same engine under the precise census (CUPTI): what K must equal
+                time.sleep(3)
+                servers["KX"] = Server("KX", 8107, model, out, census_dir=base / "KX",
+                                       env={**env, "OTEL_GPU_CENSUS_COLLECTOR": "precise"},
+                                       extra=["--kv-offloading-size", "2"])
             if "kv-plain" in only:     # plain vLLM with KV offloading: does it stop in time without us?
                 time.sleep(3)
                 servers["KP"] = Server("KP", 8106, model, out, extra=["--kv-offloading-size", "2"])
@@ -971,9 +994,10 @@ def main():
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
             for srv in servers.values():                 # warm each server once
                 asyncio.run(load(srv.port, 4, 2, 16))
-        span_servers = [n for n in ("C", "K") if "spans" in only or (n == "K" and "kv" in only)]
+        span_servers = [n for n in ("C", "K", "KX") if "spans" in only or (n == "K" and "kv" in only)
+                        or (n == "KX" and "kv-precise" in only)]
         if span_servers:
-            for n, port in (("C", 8102), ("K", 8103)):
+            for n, port in (("C", 8102), ("K", 8103), ("KX", 8107)):
                 if n not in span_servers:
                     continue
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))
@@ -1015,8 +1039,11 @@ def main():
             for n in span_servers:
                 all_spans = [s for s in rx.span_snapshot() if s.resource.get("service.name") == f"vllm-{n}"]
                 conservation_check(n, base / n, all_spans, res[f"spans_{n}"])
-            if "K" in span_servers:
-                kv_check("K", base / "K", res["spans_K"])
+            for n in ("K", "KX"):
+                if n in span_servers:
+                    kv_check(n, base / n, res[f"spans_{n}"])
+            if "K" in span_servers and "KX" in span_servers:
+                kv_compare(base / "K", base / "KX", res)
         if "spans" in only:
             names = sorted({p.name for p in rx.snapshot() if p.resource.get("service.name") == "vllm-C"})
             res["engine_metric_names"] = names

@@ -19,6 +19,7 @@ static const char *const KNOWN[] = {
     "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
     "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE", "EVENT_EVERY", "EVENT_GATE",
     "SETTLE",                   /* the Python engine integrations' (integrations/settle_process.py) */
+    "COLLECTOR",
 };
 #define PREFIX "OTEL_GPU_CENSUS_"
 
@@ -199,6 +200,20 @@ void gc_config_load(struct gc_config *c)
     parse_event_every(c);
     c->events_gate = env_choice("OTEL_GPU_CENSUS_EVENT_GATE", gate, 2) == 0;
     parse_kernels(c);
+    /* The collector a user names: default (counted at the calls, event-timed kernels) or precise (CUPTI's records of
+     * every kernel and copy, measured; busy). It decides over the finer settings above. */
+    static const char *const collector[] = {"default", "precise"};
+    const char *cv = getenv("OTEL_GPU_CENSUS_COLLECTOR");
+    if (cv && *cv) {
+        int precise = env_choice("OTEL_GPU_CENSUS_COLLECTOR", collector, 2) == 1;
+        c->activity_events = !precise;
+        c->activity_off = !precise;
+        c->activity_windows = 0;
+        if (precise) {
+            c->kernel_mode = GC_KERNELS_ALL;
+            c->kernels_named = 1;
+        }
+    }
     /* Windows of CUPTI: longer and rarer than the activity census's duty cycle (designed to pay a set-up and a
      * detach each) unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */
     if (c->activity_windows && !c->kernels_named) {

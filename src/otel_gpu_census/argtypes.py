@@ -49,21 +49,6 @@ def nonneg_float(text: str) -> float:
 WINDOW_MS = 20   # GC_WINDOW_NS: the sampling schedule is in whole windows
 
 
-def kernel_tracing(text: str) -> str:
-    """OTEL_GPU_CENSUS_KERNELS, checked as the injector checks it: counted, all, off, ON_MS/PERIOD_MS or
-    counted:ON_MS/PERIOD_MS, with both multiples of 20 and 0 < ON_MS < PERIOD_MS <= 3,600,000."""
-    if text in ("counted", "all", "off"):
-        return text
-    prefix = "counted:" if text.startswith("counted:") else ""
-    on, sep, period = text[len(prefix):].partition("/")
-    if sep and on.isdigit() and period.isdigit():
-        a, b = int(on), int(period)
-        if 0 < a < b <= 3_600_000 and a % WINDOW_MS == 0 and b % WINDOW_MS == 0:
-            return f"{prefix}{a}/{b}"
-    raise argparse.ArgumentTypeError(f"expected counted, all, off, ON_MS/PERIOD_MS or counted:ON_MS/PERIOD_MS "
-                                     f"(multiples of {WINDOW_MS}, ON_MS < PERIOD_MS, e.g. 100/1000): {text!r}")
-
-
 def request_counts(text: str):
     """N, or NA,NB (one count for each side of report --diff)."""
     parts = text.split(",")

@@ -21,7 +21,7 @@ import stat
 import sys
 import threading
 from typing import Dict, List, Optional
-from .argtypes import kernel_tracing, positive_float, positive_int, ratio, request_counts
+from .argtypes import positive_float, positive_int, ratio, request_counts
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -215,7 +215,7 @@ def _cmd_run(args) -> int:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
     from . import report
     from .census import folder, proctree, reader
-    from .launcher import build_env, choose_activity, preload_for_calls
+    from .launcher import census_env
     try:
         census_dir = folder.census_dir(args.dir)
     except folder.CensusDirError as e:
@@ -232,11 +232,7 @@ def _cmd_run(args) -> int:
         except OSError as e:
             _say(f"cannot write {args.json}: {e.strerror}")
             return 1
-    plan = build_env(census_dir)
-    if args.kernels:
-        plan.env["OTEL_GPU_CENSUS_KERNELS"] = args.kernels
-    choose_activity(plan, args.activity, kernels_asked=bool(args.kernels))
-    preload_for_calls(plan)
+    plan = census_env(census_dir, precise=args.precise)
     proxy_plan = None
     if args.proxy is not None:
         proxy_plan = _proxy_plan(args, argv, plan.env)     # checked before anything starts
@@ -468,6 +464,30 @@ def _cmd_proxy(args) -> int:
 
 # ---------------------------------------------------------------------------------------------
 
+def _cmd_env(args) -> int:
+    import shlex
+    from .census import folder
+    from .launcher import census_env, census_variables
+    try:
+        census_dir = folder.census_dir(args.dir)
+    except folder.CensusDirError as e:
+        _say(str(e))
+        return 1
+    plan = census_env(census_dir, precise=args.precise)
+    for w in plan.warnings:
+        _say(w)
+    if not plan.census_on:
+        return 1
+    for name, value in census_variables(plan).items():
+        if args.format == "sh":
+            print(f"export {name}={shlex.quote(value)}")
+        elif args.format == "docker":
+            print(f"{name}={value}")
+        else:
+            print(f'Environment="{name}={value}"')
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Count what CUDA processes ask of their GPUs: every "
                                 "kernel and memory copy, exact, per process and device.")
@@ -488,22 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
     run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
                      help="seconds between metric exports")
-    run.add_argument("--kernels", type=kernel_tracing, metavar="counted|all|off|ON_MS/PERIOD_MS",
-                     help="which kernels CUPTI traces (sets OTEL_GPU_CENSUS_KERNELS; given without --activity, it "
-                          "selects --activity on): counted (every kernel counted, kernel records 100 ms of every "
-                          "1000 ms, or counted:ON_MS/PERIOD_MS), all, off, or a duty cycle, e.g. 100/1000; copies are "
-                          "always exact")
-    run.add_argument("--activity", choices=("on", "off", "windows", "events"),
-                     help="how the census sees the GPU (sets OTEL_GPU_CENSUS_ACTIVITY; default: its value, else events, "
-                          "else on where --kernels is given): events (the default): every kernel, copy and memset "
-                          "counted at its CUDA call by the census library preloaded (LD_PRELOAD), CUPTI never loaded, "
-                          "kernel durations from CUDA event pairs around every graph launch and about 1 in 128 eager "
-                          "launches (OTEL_GPU_CENSUS_EVENT_EVERY=EAGER/GRAPH): kernel time estimated, copy time and busy "
-                          "not measured; on: CUPTI's activity API (kernel and copy durations measured, --kernels all "
-                          "for every kernel; CUPTI taxes every CUDA call); off: counted as events, no duration; windows: "
-                          "counted as events, kernel durations sampled in CUPTI's records 200 ms of every 5 s "
-                          "(--kernels counted:ON_MS/PERIOD_MS; CUPTI stays set up after the first window). "
-                          "OTEL_GPU_CENSUS_PRELOAD=off: CUPTI's callbacks count instead of the preloaded library")
+    run.add_argument("--precise", action="store_true",
+                     help="CUPTI's measured records of every kernel and copy (kernel and copy time, busy), at CUPTI's "
+                          "price on every CUDA call (sets OTEL_GPU_CENSUS_COLLECTOR=precise). Default: every launch, "
+                          "copy and memset counted at its CUDA call by the census library preloaded, kernel time from "
+                          "CUDA event pairs, CUPTI never loaded")
     run.add_argument("--proxy", metavar="HOST:PORT",
                      help="also run the tracing proxy for llama-server / Ollama, listening on HOST:PORT: one "
                      "span per request, with the GPU work of the command attributed to it (see `proxy --help`; "
@@ -532,6 +541,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
     rep.add_argument("--pid", type=positive_int, help="only this process and its descendants")
     rep.set_defaults(func=_cmd_report, parser=rep)
+
+    env = sub.add_parser("env", help="print the environment that puts a process under the census, for a "
+                         "container or unit that cannot use `run`",
+                         description="Print, as shell assignments, the variables `run` gives its command: set them in "
+                         "a container or service unit and every CUDA process started there is censused exactly as "
+                         "under `run`. Example: eval \"$(otel-gpu-census env --dir /var/run/census)\".")
+    env.add_argument("--dir", help="census folder (default: as for run)")
+    env.add_argument("--precise", action="store_true", help="the precise collector (CUPTI), as `run --precise`")
+    env.add_argument("--format", choices=("sh", "docker", "systemd"), default="sh",
+                     help="sh: export NAME=VALUE lines (default); docker: --env-file lines; systemd: Environment= lines")
+    env.set_defaults(func=_cmd_env)
 
     doc = sub.add_parser("doctor", help="check driver, CUPTI, NVML and the injector, in plain words")
     doc.set_defaults(func=_cmd_doctor)

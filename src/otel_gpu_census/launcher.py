@@ -118,42 +118,35 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
     return plan
 
 
-# `run`'s census when neither --activity nor OTEL_GPU_CENSUS_ACTIVITY names one: counted at the calls by the library
-# preloaded, kernel durations from gated CUDA event pairs, CUPTI never loaded. CUPTI set up at all, even paused, slowed
-# vLLM to 0.84-0.89 of a plain one (measurements §20, §25); counting at the calls cost it nothing measurable (§22), and
-# the pairs' kernel time a token was 1.06 (llama-server) and 1.09 (vLLM) of every kernel traced (§26). The injector's
-# own default, for a process CUDA loads it into without `run` (no preload), stays the activity census.
-RUN_DEFAULT_ACTIVITY = "events"
+COLLECTORS = ("default", "precise")
 
 
-def choose_activity(plan: LaunchPlan, asked: Optional[str], kernels_asked: bool = False) -> str:
-    """The census `run` gives its command: --activity, else OTEL_GPU_CENSUS_ACTIVITY as set, else the activity census
-    when --kernels asked for CUPTI's kernel records, else RUN_DEFAULT_ACTIVITY. Written into the child's environment."""
-    have = plan.env.get("OTEL_GPU_CENSUS_ACTIVITY", "").strip()
-    chosen = asked or have or ("on" if kernels_asked else RUN_DEFAULT_ACTIVITY)
-    if chosen != have:
-        plan.env["OTEL_GPU_CENSUS_ACTIVITY"] = chosen
-    return chosen
+def census_env(census_dir: Path, precise: bool = False, base: Optional[Mapping[str, str]] = None,
+               library: Optional[Path] = None) -> LaunchPlan:
+    """The environment of a command under the census, as `run` gives it and `env` prints it: the injector, the census
+    folder and the collector. The default collector counts every launch, copy and memset at its CUDA call through the
+    library preloaded (LD_PRELOAD, the same file as CUDA_INJECTION64_PATH: one copy in the process) and times kernels
+    with CUDA event pairs, CUPTI never loaded; `precise` (or OTEL_GPU_CENSUS_COLLECTOR=precise) takes CUPTI's
+    measured records of every kernel and copy instead, at CUPTI's price on every CUDA call."""
+    plan = build_env(census_dir, base, library)
+    have = plan.env.get("OTEL_GPU_CENSUS_COLLECTOR", "").strip().lower()
+    if have and have not in COLLECTORS:
+        plan.warnings.append(f"OTEL_GPU_CENSUS_COLLECTOR={have!r} is neither default nor precise: using default")
+        have = ""
+    collector = "precise" if precise else (have or "default")
+    plan.env["OTEL_GPU_CENSUS_COLLECTOR"] = collector
+    if collector == "default" and plan.census_on and plan.library is not None:
+        lib = str(plan.library)
+        kept = [p for p in plan.env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+        if lib not in kept:
+            plan.env["LD_PRELOAD"] = ":".join([lib] + kept)
+    return plan
 
 
-def preload_for_calls(plan: LaunchPlan) -> None:
-    """OTEL_GPU_CENSUS_ACTIVITY=off, =windows and =events count every launch, copy and memset at its CUDA call. Preloaded
-    (LD_PRELOAD, the same file as CUDA_INJECTION64_PATH: one copy in the process), the library sees those
-    calls itself and CUPTI is never loaded (windows: only for its windows); without it, CUPTI's callbacks see
-    them, at ~1.3 µs a launch (docs/measurements.md §21, §22), and windows and events fall back to the activity
-    census.
-    OTEL_GPU_CENSUS_PRELOAD=off keeps CUPTI's callbacks."""
-    env = plan.env
-    if not plan.census_on or plan.library is None or \
-            env.get("OTEL_GPU_CENSUS_ACTIVITY", "").lower() not in ("off", "windows", "events"):
-        return
-    want = env.get("OTEL_GPU_CENSUS_PRELOAD", "").strip().lower()
-    if want in ("off", "0", "false", "no"):
-        return
-    if want not in ("", "on", "1", "true", "yes"):
-        plan.warnings.append(f"OTEL_GPU_CENSUS_PRELOAD={env['OTEL_GPU_CENSUS_PRELOAD']!r} is neither on nor off: "
-                             "preloading the census library (on)")
-    lib = str(plan.library)
-    have = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
-    if lib not in have:
-        env["LD_PRELOAD"] = ":".join([lib] + have)
+CENSUS_VARIABLES = ("CUDA_INJECTION64_PATH", "LD_PRELOAD", "OTEL_GPU_CENSUS_DIR", "OTEL_GPU_CENSUS_CUPTI",
+                    "OTEL_GPU_CENSUS_COLLECTOR")
+
+
+def census_variables(plan: LaunchPlan) -> Dict[str, str]:
+    """The census variables of `plan`'s environment: what `env` prints."""
+    return {k: plan.env[k] for k in CENSUS_VARIABLES if plan.env.get(k)}

@@ -68,52 +68,53 @@ def test_run_sets_the_census_environment_for_the_child(env, census_dir, native):
     assert p.stdout.strip() == f"{Path(native[2]).resolve()}|{census_dir}"
 
 
-@pytest.mark.parametrize("value,child_sees", [("100/1000", "100/1000"), ("off", "off"), ("0040/0200", "40/200")])
-def test_run_kernels_sets_the_setting_for_the_child(env, census_dir, value, child_sees):
-    p = run_cli(env, "run", "--dir", str(census_dir), "--kernels", value, "--", "sh", "-c",
-                'echo "$OTEL_GPU_CENSUS_KERNELS"')
-    assert p.returncode == 0 and p.stdout.strip() == child_sees
-
-
-def test_run_activity_sets_the_setting_for_the_child_and_its_default_is_events(env, census_dir):
-    """--activity first, then OTEL_GPU_CENSUS_ACTIVITY as the user set it, then the activity census where --kernels
-    asks for CUPTI's kernel records, else events (no CUPTI: measurements §26)."""
-    env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
-    show = ["--", "sh", "-c", 'echo "[$OTEL_GPU_CENSUS_ACTIVITY]"']
-    off = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
-    default = run_cli(env, "run", "--dir", str(census_dir), *show)
-    kernels = run_cli(env, "run", "--dir", str(census_dir), "--kernels", "all", *show)
-    assert (off.returncode, off.stdout.strip(), default.stdout.strip()) == (0, "[off]", "[events]")
-    assert kernels.stdout.strip() == "[on]"
-    env["OTEL_GPU_CENSUS_ACTIVITY"] = "windows"
-    kept = run_cli(env, "run", "--dir", str(census_dir), "--kernels", "all", *show)
-    asked = run_cli(env, "run", "--dir", str(census_dir), "--activity", "on", *show)
-    assert (kept.stdout.strip(), asked.stdout.strip()) == ("[windows]", "[on]")
-
-
-def test_run_activity_off_preloads_the_injector_it_names_unless_told_not_to(env, census_dir):
-    """Counting at the calls is the preloaded library's (no CUPTI): LD_PRELOAD names the very file CUDA loads as
-    its injector (one copy in the process), before what the user preloads; the default (events) preloads too;
-    OTEL_GPU_CENSUS_PRELOAD=off and the activity census leave LD_PRELOAD as it was."""
-    env.pop("OTEL_GPU_CENSUS_ACTIVITY", None)
+def test_run_gives_the_default_collector_preloaded_and_precise_without(env, census_dir):
+    """The default collector: LD_PRELOAD names the very file CUDA loads as its injector (one copy in the process),
+    before what the user preloads; --precise (or OTEL_GPU_CENSUS_COLLECTOR=precise) takes CUPTI and leaves
+    LD_PRELOAD as it was; a bad collector name is said and the default kept."""
+    env.pop("OTEL_GPU_CENSUS_COLLECTOR", None)
     env["LD_PRELOAD"] = "libm.so.6"
-    show = ["--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH|$LD_PRELOAD"']
-    off = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
-    inj, pre = off.stdout.strip().split("|")
-    assert off.returncode == 0 and inj.endswith("libotel_gpu_census.so") and pre == f"{inj}:libm.so.6", off.stdout
-    windows = run_cli(env, "run", "--dir", str(census_dir), "--activity", "windows", *show)   # counted as off, too
-    assert windows.returncode == 0 and windows.stdout.strip().split("|")[1] == f"{inj}:libm.so.6", windows.stdout
+    show = ["--", "sh", "-c", 'echo "$CUDA_INJECTION64_PATH|$LD_PRELOAD|$OTEL_GPU_CENSUS_COLLECTOR"']
     default = run_cli(env, "run", "--dir", str(census_dir), *show)
-    assert default.stdout.strip().split("|")[1] == f"{inj}:libm.so.6"
-    activity = run_cli(env, "run", "--dir", str(census_dir), "--activity", "on", *show)
-    assert activity.returncode == 0 and activity.stdout.strip().split("|")[1] == "libm.so.6"
-    env["OTEL_GPU_CENSUS_PRELOAD"] = "off"
-    kept = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
-    assert kept.stdout.strip().split("|")[1] == "libm.so.6"
-    env["OTEL_GPU_CENSUS_PRELOAD"] = "sometimes"      # a bad value: said, and the default (on) kept
-    bad = run_cli(env, "run", "--dir", str(census_dir), "--activity", "off", *show)
-    assert bad.stdout.strip().split("|")[1] == f"{inj}:libm.so.6"
-    assert "OTEL_GPU_CENSUS_PRELOAD='sometimes' is neither on nor off" in bad.stderr
+    inj, pre, coll = default.stdout.strip().split("|")
+    assert default.returncode == 0 and inj.endswith("libotel_gpu_census.so") and pre == f"{inj}:libm.so.6", default
+    assert coll == "default"
+    precise = run_cli(env, "run", "--dir", str(census_dir), "--precise", *show)
+    assert precise.returncode == 0 and precise.stdout.strip().split("|")[1:] == ["libm.so.6", "precise"]
+    env["OTEL_GPU_CENSUS_COLLECTOR"] = "precise"
+    by_env = run_cli(env, "run", "--dir", str(census_dir), *show)
+    assert by_env.stdout.strip().split("|")[1:] == ["libm.so.6", "precise"]
+    env["OTEL_GPU_CENSUS_COLLECTOR"] = "sometimes"
+    bad = run_cli(env, "run", "--dir", str(census_dir), *show)
+    assert bad.stdout.strip().split("|")[1:] == [f"{inj}:libm.so.6", "default"]
+    assert "OTEL_GPU_CENSUS_COLLECTOR='sometimes' is neither default nor precise" in bad.stderr
+
+
+def test_env_prints_the_census_environment_run_gives(env, census_dir):
+    """A container or unit that can only set variables gets run's census: `env` prints exactly the census variables
+    `run` hands its command, in shell, docker and systemd forms."""
+    env.pop("OTEL_GPU_CENSUS_COLLECTOR", None)
+    env.pop("LD_PRELOAD", None)
+    names = ("CUDA_INJECTION64_PATH", "LD_PRELOAD", "OTEL_GPU_CENSUS_DIR", "OTEL_GPU_CENSUS_CUPTI",
+             "OTEL_GPU_CENSUS_COLLECTOR")
+    shown = run_cli(env, "run", "--dir", str(census_dir), "--", "sh", "-c",
+                    " ".join(f'echo "{n}=${n}";' for n in names))
+    under_run = {k: v for k, v in (line.split("=", 1) for line in shown.stdout.split()) if v}
+    sh = run_cli(env, "env", "--dir", str(census_dir))
+    assert sh.returncode == 0, sh.stderr
+    printed = dict(line[len("export "):].split("=", 1) for line in sh.stdout.splitlines())
+    assert {k: v.strip("'") for k, v in printed.items()} == under_run
+    assert under_run["OTEL_GPU_CENSUS_COLLECTOR"] == "default" and under_run["LD_PRELOAD"]
+    # the printed lines, evaluated by a shell, give a child the same variables
+    child = subprocess.run(["sh", "-c", sh.stdout + "\n" + " ".join(f'echo "{n}=${n}";' for n in names)],
+                           env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert {k: v for k, v in (line.split("=", 1) for line in child.stdout.split()) if v} == under_run
+    docker = run_cli(env, "env", "--dir", str(census_dir), "--format", "docker").stdout.splitlines()
+    systemd = run_cli(env, "env", "--dir", str(census_dir), "--format", "systemd").stdout.splitlines()
+    assert dict(line.split("=", 1) for line in docker) == under_run
+    assert systemd == [f'Environment="{k}={v}"' for k, v in under_run.items()]
+    precise = run_cli(env, "env", "--dir", str(census_dir), "--precise").stdout
+    assert "OTEL_GPU_CENSUS_COLLECTOR=precise" in precise and "LD_PRELOAD" not in precise
 
 
 def test_run_keeps_another_injector_and_warns(env, census_dir):
@@ -150,10 +151,8 @@ def test_run_without_command_is_a_usage_error(env, census_dir):
     ["run", "--requests", "0", "--", "true"],
     ["run", "--exporter", "carrier-pigeon", "--", "true"],
     ["run", "--prometheus-port", "70000", "--", "true"],
-    ["run", "--kernels", "30/100", "--", "true"],
-    ["run", "--kernels", "100/100", "--", "true"],
-    ["run", "--kernels", "some", "--", "true"],
-    ["run", "--activity", "none", "--", "true"],
+    ["run", "--precise=yes", "--", "true"],
+    ["env", "--format", "json"],
     ["report", "--bogus"],
     ["report", "--pid", "x"],
     ["frobnicate"],

@@ -106,6 +106,18 @@ class GpuCost:
         return self.method == WINDOW_METHOD or self.buckets > 0
 
 
+def mark_gaps(cost: GpuCost, censuses: Sequence[ProcessCensus]) -> GpuCost:
+    """`cost` labelled partial, with what the census missed, when any of the processes it was taken from knows of
+    work it could not count (a driver function it cannot size, lost calls, dropped records): such a share is exact
+    only for what was seen. The counters are per process, so every share after the first gap says so."""
+    gaps = [f"pid {c.pid}: " + "; ".join(c.gaps) for c in censuses if c.gaps]
+    if gaps and cost.status in (COMPLETE, SETTLED):
+        cost.status = PARTIAL
+    if gaps:
+        cost.notes = cost.notes + ["the census missed work in this server (" + "; ".join(gaps) + ")"]
+    return cost
+
+
 class CensusSource:
     """Reads the segments of the server (and its children) from the census folder."""
 
@@ -423,7 +435,7 @@ class GpuLedger:
         if not caught_up:
             cost.status = SETTLED if all(c.wall_update_ns >= r.end_ns for c in rel) else STALE
         cost.notes = notes + cost.notes
-        return cost
+        return mark_gaps(cost, rel)
 
     def _caught_up(self, rel: Sequence[ProcessCensus], r: _Req) -> bool:
         return all(self._covers(c, r.end_ns) for c in rel)

@@ -79,6 +79,12 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
     Spec("gpu_census.memset.time", "counter", "s", _PROC, "Summed memset durations."),
     Spec("gpu_census.records.dropped", "counter", "{record}", (PROCESS_PID, PROCESS_EXE),
          "Activity records CUPTI dropped: the totals above miss that much work."),
+    Spec("gpu_census.calls.unsized", "counter", "{call}", (PROCESS_PID, PROCESS_EXE),
+         "Driver calls that put work on the GPU which the census saw but could not size or count: the totals "
+         "above miss their work."),
+    Spec("gpu_census.exact", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
+         "1 while the census knows of no work it missed in the process; 0 once it does (unsized calls, functions "
+         "it could not wrap, dropped records or lost calls): its figures are then exact only for what it saw."),
     Spec("gpu_census.process.counting", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
          "1 while the census counts in the process; 0 once it exited or the census stepped aside."),
     Spec("gpu_census.busy.ratio", "gauge", "1", (HW_ID,),
@@ -111,7 +117,7 @@ class _Proc:
     """What the metrics keep of one process: its latest totals, not its windows or steps."""
 
     __slots__ = ("key", "pid", "exe", "wall_start_ns", "devices", "dropped", "counting", "gone_ns",
-                 "kernels", "traced_ns", "kernel_ns")
+                 "kernels", "traced_ns", "kernel_ns", "unsized", "exact")
 
     def __init__(self, p: ProcessCensus):
         self.key = (p.pid, p.proc_start_ticks)
@@ -125,6 +131,8 @@ class _Proc:
         self.exe = p.comm or "unknown"
         self.devices: Dict[str, DeviceTotals] = {hw_id(d): d for d in p.devices.values()}
         self.dropped = p.dropped
+        self.unsized = p.unsized_calls + p.calls_lost
+        self.exact = not p.gaps
         self.counting = bool(p.alive and p.state == census.STATE_ACTIVE)
         self.kernels = p.kernels
         self.traced_ns = traced_ns(p)
@@ -374,6 +382,8 @@ class CensusMetrics:
             "gpu_census.memset.bytes": lambda: self._per_device(lambda d: d.memset.bytes, memsets),
             "gpu_census.memset.time": lambda: self._per_device(lambda d: d.memset.ns / s, memsets, copy_time=True),
             "gpu_census.records.dropped": lambda: (Observation(r.dropped, r.attrs) for r in self.processes()),
+            "gpu_census.calls.unsized": lambda: (Observation(r.unsized, r.attrs) for r in self.processes()),
+            "gpu_census.exact": lambda: (Observation(int(r.exact), r.attrs) for r in self.processes()),
             "gpu_census.process.counting": lambda: (Observation(int(r.counting), r.attrs) for r in self.processes()),
             "gpu_census.busy.ratio": lambda: (Observation(v, {HW_ID: h}) for h, v in sorted(self.busy_ratios().items())),
             "hw.gpu.io": self._io,
