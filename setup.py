@@ -37,6 +37,7 @@ class BuildWithNative(build_py):
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy2(build / "libotel_gpu_census.so", dest)
         shutil.copy2(ROOT / "native" / "include" / "gpu_census.h", dest)
+        shutil.copy2(ROOT / "native" / "include" / "gpu_census_settings.def", dest)
 
 
 class BinaryDistribution(Distribution):

@@ -14,13 +14,12 @@
 
 extern char **environ;
 
-/* The injector's names, and those only the Python side reads (so they are not typos). */
+/* Every OTEL_GPU_CENSUS_* name, the injector's and the Python side's: the one table (gpu_census_settings.def). */
+#define S(name, audience, dflt, values, help) #name,
 static const char *const KNOWN[] = {
-    "DISABLED", "DIR", "CUPTI", "FLUSH_MS", "BUFFER_KB", "MAX_BUFFERS", "KERNELS", "GRAPHS", "CUPTI_API",
-    "QUIET", "LIB", "TEST_BUILD", "START", "ATTACH", "ACTIVITY", "WINDOWS_PROBE", "EVENT_EVERY", "EVENT_GATE",
-    "SETTLE",                   /* the Python engine integrations' (integrations/settle_process.py) */
-    "COLLECTOR",
+#include "gpu_census_settings.def"
 };
+#undef S
 #define PREFIX "OTEL_GPU_CENSUS_"
 
 static long env_long(const char *name, long dflt, long lo, long hi)

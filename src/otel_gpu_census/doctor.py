@@ -180,7 +180,7 @@ print("answered-by", (info.fname or b"?").decode() if ok else "?")
 
 
 def check_preload(facts: Facts) -> List[Check]:
-    """`run` (its default, events; and --activity off or windows) counts through the library preloaded (no CUPTI): does it answer the driver's
+    """`run`'s default collector counts through the library preloaded (no CUPTI): does it answer the driver's
     lookups here? A child process with LD_PRELOAD looks cuGetProcAddress_v2 up as the CUDA runtime does."""
     import subprocess
     if facts.library is None:
@@ -195,17 +195,17 @@ def check_preload(facts: Facts) -> List[Check]:
     out = p.stdout.split()
     if p.returncode != 0 or not out:
         return [Check(WARN, "preload", "a process with the library preloaded failed ("
-                      + (p.stderr.strip().splitlines() or ["no output"])[-1] + "): `run` (events, off, windows) counts through "
-                      "CUPTI's callbacks instead, or set OTEL_GPU_CENSUS_PRELOAD=off; `run --activity on` needs no preload")]
+                      + (p.stderr.strip().splitlines() or ["no output"])[-1] + "): the default collector needs it; "
+                      "`run --precise` (CUPTI) needs no preload")]
     if out[0] in ("no-driver", "no-gpa"):
         return [Check(WARN, "preload", "no CUDA driver with cuGetProcAddress_v2 to look up: whether `run` "
-                      "can count without CUPTI (its default, events) is not known here")]
+                      "can count without CUPTI (its default collector) is not known here")]
     who = out[-1]
     if Path(who).resolve() == Path(facts.library).resolve():
-        return [Check(OK, "preload", "`run` (its default, events; --activity off, windows): the library preloaded answers the driver's "
+        return [Check(OK, "preload", "`run` (the default collector): the library preloaded answers the driver's "
                       "lookups, so it counts every launch, copy and memset with no CUPTI loaded")]
     return [Check(WARN, "preload", f"the driver's cuGetProcAddress_v2 came from {who}, not the census library: "
-                  "`run` (events, off, windows) will count through CUPTI's callbacks (another preload or interposer first?)")]
+                  "the default collector will count through CUPTI instead (another preload or interposer first?)")]
 
 
 def check_census_dir(facts: Facts) -> List[Check]:
