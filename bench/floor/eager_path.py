@@ -84,7 +84,7 @@ def run_one(mode: str, lib: str, mock: str, prog: str, n: int, rounds: int, thre
     preload, init, env_add = MODES[mode]
     census_dir = work / "census"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GPU_CENSUS_") and k != "LD_PRELOAD"}
-    env.update(OTEL_GPU_CENSUS_DIR=str(census_dir), OTEL_GPU_CENSUS_ATTACH="cuinit", **env_add)
+    env.update(OTEL_GPU_CENSUS_DIR=str(census_dir), **env_add)
     if preload:
         env["LD_PRELOAD"] = lib
     cmd = [prog, mock, str(n), str(rounds), "--threads", str(threads)] + (["--init"] if init else [])

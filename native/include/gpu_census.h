@@ -332,9 +332,6 @@ typedef struct gc_call {
     uint8_t  pad[3];
     uint32_t copies;            /* COPY: how many copies `bytes` sums (a batch's of one class); 0 means 1 */
 } gc_call;
-/* GC_FLAG_TIMED: one kernel or GRAPH_TRACE record of a window, its times on the census clock: durations only
- * (the eager sample, the busy union), never a count, never a step. */
-void gc_tally_timed(gc_tally *t, const void *record);
 /* GC_FLAG_EVENTS: one eager launch's duration `ns` from a CUDA event pair, launched at `t_ns` (census clock): the
  * eager sample of its device and 20 ms window; not busy (where it ran on the GPU is not known) */
 void gc_tally_eager_sample(gc_tally *t, uint32_t dev, uint64_t t_ns, uint64_t ns);

@@ -1,25 +1,17 @@
 /*
- * calls.c - copies, memsets and graph launches counted at their API calls, with no activity record
- * (OTEL_GPU_CENSUS_ACTIVITY=off).
+ * calls.c - copies, memsets and graph launches counted at their driver calls, by the library preloaded (interpose.c
+ * hands each successful call's arguments here; the default collector).
  *
- * Why: once CUPTI's activity API is in use, every CUDA call of the process pays for it, with every kind
- * disabled, until cuptiFinalize (docs/measurements.md §20: +0.65 us an eager launch, up to +0.13 us any
- * other call; a torch op 22-42 % slower). A subscriber alone costs those calls nothing measurable. What
- * the census must get exact is visible at the calls: kernel launches (launches.c), graph contents
- * (graphs.c), and here the copy and memset calls' parameters: bytes, direction from the two ends, the
- * host end pinned or pageable as the driver knows the pointer (graphs.c's gc_copy_class). What no call
- * says is how long the work ran: durations, graph spans and busy time are not measured in this mode.
+ * What the census must get exact is visible at the calls: kernel launches (launches.c), graph contents
+ * (graphs.c), and here the copy and memset calls' parameters: bytes, direction from the two ends, the host end
+ * pinned or pageable as the driver knows the pointer (graphs.c's gc_copy_class); a batch's copies each from the
+ * caller's arrays. What no call says is how long the work ran: copy and memset durations are not measured.
+ * A call counts when it succeeded and did not record into a stream capture (its graph's launches count it).
  *
- * Driver calls only: the runtime's copies and memsets reach the driver's, whose callbacks fire too (as
- * for launches, docs/measurements.md §17); the v1 calls of 32-bit device pointers are not followed
- * (cuda.h has mapped every name to its _v2 since CUDA 3.2). A call counts at its exit when it succeeded
- * and did not record into a stream capture (its graph's launches count it).
- *
- * The launching thread does a bounded amount: its device from a thread-local cache, up to six pointer
- * queries for a copy whose ends the call does not name, the clock, and one slot of a bounded lock-free
- * queue (Vyukov's: a sequence number per cell). The flusher empties it under the injector's lock
- * (gc_calls_fold) and tallies each call as a record of zero duration. A full queue drops the call and
- * counts it (calls_lost): bounded memory, never a wait.
+ * The launching thread does a bounded amount: up to six pointer queries for a copy whose ends the call does not
+ * name, the clock, and one slot of a bounded lock-free queue (Vyukov's: a sequence number per cell). The flusher
+ * empties it under the injector's lock (gc_calls_fold) and tallies each call as a record of zero duration. A full
+ * queue drops the call and counts it (calls_lost): bounded memory, never a wait.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -31,7 +23,6 @@
 #include <cuda.h>
 
 #include "call_params.h"
-#include "cupti_api.h"
 #include "internal.h"
 
 #define QUEUE_CELLS 16384u               /* power of two; the flusher empties it every 20 ms or sooner */
@@ -90,9 +81,6 @@ static const struct {
 };
 #define NTABLE (sizeof(g_table) / sizeof(g_table[0]))
 
-/* [cbid]: index in g_table + 1, and whether the call is its per-thread-stream variant (_ptds, _ptsz:
- * a NULL stream there is the thread's own stream, not the legacy one) */
-static uint8_t g_entry[GC_API_CBIDS], g_per_thread[GC_API_CBIDS];
 static atomic_int g_started, g_counting;
 static int64_t g_gpu_minus_mono;
 static CUresult (*g_ctx_device)(CUdevice *, CUcontext);   /* cuCtxGetDevice_v2: a peer's device without CUPTI */
@@ -106,23 +94,7 @@ static _Atomic uint64_t g_enq, g_lost;
 static _Atomic uint64_t g_deq;           /* moved by the fold (under the injector's lock), read by pending */
 static uint64_t f_lost;                  /* the fold's */
 
-static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
-{
-    if (dom != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return 0;
-    size_t n = strlen(name);
-    int pt = 0;
-    if (n > 5 && (strcmp(name + n - 5, "_ptds") == 0 || strcmp(name + n - 5, "_ptsz") == 0)) n -= 5, pt = 1;
-    for (size_t i = 0; i < NTABLE; i++) {
-        if (strlen(g_table[i].name) == n && strncmp(name, g_table[i].name, n) == 0) {
-            g_entry[cbid] = (uint8_t)(i + 1);
-            g_per_thread[cbid] = (uint8_t)pt;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-int gc_calls_start(int64_t gpu_minus_mono, int by_cupti)
+int gc_calls_start(int64_t gpu_minus_mono)
 {
     if (atomic_load(&g_started)) return 0;
     g_gpu_minus_mono = gpu_minus_mono;
@@ -134,7 +106,6 @@ int gc_calls_start(int64_t gpu_minus_mono, int by_cupti)
         *(void **)&g_ctx_device = dlsym(cuda, "cuCtxGetDevice_v2");
         *(void **)&g_array_desc = dlsym(cuda, "cuArray3DGetDescriptor_v2");
     }
-    if (by_cupti && gc_cupti_enable_api("copies not counted", GC_CB_CALLS, wanted) <= 0) return -1;
     atomic_store(&g_counting, 1);
     atomic_store(&g_started, 1);
     return 0;
@@ -186,10 +157,9 @@ static CUstream stream_of(uint8_t shape, const void *p)
     }
 }
 
-/* The device of a peer copy's context: CUPTI's word, else the driver's (no CUPTI loaded). */
+/* The device of a peer copy's context, as the driver says. */
 static int ctx_device(CUcontext ctx, uint32_t *dev)
 {
-    if (gc_cupti_device_of(ctx, dev) == CUPTI_SUCCESS) return 0;
     CUdevice d = 0;
     if (!g_ctx_device || g_ctx_device(&d, ctx) != CUDA_SUCCESS || d < 0) return -1;
     *dev = (uint32_t)d;
@@ -439,17 +409,6 @@ static void note(uint8_t e, int per_thread, const void *p, int dev, uint32_t cor
     c.corr = corr;
     c.t_ns = (uint64_t)((int64_t)gc_mono_ns() + g_gpu_minus_mono);
     push(&c);
-}
-
-void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
-{
-    if (dom != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= (CUpti_CallbackId)GC_API_CBIDS) return;
-    uint8_t e = g_entry[cbid];
-    const CUpti_CallbackData *cb = data;
-    if (!e || cb->callbackSite != CUPTI_API_EXIT || !atomic_load_explicit(&g_counting, memory_order_relaxed)) return;
-    if (!cb->functionReturnValue || *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS) return;
-    if (!cb->functionParams) return;
-    note(e, g_per_thread[cbid], cb->functionParams, gc_launches_device(cb), cb->correlationId);
 }
 
 int gc_calls_index(const char *name)

@@ -51,80 +51,10 @@ static int env_choice(const char *name, const char *const *choices, int n)
     return 0;
 }
 
-/* The default: every kernel counted, kernel records for 100 ms of every second. */
-#define COUNTED_ON_MS 100u
-#define COUNTED_PERIOD_MS 1000u
-
-/* ACTIVITY=windows: CUPTI attached 200 ms of every 5 s (measured in docs/measurements.md §23) */
-#define WINDOWS_ON_MS 200u
-#define WINDOWS_PERIOD_MS 5000u
-
-/* ACTIVITY=events: every graph launch of a thread timed by an event pair, and about 1 in 128 eager launches. Gated
- * (events.c), an eager pair is the kernel and ~1 us of dispatch on the H200 (ungated, 2.6-2.9 times CUPTI's
- * durations on vLLM: docs/measurements.md §24-§25); EAGER 0 leaves eager kernel time unknown */
+/* The default collector times about 1 in 128 eager launches of a thread with a gated event pair and every graph
+ * launch; EAGER 0 leaves eager kernel time unknown. */
 #define EVENTS_EVERY_EAGER 128u
 #define EVENTS_EVERY_GRAPH 1u
-
-/* ON_MS/PERIOD_MS, both multiples of the 20 ms window, 0 < ON_MS < PERIOD_MS <= 1 h: 0, or -1. */
-static int parse_schedule(const char *v, uint32_t *on_ms, uint32_t *period_ms)
-{
-    const uint32_t w = (uint32_t)(GC_WINDOW_NS / 1000000ull);
-    char *end;
-    unsigned long on = strtoul(v, &end, 10), period = 0;
-    if (end == v) return -1;
-    if (*end == '/') {
-        char *p = end + 1;
-        period = strtoul(p, &end, 10);
-        if (end == p) period = 0;
-    }
-    if (*end || on == 0 || period <= on || period > 3600000ul || on % w || period % w) return -1;
-    *on_ms = (uint32_t)on;
-    *period_ms = (uint32_t)period;
-    return 0;
-}
-
-/* A kernel tracing setting: counted (the default, also for an empty value), counted:ON_MS/PERIOD_MS,
- * all, off, or ON_MS/PERIOD_MS (sampled). 0 and the mode (and schedule) set, or -1. Used for
- * OTEL_GPU_CENSUS_KERNELS and for the control file's kernels= word. */
-int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *period_ms)
-{
-    if (!v || !*v || strcmp(v, "counted") == 0) {
-        *mode = GC_KERNELS_COUNTED;
-        *on_ms = COUNTED_ON_MS;
-        *period_ms = COUNTED_PERIOD_MS;
-        return 0;
-    }
-    if (strcmp(v, "all") == 0) {
-        *mode = GC_KERNELS_ALL;
-        return 0;
-    }
-    if (strcmp(v, "off") == 0) {
-        *mode = GC_KERNELS_OFF;
-        return 0;
-    }
-    if (strncmp(v, "counted:", 8) == 0) {
-        if (parse_schedule(v + 8, on_ms, period_ms) != 0) return -1;
-        *mode = GC_KERNELS_COUNTED;
-        return 0;
-    }
-    if (parse_schedule(v, on_ms, period_ms) != 0) return -1;
-    *mode = GC_KERNELS_SAMPLED;
-    return 0;
-}
-
-/* OTEL_GPU_CENSUS_KERNELS. Anything unknown: one line, and the default. */
-static void parse_kernels(struct gc_config *c)
-{
-    const char *v = getenv("OTEL_GPU_CENSUS_KERNELS");
-    c->kernels_named = v && *v;
-    if (gc_parse_kernels(v, &c->kernel_mode, &c->kernel_on_ms, &c->kernel_period_ms) != 0) {
-        gc_parse_kernels(NULL, &c->kernel_mode, &c->kernel_on_ms, &c->kernel_period_ms);
-        c->kernels_named = 0;
-        gc_log("ignoring OTEL_GPU_CENSUS_KERNELS=%s (expected counted, counted:ON_MS/PERIOD_MS, all, off or "
-               "ON_MS/PERIOD_MS, multiples of %u ms, ON_MS < PERIOD_MS); counting every kernel, records %u ms of "
-               "every %u ms", v, (unsigned)(GC_WINDOW_NS / 1000000ull), COUNTED_ON_MS, COUNTED_PERIOD_MS);
-    }
-}
 
 static void warn_unknown(void)
 {
@@ -172,11 +102,9 @@ int gc_config_disabled(void)
 void gc_config_load(struct gc_config *c)
 {
     /* the first of each list is its default: counted at the calls with event-timed kernels (events) wherever the
-     * library is preloaded, whether `run` started the process or the environment alone did; CUPTI, where it is
-     * asked for, from cuInit on (nothing before its first count goes unseen) */
+     * library is preloaded, whether `run` started the process or the environment alone did */
     static const char *const graphs[] = {"launch", "node"}, *const api[] = {"v2", "v1"},
-                             *const start[] = {"on", "paused"}, *const attach[] = {"cuinit", "context"},
-                             *const activity[] = {"events", "on", "off", "windows"},
+                             *const activity[] = {"events", "on", "off"},
                              *const gate[] = {"on", "off"};
     memset(c, 0, sizeof(*c));
     warn_unknown();
@@ -190,15 +118,11 @@ void gc_config_load(struct gc_config *c)
     c->api_v1 = env_choice("OTEL_GPU_CENSUS_CUPTI_API", api, 2) == 1;
     const char *named = getenv("OTEL_GPU_CENSUS_CUPTI_API");
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
-    c->start_paused = env_choice("OTEL_GPU_CENSUS_START", start, 2) == 1;
-    c->attach_cuinit = env_choice("OTEL_GPU_CENSUS_ATTACH", attach, 2) == 0;
-    int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 4);
+    int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 3);
     c->activity_off = act != 1;
-    c->activity_windows = act == 3;
     c->activity_events = act == 0;
     parse_event_every(c);
     c->events_gate = env_choice("OTEL_GPU_CENSUS_EVENT_GATE", gate, 2) == 0;
-    parse_kernels(c);
     /* The collector a user names: default (counted at the calls, event-timed kernels) or precise (CUPTI's records of
      * every kernel and copy, measured; busy). It decides over the finer settings above. */
     static const char *const collector[] = {"default", "precise"};
@@ -207,16 +131,6 @@ void gc_config_load(struct gc_config *c)
         int precise = env_choice("OTEL_GPU_CENSUS_COLLECTOR", collector, 2) == 1;
         c->activity_events = !precise;
         c->activity_off = !precise;
-        c->activity_windows = 0;
-        if (precise) {
-            c->kernel_mode = GC_KERNELS_ALL;
-            c->kernels_named = 1;
-        }
     }
-    /* Windows of CUPTI: longer and rarer than the activity census's duty cycle (designed to pay a set-up and a
-     * detach each) unless OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS says otherwise. */
-    if (c->activity_windows && !c->kernels_named) {
-        c->kernel_on_ms = WINDOWS_ON_MS;
-        c->kernel_period_ms = WINDOWS_PERIOD_MS;
-    }
+
 }

@@ -308,20 +308,6 @@ int gc_cupti_enable_api(const char *who, int owner,
     return enabled;
 }
 
-int gc_cupti_api_callback(int owner, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, int on)
-{
-    int d = dom == CUPTI_CB_DOMAIN_DRIVER_API ? 1 : dom == CUPTI_CB_DOMAIN_RUNTIME_API ? 0 : -1;
-    if (d < 0 || cbid >= (CUpti_CallbackId)GC_API_CBIDS || !cu.enable_callback) return -1;
-    pthread_mutex_lock(&g_cb_mu);
-    uint8_t was = g_cb_owners[d][cbid], now = on ? (uint8_t)(was | owner) : (uint8_t)(was & ~owner);
-    int r = 0;
-    if (!was != !now) /* off only when nobody else wants it */
-        r = cu.enable_callback(now ? 1 : 0, cu.sub, dom, cbid) == CUPTI_SUCCESS ? 0 : -1;
-    if (r == 0) g_cb_owners[d][cbid] = now;
-    pthread_mutex_unlock(&g_cb_mu);
-    return r;
-}
-
 int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid)
 {
     pthread_mutex_lock(&g_cb_mu);

@@ -39,15 +39,12 @@ void gc_cupti_set_api_callback(CUpti_CallbackFunc cb);
 /* Enable, for `owner`, the callbacks of every runtime and driver API call whose name `want` accepts (found
  * by name, so every CUPTI 13.x works). Under v1 the first enabling takes CUPTI's one subscriber slot for good.
  * Returns how many were enabled, or -1 when no callback can be had (a log line begins with `who`). */
-enum { GC_CB_GRAPHS = 1, GC_CB_STEPS = 2, GC_CB_LAUNCHES = 4, GC_CB_CALLS = 8 }; /* who wants a callback */
+enum { GC_CB_GRAPHS = 1, GC_CB_STEPS = 2 }; /* who wants a callback */
 /* Runtime and driver callback ids are below this (tables indexed [driver?][cbid]). */
 #define GC_API_CBIDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
                       ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
 int gc_cupti_enable_api(const char *who, int owner,
                         int (*want)(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name));
-/* One runtime or driver callback wanted by `owner` or no longer: CUPTI calls it while any owner wants
- * it. 0 on success, -1 when CUPTI refused (nothing changed then). */
-int gc_cupti_api_callback(int owner, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, int on);
 /* The device of a context (cuptiGetDeviceId). */
 CUptiResult gc_cupti_device_of(CUcontext ctx, uint32_t *dev);
 /* Enable one resource callback (CUPTI_CBID_RESOURCE_*); 0 on success. */

@@ -34,8 +34,8 @@
 
 /* OFF: never started or a forked child. FAILED: switched itself off after starting (the flusher then
  * disables the activity kinds, so the server stops paying CUPTI). EXITING: the final flush runs.
- * WAITING: loaded, CUPTI not set up yet; the flusher thread sets it up once a context exists. */
-enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3, WAITING = 4 };
+ */
+enum { OFF = 0, ACTIVE = 1, EXITING = 2, FAILED = 3 };
 
 static atomic_int g_state;            /* OFF until InitializeInjection succeeds */
 static atomic_int g_flusher_busy;     /* the flusher is inside CUPTI: exit waits for it */
@@ -60,15 +60,13 @@ static struct {
     atomic_uint contexts_late;  /* CONTEXT_CREATED callbacks after the attach */
 } g_attach;
 
-/* Kernel sampling (OTEL_GPU_CENSUS_KERNELS = all | off | ON_MS/PERIOD_MS). Kernel records are what
- * CUPTI charges per launch; copies are few and stay exact. The flusher thread switches the kernel
- * kind on for ON_MS of every PERIOD_MS, on a schedule fixed in CUPTI time so readers can tell which
- * windows were traced. Touched only by the start code and then the flusher (and exit, after it). */
+/* How kernels are counted (enum gc_kernels: ALL, CUPTI's records; COUNTED, at the calls) and for how long the
+ * kernel kind was on (a paused census has it off). Touched only by the start code and then the flusher (and exit,
+ * after it). */
 static struct {
-    uint32_t mode, on_ms, period_ms;
+    uint32_t mode;
     int tracing;                /* the kernel kind is enabled now */
-    uint64_t origin_gpu;        /* CUPTI timestamp the schedule counts from */
-    int64_t gpu_minus_mono;     /* CUPTI clock - CLOCK_MONOTONIC, read together at start */
+    int64_t gpu_minus_mono;     /* census clock - CLOCK_MONOTONIC, read together at start */
     uint64_t traced_ns;         /* closed on-phases, monotonic ns */
     uint64_t on_since;          /* monotonic ns the current on-phase began */
 } g_ks;
@@ -81,9 +79,6 @@ static int g_graphs_learned;          /* graphs.c is learning graph contents */
 static int g_calls;
 /* ... and the calls seen by the preloaded interposer (interpose.c): CUPTI never loaded. */
 static int g_preload;
-/* ... and kernel durations from windows of CUPTI (ACTIVITY=windows, timing.c): the kernel schedule's on-phases
- * are the windows. */
-static int g_timing;
 /* ... or from CUDA event pairs around a sample of the launches (ACTIVITY=events, events.c): no CUPTI, no schedule. */
 static int g_events;
 
@@ -95,11 +90,6 @@ static struct {
     int finish;                       /* census=finish: the final flush, by the flusher, now */
 } g_ctl;
 
-/* Modes whose kernel records follow the ON_MS/PERIOD_MS schedule. */
-static int has_schedule(uint32_t mode)
-{
-    return (!g_calls || g_timing) && (mode == GC_KERNELS_SAMPLED || mode == GC_KERNELS_COUNTED);
-}
 
 /* Called with g_mu held: the kernel kind went on or off at `mono` (traced time accrues while on). */
 static void note_tracing(int on, uint64_t mono)
@@ -114,9 +104,6 @@ static void note_tracing(int on, uint64_t mono)
 static void publish_kernels(gc_segment *seg, uint64_t mono)
 {
     seg->kernel_mode = g_ks.mode;
-    seg->kernel_on_ms = g_ks.on_ms;
-    seg->kernel_period_ms = g_ks.period_ms;
-    seg->kernel_origin_gpu_ns = g_ks.origin_gpu;
     seg->kernel_tracing = g_ks.tracing;
     seg->kernel_traced_ns = g_ks.traced_ns + (g_ks.tracing && mono > g_ks.on_since ? mono - g_ks.on_since : 0);
     seg->graph_mode = g_graph_mode;
@@ -128,15 +115,6 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     seg->contexts_late = atomic_load(&g_attach.contexts_late);
     if (g_calls) seg->flags |= GC_FLAG_CALLS;
     if (g_preload) seg->flags |= GC_FLAG_PRELOAD;
-    if (g_timing) {
-        struct gc_timing_stats st;
-        gc_timing_stats(&st);
-        seg->flags |= GC_FLAG_TIMED;
-        seg->timing_windows = st.windows;
-        seg->timing_failed = st.failed;
-        seg->timing_attach_ns = st.attach_ns;
-        seg->timing_detach_ns = st.detach_ns;
-    }
     if (g_events) {
         struct gc_events_stats st;
         gc_events_stats(&st);
@@ -268,24 +246,6 @@ static void tally_buffer(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t
     pthread_mutex_unlock(&g_mu);
 }
 
-/* ACTIVITY=windows: a buffer of a window's records (timing.c), times on the census clock: durations only. */
-static void timed_sink(uint8_t *buffer, size_t valid, int (*next)(uint8_t *, size_t, CUpti_Activity **))
-{
-    if (getpid() != g_pid) return;
-    pthread_mutex_lock(&g_mu);
-    int st = atomic_load(&g_state);
-    gc_segment *seg = st == ACTIVE ? segment() : st == EXITING ? g_seg : NULL;
-    if (seg) {
-        gc_segment_begin_update(seg);
-        CUpti_Activity *r = NULL;
-        while (next(buffer, valid, &r) == 0) gc_tally_timed(g_tally, r);
-        seg->buffers++;
-        gc_tally_publish(g_tally, 0);
-        gc_segment_end_update(seg);
-    }
-    pthread_mutex_unlock(&g_mu);
-}
-
 static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
 {
     (void)size;
@@ -362,46 +322,13 @@ static void disable_kinds(void)
 /* The census ends (failed, or finished by the server): nothing more is recorded, from any context. */
 static void disable_kinds_for_good(void)
 {
-    if (g_timing) gc_timing_stop(0);
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
-    gc_launches_tune();   /* the launch callbacks too: nothing counts them now */
     disable_kinds();
     if (g_kernel_global && gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
         g_kernel_global = 0;
 }
 
-static int primary_context_active(void);
-static int watch_init(void);
-static int g_timing_watch;        /* the driver can be asked whether a primary context is active */
-
-static int set_kernels(int on)
-{
-    /* A window on or off. Never before a context exists: CUPTI set up before a context makes that context's
-     * graph replays slower for its whole life, even after cuptiFinalize (§15). */
-    if (g_timing) return on && (!g_timing_watch || !primary_context_active()) ? -2 : gc_timing_set(on);
-    return kind_set(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, on) == CUPTI_SUCCESS ? 0 : -1;
-}
-
-/* Sampled kernels: switch the kind to what the schedule says for `mono`; returns the monotonic time
- * of the next phase change. Computed from the schedule, not from the last wake-up, so a late
- * thread neither drifts nor traces longer than ON_MS; a phase it slept through is skipped. */
-static uint64_t kernel_phase(uint64_t mono)
-{
-    const uint64_t P = (uint64_t)g_ks.period_ms * 1000000ull, ON = (uint64_t)g_ks.on_ms * 1000000ull;
-    uint64_t origin_mono = (uint64_t)((int64_t)g_ks.origin_gpu - g_ks.gpu_minus_mono);
-    uint64_t t = mono > origin_mono ? mono - origin_mono : 0, k = t / P, r = t % P;
-    int on = r < ON, want = on && !g_ctl.paused; /* a paused census keeps every kind off */
-    int rc = want != g_ks.tracing ? set_kernels(want) : 0;
-    if (want != g_ks.tracing && rc == 0) {
-        pthread_mutex_lock(&g_mu);
-        note_tracing(want, mono);
-        pthread_mutex_unlock(&g_mu);
-    }
-    uint64_t next = origin_mono + k * P + (on ? ON : P);
-    /* a window that waits for the first context: asked again every 20 ms of its on-phase */
-    return rc == -2 && next > mono + 20000000ull ? mono + 20000000ull : next;
-}
 
 static void sleep_until(uint64_t mono)
 {
@@ -459,22 +386,15 @@ static void new_contexts(void)
     (void)gc_contexts_switch(g_kind_on[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], 1, g_kernel_global);
 }
 
-/* The next kernel phase change (sampled kernels), else never; the flusher's and control_poll's. */
-static uint64_t g_next_phase = UINT64_MAX;
-
-static int wait_and_attach(void);
-
 static void *flusher(void *arg)
 {
     (void)arg;
-    if (atomic_load(&g_state) == WAITING && wait_and_attach() != 0) return NULL;
     const uint64_t period = (uint64_t)g_cfg.flush_ms * 1000000ull;
     uint64_t next_flush = gc_mono_ns() + period;
-    if (has_schedule(g_ks.mode)) g_next_phase = kernel_phase(gc_mono_ns());
     /* ACTIVITY=off: the calls' queue is emptied every CALLS_FOLD_NS (bounded, never waited on) */
     const uint64_t CALLS_FOLD_NS = 20000000ull;
     for (;;) {
-        uint64_t wake = g_next_phase < next_flush ? g_next_phase : next_flush;
+        uint64_t wake = next_flush;
         if (g_calls && wake > gc_mono_ns() + CALLS_FOLD_NS) wake = gc_mono_ns() + CALLS_FOLD_NS;
         sleep_until(wake);
         if (getpid() != g_pid) break;
@@ -486,21 +406,12 @@ static void *flusher(void *arg)
         if (st != ACTIVE) break;
         atomic_store(&g_flusher_busy, 1);
         uint64_t now = gc_mono_ns();
-        if (atomic_load(&g_state) == ACTIVE && now >= g_next_phase) /* exit may have begun meanwhile */
-            g_next_phase = has_schedule(g_ks.mode) ? kernel_phase(now) : UINT64_MAX;
         if (g_events) poll_events();
         fold_launches(now);
-        if (g_timing) gc_timing_poll(); /* a detach the process's next driver call finished */
         if (atomic_load(&g_state) == ACTIVE) new_contexts();
         if (atomic_load(&g_state) == ACTIVE && now >= next_flush) {
             next_flush = now - next_flush < period ? next_flush + period : now + period;
-            if (g_cfg.start_paused && !g_seg) { /* started paused: a segment (and so a control file) now */
-                pthread_mutex_lock(&g_mu);
-                if (atomic_load(&g_state) == ACTIVE) (void)segment();
-                pthread_mutex_unlock(&g_mu);
-            }
             control_poll(now);
-            gc_launches_tune(); /* launch callbacks off while paused; a runtime call's off once proven */
             if (g_ctl.finish) { /* asked for by the control file: the census ends here */
                 atomic_store(&g_flusher_busy, 0);
                 (void)finish(0);
@@ -548,15 +459,10 @@ static void wait_flusher_idle(void)
 
 static int finish(int at_exit)
 {
-    int active = ACTIVE, waiting = WAITING;
+    int active = ACTIVE;
     if (getpid() != g_pid) return -1;
-    if (atomic_compare_exchange_strong(&g_state, &waiting, OFF)) {
-        wait_flusher_idle(); /* never attached: nothing was counted */
-        return 0;
-    }
     if (!atomic_compare_exchange_strong(&g_state, &active, EXITING)) return -1;
     wait_flusher_idle(); /* the flusher starts no new flush now */
-    if (g_timing) gc_timing_stop(at_exit); /* the open window's records (they take g_mu) */
     if (g_events) gc_events_stop(at_exit);  /* at exit: no driver call; else the idle events destroyed */
     /* Forced: also returns buffers holding records of work still in flight. */
     uint64_t t = gc_wall_ns();
@@ -591,7 +497,6 @@ static void at_fork_child(void)
      * Drop our view of the parent's segment; an exec'd CUDA program gets its own census. */
     atomic_store(&g_state, OFF);
     gc_interpose_stop();
-    gc_timing_forget();
     gc_events_forget();
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
@@ -622,14 +527,6 @@ static CUptiResult add_kind(CUpti_ActivityKind k)
     return r;
 }
 
-static void drop_kind(CUpti_ActivityKind k)
-{
-    int i = kind_index(k);
-    if (i < 0) return;
-    if (!g_ctl.paused) kind_set(k, 0);
-    g_kinds[i] = g_kinds[--g_nkinds];
-}
-
 static void enable_kinds(void)
 {
     for (int i = 0; i < g_nkinds; i++) kind_set(g_kinds[i], 1);
@@ -637,20 +534,12 @@ static void enable_kinds(void)
 
 /* ---- the control file: switch a running census without restarting its server ---- */
 
-/* <segment>.control beside the segment (the census folder is the user's own, checked at start), read
- * by the flusher at every wake. Space-separated words: `census=off` disables every activity kind (no
- * records then; CUPTI stays set up, and so does what it costs graph replays: ~0.01 us a kernel node set
- * up after the context, ~0.12 us set up in cuInit, docs/measurements.md §14-§15), `census=on` enables
- * them again; `graphs=node` or
- * `graphs=launch` switches how graph launches are traced; `kernels=all|off|ON_MS/PERIOD_MS` switches
- * kernel tracing as OTEL_GPU_CENSUS_KERNELS would have from the start (a sampled schedule keeps the
- * process's origin); `census=finish` runs the final flush now, on the flusher thread, and ends the
- * census (for a process about to be killed whose own shutdown may never run: vLLM's engine, SGLang's
- * schedulers). For comparing modes side by side on one running server, and for an operator who wants
- * the exact mode for a while. The segment says what is in force (paused, paused_ns, graph_mode,
- * kernel_mode); kernel_traced_ns counts every moment the kernel kind was on, whatever the mode. */
-static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono);
-
+/* <segment>.control beside the segment (the census folder is the user's own, checked at start), read by the flusher
+ * at every wake. Space-separated words: `census=off` stops counting (the default collector's wrappers pass calls
+ * through; CUPTI's kinds are disabled, though CUPTI stays set up), `census=on` counts again, and `census=finish` runs
+ * the final flush now, on the flusher thread, and ends the census (for a process about to be killed whose own
+ * shutdown may never run: vLLM's engine, SGLang's schedulers). The segment says whether it is paused and for how
+ * long it was. */
 static void control_poll(uint64_t mono)
 {
     size_t len = strlen(g_path);
@@ -670,45 +559,14 @@ static void control_poll(uint64_t mono)
     if (strcmp(buf, g_ctl.last) == 0) return;
     memcpy(g_ctl.last, buf, (size_t)n + 1);
     int pause = g_ctl.paused;
-    uint32_t graphs = g_graph_mode;
-    uint32_t kmode = g_ks.mode, kon = g_ks.on_ms, kperiod = g_ks.period_ms;
     char *save = NULL;
     for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
         if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
         else if (strcmp(w, "census=off") == 0) pause = 1;
         else if (strcmp(w, "census=on") == 0) pause = 0;
-        else if (g_calls && (strncmp(w, "graphs=", 7) == 0 || strncmp(w, "kernels=", 8) == 0))
-            gc_log("control file %s: ignoring \"%.40s\" (OTEL_GPU_CENSUS_ACTIVITY=off: no activity records to "
-                   "switch)", path, w);
-        else if (strcmp(w, "graphs=node") == 0) graphs = GC_GRAPHS_NODE;
-        else if (strcmp(w, "graphs=launch") == 0 && g_graphs_learned) graphs = GC_GRAPHS_LAUNCH;
-        else if (strcmp(w, "graphs=launch") == 0)
-            gc_log("control file %s: ignoring \"graphs=launch\" (graph contents are learned only through "
-                   "CUPTI's v2 API, from the start)", path);
-        else if (strncmp(w, "kernels=", 8) == 0) {
-            uint32_t m = GC_KERNELS_ALL, on = kon, per = kperiod;
-            if (gc_parse_kernels(w + 8, &m, &on, &per) == 0) {
-                kmode = m;
-                kon = on;
-                kperiod = per;
-            } else {
-                gc_log("control file %s: ignoring \"%.40s\" (kernels=all|off|ON_MS/PERIOD_MS, multiples of "
-                       "20 ms)", path, w);
-            }
-        } else gc_log("control file %s: ignoring \"%.40s\" (census=on|off|finish, graphs=node|launch, "
-                      "kernels=all|off|ON_MS/PERIOD_MS)", path, w);
+        else gc_log("control file %s: ignoring \"%.40s\" (census=on|off|finish)", path, w);
     }
-    /* Records of the mode ending are judged by the mode in force when they are tallied: hand back the
-     * completed ones first (not forced: no half-filled records mid-run). */
-    if (kmode != g_ks.mode || kon != g_ks.on_ms || kperiod != g_ks.period_ms) gc_cupti_flush_all(0);
-    /* a window open at a pause closes now (outside g_mu: its records come to the sink, which takes it) */
-    if (g_timing && pause && !g_ctl.paused) (void)gc_timing_set(0);
     pthread_mutex_lock(&g_mu);
-    if (graphs != g_graph_mode) {
-        if (graphs == GC_GRAPHS_LAUNCH ? add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE) == CUPTI_SUCCESS
-                                        : (drop_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE), 1))
-            g_graph_mode = graphs;
-    }
     if (pause != g_ctl.paused) {
         gc_launches_set_counting(!pause);
         gc_calls_set_counting(!pause);
@@ -717,59 +575,13 @@ static void control_poll(uint64_t mono)
             note_tracing(0, mono);
             g_ctl.paused_since = mono;
         } else {
-            enable_kinds(); /* the kernel kind too, where it is in force: a schedule takes it off */
+            enable_kinds();
             note_tracing(kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0, mono);
             g_ctl.paused_ns += mono - g_ctl.paused_since;
-            if (has_schedule(g_ks.mode)) g_next_phase = mono;
         }
         g_ctl.paused = pause;
     }
-    /* graphs traced node by node leave counted kernels short: every kernel is traced then */
-    if (g_graph_mode == GC_GRAPHS_NODE && kmode == GC_KERNELS_COUNTED) kmode = GC_KERNELS_ALL;
-    apply_kernels(kmode, kon, kperiod, mono);
     pthread_mutex_unlock(&g_mu);
-}
-
-/* Called with g_mu held, by the flusher: kernel tracing as `mode` says from now on. The kernel kind is
- * in g_kinds whenever the mode is not off (a schedule switches it itself). */
-static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uint64_t mono)
-{
-    if (mode == g_ks.mode && (!has_schedule(mode) || (on_ms == g_ks.on_ms && period_ms == g_ks.period_ms)))
-        return;
-    if (has_schedule(mode) && !g_ks.origin_gpu) {
-        gc_log("control file: ignoring kernels=%u/%u (no CUPTI clock to place the schedule on)", on_ms, period_ms);
-        return;
-    }
-    if (mode == GC_KERNELS_COUNTED && g_graph_mode != GC_GRAPHS_LAUNCH) {
-        gc_log("control file: ignoring kernels=counted (graphs are traced node by node)");
-        return;
-    }
-    if (mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono, 1) != 0) {
-        gc_log("control file: ignoring kernels=counted (CUPTI gave no launch callbacks)");
-        return;
-    }
-    if (mode == GC_KERNELS_COUNTED) gc_launches_set_counting(!g_ctl.paused);
-    if (mode == GC_KERNELS_OFF) {
-        drop_kind(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-        note_tracing(0, mono);
-    } else {
-        int had = kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0;
-        if (!had && add_kind(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) return;
-        /* from a schedule's off phase: on again now (the schedule, if any, decides at once) */
-        if (had && !g_ks.tracing && !g_ctl.paused && set_kernels(1) != 0) return;
-        note_tracing(!g_ctl.paused, mono);
-    }
-    g_ks.mode = mode;
-    if (has_schedule(mode)) {
-        g_ks.on_ms = on_ms;
-        g_ks.period_ms = period_ms;
-    }
-    g_next_phase = has_schedule(mode) ? mono : UINT64_MAX;
-    if (g_seg) {
-        gc_segment_begin_update(g_seg);
-        publish_kernels(g_seg, mono);
-        gc_segment_end_update(g_seg);
-    }
 }
 
 /* Every CUPTI callback we enable lands here: graph contents first (a launch notes its graph's version),
@@ -787,69 +599,44 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
         return;
     }
     gc_graphs_callback(dom, cbid, data);
-    gc_launches_callback(dom, cbid, data);
-    gc_calls_callback(dom, cbid, data);
     gc_steps_callback(dom, data);
 }
 
 /* ---- start ---- */
 
 static void follow_contexts(void);
-static void learn_primary_contexts(void);
 
-/* OTEL_GPU_CENSUS_ACTIVITY=off: a subscriber and its callbacks, never the activity API (calls.c says why).
- * 0: counting so; 1: what it needs is missing (a line; the caller goes on with the activity API). */
+/* The default collector: the calls the library preloaded sees (interpose.c), counted by launches.c, calls.c and
+ * graphs.c; kernel time from event pairs (events.c) unless ACTIVITY=off; CUPTI never loaded. 0: counting so. */
 static int start_calls(void)
 {
     uint64_t m = gc_mono_ns(), w = gc_wall_ns();
-    /* No CUPTI clock without the activity API: the census clock is CLOCK_REALTIME (clock_ref_gpu_ns 0
-     * maps it one to one), read through CLOCK_MONOTONIC as launches.c does. */
+    /* No CUPTI clock: the census clock is CLOCK_REALTIME (clock_ref_gpu_ns 0 maps it one to one), read through
+     * CLOCK_MONOTONIC as launches.c does. */
     g_ks.gpu_minus_mono = (int64_t)(w - m);
     g_clock_ref_gpu = 0;
-    int by_cupti = !g_preload;
-    if (by_cupti) gc_cupti_set_api_callback(on_api);
-    const char *why = gc_graphs_start(by_cupti) != 0 ? "graph contents cannot be learned"
-                    : gc_launches_start(g_ks.gpu_minus_mono, by_cupti) != 0 ? "no launch callbacks"
-                    : gc_calls_start(g_ks.gpu_minus_mono, by_cupti) != 0 ? "no copy callbacks" : NULL;
+    const char *why = gc_graphs_start(0) != 0 ? "graph contents cannot be learned"
+                    : gc_launches_start(g_ks.gpu_minus_mono) != 0 ? "launches cannot be counted"
+                    : gc_calls_start(g_ks.gpu_minus_mono) != 0 ? "copies cannot be counted" : NULL;
     if (why) {
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: %s; counting through CUPTI's activity API", why);
+        gc_log("the default collector cannot count here (%s); counting through CUPTI's activity API", why);
         return 1;
     }
-    if (g_preload) gc_interpose_start();
+    gc_interpose_start();
     g_calls = 1;
-    /* ACTIVITY=windows: the kernel schedule's on-phases attach CUPTI (the flusher's kernel_phase), on the
-     * census clock (CLOCK_REALTIME); OTEL_GPU_CENSUS_KERNELS=off leaves durations unknown, as ACTIVITY=off. */
-    if (g_preload && g_cfg.activity_windows && g_cfg.kernel_mode == GC_KERNELS_COUNTED &&
-        gc_timing_start(g_cfg.cupti_path, timed_sink) == 0) {
-        g_timing = 1;
-        g_timing_watch = watch_init() == 0;
-        if (!g_timing_watch) gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the driver cannot say when a context exists; "
-                                    "kernel time not measured");
-    }
-    else if (g_cfg.activity_windows && g_cfg.kernel_mode != GC_KERNELS_OFF)
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=windows: the windows follow OTEL_GPU_CENSUS_KERNELS=counted:ON_MS/PERIOD_MS; "
-               "kernel time not measured");
-    /* ACTIVITY=events: event pairs around a sample of the launches, from the first launch on (no CUPTI to wait for) */
-    if (g_preload && g_cfg.activity_events && g_cfg.kernel_mode != GC_KERNELS_OFF &&
+    /* event pairs around a sample of the launches, from the first launch on */
+    if (g_cfg.activity_events &&
         gc_events_start(g_cfg.events_every_eager, g_cfg.events_every_graph, g_cfg.events_gate) == 0)
         g_events = 1;
     g_graphs_learned = 1;
     g_graph_mode = GC_GRAPHS_LAUNCH;
     g_ks.mode = GC_KERNELS_COUNTED;
-    g_ks.on_ms = g_timing ? g_cfg.kernel_on_ms : 0;
-    g_ks.period_ms = g_timing ? g_cfg.kernel_period_ms : 0;
-    g_ks.origin_gpu = g_timing ? w : 0; /* the census clock: the first window opens at the flusher's first wake */
     g_ks.tracing = 0;
-    if (by_cupti) follow_contexts();
-    if (g_cfg.start_paused) {
-        gc_launches_set_counting(0);
-        gc_calls_set_counting(0);
-        g_ctl.paused = 1;
-        g_ctl.paused_since = gc_mono_ns();
-    }
     return 0;
 }
 
+/* The precise collector: CUPTI's records of every kernel, copy and memset (measured durations, busy time), graphs
+ * per launch where CUPTI allows it (their contents learned through its callbacks), else node by node. */
 static int start(void)
 {
     if (g_preload) {   /* the calls are the preloaded interposer's: CUPTI only if that cannot count */
@@ -858,18 +645,12 @@ static int start(void)
         if (gc_cupti_load(g_cfg.cupti_path) != 0) return -1;
     }
     if (gc_cupti_subscribe(g_cfg.api_v1) != 0) return -1;
-    if (g_cfg.activity_off) {
-        int rc = start_calls();
-        if (rc <= 0) return rc;
-    }
     CUptiResult r = gc_cupti_register(on_request, on_complete);
     if (r != CUPTI_SUCCESS) {
         gc_log("census off: cannot register activity buffers: %s", gc_cupti_error(r));
         return -1;
     }
-    g_ks.mode = g_cfg.kernel_mode;
-    g_ks.on_ms = g_cfg.kernel_on_ms;
-    g_ks.period_ms = g_cfg.kernel_period_ms;
+    g_ks.mode = GC_KERNELS_ALL;
     gc_cupti_set_api_callback(on_api);
     /* Graphs per launch (GRAPH_TRACE). Drivers before r610 refuse it to the v2 (multi-subscriber) API,
      * where they also give activity records to one subscriber only: then, unless the API was named,
@@ -893,13 +674,9 @@ static int start(void)
         g_graph_mode = GC_GRAPHS_LAUNCH;
     }
     /* No EXTERNAL_CORRELATION kind: CUPTI emits those only beside API records (steps.c says why). */
-    CUpti_ActivityKind kinds[] = {
-        g_ks.mode == GC_KERNELS_OFF ? CUPTI_ACTIVITY_KIND_INVALID : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
-        CUPTI_ACTIVITY_KIND_MEMCPY,
-        CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET,
-    };
+    const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                        CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_MEMSET};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
-        if (kinds[i] == CUPTI_ACTIVITY_KIND_INVALID) continue;
         r = add_kind(kinds[i]);
         if (r != CUPTI_SUCCESS) {
             gc_log("census off: cannot enable activity kind %d: %s", (int)kinds[i], gc_cupti_error(r));
@@ -907,8 +684,7 @@ static int start(void)
             return -1;
         }
     }
-    /* Refused per-launch records leave graphs traced node by node: slower, still exact (the segment
-     * says which; a line only when the user asked for launch by name). */
+    /* Refused per-launch records leave graphs traced node by node: slower, still exact (the segment says which). */
     if (g_graph_mode == GC_GRAPHS_LAUNCH && (r = add_kind(CUPTI_ACTIVITY_KIND_GRAPH_TRACE)) != CUPTI_SUCCESS) {
         if (g_cfg.graph_named)
             gc_log("graphs traced node by node: CUPTI refused per-launch graph records (%s)", gc_cupti_error(r));
@@ -920,112 +696,22 @@ static int start(void)
     uint64_t ts = gc_cupti_timestamp(&tr);
     g_clock_ref_gpu = ts;
     uint64_t m1 = gc_mono_ns();
-    /* The schedule starts now, with kernels on (enabled above). Without a CUPTI clock, sampling
-     * cannot be placed on the records' time line: trace every kernel instead. */
-    if (has_schedule(g_ks.mode) && !ts) {
-        gc_log("OTEL_GPU_CENSUS_KERNELS: no CUPTI timestamp (%s); tracing all kernels", gc_cupti_error(tr));
-        g_ks.mode = GC_KERNELS_ALL;
-    }
     g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
-    /* Counting needs the launch callbacks (under the v1 API they take CUPTI's one subscriber slot) and
-     * graphs counted per launch (traced node by node, their kernels would be records, which a duty cycle
-     * would leave out). Without them every kernel is traced: exact, at the old cost; a line when the
-     * mode was asked for. */
-    if (g_ks.mode == GC_KERNELS_COUNTED && g_graph_mode != GC_GRAPHS_LAUNCH) {
-        if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: graphs are traced node by node; tracing all kernels");
-        g_ks.mode = GC_KERNELS_ALL;
-    }
-    if (g_ks.mode == GC_KERNELS_COUNTED && gc_launches_start(g_ks.gpu_minus_mono, 1) != 0) {
-        if (g_cfg.kernels_named) gc_log("OTEL_GPU_CENSUS_KERNELS=counted: no launch callbacks; tracing all kernels");
-        g_ks.mode = GC_KERNELS_ALL;
-    }
-    g_ks.origin_gpu = ts;
-    g_ks.tracing = g_ks.mode != GC_KERNELS_OFF;
+    g_ks.tracing = 1;
     g_ks.on_since = m1;
     follow_contexts();
-    /* OTEL_GPU_CENSUS_START=paused: every kind was enabled above only to learn that CUPTI takes it (this
-     * runs in cuInit, or at the attach); off now, until census=on. The
-     * segment is made by the flusher's first round (control_poll needs its name), not by a record. */
-    if (g_cfg.start_paused) {
-        gc_launches_set_counting(0);
-        disable_kinds();
-        note_tracing(0, m1);
-        g_ctl.paused = 1;
-        g_ctl.paused_since = m1;
-    }
     return 0;
 }
 
-/* ---- when CUPTI is set up ----
- *
- * Measured on an H200 (docs/measurements.md §15): CUPTI set up before a CUDA context is created, in
- * any way (inside cuInit as an injector, or subscribed from Python before the first CUDA call), makes
- * every kernel node of that context's graph replays ~0.12 us slower on the GPU, for the context's
- * whole life, whatever is enabled and even after cuptiFinalize; set up once the context exists, the
- * same kinds and callbacks cost 1 %. So by default the injector only loads libcupti inside cuInit and
- * its flusher thread polls the driver for an active primary context (every 100 us for the first 10 s,
- * then every 1 ms, after a minute every 10 ms), then sets CUPTI up. What runs on the GPU between the
- * context's creation and that moment is not counted; the segment says when counting began and bounds
- * the gap. Contexts made later (a second device) are counted from their first launch and pay the cost
- * (contexts_late). OTEL_GPU_CENSUS_ATTACH=cuinit sets CUPTI up inside cuInit, as before. */
-static struct {
-    CUresult (*count)(int *);
-    CUresult (*state)(CUdevice, unsigned int *, int *);
-    CUresult (*retain)(CUcontext *, CUdevice);
-    CUresult (*release)(CUdevice);
-} g_drv;
-
-static int watch_init(void)
-{
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (!cuda) return -1;
-    *(void **)&g_drv.count = dlsym(cuda, "cuDeviceGetCount");
-    *(void **)&g_drv.state = dlsym(cuda, "cuDevicePrimaryCtxGetState");
-    *(void **)&g_drv.retain = dlsym(cuda, "cuDevicePrimaryCtxRetain");
-    *(void **)&g_drv.release = dlsym(cuda, "cuDevicePrimaryCtxRelease_v2");
-    if (!g_drv.release) *(void **)&g_drv.release = dlsym(cuda, "cuDevicePrimaryCtxRelease");
-    return g_drv.count && g_drv.state ? 0 : -1;
-}
-
-static int primary_context_active(void)
-{
-    int n = 0;
-    if (g_drv.count(&n) != CUDA_SUCCESS) return 0; /* cuInit has not returned yet */
-    for (int d = 0; d < n && d < (int)GC_MAX_DEVICES; d++) {
-        unsigned int flags = 0;
-        int active = 0;
-        if (g_drv.state((CUdevice)d, &flags, &active) == CUDA_SUCCESS && active) return 1;
-    }
-    return 0;
-}
-
-/* The active primary contexts, made before the census attached: known to contexts.c from now on (a
- * retain of an active one only counts a reference, given back at once). */
-static void learn_primary_contexts(void)
-{
-    int n = 0;
-    if (!g_drv.retain || !g_drv.release || g_drv.count(&n) != CUDA_SUCCESS) return;
-    for (int d = 0; d < n && d < (int)GC_MAX_DEVICES; d++) {
-        unsigned int flags = 0;
-        int active = 0;
-        CUcontext ctx = NULL;
-        if (g_drv.state((CUdevice)d, &flags, &active) != CUDA_SUCCESS || !active) continue;
-        if (g_drv.retain(&ctx, (CUdevice)d) != CUDA_SUCCESS) continue;
-        gc_contexts_add(ctx);
-        g_drv.release((CUdevice)d);
-    }
-}
+/* ---- when CUPTI is set up: inside cuInit, so that nothing the process puts on the GPU goes uncounted ---- */
 
 /* CUPTI set up; the census counts from here. 0, or -1 with a log line and the census off. */
-static int attach(uint32_t mode, uint64_t after_ns)
+static int attach(void)
 {
-    /* The contexts that exist already are known before any kind is switched: the kernel kind then goes
-     * on globally once and is switched per context from the first switch (a paused start included). */
-    if (mode == GC_ATTACH_CONTEXT) learn_primary_contexts();
     if (start() != 0) return -1;
-    g_attach.mode = mode;
+    g_attach.mode = GC_ATTACH_CUINIT;
     g_attach.wall_ns = gc_wall_ns();
-    g_attach.after_ns = after_ns;
+    g_attach.after_ns = 0;
     return 0;
 }
 
@@ -1034,35 +720,10 @@ static int attach(uint32_t mode, uint64_t after_ns)
  * (graphs per launch, counted launches). start()'s, before it switches any kind off. */
 static void follow_contexts(void)
 {
-    if (gc_cupti_is_v2() || g_graphs_learned || g_ks.mode == GC_KERNELS_COUNTED) {
+    if (gc_cupti_is_v2() || g_graphs_learned) {
         if (gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_CREATED) == 0)
             g_contexts_followed =
                 gc_cupti_enable_resource("contexts not followed", CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) == 0;
-    }
-}
-
-/* The flusher's first job under ATTACH=context: 0 once attached and ACTIVE, -1 when the census ends
- * meanwhile (exit, gc_finish, a fork) or CUPTI cannot be set up. */
-static int wait_and_attach(void)
-{
-    const uint64_t t0 = gc_mono_ns();
-    for (;;) {
-        if (getpid() != g_pid || atomic_load(&g_state) != WAITING) return -1;
-        uint64_t now = gc_mono_ns(), age = now - t0;
-        uint64_t tick = age < 10000000000ull ? 100000ull : age < 60000000000ull ? 1000000ull : 10000000ull;
-        if (primary_context_active()) {
-            atomic_store(&g_flusher_busy, 1); /* exit waits (bounded) for the set-up to end */
-            int rc = atomic_load(&g_state) == WAITING ? attach(GC_ATTACH_CONTEXT, tick + (gc_mono_ns() - now)) : -1;
-            int waiting = WAITING;
-            int ok = rc == 0 && atomic_compare_exchange_strong(&g_state, &waiting, ACTIVE);
-            if (!ok) { /* CUPTI refused, or exit/gc_finish/fork came first (then the state is no longer WAITING) */
-                waiting = WAITING;
-                atomic_compare_exchange_strong(&g_state, &waiting, OFF);
-            }
-            atomic_store(&g_flusher_busy, 0);
-            return ok ? 0 : -1;
-        }
-        sleep_until(now + tick);
     }
 }
 
@@ -1074,40 +735,29 @@ int InitializeInjection(void)
     gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
-    /* ACTIVITY=off in a process we are preloaded into: the calls are ours, CUPTI is not loaded, and counting
-     * starts here (no context's graphs to spare from CUPTI: nothing to wait for). */
+    /* The default collector is the library preloaded (counting at the calls, CUPTI never loaded); without it the
+     * census says so in one line and takes CUPTI's records, exact, rather than counting nothing. */
     g_preload = g_cfg.activity_off && gc_interpose_ready();
-    if ((g_cfg.activity_windows || g_cfg.activity_events) && !g_preload) { /* durations need the activity API then */
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=%s needs the census library preloaded (LD_PRELOAD, as `run` sets it); "
-               "counting through CUPTI's activity API", g_cfg.activity_events ? "events" : "windows");
-        g_cfg.activity_off = g_cfg.activity_windows = g_cfg.activity_events = 0;
+    if (g_cfg.activity_off && !g_preload) {
+        const char *lp = getenv("LD_PRELOAD");
+        if (lp && strstr(lp, "otel_gpu_census"))
+            gc_log("the default collector: LD_PRELOAD names the census library, but no driver function was looked up "
+                   "through this copy of it before cuInit (LD_PRELOAD and CUDA_INJECTION64_PATH name different files?); "
+                   "counting through CUPTI's activity API (the precise collector)");
+        else
+            gc_log("the default collector needs the census library preloaded (LD_PRELOAD, as `run` and `otel-gpu-census "
+                   "env` set it); counting through CUPTI's activity API (the precise collector)");
+        g_cfg.activity_off = g_cfg.activity_events = 0;
     }
-    if (g_cfg.activity_off && !g_preload && getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "otel_gpu_census"))
-        gc_log("OTEL_GPU_CENSUS_ACTIVITY=off: LD_PRELOAD names the census library, but no driver function was "
-               "looked up through this copy of it before cuInit (the program calls libcuda directly, or LD_PRELOAD "
-               "and CUDA_INJECTION64_PATH name different files); counting through CUPTI's callbacks");
     if (!g_preload && gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);
-    /* Later, from the flusher, once a context exists; now when there is no driver to ask (the CPU
-     * tests' mock CUPTI) or no thread to wait with. */
-    if (!g_preload && !g_cfg.attach_cuinit && watch_init() == 0) {
-        atomic_store(&g_state, WAITING);
-        if (start_flusher() == 0) return 1;
-        atomic_store(&g_state, OFF);
-    }
-    if (attach(GC_ATTACH_CUINIT, 0) != 0) return 1;
+    if (attach() != 0) return 1;
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {
         if (g_calls) gc_log("no flusher thread: calls are counted at exit only (OTEL_GPU_CENSUS_ACTIVITY=off)");
         else gc_cupti_flush_period(g_cfg.flush_ms);
-        if (has_schedule(g_ks.mode)) { /* nobody to switch kernels off or fold counts: trace them all */
-            gc_log("no flusher thread: tracing all kernels instead of OTEL_GPU_CENSUS_KERNELS=%s%u/%u",
-                   g_ks.mode == GC_KERNELS_COUNTED ? "counted:" : "", g_ks.on_ms, g_ks.period_ms);
-            g_ks.mode = GC_KERNELS_ALL;
-            gc_launches_set_counting(0);
-        }
     }
     return 1;
 }
@@ -1137,7 +787,6 @@ int gc_flush(void)
 {
     if (!gc_active()) return -1;
     if (!g_calls && gc_cupti_flush_all(0) != CUPTI_SUCCESS) return -1;
-    if (g_timing) gc_timing_flush();
     fold_launches(gc_mono_ns());
     return 0;
 }

@@ -29,20 +29,12 @@ struct gc_config {
     size_t buffer_size;         /* OTEL_GPU_CENSUS_BUFFER_KB */
     int max_buffers;            /* OTEL_GPU_CENSUS_MAX_BUFFERS */
     uint32_t flush_ms;          /* OTEL_GPU_CENSUS_FLUSH_MS */
-    uint32_t kernel_mode, kernel_on_ms, kernel_period_ms;   /* OTEL_GPU_CENSUS_KERNELS */
-    int kernels_named;          /* OTEL_GPU_CENSUS_KERNELS was set: say so when counting cannot be had */
     uint32_t graph_mode;        /* OTEL_GPU_CENSUS_GRAPHS: enum gc_graphs (launch unless node) */
     int graph_named;            /* OTEL_GPU_CENSUS_GRAPHS was set: say so when it cannot be had */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
     int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
-    int start_paused;           /* OTEL_GPU_CENSUS_START=paused: no kind on until census=on */
-    int attach_cuinit;          /* OTEL_GPU_CENSUS_ATTACH=cuinit: CUPTI set up inside cuInit (exact from
-                                 * the first launch; every context's graph replays pay CUPTI's per-node
-                                 * cost), else once the first primary context is active */
     int activity_off;           /* OTEL_GPU_CENSUS_ACTIVITY=off: no activity API, everything counted at its
-                                 * call (calls.c), no durations; also set by =windows */
-    int activity_windows;       /* OTEL_GPU_CENSUS_ACTIVITY=windows: counted at the calls by the library
-                                 * preloaded, kernel durations in windows of CUPTI attached (timing.c) */
+                                 * call (calls.c), no durations; also set by =events */
     int activity_events;        /* OTEL_GPU_CENSUS_ACTIVITY=events: counted at the calls by the library
                                  * preloaded, kernel durations from CUDA event pairs (events.c), no CUPTI */
     uint32_t events_every_eager, events_every_graph;   /* OTEL_GPU_CENSUS_EVENT_EVERY */
@@ -50,7 +42,6 @@ struct gc_config {
 };
 int gc_config_disabled(void);
 void gc_config_load(struct gc_config *c);
-int gc_parse_kernels(const char *v, uint32_t *mode, uint32_t *on_ms, uint32_t *period_ms);
 
 /* graphs.c: the contents of graph launches, learned from their graphs (needs the v2 API's callbacks). */
 /* 0: graph launches can be counted from their contents (learned through CUPTI's callbacks when by_cupti,
@@ -67,7 +58,7 @@ int gc_graphs_contents(uint32_t corr, gc_graph_contents *out);   /* -1: not know
 void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_dev,
                    CUmemorytype dst_type, const void *dst_host, CUdeviceptr dst_dev, int *dir, int *mem, int *peer_dev);
 
-/* graphs.c, for timing.c: launches in a CUPTI window (CUPTI's correlation ids) and their measured spans, which
+/* graphs.c, for events.c: timed launches (our correlation ids) and their measured spans, which
  * price every launch of the same exec version (gc_graphs_contents fills span_ns). */
 int gc_graphs_timed_start(void);
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
@@ -89,18 +80,6 @@ void gc_events_forget(void);        /* a forked child */
 void gc_events_stats(struct gc_events_stats *out);
 #define GC_EVENTS_MAX_PENDING (8 * 256)   /* pairs outstanding at most: a poll's eager samples fit in this */
 
-/* timing.c: kernel durations sampled in windows of CUPTI (OTEL_GPU_CENSUS_ACTIVITY=windows, the census library
- * preloaded): set up at the first, its two kinds switched on and off (detached between only under the probe). The flusher drives it; records reach `sink` with times on the census clock. */
-struct gc_timing_stats { uint64_t windows, failed, attach_ns, detach_ns; };
-typedef void (*gc_timing_sink)(uint8_t *buffer, size_t valid, int (*next)(uint8_t *, size_t, CUpti_Activity **));
-int gc_timing_start(const char *cupti_path, gc_timing_sink sink);   /* no CUPTI yet: the first window loads it */
-int gc_timing_set(int on);          /* a window on (1) or off (0): 0 when it is so or under way */
-void gc_timing_poll(void);          /* the flusher's every wake: a detach waiting for the process goes on */
-void gc_timing_flush(void);         /* records of the open window to the sink now (gc_flush) */
-void gc_timing_stop(int at_exit);   /* the census ends: the open window's records (a probe's detach unless at exit) */
-void gc_timing_forget(void);        /* a forked child: nothing of the parent's CUPTI is ours */
-void gc_timing_stats(struct gc_timing_stats *out);   /* lock-free: read under the injector's lock */
-
 /* steps.c: the calling thread's step stack, and correlation id -> step for the tally. */
 int gc_steps_start(void);       /* launch callbacks on (once); 0 when steps can be tagged */
 int gc_steps_push(uint64_t id);
@@ -117,39 +96,29 @@ void gc_interpose_start(void);      /* the wrappers report from now on */
 void gc_interpose_stop(void);       /* ... no longer (a forked child) */
 int gc_interpose_on(void);
 
-/* launches.c: eager kernel launches counted by callbacks (KERNELS=counted); the fold needs the writer's lock. */
-/* launch callbacks on (by_cupti; else interpose.c counts through gc_launches_count); 0 when counted */
-int gc_launches_start(int64_t gpu_minus_mono, int by_cupti);
+/* launches.c: eager kernel launches counted by the library preloaded (interpose.c); the fold needs the writer's lock. */
+int gc_launches_start(int64_t gpu_minus_mono);  /* 0 when counted */
 void gc_launches_set_counting(int on);          /* off while the census is paused, or in a forked child */
-void gc_launches_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
-/* The flusher's (and a finishing census's): launch callbacks off while nothing is counted, and a runtime
- * launch call's off for good once its driver launch is proven reported too. Never under a lock. */
-void gc_launches_tune(void);
 uint64_t gc_launches_thread(void);              /* launches this thread made (steps.c marks steps by it) */
 void gc_launches_step_done(uint64_t id, uint64_t n);
 int gc_launches_pending(void);                  /* launches counted that no fold took yet */
 void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
-
-/* launches.c, for calls.c: the calling thread's device (-1: unknown), and whether a launch on `stream` only
- * records into a capture. */
-int gc_launches_device(const CUpti_CallbackData *cb);
+/* whether a launch on `stream` only records into a capture; for interpose.c: one eager launch on `dev` (-1:
+ * unknown) while counting; a capture begun (ok: it succeeded) or ended */
 int gc_launches_capturing(CUstream stream);
-/* launches.c, for interpose.c: one eager launch on `dev` (-1: unknown) while counting; a capture begun (ok:
- * it succeeded) or ended. */
 void gc_launches_count(int dev);
 int gc_launches_counting(void);
 void gc_launches_capture(int begin, int ok);
 int gc_launches_any_capture(void);              /* a capture is open somewhere in the process (events.c) */
 
-/* calls.c: copies, memsets and graph launches counted at their API calls (ACTIVITY=off); the fold needs
- * the writer's lock. */
-int gc_calls_start(int64_t gpu_minus_mono, int by_cupti); /* 0 when every copy and memset call is followed */
+/* calls.c: copies, memsets and graph launches counted at their calls by the library preloaded; the fold needs the
+ * writer's lock. */
+int gc_calls_start(int64_t gpu_minus_mono);      /* 0 when every copy and memset call is followed */
 /* for interpose.c: the index of a driver call calls.c reads (its name without _ptds/_ptsz; -1: none), and
  * one such call that succeeded, its parameters laid out as CUPTI passes them (call_params.h) */
 int gc_calls_index(const char *name);
 void gc_calls_note(int index, int per_thread, const void *params, int dev, uint32_t corr);
 void gc_calls_set_counting(int on);
-void gc_calls_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
 int gc_calls_pending(void);
 void gc_calls_fold(gc_tally *t, gc_segment *seg);
 

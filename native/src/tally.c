@@ -487,37 +487,6 @@ void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_conte
     graph_launch(t, record, c, 1);
 }
 
-/* GC_FLAG_TIMED: a record of a window CUPTI was attached for, its times on the census clock. Counts are the
- * calls' (whole and exact): a kernel record gives the eager sample its duration (as COUNTED's records do), a
- * graph record the busy union (its span goes to its exec's mean, graphs.c). Never a step: the record's
- * correlation id is CUPTI's, not the one our calls were noted under. */
-void gc_tally_timed(gc_tally *t, const void *record)
-{
-    const CUpti_Activity *r = record;
-    uint64_t s, e;
-    uint32_t dev;
-    t->seg->records++;
-    if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
-        const GC_KERNEL_T *k = record;
-        s = k->start, e = k->end, dev = k->deviceId;
-    } else if (r->kind == CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
-        const CUpti_ActivityGraphTrace2 *g = record;
-        s = g->start, e = g->end, dev = g->deviceId;
-    } else {
-        t->seg->records_unknown++;
-        return;
-    }
-    gc_device *d = device(t, dev);
-    if (!d) { t->seg->records_unknown++; return; }
-    if (!s || e <= s) { t->seg->kernel_outside++; return; } /* still running at the window's forced flush */
-    if (r->kind != CUPTI_ACTIVITY_KIND_GRAPH_TRACE) {
-        eager_sample(t, d, dev, s, e);
-        return;
-    }
-    seen(t, d, s, e);
-    frontier_add(&t->fr[dev], s, e);
-}
-
 void gc_tally_eager_sample(gc_tally *t, uint32_t dev, uint64_t t_ns, uint64_t ns)
 {
     gc_device *d = device(t, dev);

@@ -47,7 +47,8 @@ def lib_path() -> str:
 
 def census_env(tmp: Path, **extra) -> dict:
     env = dict(os.environ)
-    env.update(CUDA_INJECTION64_PATH=lib_path(), OTEL_GPU_CENSUS_DIR=str(tmp))
+    env.update(CUDA_INJECTION64_PATH=lib_path(), OTEL_GPU_CENSUS_DIR=str(tmp),
+               OTEL_GPU_CENSUS_ACTIVITY="on")   # the CUPTI path these cases were written for, unless a case names one
     # the package's in-process API (injector.wait_attached) for the Python workloads, installed or not
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parents[1] / "src"), env.get("PYTHONPATH")) if p)
     env.update({k: str(v) for k, v in extra.items()})
@@ -83,27 +84,21 @@ def workload(tmp_path_factory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("api,graphs,attach,kernels", [
-    ("auto", "launch", "context", "default"), ("v1", "launch", "context", "default"),
-    ("auto", "launch", "context", "all"), ("v2", "launch", "context", "all"), ("v2", "node", "context", "all"),
-    ("auto", "launch", "cuinit", "default"), ("auto", "launch", "context", "calls"),
-    ("auto", "launch", "cuinit", "preload")])
-def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kernels):
-    """Every count and byte exact, eager and inside CUDA graphs (one of them updated in place), in
-    both graph modes. Graphs per launch (the default) must hold with the API left to the census (auto)
-    and with v1; with v2 named, a driver before r610 refuses per-launch records: node mode, still exact.
-    Kernel counts are exact in the default mode (launches counted, records on a duty cycle) as with
-    every kernel traced, and counted at the calls with CUPTI's activity API never set up (kernels "calls":
-    OTEL_GPU_CENSUS_ACTIVITY=off, no duration measured)."""
+@pytest.mark.parametrize("api,graphs,kernels", [
+    ("auto", "launch", "precise"), ("v1", "launch", "precise"), ("v2", "launch", "precise"), ("v2", "node", "precise"),
+    ("auto", "launch", "calls"), ("auto", "launch", "preload")])
+def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
+    """Every count and byte exact, eager and inside CUDA graphs (one of them updated in place), in both graph modes,
+    under both collectors. The precise one (CUPTI, set up in cuInit): graphs per launch must hold with the API left
+    to the census (auto) and with v1; with v2 named, a driver before r610 refuses per-launch records: node mode,
+    still exact. The default one (the library preloaded, "preload"; "calls": no event pairs either): counted at the
+    calls, CUPTI never loaded, no duration measured."""
     extra = {} if api == "auto" else {"OTEL_GPU_CENSUS_CUPTI_API": api}
     if kernels in ("calls", "preload"):
         extra["OTEL_GPU_CENSUS_ACTIVITY"] = "off"
         if kernels == "preload":     # the calls seen by the library preloaded: CUPTI never loaded
             extra["LD_PRELOAD"] = lib_path()
-    elif kernels != "default":
-        extra["OTEL_GPU_CENSUS_KERNELS"] = kernels
-    if attach != "context":
-        extra["OTEL_GPU_CENSUS_ATTACH"] = attach
+    attach = "cuinit"
     env = census_env(tmp_path, OTEL_GPU_CENSUS_GRAPHS=graphs, **extra)
     p = subprocess.run([str(workload), "1000"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -121,11 +116,9 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
                eager_traced=seg.devices[0].eager_traced, launches_lost=seg.launches_lost,
                flags=seg.flags, calls_lost=seg.calls_lost, records=seg.records, cupti_version=seg.cupti_version)
     RESULTS[f"workload_{api}_{graphs}_{attach}_{kernels}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
-    # the workload waited for the census after making its context (census_wait.h): nothing it checks
-    # ran before counting began, and no context came after it; set up in cuInit, its one context came after
-    assert got["attach_mode"] == (1 if attach == "context" else 0)
-    assert got["contexts_late"] == (0 if attach == "context" or kernels == "preload" else 1)
-    assert (0 < got["attach_after_ns"] < 1_000_000_000) if attach == "context" else got["attach_after_ns"] == 0
+    # set up in cuInit: the workload's one context came after
+    assert got["attach_mode"] == 0 and got["attach_after_ns"] == 0
+    assert got["contexts_late"] == (0 if kernels in ("calls", "preload") else 1)
     assert got["graph_mode"] == (1 if per_launch else 0)
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
     assert got["graph_kernel_count"] == (want["graph_kernels"] if per_launch else 0)
@@ -143,12 +136,12 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, attach, kerne
     assert got["dtod"]["bytes"] == want["dtod"]
     assert got["memset"]["bytes"] == want["memset"] and got["memset"]["count"] == 1
     assert got["dropped"] == 0
-    assert got["kernel_mode"] == (3 if kernels in ("default", "calls", "preload") else 0) and got["launches_lost"] == 0
+    assert got["kernel_mode"] == (3 if kernels in ("calls", "preload") else 0) and got["launches_lost"] == 0
     assert bool(got["flags"] & 0x20) == (kernels in ("calls", "preload")) and got["calls_lost"] == 0
     assert bool(got["flags"] & 0x40) == (kernels == "preload") and got["cupti_version"] == (0 if kernels == "preload" else got["cupti_version"])
     if kernels in ("calls", "preload"):     # no activity record at all, so no duration: zeros, never a guess
         assert got["records"] == 0 and got["kernel_ns"] == got["busy_ns"] == got["eager_traced"] == 0
-    if kernels in ("default", "calls", "preload"):   # counted: eager launches from the callbacks, graph kernels from contents
+    if kernels in ("calls", "preload"):   # counted: eager launches at their calls, graph kernels from contents
         assert got["eager_launches"] + got["graph_kernel_count"] == want["kernels"]
         return
     # Two 20 ms spins overlapped: summed kernel time counts both, busy time about one.
@@ -210,7 +203,7 @@ def test_kernel_time_matches_torch_profiler(tmp_path):
     ffi = cr.native()[0]
     off = ffi.offsetof("gc_segment", "devices") + ffi.offsetof("gc_device", "kernel_ns")
     r = subprocess.run([sys.executable, str(script), "census", str(off)],
-                       env=census_env(tmp_path, OTEL_GPU_CENSUS_KERNELS="all"),
+                       env=census_env(tmp_path),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     cj = json.loads(r.stdout.strip().splitlines()[-1])
@@ -330,165 +323,18 @@ def steady(tmp_path_factory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("api,kernels", [("v2", "100/500"), ("v1", "100/500"), ("v2", "off")])
-def test_sampled_kernels_on_schedule_and_copies_exact(steady, tmp_path, api, kernels):
-    """OTEL_GPU_CENSUS_KERNELS on a real GPU: every copy counted whatever the phase; with 100/500 about a
-    fifth of the kernels (eager and graph nodes), launched inside the schedule's traced phases; with
-    off, none."""
-    sys.path.insert(0, str(HERE.parents[1] / "src"))
-    from otel_gpu_census.census import reader
-    env = census_env(tmp_path, OTEL_GPU_CENSUS_CUPTI_API=api, OTEL_GPU_CENSUS_KERNELS=kernels)
-    p = subprocess.run([str(steady), "3", "20"], env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    want = json.loads(p.stdout)
-    segs = sorted(tmp_path.glob("*.seg"))
-    assert len(segs) == 1
-    c = reader.read_segment(str(segs[0]))
-    d = c.devices[0]
-    k = c.kernels
-    fully = [w for w in c.windows if k.traced_between(w.start_ns, w.end_ns) == w.end_ns - w.start_ns]
-    untraced = [w for w in c.windows if k.traced_between(w.start_ns, w.end_ns) == 0]
-    RESULTS[f"sampled_{api}_{kernels.replace('/', '_')}"] = {
-        "expected": want, "kernel_count": d.kernel_count, "fraction": d.kernel_count / want["kernels"],
-        "kernels_in_untraced_windows": sum(w.kernel_count for w in untraced),
-        "traced_windows_with_kernels": sum(1 for w in fully if w.kernel_count), "traced_windows": len(fully),
-        "traced_ns": k.traced_ns, "mode": k.name, "cupti_version": c.cupti_version, "stderr": p.stderr[-1000:]}
-    assert c.state_name == "exited" and c.dropped == 0
-    # silent, but where the v2 API was named and CUPTI refuses it per-context switching (the H200's driver
-    # 580): one line says the kernel kind is switched globally
-    refused = "kernel records switched globally: CUPTI refused to switch them per context"
-    assert p.stderr == "" or (api == "v2" and len(p.stderr.splitlines()) == 1 and refused in p.stderr), p.stderr
-    # a real CUPTI clock reference was taken (the fallback copies the wall clock into it)
-    assert c.clock_ref_gpu_ns != c.clock_ref_wall_ns
-    assert d.copies.get("dtoh", "pinned").count == want["dtoh_pinned_count"]
-    assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
-    assert d.copies.get("htod", "pageable").count == want["htod_pageable_count"]
-    assert d.copies.get("htod", "pageable").bytes == want["htod_pageable_bytes"]
-    if kernels == "off":
-        assert k.name == "off" and d.kernel_count == 0 and d.busy_ns == 0
-        return
-    assert k.name == kernels
-    assert 0.15 < d.kernel_count / want["kernels"] < 0.25
-    assert 0.15 * want["seconds"] * 1e9 < k.traced_ns < 0.25 * want["seconds"] * 1e9
-    assert sum(w.kernel_count for w in untraced) <= 0.05 * d.kernel_count
-    assert sum(1 for w in fully if w.kernel_count) >= 0.9 * len(fully) > 0
-
-
 def _steady_census(steady, tmp_path, kernels, seconds="3", spin_ns="0", **extra):
+    """steady.cu's census: "all" under the precise collector (every kernel a record), else the default one as
+    `extra` sets it."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from otel_gpu_census.census import reader
-    env = census_env(tmp_path, OTEL_GPU_CENSUS_KERNELS=kernels, **extra)
+    env = census_env(tmp_path, **extra)
     p = subprocess.run([str(steady), seconds, "20", spin_ns], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     segs = sorted(tmp_path.glob("*.seg"))
     assert len(segs) == 1 and p.stderr == "", p.stderr
     return json.loads(p.stdout), reader.read_segment(str(segs[0]))
-
-
-def test_counted_kernels_exact_and_their_time_estimated(steady, tmp_path):
-    """The default mode on a real GPU: every kernel counted (eager through the launch callbacks, graph
-    nodes from their graphs), copies exact, kernel records for 100 ms of every 500 ms; the eager kernel
-    time estimated from that sample against every kernel traced in a run of the same program."""
-    want, c = _steady_census(steady, tmp_path / "counted", "counted:100/500")
-    d = c.devices[0]
-    want_all, a = _steady_census(steady, tmp_path / "all", "all")
-    da = a.devices[0]
-    eager = want["kernels"] - 20 * want["graph_launches"]
-    mean = d.eager_traced_ns / d.eager_traced
-    est = d.eager_launches * mean
-    per_launch_all = da.eager_traced_ns / da.eager_traced
-    RESULTS["counted_steady"] = {
-        "expected": want, "kernel_count": d.kernel_count, "eager_launches": d.eager_launches,
-        "eager_traced": d.eager_traced, "eager_traced_ns": d.eager_traced_ns, "graph_kernel_count": d.graph_kernel_count,
-        "graph_ns": d.graph_ns, "windows_eager_launches": sum(w.eager_launches for w in c.windows),
-        "launches_lost": c.launches_lost, "mode": c.kernels.name, "eager_ns_per_launch": mean,
-        "all": {"expected": want_all, "kernel_count": da.kernel_count, "eager_traced": da.eager_traced,
-                "eager_traced_ns": da.eager_traced_ns, "eager_ns_per_launch": per_launch_all}}
-    assert c.kernels.name == "counted:100/500" and c.state_name == "exited" and c.dropped == 0
-    assert d.kernel_count == want["kernels"] and d.eager_launches == eager and c.launches_lost == 0
-    assert d.graph_kernel_count == 20 * want["graph_launches"] and d.graph_launches == want["graph_launches"]
-    assert sum(w.eager_launches for w in c.windows) == eager
-    assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
-    assert d.copies.get("htod", "pageable").count == want["htod_pageable_count"]
-    assert 0.15 < d.eager_traced / eager < 0.25
-    # the same tiny kernel throughout: the sample's mean is the mean of all of them, within 10 %
-    assert da.kernel_count == want_all["kernels"] and abs(mean / per_launch_all - 1) < 0.10
-
-
-def test_windows_count_exactly_and_time_from_cupti_attached_and_detached(steady, tmp_path):
-    """OTEL_GPU_CENSUS_ACTIVITY=windows on a real GPU: the library preloaded counts every kernel and copy at its
-    call; CUPTI is set up at the first window once a context exists, and its kernel and graph kinds are on for
-    100 ms of every 500 ms (detaching between crashed this program: §23). Eager time is priced from the windows' records and every graph launch at its exec's span there,
-    against a run of the same program tracing every kernel (per second of the program: the runs differ in length)."""
-    want, c = _steady_census(steady, tmp_path / "windows", "counted:100/500", seconds="4",
-                             OTEL_GPU_CENSUS_ACTIVITY="windows", LD_PRELOAD=lib_path())
-    want_all, a = _steady_census(steady, tmp_path / "all", "all", seconds="4")
-    d, da = c.devices[0], a.devices[0]
-    eager = want["kernels"] - 20 * want["graph_launches"]
-    k = c.kernels
-    est = c.kernel_time(d)
-    per_s, per_s_all = est.ns / want["seconds"], da.kernel_ns / want_all["seconds"]
-    RESULTS["windows_steady"] = {
-        "expected": want, "kernel_count": d.kernel_count, "eager_launches": d.eager_launches,
-        "eager_traced": d.eager_traced, "eager_traced_ns": d.eager_traced_ns, "graph_launches": d.graph_launches,
-        "graph_kernel_count": d.graph_kernel_count, "kernel_ns": d.kernel_ns, "estimate_ns": est.ns,
-        "windows": [k.windows_opened, k.windows_failed, k.attach_ns, k.detach_ns, k.graph_untimed],
-        "all": {"expected": want_all, "kernel_ns": da.kernel_ns, "eager_traced": da.eager_traced},
-        "kernel_ns_per_s_ratio": per_s / per_s_all}
-    assert k.windows and k.name == "windows:100/500" and c.state_name == "exited" and c.cupti_version == 0
-    assert k.windows_opened >= 6 and k.windows_failed == 0 and k.detach_ns == 0   # never detached (§23)
-    assert d.kernel_count == want["kernels"] and d.eager_launches == eager
-    assert d.graph_launches == want["graph_launches"] and d.graph_kernel_count == 20 * want["graph_launches"]
-    assert d.copies.get("dtoh", "pinned").bytes == want["dtoh_pinned_bytes"]
-    assert d.copies.get("dtoh", "pinned").count == want["dtoh_pinned_count"]
-    assert d.copies.get("htod", "pageable").bytes == want["htod_pageable_bytes"]
-    assert 0.1 < d.eager_traced / eager < 0.3
-    # eager kernels: every launch priced at the windows' mean, against every eager record of the other run
-    est_eager = d.eager_launches * d.eager_traced_ns / d.eager_traced / want["seconds"]
-    RESULTS["windows_steady"]["eager_ns_per_s_ratio"] = est_eager / (da.eager_traced_ns / want_all["seconds"])
-    assert abs(est_eager / (da.eager_traced_ns / want_all["seconds"]) - 1) < 0.10
-    # graphs: steady.cu instantiates its one graph before the first window; on the H200 none of its launches got a
-    # span (400 of 400 untimed, §23): each such launch is counted, said, and left out of kernel time
-    assert k.graph_untimed <= d.graph_launches and est.estimated and not est.unknown
-    assert est.ns == round(est_eager * want["seconds"]) + (d.kernel_ns - d.eager_traced_ns) or \
-        abs(est.ns - est_eager * want["seconds"] - (d.kernel_ns - d.eager_traced_ns)) <= 1
-
-
-THREADS_WORK = textwrap.dedent("""
-    import json, sys, threading, torch
-    seconds = float(sys.argv[1])
-    torch.cuda.init()
-    xs = [torch.zeros(1, device="cuda") for _ in range(4)]
-    g_in = torch.zeros(1024, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3): g_in.add_(1)          # warm-up on the capture stream
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=s):
-            for _ in range(16): g_in.add_(1)
-    torch.cuda.synchronize()
-    import time
-    done = {}
-    def eager(i):
-        n, t0 = 0, time.time()
-        with torch.cuda.stream(torch.cuda.Stream()):
-            while time.time() - t0 < seconds:
-                xs[i].add_(1); n += 1
-            torch.cuda.synchronize()
-        done[f"eager{i}"] = n
-    def replay():
-        n, t0 = 0, time.time()
-        while time.time() - t0 < seconds:
-            graph.replay(); n += 1
-        torch.cuda.synchronize()
-        done["replays"] = n
-    ts = [threading.Thread(target=eager, args=(i,)) for i in range(4)] + [threading.Thread(target=replay)]
-    [t.start() for t in ts]; [t.join() for t in ts]
-    done["sums"] = [int(x.item()) for x in xs]
-    print(json.dumps(done))
-""")
 
 
 def _threads_census(tmp_path, **extra):
@@ -505,24 +351,6 @@ def _threads_census(tmp_path, **extra):
     segs = sorted(tmp_path.glob("*.seg"))
     assert len(segs) == 1 and "otel-gpu-census" not in p.stderr, p.stderr
     return want, reader.read_segment(str(segs[0]))
-
-
-def test_windows_attach_and_detach_under_threads_launching_and_replaying_graphs(tmp_path):
-    """Ten windows a second while four threads launch eager kernels and one replays a CUDA graph, the kinds
-    switched under their launches. The process ends cleanly, its results are right, and every eager launch and
-    graph kernel is counted. (With OTEL_GPU_CENSUS_WINDOWS_PROBE=detach this program died of an illegal memory
-    access at the first detach: §23.)"""
-    want, c = _threads_census(tmp_path, OTEL_GPU_CENSUS_ACTIVITY="windows", OTEL_GPU_CENSUS_KERNELS="counted:40/100")
-    d, k = c.devices[0], c.kernels
-    RESULTS["windows_threads"] = {"expected": want, "eager_launches": d.eager_launches, "graph_launches": d.graph_launches,
-                                  "graph_kernel_count": d.graph_kernel_count, "eager_traced": d.eager_traced,
-                                  "windows": [k.windows_opened, k.windows_failed, k.attach_ns, k.detach_ns, k.graph_untimed]}
-    assert want["sums"] == [want[f"eager{i}"] for i in range(4)]
-    eager = sum(want[f"eager{i}"] for i in range(4))
-    # torch's own launches beside ours (the capture's warm-up, zeros): a handful, never fewer than ours
-    assert eager + 3 <= d.eager_launches <= eager + 40
-    assert d.graph_launches == want["replays"] and d.graph_kernel_count == 16 * want["replays"]
-    assert k.windows_opened >= 30 and k.windows_failed == 0 and d.eager_traced > 0 and c.state_name == "exited"
 
 
 def test_events_count_exactly_and_time_from_event_pairs(steady, tmp_path):

@@ -14,7 +14,7 @@ from fractions import Fraction
 from test_injector import read, run_with_driver
 from test_interpose import DRIVER, preloaded
 
-ENV = {"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_ACTIVITY": "events", "OTEL_GPU_CENSUS_KERNELS": "counted"}
+ENV = {"OTEL_GPU_CENSUS_ACTIVITY": "events"}
 UNGATED = {"OTEL_GPU_CENSUS_EVENT_GATE": "off"}
 
 EVENTS = DRIVER + """
@@ -220,7 +220,7 @@ def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(nati
     assert "ignoring OTEL_GPU_CENSUS_EVENT_EVERY=4/0" in err and err.count("\n") == 1, err
     assert read(native, res["path"]).kernels.name == "events:128/1" and res["registered"] == 0
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=ENV)
-    assert "OTEL_GPU_CENSUS_ACTIVITY=events needs the census library preloaded" in err, err
+    assert "the default collector needs the census library preloaded" in err, err
     assert res["init"] == 1 and res["registered"] == 1     # CUPTI's activity API: the default census
 
 

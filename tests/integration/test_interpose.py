@@ -61,7 +61,7 @@ DRIVER = """
             return ex.value
 """
 
-ENV = {"OTEL_GPU_CENSUS_ATTACH": "cuinit", "OTEL_GPU_CENSUS_ACTIVITY": "off", "OTEL_GPU_CENSUS_KERNELS": "counted"}
+ENV = {"OTEL_GPU_CENSUS_ACTIVITY": "off"}
 
 
 def preloaded(native):
@@ -148,7 +148,7 @@ def test_preloaded_without_activity_off_only_passes_calls_through(native, mock_l
         out['flush'] = g.gc_flush()
         out['path'] = path()
         out['registered'] = mock.mock_registered()
-    """, env={**preloaded(native), "OTEL_GPU_CENSUS_ACTIVITY": "on", "OTEL_GPU_CENSUS_KERNELS": "all"})
+    """, env={**preloaded(native), "OTEL_GPU_CENSUS_ACTIVITY": "on"})
     assert res["init"] == 1 and res["calls"] == 7 and res["registered"] == 1
     p = read(native, res["path"])
     assert not p.flags & 0x40 and not p.kernels.untimed
@@ -174,17 +174,14 @@ def test_rtld_next_still_searches_after_its_caller(tmp_path, native):
     assert p.stdout.split() == ["2", "True"]
 
 
-def test_not_preloaded_activity_off_counts_through_cupti(native, mock_lib, mock_cuda, tmp_path):
-    """Without the preload nothing answers dlsym: ACTIVITY=off counts through CUPTI's callbacks as before."""
+def test_not_preloaded_the_default_collector_says_so_and_cupti_counts(native, mock_lib, mock_cuda, tmp_path):
+    """Without the preload nothing answers dlsym: one line says so and CUPTI's activity records count instead."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, """
         out['init'] = g.InitializeInjection()
         out['registered'] = mock.mock_registered()
-        out['flush'] = g.gc_flush()
-        out['path'] = path()
     """, env=ENV)
-    assert res["init"] == 1 and res["registered"] == 0
-    p = read(native, res["path"]) if res["path"] else None
-    assert p is None or not p.flags & 0x40
+    assert res["init"] == 1 and res["registered"] == 1
+    assert err.count("the default collector needs the census library preloaded") == 1, err
 
 
 def test_preloaded_counts_every_launch_of_many_threads_and_none_of_a_forked_child(native, mock_lib, mock_cuda, tmp_path):
@@ -230,7 +227,7 @@ def test_preloaded_counts_every_launch_of_many_threads_and_none_of_a_forked_chil
 
 def test_preloaded_copy_that_is_not_the_injector_says_so_and_cupti_counts(native, mock_lib, mock_cuda, tmp_path):
     """LD_PRELOAD naming another file than CUDA_INJECTION64_PATH: two copies of the library in the process, and the
-    injector's copy handed nothing out. It says so in one line and counts through CUPTI's callbacks; the
+    injector's copy handed nothing out. It says so in one line and counts through CUPTI's activity records; the
     preloaded copy's wrappers pass every call through."""
     import shutil
     other = tmp_path / "copy" / "libotel_gpu_census.so"
@@ -238,10 +235,10 @@ def test_preloaded_copy_that_is_not_the_injector_says_so_and_cupti_counts(native
     shutil.copy(native[2], other)
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + """
         out['init'] = g.InitializeInjection()
-        out['cb'] = mock.mock_callback_enabled(1, rlib.CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel)
+        out['registered'] = mock.mock_registered()
         for _ in range(3): k()
         out['calls'] = cuda.mock_cuda_calls()
     """, env=dict(ENV, LD_PRELOAD=str(other)))
-    assert res["init"] == 1 and res["cb"] == 1 and res["calls"] == 3
+    assert res["init"] == 1 and res["registered"] == 1 and res["calls"] == 3
     assert err.count("LD_PRELOAD and CUDA_INJECTION64_PATH name different files") == 1, err
     assert not list(d.glob("*.seg")) or not read(native, next(d.glob("*.seg"))).kernels.preloaded

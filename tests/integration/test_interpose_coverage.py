@@ -155,3 +155,87 @@ def test_a_driver_function_without_a_wrapper_is_counted_named_and_reported(nativ
     from otel_gpu_census import report
     text = report.render_text([p])
     assert "3 calls of cuMemcpyFutureAsync" in text and "NOT EXACT" in text, text
+
+
+PATHS = """
+        from ctypes import Structure, c_int, c_size_t
+        class M2D(Structure):
+            _fields_ = [('sx', c_size_t), ('sy', c_size_t), ('st', c_int), ('sh', c_void_p), ('sd', c_uint64),
+                        ('sa', c_void_p), ('sp', c_size_t), ('dx', c_size_t), ('dy', c_size_t), ('dt', c_int),
+                        ('dh', c_void_p), ('dd', c_uint64), ('da', c_void_p), ('dp', c_size_t), ('w', c_size_t),
+                        ('h', c_size_t)]
+        class M3D(Structure):
+            _fields_ = [('sx', c_size_t), ('sy', c_size_t), ('sz', c_size_t), ('slod', c_size_t), ('st', c_int),
+                        ('sh', c_void_p), ('sd', c_uint64), ('sa', c_void_p), ('sctx', c_void_p), ('sp', c_size_t),
+                        ('sheight', c_size_t), ('dx', c_size_t), ('dy', c_size_t), ('dz', c_size_t),
+                        ('dlod', c_size_t), ('dt', c_int), ('dh', c_void_p), ('dd', c_uint64), ('da', c_void_p),
+                        ('dctx', c_void_p), ('dp', c_size_t), ('dheight', c_size_t), ('w', c_size_t), ('h', c_size_t),
+                        ('d', c_size_t)]
+        HOST, DEVICE = 1, 2
+        F = ctypes.CFUNCTYPE
+        V, U, S = c_void_p, c_uint64, c_size_t
+        def f(name, *args):
+            return proc(name, F(c_int, *args))
+        ARR = 0xa004
+        CTX0, CTX1 = 0xc000, 0xc001
+"""
+
+
+def test_every_copy_memset_and_launch_path_is_counted_at_its_call(native, mock_lib, mock_cuda, tmp_path):
+    """On CPU, the mock driver: each copy, memset and launch function the default census wraps, called through the
+    wrapper cuGetProcAddress hands out, counted with its bytes, direction and host memory kind from its arguments
+    (2D, 3D and peer copies from their descriptors, arrays as device memory, peer copies as sent by one device and
+    received by the other)."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + PATHS + """
+        out['init'] = g.InitializeInjection()
+        rc = []
+        rc.append(f('cuMemcpy', U, U, S)(DEV, PAGE, 1001))                     # UVA: htod pageable
+        rc.append(f('cuMemcpy', U, U, S)(PIN, DEV, 1003))                      # UVA: dtoh pinned
+        rc.append(f('cuMemcpyHtoD', U, V, S)(DEV, PIN, 1005))
+        rc.append(f('cuMemcpyDtoD', U, U, S)(DEV + 8, DEV, 1007))
+        rc.append(f('cuMemcpyDtoHAsync', V, U, S, V)(PAGE, DEV, 1009, 0x5))
+        rc.append(f('cuMemcpyDtoDAsync', U, U, S, V)(DEV, DEV + 8, 1011, 0x5))
+        rc.append(f('cuMemcpyDtoA', V, S, U, S)(ARR, 0, DEV, 1013))
+        rc.append(f('cuMemcpyAtoD', U, V, S, S)(DEV, ARR, 0, 1015))
+        rc.append(f('cuMemcpyHtoA', V, S, V, S)(ARR, 0, PIN, 1017))
+        rc.append(f('cuMemcpyAtoH', V, V, S, S)(PAGE, ARR, 0, 1019))
+        rc.append(f('cuMemcpyAtoA', V, S, V, S, S)(ARR, 0, ARR, 0, 1021))
+        m2 = [M2D(st=HOST, sh=PAGE, dt=DEVICE, dd=DEV, w=100, h=3), M2D(st=DEVICE, sd=DEV, dt=HOST, dh=PIN, w=101, h=2),
+              M2D(st=DEVICE, sd=DEV, dt=DEVICE, dd=DEV + 4096, w=103, h=2)]
+        rc.append(f('cuMemcpy2D', ctypes.POINTER(M2D))(byref(m2[0])))
+        rc.append(f('cuMemcpy2DUnaligned', ctypes.POINTER(M2D))(byref(m2[1])))
+        rc.append(f('cuMemcpy2DAsync', ctypes.POINTER(M2D), V)(byref(m2[2]), 0x5))
+        m3 = [M3D(st=HOST, sh=PAGE, dt=DEVICE, dd=DEV, w=10, h=2, d=3), M3D(st=DEVICE, sd=DEV, dt=DEVICE, dd=DEV, w=7, h=1, d=1),
+              M3D(st=DEVICE, sd=DEV, sctx=CTX0, dt=DEVICE, dd=DEV + 32, dctx=CTX1, w=11, h=1, d=1)]
+        rc.append(f('cuMemcpy3D', ctypes.POINTER(M3D))(byref(m3[0])))
+        rc.append(f('cuMemcpy3DAsync', ctypes.POINTER(M3D), V)(byref(m3[1]), 0x5))
+        rc.append(f('cuMemcpy3DPeer', ctypes.POINTER(M3D))(byref(m3[2])))
+        rc.append(f('cuMemcpyPeer', U, V, U, V, S)(DEV + 16, CTX1, DEV, CTX0, 1023))    # device 0 to device 1
+        rc.append(f('cuMemcpyPeerAsync', U, V, U, V, S, V)(DEV + 16, CTX0, DEV, CTX0, 1025, 0x5))   # within one
+        rc.append(f('cuMemsetD8', U, ctypes.c_ubyte, S)(DEV, 1, 1027))
+        rc.append(f('cuMemsetD16', U, ctypes.c_ushort, S)(DEV, 1, 1029))
+        rc.append(f('cuMemsetD32', U, c_uint, S)(DEV, 1, 1031))
+        rc.append(f('cuMemsetD8Async', U, ctypes.c_ubyte, S, V)(DEV, 1, 1033, 0x5))
+        rc.append(f('cuMemsetD16Async', U, ctypes.c_ushort, S, V)(DEV, 1, 1035, 0x5))
+        rc.append(f('cuMemsetD2D8', U, S, ctypes.c_ubyte, S, S)(DEV, 2048, 1, 10, 3))
+        rc.append(f('cuMemsetD2D16', U, S, ctypes.c_ushort, S, S)(DEV, 2048, 1, 10, 3))
+        rc.append(f('cuMemsetD2D32', U, S, c_uint, S, S)(DEV, 2048, 1, 10, 3))
+        rc.append(f('cuMemsetD2D32Async', U, S, c_uint, S, S, V)(DEV, 2048, 1, 5, 2, 0x5))
+        coop = f('cuLaunchCooperativeKernel', V, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, V, V)
+        rc += [coop(None, 1, 1, 1, 32, 1, 1, 0, 0x5, None) for _ in range(2)]
+        out['rc'] = rc
+        out['calls'] = cuda.mock_cuda_calls()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=dict(ENV, **preloaded(native)))
+    assert res["init"] == 1 and set(res["rc"]) == {0} and res["calls"] == len(res["rc"]), (res, err)
+    p = read(native, res["path"])
+    d0, d1 = p.devices[0], p.devices[1]
+    got = {k: (s.count, s.bytes) for k, s in d0.copies.cells.items() if s.count}
+    assert got == {("htod", "pageable"): (3, 1001 + 300 + 60), ("htod", "pinned"): (2, 1005 + 1017),
+                   ("dtoh", "pinned"): (2, 1003 + 202), ("dtoh", "pageable"): (2, 1009 + 1019),
+                   ("dtod", "device"): (8, 1007 + 1011 + 1013 + 1015 + 1021 + 206 + 7 + 1025),
+                   ("ptop", "device"): (2, 1023 + 11)}, got
+    assert (d1.peer_recv.count, d1.peer_recv.bytes) == (2, 1023 + 11)
+    assert (d0.memset.count, d0.memset.bytes) == (9, 1027 + 2 * 1029 + 4 * 1031 + 1033 + 2 * 1035 + 30 + 60 + 120 + 40)
+    assert d0.eager_launches == 2 and p.calls_lost == 0 and not p.gaps and err == "", (p.gaps, err)
