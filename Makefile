@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 
 # the package is installed as a copy (not editable): reinstall when its Python sources change too
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/src/*) $(wildcard native/include/*) $(shell find src -name "*.py")
+$(VENV)/.installed: pyproject.toml setup.py $(shell find native/src native/include -type f) $(shell find src -name "*.py")
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q '.[test]'

@@ -972,7 +972,7 @@ def main():
                                       extra=["--kv-offloading-size", "2"])
             if "kv-precise" in only:   # the same engine under the precise census (CUPTI): what K must equal
                 time.sleep(3)
-                servers["KX"] = Server("KX", 8107, model, out, census_dir=base / "KX",
+                servers["KX"] = Server("KX", 8117, model, out, census_dir=base / "KX",
                                        env={**env, "OTEL_GPU_CENSUS_COLLECTOR": "precise"},
                                        extra=["--kv-offloading-size", "2"])
             if "kv-plain" in only:     # plain vLLM with KV offloading: does it stop in time without us?
@@ -997,7 +997,7 @@ def main():
         span_servers = [n for n in ("C", "K", "KX") if "spans" in only or (n == "K" and "kv" in only)
                         or (n == "KX" and "kv-precise" in only)]
         if span_servers:
-            for n, port in (("C", 8102), ("K", 8103), ("KX", 8107)):
+            for n, port in (("C", 8102), ("K", 8103), ("KX", 8117)):
                 if n not in span_servers:
                     continue
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))

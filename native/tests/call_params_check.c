@@ -1,4 +1,4 @@
-/* call_params_check.c - compiles only if every field calls.c reads (native/src/call_params.h) sits where
+/* call_params_check.c - compiles only if every field calls.c reads (native/src/preload/call_params.h) sits where
  * CUPTI's generated_cuda_meta.h puts it, for each call calls.c follows (tests/unit/test_call_params.py
  * compiles it against the CUPTI headers the injector is built with). */
 #include <stddef.h>
@@ -8,7 +8,7 @@ typedef unsigned int CUdeviceptr_v1;
 typedef struct { int unused; } CUDA_MEMCPY2D_v1, CUDA_MEMCPY3D_v1, CUDA_ARRAY_DESCRIPTOR_v1, CUDA_ARRAY3D_DESCRIPTOR_v1;
 #include <generated_cuda_meta.h>
 
-#include "../src/call_params.h"
+#include "../src/preload/call_params.h"
 
 #define AT(M, T, f, Tf) _Static_assert(offsetof(struct M, f) == offsetof(T, Tf), #T "." #Tf " is not " #M "." #f)
 #define COPY(M, T, d, s) AT(M, T, dst, d); AT(M, T, src, s); AT(M, T, bytes, ByteCount)

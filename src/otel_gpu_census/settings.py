@@ -45,5 +45,6 @@ USER_SETTINGS = [s for s in SETTINGS.values() if s.user]
 def markdown_table() -> str:
     """The README's table of user settings."""
     rows = ["| variable | default | values | what it does |", "|---|---|---|---|"]
-    rows += [f"| `{s.variable}` | {s.default} | {s.values} | {s.help} |" for s in USER_SETTINGS]
+    cell = lambda text: text.replace("|", "\\|")      # noqa: E731  (a value list's pipes inside a table cell)
+    rows += [f"| `{s.variable}` | {cell(s.default)} | {cell(s.values)} | {cell(s.help)} |" for s in USER_SETTINGS]
     return "\n".join(rows)

@@ -1,7 +1,7 @@
 """The injector writes its segment only into the census folder it checked: a symbolic link planted at
 the folder's path, or swapped in while processes start, never sends a segment elsewhere.
 
-native/src/segment.c is compiled here with a small driver that forks N processes, each creating its
+native/src/core/segment.c is compiled here with a small driver that forks N processes, each creating its
 segment as the injector does on its first record (gc_segment_open), so hundreds of real creations
 race a real swap of the folder for a link (renameat2 RENAME_EXCHANGE) in a few seconds.
 """
@@ -56,9 +56,9 @@ def driver(tmp_path_factory):
     (d / "driver.c").write_text(DRIVER)
     exe = d / "driver"
     subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Werror",
-                    f"-I{ROOT / 'native' / 'include'}", f"-I{ROOT / 'native' / 'src'}",
+                    f"-I{ROOT / 'native' / 'include'}", f"-I{ROOT / 'native' / 'src' / 'core'}",
                     f"-I{cupti_records.cupti_include()}", str(d / "driver.c"),
-                    str(ROOT / "native" / "src" / "segment.c"), str(ROOT / "native" / "src" / "log.c"),
+                    str(ROOT / "native" / "src" / "core" / "segment.c"), str(ROOT / "native" / "src" / "core" / "log.c"),
                     "-o", str(exe)], check=True)
     return exe
 

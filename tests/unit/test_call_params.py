@@ -1,4 +1,4 @@
-"""The driver calls' parameter layouts calls.c reads (native/src/call_params.h), checked against CUPTI's own
+"""The driver calls' parameter layouts calls.c reads (native/src/preload/call_params.h), checked against CUPTI's own
 generated_cuda_meta.h: native/tests/call_params_check.c compiles only when every offset agrees. A layout that
 drifted would have the injector read a copy's size from the wrong word, inside someone else's server."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_a_layout_that_drifted_does_not_compile(tmp_path):
     native = tmp_path / "native"
     shutil.copytree(ROOT / "native" / "src", native / "src")
     shutil.copytree(ROOT / "native" / "tests", native / "tests")
-    h = native / "src" / "call_params.h"
+    h = native / "src" / "preload" / "call_params.h"
     good = "struct p_htod { CUdeviceptr dst; const void *src;"
     assert good in h.read_text()
     h.write_text(h.read_text().replace(good, "struct p_htod { const void *src; CUdeviceptr dst;"))

@@ -13,7 +13,7 @@ NAME = re.compile(r"OTEL_GPU_CENSUS_([A-Z][A-Z0-9_]*[A-Z0-9])")
 
 def test_every_name_the_code_reads_is_in_the_table():
     used = {}
-    for f in list((ROOT / "src").rglob("*.py")) + list((ROOT / "native" / "src").glob("*.[ch]")):
+    for f in list((ROOT / "src").rglob("*.py")) + list((ROOT / "native" / "src").rglob("*.[ch]")):
         for m in NAME.finditer(f.read_text()):
             used.setdefault(m.group(1), f.name)
     unknown = {n: f for n, f in used.items() if n not in SETTINGS}
