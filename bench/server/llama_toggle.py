@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8196)
     ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
                     help="llama-server flags beside -m -ngl 99 -np CLIENTS")
-    ap.add_argument("--activity", choices=("on", "off", "windows", "events"), default=None,
+    ap.add_argument("--activity", choices=("on", "events"), default=None,
                     help="the census server's `run --activity` (default: run's own, events)")
     ap.add_argument("--pin", default="", metavar="CPUS", help="taskset -c CPUS for the server (and its census)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="the whole run, start to stop")
