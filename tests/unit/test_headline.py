@@ -189,3 +189,12 @@ def test_unreadable_file_gets_one_error_line(tmp_path):
     f.write_text("{not json")
     r = run("--check", "--file", str(f))
     assert r.returncode == 2 and "not readable JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_figure_has_one_section_in_measurements_and_every_section_is_a_figure():
+    """docs/measurements.md is read by figure: one `### \`name\`: value` section for each entry, none for others."""
+    import re
+    text = (REPO / "docs" / "measurements.md").read_text()
+    sections = re.findall(r"^### `([a-z0-9_]+)`", text, flags=re.M)
+    names = [e["name"] for e in entries(HEADLINE)]
+    assert sorted(sections) == sorted(names) and len(sections) == len(set(sections))
