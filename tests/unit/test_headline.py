@@ -192,7 +192,7 @@ def test_unreadable_file_gets_one_error_line(tmp_path):
 
 
 def test_every_figure_has_one_section_in_measurements_and_every_section_is_a_figure():
-    """docs/measurements.md is read by figure: one `### \`name\`: value` section for each entry, none for others."""
+    """docs/measurements.md is read by figure: one "### `name`: value" section for each entry, none for others."""
     import re
     text = (REPO / "docs" / "measurements.md").read_text()
     sections = re.findall(r"^### `([a-z0-9_]+)`", text, flags=re.M)
