@@ -672,7 +672,7 @@ def reference_check(logs_r, logs_a, rounds, modes, a_beside=False) -> dict:
     R, its distance from A's median request of the same phase (relative), beside A's own requests' distance from
     that median (the spread of one load, no error at all). a_beside: A was loaded after R's round, alone on the GPU
     (--phase-beside), so each of R's phases is set against A's load of the same round; event pairs time what the GPU
-    ran between their events, other processes' kernels too, so R is only right with the GPU to itself (§25)."""
+    ran between their events, other processes' kernels too, so R is only right with the GPU to itself."""
     def per_tok(l):
         return l["gpu"]["kernel.time_ns"] / l["output_tokens"]
 
@@ -863,7 +863,7 @@ def main():
                     help="phases: servers from " + ",".join(BESIDE) + " loaded AT THE SAME TIME as each of R's phases, "
                          "each by clients of its own: R's mode / each of them in the same window, and the mode "
                          "ratios from those (m/off@N), cancel the host's CPU speed, which moves every server at once "
-                         "(measurements §16: a single-threaded loop 1.8x from one 3 s window to the next)")
+                         "(a single-threaded loop ran 1.8x faster from one 3 s window to the next)")
     ap.add_argument("--phase-gpu-mem", type=float, default=0.2,
                     help="phases: --gpu-memory-utilization of R and the servers beside it (0.12 for six)")
     ap.add_argument("--phase-kv-bytes", type=int, default=0,
@@ -888,7 +888,7 @@ def main():
                     help="--only toggle, with --toggle-tick: also rate the pairs leaving out each slot's first SETTLE s")
     ap.add_argument("--toggle-tokens", type=tokens_arg, default=(64, 192), metavar="LO,HI",
                     help="--only toggle: each request's tokens, uniform in LO..HI (long ones: fewer request starts "
-                         "a slot, whose prefills spread a short slot's rate, §27; LO + HI / 2 + the prompt must fit "
+                         "a slot, whose prefills spread a short slot's rate; LO + HI / 2 + the prompt must fit "
                          "--max-model-len 2048)")
     ap.add_argument("--pin", type=pin_arg, default={}, metavar="NAME=CPUS,...",
                     help="phases: each named server's process tree on CPUs of its own (taskset -c), `bench` for "

@@ -1,5 +1,5 @@
 """bench/ratio_interval.py: the ratios of phase and pair runs, their geometric mean and a seeded
-bootstrap interval that holds it; the recorded H200 runs give the figures docs/measurements.md §12 quotes."""
+bootstrap interval that holds it; the recorded runs give the figures docs/measurements.md quotes."""
 from __future__ import annotations
 
 import json
