@@ -3,15 +3,14 @@
  * (OTEL_GPU_CENSUS_ACTIVITY=off).
  *
  * Why: once CUPTI's activity API is in use, every CUDA call of the process pays for it, with every kind
- * disabled, until cuptiFinalize (docs/measurements.md §20: +0.65 us an eager launch, up to +0.13 us any
- * other call; a torch op 22-42 % slower). A subscriber alone costs those calls nothing measurable. What
+ * disabled, until cuptiFinalize (docs/measurements.md: micro_eager_us_per_launch_cupti_set_up). A subscriber alone costs those calls nothing measurable. What
  * the census must get exact is visible at the calls: kernel launches (launches.c), graph contents
  * (graphs.c), and here the copy and memset calls' parameters: bytes, direction from the two ends, the
  * host end pinned or pageable as the driver knows the pointer (graphs.c's gc_copy_class). What no call
  * says is how long the work ran: durations, graph spans and busy time are not measured in this mode.
  *
  * Driver calls only: the runtime's copies and memsets reach the driver's, whose callbacks fire too (as
- * for launches, docs/measurements.md §17); the v1 calls of 32-bit device pointers are not followed
+ * for launches); the v1 calls of 32-bit device pointers are not followed
  * (cuda.h has mapped every name to its _v2 since CUDA 3.2). A call counts at its exit when it succeeded
  * and did not record into a stream capture (its graph's launches count it).
  *

@@ -55,13 +55,13 @@ static int env_choice(const char *name, const char *const *choices, int n)
 #define COUNTED_ON_MS 100u
 #define COUNTED_PERIOD_MS 1000u
 
-/* ACTIVITY=windows: CUPTI attached 200 ms of every 5 s (measured in docs/measurements.md §23) */
+/* ACTIVITY=windows: CUPTI attached 200 ms of every 5 s */
 #define WINDOWS_ON_MS 200u
 #define WINDOWS_PERIOD_MS 5000u
 
 /* ACTIVITY=events: every graph launch of a thread timed by an event pair, and about 1 in 128 eager launches. Gated
- * (events.c), an eager pair is the kernel and ~1 us of dispatch on the H200 (ungated, 2.6-2.9 times CUPTI's
- * durations on vLLM: docs/measurements.md §24-§25); EAGER 0 leaves eager kernel time unknown */
+ * (events.c), an eager pair is the kernel and its dispatch (ungated, several times CUPTI's durations on vLLM:
+ * docs/measurements.md); EAGER 0 leaves eager kernel time unknown */
 #define EVENTS_EVERY_EAGER 128u
 #define EVENTS_EVERY_GRAPH 1u
 

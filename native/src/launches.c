@@ -2,9 +2,9 @@
  * launches.c - every eager kernel launch counted on the thread that launches it
  * (OTEL_GPU_CENSUS_KERNELS=counted, the default).
  *
- * CUPTI's kernel record costs the launching thread ~0.9 us per eager launch on an H200
- * (docs/measurements.md §12); llama-server launches 85 of them per output token, which cost it 2-4 %
- * of its throughput (§16). A callback on the launch calls themselves costs a fraction of that, so the
+ * CUPTI's kernel record costs the launching thread about a microsecond per eager launch
+ * (docs/measurements.md: micro_eager_us_per_launch_precise); llama-server launches dozens of them per output
+ * token, a few per cent of its throughput. A callback on the launch calls themselves costs a fraction of that, so the
  * count stays exact while kernel records, needed only for durations, are taken on a duty cycle.
  *
  * What a launch costs here: a thread-local lookup of its context's device, the monotonic clock, and
@@ -15,7 +15,7 @@
  * A runtime launch (cudaLaunchKernel) runs a driver launch inside it, and CUPTI reports both: the
  * driver's is counted, and the runtime's exit counts only a launch with no driver launch reported
  * inside it (a runtime or CUPTI that does not report the inner call). Each callback costs the
- * launching thread (~0.06 us a call on the H200, docs/measurements.md §19): a runtime launch call whose
+ * launching thread a little: a runtime launch call whose
  * last 256 successful launches all had their driver launch reported is proven redundant and switched
  * off by the flusher (gc_launches_tune), as is every launch callback while nothing is counted (a paused
  * census, a finished one); steps keep theirs (cupti_api.c counts who wants each). Only launches that

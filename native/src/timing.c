@@ -2,16 +2,16 @@
  * timing.c - kernel durations from windows of CUPTI, for a census whose counts are the preloaded library's own
  * (OTEL_GPU_CENSUS_ACTIVITY=windows).
  *
- * Counting at the calls without CUPTI costs vLLM nothing measurable but measures no duration (§22). Here CUPTI is
+ * Counting at the calls without CUPTI costs next to nothing but measures no duration. Here CUPTI is
  * set up at the schedule's first on-phase with two kinds: CONCURRENT_KERNEL (eager kernels: the sample that
  * prices every counted launch) and GRAPH_TRACE (one record per graph launch: its span, which prices every launch
  * of the same exec), both switched off between windows. The flusher thread does it all; CUPTI's clock is read
  * against CLOCK_REALTIME (the census clock) at the set-up so every record is moved onto it.
  *
- * The design detached CUPTI between windows, because its activity API, once set up, costs every launch ~0.65 us
- * until cuptiFinalize (§20): kinds off, a forced flush, then cuptiFinalize at the exit callsite of the process's
- * next driver call (CUPTI's documented dynamic detach), the flusher never waiting for it. On the H200 (driver
- * 580, CUPTI 13.5) every CUDA-graph program died at its next GPU work after that (§23). So by default CUPTI
+ * The design detached CUPTI between windows, because its activity API, once set up, costs every launch
+ * until cuptiFinalize: kinds off, a forced flush, then cuptiFinalize at the exit callsite of the process's
+ * next driver call (CUPTI's documented dynamic detach), the flusher never waiting for it. With driver 580 and
+ * CUPTI 13.5 every CUDA-graph program died at its next GPU work after that. So by default CUPTI
  * stays set up and only the kinds are switched; OTEL_GPU_CENSUS_WINDOWS_PROBE=detach keeps the detach as a
  * diagnostic.
  *
@@ -64,9 +64,8 @@ static struct {
 /* Read by the injector under its own lock, which the sink takes under tm.mu: atomics, never tm.mu. */
 static struct { _Atomic uint64_t windows, failed, attach_ns, detach_ns; } g_st;
 static atomic_int g_detach;              /* D_*: the callbacks read it */
-/* Detaching crashes CUDA-graph workloads on the H200 (driver 580, CUPTI 13.5: an illegal memory access or a
- * launch failure at the first launches after cuptiFinalize, with or without GRAPH_TRACE, one thread or five;
- * docs/measurements.md §23). So CUPTI stays set up after the first window and only the two kinds are switched.
+/* Detaching crashes CUDA-graph workloads (driver 580, CUPTI 13.5: an illegal memory access or a launch failure
+ * at the first launches after cuptiFinalize, with or without GRAPH_TRACE, one thread or five). So CUPTI stays set up after the first window and only the two kinds are switched.
  * OTEL_GPU_CENSUS_WINDOWS_PROBE (a diagnostic, not a mode): "detach" detaches between windows as designed above,
  * "nograph" leaves GRAPH_TRACE off: which part of a window a failure needs. */
 static int g_no_graph, g_no_detach = 1;
@@ -128,7 +127,7 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
         return;
     }
     /* A graph launch's enter, the driver's or the runtime's (its GRAPH_TRACE record may carry the runtime call's
-     * correlation id: a statically linked cudart on the H200 left every span unmatched with only the driver's
+     * correlation id: a statically linked cudart left every span unmatched with only the driver's
      * noted). Every such call takes the exec first. */
     int launch = driver ? cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch || cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz
                         : cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000 ||
@@ -195,7 +194,7 @@ static void begin_detach(void)
     kinds_off();
     cu.flush_all(0);
     cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-    if (g_no_detach) { /* never cuptiFinalize (§23): CUPTI stays set up, its kinds off */
+    if (g_no_detach) { /* never cuptiFinalize (it crashed graph programs): CUPTI stays set up, its kinds off */
         tm.state = tm.more ? T_IDLE : T_OFF;
         return;
     }

@@ -119,9 +119,9 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
 
 
 # `run`'s census when neither --activity nor OTEL_GPU_CENSUS_ACTIVITY names one: counted at the calls by the library
-# preloaded, kernel durations from gated CUDA event pairs, CUPTI never loaded. CUPTI set up at all, even paused, slowed
-# vLLM to 0.84-0.89 of a plain one (measurements §20, §25); counting at the calls cost it nothing measurable (§22), and
-# the pairs' kernel time a token was 1.06 (llama-server) and 1.09 (vLLM) of every kernel traced (§26). The injector's
+# preloaded, kernel durations from gated CUDA event pairs, CUPTI never loaded: CUPTI set up at all, even paused, taxes
+# every CUDA call, while counting at the calls costs next to nothing and the pairs' kernel time stays within the stated
+# bound of every kernel traced (docs/measurements.md). The injector's
 # own default, for a process CUDA loads it into without `run` (no preload), stays the activity census.
 RUN_DEFAULT_ACTIVITY = "events"
 
@@ -140,7 +140,7 @@ def preload_for_calls(plan: LaunchPlan) -> None:
     """OTEL_GPU_CENSUS_ACTIVITY=off, =windows and =events count every launch, copy and memset at its CUDA call. Preloaded
     (LD_PRELOAD, the same file as CUDA_INJECTION64_PATH: one copy in the process), the library sees those
     calls itself and CUPTI is never loaded (windows: only for its windows); without it, CUPTI's callbacks see
-    them, at ~1.3 µs a launch (docs/measurements.md §21, §22), and windows and events fall back to the activity
+    them, at a price on every launch, and windows and events fall back to the activity
     census.
     OTEL_GPU_CENSUS_PRELOAD=off keeps CUPTI's callbacks."""
     env = plan.env
