@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 import time
@@ -89,82 +88,12 @@ def wait_census(timeout_s: float = 10.0) -> Optional[float]:
     return round(time.perf_counter() - t0, 6)
 
 
-def finalize_cupti() -> Dict[str, Any]:
-    """MICRO_CUPTI_FINALIZE=1: flush and detach the CUPTI this process loaded (cuptiFinalize), after the
-    capture and before the timed loops: does what CUPTI costs a graph's replay outlast its detach?"""
-    import ctypes
-    paths = _loaded_cupti().get("libcupti") or []
-    if not paths:
-        return {"error": "no libcupti loaded"}
-    lib = ctypes.CDLL(paths[0])
-    return {"flush": lib.cuptiActivityFlushAll(1), "finalize": lib.cuptiFinalize()}
-
-
-class CuptiProbe:
-    """MICRO_STEPS actions on a libcupti this process loads itself (no injector): which CUPTI call
-    makes a graph's replay slower, and does it matter whether the graph was instantiated before it?
-      load         dlopen and cuptiGetVersion, nothing else
-      subscribe    cuptiSubscribe with a callback that is never enabled for any domain
-      unsubscribe  cuptiUnsubscribe of that subscriber
-      memcpy       buffer callbacks registered and the MEMCPY activity kind enabled
-    Each returns the CUPTI result code (0 = success)."""
-
-    def __init__(self) -> None:
-        self.lib = None
-        self.sub = None
-        self._keep: List[Any] = []
-
-    def _load(self):
-        import ctypes
-        if self.lib is None:
-            path = os.environ.get("MICRO_CUPTI_LIB") or os.environ.get("OTEL_GPU_CENSUS_CUPTI") or "libcupti.so.13"
-            self.lib = ctypes.CDLL(path)
-        return self.lib
-
-    def do(self, step: str) -> Any:
-        import ctypes
-        lib = self._load()
-        if step == "load":
-            v = ctypes.c_uint32()
-            return lib.cuptiGetVersion(ctypes.byref(v))
-        if step == "subscribe":
-            cb_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
-            cb = cb_t(lambda *_: None)
-            self._keep.append(cb)
-            self.sub = ctypes.c_void_p()
-            return lib.cuptiSubscribe(ctypes.byref(self.sub), cb, None)
-        if step == "unsubscribe":
-            return lib.cuptiUnsubscribe(self.sub) if self.sub is not None else "no subscriber"
-        if step == "memcpy":
-            req_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
-                                     ctypes.POINTER(ctypes.c_size_t))
-            done_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t,
-                                      ctypes.c_size_t)
-
-            def request(buf, size, max_records):
-                b = ctypes.create_string_buffer(1 << 20)   # 8-aligned (malloc); kept alive below
-                self._keep.append(b)
-                buf[0] = ctypes.cast(b, ctypes.c_void_p).value
-                size[0] = 1 << 20
-                max_records[0] = 0
-
-            req, done = req_t(request), done_t(lambda *_: None)
-            self._keep += [req, done]
-            r = lib.cuptiActivityRegisterCallbacks(req, done)
-            return [r, lib.cuptiActivityEnable(1)]   # CUPTI_ACTIVITY_KIND_MEMCPY
-        return f"unknown step {step!r}"
-
-
 def child(a: argparse.Namespace) -> None:
-    """Warm-up and graph capture first, then (MICRO_CENSUS_SWITCH=off|launch|...) the census switched,
+    """Warm-up and graph capture first, then (MICRO_CENSUS_SWITCH=off|events|...) the census switched,
     then the timed loops: a graph is instantiated in one census state and replayed in another (CUPTI
     decides what it records of a graph when the graph is instantiated)."""
     t_import = time.perf_counter()
     import torch
-    # pre-STEP: a CuptiProbe step before this process's first CUDA call creates its context
-    pre = [t for t in os.environ.get("MICRO_STEPS", "").split(",") if t.startswith("pre-")]
-    probe = CuptiProbe()
-    pre_done = {t: probe.do(t[len("pre-"):]) for t in pre}
     x = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     res: Dict[str, Any] = {"init_s": time.perf_counter() - t_import, "launches": {}}
@@ -193,27 +122,12 @@ def child(a: argparse.Namespace) -> None:
         torch.cuda.synchronize()
         adds += 3 + a.graph_nodes
 
-    # MICRO_STEPS orders what happens before the timed loops (default: capture, switch, finalize), so
-    # one variant can attach CUPTI after the graph was instantiated and another detach it before.
-    default_steps = ["capture"] + (["switch"] if os.environ.get("MICRO_CENSUS_SWITCH") else []) \
-        + (["finalize"] if os.environ.get("MICRO_CUPTI_FINALIZE") == "1" else [])
-    steps = [t for t in os.environ.get("MICRO_STEPS", ",".join(default_steps)).split(",")
-             if t and not t.startswith("pre-")]
-    if "capture" not in steps:
-        steps.insert(0, "capture")
-    res["steps"] = dict(pre_done)
-    for step in steps:
-        if step == "capture":
-            if "graph" in a.workloads:
-                capture()
-        elif step == "switch":
-            sw = os.environ.get("MICRO_CENSUS_SWITCH", "")
-            res["census_switched"] = {sw: switch_census(sw)}
-        elif step == "finalize":
-            res["cupti_finalized"] = finalize_cupti()
-        else:
-            res["steps"][step] = probe.do(step)
-        torch.cuda.synchronize()
+    if "graph" in a.workloads:
+        capture()
+    if os.environ.get("MICRO_CENSUS_SWITCH"):
+        sw = os.environ["MICRO_CENSUS_SWITCH"]
+        res["census_switched"] = {sw: switch_census(sw)}
+    torch.cuda.synchronize()
     if "eager" in a.workloads:
         times = []
         for _ in range(a.reps):
@@ -256,10 +170,7 @@ def parse_variants(a: argparse.Namespace, log: bl.Log) -> Dict[str, Dict[str, An
              "census": {"base": "census", "env": {}},
              # the lighter mode: one record per graph launch (GRAPH_TRACE) instead of one per node
              "floor-graph": {"base": "floor", "env": {"CUPTI_FLOOR_KINDS": graph_kinds}},
-             "census-graph": {"base": "census", "env": {"OTEL_GPU_CENSUS_GRAPHS": "launch"}},
-             # lighter modes: no kernel records at all, or kernels traced ON_MS of every PERIOD_MS
-             "census-kernels-off": {"base": "census", "env": {"OTEL_GPU_CENSUS_KERNELS": "off"}},
-             "census-sampled": {"base": "census", "env": {"OTEL_GPU_CENSUS_KERNELS": a.sample}}}
+             "census-graph": {"base": "census", "env": {"OTEL_GPU_CENSUS_GRAPHS": "launch"}}}
     floors = {"census-graph": "floor-graph"}   # the floor each census variant is set against
     out = {}
     for name in a.variants.split(","):
@@ -312,16 +223,8 @@ def run_child(a: argparse.Namespace, variant: Dict[str, Any], census_dir: Path, 
             launches = sum(m["graph_launches"] for m in mine)
             # Every add_ is a kernel (torch's init adds a few more): fewer means records were lost.
             # Per-launch graph mode counts graph launches instead of the kernels inside them.
-            # With kernels off none may be counted; sampled counts a share (reported, not checked).
-            kmode = variant["env"].get("OTEL_GPU_CENSUS_KERNELS", "all")
             row["census_kernels"] = kernels
-            if kmode == "off":
-                row["census_kernels_ok"] = kernels == 0
-            elif kmode != "all":
-                on, period = (int(x) for x in kmode.split("/"))
-                row["census_kernel_share"] = bl.rnd(kernels / max(res["adds_executed"], 1))
-                row["census_kernel_share_expected"] = bl.rnd(on / period)
-            elif variant["env"].get("OTEL_GPU_CENSUS_GRAPHS") == "launch":
+            if variant["env"].get("OTEL_GPU_CENSUS_GRAPHS") == "launch":
                 row["census_kernels_ok"] = (kernels >= res["adds_eager"]
                                             and launches >= res["graph_launches_executed"])
             else:
@@ -363,21 +266,7 @@ def summarise(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: Dict[
                 "pair_ratios": [bl.rnd(p / v) for p, v, _ in pairs],
             }
             triples = [(p, v, f) for p, v, f in pairs if f is not None]
-            lighter = "OTEL_GPU_CENSUS_KERNELS" in variants[name]["env"]
-            if variants[name]["base"] == "census" and triples and lighter:
-                # fewer kernel records than the floor collects: a comparison, not the 10 % target
-                row["floor_variant"] = ref
-                row["vs_floor_pct"] = bl.rnd(bl.median((v / f - 1) * 100 for _, v, f in triples), 2)
-                shares = [r["census_kernel_share"] for r in runs if r.get("variant") == name
-                          and r.get("census_kernel_share") is not None]
-                counts = [r["census_kernels"] for r in runs if r.get("variant") == name and "census_kernels" in r]
-                row["census_kernels_median"] = bl.median(counts)
-                if shares:
-                    row["census_kernel_share"] = bl.rnd(bl.median(shares))
-                    row["census_kernel_share_expected"] = next(r["census_kernel_share_expected"] for r in runs
-                                                               if r.get("variant") == name
-                                                               and "census_kernel_share_expected" in r)
-            elif variants[name]["base"] == "census" and triples:
+            if variants[name]["base"] == "census" and triples:
                 above = bl.median((v / f - 1) * 100 for _, v, f in triples)
                 f_added = bl.median((f - p) for p, _, f in triples)
                 v_added = bl.median((v - p) for p, v, _ in triples)
@@ -392,17 +281,14 @@ def summarise(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: Dict[
 
 def print_table(rows: List[Dict[str, Any]]) -> None:
     print(f"\n{'workload':<14}{'variant':<20}{'plain/s':>12}{'variant/s':>12}{'ratio':>8}"
-          f"{'us/launch':>11}{'>floor %':>10}{'pairs':>7}  kernels counted")
+          f"{'us/launch':>11}{'>floor %':>10}{'pairs':>7}")
     for r in rows:
         if "error" in r:
             print(f"{r['workload']:<14}{r['variant']:<20}  {r['error']}")
             continue
-        af = r.get("above_floor_pct", r.get("vs_floor_pct"))   # vs_floor: a lighter mode, no target
-        share = (f"  {r['census_kernel_share']:.3f} of launches (expected {r['census_kernel_share_expected']})"
-                 if r.get("census_kernel_share") is not None
-                 else (f"  {r['census_kernels_median']}" if "census_kernels_median" in r else ""))
+        af = r.get("above_floor_pct")
         print(f"{r['workload']:<14}{r['variant']:<20}{r['plain']:>12,}{r['census']:>12,}{r['ratio']:>8.4f}"
-              f"{r['us_added_per_launch']:>11.3f}{'' if af is None else f'{af:.2f}':>10}{r['pairs']:>7}{share}")
+              f"{r['us_added_per_launch']:>11.3f}{'' if af is None else f'{af:.2f}':>10}{r['pairs']:>7}")
 
 
 def estimate_child_s(a: argparse.Namespace) -> float:
@@ -420,10 +306,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default="plain,floor,census,floor-graph,census-graph",
                     help="of plain, floor, census, floor-graph, census-graph (GRAPH_TRACE: one record "
-                         "per graph launch), census-kernels-off (OTEL_GPU_CENSUS_KERNELS=off), "
-                         "census-sampled (OTEL_GPU_CENSUS_KERNELS=--sample) and names given with --variant")
-    ap.add_argument("--sample", default="100/1000",
-                    help="OTEL_GPU_CENSUS_KERNELS of census-sampled: ON_MS/PERIOD_MS (default 100/1000)")
+                         "per graph launch) and names given with --variant")
     ap.add_argument("--variant", nargs="+", action="append", metavar="NAME BASE K=V",
                     help="extra variant: name, base (plain|floor|census), env settings; repeatable")
     ap.add_argument("--workloads", default="eager,graph")
@@ -440,9 +323,6 @@ def main() -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.workloads = [w for w in a.workloads.split(",") if w in WORKLOADS]
-    m = re.fullmatch(r"(\d+)/(\d+)", a.sample)
-    if not m or not 0 < int(m.group(1)) <= int(m.group(2)):
-        ap.error(f"--sample {a.sample!r}: want ON_MS/PERIOD_MS with 0 < ON_MS <= PERIOD_MS, e.g. 100/1000")
     if a.child:
         child(a)
         return 0
@@ -483,7 +363,7 @@ def main() -> int:
         "benchmark": "micro", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join(shlex.quote(x) for x in sys.argv), "environment": env,
         "config": {k: getattr(a, k) for k in ("rounds", "workloads", "eager_n", "warmup", "reps",
-                                              "graph_nodes", "graph_replays", "floor_kinds", "sample")},
+                                              "graph_nodes", "graph_replays", "floor_kinds")},
         "variants": variants, "rows": [], "runs": runs,
     }
     rounds_done = 0

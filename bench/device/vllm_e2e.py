@@ -7,13 +7,12 @@ start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
 with --kv-offloading-size. `phases`: one server under the census (R) whose census modes are switched
-in alternating phases through the control file (off / graphs per launch / per node), beside plain
-vLLM (P) for the fixed cost of the integration; `--phase-beside P,Q,N,S,X` loads more servers after each
-round (BESIDE says what each is), so that the fixed cost (on 2026-12-02 R off / P was 0.85 in two
-sessions, unexplained) splits into its parts: two plain servers' own spread, the launcher, the paused
-injector, the integration, its export. `toggle`: R alone under one long load, its census switched
+in alternating phases through the control file (off / events), beside plain vLLM (P) for the fixed
+cost of the integration; `--phase-beside P,Q,N,S,X` loads more servers after each round (BESIDE says
+what each is), so that a fixed cost splits into its parts: two plain servers' own spread, the
+launcher, the paused injector, the integration, its export. `toggle`: R alone under one long load, its census switched
 (--phase-modes) every --toggle-slot seconds in pairs (random order), each slot rated by the server's own token
-counter: vLLM's 3 s windows spread ±15 % from one to the next on the H200 (§27), which phases of a few
+counter: vLLM's 3 s windows spread ±15 % from one to the next on the GPU machine, which phases of a few
 seconds apart cannot average away; adjacent slots of one load share whatever drifts slower than a pair.
 Every figure lands in DIR/vllm_e2e.json; the checks that fail are listed in it and the exit code is 1.
 """
@@ -450,19 +449,12 @@ BESIDE = {
           "the census paused, the integration disabled: S/N is the paused injector's"),
     "X": (8110, True, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
           "the census paused, the integration on, exporting nothing: X/S is the integration's work, off/X its export"),
-    "Z": (8112, True, {"OTEL_GPU_CENSUS_START": "paused", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
-          "the census paused from its start (no activity kind on while vLLM loads its kernels and captures its "
-          "graphs), the integration disabled: Z/N is a census that never traced, S/Z (1 / Z/S) what tracing at start-up "
-          "leaves behind"),
     "E": (8115, True, {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
           "under `run`, its default census (events) counting through every phase, the integration disabled: E/P "
           "is the census's own cost, R's events / E at once the integration's"),
     "A": (8114, True, {"OTEL_GPU_CENSUS_ACTIVITY": "on", "OTEL_GPU_CENSUS_KERNELS": "all"},
           "the activity census tracing every kernel, the integration on, never paused: its requests' kernel time is "
           "measured, the reference R's estimates are checked against (reference_check)"),
-    "T": (8111, True, {"OTEL_GPU_CENSUS_SETTLE": "thread"},
-          "the census paused, the integration settling in a thread of the engine (the design until 2026-12-02): "
-          "T/S is that integration's cost, off/T what settling in a process of its own gains"),
 }
 
 STARTED_BEFORE_R = {"F"}
@@ -545,14 +537,9 @@ def same_window_ratios(rnd: dict, modes, together) -> None:
                 rnd[f"{m}/off@{n}"] = round(rnd[f"{m}/{n}@once"] / rnd[f"off/{n}@once"], 4)
 
 
-ESTIMATE_ERROR_MAX = 0.10   # the stated bound: counted requests' kernel time a token vs every-kernel phases'
-
-
 def estimate_check(name, logs, rounds, res):
-    """Requests (the request log's lines) placed in their phase by start time: kernel time and kernels
-    an output token in the counted phases (estimated) against the every-kernel (`launch`) phases
-    (measured), same server, prompts of their own; the time within ESTIMATE_ERROR_MAX, and no request
-    of a traced phase without kernels."""
+    """Requests (the request log's lines) placed in their phase by start time: kernels and kernel time an output
+    token per mode; no request of a counting phase without kernels."""
     phases = [(r[m]["t0_ns"], r[m]["t1_ns"], m) for r in rounds for m in r.get("order", [])]
     per: dict = {}
     for l in logs:
@@ -570,16 +557,10 @@ def estimate_check(name, logs, rounds, res):
         a["without_kernels"] += not l["gpu"].get("kernel.count", 0)
     res["per_mode"] = {m: {**a, "kernels_per_token": a["kernel.count"] / a["tokens"],
                            "kernel_ns_per_token": a["kernel.time_ns"] / a["tokens"]} for m, a in per.items()}
-    for m in ("launch", "counted", "calls"):
-        if m in per:
+    for m in per:
+        if m != "off":
             check(per[m]["without_kernels"] == 0,
                   f"{name}: every request of the {m} phases has kernels ({per[m]['without_kernels']} without)")
-    if "launch" in per and "counted" in per:
-        err = res["per_mode"]["counted"]["kernel_ns_per_token"] / res["per_mode"]["launch"]["kernel_ns_per_token"] - 1
-        res["counted_kernel_time_error"] = err
-        check(abs(err) <= ESTIMATE_ERROR_MAX,
-              f"{name}: counted requests' kernel time a token within {ESTIMATE_ERROR_MAX:.0%} of the every-kernel "
-              f"phases' ({err:+.1%})")
 
 
 def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
@@ -654,10 +635,7 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         (out / "phases-partial.json").write_text(json.dumps(done, default=str))
     done: list = []
     modes = a.phase_modes.split(",")
-    from ballast import Ballast         # bench/server/ballast.py: the host's other cores kept busy
-    with Ballast(getattr(a, "ballast", 0)) as b:
-        rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
-        res["ballast"] = {"processes": b.n, "alive_at_end": b.alive()}
+    rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
     if a.phase_window:
         what = (f"{clients} closed-loop non-streaming clients, each request 64-192 tokens (uniform), for "
                 f"{a.phase_window[0]} s of ramp then a {a.phase_window[1]} s window; tok/s = the server's "
@@ -694,7 +672,7 @@ def reference_check(logs_r, logs_a, rounds, modes, a_beside=False) -> dict:
     R, its distance from A's median request of the same phase (relative), beside A's own requests' distance from
     that median (the spread of one load, no error at all). a_beside: A was loaded after R's round, alone on the GPU
     (--phase-beside), so each of R's phases is set against A's load of the same round; event pairs time what the GPU
-    ran between their events, other processes' kernels too, so R is only right with the GPU to itself (§25)."""
+    ran between their events, other processes' kernels too, so R is only right with the GPU to itself."""
     def per_tok(l):
         return l["gpu"]["kernel.time_ns"] / l["output_tokens"]
 
@@ -903,7 +881,7 @@ def main():
                     help="phases: servers from " + ",".join(BESIDE) + " loaded AT THE SAME TIME as each of R's phases, "
                          "each by clients of its own: R's mode / each of them in the same window, and the mode "
                          "ratios from those (m/off@N), cancel the host's CPU speed, which moves every server at once "
-                         "(measurements §16: a single-threaded loop 1.8x from one 3 s window to the next)")
+                         "(a single-threaded loop ran 1.8x faster from one 3 s window to the next)")
     ap.add_argument("--phase-gpu-mem", type=float, default=0.2,
                     help="phases: --gpu-memory-utilization of R and the servers beside it (0.12 for six)")
     ap.add_argument("--phase-kv-bytes", type=int, default=0,
@@ -912,9 +890,6 @@ def main():
     ap.add_argument("--phase-window", type=window_arg, default=None, metavar="RAMP,WINDOW",
                     help="phases: closed-loop clients for RAMP s, then the server's generated-token counter over "
                          "WINDOW s is the load's rate (instead of --phase-requests requests timed from first to last)")
-    ap.add_argument("--ballast", type=int, default=0,
-                    help="phases: this many spinning processes through every round (bench/server/ballast.py): the "
-                         "host's CPU speed follows how busy it is, and a launch-bound server's throughput with it")
     ap.add_argument("--toggle-s", type=float, default=240.0,
                     help="--only toggle: seconds of one load on R alone while its census is switched between "
                          "--phase-modes every --toggle-slot seconds (within --budget-s)")
@@ -931,7 +906,7 @@ def main():
                     help="--only toggle, with --toggle-tick: also rate the pairs leaving out each slot's first SETTLE s")
     ap.add_argument("--toggle-tokens", type=tokens_arg, default=(64, 192), metavar="LO,HI",
                     help="--only toggle: each request's tokens, uniform in LO..HI (long ones: fewer request starts "
-                         "a slot, whose prefills spread a short slot's rate, §27; LO + HI / 2 + the prompt must fit "
+                         "a slot, whose prefills spread a short slot's rate; LO + HI / 2 + the prompt must fit "
                          "--max-model-len 2048)")
     ap.add_argument("--pin", type=pin_arg, default={}, metavar="NAME=CPUS,...",
                     help="phases: each named server's process tree on CPUs of its own (taskset -c), `bench` for "
@@ -985,10 +960,6 @@ def main():
                 servers.update(start_phase_servers(a, [n for n in chain if n not in servers], model, out, base, env))
             if "toggle" in only and "R" not in servers:   # R alone, as the phases start it (--phase-r-env, --pin)
                 servers.update(start_phase_servers(a, [], model, out, base, env))
-            if "throughput" in only:   # the census with kernel records off: what steps and copies cost alone
-                time.sleep(3)
-                servers["O"] = Server("O", 8104, model, out, census_dir=base / "O",
-                                      env={**env, "OTEL_GPU_CENSUS_KERNELS": "off"})
             for n, s in servers.items():
                 check(s.wait(), f"{n}: server up")
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
@@ -1006,7 +977,7 @@ def main():
                 spans_check(rx, lr, n, base / n, res[f"spans_{n}"])
         if "throughput" in only:
             rounds = []
-            names = [n for n in ("P", "C", "O") if n in servers]
+            names = [n for n in ("P", "C") if n in servers]
             for i in range(a.pairs):
                 order = names[i % len(names):] + names[:i % len(names)]       # rotate who goes first
                 got = {n: summary(asyncio.run(load(servers[n].port, 32, 4, 256, seed=100 + i))) for n in order}
@@ -1014,7 +985,7 @@ def main():
                                **{f"{n}/P": round(got[n]["tok_per_s"] / got["P"]["tok_per_s"], 4) for n in names[1:]}})
             res["throughput"] = {"rounds": rounds,
                                  "load": "32 streaming clients x 4 requests x 256 tokens, ignore_eos, 64-word prompts; "
-                                         "P plain, C census (all kernels) + integration, O census kernels off + integration; "
+                                         "P plain, C census + integration; "
                                          "one server each on one GPU, loads in rotating order"}
             for n in names[1:]:
                 r = [x[f"{n}/P"] for x in rounds]

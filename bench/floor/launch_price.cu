@@ -1,5 +1,5 @@
-// launch_price.cu - what the census costs a launching thread, per call, with no Python in the way: calls_tax.py's
-// workloads (its --child c), through the CUDA runtime, which takes its driver entry points through dlsym and
+// launch_price.cu - what the census costs a launching thread, per call, with no Python in the way: eager launches,
+// graph launches and copies, through the CUDA runtime, which takes its driver entry points through dlsym and
 // cuGetProcAddress, so a preloaded census (interpose.c) wraps them as it wraps torch's. Per round, medians over ROUNDS:
 //   eager_ns        one launch of an empty 1-block kernel: the launch calls alone, 256 a batch, the stream
 //                   synchronised between batches (never a full queue, so the host's own time is what is timed)

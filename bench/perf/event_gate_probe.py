@@ -1,9 +1,8 @@
-"""Do gated event pairs time eager kernels? (OTEL_GPU_CENSUS_ACTIVITY=events, native/src/events.c)
+"""Do the default collector's event pairs time eager kernels? (native/src/events.c)
 
-tests/gpu/steady.cu with kernels that spin a known time on the GPU's timer, run under three censuses one after
-another, per spin: every kernel traced through CUPTI (the answer), event pairs gated (EVENT_GATE=on: the stream
-waits for the launch's submission before the first event) and ungated (the first event may fire while the launch
-call is still running, measurements §24). Per run: the eager mean per timed launch, the graph span per timed
+tests/gpu/steady.cu with kernels that spin a known time on the GPU's timer, run under two censuses one after
+another, per spin: every kernel traced through CUPTI (the answer) and the event pairs (gated: the stream waits
+for the launch's submission before the first event). Per run: the eager mean per timed launch, the graph span per timed
 launch, the counts against what the program did, and the pairs' accounting (gated, forced, idle, missed, failed).
 
     python3 bench/perf/event_gate_probe.py --out gate.json [--spins 0,3000,20000] [--seconds 3] [--rounds 2]
@@ -31,7 +30,6 @@ sys.path.insert(0, str(ROOT / "src"))
 MODES = {
     "all": {"OTEL_GPU_CENSUS_KERNELS": "all"},
     "gated": {"OTEL_GPU_CENSUS_ACTIVITY": "events", "OTEL_GPU_CENSUS_EVENT_GATE": "on", "PRELOAD": "1"},
-    "ungated": {"OTEL_GPU_CENSUS_ACTIVITY": "events", "OTEL_GPU_CENSUS_EVENT_GATE": "off", "PRELOAD": "1"},
 }
 
 

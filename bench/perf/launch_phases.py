@@ -1,7 +1,7 @@
 """The census's price a launch inside one process: its modes switched between rounds through the control file.
 
-calls_tax.py (--child c) compares processes, and a C process's own launch time moved ±12 % from one process to
-the next on the H200 (§27): more than the tens of ns the census adds a launch. Here one launch_price process
+Processes side by side cannot resolve it: a C process's own launch time moved ±12 % from one process to the next
+on the GPU machine, more than the tens of ns the census adds a launch. Here one launch_price process
 (bench/floor/launch_price.cu --serve), preloaded with the census and pinned to one core, runs round after round;
 between rounds the census is switched (control_phases.Phases: `off`, its wrappers passing every call through,
 or `events`, counting and pairing as it runs by default), in ABBA order. Each round pair's events figure minus
@@ -33,6 +33,31 @@ from ratio_interval import interval  # noqa: E402  (bench/ratio_interval.py: one
 KEYS = ("eager_ns", "graph_issue_ns", "graph_ns", "copy_pair_ns", "control_ms")
 MODES = ("off", "events")
 WARMUP_ROUNDS = 2         # launch_price's own, before READY, the census counting from the process's start
+
+
+def census_fields(segment: str) -> dict:
+    """What the census counted (its segment, read after its final flush): counts and bytes, and the event pairs'
+    accounting (timed, missed, failed, graph launches untimed, eager pairs and their ns, idle, idle ns)."""
+    from otel_gpu_census.census.reader import read_segment
+    c = read_segment(segment)
+    dv = c.devices[0]
+    return {"eager_launches": dv.eager_launches, "kernel_count": dv.kernel_count,
+            "graph_launches": dv.graph_launches, "graph_kernel_count": dv.graph_kernel_count,
+            "htod_pinned": [dv.copies.get("htod", "pinned").count, dv.copies.get("htod", "pinned").bytes],
+            "dtoh_pinned": [dv.copies.get("dtoh", "pinned").count, dv.copies.get("dtoh", "pinned").bytes],
+            "events": [c.kernels.events_timed, c.kernels.events_missed, c.kernels.events_failed,
+                       c.kernels.graph_untimed, dv.eager_traced, dv.eager_traced_ns, c.kernels.events_idle,
+                       c.kernels.events_idle_ns],
+            "kernel_time_ns": c.kernel_time(dv).ns, "launches_lost": c.launches_lost, "calls_lost": c.calls_lost}
+
+
+def census_did(did: dict, c: dict) -> bool:
+    """The census counted exactly what launch_price did: its eager launches, graph launches and their kernels,
+    and its pinned copies each way (count and bytes)."""
+    return (c.get("eager_launches") == did["eager_launches"] and c.get("graph_launches") == did["graph_launches"]
+            and c.get("graph_kernel_count") == did["graph_kernels"]
+            and c.get("kernel_count") == did["eager_launches"] + did["graph_kernels"]
+            and list(c.get("htod_pinned", ())) == did["htod_pinned"] and list(c.get("dtoh_pinned", ())) == did["dtoh_pinned"])
 
 
 def abba(rounds: int):
@@ -85,7 +110,6 @@ def main() -> int:
     if not lib:
         raise SystemExit("OTEL_GPU_CENSUS_LIB: the built injector (bench/device/run.sh setup sets it)")
     from control_phases import Phases
-    from calls_tax import census_did, census_fields
     from otel_gpu_census.census.reader import segment_paths
     res: dict = {"args": vars(a)}
     with tempfile.TemporaryDirectory() as d:
@@ -126,8 +150,8 @@ def main() -> int:
         segs = segment_paths(d)
         census = census_fields(str(segs[0])) if len(segs) == 1 else {"segments": len(segs)}
     want = expected(did, counting, total) if did else {}
-    # calls_tax's one test of "counted exactly what launch_price did", against the counting rounds' share of it
-    exact = bool(want) and census_did({"did": want, "census": census})
+    # "counted exactly what launch_price did", against the counting rounds' share of it
+    exact = bool(want) and census_did(want, census)
     res.update(rows=rows, did=did, census=census, counted_expected=want, exact=exact, summary=summarise(rows))
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(json.dumps({**res["summary"], "exact": res["exact"], "events": census.get("events")}, indent=1))

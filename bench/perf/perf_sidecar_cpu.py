@@ -19,7 +19,7 @@ export, each timed on warm caches after the window), `nvml_cpu_us_per_call` (and
 otel_gpu_census it measured (this checkout's src/, which comes first on sys.path). `--profile FILE`
 cProfiles the collections (CPU time of the collecting thread) and prints the top functions.
 
-On the CPU machine (~35 s; as measured for docs/measurements.md §7):
+On the CPU machine (~35 s):
 
     .venv/bin/python bench/perf/perf_sidecar_cpu.py --seconds 30 [--exporter prometheus]
 

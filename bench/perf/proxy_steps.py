@@ -19,7 +19,7 @@ llama-server's own timings of the request (`prompt_ms`, `predicted_ms`):
                       (in a waves load: mostly the wait for the wave's slowest request)
 
 A proxy that leaves slots idle between requests shows in ttft and last_to_end_ms (and in the
-server-side gaps bench/perf/proxy_gaps.py measures); one that slows llama-server itself shows in
+server-side gaps); one that slows llama-server itself shows in
 step_ms and server_decode_s with transport_s unchanged.
 """
 from __future__ import annotations

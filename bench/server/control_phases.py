@@ -2,12 +2,12 @@
 
 A server started under `otel-gpu-census run` keeps one segment per CUDA process; beside each, the
 injector reads `<segment>.control` at every flush (native/src/injector.c, control_poll). Writing
-`census=off`, `census=on graphs=launch kernels=all` and the like there switches the running census,
+`census=off` or `census=on` there switches the running census,
 so throughput of the modes can be compared on one server, in alternating phases, without the
 restart-to-restart spread of separate servers (±15 % seen with vLLM on the H200).
 
     phases = Phases(census_dir)
-    phases.set("launch")          # every segment's control file; waits until each segment says so
+    phases.set("events")          # every segment's control file; waits until each segment says so
     before = phases.totals(); ...load...; delta = phases.totals() - before
 """
 from __future__ import annotations
@@ -16,18 +16,10 @@ import time
 from pathlib import Path
 from typing import Dict
 
-MODES = {      # the whole state each phase runs in: census, graph mode, kernel tracing
-    "off": "census=off\n",                                          # nothing traced
-    "launch": "census=on graphs=launch kernels=all\n",              # graphs per launch, every kernel
-    "node": "census=on graphs=node kernels=all\n",                  # every graph node traced
-    "sampled": "census=on graphs=launch kernels=100/1000\n",        # kernels traced 10 % of the time
-    "nokernels": "census=on graphs=launch kernels=off\n",           # copies and memsets only
-    "counted": "census=on graphs=launch kernels=counted:100/1000\n",  # the default: every kernel counted,
-                                                                    # records 10 % of the time
-    "counted20": "census=on graphs=launch kernels=counted:20/1000\n",  # records 2 % of the time
-    "calls": "census=on\n",       # a census started with OTEL_GPU_CENSUS_ACTIVITY=off: counting at the calls
-    "windows": "census=on\n",     # ... started with =windows: counting at the calls, durations in CUPTI's windows
-    "events": "census=on\n",      # ... started with =events: counting at the calls, durations from CUDA event pairs
+MODES = {      # the whole state each phase runs in
+    "off": "census=off\n",                                        # paused: nothing counted
+    "events": "census=on\n",                                      # the default collector counting, event pairs timing
+    "launch": "census=on graphs=launch kernels=all\n",            # the CUPTI census tracing every kernel (a reference)
 }
 
 
@@ -83,7 +75,7 @@ class Phases:
             for d in c.devices.values():
                 add("kernel_count", d.kernel_count)
                 add("kernel_ns", d.kernel_ns)
-                # the census's kernel time: under a counting mode (counted, windows, events) eager launches priced
+                # the census's kernel time: under the default collector eager launches priced
                 # at the sample's mean, which the raw kernel_ns leaves out (events: graph spans only). A phase's
                 # delta of it prices the phase's launches at the mean as it stood at each end.
                 add("kernel_time_ns", c.kernel_time(d).ns)
@@ -101,7 +93,7 @@ class Phases:
             add("graph_unknown", c.graphs.unknown)
             add("graph_inexact", c.graphs.inexact)
             # where records can go missing: CUPTI's drops, refused buffers, records left out of the
-            # sample or of unknown kind, launches not placed (measurements §17's missing kernel records)
+            # sample or of unknown kind, launches not placed
             add("records", c.records)
             add("buffers", c.buffers)
             add("dropped", c.dropped)
@@ -124,7 +116,7 @@ def delta(after: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def run_rounds(phases: Phases, rounds: int, load, modes=("off", "launch", "node"), after=None,
+def run_rounds(phases: Phases, rounds: int, load, modes=("off", "events"), after=None,
                settle_s: float = 1.5, deadline: float = float("inf")) -> list:
     """`rounds` rounds; in each, every mode in turn (rotating who goes first) runs load(mode, round)
     -> {"tok_s", "tokens", ...}. Each phase gets the census's figures for its load (`census`) and
@@ -161,7 +153,7 @@ def run_rounds(phases: Phases, rounds: int, load, modes=("off", "launch", "node"
     return out
 
 
-def summarise(rounds: list, modes=("off", "launch", "node")) -> dict:
+def summarise(rounds: list, modes=("off", "events")) -> dict:
     """Median and spread of every ratio the rounds hold, every phase switched, and per output token
     and mode the census's figures (copies must not depend on the mode)."""
     import statistics

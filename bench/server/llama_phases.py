@@ -1,10 +1,9 @@
-"""Census modes side by side on ONE llama-server, in alternating phases (bench/server/control_phases.py):
-off (nothing traced), launch (graphs per launch, every kernel traced), sampled (kernels traced 100 ms of
-every 1000 ms), nokernels (copies and memsets only), node (every graph node traced) as --modes names
-them. Each phase runs the same load shape with prompts of its own (no phase finds its prompts cached by
-another); the modes rotate who goes first. Throughput ratios
-mode/off per round, with their median and spread, and the census's copies per output token per mode
-(copies must not depend on the mode).
+"""The census on and off side by side on ONE llama-server, in alternating phases (bench/server/control_phases.py:
+`off` paused, `events` counting as the default collector does, `on` the precise one) as --modes names them. Each
+phase runs the same load shape with prompts of its own (no phase finds its prompts cached by another); the modes
+rotate who goes first. Throughput ratios mode/off per round, with their median and spread, and the census's copies
+per output token per mode (copies must not depend on the mode). --beside-plain loads a plain server after every
+round, --beside-traced one tracing every kernel (the measured kernel time an estimate is checked against).
 
     python3 bench/server/llama_phases.py --server PATH --model M.gguf --out phases.json [--rounds 8] [--modes ...]
 """
@@ -22,7 +21,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from ballast import Ballast  # noqa: E402
 from control_phases import Phases, delta, phase_seed, run_rounds, summarise  # noqa: E402
 from load import run_load  # noqa: E402
 from run_server_bench import wait_health  # noqa: E402
@@ -38,23 +36,20 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--port", type=int, default=8193)
-    ap.add_argument("--modes", default="off,launch,sampled,nokernels",
+    ap.add_argument("--modes", default="off,events",
                     help="census modes of control_phases.MODES, each a phase of every round")
     ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
                     help="llama-server flags beside -m -ngl 99 -np CLIENTS")
     ap.add_argument("--beside-plain", action="store_true",
                     help="also a plain llama-server (no census, on --port + 1), the same load after every round: "
-                         "mode/plain says what the census costs against no census at all (off is CUPTI attached, paused)")
+                         "mode/plain says what the census costs against no census at all")
     ap.add_argument("--beside-traced", action="store_true",
                     help="also a llama-server under the activity census tracing every kernel (on --port + 2), the same "
                          "load after every round, alone on the GPU: each mode's kernel ns an output token / its "
-                         "(`kt:MODE/traced`), the check of an estimating mode (events, windows) against the measured")
+                         "(`kt:MODE/traced`), the check of the default's estimated kernel time against the measured")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
-    ap.add_argument("--activity", choices=("on", "off", "windows", "events"), default=None,
-                    help="the census server's `run --activity`: off counts at the calls through the library "
-                         "preloaded, CUPTI never loaded (phases off,calls; measurements §22)")
-    ap.add_argument("--ballast", type=int, default=0,
-                    help="this many spinning processes through every round (ballast.py: a steadier host CPU)")
+    ap.add_argument("--activity", choices=("on", "events"), default=None,
+                    help="the census server's `run --activity` (default: run's own)")
     a = ap.parse_args()
     t_start = time.time()
     census = Path(tempfile.mkdtemp(prefix="llama-phases-"))
@@ -101,9 +96,9 @@ def main() -> int:
         modes = a.modes.split(",")
 
         def one(mode, i):
-            # fresh prompts every phase: with one seed a round, the phases after the first found their
+            # fresh prompts every phase: with one seed a round, the phases after the first would find their
             # prompts already in the slots (llama-server reuses a slot's matching prefix even with
-            # --cache-ram 0) and skipped their prefill (until 2026-12-02)
+            # --cache-ram 0) and skip their prefill
             ld = run_load(url, a.clients, a.requests, n_predict=a.n_predict, seed=phase_seed(100, i, mode, modes))
             return {"tok_s": ld.get("output_tok_s"), "steady_tok_s": ld.get("steady_tok_s"),
                     "tokens": ld.get("output_tokens"), "errors": ld.get("errors"), "ttft_p50_s": ld.get("ttft_p50_s")}
@@ -141,9 +136,7 @@ def main() -> int:
                 plain(rnd)      # appends the round to res["rounds"]
             else:
                 res["rounds"].append(rnd)
-        with Ballast(a.ballast) as b:
-            res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=after, deadline=t_start + a.budget_s)
-            res["ballast"] = {"processes": b.n, "alive_at_end": b.alive()}
+        res["rounds"] = run_rounds(ph, a.rounds, one, modes=modes, after=after, deadline=t_start + a.budget_s)
         res.update(summarise(res["rounds"], modes=modes))
         if a.beside_traced:     # the measured server's figures an output token, beside each mode's
             res["per_output_token"]["traced"] = summarise(

@@ -1,7 +1,7 @@
 """The census switched off / on every few seconds inside ONE load of ONE llama-server (bench/server/toggle_slots.py).
 
 llama_phases.py gives each mode its own load of a few seconds (ramp, tail, which prompts meet): ±5 % a round on
-the H200 (§26), so 11 rounds left the census's cost inside ±1.3 %. Here the same load shape (closed-loop clients,
+the GPU machine, so 11 rounds left the census's cost inside ±1.3 %. Here the same load shape (closed-loop clients,
 one slot each, distinct prompts of --prompt-tokens ids, --n-predict tokens, ignore_eos) runs on, and the census is
 switched through its control file every --slot seconds, pairs in random order (--order). Each request asks for
 --n-predict tokens, or a number drawn in LO..HI, which keeps the clients out of step. A slot is rated by the tokens
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8196)
     ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
                     help="llama-server flags beside -m -ngl 99 -np CLIENTS")
-    ap.add_argument("--activity", choices=("on", "off", "windows", "events"), default=None,
+    ap.add_argument("--activity", choices=("on", "events"), default=None,
                     help="the census server's `run --activity` (default: run's own, events)")
     ap.add_argument("--pin", default="", metavar="CPUS", help="taskset -c CPUS for the server (and its census)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="the whole run, start to stop")

@@ -5,7 +5,6 @@
          --out DIR [--rounds 5] [--flag-sets default,nocache] [--variants plain,census[,...]] \\
          [--budget-s 540] [--vocab ggml-vocab-llama-bpe.gguf]   # --vocab: make M.gguf if missing
   python bench/server/run_server_bench.py ... --proxy-pairs 8 [--flag-sets nocache]   # one server
-  python bench/server/run_server_bench.py ... --kernel-phase-pairs 8 [--phase-ms 14000/28000]  # one server
   any mode: [--load-mode waves [--wave-gap-s 0]]   # requests in waves of --clients (default: free)
 
 Restart mode (default). One cycle = start llama-server (-ngl 99 -np 16 -c 32768 + the flag set),
@@ -19,8 +18,6 @@ ratios. The census is injected at process start, so census vs plain needs a fres
 Variants (the environment each adds is recorded in the results, `variant_env`):
   plain               no census;
   census              the injector in its default mode;
-  census-kernels-off  OTEL_GPU_CENSUS_KERNELS=off (copies and memsets only);
-  census-sampled      OTEL_GPU_CENSUS_KERNELS=--sample (default 100/1000: kernels traced 100 ms a s);
   census+proxy        census, loaded through `otel-gpu-census proxy` in front of the server.
 
 Same-server proxy mode (--proxy-pairs N): ONE llama-server under the census (--proxy-census picks
@@ -29,15 +26,6 @@ through the proxy (ABBA) on that server, --gap-s apart. Server start-up variance
 pairs; the row's plain is direct, census is through the proxy, ratio the median proxy/direct pair
 ratio (the proxy's cost: target at most 1 % lower). Defaults: 48 requests a load (3 per client),
 about 9 s on the random 8B model on an H200: 8 pairs in about 3 minutes.
-
-Kernel-phase mode (--kernel-phase-pairs N, bench/server/kernel_phase.py): the cost of kernel
-tracing on ONE server. The server runs under the census with OTEL_GPU_CENSUS_KERNELS=--phase-ms
-(default 14000/28000: kernels traced 14 s of every 28 s); each pair runs one load inside a traced
-phase and one inside an untraced phase (ABBA across pairs), placed on the schedule read from the
-server's census segment; a load that overruns its phase is marked invalid. The row's plain is the
-untraced phase, census the traced one, ratio the median traced/untraced pair ratio; census reads
-around every load check kernels were counted only in traced phases. Defaults: 48 requests a load
-(~9 s on the 8B model on an H200): 8 pairs in about 5.5 minutes.
 
 Every load reports two throughputs (bench/server/load.py): whole-load output tok/s, the headline
 that `ratio` uses, and steady-state tok/s (tokens that arrived while every client was busy: ramp-up
@@ -77,32 +65,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import benchlib as bl  # noqa: E402
-import kernel_phase  # noqa: E402
 import load  # noqa: E402
 
 FLAG_SETS = {"default": [], "nocache": ["--cache-ram", "0", "--ctx-checkpoints", "0"]}
-VARIANTS = ("plain", "census", "census+proxy", "census-kernels-off", "census-sampled")
+VARIANTS = ("plain", "census", "census+proxy")
 # prompt_ms / predicted_ms: llama-server's own timings of the request (bench/perf/proxy_steps.py tells a
 # slower server from a slower path to the client with them)
 PER_REQUEST_KEYS = ("i", "client", "wave", "start", "end", "ttft_s", "e2e_s", "tokens_out", "prompt_n",
                     "cache_n", "id_slot", "prompt_ms", "predicted_ms", "error", "ev")
-
-
-def variant_env(variant: str, sample: str) -> Dict[str, str]:
-    """What a variant adds to the server's environment (besides the injector itself)."""
-    if variant == "census-kernels-off":
-        return {"OTEL_GPU_CENSUS_KERNELS": "off"}
-    if variant == "census-sampled":
-        return {"OTEL_GPU_CENSUS_KERNELS": sample}
-    return {}
-
-
-def sample_arg(s: str) -> str:
-    """argparse type of --sample: ON_MS/PERIOD_MS with 0 < ON_MS <= PERIOD_MS."""
-    m = re.fullmatch(r"(\d+)/(\d+)", s.strip())
-    if not m or not 0 < int(m.group(1)) <= int(m.group(2)):
-        raise argparse.ArgumentTypeError(f"{s!r}: want ON_MS/PERIOD_MS with 0 < ON_MS <= PERIOD_MS, e.g. 100/1000")
-    return f"{int(m.group(1))}/{int(m.group(2))}"
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -182,7 +152,7 @@ class Bench:
 
     def env_of(self, variant: str) -> Dict[str, str]:
         """The environment a variant's server gets on top of the injector's own variables."""
-        return {**variant_env(variant, self.a.sample), **self.server_env}
+        return dict(self.server_env)
 
     def server_cmd(self, port: int, flags: str) -> List[str]:
         a = self.a
@@ -442,7 +412,7 @@ def pair_rows(a: argparse.Namespace, runs: List[Dict[str, Any]], variants: List[
         for v in variants:
             mine = [r for k, r in ok.items() if k[1] == flags and k[2] == v]
             row: Dict[str, Any] = {"workload": "server/llama.cpp", "flags": flags, "variant": v,
-                                   "env": {**variant_env(v, a.sample), **dict(kv.split("=", 1) for kv in a.server_env)},
+                                   "env": dict(kv.split("=", 1) for kv in a.server_env),
                                    "unit": "output tok/s", "runs": len(mine),
                                    "failed_runs": sum(1 for r in runs if r["flags"] == flags and r["variant"] == v)
                                    - len(mine)}
@@ -526,27 +496,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--flag-sets", default="default,nocache", help="of: " + ",".join(FLAG_SETS))
     ap.add_argument("--variants", default="plain,census", help="of: " + ",".join(VARIANTS))
-    ap.add_argument("--sample", type=sample_arg, default="100/1000",
-                    help="OTEL_GPU_CENSUS_KERNELS of census-sampled: ON_MS/PERIOD_MS (default 100/1000)")
     ap.add_argument("--proxy-pairs", type=int, metavar="N",
                     help="same-server mode: N direct/proxy pairs of loads on one censused server per flag set")
     ap.add_argument("--proxy-census", default="census", choices=[v for v in VARIANTS if v not in ("plain", "census+proxy")],
                     help="census variant of the server in --proxy-pairs mode (default census)")
-    ap.add_argument("--kernel-phase-pairs", type=int, metavar="N",
-                    help="same-server mode: N traced/untraced pairs of loads in the phases of the census's "
-                         "sampled kernel schedule, one server per flag set")
-    ap.add_argument("--phase-ms", type=kernel_phase.phase_ms_arg, default="14000/28000",
-                    help="--kernel-phase-pairs: OTEL_GPU_CENSUS_KERNELS of the server, ON_MS/PERIOD_MS "
-                         "(default 14000/28000)")
-    ap.add_argument("--phase-lead-s", type=float, default=0.5,
-                    help="--kernel-phase-pairs: a load starts at least this long after its phase began")
-    ap.add_argument("--edge-kernels", type=int, default=16,
-                    help="--kernel-phase-pairs: kernels an untraced load may count (phase edges) before "
-                         "the census check fails")
-    ap.add_argument("--settle-timeout", type=float, default=4.0,
-                    help="--kernel-phase-pairs: wait this long at most for a load's records to reach the segment")
-    ap.add_argument("--segment-timeout", type=float, default=20.0,
-                    help="--kernel-phase-pairs: wait this long at most for the server's census segment")
     ap.add_argument("--gap-s", type=float, default=1.0, help="--proxy-pairs: pause after each load (spans settle)")
     ap.add_argument("--census-mode", choices=("auto", "env", "run"), default="auto")
     ap.add_argument("--census-lib", help="default $OTEL_GPU_CENSUS_LIB or native/build/libotel_gpu_census.so")
@@ -572,14 +525,14 @@ def main() -> int:
                     help="OTEL_TRACES_EXPORTER for the proxy unless set (default none: no collector here)")
     ap.add_argument("--warmup-requests", type=int,
                     help="a first, unrecorded cycle (with --proxy-pairs: load through the proxy); 0: none "
-                         "(default 16; with --kernel-phase-pairs one load of --requests)")
+                         "(default 16)")
     ap.add_argument("--startup-timeout", type=float, default=180)
     ap.add_argument("--load-timeout", type=float, default=180)
     ap.add_argument("--request-timeout", type=float, default=120)
     ap.add_argument("--stop-timeout", type=float, default=30)
     ap.add_argument("--cycle-estimate-s", type=float, default=40, help="first guess of one cycle, for the plan")
     ap.add_argument("--load-estimate-s", type=float, default=9,
-                    help="--proxy-pairs, --kernel-phase-pairs: first guess of one load, for the plan and "
+                    help="--proxy-pairs: first guess of one load, for the plan and "
                          "the budget (default 9)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--keep-segments", action="store_true")
@@ -596,14 +549,8 @@ def main() -> int:
         ap.error("--server-env wants K=V")
     if a.proxy_pairs is not None and a.proxy_pairs < 1:
         ap.error("--proxy-pairs must be at least 1")
-    if a.kernel_phase_pairs is not None and a.kernel_phase_pairs < 1:
-        ap.error("--kernel-phase-pairs must be at least 1")
-    if a.proxy_pairs and a.kernel_phase_pairs:
-        ap.error("--proxy-pairs and --kernel-phase-pairs are separate runs: give one")
-    if not 0 <= a.phase_lead_s < 60 or a.edge_kernels < 0 or a.settle_timeout <= 0 or a.segment_timeout <= 0:
-        ap.error("--phase-lead-s must be in [0, 60), --edge-kernels >= 0, the timeouts > 0")
     if a.requests is None:
-        a.requests = 48 if a.proxy_pairs or a.kernel_phase_pairs else 64
+        a.requests = 48 if a.proxy_pairs else 64
     if a.requests < 1:
         ap.error("--requests must be at least 1")
     if a.load_mode == "waves" and a.requests % a.clients:
@@ -612,24 +559,17 @@ def main() -> int:
     if a.wave_gap_s < 0:
         ap.error("--wave-gap-s must be at least 0")
     if a.warmup_requests is None:
-        a.warmup_requests = a.requests if a.kernel_phase_pairs else 16
+        a.warmup_requests = 16
     if a.warmup_requests < 0:
         ap.error("--warmup-requests must be at least 0")
     if "plain" not in variants:
         variants.insert(0, "plain")
     if a.proxy_pairs:
         variants = [a.proxy_census, "census+proxy"]
-    if a.kernel_phase_pairs:   # the server's variant: census-sampled on the phase schedule
-        variants = ["census-sampled"]
-        a.sample = a.phase_ms
-        a.on_ms, a.period_ms = map(int, a.phase_ms.split("/"))
-        if min(a.on_ms, a.period_ms - a.on_ms) <= 1000 * a.phase_lead_s:
-            ap.error(f"--phase-ms {a.phase_ms}: both phases must be longer than --phase-lead-s ({a.phase_lead_s} s)")
 
     env_info = {"nvidia_smi": bl.nvidia_smi(), "nvcc": bl.nvcc_version(), "python": sys.version.split()[0]}
     out_path = bl.results_path(a.out, env_info["nvidia_smi"].get("gpu"),
-                               "server-llamacpp-proxy-pairs" if a.proxy_pairs else
-                               "server-llamacpp-kernel-phase" if a.kernel_phase_pairs else "server-llamacpp")
+                               "server-llamacpp-proxy-pairs" if a.proxy_pairs else "server-llamacpp")
     work = out_path.parent / "server-work"
     work.mkdir(parents=True, exist_ok=True)
     log = bl.Log(work / "server-bench.log")
@@ -655,7 +595,7 @@ def main() -> int:
             else (None if b.lib.is_file() else f"{b.lib} does not exist")
         if why:
             log(f"census variants dropped: {why}")
-            if a.proxy_pairs or a.kernel_phase_pairs:
+            if a.proxy_pairs:
                 return 1
             variants = ["plain"]
     if "census+proxy" in variants:
@@ -670,14 +610,12 @@ def main() -> int:
 
     runs: List[Dict[str, Any]] = []
     result: Dict[str, Any] = {
-        "benchmark": "server/llama.cpp" + (" proxy pairs" if a.proxy_pairs else
-                                           " kernel tracing phases" if a.kernel_phase_pairs else ""),
+        "benchmark": "server/llama.cpp" + (" proxy pairs" if a.proxy_pairs else ""),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join(shlex.quote(x) for x in sys.argv), "environment": env_info,
         "config": {k: getattr(a, k) for k in ("rounds", "proxy_pairs", "proxy_census", "gap_s",
-                                              "kernel_phase_pairs", "phase_ms", "phase_lead_s", "edge_kernels",
                                               "flag_sets", "clients", "requests", "prompt_tokens", "n_predict",
-                                              "np", "ctx", "server_args", "census_mode", "sample",
+                                              "np", "ctx", "server_args", "census_mode",
                                               "warmup_requests", "load_mode", "wave_gap_s")},
         "load_mode": a.load_mode,
         "variants": variants, "variant_env": {v: b.env_of(v) for v in variants},
@@ -686,10 +624,6 @@ def main() -> int:
     }
     if a.proxy_pairs:
         return proxy_main(a, b, log, result, out_path)
-    if a.kernel_phase_pairs:
-        result["headline"] = ("ratio = median of traced/untraced whole-load pair ratios (one server; plain = "
-                              "untraced phase, census = traced phase); steady_ratio the same from steady-state tok/s")
-        return kernel_phase.main(a, b, log, result, out_path)
 
     cycles = a.rounds * len(a.flag_sets) * len(variants)
     est = a.cycle_estimate_s
@@ -762,7 +696,7 @@ def pair_figures(row: Dict[str, Any], pairs: List[Tuple[Dict[str, Any], Dict[str
 def run_sessions(a: argparse.Namespace, log: bl.Log, result: Dict[str, Any], out_path: Path,
                  make_rows: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]],
                  session: Callable[[str, Callable[[Dict[str, Any]], None]], Dict[str, Any]]) -> None:
-    """One same-server session per flag set (the --proxy-pairs and --kernel-phase-pairs modes): rows and
+    """One same-server session per flag set (the --proxy-pairs mode): rows and
     the JSON rewritten after every pair (`save`), none started past the budget; fills result's runs,
     rows and hangs."""
     sessions: List[Dict[str, Any]] = result["runs"]

@@ -1,6 +1,6 @@
 """Several toggled loads (runs of bench/server/llama_toggle.py or of bench/device/vllm_e2e.py --only toggle) as one
 sample of pairs. One run of vLLM's load gives ~100 pairs in a call's 10 minutes, and a pair of its slots spreads
-±10 % (§29), so ±1 % needs runs pooled. Each run keeps its own pairs (no pair spans two runs: each had its own
+±10 %, so ±1 % needs runs pooled. Each run keeps its own pairs (no pair spans two runs: each had its own
 server start) and its own summary; the pooled ratio is toggle_pairs over every run's pairs, and its checks are every
 run's. Tick noise is left per run (runs ticked at different rates do not pool).
 

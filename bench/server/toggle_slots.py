@@ -1,11 +1,11 @@
 """The census switched inside one running load, in slots, and each slot rated by a token count.
 
-Phases of a few seconds, each its own load, spread more than the census costs (vLLM ±15 % a 3 s window on the
-H200, §27; llama-server ±5 % a round, §26): ramps, tails and which requests happen to start. Here one load runs
+Phases of a few seconds, each its own load, spread more than the census costs (vLLM ±15 % a 3 s window on
+the GPU machine; llama-server ±5 % a round): ramps, tails and which requests happen to start. Here one load runs
 on, and only the census changes: slot after slot, in pairs, each rated by a meter read once the switch has taken
 and again as the slot ends, so a switch's own time is in neither. A drift slower than a pair falls mostly inside
 it. The order inside a pair is drawn at random (seeded) by default: in ABBA order, a load with a period near four
-slots (llama-server's 16 clients in step, §28) or a transient after each switch lands on the same modes every
+slots (llama-server's 16 clients in step) or a transient after each switch lands on the same modes every
 time; `by_position` in toggle_pairs shows it. With tick_s, each slot also keeps its meter's reading every tick_s
 (`marks`), so the pairs can be rated again leaving out the first settle_s after each slot's start. Used by bench/device/vllm_e2e.py (`--only toggle`: vLLM's own counter) and
 bench/server/llama_toggle.py (llama-server: the tokens its clients receive).

@@ -72,24 +72,24 @@ def standin(tmp_path):
 
 
 def test_rounds_switch_every_segment_and_count_each_phase(standin, tmp_path):
-    tok_s = {"off": 100.0, "launch": 99.0, "node": 80.0}
+    tok_s = {"off": 100.0, "events": 99.0, "launch": 80.0}
     order = []
 
     def load(mode, i):
         order.append(mode)
         standin.copy(1000 + i)            # what this phase's load copied
         return {"tok_s": tok_s[mode] + i, "tokens": 10}
-    rounds = cp.run_rounds(cp.Phases(tmp_path), 3, load, settle_s=0)
-    assert order == ["off", "launch", "node", "launch", "node", "off", "node", "off", "launch"]
-    assert standin.seen[:3] == ["census=off", "census=on graphs=launch kernels=all", "census=on graphs=node kernels=all"]
+    rounds = cp.run_rounds(cp.Phases(tmp_path), 3, load, modes=("off", "events", "launch"), settle_s=0)
+    assert order == ["off", "events", "launch", "events", "launch", "off", "launch", "off", "events"]
+    assert standin.seen[:3] == ["census=off", "census=on", "census=on graphs=launch kernels=all"]
     for i, r in enumerate(rounds):
-        for m in ("off", "launch", "node"):
+        for m in ("off", "events", "launch"):
             assert r[m]["switched"] and r[m]["t0_ns"] <= r[m]["t1_ns"]
             assert r[m]["census"] == {"copy.dtoh.pinned.count": 1, "copy.dtoh.pinned.bytes": 1000 + i, "records": 1}
-        assert r["launch/off"] == round((99.0 + i) / (100.0 + i), 4)
-        assert r["node/off"] == round((80.0 + i) / (100.0 + i), 4)
-    s = cp.summarise(rounds)
-    assert s["all_switched"] and s["node/off"]["min"] == 0.8 and s["node/off"]["median"] == round(81 / 101, 4)
+        assert r["events/off"] == round((99.0 + i) / (100.0 + i), 4)
+        assert r["launch/off"] == round((80.0 + i) / (100.0 + i), 4)
+    s = cp.summarise(rounds, modes=("off", "events", "launch"))
+    assert s["all_switched"] and s["launch/off"]["min"] == 0.8 and s["launch/off"]["median"] == round(81 / 101, 4)
     assert s["per_output_token"]["off"] == {"_tokens": 30, "copy.dtoh.pinned.count": 0.1,
                                             "copy.dtoh.pinned.bytes": (1000 + 1001 + 1002) / 30}
 
@@ -128,40 +128,27 @@ def test_no_segment_to_switch_is_not_a_switch(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_kernel_modes_wait_until_the_segment_traces_kernels_as_asked(standin, tmp_path):
-    """sampled and nokernels switch kernel tracing too; a segment still tracing every kernel has not
-    switched yet, so the phase waits for it (and says so when it never comes)."""
+def test_every_kernel_waits_until_the_segment_traces_every_kernel(standin, tmp_path):
+    """`launch` switches kernel tracing too; a segment not yet tracing every kernel has not switched, so the
+    phase waits for it (and says so when it never comes)."""
     ph = cp.Phases(tmp_path)
-    assert ph.set("sampled") and standin.seen[-1] == "census=on graphs=launch kernels=100/1000"
-    assert ph.set("nokernels") and standin.seen[-1] == "census=on graphs=launch kernels=off"
     assert ph.set("launch") and standin.seen[-1] == "census=on graphs=launch kernels=all"
+    assert ph.set("off") and standin.seen[-1] == "census=off"
     standin.stop.set()
     standin.thread.join(2)                      # the census stops answering: the switch is not seen
-    assert ph.set("sampled", timeout=0.3) is False
+    assert ph.set("launch", timeout=0.3) is False
 
 
 def test_every_phase_and_the_plain_load_beside_get_seeds_of_their_own():
-    modes = ["off", "launch", "sampled", "nokernels"]
+    modes = ["off", "events", "launch"]
     seeds = [cp.phase_seed(300, i, m, modes) for i in range(8) for m in modes + ["P"]]
-    assert len(set(seeds)) == len(seeds) == 40 and min(seeds) == 300
-
-
-def test_a_state_with_the_kernel_kind_on_that_got_no_eager_record_is_a_gap():
-    sys.path.insert(0, str(REPO / "bench" / "perf"))
-    import kind_toggle
-    states = [{"mode": "launch", "census": {"eager_launches": 100, "eager_traced": 100}},
-              {"mode": "counted", "census": {"eager_launches": 100}},                 # a gap
-              {"mode": "off", "census": {}},                                         # paused: nothing
-              {"mode": "launch", "census": {"eager_launches": 100, "eager_traced": 0}},  # a gap
-              {"mode": "counted20", "census": {"eager_launches": 0}}]                # idle: not judged
-    assert kind_toggle.gaps(states) == [states[1], states[3]]
-    assert {"launch", "counted", "off"} <= set(kind_toggle.CYCLE)
+    assert len(set(seeds)) == len(seeds) == 32 and min(seeds) == 300
 
 
 def test_totals_give_the_censuss_priced_kernel_time_beside_the_raw_kernel_ns(tmp_path, monkeypatch):
-    """Under a counting mode (events, windows, counted) a device's raw kernel_ns holds the graph spans and the sample
-    only; the eager launches' time is the census's price (ProcessCensus.kernel_time): totals carry both, so a phase's
-    kernel time a token is the census's, not the graph part alone (the llama-server run of 2026-12-04 read 0.24)."""
+    """Under the default collector a device's raw kernel_ns holds the graph spans and the sample only; the eager
+    launches' time is the census's price (ProcessCensus.kernel_time): totals carry both, so a phase's kernel time a
+    token is the census's, not the graph part alone (a llama-server run read 0.24 of it from kernel_ns)."""
     from types import SimpleNamespace as NS
     from otel_gpu_census.census import KernelTime, reader
     (tmp_path / "gpu-census-1-2.seg").write_bytes(b"")

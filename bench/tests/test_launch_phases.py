@@ -45,3 +45,13 @@ def test_without_the_injector_it_says_so():
     p = subprocess.run([sys.executable, str(REPO / "bench/perf/launch_phases.py"), "--out", "/dev/null"],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 1 and "OTEL_GPU_CENSUS_LIB" in p.stderr
+
+
+def test_exact_means_every_launch_graph_kernel_and_pinned_copy_each_way():
+    did = {"eager_launches": 700, "graph_launches": 70, "graph_kernels": 70 * 64, "htod_pinned": [35, 35 * 4096],
+           "dtoh_pinned": [35, 35 * 4096]}
+    census = {"eager_launches": 700, "graph_launches": 70, "graph_kernel_count": 70 * 64,
+              "kernel_count": 700 + 70 * 64, "htod_pinned": [35, 35 * 4096], "dtoh_pinned": [35, 35 * 4096]}
+    assert launch_phases.census_did(did, census)
+    for key, wrong in (("eager_launches", 699), ("kernel_count", 700), ("dtoh_pinned", [35, 35 * 4095])):
+        assert not launch_phases.census_did(did, {**census, key: wrong}), key

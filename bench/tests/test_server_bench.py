@@ -84,32 +84,16 @@ def test_compare_gives_median_ratios_spreads_and_the_target():
     assert rsb.compare(pairs[1:2])["target_ratio_ge_0_99"] is False
 
 
-def test_variant_environments_and_sample_option():
-    assert rsb.variant_env("census-kernels-off", "100/1000") == {"OTEL_GPU_CENSUS_KERNELS": "off"}
-    assert rsb.variant_env("census-sampled", "50/500") == {"OTEL_GPU_CENSUS_KERNELS": "50/500"}
-    assert rsb.variant_env("census", "50/500") == {} and rsb.variant_env("plain", "1/2") == {}
-    assert rsb.sample_arg(" 100/1000 ") == "100/1000"
-    for bad in ("0/100", "200/100", "100", "a/b", "-1/10"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            rsb.sample_arg(bad)
-
-
-def test_micro_lighter_variants_are_set_against_the_floor_without_the_target():
-    a = argparse.Namespace(variants="plain,floor,census,census-kernels-off,census-sampled", variant=None,
-                           floor_kinds="kernel", sample="100/1000", workloads=["eager"], eager_n=1000)
+def test_micro_census_is_set_against_the_floor_with_the_target():
+    a = argparse.Namespace(variants="plain,floor,census", variant=None, floor_kinds="kernel",
+                           workloads=["eager"], eager_n=1000)
     v = micro.parse_variants(a, bl.Log())
-    assert v["census-sampled"]["env"] == {"OTEL_GPU_CENSUS_KERNELS": "100/1000"}
-    assert v["census-kernels-off"]["env"] == {"OTEL_GPU_CENSUS_KERNELS": "off"}
-    t = {"plain": 1.0, "floor": 1.2, "census": 1.25, "census-kernels-off": 1.05, "census-sampled": 1.1}
+    assert v["census"] == {"base": "census", "env": {}, "floor": "floor"}
+    t = {"plain": 1.0, "floor": 1.2, "census": 1.25}
     runs = [{"round": k, "variant": n, "launches": {"eager": 1}, "eager_s": [t[n]]} for k in range(2) for n in v]
-    for r in runs:
-        if r["variant"] == "census-sampled":
-            r.update(census_kernels=110, census_kernel_share=0.11, census_kernel_share_expected=0.1)
     rows = {r["variant"]: r for r in micro.summarise(a, runs, v)}
-    assert rows["census"]["target_above_floor_le_10pct"] is True and "vs_floor_pct" not in rows["census"]
-    off = rows["census-kernels-off"]
-    assert "target_above_floor_le_10pct" not in off and off["vs_floor_pct"] == pytest.approx(-12.5)
-    assert rows["census-sampled"]["census_kernel_share"] == 0.11
+    assert rows["census"]["above_floor_pct"] == pytest.approx(100 * (1.25 / 1.2 - 1), abs=0.01)
+    assert rows["census"]["target_above_floor_le_10pct"] is True and rows["census"]["overhead_vs_floor"] == 1.25
 
 
 # ---- end to end against the stand-in --------------------------------------------------------------
@@ -193,30 +177,24 @@ def test_restart_mode_records_each_variants_environment(fake, tmp_path):
     server, model = fake
     out = tmp_path / "rr.json"
     d = run_bench(["--server", str(server), "--model", str(model), "--out", str(out), "--rounds", "2",
-                   "--variants", "plain,census-kernels-off,census-sampled", "--sample", "50/500",
+                   "--variants", "plain,census", "--server-env", "OTEL_GPU_CENSUS_KERNELS=x",
                    "--flag-sets", "default", "--requests", "8", "--clients", "4", "--prompt-tokens", "16",
                    "--n-predict", "8", "--warmup-requests", "0", "--census-mode", "env",
                    "--port", str(free_port_pair())], tmp_path)
     assert d.returncode == 0, d.stdout[-2000:] + d.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert [r["variant"] for r in res["runs"]] == ["plain", "census-kernels-off", "census-sampled",
-                                                    "census-sampled", "census-kernels-off", "plain"]
-    env = {r["variant"]: r["env"] for r in res["runs"]}
-    assert env == {"plain": {}, "census-kernels-off": {"OTEL_GPU_CENSUS_KERNELS": "off"},
-                   "census-sampled": {"OTEL_GPU_CENSUS_KERNELS": "50/500"}}
+    assert [r["variant"] for r in res["runs"]] == ["plain", "census", "census", "plain"]
     said = {r["variant"]: (tmp_path / "server-work" / r["server_log"]).read_text().split("fake-llama-server: ")[1].split()
             for r in res["runs"]}     # what each server process was started with
-    assert said == {"plain": ["OTEL_GPU_CENSUS_KERNELS=(unset)", "CUDA_INJECTION64_PATH=(unset)"],
-                    "census-kernels-off": ["OTEL_GPU_CENSUS_KERNELS=off", "CUDA_INJECTION64_PATH=set"],
-                    "census-sampled": ["OTEL_GPU_CENSUS_KERNELS=50/500", "CUDA_INJECTION64_PATH=set"]}
+    assert said == {"plain": ["OTEL_GPU_CENSUS_KERNELS=x", "CUDA_INJECTION64_PATH=(unset)"],   # --server-env: every server
+                    "census": ["OTEL_GPU_CENSUS_KERNELS=x", "CUDA_INJECTION64_PATH=set"]}
     rows = {r["variant"]: r for r in res["rows"]}
-    assert rows["census-sampled"]["pairs"] == 2 and rows["census-sampled"]["env"] == env["census-sampled"]
-    assert "steady_ratio" in rows["census-kernels-off"]
+    assert rows["census"]["pairs"] == 2 and "steady_ratio" in rows["census"]
 
 
 def test_bad_options_are_refused_without_a_traceback(tmp_path):
-    d = run_bench(["--server", "x", "--model", "y", "--sample", "5/1"], tmp_path)
-    assert d.returncode == 2 and "ON_MS/PERIOD_MS" in d.stderr and "Traceback" not in d.stderr
+    d = run_bench(["--server", "x", "--model", "y", "--variants", "plain,census-sampled"], tmp_path)
+    assert d.returncode == 2 and "census-sampled" in d.stderr and "Traceback" not in d.stderr
     d = run_bench(["--server", "x", "--model", "y", "--server-env", "NOEQUALS"], tmp_path)
     assert d.returncode == 2 and "K=V" in d.stderr and "Traceback" not in d.stderr
     d = run_bench(["--server", "x", "--model", "y", "--load-mode", "waves", "--requests", "40"], tmp_path)

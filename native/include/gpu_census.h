@@ -91,7 +91,7 @@ enum gc_kernels {
 #define GC_FLAG_PRELOAD         0x40u
 /* with GC_FLAG_PRELOAD: kernel durations sampled in windows (OTEL_GPU_CENSUS_ACTIVITY=windows): CUPTI set up at the
  * first of the schedule's on-phases (kernel_on_ms of every kernel_period_ms), its kernel and graph kinds on only in
- * them (never detached: cuptiFinalize crashed CUDA-graph programs, docs/measurements.md §23).
+ * them (never detached: cuptiFinalize crashed CUDA-graph programs).
  * Counts and bytes stay exact and whole; eager kernel time is launches x the sampled mean (as COUNTED), a graph
  * launch's span is its exec's mean span measured in the windows (graph_untimed: launches with none) */
 #define GC_FLAG_TIMED           0x80u
@@ -216,7 +216,7 @@ typedef struct gc_segment {
     uint64_t events_missed;     /* launches of the sample left untimed: no free pair, no pool for their context */
     uint64_t events_failed;     /* pairs an event call failed for (creating, recording, reading) */
     uint64_t events_idle;       /* eager pairs whose first event fired before their launch call returned (the stream
-                                   was idle: they read long, docs/measurements.md §24): not the eager sample */
+                                   was idle: they read long): not the eager sample */
     uint64_t events_idle_ns;    /* ... their durations from the call's return, summed */
     uint64_t events_gated;      /* pairs whose stream waited for their launch to be submitted (EVENT_GATE=on) */
     uint64_t events_forced;     /* ... whose gate the watchdog opened, its thread held up (dropped, not timed) */
@@ -246,7 +246,7 @@ typedef struct gc_segment {
     uint64_t graph_inexact;     /* graph launches with conditional or changed nodes (counts are a floor) */
     uint64_t paused_ns;         /* CLOCK_MONOTONIC ns the census was paused, as of complete_wall_ns */
     /* When counting began (enum gc_attach). CUPTI set up before a CUDA context exists makes every
-     * kernel node of that context's graph replays slower (docs/measurements.md §15), so by default the
+     * kernel node of that context's graph replays slower (docs/measurements.md), so by default the
      * census sets CUPTI up once the first primary context is active: GPU work before attach_wall_ns
      * is not counted, and the first context existed at most attach_after_ns before it. */
     uint64_t attach_wall_ns;    /* CLOCK_REALTIME when CUPTI was set up (0: not recorded, older layouts) */

@@ -10,11 +10,11 @@
  *   MOCK_CUPTI_COUNTED_ENABLE=1  a kind is on while it was enabled more often than disabled (a CUPTI that
  *                            counts them: a caller must not disable twice and enable once)
  *   MOCK_CUPTI_REENABLE_LOSES=1  CONCURRENT_KERNEL enabled globally again after a global disable keeps no
- *                            kernel record of contexts without a setting of their own (CUPTI 13.5, H200)
+ *                            kernel record of contexts without a setting of their own (CUPTI 13.5, driver 580)
  *   MOCK_CUPTI_NO_CONTEXT_SWITCH=1  cuptiActivityEnableContext/DisableContext are refused
  *   MOCK_CUPTI_STACK_KB=N    cuptiActivityRegisterCallbacks first uses N KiB of its caller's stack, page by
- *                            page (set up on a live context, CUPTI and the driver need deep stacks: on the
- *                            H200 llama-server segfaulted in libcuda on a 256 KiB thread stack)
+ *                            page (set up on a live context, CUPTI and the driver need deep stacks:
+ *                            llama-server segfaulted in libcuda on a 256 KiB thread stack)
  * Like CUPTI, it keeps no record of a kind that is not enabled when the record is queued ("launched").
  * cuptiFinalize detaches as CUPTI does: subscriber, callbacks, buffers and kinds gone; any later call attaches
  * again (mock_finalizes counts them; mock_subscribed says whether a subscriber holds the slot).
@@ -177,7 +177,7 @@ CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, C
     return CUPTI_SUCCESS;
 }
 
-/* CUPTI 13.5 on the H200: once CONCURRENT_KERNEL was disabled globally, enabling it globally again gives
+/* CUPTI 13.5 on driver 580: once CONCURRENT_KERNEL was disabled globally, enabling it globally again gives
  * contexts without a setting of their own no more eager kernel records (MOCK_CUPTI_REENABLE_LOSES=1). */
 static int g_kernel_lost;
 

@@ -27,7 +27,7 @@ SAVE_MIN_SHARE = 0.5              # most device->host bytes near arrivals...
 SAVE_MIN_DENSITY = 3.0            # ...at 3x or more the bytes per window of the other windows
 SAVE_MAX_COVER = 0.8              # arrivals so dense that no window is far from one tell nothing
 SAVE_MIN_REQUESTS = 3
-# The same save seen as bursts (llama-server on an H200, 16 slots: each save is 100-200 ms before the
+# The same save seen as bursts (llama-server with 16 slots: each save is 100-200 ms before the
 # request's end, as its slot is released, and arrivals are so dense that windows around them cover
 # most of the time): short bursts of device->host bytes, about one per request.
 SAVE_BURST_MAX_NS = 100_000_000   # a save is one short burst of copies (gaps of a window or two inside)...

@@ -111,9 +111,9 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         lost += (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
                  if c.launches_lost else "")
         how = ("seen by the census library preloaded: CUPTI was never loaded (no CUPTI tax on any CUDA call, "
-               "measurements §22)" if k.preloaded else
+               "see docs/measurements.md)" if k.preloaded else
                "CUPTI's activity API was never set up (its tax on every CUDA call not paid; its callbacks still cost "
-               "each launch, measurements §21; `run --activity off` preloads the library and loads no CUPTI)")
+               "each launch; `run --activity off` preloads the library and loads no CUPTI)")
         return (f"kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off), {how}; "
                 "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
                 f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
@@ -319,8 +319,10 @@ def per_request(censuses: Sequence[ProcessCensus], requests: int) -> dict:
     return out
 
 
-def _cost_dict(c: ProcessCensus, census_ns: int) -> dict:
+def _cost_dict(c: ProcessCensus, census_ns: int) -> Optional[dict]:
     e = cost.estimate(c)
+    if e is None:                 # no prices (cost.PRICES_FILE): no estimate
+        return None
     return {"seconds": round(e.seconds, 6), "share_of_census_time": round(e.share_of(census_ns), 6),
             "eager_kernels": e.eager_kernels, "graph_nodes": e.graph_nodes, "copies_and_memsets": e.copies,
             "graphs_per_node": e.per_node, "launches_counted": e.launches_counted,
@@ -338,15 +340,15 @@ def attach_note(c: ProcessCensus) -> Optional[str]:
            f"{a.after_ns / 1e3:,.0f} us of the first CUDA context (OTEL_GPU_CENSUS_ATTACH=context): GPU work "
            "before that is not in these totals")
     if a.contexts_late:
-        out += (f"; {a.contexts_late} context(s) were made after it: their CUDA-graph replays pay CUPTI's "
-                f"~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us a kernel node")
+        out += (f"; {a.contexts_late} context(s) were made after it: their CUDA-graph replays pay CUPTI's cost on "
+                "every kernel node" + (f" (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us)" if cost.prices_known() else ""))
     return out
 
 
 def cost_line(c: ProcessCensus) -> Optional[str]:
     """What the census cost the process's launching threads, estimated (cost.py); None without records."""
     e = cost.estimate(c)
-    if not (e.eager_kernels or e.graph_nodes or e.copies or e.launches_counted):
+    if e is None or not (e.eager_kernels or e.graph_nodes or e.copies or e.launches_counted):
         return None
     census_ns = census_time_ns(c)
     share = f", {100.0 * e.share_of(census_ns):.2f}% of census time" if census_ns > 0 else ""
@@ -357,13 +359,13 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
         return (f"census cost, estimated: {e.seconds:.6f} s of the launching threads{share} "
                 f"({e.launches_counted:,} eager launches counted x {us(cost.WRAPPED_LAUNCH_S)}, {e.graph_launches:,} "
                 f"graph launches x {us(cost.WRAPPED_GRAPH_LAUNCH_S)}{pairs}; {e.copies:,} copies and memsets not "
-                "priced: the census library's wrappers, CUPTI never loaded, measured in one process on an H200, "
-                "measurements §27)")
+                "priced: the census library's wrappers, CUPTI never loaded; prices of "
+                "bench/results/census_cost_prices.json)")
     if c.kernels.untimed:
         return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
                 f"{share} ({e.launches_counted:,} launches counted x {us(cost.CALLS_LAUNCH_S)}, {e.graph_nodes:,} "
                 f"graph kernel nodes x {us(cost.CALLS_GRAPH_NODE_S)}, {e.copies:,} copies and memsets x "
-                f"{us(cost.CALLS_COPY_S)}: CUPTI's callbacks, measured on an H200 beside an untraced torch process)")
+                f"{us(cost.CALLS_COPY_S)}: CUPTI's callbacks; prices of bench/results/census_cost_prices.json)")
     counted = (f", {e.launches_set_up:,} {'launches counted' if e.launches_counted else 'eager launches'} x "
                f"{us(cost.SET_UP_EAGER_S)} (CUPTI set up)" if e.launches_set_up else "")
     nodes = ("graph nodes among them, traced node by node: an upper bound" if e.per_node and not e.graph_nodes
@@ -371,7 +373,7 @@ def cost_line(c: ProcessCensus) -> Optional[str]:
     return (f"census cost, estimated: {e.seconds:.3f} s of the launching threads (of the GPU for graph nodes)"
             f"{share} ({e.eager_kernels:,} "
             f"kernel records x {us(cost.EAGER_KERNEL_S)}, {nodes}, {e.copies:,} copies and memsets x "
-            f"{us(cost.COPY_S)}{counted}: CUPTI's costs measured on an H200)")
+            f"{us(cost.COPY_S)}{counted}: CUPTI's; prices of bench/results/census_cost_prices.json)")
 
 
 def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: Optional[int] = None,
@@ -502,12 +504,13 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if note:
         lines.append(f"  note: {note}")
     if c.graphs.paused_ns:
-        tail = (f", while CUPTI's cost on CUDA-graph replays went on (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us "
-                "of GPU time a graph kernel node, H200: CUPTI was set up before the context; the default "
-                "OTEL_GPU_CENSUS_ATTACH=context avoids it, OTEL_GPU_CENSUS_DISABLED=1 is free of it)"
+        node = f" (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us of GPU time a graph kernel node)" if cost.prices_known() else ""
+        tail = (f", while CUPTI's cost on CUDA-graph replays went on{node}: CUPTI was set up before the context; the default "
+                "OTEL_GPU_CENSUS_ATTACH=context avoids it, OTEL_GPU_CENSUS_DISABLED=1 is free of it"
                 if cost.context_made_under_cupti(c) else "")
-        after = (f"; CUPTI stayed set up, so the launching threads still paid its cost (~{cost.SET_UP_EAGER_S * 1e6:g} "
-                 "us an eager launch, more on the calls around it, H200: a paused census is not an untraced process)"
+        eager = f" (~{cost.SET_UP_EAGER_S * 1e6:g} us an eager launch, more on the calls around it)" if cost.prices_known() else ""
+        after = (f"; CUPTI stayed set up, so the launching threads still paid its cost{eager}: a paused census is not an "
+                 "untraced process"
                  if not cost.cupti_never_loaded(c) else "; CUPTI was never loaded, so the launching threads paid only the census "
                  "library's check of its wrappers")
         lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"

@@ -1,5 +1,5 @@
 """The diagnoses on segments recorded on an H200 (bench/explain_evidence.sh, 2026-12-02; the archive is
-bench/results/2026-12-02-h200-explain.tgz): each run's census folder and the clients' request log.
+bench/results/explain/explain.tgz): each run's census folder and the clients' request log.
 
   default  llama-server 8B, default flags, 16 clients x 64 requests: its prompt cache saves a slot's
            state (~250 MB, pageable) each time a request reuses the slot -> state saved, server-bound
@@ -24,7 +24,7 @@ from otel_gpu_census.census.reader import scan
 from otel_gpu_census.diagnose import Facts, diagnose
 from otel_gpu_census.request_log import load
 
-ARCHIVE = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-02-h200-explain.tgz"
+ARCHIVE = Path(__file__).resolve().parents[2] / "bench" / "results" / "explain" / "explain.tgz"
 OCCUPANCY = {"matmul": 0.14130060040920422, "tiny": 7.714970587925094e-06}   # busy/busy_gap.json
 
 

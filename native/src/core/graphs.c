@@ -3,7 +3,7 @@
  * by node.
  *
  * CUPTI's per-node records cost every node of every replay, and copies alike: enabling only the MEMCPY
- * kind made graph replay as slow as tracing every kernel (measured on an H200). Its GRAPH_TRACE kind
+ * kind made graph replay as slow as tracing every kernel (measured). Its GRAPH_TRACE kind
  * costs one record per launch but says nothing of what ran. So when a graph is instantiated, or an exec
  * is updated from another graph, we walk the graph once: kernel nodes, memcpy nodes with their bytes,
  * direction and host memory kind, memset nodes, child graphs. That makes a "version" of the exec's

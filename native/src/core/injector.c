@@ -259,9 +259,9 @@ static void CUPTIAPI on_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer
  * the kernel kind. The kernel kind itself goes through kernel_kind() (above). */
 static uint8_t g_kind_on[CUPTI_ACTIVITY_KIND_COUNT];
 
-/* The kernel kind. With CUPTI 13.5 (H200, driver 580), CONCURRENT_KERNEL disabled and enabled again
- * globally under load stops eager kernel records for good after a few switches, silently
- * (bench/floor/toggle_cupti.cu, docs/measurements.md §18); switched per context it keeps them. So it is
+/* The kernel kind. With CUPTI 13.5 on driver 580, CONCURRENT_KERNEL disabled and enabled again
+ * globally under load stops eager kernel records for good after a few switches, silently; switched per
+ * context it keeps them. So it is
  * enabled globally once and then switched per known context (contexts.c); globally only while no
  * context is known (then there are no kernels to lose) or where CUPTI refuses per-context switching. */
 static int g_kernel_global;       /* enabled globally by us now */
@@ -271,8 +271,8 @@ static int g_ctx_refused;         /* CUPTI refused a per-context setting (the v2
 
 static CUptiResult kernel_kind(int on)
 {
-    /* A first global enable (never a re-enable), before any context is switched, as measured (§18): contexts
-     * made later start traced. */
+    /* A first global enable (never a re-enable), before any context is switched: contexts made later start
+     * traced. */
     if (on && !g_kernel_global && !g_kernel_global_off &&
         gc_cupti_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
         g_kernel_global = 1;
@@ -281,7 +281,7 @@ static CUptiResult kernel_kind(int on)
     if (n > 0) return CUPTI_SUCCESS;
     /* No context yet, and each one made is learned (and switched at the flusher's next wake): the kind
      * stays on globally. Set up in cuInit, switching it off and on globally before the server's context
-     * existed and once after lost that context's first seconds of records on the H200 (§18-§19). */
+     * existed and once after lost that context's first seconds of records. */
     if (n == 0 && g_contexts_followed && !on) return CUPTI_SUCCESS;
     if (n < 0 && !g_ctx_refused) {
         g_ctx_refused = 1;
@@ -351,7 +351,7 @@ static void fold_launches(uint64_t mono)
         gc_segment_begin_update(seg);
         gc_launches_fold(g_tally, seg, mono);
         gc_calls_fold(g_tally, seg);
-        if (g_calls) fill_uuids(seg); /* no buffer ever completes to do it (the first H200 run: zeros) */
+        if (g_calls) fill_uuids(seg); /* no buffer ever completes to do it (else: zeros) */
         gc_segment_end_update(seg);
     }
     pthread_mutex_unlock(&g_mu);
@@ -379,7 +379,7 @@ static void poll_events(void)
 /* Contexts learned since the last wake get the kernel kind's state now (until then they had the global
  * one: on, their records outside a traced phase are left out by the tally). They are learned later only
  * where contexts are followed, and there the kind never goes off globally while none is known
- * (kernel_kind); §18's global enable here was measured not to help (§19). */
+ * (kernel_kind); a global enable here was measured not to help. */
 static void new_contexts(void)
 {
     if (g_calls || g_ctx_refused || !gc_contexts_new()) return; /* ACTIVITY=off: no kind to switch */
@@ -441,7 +441,7 @@ static void *flusher(void *arg)
 
 /* The stack CUDA's own threads get (8 MiB, virtual: only the pages touched are memory). The flusher sets CUPTI up
  * on a live context (ATTACH=context), and CUPTI and the driver then need deep stacks: with 256 KiB llama-server
- * segfaulted in libcuda on the H200 (2026-12-02). */
+ * segfaulted in libcuda. */
 static int start_flusher(void) { return gc_thread_start(flusher, GC_FLUSHER_STACK, "flusher thread"); }
 
 /* ---- process life: exit and fork ---- */

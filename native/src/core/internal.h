@@ -124,7 +124,7 @@ void gc_calls_fold(gc_tally *t, gc_segment *seg);
 
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
 /* contexts.c: the kernel kind switched per context (CUPTI loses eager kernel records when it is
- * switched globally, docs/measurements.md §18) */
+ * switched globally) */
 void gc_contexts_add(CUcontext ctx);            /* a context to switch from now on (NULL: ignored) */
 void gc_contexts_remove(CUcontext ctx);         /* going away: never switched again */
 int gc_contexts_known(CUcontext ctx);

@@ -7,8 +7,8 @@
  *
  * Why not CUPTI's external correlation (cuptiActivityPushExternalCorrelationId and the
  * EXTERNAL_CORRELATION kind)? CUPTI emits those records together with driver/runtime API records, so
- * without tracing every API call (a record per call) it emits none: measured on an H200, 0 of them for
- * 132 kernels and copies. A callback on the few launching calls costs far less and needs no records.
+ * without tracing every API call (a record per call) it emits none: measured, 0 of them for 132 kernels
+ * and copies. A callback on the few launching calls costs far less and needs no records.
  *
  * The table is direct-mapped by correlation id (CUPTI numbers calls in increasing order), one 64-bit
  * word per slot: (correlation id << 32) | step id, so a reader never sees half an entry. A slot is

@@ -549,8 +549,8 @@ void gc_tally_launches_window(gc_tally *t, uint64_t gpu_ns, uint64_t n)
 }
 
 /* Not step_max: launches are folded at the step's end, its records come a flush or more later, and
- * the settler reads step_max as "this step's records are in" (vLLM on the H200: requests served by
- * steps that had their launches and none of their records). */
+ * the settler reads step_max as "this step's records are in" (else, on vLLM: requests served by steps
+ * that had their launches and none of their records). */
 void gc_tally_launches_step(gc_tally *t, uint64_t id, uint32_t dev, uint64_t n)
 {
     gc_step *st = id && id <= UINT32_MAX ? step_slot(t, id) : NULL;

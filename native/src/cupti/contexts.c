@@ -1,10 +1,10 @@
 /*
  * contexts.c - the kernel kind switched per CUDA context, not globally.
  *
- * Why: with CUPTI 13.5 on driver 580 (H200), switching CONCURRENT_KERNEL off and on again with
+ * Why: with CUPTI 13.5 on driver 580, switching CONCURRENT_KERNEL off and on again with
  * cuptiActivityDisable/Enable while a process launches kernels stops its eager kernel records for good
  * after a few switches, with no drop reported; copies and graph records go on (CUPTI alone:
- * bench/floor/toggle_cupti.cu, docs/measurements.md §18). The census switches that kind at every duty
+ * a CUPTI-only reproduction showed it without the census). The census switches that kind at every duty
  * cycle, pause and mode change. cuptiActivityEnableContext/DisableContext on the same load kept every
  * record through every switch. So the kind is enabled globally once (new contexts start traced) and
  * from then on switched per context: every context the census knows of.

@@ -2,9 +2,8 @@
  * events.c - kernel durations from CUDA event pairs around a sample of the launches the preloaded wrappers see
  * (OTEL_GPU_CENSUS_ACTIVITY=events). No CUPTI at all.
  *
- * Why: counting at the calls (interpose.c) costs vLLM nothing measurable but measures no duration (§22), and
- * CUPTI, once set up for durations, taxes every launch of the process for good: its detach crashes CUDA-graph
- * programs on the H200 (§23). An event pair costs only the launches it brackets. So about 1 of every `graph` graph
+ * Why: counting at the calls (interpose.c) costs next to nothing but measures no duration, and CUPTI, once set
+ * up for durations, taxes every launch of the process for good: its detach crashed CUDA-graph programs. An event pair costs only the launches it brackets. So about 1 of every `graph` graph
  * launches (every one by default) and of every `eager` eager launches (none by default: below) of each thread get
  * cuEventRecord before and after the call, on the launch's stream; the flusher reads the pairs that completed
  * (cuEventQuery, cuEventElapsedTime) every wake.
@@ -13,13 +12,13 @@
  *
  * Which launches: each thread counts down a random gap, uniform in [1, 2N-1] launches (N on average), to its next
  * sampled one. A fixed stride aliases with a server's regular launch sequence (vLLM launches the same kernels in
- * the same order every step: 1 in every 128 took the same few of them, §24).
+ * the same order every step: 1 in every 128 took the same few of them).
  *
  * What a pair measures: from the GPU reaching the first event to the launch's work done. If the stream is busy,
  * the first event fires as the work before it ends and the kernel starts right after it: the pair is the kernel's
  * time. If it is idle, the first event fires at once and the kernel only when the launch call has submitted it, so
- * an ungated pair also holds the call (and whatever held the thread up): on the H200 such pairs read several times
- * CUPTI's durations (§24). Hence the gate (OTEL_GPU_CENSUS_EVENT_GATE=on, the default): before the first event the
+ * an ungated pair also holds the call (and whatever held the thread up): such pairs read several times CUPTI's
+ * durations. Hence the gate (OTEL_GPU_CENSUS_EVENT_GATE=on, the default): before the first event the
  * stream is made to wait for a word of pinned host memory (cuStreamWaitValue32), which the launching thread writes
  * only once the launch and the second event are submitted. The GPU then meets event, kernel and event back to back,
  * whatever the stream held and however long the call took: the pair is the kernel, plus what the GPU takes to pass
@@ -34,7 +33,7 @@
  * the launching thread asks whether the first event has fired (cuEventQuery, in relaxed capture mode for that one
  * call): not yet, the pair is the eager sample; already, it was idle and the pair is summed apart (events_idle), the
  * reader's last resort when a process has no other. A graph launch submits its nodes during the call: an ungated
- * graph pair is its span as it stands (an idle stream's holds the submission too: +5.7 % a launch on vLLM, §24).
+ * graph pair is its span as it stands (an idle stream's holds the submission too: a few per cent a launch on vLLM).
  *
  * Safety: nothing is recorded while any stream capture is open (an event recorded into a capturing stream
  * becomes a graph node), and the flusher's thread is switched to relaxed capture mode, so its queries can never
@@ -151,8 +150,8 @@ static void *watchdog(void *arg)
             for (int k = 0; w && k < EV_PAIRS; k++) {
                 struct pair *p = &ev.pools[i].p[k];
                 uint32_t seq = atomic_load_explicit(&p->open, memory_order_acquire);
-                /* signed: a gate shut after `now` was read is not 2^64 ns old (the H200 run before this fix: 1 or
-                 * 2 of 15,000 pairs forced at once) */
+                /* signed: a gate shut after `now` was read is not 2^64 ns old (unsigned, such pairs were forced at
+                 * once) */
                 int64_t age = (int64_t)(now - atomic_load_explicit(&p->opened_ns, memory_order_relaxed));
                 if (!seq || age < (int64_t)GATE_FORCE_NS || !atomic_compare_exchange_strong(&p->open, &seq, 0))
                     continue;
@@ -352,7 +351,7 @@ int gc_events_before(CUstream s, CUcontext c, int dev, uintptr_t key, int graph)
             }
         }
         /* a gated eager pair reads the kernel plus the GPU's dispatch and its pass over the second event; the event
-         * just before `a` measures one such pass, taken off the pair when it is read (§25) */
+         * just before `a` measures one such pass, taken off the pair when it is read */
         if (p->gated && !graph && (p->lead || drv.create(&p->lead, CU_EVENT_DEFAULT) == CUDA_SUCCESS))
             p->led = drv.record(p->lead, s) == CUDA_SUCCESS;
         if (drv.record(p->a, s) != CUDA_SUCCESS) {

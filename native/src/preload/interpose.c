@@ -3,9 +3,9 @@
  * process this library is LD_PRELOADed into (`run --activity off` preloads it; OTEL_GPU_CENSUS_ACTIVITY=off
  * then counts here, and CUPTI is never loaded).
  *
- * Why: on the H200 CUPTI costs every launch whatever it is asked for: a subscriber's launch callbacks
- * ~1.3 us, its activity API once set up 0.65 us with every kind off, a graph replay 0.27 us a node (docs/
- * measurements.md §20, §21); no CUPTI mode came within 10 % of an untraced vLLM. What the census counts is
+ * Why: CUPTI costs every launch whatever it is asked for: a subscriber's launch callbacks, its activity API
+ * once set up even with every kind off, and graph replays a cost per node (docs/measurements.md); no CUPTI mode
+ * came within 10 % of an untraced vLLM. What the census counts is
  * in the calls' own arguments, so we take the calls: since CUDA 11.3 the runtime takes every driver entry
  * point from cuGetProcAddress, which it finds with dlsym on libcuda, and triton and torch's NVRTC path
  * dlsym the launch calls by name. This library defines dlsym. A lookup whose answer is one of the driver

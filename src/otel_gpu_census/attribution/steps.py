@@ -341,8 +341,8 @@ class StepLedger:
         later step (``step_max``), or has ended. A later step waits until a later flush than the one it
         was due at has completed (``_flushes[0]``): CUPTI's periodic flush (not forced) keeps back a
         buffer that holds a record still in flight, with the finished records before it, while
-        complete_wall_ns moves on, and the steps in it come with a later flush (vLLM on an H200: ~0.8 s
-        of steps at a time read as missing, their requests short of them)."""
+        complete_wall_ns moves on, and the steps in it come with a later flush (on vLLM, without this wait,
+        stretches of steps read as missing and their requests came up short of them)."""
         return min((h.step_max for h, _ in sources
                     if h is not None and getattr(h, "step_max", None) is not None
                     and self._complete_up_to(h, False) < 1 << 62), default=1 << 62)

@@ -207,7 +207,7 @@ class KernelTracing:
       by the census library preloaded into the process (interpose.c), with CUPTI never loaded.
     - ``windows`` (OTEL_GPU_CENSUS_ACTIVITY=windows, mode COUNTED): counted at the calls by the census library
       preloaded, as ``preloaded``; kernel durations from windows of CUPTI, set up at the first and its kernel
-      and graph kinds on for `on_ms` of every `period_ms` (timing.c; never detached: measurements §23). Exact: counts, copies, memsets. Estimated: eager kernel
+      and graph kinds on for `on_ms` of every `period_ms` (timing.c; never detached: a detach crashed CUDA-graph programs). Exact: counts, copies, memsets. Estimated: eager kernel
       time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
       windows; `graph_untimed` launches had none). Busy: the windows.
     - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
@@ -504,8 +504,8 @@ class ProcessCensus:
         """COUNTED: (windows inside a traced phase with at least `min_launches` eager launches, those of
         them without a single eager kernel record). Windows too recent for their records to have arrived
         (within `settle_ns` of complete_wall_ns, unless the census exited) are left out. A gap means
-        CUPTI did not record kernels while the census had it asked to (seen on the H200, measurements
-        §17, when it switched the kernel kind globally; §18: now per context): the time estimates then
+        CUPTI did not record kernels while the census had it asked to (seen when the kernel kind was switched
+        globally; it is switched per context now): the time estimates then
         lean on the sample taken before. (0, 0) in other modes."""
         k = self.kernels
         if not k.counted or not self.windows or k.events:   # events: 1 in N launches sampled, no phases

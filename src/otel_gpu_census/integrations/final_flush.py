@@ -43,8 +43,7 @@ def stop_signals_deferred():
     settled and logged, spans exported) runs, then delivered: the process dies of them as it would
     have, only after that work. vLLM resets both to their default action just before it calls
     EngineCore.shutdown, and its API server SIGTERMs the engine as soon as the census says it has
-    flushed: on the H200 one engine in ten died inside that window and lost its request log
-    (2026-12-02). The work is bounded (the engine integrations give it ~3 s), and the manager's
+    flushed: an engine could die inside that window and lose its request log. The work is bounded (the engine integrations give it ~3 s), and the manager's
     SIGKILL still ends a process that does not finish. Main thread only (elsewhere: no change)."""
     held, previous = [], {}
     try:

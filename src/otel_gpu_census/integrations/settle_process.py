@@ -1,9 +1,8 @@
 """Settling in a process of its own: the engine's loop keeps its GIL.
 
 The split of every step among its requests, the spans, the metrics and their export are Python that,
-in a thread inside the engine, holds the GIL the engine's loop needs: ~0.6-1.2 ms of CPU a request on
-the CPU machine, several per cent of a core at vLLM's ~60 requests a second (docs/measurements.md §13;
-on the H200 the cost was not resolved from the servers' own spread). So by default an engine keeps
+in a thread inside the engine, holds the GIL the engine's loop needs: about a millisecond of CPU a
+request, several per cent of a core at tens of requests a second. So by default an engine keeps
 only what must happen on its own thread (step ids pushed and popped, the step's tokens, request
 boundaries, all recorded as plain tuples) and a child process does the rest: it replays those records
 into the same :class:`~otel_gpu_census.integrations.engine_steps.StepEngine` subclass, which reads the engine's

@@ -54,7 +54,7 @@ from .stream import BodyReader, parse_request_body
 
 log = logging.getLogger("otel_gpu_census.proxy")
 
-# RFC 7230 §6.1 hop-by-hop headers, plus Proxy-Connection (common, non-standard).
+# RFC 7230 section 6.1 hop-by-hop headers, plus Proxy-Connection (common, non-standard).
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                         "upgrade", "proxy-authenticate", "proxy-authorization"})
 # Also not forwarded upstream: Host is the upstream's; Expect is answered by this proxy.

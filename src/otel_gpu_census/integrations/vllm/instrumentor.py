@@ -142,7 +142,7 @@ SHUTDOWN_GRACE_S = 3.0
 def _finish_censuses(procs) -> None:
     """The final census flush of the engines about to be stopped (and their workers), through their
     control files: their flusher threads do it even when their main thread never reaches its shutdown
-    (on the H200 an engine with KV offloading ignored SIGTERM until it was killed, 2026-12-02)."""
+    (an engine with KV offloading was seen to ignore SIGTERM until it was killed)."""
     pids = [p.pid for p in procs if getattr(p, "pid", None) and getattr(p, "is_alive", lambda: False)()]
     final_flush.finish_censuses(pids, "engine", log)
 
