@@ -19,7 +19,6 @@ from typing import Dict
 MODES = {      # the whole state each phase runs in
     "off": "census=off\n",                                        # paused: nothing counted
     "events": "census=on\n",                                      # the default collector counting, event pairs timing
-    "launch": "census=on graphs=launch kernels=all\n",            # the CUPTI census tracing every kernel (a reference)
 }
 
 

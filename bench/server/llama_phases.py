@@ -48,8 +48,8 @@ def main() -> int:
                          "load after every round, alone on the GPU: each mode's kernel ns an output token / its "
                          "(`kt:MODE/traced`), the check of the default's estimated kernel time against the measured")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no round starts that would end past this")
-    ap.add_argument("--activity", choices=("on", "events"), default=None,
-                    help="the census server's `run --activity` (default: run's own)")
+    ap.add_argument("--precise", action="store_true",
+                    help="the census server under `run --precise` (default: run's own, the default collector)")
     a = ap.parse_args()
     t_start = time.time()
     census = Path(tempfile.mkdtemp(prefix="llama-phases-"))
@@ -60,7 +60,7 @@ def main() -> int:
         return [a.server, "-m", a.model, "-ngl", "99", "-np", str(a.clients), "-c", str(2048 * a.clients),
                 "--host", "127.0.0.1", "--port", str(port), *a.flags.split()]
     cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--dir", str(census), "--exporter", "none",
-           *(["--activity", a.activity] if a.activity else []), "--", *server(a.port)]
+           *(["--precise"] if a.precise else []), "--", *server(a.port)]
     log = open(Path(a.out).with_suffix(".server.log"), "w")
     procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
     logs = [log]
@@ -75,7 +75,7 @@ def main() -> int:
     traced = Path(tempfile.mkdtemp(prefix="llama-traced-"))
     if a.beside_traced:
         os.chmod(traced, 0o700)
-        tcmd = [*cmd[:4], "--dir", str(traced), "--exporter", "none", "--", *server(a.port + 2)]
+        tcmd = [*cmd[:4], "--dir", str(traced), "--exporter", "none", "--precise", "--", *server(a.port + 2)]
         res["traced_command"] = " ".join(tcmd)
         logs.append(open(Path(a.out).with_suffix(".traced.log"), "w"))
         procs.append(subprocess.Popen(tcmd, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
@@ -89,7 +89,7 @@ def main() -> int:
         time.sleep(1.5)
         ph = Phases(census)
         tr = Phases(traced)
-        if a.beside_traced and not tr.set("launch"):       # every kernel traced, graphs per launch, never paused
+        if a.beside_traced and not tr.set("events"):       # on: the traced server runs `run --precise`
             res["error"] = "the traced server's census did not switch to every kernel"
             return 1
 

@@ -160,8 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8196)
     ap.add_argument("--flags", default="--cache-ram 0 --ctx-checkpoints 0",
                     help="llama-server flags beside -m -ngl 99 -np CLIENTS")
-    ap.add_argument("--activity", choices=("on", "events"), default=None,
-                    help="the census server's `run --activity` (default: run's own, events)")
+    ap.add_argument("--precise", action="store_true",
+                    help="the census server under `run --precise` (default: run's own, the default collector)")
     ap.add_argument("--pin", default="", metavar="CPUS", help="taskset -c CPUS for the server (and its census)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="the whole run, start to stop")
     a = ap.parse_args(argv)
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     server = [a.server, "-m", a.model, "-ngl", "99", "-np", str(a.clients), "-c", str(2048 * a.clients),
               "--host", "127.0.0.1", "--port", str(a.port), *a.flags.split()]
     cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--dir", str(census), "--exporter", "none",
-           *(["--activity", a.activity] if a.activity else []), "--", *server]
+           *(["--precise"] if a.precise else []), "--", *server]
     if a.pin:
         cmd = ["taskset", "-c", a.pin, *cmd]
     env = dict(os.environ, OTEL_GPU_CENSUS_FLUSH_MS="200")

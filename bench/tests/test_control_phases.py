@@ -72,24 +72,23 @@ def standin(tmp_path):
 
 
 def test_rounds_switch_every_segment_and_count_each_phase(standin, tmp_path):
-    tok_s = {"off": 100.0, "events": 99.0, "launch": 80.0}
+    tok_s = {"off": 100.0, "events": 99.0}
     order = []
 
     def load(mode, i):
         order.append(mode)
         standin.copy(1000 + i)            # what this phase's load copied
         return {"tok_s": tok_s[mode] + i, "tokens": 10}
-    rounds = cp.run_rounds(cp.Phases(tmp_path), 3, load, modes=("off", "events", "launch"), settle_s=0)
-    assert order == ["off", "events", "launch", "events", "launch", "off", "launch", "off", "events"]
-    assert standin.seen[:3] == ["census=off", "census=on", "census=on graphs=launch kernels=all"]
+    rounds = cp.run_rounds(cp.Phases(tmp_path), 3, load, modes=("off", "events"), settle_s=0)
+    assert order == ["off", "events", "events", "off", "off", "events"]
+    assert standin.seen[:2] == ["census=off", "census=on"]
     for i, r in enumerate(rounds):
-        for m in ("off", "events", "launch"):
+        for m in ("off", "events"):
             assert r[m]["switched"] and r[m]["t0_ns"] <= r[m]["t1_ns"]
             assert r[m]["census"] == {"copy.dtoh.pinned.count": 1, "copy.dtoh.pinned.bytes": 1000 + i, "records": 1}
         assert r["events/off"] == round((99.0 + i) / (100.0 + i), 4)
-        assert r["launch/off"] == round((80.0 + i) / (100.0 + i), 4)
-    s = cp.summarise(rounds, modes=("off", "events", "launch"))
-    assert s["all_switched"] and s["launch/off"]["min"] == 0.8 and s["launch/off"]["median"] == round(81 / 101, 4)
+    s = cp.summarise(rounds, modes=("off", "events"))
+    assert s["all_switched"] and s["events/off"]["min"] == 0.99 and s["events/off"]["median"] == round(100 / 101, 4)
     assert s["per_output_token"]["off"] == {"_tokens": 30, "copy.dtoh.pinned.count": 0.1,
                                             "copy.dtoh.pinned.bytes": (1000 + 1001 + 1002) / 30}
 
@@ -110,9 +109,9 @@ def test_no_round_starts_that_would_end_past_the_deadline(monkeypatch):
     def load(mode, i):
         clock[0] += 10.0                   # every phase takes 10 s: a round 20 s
         return {"tok_s": 1.0, "tokens": 1}
-    rounds = cp.run_rounds(NoCensus(), 8, load, modes=("off", "launch"), settle_s=0, deadline=1000.0 + 65)
+    rounds = cp.run_rounds(NoCensus(), 8, load, modes=("off", "events"), settle_s=0, deadline=1000.0 + 65)
     assert len(rounds) == 3                # 60 s done; a fourth would end at 80 s
-    assert len(cp.run_rounds(NoCensus(), 2, load, modes=("off", "launch"), settle_s=0, deadline=0)) == 1
+    assert len(cp.run_rounds(NoCensus(), 2, load, modes=("off", "events"), settle_s=0, deadline=0)) == 1
 
 
 def test_a_switch_the_census_never_shows_is_reported_not_waited_for_ever(tmp_path):
@@ -124,19 +123,8 @@ def test_a_switch_the_census_never_shows_is_reported_not_waited_for_ever(tmp_pat
 
 
 def test_no_segment_to_switch_is_not_a_switch(tmp_path):
-    assert cp.Phases(tmp_path).set("launch", timeout=0.2) is False
+    assert cp.Phases(tmp_path).set("events", timeout=0.2) is False
     assert not list(tmp_path.iterdir())
-
-
-def test_every_kernel_waits_until_the_segment_traces_every_kernel(standin, tmp_path):
-    """`launch` switches kernel tracing too; a segment not yet tracing every kernel has not switched, so the
-    phase waits for it (and says so when it never comes)."""
-    ph = cp.Phases(tmp_path)
-    assert ph.set("launch") and standin.seen[-1] == "census=on graphs=launch kernels=all"
-    assert ph.set("off") and standin.seen[-1] == "census=off"
-    standin.stop.set()
-    standin.thread.join(2)                      # the census stops answering: the switch is not seen
-    assert ph.set("launch", timeout=0.3) is False
 
 
 def test_every_phase_and_the_plain_load_beside_get_seeds_of_their_own():

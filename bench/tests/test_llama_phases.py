@@ -65,13 +65,13 @@ def test_beside_traced_sets_each_modes_kernel_time_a_token_against_the_measured_
     out = tmp_path / "phases.json"
     monkeypatch.setattr(sys, "argv", ["llama_phases.py", "--server", "/bin/llama-server", "--model", "m.gguf",
                                       "--out", str(out), "--rounds", "3", "--modes", "off,events",
-                                      "--activity", "events", "--beside-plain", "--beside-traced"])
+                                      "--precise", "--beside-plain", "--beside-traced"])
     assert lp.main() == 0
     res = json.loads(out.read_text())
-    # three servers: R under `run --activity events`, plain, and one under the default `run`, switched to every kernel
-    assert len(started) == 3 and "--activity" in started[0] and "--dir" not in started[1]
-    assert "--activity" not in started[2] and started[2][started[2].index("--port") + 1] == "8195"
-    assert switched[census_of_port[8195]] == ["launch"]
+    # three servers: R under `run --precise`, plain, and the traced reference under `run --precise`
+    assert len(started) == 3 and "--precise" in started[0] and "--dir" not in started[1]
+    assert "--precise" in started[2] and started[2][started[2].index("--port") + 1] == "8195"
+    assert switched[census_of_port[8195]] == ["events"]      # on (it runs `run --precise`)
     assert len(res["rounds"]) == 3 and all(len(r["order"]) == 2 for r in res["rounds"])
     # every round: R's two phases, then the traced server, then the plain one
     assert loads.count(8195) == 3 + 1 and loads.count(8194) == 3 + 1

@@ -95,7 +95,7 @@ def test_checks_fail_on_a_switch_not_taken_a_failed_request_or_a_short_count():
 
 
 def test_main_runs_the_server_under_run_toggles_its_census_and_writes_every_figure(standin, monkeypatch, tmp_path):
-    """The command: `run` (its default census unless --activity), llama-server with the load's slots, pinned with
+    """The command: `run` (its default census unless --precise), llama-server with the load's slots, pinned with
     --pin, OTEL_GPU_CENSUS_FLUSH_MS=200; the toggled load within --budget-s; checks and pairs in the JSON."""
     started = {}
 
@@ -134,7 +134,7 @@ def test_main_runs_the_server_under_run_toggles_its_census_and_writes_every_figu
     res = json.loads(out.read_text())
     cmd = started["cmd"]
     assert cmd[:3] == ["taskset", "-c", "0-3"] and cmd[4:7] == ["-m", "otel_gpu_census.cli", "run"]
-    assert "--activity" not in cmd and cmd[cmd.index("--") + 1:cmd.index("--") + 3] == ["/x/llama-server", "-m"]
+    assert "--precise" not in cmd and cmd[cmd.index("--") + 1:cmd.index("--") + 3] == ["/x/llama-server", "-m"]
     assert ["-np", "3"] == cmd[cmd.index("-np"):cmd.index("-np") + 2] and "--cache-ram" in cmd
     assert started["env"]["OTEL_GPU_CENSUS_FLUSH_MS"] == "200" and started["killed"][0] == os.getpid()
     assert rc == 0 and all(c["ok"] for c in res["checks"]) and res["pairs"] >= 3 and res["census"] == {"kernel_count": 1}
