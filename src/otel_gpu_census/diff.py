@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, KernelTime, ProcessCensus, Stat
-from .report import DIRECTION_LABELS, HOST_DIRECTIONS, UNITS_NOTE, exact, kernel_times, per, seconds
+from .figures import DIRECTION_LABELS, UNITS_NOTE, exact, per, seconds
+from .report import HOST_DIRECTIONS, kernel_times
 
 
 @dataclass(frozen=True)
