@@ -140,7 +140,7 @@ def test_pageable_copies_of_the_users_own_program(census, records, boundaries, c
     # the warm-up's copy is start-up's; the records end before the last step's copy
     assert d.figures["copies_serving_at_least"] == 8 * 64 - (boundaries == "records")
     assert f"at least {d.figures['copies_serving_at_least']} device-to-host copies with pageable host memory over" in d.text
-    assert ("64 copies per request" in d.text) is (boundaries != "none")
+    assert ("copies per request" in d.text) is (boundaries != "none")
     assert "pin_memory" in d.text and ("GB/s" in d.text) is (not calls)
 
 
