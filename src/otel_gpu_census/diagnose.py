@@ -126,8 +126,10 @@ class Scene:
         if self.whole_period:
             return f"the {span:.3f} s of serving"
         if self.period is not None:
-            return f"the last {span:.3f} s of serving (as far back as the 20 ms windows kept reach)"
-        return f"the {span:.3f} s the 20 ms windows kept reach (serving not told apart from start-up)"
+            return f"the last {span:.3f} s of serving, as far back as the 20 ms windows kept reach"
+        if self.timeline is not None and self.timeline.complete:
+            return f"the {span:.3f} s of its GPU work, start-up included"
+        return f"the last {span:.3f} s of its GPU work, as far back as the 20 ms windows kept reach"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,22 +189,22 @@ def state_save(sc: Scene) -> Optional[Diagnosis]:
                                "bursts": len(bursts), "background_bytes_per_window": background,
                                "span_ns": slots[-1].end_ns - slots[0].start_ns, "whole_period": sc.whole_period}
     when = sc.span_words(slots)
-    if n and sc.whole_period:
+    bursts_words = plural(len(bursts), "burst")
+    if n and sc.whole_period and sc.split is not None:
         per_req = saved // n
         if per_req < SAVE_MIN_PER_REQUEST:
             return None
         figures.update(requests=n, dtoh_bytes_in_bursts_per_request=per_req)
-        figure = (f"{size(per_req)} device-to-host per request while serving came in bursts of copies "
-                  f"({plural(len(bursts), 'burst')} over {when}, {share(saved / total)} of the device-to-host bytes)")
+        figure = (f"{size(per_req)} device-to-host per request came in bursts of copies, {bursts_words} holding "
+                  f"{share(saved / total)} of the device-to-host bytes over {when}")
     elif n and sc.split is not None:
         dtoh = sc.split.serving.copy("dtoh").bytes
         figures.update(requests=n, dtoh_bytes_per_request=dtoh // n)
-        figure = (f"{share(saved / total)} of the device-to-host bytes of {when} came in "
-                  f"{plural(len(bursts), 'burst')} of copies, and serving moved {size(dtoh // n)} device-to-host "
-                  "per request")
+        figure = (f"{share(saved / total)} of the device-to-host bytes over {when} came in {bursts_words} of "
+                  f"copies, and serving moved {size(dtoh // n)} device-to-host per request")
     else:
-        figure = (f"{size(saved)} device-to-host came in {plural(len(bursts), 'burst')} of copies over {when} "
-                  f"({share(saved / total)} of the device-to-host bytes)")
+        figure = (f"{size(saved)} device-to-host came in {bursts_words} of copies, {share(saved / total)} of the "
+                  f"device-to-host bytes over {when}")
     burst_ns = sum(s.dtoh_ns for a, b, _ in bursts for s in slots[a:b + 1])
     if burst_ns:
         figures["burst_copy_ns"] = burst_ns
@@ -312,15 +314,17 @@ def concurrency(sc: Scene, saved: bool = False) -> Optional[Diagnosis]:
     if sp.span_ns < MIN_SERVING_NS:
         return None
     busy = sp.share(sp.kernel_ns)
+    if t.kernel_time_estimated:    # each launch's time sits in its launch's window: only the sum is busy time
+        busy = min(1.0, sum(s.kernel_work_ns for s in slots) / sp.span_ns)
     if busy >= BUSY_LOW:
         return None
     mean = sp.mean_in_flight
     peak = peak_in_flight(t.requests, slots[0].start_ns, slots[-1].end_ns)
     none_ = [s for s in slots if s.in_flight_ns == 0]
     idle_none = sum(s.idle_ns for s in none_)
-    est = ", kernel time estimated" if t.kernel_time_estimated else ""
+    est = " (kernel time estimated)" if t.kernel_time_estimated else ""
     head = (f"with {mean:.2f} requests in flight on average (at most {plural(peak, 'request')}), kernels ran "
-            f"{share(busy)} of {tl_mod.span_words(t, slots)}{est}")
+            f"{share(busy)}{est} of {tl_mod.span_words(t, slots)}")
     figures = {"busy_share": busy, "nothing_share": sp.share(sp.idle_ns),
                "copies_only_share": sp.share(sp.copy_only_ns), "mean_in_flight": mean, "peak_in_flight": peak,
                "serving_ns": sp.span_ns, "requests": len(t.requests), "idle_ns_none_in_flight": idle_none,
@@ -405,8 +409,7 @@ def scenes(censuses: Sequence[ProcessCensus], facts: Facts, sv: Optional[serving
         if not _active(c):
             continue
         ps = splits.get(c.pid) if sv.ok else None
-        out.append(Scene(c, tl_mod.build(c, facts.records), sv.period if sv.ok else None, ps,
-                         facts.request_count()))
+        out.append(Scene(c, tl_mod.build(c, facts.records), sv.period, ps, facts.request_count()))
     return out
 
 

@@ -511,9 +511,9 @@ def _serving_lines(sv: serving.Split, requests: Optional[int]) -> List[str]:
         when = (f"the {p.span_ns / 1e9:.3f} s from the first request's start to the last one's end "
                 f"({plural(p.requests, 'request')} in the records)")
     else:
-        when = (f"the {p.span_ns / 1e9:.3f} s from the first GPU work after a pause of {serving.PAUSE_NS / 1e9:g} s "
-                f"or more (the first pause, {(p.start_ns - p.first_work_ns) / 1e9:.3f} s after the first GPU work) "
-                "to the last GPU work")
+        when = (f"the {p.span_ns / 1e9:.3f} s from the first GPU work after the first pause of "
+                f"{serving.PAUSE_NS / 1e9:g} s or more ({(p.start_ns - p.first_work_ns) / 1e9:.3f} s after the first "
+                "GPU work) to the last GPU work")
     lines = ["start-up and serving:", f"  serving: {when}"]
     startup = sv.total("startup")
     lines.append("  start-up, before it (weights, compilation, graph capture, warm-up): "

@@ -40,6 +40,8 @@ class Slot:
     kernel_ns: int = 0       # capped at the slot's length (an estimate where Timeline.kernel_time_estimated)
     copy_only_ns: int = 0    # copies + memsets, capped at what kernels left
     in_flight_ns: int = 0    # request-ns inside the slot
+    kernel_work_ns: int = 0  # the kernel time before the cap: an estimate puts a launch's whole time in the
+                             # window of its launch, so only a sum over many windows means busy time
     kernel_count: int = 0    # kernels launched (counted) or started (traced) here
     memset_count: int = 0
     dtoh_bytes: int = 0
@@ -183,11 +185,13 @@ def build(c: ProcessCensus, records: Optional[Sequence[RequestRecord]] = None) -
         if w is None:
             slots.append(Slot(start, start + width))
             continue
-        k = min(c.kernel_time(w).ns if known else w.kernel_ns, width)
+        work = c.kernel_time(w).ns if known else w.kernel_ns
+        k = min(work, width)
         moved = sum(s.ns for s in w.copies.values()) + w.memset.ns
         dtoh, htod = w.copies.get("dtoh", Stat()), w.copies.get("htod", Stat())
         slots.append(Slot(
-            start, start + width, kernel_ns=k, copy_only_ns=min(moved, width - k), kernel_count=w.kernel_count,
+            start, start + width, kernel_ns=k, copy_only_ns=min(moved, width - k), kernel_work_ns=work,
+            kernel_count=w.kernel_count,
             memset_count=w.memset.count, dtoh_bytes=dtoh.bytes, dtoh_count=dtoh.count, dtoh_ns=dtoh.ns,
             htod_bytes=htod.bytes, htod_count=htod.count, htod_ns=min(htod.ns, width),
             copy_counts=tuple((d, s.count) for d, s in sorted(w.copies.items()) if s.count)))

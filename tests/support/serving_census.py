@@ -146,10 +146,29 @@ def counted_at_calls(c):
                              memset=untimed(d.memset), busy_ns=0, eager_launches=d.kernel_count,
                              eager_traced=d.kernel_count, eager_traced_ns=d.kernel_ns)
                for k, d in c.devices.items()}
+    # a window's sample: the kernels launched in it, with the part of their time that fell inside it; the rest of
+    # a kernel's time, in the windows after, stays their measured time
     windows = [dc.replace(w, copies={k: untimed(st) for k, st in w.copies.items()}, memset=untimed(w.memset),
-                          eager_launches=w.kernel_count, eager_traced=w.kernel_count, eager_traced_ns=w.kernel_ns)
+                          eager_launches=w.kernel_count, eager_traced=w.kernel_count,
+                          eager_traced_ns=w.kernel_ns if w.kernel_count else 0)
                for w in c.windows]
     kernels = KernelTracing(mode=KERNELS_COUNTED, preloaded=True, events=True, events_every_eager=1,
                             events_every_graph=1)
     return dc.replace(c, devices=devices, windows=windows, kernels=kernels,
                       flags=c.flags | FLAG_CALLS | FLAG_PRELOAD | FLAG_TIMED | FLAG_EVENTS)
+
+
+# llama-server's saves as the H200 showed them: the dense 8B's prompt cache saves ~225 MB a request
+# in 48 pageable copies; the hybrid's ~185 MB (147.5 MiB of recurrent state, the attention KV) and two
+# context checkpoints of the recurrent state during its prompt (~155 MB each, one copy per tensor).
+DENSE = dict(save_bytes=225 * MB_, save_copies=48)
+HYBRID = dict(save_bytes=185 * MB_, save_copies=80, checkpoints=2, checkpoint_bytes=155 * MB_, checkpoint_copies=72)
+
+
+def llama_run(rec, save: dict, clients: int) -> Tuple[Serving, list]:
+    """A llama-server's run: start-up (weights, warm-up, a pause), then a closed loop of `clients` clients
+    (16 and more: slower, fuller steps) with `save` (DENSE, HYBRID or {}). (serving, start-up records)."""
+    load, start = model_load(rec)
+    kw = dict(requests=8) if clients == 1 else dict(requests=2 * clients, step_ns=40 * MS, kernel_ns=30 * MS,
+                                                     stagger_ns=150 * MS)
+    return serve(rec, clients=clients, start_ns=start, **kw, **save), load

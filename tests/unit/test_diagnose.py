@@ -12,23 +12,11 @@ from otel_gpu_census import serving
 from otel_gpu_census.census import reader
 from otel_gpu_census.diagnose import Facts, diagnose, low_occupancy
 from otel_gpu_census.request_log import parse
-from serving_census import GPU0, MS, S, clocks, counted_at_calls, model_load, serve
+from serving_census import DENSE, GPU0, HYBRID, MS, S, clocks, counted_at_calls, llama_run, model_load, serve
 
 MB = 1_000_000
 
-# llama-server's saves as the H200 showed them: the dense 8B's prompt cache saves ~225 MB a request
-# in 48 pageable copies; the hybrid's ~185 MB (147.5 MiB of recurrent state, the attention KV) and two
-# context checkpoints of the recurrent state during its prompt (~155 MB each, one copy per tensor).
-DENSE = dict(save_bytes=225 * MB, save_copies=48)
-HYBRID = dict(save_bytes=185 * MB, save_copies=80, checkpoints=2, checkpoint_bytes=155 * MB, checkpoint_copies=72)
 NO_SAVE = {}
-
-
-def load_kw(clients):
-    """The step and arrival pattern of a load of `clients` (16 and more: slower, fuller steps)."""
-    if clients == 1:
-        return dict(requests=8)
-    return dict(requests=2 * clients, step_ns=40 * MS, kernel_ns=30 * MS, stagger_ns=150 * MS)
 
 
 @pytest.fixture
@@ -57,10 +45,9 @@ def one(found, kind):
     return hits[0]
 
 
-def served(records, census, save, clients, calls, loaded=True, comm="llama-server"):
+def served(records, census, save, clients, calls, comm="llama-server"):
     """A llama-server's run: start-up (weights, warm-up, a pause), then `clients` clients."""
-    load, start = model_load(records) if loaded else ([], GPU0 + S)
-    sv = serve(records, clients=clients, start_ns=start, **load_kw(clients), **save)
+    sv, load = llama_run(records, save, clients)
     return sv, census(sv, comm=comm, extra=load, calls=calls)
 
 
@@ -125,7 +112,7 @@ def test_state_save_over_the_windows_kept_when_start_up_is_out_of_reach(census, 
     sv = serve(records, clients=1, requests=60, **DENSE)      # 60 x 0.74 s: longer than the ring
     c = census(sv)
     d = one(diagnose([c], facts_of(sv, "none")), "state_save")
-    assert "the 20 ms windows kept reach (serving not told apart from start-up)" in d.text
+    assert "the last 40.960 s of its GPU work, as far back as the 20 ms windows kept reach" in d.text
     assert not d.figures["whole_period"]
 
 
