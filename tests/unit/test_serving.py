@@ -157,3 +157,26 @@ def test_a_census_without_serving_has_no_split_lines(census_dir, segments, recor
     text = report.render_text([c])
     assert "start-up and serving" not in text and "per request" not in text
     assert dataclasses.asdict(Facts()) == {"requests": None, "records": None, "sm_occupancy": None}
+
+
+def test_run_keeps_the_windows_of_its_commands_segments_while_it_runs(census_dir, segments, records, monkeypatch):
+    """cli._WindowKeeper: reads the segments of the command's processes (not others') while the command runs."""
+    import threading
+    import time
+
+    from otel_gpu_census import cli
+    from otel_gpu_census.census import history
+    monkeypatch.setattr(history, "READ_EVERY_S", 0.05)
+
+    class Child:
+        pid, parents, exited = 4_000_001, {4_000_002: 4_000_001}, threading.Event()
+
+    load, sv = _run(records, requests=2)
+    segments.segment(census_dir, load, comm="llama-server", pid=4_000_002, edit=clocks())
+    segments.segment(census_dir, load, comm="stranger", pid=4_000_009, edit=clocks())
+    keeper = cli._WindowKeeper(census_dir, Child)
+    time.sleep(0.3)
+    Child.exited.set()
+    keeper.join()
+    kept = keeper.history._kept
+    assert {pid for pid, _ in kept} == {4_000_002} and next(iter(kept.values())).rows
