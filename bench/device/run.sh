@@ -45,7 +45,9 @@
 #                through a cycle of pauses and mode switches ($KIND_TOGGLE_ARGS; measurements §17)
 #   toggle-cupti bench/floor/toggle_cupti.cu: the same, CUPTI alone (no census), one process per way of switching
 #                the kernel kind ($TOGGLE_CUPTI_CASES: one argument line per case)
-#   explain      bench/explain_evidence.sh: the report's diagnoses on real runs (issue 14)
+#   explain      bench/explain_evidence.sh: llama-server hybrid and dense, default flags and --cache-ram 0
+#                --ctx-checkpoints 0, default census / --precise / --proxy: the report on real runs (issue 44); after
+#                `llama` on the same machine; writes $OUT/explain-hybrid.tgz
 #   micro | server-pairs | proxy-pairs | kernel-phase | reliability | sidecar
 #                the benchmarks of docs/measurements.md sections 4-7, with the arguments they were run with
 #                ($BENCH_ARGS appends more); each writes DIR/<phase>.json and .log. proxy-pairs records
