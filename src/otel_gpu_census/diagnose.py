@@ -41,7 +41,7 @@ HOT_MIN_COPIES = 20               # a handful of pageable copies is set-up, not 
 HOT_MIN_RATE = 5.0                # pageable copies a second while serving...
 HOT_MIN_PER_REQUEST = 1.0         # ...or at least one per request
 
-WEIGHTS_MIN_RATE = 2e9            # host->device bytes a second all through serving (inputs move ~0.3 GB/s)
+WEIGHTS_MIN_RATE = 2e9            # host->device bytes a second all through serving: far above a server's inputs
 WEIGHTS_MIN_PER_REQUEST = 64 * MB
 
 BUSY_LOW = 0.8                    # kernels running less than this share of the serving time

@@ -25,9 +25,9 @@ from . import timeline as tl_mod
 from .census import DIRECTIONS, KernelTime, ProcessCensus, Stat, Window
 from .request_log import RequestRecord
 
-PAUSE_NS = 250_000_000      # no GPU work this long ends start-up: between a health check answered and the
-                            # clients' first request, a benchmark's server paused 0.4-0.6 s (H200); inside a
-                            # model load the longest pause was 0.14 s
+PAUSE_NS = 250_000_000      # no GPU work this long ends start-up: a server that has loaded waits for its first
+                            # request, while a model load streams its weights without pauses this long
+                            # (docs/measurements.md, the recorded llama-server runs)
 
 
 @dataclass(frozen=True)
