@@ -299,3 +299,20 @@ def test_the_serving_split_is_what_the_rules_see(census, records):
     assert split.ok and split.period.basis == "pause"
     assert split.total("startup").copy("htod").count == 300       # the weights are start-up's
     assert split.total("serving").copy("htod").count == 0
+
+
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_the_hybrid_at_sixteen_clients_that_the_old_rule_missed(census, records, boundaries, calls):
+    """Shaped like the H200 run of the issue: 64 requests on 16 slots, 185 ms steps, the checkpoints copied while
+    the prompt is processed (0.25-0.5 s after the request arrived), serving longer than the ring reaches. The old
+    rule needed request records (`run` gave it none) and, given them, found 49 % of the bytes near arrivals and
+    ~3.4 runs of copies a request; the bursts are there either way."""
+    load, start = model_load(records)
+    sv = serve(records, clients=16, requests=64, start_ns=start, step_ns=185 * MS, kernel_ns=60 * MS, prefill_steps=4,
+               stagger_ns=5 * MS, **HYBRID)
+    found = diagnose([census(sv, extra=load, calls=calls)], facts_of(sv, boundaries))
+    d = one(found, "state_save")
+    assert "start llama-server with `--cache-ram 0 --ctx-checkpoints 0`" in d.text and d.figures["share"] > 0.9
+    assert "the last 40.960 s of" in d.text                 # what the ring holds, said
+    assert "pageable_hot_path" not in kinds(found)
