@@ -307,8 +307,8 @@ def concurrency(sc: Scene, saved: bool = False) -> Optional[Diagnosis]:
     requests in flight the clients are the bottleneck; with many, the server is. Needs request records
     and the kernels' time (measured, or estimated from a sample)."""
     c, t = sc.census, sc.timeline
-    if t is None or not t.requests or not t.kernel_time_known:
-        return None
+    if t is None or not t.requests or not t.kernel_time_known or c.graphs.paused_ns:
+        return None      # a census paused by its control file counted nothing then: that reads as an idle GPU
     slots = t.serving()
     sp = tl_mod.split(slots)
     if sp.span_ns < MIN_SERVING_NS:

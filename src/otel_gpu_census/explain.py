@@ -25,6 +25,9 @@ UNTIMED_COPIES_NOTE = "copies counted at their calls have no duration: their tim
 
 def _notes(t: tl_mod.Timeline) -> str:
     notes = [SPLIT_NOTE]
+    if t.census.graphs.paused_ns:
+        notes.append(f"the census was paused {seconds(t.census.graphs.paused_ns)} s by a control file: that time "
+                     "reads as nothing")
     if t.kernel_time_estimated:
         notes.append(ESTIMATED_NOTE)
     if not t.copies_timed:

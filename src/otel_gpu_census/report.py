@@ -394,6 +394,9 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
         n = facts.request_count()
         if n:
             out["per_request"] = request_scope(censuses, sv, n)
+            paused = sum(c.graphs.paused_ns for c in censuses)
+            if paused:
+                out["per_request"]["census_paused_ns"] = paused
         out.update(explain.to_dict(censuses, facts, sv))
     return out
 
@@ -635,6 +638,10 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
         lines.extend(_serving_lines(sv, n))
         if n:
             lines.extend(_per_request_lines(request_scope(censuses, sv, n), len(censuses)))
+            paused = sum(c.graphs.paused_ns for c in censuses)
+            if paused:
+                lines.append(f"  note: a control file paused the census for {seconds(paused)} s: the work of that "
+                             "time is in none of these figures")
         lines.extend(_engine_request_lines(censuses))
         lines.extend(explain.lines(censuses, facts, sv))
     return printable("\n".join(lines).rstrip()) + "\n"

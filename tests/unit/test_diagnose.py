@@ -316,3 +316,18 @@ def test_the_hybrid_at_sixteen_clients_that_the_old_rule_missed(census, records,
     assert "start llama-server with `--cache-ram 0 --ctx-checkpoints 0`" in d.text and d.figures["share"] > 0.9
     assert "the last 40.960 s of" in d.text                 # what the ring holds, said
     assert "pageable_hot_path" not in kinds(found)
+
+
+def test_a_paused_census_is_not_an_idle_gpu(census, records):
+    """Time a control file paused the census has no counts: it must not read as the GPU doing nothing."""
+    import dataclasses
+    from otel_gpu_census import report
+    sv = serve(records, clients=1, requests=8, kernel_ns=5 * MS, gap_ns=60 * MS)
+    c = census(sv)
+    paused = dataclasses.replace(c, graphs=dataclasses.replace(c.graphs, paused_ns=3 * S))
+    assert "client_bound" in kinds(diagnose([c], facts_of(sv, "records")))
+    assert "client_bound" not in kinds(diagnose([paused], facts_of(sv, "records")))
+    text = report.render_text([paused], facts=facts_of(sv, "records"))
+    assert "note: a control file paused the census for 3.000000 s: the work of that time is in none" in text
+    assert "the census was paused 3.000000 s by a control file: that time reads as nothing" in text
+    assert report.to_dict([paused], facts=facts_of(sv, "records"))["per_request"]["census_paused_ns"] == 3 * S
