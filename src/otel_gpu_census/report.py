@@ -380,7 +380,13 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
                   "census_time_ns": "wall_update_ns - wall_start_ns: from CUDA initialising the census to its "
                                     "last update (not the process lifetime)",
                   "busy_ratio_of_census_time": "busy_ns / census_time_ns; null (with a reason) when the census "
-                                               "time does not cover the GPU activity"},
+                                               "time does not cover the GPU activity",
+                  "serving": "the serving period (basis: requests, from the first request's start to the last one's "
+                             "end; pause, from the first GPU work after start-up's first pause of pause_ns) and "
+                             "every count and byte split into startup, serving and after it; not_told_apart says "
+                             "why there is no split",
+                  "per_request": "serving's figures divided by the requests (scope serving), or the whole run's, "
+                                 "start-up included (scope whole_run, with whole_run_because)"},
         "processes": procs,
         # per physical GPU over all processes; busy_ns adds across processes (an upper bound)
         "gpus": {key: _device_dict(d, None, kt=gpu_kernel_times[key]) for key, d in sorted(gpus.items())},
