@@ -1,6 +1,6 @@
 #!/bin/bash
 # The evidence for the report's diagnoses on llama-server's prompt cache, on a GPU machine (an H200), in one
-# call of about 4-5 minutes once llama-server is built:
+# call of about 4-5 minutes once llama-server is built (torch for the last two runs):
 #     bash bench/device/run.sh setup explain        # after `run.sh setup llama` on the same machine
 # (or OUT=DIR bash bench/explain_evidence.sh with the package importable). It writes $OUT/explain-hybrid/ and
 # $OUT/explain-hybrid.tgz (well under 2 MB), which becomes bench/results/<date>-h200-explain-hybrid.tgz, the
@@ -8,12 +8,15 @@
 #
 # llama-server (/root/llama-server.path) with a random 7.9B granitehybrid (made here once, /root/hybrid.gguf)
 # and the dense 8B of the llama phase (/root/m8b.gguf), 16 slots, 16 clients (bench/server/load.py: distinct
-# prompts of 1800 tokens, 64 output tokens), each run in its own census folder:
+# prompts of 1800 tokens, 64 output tokens; $REQUESTS requests, 32 for the proxy and precise runs), each run in
+# its own census folder:
 #   hybrid-default          default flags, `run --requests`                 -> the state save, its flags
 #   hybrid-nocache          --cache-ram 0 --ctx-checkpoints 0               -> no state save
 #   hybrid-default-proxy    default flags, `run --proxy`: every request known to the report
 #   hybrid-default-precise  default flags, `run --precise` (CUPTI; `--activity on` where --precise is not there yet)
 #   dense-default           the dense 8B, default flags
+#   own-pageable / own-pinned   bench/server/own_program.py: a user's torch loop copying its logits to pageable
+#                           memory (-> pageable host memory on a hot path) or to a pinned buffer (-> nothing)
 # Kept per run (DIR/<run>/): census/ (the segment), requests.jsonl (the clients' request log), load.txt (the
 # load's summary), run.txt and run.json (the report `run` printed and wrote at the end, with the windows it kept
 # over the run and, under --proxy, the proxy's requests), report.txt / report.json (`report --request-log`
@@ -40,8 +43,8 @@ PRECISE=--precise; $OGC run --help | grep -q -- --precise || PRECISE="--activity
   echo "precise census: run $PRECISE; requests per run: $REQUESTS"; } > "$W/versions.txt"
 echo "explain: models ready after $(( $(date +%s) - T0 )) s"
 
-serve_run() {   # name model -- `run` options -- llama-server flags
-  local name=$1 model=$2; shift 3
+serve_run() {   # name model requests -- `run` options -- llama-server flags
+  local name=$1 model=$2 REQUESTS=$3; shift 4
   local runopts=() load_port=$PORT
   while [ "$1" != "--" ]; do runopts+=("$1"); shift; done; shift
   [[ " ${runopts[*]} " == *" --proxy "* ]] && load_port=$PPORT
@@ -80,11 +83,29 @@ serve_run() {   # name model -- `run` options -- llama-server flags
   sed -n '/^diagnoses:/,$p' "$D/run.txt" | cut -c1-400
 }
 
-serve_run hybrid-default "$HYBRID" -- -- 
-serve_run hybrid-nocache "$HYBRID" -- -- --cache-ram 0 --ctx-checkpoints 0
-serve_run hybrid-default-proxy "$HYBRID" -- --proxy 127.0.0.1:$PPORT --
-serve_run hybrid-default-precise "$HYBRID" -- $PRECISE --
-serve_run dense-default "$DENSE" -- --
+own_run() {   # name -- own_program.py options: the user's own program, `run --requests` around it
+  local name=$1; shift 2
+  if [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then echo "== $name: skipped, past ${BUDGET_S} s"; return; fi
+  local D=$W/$name
+  mkdir -p "$D" && mkdir -m 700 -p "$D/census"
+  timeout 120 $OGC run --dir "$D/census" --requests 24 --json "$D/run.json" -- \
+    python3 bench/server/own_program.py --requests 24 --request-log "$D/requests.jsonl" "$@" > /dev/null 2> "$D/run.stderr"
+  sed -n '/^otel-gpu-census report:/,$p' "$D/run.stderr" > "$D/run.txt"; rm -f "$D/run.stderr"
+  if [ -s "$D/requests.jsonl" ]; then
+    $OGC report "$D/census" --request-log "$D/requests.jsonl" > "$D/report.txt" 2>&1
+    $OGC report "$D/census" --request-log "$D/requests.jsonl" --json > "$D/report.json" 2> /dev/null
+    $OGC report "$D/census" --requests 24 > "$D/report-count.txt" 2>&1
+  fi
+  echo "== $name ($(( $(date +%s) - T0 )) s)"; sed -n '/^diagnoses:/,$p' "$D/run.txt" | cut -c1-300
+}
+
+serve_run hybrid-default "$HYBRID" "$REQUESTS" -- --
+serve_run hybrid-nocache "$HYBRID" "$REQUESTS" -- -- --cache-ram 0 --ctx-checkpoints 0
+serve_run hybrid-default-proxy "$HYBRID" 32 -- --proxy 127.0.0.1:$PPORT --
+serve_run hybrid-default-precise "$HYBRID" 32 -- $PRECISE --
+serve_run dense-default "$DENSE" "$REQUESTS" -- --
+own_run own-pageable --
+own_run own-pinned -- --pinned
 
 cd "$W" && tar czf "${OUT:-/tmp}/explain-hybrid.tgz" .
 size=$(stat -c %s "${OUT:-/tmp}/explain-hybrid.tgz")

@@ -236,3 +236,21 @@ def test_under_the_proxy_the_report_knew_every_request(hyb):
     assert out["serving"]["requests_in_records"] == len(load(str(hyb / "hybrid-default-proxy" / "requests.jsonl")))
     save = next(d for d in out["diagnoses"] if d["kind"] == "state_save")
     assert "per request" in save["text"]
+
+
+@hybrid
+@BOUNDARIES
+def test_recorded_pageable_copies_of_the_users_own_program(hyb, boundaries):
+    """bench/server/own_program.py: a torch loop copying its logits with `.cpu()` (pageable) while serving, after a
+    1 GB load from pageable memory; the same loop into a pinned buffer names nothing."""
+    d = found(hyb, "own-pageable", boundaries)["pageable_hot_path"]
+    assert d.figures["direction"] == "dtoh" and d.figures["copies_serving_at_least"] >= 24 * 32
+    assert "pin_memory" in d.text
+    assert not {"pageable_hot_path", "weights_copied", "state_save"} & set(found(hyb, "own-pinned", boundaries))
+
+
+@hybrid
+def test_the_report_run_printed_for_the_users_own_program(hyb):
+    assert "pageable_hot_path" in {d["kind"] for d in _run_report(hyb / "own-pageable")["diagnoses"]}
+    out = _run_report(hyb / "own-pinned")
+    assert not out["diagnoses"] and out["serving"]["startup"]["copies"]["htod"]["bytes"] >= 2**30
