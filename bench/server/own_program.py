@@ -27,8 +27,9 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device("cuda")
     weights = [torch.randn(4096, 4096, dtype=torch.float16) for _ in range(32)]      # pageable, 1 GB
-    layers = [w.to(dev) for w in weights]
-    head = torch.randn(4096, 32000, dtype=torch.float16).to(dev)
+    head_w = torch.randn(4096, 32000, dtype=torch.float16)
+    layers = [w.to(dev) for w in weights]                                              # copied in back to back
+    head = head_w.to(dev)
     x = torch.randn(16, 4096, device=dev, dtype=torch.float16)
     for m in layers[:2]:
         x = torch.tanh(x @ m)
