@@ -532,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "$XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>, where segments of "
                      "processes that ended over a day ago are removed when run starts)")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
-    run.add_argument("--requests", type=positive_int, metavar="N", help="print per-request averages over N requests")
+    run.add_argument("--requests", type=positive_int, metavar="N",
+                     help="print per-request figures over N requests, while serving (start-up left out)")
     run.add_argument("--exporter", choices=EXPORTERS,
                      help="export census metrics while CMD runs (default: as OTEL_METRICS_EXPORTER and "
                      "OTEL_EXPORTER_OTLP_ENDPOINT say, else none)")
@@ -570,7 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "by direction with exact bytes.")
     rep.add_argument("dir", nargs="?", metavar="DIR", help="census folder or one .seg file (default: as for run)")
     rep.add_argument("--requests", type=request_counts, metavar="N",
-                     help="print per-request averages over N requests (with --diff: N, or NA,NB for each side)")
+                     help="print per-request figures over N requests, while serving (start-up left out; with "
+                     "--diff: over the whole runs, N, or NA,NB for each side)")
     rep.add_argument("--request-log", metavar="FILE",
                      help="when each request was in flight: JSON lines with start_time_unix_nano and "
                      "end_time_unix_nano (optional first_token_time_unix_nano), or OTLP JSON traces (SERVER "
