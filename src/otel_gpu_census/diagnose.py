@@ -18,7 +18,7 @@ from . import serving
 from . import timeline as tl_mod
 from .census import KERNELS_OFF, ProcessCensus
 from .engine_requests import for_segments
-from .figures import exact, human_size, plural, seconds, share, size
+from .figures import exact, plural, seconds, share, size
 from .request_log import RequestRecord, peak_in_flight
 from .timeline import Slot, Timeline
 
