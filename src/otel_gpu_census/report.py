@@ -1,8 +1,10 @@
 """The census report: a text table per process and device, and the same figures as JSON.
 
 Bytes are printed exactly (thousands separators) beside a decimal size (MB = 10^6 bytes), times
-in seconds. With a request count, the per-request averages over the whole set of processes: the
-figure people quote ("209,612,345 bytes (209.6 MB) device-to-host per request").
+in seconds. Start-up is told apart from serving (``serving``); with a request count or request records,
+the per-request figures over all processes while serving: the figure people quote ("209,612,345 bytes
+(209.6 MB) device-to-host per request"), with no model load divided into it. Then the explaining part
+(``explain``): where the GPU time went next to requests in flight, and the diagnoses.
 """
 from __future__ import annotations
 
