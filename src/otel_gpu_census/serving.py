@@ -209,6 +209,9 @@ def split(censuses: Sequence[ProcessCensus], records: Optional[Sequence[RequestR
         if c.window_late:
             inexact.append(f"pid {c.pid}: {c.window_late:,} records arrived after their 20 ms window had left the "
                            "ring: in its totals and counted as start-up here")
+    if out and not whys and all(ps.serving.empty for ps in out):
+        return Split(period, [], "no GPU work in the serving period" + (
+            " (request records of another run?)" if period.basis == "requests" else ""))
     return Split(period, out, "; ".join(whys) or None, tuple(inexact))
 
 

@@ -180,3 +180,12 @@ def test_run_keeps_the_windows_of_its_commands_segments_while_it_runs(census_dir
     keeper.join()
     kept = keeper.history._kept
     assert {pid for pid, _ in kept} == {4_000_002} and next(iter(kept.values())).rows
+
+
+def test_request_records_of_another_run_give_no_split(census_dir, segments, records):
+    load, sv = _run(records)
+    c = _read(segments, census_dir, load + sv.records)
+    elsewhere = parse([f'{{"start_time_unix_nano": {sv.log[0][0] + 3600 * S}, "end_time_unix_nano": '
+                       f'{sv.log[0][1] + 3600 * S}}}'])
+    split = serving.split([c], elsewhere)
+    assert not split.ok and split.why == "no GPU work in the serving period (request records of another run?)"
