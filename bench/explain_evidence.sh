@@ -1,87 +1,113 @@
 #!/bin/bash
-# The evidence for the report's diagnoses, on a GPU machine (an H200), in one call of < 10 min:
-#     bash bench/explain_evidence.sh            # results under $OUT/explain (and explain.tgz)
-# Runs, each under `otel-gpu-census run` in its own census folder, with the clients' request log:
-#   default   llama-server, default flags, 16 clients x 64 requests  -> the state-save diagnosis
-#   nocache   --cache-ram 0 --ctx-checkpoints 0, same load           -> no state save
-#   client1   nocache, 1 client x 24 requests                        -> busy vs few requests in flight
-#   offload   nocache, -ngl 16 (half the layers on the CPU), 2 x 4   -> weights copied for every batch
-#   matmul / tiny  tests/gpu/busy_loops.py, SM occupancy from NVML GPM -> the occupancy diagnosis
-# then `report --request-log` on each (report.txt / report.json in each run's folder) and
-# `report --diff default nocache` (diff.txt). Prints every run's diagnoses; a run that fails says why
-# and the others go on. Run through `bash bench/device/run.sh setup llama explain` (the carried wheels,
-# the injector against libcupti 13.5, llama-server built for sm_90 and the 8B model), and torch for
-# the busy loops.
+# The evidence for the report's diagnoses on llama-server's prompt cache, on a GPU machine (an H200), in one
+# call of about 4-5 minutes once llama-server is built (torch for the last two runs):
+#     bash bench/device/run.sh setup explain        # after `run.sh setup llama` on the same machine
+# (or OUT=DIR bash bench/explain_evidence.sh with the package importable). It writes $OUT/explain-hybrid/ and
+# $OUT/explain-hybrid.tgz (well under 2 MB), which becomes bench/results/<date>-h200-explain-hybrid.tgz, the
+# archive tests/unit/test_diagnose_recorded.py reads.
+#
+# llama-server (/root/llama-server.path) with a random 7.9B granitehybrid (made here once, /root/hybrid.gguf)
+# and the dense 8B of the llama phase (/root/m8b.gguf), 16 slots, 16 clients (bench/server/load.py: distinct
+# prompts of 1800 tokens, 64 output tokens; $REQUESTS requests, 32 for the proxy and precise runs), each run in
+# its own census folder:
+#   hybrid-default          default flags, `run --requests`                 -> the state save, its flags
+#   hybrid-nocache          --cache-ram 0 --ctx-checkpoints 0               -> no state save
+#   hybrid-default-proxy    default flags, `run --proxy`: every request known to the report
+#   hybrid-default-precise  default flags, `run --precise` (CUPTI; `--activity on` where --precise is not there yet)
+#   dense-default           the dense 8B, default flags
+#   own-pageable / own-pinned   bench/server/own_program.py: a user's torch loop copying its logits to pageable
+#                           memory (-> pageable host memory on a hot path) or to a pinned buffer (-> nothing)
+# Kept per run (DIR/<run>/): census/ (the segment), requests.jsonl (the clients' request log), load.txt (the
+# load's summary), run.txt and run.json (the report `run` printed and wrote at the end, with the windows it kept
+# over the run and, under --proxy, the proxy's requests), report.txt / report.json (`report --request-log`
+# afterwards: request boundaries known), report-count.txt (`report --requests N`: only the count),
+# server-cache.txt (llama-server's log lines about its prompt cache and checkpoints). Runs go in order of
+# importance; one that would start after BUDGET_S is skipped, saying so.
 set -u
 cd "$(dirname "$0")/.."
-W=${OUT:-/tmp}/explain; mkdir -p "$W"
+W=${OUT:-/tmp}/explain-hybrid; rm -rf "$W"; mkdir -p "$W"
 OGC="python3 -m otel_gpu_census.cli"
-MODEL=${MODEL:-/root/m8b.gguf}
 LLAMA_SERVER=${LLAMA_SERVER:-$(cat /root/llama-server.path 2>/dev/null)}
-PORT=8191
-[ -x "$LLAMA_SERVER" ] && [ -f "$MODEL" ] || { echo "explain: no llama-server or model (run.sh llama first)"; exit 1; }
+VOCAB=${VOCAB:-/root/vocab-llama-bpe.gguf}
+HYBRID=${HYBRID:-/root/hybrid.gguf}
+DENSE=${DENSE:-/root/m8b.gguf}
+REQUESTS=${REQUESTS:-64}
+BUDGET_S=${BUDGET_S:-330}
+PORT=8191; PPORT=8192
+T0=$(date +%s)
+[ -x "$LLAMA_SERVER" ] || { echo "explain: no llama-server (run.sh llama first)"; exit 1; }
+[ -f "$HYBRID" ] || python3 bench/server/make_model.py "$HYBRID" --vocab "$VOCAB" --preset hybrid || exit 1
+[ -f "$DENSE" ] || python3 bench/server/make_model.py "$DENSE" --vocab "$VOCAB" --preset 8b || exit 1
+PRECISE=--precise; $OGC run --help | grep -q -- --precise || PRECISE="--activity on"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; "$LLAMA_SERVER" --version 2>&1 | head -2
+  echo "precise census: run $PRECISE; requests per run: $REQUESTS"; } > "$W/versions.txt"
+echo "explain: models ready after $(( $(date +%s) - T0 )) s"
 
-show() {   # name: the diagnoses of one run's report
-  local n; n=$(grep -c '^  \* ' "$W/$1/report.txt" 2>/dev/null)
-  echo "== $1: ${n:-0} diagnoses"
-  sed -n '/^diagnoses:/,$p' "$W/$1/report.txt" | tail -n +2 | cut -c1-400
-}
-
-serve_run() {   # name clients requests n_predict -- llama-server flags...
-  local name=$1 clients=$2 requests=$3 npred=$4; shift 5
+serve_run() {   # name model requests -- `run` options -- llama-server flags
+  local name=$1 model=$2 REQUESTS=$3; shift 4
+  local runopts=() load_port=$PORT
+  while [ "$1" != "--" ]; do runopts+=("$1"); shift; done; shift
+  [[ " ${runopts[*]} " == *" --proxy "* ]] && load_port=$PPORT
+  if [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then echo "== $name: skipped, past ${BUDGET_S} s"; return; fi
   local D=$W/$name
   mkdir -p "$D" && mkdir -m 700 -p "$D/census"
-  $OGC run --dir "$D/census" --requests "$requests" --json "$D/run.json" -- \
-    "$LLAMA_SERVER" -m $MODEL -np 16 -c 32768 --host 127.0.0.1 --port $PORT "$@" > "$D/server.log" 2> "$D/run.stderr" &
+  $OGC run --dir "$D/census" --requests "$REQUESTS" --json "$D/run.json" "${runopts[@]}" -- \
+    "$LLAMA_SERVER" -m "$model" -np 16 -c 32768 -ngl 99 --host 127.0.0.1 --port $PORT "$@" \
+    > /dev/null 2> "$D/run.stderr" &
   local pid=$! up=0
   for _ in $(seq 240); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && { up=1; break; }
+    curl -sf "http://127.0.0.1:$load_port/health" > /dev/null 2>&1 && { up=1; break; }
     kill -0 $pid 2>/dev/null || break
-    sleep 0.5
+    sleep 0.25
   done
   if [ $up = 1 ]; then
-    timeout 200 python3 bench/server/load.py --url "http://127.0.0.1:$PORT" --clients "$clients" --requests "$requests" \
-      --n-predict "$npred" --out "$D/load.json" --request-log "$D/requests.jsonl" > "$D/load.txt" 2>&1
-    tail -1 "$D/load.txt" | cut -c1-300
+    timeout 200 python3 bench/server/load.py --url "http://127.0.0.1:$load_port" --clients 16 \
+      --requests "$REQUESTS" --n-predict 64 --request-log "$D/requests.jsonl" > "$D/load.out" 2>&1
+    tail -1 "$D/load.out" > "$D/load.txt"; rm -f "$D/load.out"
   else
-    echo "$name: llama-server did not answer /health (see $D/server.log, $D/run.stderr)"
+    echo "$name: llama-server did not answer /health (see $D/run.stderr)"
   fi
-  kill -TERM $pid 2>/dev/null
-  for _ in $(seq 60); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+  kill -TERM $pid 2>/dev/null          # `run` passes it on; llama-server exits, `run` writes its report
+  for _ in $(seq 120); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
   kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+  sed -n '/^otel-gpu-census report:/,$p' "$D/run.stderr" > "$D/run.txt"
+  grep -iE "prompt cache|checkpoint|cache state|cache_ram|saving" "$D/run.stderr" | head -200 > "$D/server-cache.txt"
+  rm -f "$D/run.stderr"
   if [ -s "$D/requests.jsonl" ]; then
-    $OGC report "$D/census" --requests "$requests" --request-log "$D/requests.jsonl" > "$D/report.txt" 2>&1
-    $OGC report "$D/census" --requests "$requests" --request-log "$D/requests.jsonl" --json > "$D/report.json" 2> /dev/null
-    show "$name"
+    $OGC report "$D/census" --request-log "$D/requests.jsonl" > "$D/report.txt" 2>&1
+    $OGC report "$D/census" --request-log "$D/requests.jsonl" --json > "$D/report.json" 2> /dev/null
+    $OGC report "$D/census" --requests "$REQUESTS" > "$D/report-count.txt" 2>&1
   fi
+  echo "== $name ($(( $(date +%s) - T0 )) s): $(cut -c1-200 "$D/load.txt" 2>/dev/null)"
+  sed -n '/^per request while serving/,/^$/p;/^per request over the whole run/,/^$/p' "$D/run.txt" | head -6
+  sed -n '/^diagnoses:/,$p' "$D/run.txt" | cut -c1-400
 }
 
-serve_run default 16 64 64 -- -ngl 99
-serve_run nocache 16 64 64 -- -ngl 99 --cache-ram 0 --ctx-checkpoints 0
-serve_run client1 1 24 64 -- -ngl 99 --cache-ram 0 --ctx-checkpoints 0
-serve_run offload 2 4 16 -- -ngl 16 --cache-ram 0 --ctx-checkpoints 0
-
-$OGC report --diff "$W/default/census" "$W/nocache/census" --requests 64 > "$W/diff.txt" 2>&1
-echo "== diff default -> nocache (per request, device-to-host):"
-sed -n '/^per request/,$p' "$W/diff.txt" | grep -A3 "^device-to-host" | cut -c1-120
-
-# The busy loops, each in its own census folder (the script makes them under TMPDIR), with the
-# medians of NVML GPM's SM occupancy while each ran (busy_gap.json).
-BG=tests/gpu_busy_gap.py; [ -f $BG ] || BG=bench/perf/gpu_busy_gap.py
-mkdir -p "$W/busy/tmp"
-TMPDIR="$W/busy/tmp" timeout 150 python3 $BG --seconds 12 --loops matmul,tiny --out "$W/busy" > "$W/busy/busy_gap.txt" 2>&1
-for loop in matmul tiny; do
-  occ=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1])) if x['loop']==sys.argv[2]][0]; v=r['steady']['gpu_census.sm.occupancy'][0]; print('' if v is None else v)" "$W/busy/busy_gap.json" $loop 2>/dev/null)
-  dir=$(ls -d "$W/busy/tmp"/busy-$loop-* 2>/dev/null | head -1)
-  mkdir -p "$W/$loop"
-  if [ -n "$occ" ] && [ -n "$dir" ]; then
-    $OGC report "$dir" --sm-occupancy "$occ" > "$W/$loop/report.txt" 2>&1
-    $OGC report "$dir" --sm-occupancy "$occ" --json > "$W/$loop/report.json" 2> /dev/null
-    cp -r "$dir" "$W/$loop/census"
-    echo "$loop: SM occupancy $occ (GPM median)"; show $loop
-  else
-    echo "$loop: no SM occupancy or no census folder (see $W/busy/busy_gap.txt)"
+own_run() {   # name -- own_program.py options: the user's own program, `run --requests` around it
+  local name=$1; shift 2
+  if [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then echo "== $name: skipped, past ${BUDGET_S} s"; return; fi
+  local D=$W/$name
+  mkdir -p "$D" && mkdir -m 700 -p "$D/census"
+  timeout 120 $OGC run --dir "$D/census" --requests 24 --json "$D/run.json" -- \
+    python3 bench/server/own_program.py --requests 24 --request-log "$D/requests.jsonl" "$@" > /dev/null 2> "$D/run.stderr"
+  sed -n '/^otel-gpu-census report:/,$p' "$D/run.stderr" > "$D/run.txt"; rm -f "$D/run.stderr"
+  if [ -s "$D/requests.jsonl" ]; then
+    $OGC report "$D/census" --request-log "$D/requests.jsonl" > "$D/report.txt" 2>&1
+    $OGC report "$D/census" --request-log "$D/requests.jsonl" --json > "$D/report.json" 2> /dev/null
+    $OGC report "$D/census" --requests 24 > "$D/report-count.txt" 2>&1
   fi
-done
-rm -rf "$W/busy/tmp"
-cd "$W" && tar czf "${OUT:-/tmp}/explain.tgz" --exclude='*.gguf' .
+  echo "== $name ($(( $(date +%s) - T0 )) s)"; sed -n '/^diagnoses:/,$p' "$D/run.txt" | cut -c1-300
+}
+
+serve_run hybrid-default "$HYBRID" "$REQUESTS" -- --
+serve_run hybrid-nocache "$HYBRID" "$REQUESTS" -- -- --cache-ram 0 --ctx-checkpoints 0
+serve_run hybrid-default-proxy "$HYBRID" 32 -- --proxy 127.0.0.1:$PPORT --
+serve_run hybrid-default-precise "$HYBRID" 32 -- $PRECISE --
+serve_run dense-default "$DENSE" "$REQUESTS" -- --
+own_run own-pageable --
+own_run own-pinned -- --pinned
+
+cd "$W" && tar czf "${OUT:-/tmp}/explain-hybrid.tgz" .
+size=$(stat -c %s "${OUT:-/tmp}/explain-hybrid.tgz")
+echo "explain: ${OUT:-/tmp}/explain-hybrid.tgz, $size bytes, $(( $(date +%s) - T0 )) s in all"
+[ "$size" -lt 2000000 ] || echo "explain: WARNING the archive is over 2 MB"

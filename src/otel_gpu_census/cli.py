@@ -215,6 +215,7 @@ def _cmd_run(args) -> int:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
     from . import report
     from .census import folder, proctree, reader
+    from .diagnose import Facts
     from .launcher import census_env
     try:
         census_dir = folder.census_dir(args.dir)
@@ -259,29 +260,79 @@ def _cmd_run(args) -> int:
             child.wait()
             _stop_metrics(sidecar)
             return 1
+    keeper = _WindowKeeper(census_dir, child)
     code = child.wait()
+    keeper.join()
+    records = None
     if proxy is not None:
         _stop_proxy(proxy)
+        records = _served(proxy)
     _stop_metrics(sidecar)
 
     censuses, errors = reader.scan(census_dir)
     tree = proctree.process_tree(child.pid, censuses, parents=child.parents, root_start_ticks=child.start_ticks)
+    tree = [keeper.history.extend(c) for c in tree]
+    facts = Facts(requests=args.requests, records=records)
     hint = None
     if not tree:
         hint = (f"the census was off ({plan.warnings[0]})" if not plan.census_on and plan.warnings else
                 f"no process of this run initialised CUDA (no census segment for it in {census_dir}); if one "
                 "did, the injector's own log lines above say why it wrote none")
     errors = _errors_in_tree(errors, {c.pid for c in tree} | {child.pid} | set(child.parents))
-    sys.stderr.write(report.render_text(tree, args.requests, str(census_dir), hint))
+    sys.stderr.write(report.render_text(tree, args.requests, str(census_dir), hint, facts))
     _say_errors(errors)
     if json_out is not None:
         try:
             with json_out:
-                json.dump(report.to_dict(tree, errors, args.requests, str(census_dir), hint), json_out, indent=2)
+                json.dump(report.to_dict(tree, errors, args.requests, str(census_dir), hint, facts), json_out, indent=2)
                 json_out.write("\n")
         except OSError as e:
             _say(f"cannot write {args.json}: {e.strerror}")
     return code
+
+
+class _WindowKeeper:
+    """Reads the command's segments every READ_EVERY_S while it runs and keeps their 20 ms windows
+    (census.history), so the report at the end reaches back to start-up however long the run was.
+    Never fatal: a read that fails is skipped."""
+
+    def __init__(self, census_dir, child: "_Child"):
+        from .census.history import READ_EVERY_S, WindowHistory
+        self.history = WindowHistory()
+        self._dir, self._child, self._every = census_dir, child, READ_EVERY_S
+        self._thread = threading.Thread(target=self._run, name="window-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from .census import reader
+        while not self._child.exited.wait(self._every):
+            try:
+                pids = {self._child.pid} | set(self._child.parents.copy())
+                for p in reader.segment_paths(self._dir):
+                    ident = reader.segment_file_pid(p)
+                    if ident is None or ident[0] not in pids:
+                        continue
+                    try:
+                        self.history.add(reader.read_segment(p))
+                    except reader.SegmentError:
+                        continue
+            except Exception as e:      # the report at the end still has the last read's ring
+                _say(f"keeping the census windows stopped ({type(e).__name__}: {e}); the report has the last ~41 s")
+                return
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _served(proxy) -> Optional[list]:
+    """The requests the proxy served, as request records (start, end, first token), for the report."""
+    from .request_log import RequestRecord
+    try:
+        return [RequestRecord(a, b, f if f is not None and a <= f <= b else None)
+                for a, b, f in sorted(proxy.served()) if 0 < a <= b] or None
+    except Exception as e:
+        _say(f"the proxy's requests could not be read ({type(e).__name__}: {e}); the report has no request records")
+        return None
 
 
 def _proxy_plan(args, argv: List[str], env: Dict[str, str]):
@@ -501,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "$XDG_RUNTIME_DIR/otel-gpu-census, else /tmp/otel-gpu-census-<uid>, where segments of "
                      "processes that ended over a day ago are removed when run starts)")
     run.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
-    run.add_argument("--requests", type=positive_int, metavar="N", help="print per-request averages over N requests")
+    run.add_argument("--requests", type=positive_int, metavar="N",
+                     help="print per-request figures over N requests, while serving (start-up left out)")
     run.add_argument("--exporter", choices=EXPORTERS,
                      help="export census metrics while CMD runs (default: as OTEL_METRICS_EXPORTER and "
                      "OTEL_EXPORTER_OTLP_ENDPOINT say, else none)")
@@ -528,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "by direction with exact bytes.")
     rep.add_argument("dir", nargs="?", metavar="DIR", help="census folder or one .seg file (default: as for run)")
     rep.add_argument("--requests", type=request_counts, metavar="N",
-                     help="print per-request averages over N requests (with --diff: N, or NA,NB for each side)")
+                     help="print per-request figures over N requests, while serving (start-up left out; with "
+                     "--diff: over the whole runs, N, or NA,NB for each side)")
     rep.add_argument("--request-log", metavar="FILE",
                      help="when each request was in flight: JSON lines with start_time_unix_nano and "
                      "end_time_unix_nano (optional first_token_time_unix_nano), or OTLP JSON traces (SERVER "

@@ -2,9 +2,11 @@
 
 Each run is a census folder or one segment file; its figures are the totals of all its processes and
 devices. Rows per direction and host memory kind (count, bytes, time, and the copies' GB/s), kernels,
-memsets; with request counts, the same per request. Integers stay exact (B - A); a per-request
-quotient that does not divide keeps two decimals. The case this is for: an upgrade that copies the
-same bytes, but in cheaper copies (same bytes, less time, more GB/s).
+memsets; with request counts, the same per request, over each run's serving period (``serving``: start-up
+left out, by direction, no memory kind: the windows have none) where both runs' start-up is told apart, else
+over the whole runs, saying so. Integers stay exact (B - A); a per-request quotient that does not divide keeps
+two decimals. The case this is for: an upgrade that copies the same bytes, but in cheaper copies (same
+bytes, less time, more GB/s).
 """
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from . import serving
 from .census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, KernelTime, ProcessCensus, Stat
-from .report import DIRECTION_LABELS, HOST_DIRECTIONS, UNITS_NOTE, exact, kernel_times, per, seconds
+from .figures import DIRECTION_LABELS, UNITS_NOTE, exact, per, seconds
+from .report import HOST_DIRECTIONS, kernel_times
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class Run:
     def kernel_time(self) -> KernelTime:
         """Its kernel time, estimated where a process counted kernels (report.kernel_times)."""
         return sum(kernel_times(self.censuses).values(), KernelTime(0))
+
+    def serving(self) -> serving.Split:
+        return serving.split(self.censuses)
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,31 @@ def rows(a: DeviceTotals, b: DeviceTotals, ka: Optional[KernelTime] = None,
     return out
 
 
+def serving_rows(a: serving.Phase, b: serving.Phase) -> List[Row]:
+    """The rows of two serving periods: kernels, copies by direction, memsets (no memory kind, no busy)."""
+    estimated = " (estimated)" if a.kernel_time.estimated or b.kernel_time.estimated else ""
+    out = [Row("kernels.count", "kernels", "count", a.kernel_count, b.kernel_count),
+           Row("kernels.ns", "kernel time s" + estimated, "ns", a.kernel_time.ns, b.kernel_time.ns)]
+    for d in DIRECTIONS:
+        sa, sb = a.copy(d), b.copy(d)
+        if sa.count or sb.count:
+            out += _stat_rows(f"copies.{d}", f"{DIRECTION_LABELS[d]} copies", sa, sb, rate=False)
+    if a.memset.count or b.memset.count:
+        out += _stat_rows("memset", "memsets", a.memset, b.memset, rate=False)
+    return out
+
+
+def per_request_rows(a: Run, b: Run) -> Tuple[str, List[Row], Optional[str]]:
+    """("serving", rows of both serving periods, None) where both runs' start-up is told apart, else
+    ("whole_run", rows of the whole runs, why not)."""
+    sa, sb = a.serving(), b.serving()
+    if sa.ok and sb.ok:
+        return "serving", serving_rows(sa.total("serving"), sb.total("serving")), None
+    whole = [r for r in rows(a.totals(), b.totals(), a.kernel_time(), b.kernel_time()) if r.unit != "GB/s"]
+    why = "; ".join(f"{side}: {sv.why}" for side, sv in (("A", sa), ("B", sb)) if not sv.ok)
+    return "whole_run", whole, why
+
+
 def _value(unit: str, v) -> str:
     if v is None:
         return "-"
@@ -129,23 +161,32 @@ def render_text(a: Run, b: Run) -> str:
     lines = ["otel-gpu-census diff", f"  A: {_describe(a)}", f"  B: {_describe(b)}", f"({UNITS_NOTE})", ""]
     lines += _table(rs, lambda r: (r.a, r.b))
     if a.requests and b.requests:
-        lines += ["", f"per request (A: {a.requests:,}, B: {b.requests:,}):"]
-        lines += _table([r for r in rs if r.unit != "GB/s"],
-                        lambda r: (per(r.a, a.requests), per(r.b, b.requests)))
+        scope, prs, why = per_request_rows(a, b)
+        head = (f"per request while serving (A: {a.requests:,}, B: {b.requests:,}; start-up left out):"
+                if scope == "serving" else
+                f"per request over the whole runs, start-up included (A: {a.requests:,}, B: {b.requests:,}; "
+                f"start-up not told apart: {why}):")
+        lines += ["", head]
+        lines += _table(prs, lambda r: (per(r.a, a.requests), per(r.b, b.requests)))
     return "\n".join(lines) + "\n"
 
 
 def to_dict(a: Run, b: Run) -> dict:
+    scope, prs, why = per_request_rows(a, b) if a.requests and b.requests else (None, [], None)
+    per_row = {r.figure: r for r in prs}
     out_rows = []
     for r in rows(a.totals(), b.totals(), a.kernel_time(), b.kernel_time()):
         d = {"figure": r.figure, "unit": r.unit, "a": r.a, "b": r.b, "change": r.change}
-        if a.requests and b.requests and r.unit != "GB/s":
-            pa, pb = per(r.a, a.requests), per(r.b, b.requests)
+        pr = per_row.get(r.figure)
+        if pr is not None:
+            pa, pb = per(pr.a, a.requests), per(pr.b, b.requests)
             d.update(a_per_request=pa, b_per_request=pb, change_per_request=pb - pa)
         out_rows.append(d)
     side = lambda run: {"source": run.source, "processes": len(run.censuses), "requests": run.requests}  # noqa: E731
-    return {"units": {"bytes": "exact", "time": "ns", "GB/s": "bytes per ns"}, "a": side(a), "b": side(b),
-            "rows": out_rows}
+    return {"units": {"bytes": "exact", "time": "ns", "GB/s": "bytes per ns",
+                      "per_request": "over each run's serving period (per_request_scope serving: by direction, "
+                                     "no memory kind), else over the whole runs (whole_run, whole_run_because)"},
+            "a": side(a), "b": side(b), "per_request_scope": scope, "whole_run_because": why, "rows": out_rows}
 
 
 class RunError(Exception):

@@ -1,7 +1,9 @@
 """The report's explaining part: the diagnoses, and where GPU time went next to requests in flight.
 
-``report.render_text`` and ``report.to_dict`` call ``lines`` and ``to_dict``; the logic is in
-``diagnose`` and ``timeline``.
+``report.render_text`` and ``report.to_dict`` call ``facts_for``, ``lines`` and ``to_dict``; the logic is
+in ``diagnose``, ``serving`` and ``timeline``. Request records come from the caller (a request log, the
+proxy of `run --proxy`) or, without them, from the request logs an engine integration wrote beside its
+segments.
 """
 from __future__ import annotations
 
@@ -9,12 +11,28 @@ import dataclasses
 from typing import List, Optional, Sequence
 
 from . import diagnose as dg
+from . import engine_requests, serving
 from . import timeline as tl_mod
 from .census import ProcessCensus
-from .report import seconds
+from .figures import seconds
+from .request_log import RequestRecord
 
 SPLIT_NOTE = ("kernels: kernel time in each 20 ms window, capped at the window (concurrent kernels add up); "
               "copies only: copy and memset time the kernels left; nothing: the rest")
+ESTIMATED_NOTE = "kernel time estimated: eager kernels priced at a sampled mean"
+UNTIMED_COPIES_NOTE = "copies counted at their calls have no duration: their time is in nothing"
+
+
+def _notes(t: tl_mod.Timeline) -> str:
+    notes = [SPLIT_NOTE]
+    if t.census.graphs.paused_ns:
+        notes.append(f"the census was paused {seconds(t.census.graphs.paused_ns)} s by a control file: that time "
+                     "reads as nothing")
+    if t.kernel_time_estimated:
+        notes.append(ESTIMATED_NOTE)
+    if not t.copies_timed:
+        notes.append(UNTIMED_COPIES_NOTE)
+    return "; ".join(notes)
 
 
 def _pct(x: float) -> str:
@@ -26,7 +44,7 @@ def _server_timelines(censuses: Sequence[ProcessCensus], facts: dg.Facts) -> Lis
     out = []
     for c in censuses:
         t = tl_mod.build(c, facts.records)
-        if t is None or not t.kernels_traced:
+        if t is None or not t.kernel_time_known:
             continue
         slots = t.serving()
         if any(s.kernel_ns or s.copy_only_ns for s in slots):
@@ -48,7 +66,7 @@ def idle_time(t: tl_mod.Timeline) -> dict:
             "whole": row(whole),
             "intervals": [dict(row(sp), offset_ns=start - t0) for start, sp in rows],
             "by_in_flight": [dict(row(sp), in_flight=label) for label, sp in tl_mod.by_in_flight(slots)],
-            "note": SPLIT_NOTE}
+            "kernel_time_estimated": t.kernel_time_estimated, "copies_timed": t.copies_timed, "note": _notes(t)}
 
 
 def _split_cells(sp: tl_mod.Split) -> str:
@@ -72,26 +90,44 @@ def idle_lines(t: tl_mod.Timeline) -> List[str]:
     lines.append(f"  {'in flight':>10}{'kernels':>9}{'copies only':>13}{'nothing':>10}{'time s':>11}")
     for label, sp in tl_mod.by_in_flight(slots):
         lines.append(f"  {label:>10}{_split_cells(sp)}{seconds(sp.span_ns):>11}")
-    lines.append(f"  ({SPLIT_NOTE})")
+    lines.append(f"  ({_notes(t)})")
     return lines
 
 
-def _facts(facts: Optional[dg.Facts], requests: Optional[int]) -> dg.Facts:
+def engine_records(censuses: Sequence[ProcessCensus]) -> List[RequestRecord]:
+    """The requests an engine integration logged beside the segments, as records (start, end, first token)."""
+    out = []
+    for log in engine_requests.for_segments([c.path for c in censuses]):
+        for r in log.requests:
+            start, end = r.get("start_time_unix_nano"), r.get("end_time_unix_nano")
+            first = r.get("first_token_time_unix_nano")
+            if not (isinstance(start, int) and isinstance(end, int) and 0 < start <= end):
+                continue
+            out.append(RequestRecord(start, end, first if isinstance(first, int) and start <= first <= end else None))
+    return sorted(out, key=lambda r: (r.start_ns, r.end_ns))
+
+
+def facts_for(censuses: Sequence[ProcessCensus], facts: Optional[dg.Facts] = None,
+              requests: Optional[int] = None) -> dg.Facts:
+    """The caller's facts, with the request count it gave, and request records from an engine's logs
+    where the caller had none."""
     facts = facts or dg.Facts()
     if requests and not facts.requests:
         facts = dataclasses.replace(facts, requests=requests)
+    if not facts.records:
+        recs = engine_records(censuses)
+        if recs:
+            facts = dataclasses.replace(facts, records=recs)
     return facts
 
 
-def lines(censuses: Sequence[ProcessCensus], facts: Optional[dg.Facts] = None,
-          requests: Optional[int] = None) -> List[str]:
-    """The report lines: the idle-time table (with a request log), then the diagnoses (if any)."""
-    facts = _facts(facts, requests)
+def lines(censuses: Sequence[ProcessCensus], facts: dg.Facts, sv: serving.Split) -> List[str]:
+    """The report lines: the idle-time table (with request records), then the diagnoses (if any)."""
     out: List[str] = []
     if facts.records:
         for t in _server_timelines(censuses, facts):
             out += [""] + idle_lines(t)
-    found = dg.diagnose(censuses, facts)
+    found = dg.diagnose(censuses, facts, sv)
     if found:
         pids = {d.pid for d in found}
         out += ["", "diagnoses:"]
@@ -101,10 +137,8 @@ def lines(censuses: Sequence[ProcessCensus], facts: Optional[dg.Facts] = None,
     return out
 
 
-def to_dict(censuses: Sequence[ProcessCensus], facts: Optional[dg.Facts] = None,
-            requests: Optional[int] = None) -> dict:
-    facts = _facts(facts, requests)
-    out = {"diagnoses": [d.to_dict() for d in dg.diagnose(censuses, facts)]}
+def to_dict(censuses: Sequence[ProcessCensus], facts: dg.Facts, sv: serving.Split) -> dict:
+    out = {"diagnoses": [d.to_dict() for d in dg.diagnose(censuses, facts, sv)]}
     if facts.records:
         out["idle_time"] = [idle_time(t) for t in _server_timelines(censuses, facts)]
     return out

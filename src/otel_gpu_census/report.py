@@ -1,70 +1,23 @@
 """The census report: a text table per process and device, and the same figures as JSON.
 
 Bytes are printed exactly (thousands separators) beside a decimal size (MB = 10^6 bytes), times
-in seconds. With a request count, the per-request averages over the whole set of processes: the
-figure people quote ("209,612,345 bytes (209.6 MB) device-to-host per request").
+in seconds. Start-up is told apart from serving (``serving``); with a request count or request records,
+the per-request figures over all processes while serving: the figure people quote ("209,612,345 bytes
+(209.6 MB) device-to-host per request"), with no model load divided into it. Then the explaining part
+(``explain``): where the GPU time went next to requests in flight, and the diagnoses.
 """
 from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import cost
+from . import cost, explain, serving
 from .census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
                      KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, KernelTime,
                      ProcessCensus, Stat, merge_devices)
+from .figures import DIRECTION_LABELS, UNITS_NOTE, exact, human_size, per, percent, plural, seconds, size
 
-DIRECTION_LABELS = {
-    "htod": "host-to-device",
-    "dtoh": "device-to-host",
-    "dtod": "device-to-device",
-    "ptop": "peer-to-peer sent",
-    "htoh": "host-to-host",
-    "other": "other copies",
-}
 PEER_RECEIVED_LABEL = "peer-to-peer received"   # DeviceTotals.peer_recv: copies other devices sent here
 HOST_DIRECTIONS = ("htod", "dtoh", "htoh")    # a host side exists: split pageable / pinned
-UNITS_NOTE = "bytes are exact; MB = 10^6 bytes, GB = 10^9 bytes (decimal); times in seconds"
-
-
-# ---------------------------------------------------------------------------------------------
-# formatting
-
-_SIZE_UNITS = (("B", 1, 0), ("kB", 1e3, 1), ("MB", 1e6, 1), ("GB", 1e9, 2), ("TB", 1e12, 2))
-
-
-def human_size(n: float) -> str:
-    """Decimal units; the unit is chosen after rounding, so 999,999 bytes reads 1.0 MB."""
-    for unit, scale, decimals in _SIZE_UNITS:
-        if unit == "B" and not float(n).is_integer():
-            decimals = 1            # a per-request quotient below one kB
-        v = round(n / scale, decimals)
-        if abs(v) < 1000 or unit == _SIZE_UNITS[-1][0]:
-            break
-    return f"{v:.{decimals}f} {unit}"
-
-
-def exact(n) -> str:
-    """An integer with thousands separators; a non-integer quotient keeps up to two decimals."""
-    if isinstance(n, int) or float(n).is_integer():
-        return f"{int(n):,}"
-    return f"{n:,.2f}".rstrip("0").rstrip(".")
-
-
-def plural(n, word: str, words: Optional[str] = None) -> str:
-    return f"{exact(n)} {word if n == 1 else (words or word + 's')}"
-
-
-def seconds(ns: float) -> str:
-    return f"{ns / 1e9:.6f}"
-
-
-def percent(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:.1f}%" if whole > 0 else "n/a"
-
-
-def per(total: int, n: int):
-    """total / n, kept an exact int when it divides."""
-    return total // n if total % n == 0 else total / n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,26 +249,58 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = Fals
     return out
 
 
-def per_request(censuses: Sequence[ProcessCensus], requests: int) -> dict:
+def whole_run(censuses: Sequence[ProcessCensus]) -> serving.Phase:
+    """Everything the processes did, as one phase (kernel time priced per process, as kernel_times)."""
     total = DeviceTotals(device_id=-1)
     for c in censuses:
         total = total + c.totals()
     kt = sum(kernel_times(censuses).values(), KernelTime(0))
-    out = {"requests": requests,
-           "kernel_count": per(total.kernel_count, requests),
+    return serving.Phase({d: st for d, st in total.copies.by_direction().items() if st.count}, total.memset,
+                         total.kernel_count, kt)
+
+
+def per_request(phase: serving.Phase, requests: int, scope: str = "serving", why: Optional[str] = None) -> dict:
+    """A phase's figures divided by the requests (scope: "serving", or "whole_run" with why the start-up
+    could not be told apart)."""
+    kt = phase.kernel_time
+    out = {"requests": requests, "scope": scope,
+           "kernel_count": per(phase.kernel_count, requests),
            "kernel_ns": per(kt.ns, requests),
            "copies": {}}
+    if why:
+        out["whole_run_because"] = why
     if kt.estimated:
         out["kernel_time_estimated"] = True
     if kt.unknown:
         out["kernel_time_unknown"] = True
     for direction in DIRECTIONS:
-        s = total.copies.get(direction)
+        s = phase.copy(direction)
         if s.count:
             out["copies"][direction] = {"count": per(s.count, requests), "bytes": per(s.bytes, requests),
                                         "ns": per(s.ns, requests)}
-    if total.memset.count:
-        out["memset"] = {k: per(v, requests) for k, v in _stat_dict(total.memset).items()}
+    if phase.memset.count:
+        out["memset"] = {k: per(v, requests) for k, v in _stat_dict(phase.memset).items()}
+    return out
+
+
+def request_scope(censuses: Sequence[ProcessCensus], sv: serving.Split, requests: int) -> dict:
+    """The per-request figures: over the serving period when it was told apart, else over the whole run."""
+    if sv.ok:
+        return per_request(sv.total("serving"), requests)
+    return per_request(whole_run(censuses), requests, "whole_run", sv.why)
+
+
+def serving_dict(sv: serving.Split) -> dict:
+    p = sv.period
+    out = {"basis": p.basis if p else None, "start_unix_ns": p.start_ns if p else None,
+           "end_unix_ns": p.end_ns if p else None, "span_ns": p.span_ns if p else None,
+           "requests_in_records": p.requests if p else None,
+           "pause_ns": serving.PAUSE_NS if p and p.basis == "pause" else None, "not_told_apart": sv.why}
+    if sv.ok:
+        out.update({part: serving.phase_dict(sv.total(part)) for part in ("startup", "serving", "after")})
+        out["processes"] = [dict({part: serving.phase_dict(getattr(ps, part)) for part in ("startup", "serving", "after")},
+                                 pid=ps.census.pid) for ps in sv.processes]
+        out["inexact"] = list(sv.inexact)
     return out
 
 
@@ -413,18 +398,30 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
                   "census_time_ns": "wall_update_ns - wall_start_ns: from CUDA initialising the census to its "
                                     "last update (not the process lifetime)",
                   "busy_ratio_of_census_time": "busy_ns / census_time_ns; null (with a reason) when the census "
-                                               "time does not cover the GPU activity"},
+                                               "time does not cover the GPU activity",
+                  "serving": "the serving period (basis: requests, from the first request's start to the last one's "
+                             "end; pause, from the first GPU work after start-up's first pause of pause_ns) and "
+                             "every count and byte split into startup, serving and after it; not_told_apart says "
+                             "why there is no split",
+                  "per_request": "serving's figures divided by the requests (scope serving), or the whole run's, "
+                                 "start-up included (scope whole_run, with whole_run_because)"},
         "processes": procs,
         # per physical GPU over all processes; busy_ns adds across processes (an upper bound)
         "gpus": {key: _device_dict(d, None, kt=gpu_kernel_times[key]) for key, d in sorted(gpus.items())},
         "no_activity": no_activity_reason(censuses, hint),
         "errors": [{"path": getattr(e, "path", None), "reason": getattr(e, "reason", str(e))} for e in errors],
     }
-    if requests:
-        out["per_request"] = per_request(censuses, requests)
     if not out["no_activity"]:
-        from . import explain        # it builds on this module
-        out.update(explain.to_dict(censuses, facts, requests))
+        facts = explain.facts_for(censuses, facts, requests)
+        sv = serving.split(censuses, facts.records)
+        out["serving"] = serving_dict(sv)
+        n = facts.request_count()
+        if n:
+            out["per_request"] = request_scope(censuses, sv, n)
+            paused = sum(c.graphs.paused_ns for c in censuses)
+            if paused:
+                out["per_request"]["census_paused_ns"] = paused
+        out.update(explain.to_dict(censuses, facts, sv))
     return out
 
 
@@ -523,16 +520,52 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     return lines
 
 
-def _per_request_lines(censuses: Sequence[ProcessCensus], requests: int) -> List[str]:
-    pr = per_request(censuses, requests)
-    scope = "all processes and devices above" if len(censuses) > 1 else "all devices above"
-    lines = [f"per request ({requests:,} requests; {scope}):"]
+def _phase_words(p: serving.Phase) -> str:
+    """A phase in one line: its copies by direction, memsets and kernels, with their units."""
+    parts = [f"{size(st.bytes)} {DIRECTION_LABELS[d]} in {plural(st.count, 'copy', 'copies')}"
+             for d in DIRECTIONS for st in [p.copy(d)] if st.count]
+    if p.memset.count:
+        parts.append(f"{size(p.memset.bytes)} set in {plural(p.memset.count, 'memset')}")
+    parts.append(plural(p.kernel_count, "kernel"))
+    return ", ".join(parts)
+
+
+def _serving_lines(sv: serving.Split, requests: Optional[int]) -> List[str]:
+    """When the servers served, and what start-up and the time after took apart from it."""
+    if not sv.ok:
+        return [f"start-up and serving not told apart: {sv.why}"] if requests else []
+    p = sv.period
+    if p.basis == "requests":
+        when = (f"the {p.span_ns / 1e9:.3f} s from the first request's start to the last one's end "
+                f"({plural(p.requests, 'request')} in the records)")
+    else:
+        when = (f"the {p.span_ns / 1e9:.3f} s from the first GPU work after the first pause of "
+                f"{serving.PAUSE_NS / 1e9:g} s or more ({(p.start_ns - p.first_work_ns) / 1e9:.3f} s after the first "
+                "GPU work) to the last GPU work")
+    lines = ["start-up and serving:", f"  serving: {when}"]
+    startup = sv.total("startup")
+    lines.append("  start-up, before it (weights, compilation, graph capture, warm-up): "
+                 + ("no GPU work" if startup.empty else _phase_words(startup)))
+    after = sv.total("after")
+    if not after.empty:
+        lines.append(f"  after it: {_phase_words(after)}")
+    for note in sv.inexact:
+        lines.append(f"  note: {note}")
+    return lines
+
+
+def _per_request_lines(pr: dict, processes: int) -> List[str]:
+    requests = pr["requests"]
+    scope = "all processes and devices above" if processes > 1 else "all devices above"
+    if pr["scope"] == "serving":
+        lines = [f"per request while serving ({requests:,} requests; {scope}, start-up left out):"]
+    else:
+        lines = [f"per request over the whole run, start-up included ({requests:,} requests; {scope}):"]
     for direction, s in pr["copies"].items():
-        lines.append(f"  {exact(s['bytes'])} bytes ({human_size(s['bytes'])}) {DIRECTION_LABELS[direction]} "
-                     f"per request, in {plural(s['count'], 'copy', 'copies')}")
+        lines.append(f"  {size(s['bytes'])} {DIRECTION_LABELS[direction]} per request, in "
+                     f"{plural(s['count'], 'copy', 'copies')}")
     if "memset" in pr:
-        lines.append(f"  {exact(pr['memset']['bytes'])} bytes ({human_size(pr['memset']['bytes'])}) set "
-                     f"per request, in {plural(pr['memset']['count'], 'memset')}")
+        lines.append(f"  {size(pr['memset']['bytes'])} set per request, in {plural(pr['memset']['count'], 'memset')}")
     untimed = pr.get("kernel_time_unknown") and not pr.get("kernel_time_estimated")
     # estimated and unknown: eager launches and no sample to price them (events with few launches), so the
     # figure is the graph part only and must not read as the whole
@@ -627,11 +660,18 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
     if reason:
         lines.append(reason)
     else:
-        if requests:
-            lines.extend(_per_request_lines(censuses, requests))
+        facts = explain.facts_for(censuses, facts, requests)
+        sv = serving.split(censuses, facts.records)
+        n = facts.request_count()
+        lines.extend(_serving_lines(sv, n))
+        if n:
+            lines.extend(_per_request_lines(request_scope(censuses, sv, n), len(censuses)))
+            paused = sum(c.graphs.paused_ns for c in censuses)
+            if paused:
+                lines.append(f"  note: a control file paused the census for {seconds(paused)} s: the work of that "
+                             "time is in none of these figures")
         lines.extend(_engine_request_lines(censuses))
-        from . import explain        # it builds on this module
-        lines.extend(explain.lines(censuses, facts, requests))
+        lines.extend(explain.lines(censuses, facts, sv))
     return printable("\n".join(lines).rstrip()) + "\n"
 
 

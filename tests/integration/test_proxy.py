@@ -228,6 +228,21 @@ def test_ttft_and_latencies_come_from_the_stream(make_proxy, standin, receiver):
     assert e2e < 2.0
 
 
+def test_the_proxy_keeps_when_each_model_request_was_in_flight_for_runs_report(make_proxy, standin):
+    """`run --proxy` hands these to its report: the serving period and requests in flight come from them."""
+    standin.opts.first_token_delay = 0.2
+    p = make_proxy()
+    t0 = time.time_ns()
+    request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
+    assert request(p.port, "GET", "/slots")[0] == 200 and request(p.port, "GET", "/health")[0] == 200
+    t1 = time.time_ns()
+    deadline = time.monotonic() + 5
+    while not p.handle.served() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [(start, end, first)] = p.handle.served()          # the model request only
+    assert t0 <= start < first < end <= t1 and first - start >= 200_000_000
+
+
 def test_ollama_ndjson_usage_and_durations(make_proxy, standin, receiver):
     standin.opts.first_token_delay = 0.2
     p = make_proxy()

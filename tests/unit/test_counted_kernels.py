@@ -95,13 +95,17 @@ def test_the_report_prints_exact_counts_and_estimated_kernel_time(segments, reco
     text = report.render_text([c], requests=2)
     assert "kernel time 0.000010 s (estimated)" in text and "kernels counted: every kernel counted exactly" in text
     assert "3 kernel launches were counted but could not be placed" in text
-    assert "5.5 kernels per request, 0.000005 s kernel time per request (estimated)" in text
+    # the first window's 3 launches are start-up (490 ms of nothing follow them): per request is the other 8 kernels,
+    # 4 eager launches priced at the one sample (1000 ns) and the graph launch's span (3000 ns)
+    assert "start-up, before it (weights, compilation, graph capture, warm-up): 3 kernels" in text
+    assert "4 kernels per request, 0.000003 s kernel time per request (estimated)" in text
     out = report.to_dict([c], requests=2)
     (dev,) = out["processes"][0]["devices"]
     assert (dev["kernel_count"], dev["kernel_ns"], dev["kernel_ns_estimated"], dev["eager_launches"]) == \
         (11, 4000, 10000, 7)
     assert out["processes"][0]["kernel_traced_ns"] == 300 * MS          # busy's base: the traced time
-    assert out["per_request"]["kernel_ns"] == 5000 and out["per_request"]["kernel_time_estimated"] is True
+    assert out["per_request"]["scope"] == "serving"
+    assert out["per_request"]["kernel_ns"] == 3500 and out["per_request"]["kernel_time_estimated"] is True
     from otel_gpu_census import diff
     run = diff.Run("a", [c])
     row = next(r for r in diff.rows(run.totals(), run.totals(), run.kernel_time(), run.kernel_time())
@@ -393,12 +397,11 @@ def test_a_per_request_kernel_time_without_its_eager_part_says_so(monkeypatch):
     """Events with eager launches and no pair to price them (a short program: a function's first sampled launch gets
     no pair): the per-request figure is the graph part only, and the line says the eager kernels are left out."""
     from otel_gpu_census import report
-    base = {"requests": 10, "kernel_count": 0.1, "kernel_ns": 0, "copies": {}, "kernel_time_estimated": True}
-    monkeypatch.setattr(report, "per_request", lambda cs, n: {**base, "kernel_time_unknown": True})
-    assert report._per_request_lines([], 10)[-1] == \
+    base = {"requests": 10, "scope": "serving", "kernel_count": 0.1, "kernel_ns": 0, "copies": {},
+            "kernel_time_estimated": True}
+    assert report._per_request_lines({**base, "kernel_time_unknown": True}, 1)[-1] == \
         "  0.1 kernels per request, 0.000000 s kernel time per request (estimated, eager kernels left out: none sampled)"
-    monkeypatch.setattr(report, "per_request", lambda cs, n: base)
-    assert report._per_request_lines([], 10)[-1].endswith("s kernel time per request (estimated)")
+    assert report._per_request_lines(base, 1)[-1].endswith("s kernel time per request (estimated)")
 
 
 def test_span_attributes_give_no_copy_time_where_nothing_timed_copies():

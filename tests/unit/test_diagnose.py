@@ -1,4 +1,6 @@
-"""Each diagnosis on synthetic serving segments that show it, and on ones that do not.
+"""Each diagnosis on synthetic serving segments that show it, and on ones that do not: under CUPTI
+(copy time measured) and under the default census (copies counted at their calls, no copy time), with
+request records, with only a request count, and with neither.
 
 The segments are written by the native tally from CUPTI records (serving_census.py); the request
 logs are what the clients of those runs would have written."""
@@ -6,25 +8,23 @@ from __future__ import annotations
 
 import pytest
 
+from otel_gpu_census import serving
 from otel_gpu_census.census import reader
 from otel_gpu_census.diagnose import Facts, diagnose, low_occupancy
 from otel_gpu_census.request_log import parse
-from serving_census import GPU0, MS, S, clocks, serve
+from serving_census import DENSE, GPU0, HYBRID, MS, S, clocks, counted_at_calls, llama_run, model_load, serve
 
 MB = 1_000_000
+
+NO_SAVE = {}
 
 
 @pytest.fixture
 def census(census_dir, segments):
-    def make(serving=None, comm="llama-server", extra=(), edit=None):
+    def make(serving=None, comm="llama-server", extra=(), calls=False):
         recs = list(serving.records if serving else []) + list(extra)
-        ed = clocks()
-
-        def both(seg):
-            ed(seg)
-            if edit:
-                edit(seg)
-        return reader.read_segment(segments.segment(census_dir, recs, comm=comm, edit=both))
+        c = reader.read_segment(segments.segment(census_dir, recs, comm=comm, edit=clocks()))
+        return counted_at_calls(c) if calls else c
     return make
 
 
@@ -32,8 +32,11 @@ def kinds(found):
     return [d.kind for d in found]
 
 
-def with_log(serving, **kw):
-    return Facts(records=parse(serving.log_lines()), **kw)
+def facts_of(sv, boundaries):
+    """What the report knows of the requests: their records, their count, or nothing."""
+    if boundaries == "records":
+        return Facts(records=parse(sv.log_lines()))
+    return Facts(requests=len(sv.log)) if boundaries == "count" else Facts()
 
 
 def one(found, kind):
@@ -42,168 +45,198 @@ def one(found, kind):
     return hits[0]
 
 
-# ---- state saved at request boundaries --------------------------------------------------------
-
-def test_state_save_one_client(census, records):
-    sv = serve(records, clients=1, requests=8, save_bytes=225 * MB)
-    d = one(diagnose([census(sv)], with_log(sv)), "state_save")
-    # the excess over the background is the save, give or take the logits of the 11 windows near an
-    # arrival (at most 2 steps x 513 kB each; the prompt steps have none, so the estimate runs low)
-    assert 225 * MB - 11.3 * MB <= d.figures["dtoh_bytes_per_request"] <= 225 * MB + 11.3 * MB
-    assert d.figures["arrivals"] == 8 and d.figures["density_ratio"] > 3
-    assert "`--cache-ram 0 --ctx-checkpoints 0`" in d.text and "llama-server's prompt cache" in d.text
-    assert "device-to-host per request above the background" in d.text
-    assert "100.0% of all its device-to-host bytes went to pageable memory" in d.text
+def served(records, census, save, clients, calls, comm="llama-server"):
+    """A llama-server's run: start-up (weights, warm-up, a pause), then `clients` clients."""
+    sv, load = llama_run(records, save, clients)
+    return sv, census(sv, comm=comm, extra=load, calls=calls)
 
 
-def test_state_save_sixteen_clients(census, records):
-    sv = serve(records, clients=16, requests=32, step_ns=40 * MS, kernel_ns=38 * MS, save_bytes=225 * MB,
-               stagger_ns=150 * MS)
-    d = one(diagnose([census(sv)], with_log(sv)), "state_save")
-    assert d.figures["arrivals"] == 32
-    assert 200 * MB <= d.figures["dtoh_bytes_per_request"] <= 230 * MB
+# ---- state saved to the host ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+@pytest.mark.parametrize("clients", [1, 4, 16, 32])
+@pytest.mark.parametrize("model", ["dense", "hybrid"])
+def test_llama_servers_state_save_names_the_flags(census, records, model, clients, boundaries, calls):
+    save = DENSE if model == "dense" else HYBRID
+    sv, c = served(records, census, save, clients, calls)
+    d = one(diagnose([c], facts_of(sv, boundaries)), "state_save")
+    assert d.text.startswith("llama-server's prompt cache and context checkpoints saved slot state to host memory")
+    assert "start llama-server with `--cache-ram 0 --ctx-checkpoints 0`" in d.text
+    f = d.figures
+    assert f["share"] > 0.8 and f["whole_period"]
+    per_request = save["save_bytes"] + save.get("checkpoints", 0) * save.get("checkpoint_bytes", 0)
+    if boundaries == "none":
+        assert "per request" not in d.text and f["dtoh_bytes_in_bursts"] >= len(sv.log) * per_request
+    else:
+        # the bursts' windows hold the saves and the logits copied beside them (here steps go on during a
+        # save; llama-server's one thread saves between its steps)
+        assert per_request <= f["dtoh_bytes_in_bursts_per_request"] <= per_request * 1.05
+        assert f"{f['dtoh_bytes_in_bursts_per_request']:,} bytes" in d.text
+    assert ("the bursts' copies taking" in d.text) is (not calls)      # copy time only where measured
 
 
-@pytest.mark.parametrize("clients", [1, 16])
-def test_no_state_save_when_only_logits_are_copied(census, records, clients):
-    """The same loads without the save: their device->host bytes (logits, 32.8 MB a request) are
-    spread over every decode step, so nothing follows request boundaries."""
-    kw = dict(step_ns=40 * MS, kernel_ns=38 * MS, stagger_ns=150 * MS) if clients == 16 else {}
-    sv = serve(records, clients=clients, requests=2 * clients if clients > 1 else 8, **kw)
-    found = diagnose([census(sv)], with_log(sv))
-    assert "state_save" not in kinds(found)
-
-
-def test_state_save_needs_a_request_log(census, records):
-    sv = serve(records, clients=1, requests=8, save_bytes=225 * MB)
-    assert "state_save" not in kinds(diagnose([census(sv)], Facts(requests=8)))
-
-
-def test_state_save_of_another_server_names_the_llama_flags_as_an_example(census, records):
-    sv = serve(records, clients=1, requests=6, save_bytes=100 * MB)
-    d = one(diagnose([census(sv, comm="python3")], with_log(sv)), "state_save")
-    assert d.text.startswith("state saved to the host at request boundaries")
-    assert "for llama-server `--cache-ram 0 --ctx-checkpoints 0`" in d.text
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+@pytest.mark.parametrize("clients", [1, 4, 16, 32])
+def test_no_state_save_when_only_logits_are_copied(census, records, clients, boundaries, calls):
+    """`--cache-ram 0 --ctx-checkpoints 0`: device->host bytes are the logits, one copy a step."""
+    sv, c = served(records, census, NO_SAVE, clients, calls)
+    assert "state_save" not in kinds(diagnose([c], facts_of(sv, boundaries)))
 
 
 def test_small_saves_are_not_a_diagnosis(census, records):
-    sv = serve(records, clients=1, requests=8, save_bytes=2 * MB, save_copies=4)
-    assert "state_save" not in kinds(diagnose([census(sv)], with_log(sv)))
+    sv, c = served(records, census, dict(save_bytes=2 * MB, save_copies=4), 1, False)
+    assert "state_save" not in kinds(diagnose([c], facts_of(sv, "records")))
 
 
-# ---- pageable memory on a hot path -------------------------------------------------------------
-
-def test_pageable_copies_while_serving(census, records):
+def test_one_dump_is_not_a_recurring_save(census, records):
     sv = serve(records, clients=1, requests=8)
-    d = one(diagnose([census(sv)], with_log(sv)), "pageable_hot_path")
-    assert d.figures["direction"] == "dtoh"
-    assert d.figures["copies_serving_at_least"] == d.figures["pageable_count"] == 8 * 64
-    assert "at least 512 device-to-host copies with pageable memory while serving" in d.text
-    assert "64 per request" in d.text and "pin_memory" in d.text
+    dump = [records.memcpy("dtoh", 4 * MB, GPU0 + S + 50 * MS + i, GPU0 + S + 50 * MS + i + 1, src="device",
+                           dst="pageable", corr=90_000 + i) for i in range(100)]
+    assert "state_save" not in kinds(diagnose([census(sv, extra=dump)], facts_of(sv, "records")))
 
 
-def test_pageable_copies_counted_without_time_are_named_without_a_bandwidth(census, records):
-    """A census at the calls (OTEL_GPU_CENSUS_ACTIVITY=off) has the copies and their bytes, no time: the
-    diagnosis stands, with no "0.0 GB/s"."""
-    from dataclasses import replace
-    from otel_gpu_census.census import CopyTable
-    sv = serve(records, clients=1, requests=8)
+def test_state_save_of_another_server_names_the_llama_flags_as_an_example(census, records):
+    sv, c = served(records, census, DENSE, 1, False, comm="python3")
+    d = one(diagnose([c], facts_of(sv, "records")), "state_save")
+    assert d.text.startswith("state saved to host memory in bursts")
+    assert "(llama-server: `--cache-ram 0 --ctx-checkpoints 0`)" in d.text
+    assert "pageable_hot_path" not in kinds(diagnose([c], facts_of(sv, "records")))   # one cause, named once
+
+
+def test_state_save_over_the_windows_kept_when_start_up_is_out_of_reach(census, records):
+    """Serving longer than the ring: the windows hold its last ~41 s, start-up is out of reach; the
+    diagnosis says what it saw and over which time, and serving's bytes per request come from the
+    records' period (the split: serving is the windows inside it)."""
+    sv = serve(records, clients=1, requests=60, **DENSE)      # 60 x 0.74 s: longer than the ring
     c = census(sv)
-    devices = {k: replace(dv, copies=CopyTable({key: replace(st, ns=0) for key, st in dv.copies.cells.items()}))
-               for k, dv in c.devices.items()}
-    d = one(diagnose([replace(c, devices=devices)], with_log(sv)), "pageable_hot_path")
-    assert "at least 512 device-to-host copies with pageable memory while serving" in d.text
-    assert "GB/s" not in d.text and " in 0.000000 s" not in d.text and d.figures["pageable_ns"] == 0
+    d = one(diagnose([c], facts_of(sv, "none")), "state_save")
+    assert "the last 40.960 s of its GPU work, as far back as the 20 ms windows kept reach" in d.text
+    assert not d.figures["whole_period"]
+
+
+# ---- pageable host memory, where the user owns the buffer -------------------------------------------
+
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_pageable_copies_of_the_users_own_program(census, records, boundaries, calls):
+    sv, c = served(records, census, NO_SAVE, 1, calls, comm="python3")
+    d = one(diagnose([c], facts_of(sv, boundaries)), "pageable_hot_path")
+    assert d.figures["direction"] == "dtoh"
+    # the warm-up's copy is start-up's; the records end before the last step's copy
+    assert d.figures["copies_serving_at_least"] == 8 * 64 - (boundaries == "records")
+    assert f"at least {d.figures['copies_serving_at_least']} device-to-host copies with pageable host memory over" in d.text
+    assert ("copies per request" in d.text) is (boundaries != "none")
+    assert "pin_memory" in d.text and ("GB/s" in d.text) is (not calls)
+
+
+def test_a_servers_pageable_copies_are_not_the_users_to_pin(census, records):
+    """llama-server copies its logits to pageable memory: the user cannot pin that buffer."""
+    sv, c = served(records, census, NO_SAVE, 1, False)
+    assert "pageable_hot_path" not in kinds(diagnose([c], facts_of(sv, "records")))
 
 
 def test_pinned_copies_are_not_a_hot_path(census, records):
     sv = serve(records, clients=1, requests=8, logits_mem="pinned")
-    assert "pageable_hot_path" not in kinds(diagnose([census(sv)], with_log(sv)))
+    assert "pageable_hot_path" not in kinds(diagnose([census(sv, comm="python3")], facts_of(sv, "records")))
 
 
-def _model_load(records, n=300, each=50 * MB, start=GPU0 + S // 2):
-    """A model load: n pageable host->device copies back to back, before any request."""
-    out, t = [], start
-    for i in range(n):
-        d = each // 5
-        out.append(records.memcpy("htod", each, t, t + d, src="pageable", dst="device", corr=10_000 + i))
-        t += d
-    return out, t
-
-
-@pytest.mark.parametrize("log", [True, False])
-def test_a_pageable_model_load_is_not_a_hot_path(census, records, log):
-    load, end = _model_load(records)
-    sv = serve(records, clients=1, requests=8, logits_mem="pinned", start_ns=end + 200 * MS)
-    c = census(sv, extra=load)
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_a_pageable_model_load_is_not_a_hot_path(census, records, boundaries):
+    load, start = model_load(records)
+    sv = serve(records, clients=1, requests=8, logits_mem="pinned", start_ns=start)
+    c = census(sv, comm="python3", extra=load)
     assert c.totals().copies.get("htod", "pageable").count == 300
-    found = diagnose([c], with_log(sv) if log else Facts(requests=8))
-    assert "pageable_hot_path" not in kinds(found), [d.text for d in found]
+    found = diagnose([c], facts_of(sv, boundaries))
+    assert "pageable_hot_path" not in kinds(found) and "weights_copied" not in kinds(found), [d.text for d in found]
 
 
-def test_pageable_hot_path_without_a_log_needs_copies_spread_over_time(census, records):
-    sv = serve(records, clients=1, requests=12)          # ~8.9 s of pageable logits copies
-    d = one(diagnose([census(sv)], Facts(requests=12)), "pageable_hot_path")
-    assert "spread over 9 of the 9 seconds with GPU activity" in d.text
+def test_a_hot_path_needs_start_up_told_apart(census, records):
+    """No pause and no records: start-up and serving are one, and a model load could be the copies."""
+    sv = serve(records, clients=1, requests=8)
+    assert "pageable_hot_path" not in kinds(diagnose([census(sv, comm="python3")], Facts(requests=8)))
 
 
 # ---- weights copied to the GPU for every batch ---------------------------------------------------
 
-def test_weights_copied_for_every_request(census, records):
-    sv = serve(records, clients=1, requests=6, htod_bytes=8_000 * MB, htod_chunk=40 * MB)
-    d = one(diagnose([census(sv)], with_log(sv)), "weights_copied")
-    assert d.figures["htod_bytes_per_request"] == 8_000 * MB
-    assert d.figures["share"] >= 0.3
-    assert "8,000,000,000 bytes (8.00 GB) host-to-device per request" in d.text
-    assert "-ngl" in d.text and "PCIe" in d.text
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_weights_copied_for_every_request(census, records, boundaries, calls):
+    load, start = model_load(records, n=80)
+    sv = serve(records, clients=1, requests=6, htod_bytes=8_000 * MB, htod_chunk=40 * MB, start_ns=start)
+    c = census(sv, extra=load, calls=calls)
+    d = one(diagnose([c], facts_of(sv, boundaries)), "weights_copied")
+    assert d.figures["htod_bytes_per_s"] >= 2e9
+    if boundaries != "none":
+        assert d.figures["htod_bytes_per_request"] == 8_000 * MB
+        assert "8,000,000,000 bytes (8.00 GB) host-to-device per request" in d.text
+    assert "`-ngl`/`--n-gpu-layers`" in d.text and "PCIe" in d.text
+    assert ("of the time" in d.text) is (not calls)
 
 
-def test_weights_copied_needs_a_request_log(census, records):
-    sv = serve(records, clients=1, requests=6, htod_bytes=8_000 * MB)
-    assert "weights_copied" not in kinds(diagnose([census(sv)], Facts(requests=6)))
-
-
-def test_a_model_load_before_serving_is_not_weights_copied(census, records):
-    load, end = _model_load(records, n=320)                # 16 GB before the first request
-    sv = serve(records, clients=1, requests=6, start_ns=end + 200 * MS)
-    found = diagnose([census(sv, extra=load)], with_log(sv))
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_a_model_load_before_serving_is_not_weights_copied(census, records, boundaries):
+    load, start = model_load(records, n=320)                # 16 GB before the first request
+    sv = serve(records, clients=1, requests=6, start_ns=start, htod_bytes=30 * MB)   # prompt inputs
+    found = diagnose([census(sv, extra=load)], facts_of(sv, boundaries))
     assert "weights_copied" not in kinds(found)
 
 
 # ---- client or server: busy far below 100 % -----------------------------------------------------
 
-def test_one_client_at_a_time_is_client_bound(census, records):
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+def test_one_client_at_a_time_is_client_bound(census, records, calls):
     sv = serve(records, clients=1, requests=8, kernel_ns=5 * MS, gap_ns=60 * MS)
-    d = one(diagnose([census(sv)], with_log(sv)), "client_bound")
+    found = diagnose([census(sv, calls=calls)], facts_of(sv, "records"))
+    d = one(found, "client_bound")
     assert d.figures["peak_in_flight"] == 1
     assert 0.4 <= d.figures["busy_share"] <= 0.5
     assert d.figures["idle_ns_none_in_flight"] > 0        # the gaps between one client's requests
     assert d.text.startswith("the clients are the bottleneck, not the GPU")
-    assert "with no request in flight at all" in d.text
-    assert "server_bound" not in kinds(diagnose([census(sv)], with_log(sv)))
+    assert "no request was in flight at all" in d.text
+    assert ("kernel time estimated" in d.text) is calls
+    assert "server_bound" not in kinds(found)
 
 
-def test_many_in_flight_and_a_half_idle_gpu_is_server_bound(census, records):
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+def test_many_in_flight_and_a_half_idle_gpu_is_server_bound(census, records, calls):
     sv = serve(records, clients=16, requests=32, step_ns=40 * MS, kernel_ns=20 * MS, stagger_ns=20 * MS)
-    found = diagnose([census(sv)], with_log(sv))
+    found = diagnose([census(sv, calls=calls)], facts_of(sv, "records"))
     d = one(found, "server_bound")
     assert d.figures["peak_in_flight"] == 16 and d.figures["mean_in_flight"] >= 4
-    assert "--max-num-seqs" in d.text
+    assert "`--parallel`" in d.text
     assert "client_bound" not in kinds(found)
+
+
+def test_a_server_bound_llama_server_with_state_saves_is_told_to_turn_them_off_first(census, records):
+    sv = serve(records, clients=16, requests=48, step_ns=40 * MS, kernel_ns=20 * MS, stagger_ns=60 * MS, **DENSE)
+    d = one(diagnose([census(sv)], facts_of(sv, "records")), "server_bound")
+    assert "turn off the state saves above first" in d.text
 
 
 @pytest.mark.parametrize("clients", [1, 16])
 def test_a_busy_gpu_is_neither(census, records, clients):
     sv = serve(records, clients=clients, requests=2 * clients, step_ns=40 * MS, kernel_ns=38 * MS,
                stagger_ns=20 * MS)
-    found = kinds(diagnose([census(sv)], with_log(sv)))
+    found = kinds(diagnose([census(sv)], facts_of(sv, "records")))
     assert "client_bound" not in found and "server_bound" not in found
 
 
-def test_concurrency_needs_a_request_log(census, records):
+@pytest.mark.parametrize("boundaries", ["count", "none"])
+def test_concurrency_needs_request_records(census, records, boundaries):
     sv = serve(records, clients=1, requests=8, kernel_ns=5 * MS)
-    found = kinds(diagnose([census(sv)], Facts(requests=8)))
+    found = kinds(diagnose([census(sv)], facts_of(sv, boundaries)))
     assert "client_bound" not in found and "server_bound" not in found
+
+
+def test_concurrency_needs_the_kernels_time(census, records):
+    """Counted at the calls with no duration at all (OTEL_GPU_CENSUS_ACTIVITY=off): no busy share."""
+    import dataclasses
+    sv = serve(records, clients=1, requests=8, kernel_ns=5 * MS, gap_ns=60 * MS)
+    c = counted_at_calls(census(sv))
+    c = dataclasses.replace(c, kernels=dataclasses.replace(c.kernels, untimed=True, events=False))
+    assert "client_bound" not in kinds(diagnose([c], facts_of(sv, "records")))
 
 
 # ---- kernels that fill little of the chip ---------------------------------------------------------
@@ -231,7 +264,7 @@ def test_busy_but_low_occupancy(census, records):
     d = low_occupancy([c], 0.142)
     assert d is not None and d.kind == "low_occupancy"
     assert d.figures["busy_share"] > 0.98
-    assert "SM occupancy NVML GPM measured was 14.2%" in d.text
+    assert "SM occupancy NVML GPM measured was 14.2% of the warp slots" in d.text
     assert "99.0% of the time from the first GPU activity to the last" in d.text
     assert one(diagnose([c], Facts(sm_occupancy=0.142)), "low_occupancy").text == d.text
 
@@ -246,15 +279,55 @@ def test_no_occupancy_diagnosis(census, records, loop, occupancy):
 
 def test_occupancy_while_serving_leaves_the_model_load_out(census, records):
     """A server busy 95 % while serving after a 12 s load of copies only: from first to last GPU
-    activity its kernels ran under half the time, while serving 95 %; the request log decides."""
-    load, end = _model_load(records, n=240, each=250 * MB)            # 12 s of copies, no kernels
+    activity its kernels ran under half the time, while serving 95 %; the request records decide."""
+    load, end = model_load(records, n=240, each=250 * MB)            # 12 s of copies
     sv = serve(records, clients=4, requests=8, step_ns=40 * MS, kernel_ns=38 * MS, start_ns=end + S)
     c = census(sv, extra=load)
     assert low_occupancy([c], 0.1) is None
-    d = low_occupancy([c], 0.1, with_log(sv).records)
+    d = low_occupancy([c], 0.1, facts_of(sv, "records").records)
     assert d is not None and d.figures["while_serving"] and 0.94 < d.figures["busy_share"] < 0.96
-    assert f"on pid {c.pid} kernels ran 95.0% of the time while serving (the " in d.text
+    assert f"on pid {c.pid} kernels ran {100 * d.figures['busy_share']:.1f}% of the time while serving (the " in d.text
 
 
 def test_an_idle_census_has_no_diagnoses(census):
     assert diagnose([census()], Facts(sm_occupancy=0.1, requests=3)) == []
+
+
+def test_the_serving_split_is_what_the_rules_see(census, records):
+    sv, c = served(records, census, DENSE, 1, False)
+    split = serving.split([c])
+    assert split.ok and split.period.basis == "pause"
+    assert split.total("startup").copy("htod").count == 300       # the weights are start-up's
+    assert split.total("serving").copy("htod").count == 0
+
+
+@pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_the_hybrid_at_sixteen_clients_that_the_old_rule_missed(census, records, boundaries, calls):
+    """Shaped like the H200 run of the issue: 64 requests on 16 slots, 185 ms steps, the checkpoints copied while
+    the prompt is processed (0.25-0.5 s after the request arrived), serving longer than the ring reaches. The old
+    rule needed request records (`run` gave it none) and, given them, found 49 % of the bytes near arrivals and
+    ~3.4 runs of copies a request; the bursts are there either way."""
+    load, start = model_load(records)
+    sv = serve(records, clients=16, requests=64, start_ns=start, step_ns=185 * MS, kernel_ns=60 * MS, prefill_steps=4,
+               stagger_ns=5 * MS, **HYBRID)
+    found = diagnose([census(sv, extra=load, calls=calls)], facts_of(sv, boundaries))
+    d = one(found, "state_save")
+    assert "start llama-server with `--cache-ram 0 --ctx-checkpoints 0`" in d.text and d.figures["share"] > 0.9
+    assert "the last 40.960 s of" in d.text                 # what the ring holds, said
+    assert "pageable_hot_path" not in kinds(found)
+
+
+def test_a_paused_census_is_not_an_idle_gpu(census, records):
+    """Time a control file paused the census has no counts: it must not read as the GPU doing nothing."""
+    import dataclasses
+    from otel_gpu_census import report
+    sv = serve(records, clients=1, requests=8, kernel_ns=5 * MS, gap_ns=60 * MS)
+    c = census(sv)
+    paused = dataclasses.replace(c, graphs=dataclasses.replace(c.graphs, paused_ns=3 * S))
+    assert "client_bound" in kinds(diagnose([c], facts_of(sv, "records")))
+    assert "client_bound" not in kinds(diagnose([paused], facts_of(sv, "records")))
+    text = report.render_text([paused], facts=facts_of(sv, "records"))
+    assert "note: a control file paused the census for 3.000000 s: the work of that time is in none" in text
+    assert "the census was paused 3.000000 s by a control file: that time reads as nothing" in text
+    assert report.to_dict([paused], facts=facts_of(sv, "records"))["per_request"]["census_paused_ns"] == 3 * S

@@ -4,7 +4,8 @@ is documented, with the same instrument, unit and attributes.
 Census names are checked against a real export (real segments, real reader, the SDK's in-memory
 reader). NVML names cannot be emitted without a GPU: here they are checked against the specs the
 NVML code registers from and the callbacks it has for them; tests/integration/test_metrics_nvml.py emits them
-on a GPU.
+on a GPU. The request instruments are checked against what the one request lifecycle (telemetry.request,
+which the proxy and the engine hooks use) records for a request that succeeds and one that fails.
 """
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
+from opentelemetry.sdk.metrics.export import Gauge, Histogram, InMemoryMetricReader, Sum
 
 from otel_gpu_census import census
+from otel_gpu_census.attribution.ledger import COMPLETE, GpuCost
+from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.telemetry import census_metrics as metrics, nvml
+from otel_gpu_census.telemetry.request import RequestTelemetry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 KINDS = {"counter": "Counter", "gauge": "Gauge", "updowncounter": "UpDownCounter"}
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
 
 
 def doc_table():
@@ -94,12 +100,53 @@ def test_every_census_name_documented_and_emitted(busy_segment):
         assert (d_kind, d_unit, tuple(sorted(d_attrs))) == (kind, unit, keys), name
 
 
+def request_exported():
+    """{name: (instrument, unit, attribute keys over every point)} of two requests through the request
+    lifecycle: one that succeeds with a model named and its GPU cost complete, one that fails."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    tel = RequestTelemetry(None, provider, provider_name="llama.cpp")
+    ok = tel.start(start_ns=T0, operation="chat", span_name="chat", model="m")
+    ok.first_token(T0 + 40 * MS)
+    share = Share(kernel_count=7, kernel_ns=30 * MS, copies={"htod": census.Stat(2, 4096, MS),
+                                                            "dtoh": census.Stat(1, 1000, MS)})
+    ok.finish(T0 + 240 * MS, output_tokens=21, cost=GpuCost(status=COMPLETE, share=share, window=share, buckets=3,
+                                                            kernel_tracing=["all"], kernel_traced_ns=100 * MS,
+                                                            kernel_span_ns=100 * MS))
+    bad = tel.start(start_ns=T0, operation="chat", span_name="chat")
+    bad.finish(T0 + 10 * MS, error_type="500")
+    open_ = tel.start(start_ns=T0, operation="chat", span_name="chat")      # in flight at the collection
+    out = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = ("Histogram" if isinstance(m.data, Histogram) else
+                        "Counter" if m.data.is_monotonic else "UpDownCounter")
+                keys = set().union(*(set(dp.attributes) for dp in m.data.data_points))
+                out[m.name] = (kind, m.unit, tuple(sorted(keys)))
+    open_.finish(T0 + 20 * MS)
+    provider.shutdown()
+    return out
+
+
+def test_every_request_instrument_documented_as_recorded():
+    doc = doc_table()
+    got = request_exported()
+    assert set(got) == {"gen_ai.server.time_to_first_token", "gen_ai.server.request.duration",
+                        "gen_ai.server.time_per_output_token", "gpu_census.requests.in_flight",
+                        "gpu_census.request.copy.size", "gpu_census.request.kernel.time"}
+    for name, (kind, unit, keys) in got.items():
+        assert name in doc, f"recorded but not in docs/metrics.md: {name}"
+        d_kind, d_unit, d_attrs = doc[name]
+        assert (d_kind, d_unit, tuple(sorted(d_attrs))) == (kind, unit, keys), name
+
+
 def test_every_documented_name_comes_from_the_code():
     doc = doc_table()
     census_names = {s.name for s in metrics.CENSUS_INSTRUMENTS}
     nvml_specs = {s.name: s for s in nvml.NVML_INSTRUMENTS}
     assert not (census_names & set(nvml_specs))
-    stray = set(doc) - census_names - set(nvml_specs)
+    stray = set(doc) - census_names - set(nvml_specs) - set(request_exported())
     assert not stray, f"documented but emitted by nothing: {sorted(stray)}"
     missing = set(nvml_specs) - set(doc)
     assert not missing, f"NVML instruments not documented: {sorted(missing)}"

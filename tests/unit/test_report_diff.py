@@ -54,7 +54,8 @@ def test_same_bytes_cheaper_copies(runs):
     assert re.search(rf"^  pageable host copies\s+64\s+0\s+-64 \(-100\.0%\)$", text, re.M)
     assert re.search(rf"^    bytes\s+{total:,}\s+0\s+-{total:,} \(-100\.0%\)$", text, re.M)
     assert re.search(rf"^  pinned host copies\s+0\s+64\s+\+64$", text, re.M)
-    per = text.split("per request (A: 64, B: 64):")[1]
+    per = text.split("per request over the whole runs, start-up included (A: 64, B: 64; start-up not told apart: "
+                     "A: pid ")[1]               # no pause in either run: start-up and serving are one
     assert re.search(rf"^  bytes\s+{EACH:,}\s+{EACH:,}\s+0$", per, re.M)
     assert re.search(r"^kernels\s+1\.56\s+1\.56\s+0$", per, re.M)           # 100/64: two decimals
     assert "GB/s" not in per
@@ -73,6 +74,27 @@ def test_diff_as_json_keeps_integers_exact(runs):
     assert "a_per_request" not in rows["copies.dtoh.gb_per_s"]
     assert rows["copies.dtoh.pinned.gb_per_s"]["a"] is None and rows["copies.dtoh.pinned.gb_per_s"]["change"] is None
     assert all(isinstance(r[k], int) for r in rows.values() if r["unit"] != "GB/s" for k in ("a", "b", "change"))
+
+
+def test_per_request_while_serving_leaves_each_runs_model_load_out(tmp_path, segments, records):
+    from serving_census import clocks, model_load, serve
+    folders = []
+    for name, n in (("a", 100), ("b", 300)):           # B loads three times the weights, serves the same
+        load, start = model_load(records, n=n)
+        sv = serve(records, clients=1, requests=8, start_ns=start)
+        folder = tmp_path / name
+        folder.mkdir(mode=0o700)
+        segments.segment(folder, load + sv.records, comm="llama-server", edit=clocks())
+        folders.append(folder)
+    a, b = (diff.load_run(str(p), 8) for p in folders)
+    text = diff.render_text(a, b)
+    assert re.search(r"^    bytes\s+5,000,000,000\s+15,000,000,000\s+\+10,000,000,000 \(\+200\.0%\)$", text, re.M)
+    per = text.split("per request while serving (A: 8, B: 8; start-up left out):")[1]
+    assert "host-to-device" not in per and re.search(r"^device-to-host copies\s+64\s+64\s+0$", per, re.M), per
+    out = diff.to_dict(a, b)
+    rows = {r["figure"]: r for r in out["rows"]}
+    assert out["per_request_scope"] == "serving" and rows["copies.dtoh.count"]["a_per_request"] == 64
+    assert "a_per_request" not in rows["copies.htod.bytes"] and "a_per_request" not in rows["copies.dtoh.pageable.count"]
 
 
 def test_a_segment_file_is_a_run(runs):

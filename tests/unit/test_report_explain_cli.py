@@ -36,11 +36,12 @@ def test_report_with_a_request_log(served):
     p = _cli(str(folder), "--request-log", log, "--requests", "8")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert "where the GPU time went: pid" in out and "(8 in the log), by 1 s:" in out
+    assert "where the GPU time went: pid" in out and "(8 requests), by 1 s:" in out
     diag = out.split("\ndiagnoses:\n")[1]
-    assert "  * state saved to the host at every request" in diag
-    assert "  * pageable host memory on a hot path" in diag
-    assert out.index("per request (8 requests") < out.index("where the GPU time went") < out.index("diagnoses:")
+    assert "  * llama-server's prompt cache and context checkpoints saved slot state" in diag
+    assert "pageable host memory" not in diag          # llama-server's buffers are not the user's to pin
+    assert out.index("start-up and serving:") < out.index("per request while serving (8 requests") \
+        < out.index("where the GPU time went") < out.index("diagnoses:")
 
 
 def test_report_json_with_a_request_log_and_occupancy(served):
@@ -49,7 +50,8 @@ def test_report_json_with_a_request_log_and_occupancy(served):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     kinds = [x["kind"] for x in d["diagnoses"]]
-    assert "state_save" in kinds and "pageable_hot_path" in kinds
+    assert "state_save" in kinds and "pageable_hot_path" not in kinds
+    assert d["serving"]["basis"] == "requests" and d["per_request"]["scope"] == "serving"
     occ = next(x for x in d["diagnoses"] if x["kind"] == "low_occupancy")     # kernels ran ~80 % of the time
     assert occ["figures"]["sm_occupancy"] == 0.14 and 0.79 < occ["figures"]["busy_share"] < 0.81
     assert d["idle_time"][0]["whole"]["span_ns"] > 0

@@ -38,7 +38,7 @@ def test_split_of_a_known_pattern(census_dir, segments, records):
     assert sp.kernel_ns == 25 * 5 * MS and sp.copy_only_ns == 25 * 5 * MS
     assert sp.idle_ns == 49 * W - 250 * MS
     assert [s.dtoh_count for s in t.slots[:3]] == [1, 0, 1]
-    assert t.kernels_traced
+    assert t.kernel_time_known and not t.kernel_time_estimated and t.copies_timed
 
 
 def test_concurrent_kernels_are_capped_at_the_window(census_dir, segments, records):
@@ -79,11 +79,11 @@ def test_report_prints_the_table_with_a_request_log(census_dir, segments, record
     text = report.render_text([c], facts=facts)
     head = next(i for i, ln in enumerate(text.splitlines()) if ln.startswith("where the GPU time went"))
     lines = text.splitlines()[head:]
-    assert "the 0.980000 s from the first request to the last (1 in the log), by 1 s" in lines[0]
+    assert "the 0.980000 s from the first request to the last (1 request), by 1 s" in lines[0]
     all_row = next(ln for ln in lines if ln.strip().startswith("all"))
     # 25 x 5 ms of kernels and of copies in 980 ms
     assert re.findall(r"[\d.]+%", all_row) == ["12.8%", "12.8%", "74.5%"] and all_row.endswith("1.00")
-    assert explain.SPLIT_NOTE in text
+    assert explain.SPLIT_NOTE in text and explain.UNTIMED_COPIES_NOTE not in text
     assert "where the GPU time went" not in report.render_text([c])          # no log, no table
     d = report.to_dict([c], facts=facts)
     idle = d["idle_time"][0]
@@ -98,5 +98,5 @@ def test_a_log_reaching_before_the_ring_says_what_the_ring_holds(census_dir, seg
     w0 = to_wall(start)
     facts = Facts(records=[RequestRecord(w0 - 60 * S, w0 - 59 * S), RequestRecord(w0 - 5 * S, w0 + 49 * W)])
     head = next(ln for ln in report.render_text([c], facts=facts).splitlines() if ln.startswith("where the GPU"))
-    assert ("the last 0.980000 s of the requests (all the 20 ms window ring holds; 1 of the 2 requests in the log)"
+    assert ("the last 0.980000 s of the requests (all the 20 ms windows kept reach; 1 of the 2 requests)"
             in head), head

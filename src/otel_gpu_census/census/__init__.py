@@ -443,6 +443,9 @@ class ProcessCensus:
     devices: Dict[int, DeviceTotals]
     windows: List[Window] = field(default_factory=list)     # sorted by start_ns
     steps: Dict[int, Step] = field(default_factory=dict)
+    windows_since_ns: int = 0     # CUPTI time from which `windows` holds every bucket that had activity; 0: the
+                                  # ring's own reach, its newest bucket less GC_WINDOW_SLOTS (census.history keeps
+                                  # a ring's windows over several reads, reaching further back)
     torn: bool = False            # writer died mid-update: values may be mid-change
     alive: bool = True            # the process still runs (same pid and start time)
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals

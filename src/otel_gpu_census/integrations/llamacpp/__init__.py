@@ -84,6 +84,11 @@ class ProxyThread:
         nothing for providers the caller gave."""
         return list(self._telemetry.descriptions) if self._telemetry is not None else []
 
+    def served(self) -> List[tuple]:
+        """(start, end, first token or None), wall ns, of each model request the proxy served (the last
+        SERVED_KEPT), in the order they ended."""
+        return list(self.proxy.served) if self.proxy is not None else []
+
     def start(self, timeout: float = 30.0) -> "ProxyThread":
         self._thread.start()
         if not self._ready.wait(timeout):

@@ -34,7 +34,8 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, Optional
+from collections import deque
+from typing import Any, AsyncIterator, Deque, Dict, Optional, Tuple
 from urllib.parse import unquote
 
 import aiohttp
@@ -63,6 +64,7 @@ REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `st
 BUFFER_BODY_BYTES = 1 << 20            # bodies up to this (with a Content-Length) are read whole first
 STOP_GRACE_S = 2.0                     # how long answers in flight may go on once the proxy stops
 FINISH_AFTER_S = 0.05                  # a finished request's span work waits this long (see _finish)
+SERVED_KEPT = 100_000                  # model requests remembered (start, end, first token) for `run`'s report
 SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
 WATCH_S = 0.25                         # how often answers in flight are checked for a lost upstream
 LOOP_LAG_PATH = "/.otel-gpu-census/loop-lag"   # the lag probe's figures (only with --loop-lag-probe)
@@ -259,6 +261,8 @@ class Proxy:
         self.runner: Optional[web.AppRunner] = None
         self.port: Optional[int] = None
         self._finishing: set = set()
+        # the model requests served, for `run --proxy`'s report: when each was in flight (wall ns)
+        self.served: Deque[Tuple[int, int, Optional[int]]] = deque(maxlen=SERVED_KEPT)
         self._stopping = False
         self._relays: Dict[int, aiohttp.ClientResponse] = {}     # answers being relayed, by exchange
         self._watcher: Optional[asyncio.Task] = None
@@ -597,6 +601,9 @@ class Proxy:
                 if ex.reader is not None and ex.reader.facts.first_token_ns is None:
                     ex.reader.catch_up()          # the ledger splits prefill from decode at it
                 fut = self.ledger.close(ex.key, end_ns)
+            if ex.route is not None:
+                first = ex.reader.facts.first_token_ns if ex.reader is not None else None
+                self.served.append((ex.start_ns, end_ns, first))
             if ex.tracked is not None:
                 ex.tracked.served()
         except Exception as e:      # telemetry must never break the proxy
