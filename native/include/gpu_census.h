@@ -62,7 +62,8 @@ enum gc_state {
     GC_STATE_EXITED = 2    /* final flush done (at exit, or gc_finish): totals are complete */
 };
 
-/* Kernel tracing (OTEL_GPU_CENSUS_KERNELS). Copies and memsets are always traced exactly. */
+/* How kernels were counted: ALL under the precise collector (every kernel a CUPTI record), COUNTED under the default
+ * one (at the calls); SAMPLED and OFF only in segments written before the collectors were consolidated. */
 enum gc_kernels {
     GC_KERNELS_ALL = 0,      /* every kernel traced */
     GC_KERNELS_SAMPLED = 1,  /* kernels launched during the first kernel_on_ms of every
@@ -107,7 +108,7 @@ enum gc_graphs {
                                 graph once (graphs.c): exact counts and bytes, kernel time = graph span */
 };
 
-/* When the census set CUPTI up (OTEL_GPU_CENSUS_ATTACH). */
+/* When the census set CUPTI up: CUINIT today; CONTEXT in segments written before. */
 enum gc_attach { GC_ATTACH_CUINIT = 0, GC_ATTACH_CONTEXT = 1 };
 
 typedef struct gc_stat {

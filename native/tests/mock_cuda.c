@@ -1,6 +1,6 @@
 /*
  * mock_cuda.c - a stand-in libcuda.so.1 with the two driver calls the injector's attach watch makes
- * (OTEL_GPU_CENSUS_ATTACH=context): one device whose primary context the test switches on.
+ * about contexts: one device whose primary context the test switches on.
  *   mock_cuda_set_active(1)   device 0's primary context is active from now on
  *   mock_cuda_polls()         how often the injector asked
  *   mock_cuda_set_capturing(S) stream S (a handle value; 0: none) captures from now on

@@ -78,10 +78,8 @@ def active() -> bool:
 
 
 def wait_attached(timeout_s: float = 10.0) -> bool:
-    """Wait until the census counts in this process; True once it does. Under the default
-    OTEL_GPU_CENSUS_ATTACH=context the injector sets CUPTI up only after the process's first CUDA
-    context is active (within ~100 us of it, plus CUPTI's set-up): a benchmark or test that checks every
-    byte makes its context (any CUDA call) and then waits here. False at once without a census."""
+    """Wait until the census counts in this process; True once it does (the injector starts inside cuInit, so
+    once any CUDA call returned it counts or has said why not). False at once without a census."""
     if not under_census():
         return False
     import time

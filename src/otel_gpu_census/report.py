@@ -124,7 +124,7 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                 "all); kernel counts, kernel time and busy time are of those phases, busy % is of the traced "
                 f"time; copies and memsets are complete{outside}")
     if k.mode == KERNELS_OFF:
-        return "kernels not traced (OTEL_GPU_CENSUS_KERNELS=off): copies and memsets only"
+        return "kernels not traced (a census recorded with kernel records off): copies and memsets only"
     return None
 
 
@@ -322,7 +322,7 @@ def attach_note(c: ProcessCensus) -> Optional[str]:
     if a.mode != ATTACH_CONTEXT or not a.wall_ns:
         return None
     out = (f"counting began {seconds(max(0, a.wall_ns - c.wall_start_ns))} s after CUDA initialised, within "
-           f"{a.after_ns / 1e3:,.0f} us of the first CUDA context (OTEL_GPU_CENSUS_ATTACH=context): GPU work "
+           f"{a.after_ns / 1e3:,.0f} us of the first CUDA context (a census that set CUPTI up after it): GPU work "
            "before that is not in these totals")
     if a.contexts_late:
         out += (f"; {a.contexts_late} context(s) were made after it: their CUDA-graph replays pay CUPTI's cost on "
@@ -502,8 +502,8 @@ def _process_lines(c: ProcessCensus) -> List[str]:
         lines.append(f"  note: {note}")
     if c.graphs.paused_ns:
         node = f" (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us of GPU time a graph kernel node)" if cost.prices_known() else ""
-        tail = (f", while CUPTI's cost on CUDA-graph replays went on{node}: CUPTI was set up before the context; the default "
-                "OTEL_GPU_CENSUS_ATTACH=context avoids it, OTEL_GPU_CENSUS_DISABLED=1 is free of it"
+        tail = (f", while CUPTI's cost on CUDA-graph replays went on{node}: CUPTI was set up before the context; the "
+                "default collector never loads CUPTI, and OTEL_GPU_CENSUS_DISABLED=1 is free of it"
                 if cost.context_made_under_cupti(c) else "")
         eager = f" (~{cost.SET_UP_EAGER_S * 1e6:g} us an eager launch, more on the calls around it)" if cost.prices_known() else ""
         after = (f"; CUPTI stayed set up, so the launching threads still paid its cost{eager}: a paused census is not an "

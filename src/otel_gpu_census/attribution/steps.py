@@ -30,7 +30,7 @@ pipeline parallel workers): ``read`` then returns one ``(header, steps)`` pair p
 process's step is split by the same weights, a request's share is the sum over processes, and
 conservation holds per process (``per_process``) as well as in total.
 
-With sampled kernel tracing (``OTEL_GPU_CENSUS_KERNELS=ON_MS/PERIOD_MS``) a step's kernels are in the
+With sampled kernel tracing (a census recorded with a kernel schedule) a step's kernels are in the
 census only if it ran inside a traced phase, so a request's kernel figures are a sample: the ledger
 also weighs each step's traced share of its wall time by the request's tokens (``Settled.kernel_*``,
 the span's ``gpu_census.kernel.traced_ratio``). The weights only describe the split; they change none.

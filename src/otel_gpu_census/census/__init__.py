@@ -190,7 +190,8 @@ class Step:
 
 @dataclass(frozen=True)
 class KernelTracing:
-    """Which kernels the census saw (OTEL_GPU_CENSUS_KERNELS). Copies and memsets are always complete.
+    """Which kernels the census saw (the precise collector records every one; segments recorded before its
+    consolidation may hold a sampled or counted schedule). Copies and memsets are always complete.
 
     - ALL: every kernel traced; every figure exact.
     - SAMPLED: the kernels launched during the first `on_ms` of every `period_ms`, counted from
@@ -398,7 +399,8 @@ class GraphTracing:
 
 @dataclass(frozen=True)
 class Attach:
-    """When the census set CUPTI up (OTEL_GPU_CENSUS_ATTACH). CONTEXT (the default): once the first
+    """When the census set CUPTI up: in cuInit (CUINIT, today's precise collector), or, in segments recorded before
+    that, CONTEXT: once the first
     primary CUDA context was active, because CUPTI set up before a context exists makes its graph
     replays slower; GPU work before `wall_ns` is not counted, and the first context existed at most
     `after_ns` before it. CUINIT: inside cuInit, before any work. `contexts_late`: contexts created

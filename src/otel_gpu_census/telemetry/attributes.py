@@ -12,7 +12,7 @@ Integers, exact; times in ns because the census counts ns:
   request's window held (all requests together), ``gpu_census.window.unattributed.*``, the part no
   request was in flight for, and ``gpu_census.attribution.buckets``;
 - ``gpu_census.kernel.tracing``: ``all``, ``off``, ``ON_MS/PERIOD_MS`` or ``counted:ON_MS/PERIOD_MS``
-  (OTEL_GPU_CENSUS_KERNELS); when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the
+  (how the census traced kernels); when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the
   request's time kernel records were taken. Sampled (``ON_MS/PERIOD_MS``): the kernel figures above
   are that share of the request's kernels (copies are exact). Counted: kernel counts are exact, and
   ``gpu_census.kernel.time_estimated`` (bool) says whether the kernel times (``*kernel.time_ns``) are

@@ -54,7 +54,7 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
     Spec("gpu_census.busy.time", "counter", "s", _PROC,
          "Time with at least one of the process's kernels running (union of kernel intervals)."),
     Spec("gpu_census.kernel.traced.time", "counter", "s", _PROC,
-         "Time the census traced kernels in the process: its whole life with OTEL_GPU_CENSUS_KERNELS=all, "
+         "Time the census traced kernels in the process: its whole life under the precise collector, "
          "the sampled phases with ON_MS/PERIOD_MS and counted (kernel records), 0 with off. Busy time, and "
          "with ON_MS/PERIOD_MS kernel time, divided by this is exact for the traced time (copies are "
          "always complete)."),
