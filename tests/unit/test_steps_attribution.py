@@ -9,7 +9,7 @@ import pytest
 
 from otel_gpu_census.attribution.shares import ROW_WIDTH as WIDTH, Share
 from otel_gpu_census.census import Stat, Step
-from otel_gpu_census.attribution.steps import StepLedger, split_step
+from otel_gpu_census.attribution.steps import RING_SLOTS, StepLedger, split_step
 
 
 class FakeCensus:
@@ -19,12 +19,15 @@ class FakeCensus:
         self.steps = {}
         self.complete = 0
         self.alive = True
+        self.step_max = None                # the largest step id the census has records of (None: not said)
 
     def head(self):
         class H:
             pass
         h = H()
         h.complete_wall_ns, h.alive, h.state_name = self.complete, self.alive, "active"
+        if self.step_max is not None:
+            h.step_max = self.step_max
         return h
 
     def read(self, lo, hi):
@@ -153,14 +156,33 @@ def test_a_request_waits_for_the_census_and_a_late_census_leaves_it_stale_but_co
     assert led.total[0] == 13
 
 
-def test_a_step_the_ring_no_longer_holds_is_counted_missing():
+def test_a_step_the_ring_no_longer_holds_is_counted_missing_and_its_requests_say_partial():
     census = FakeCensus()
-    led = StepLedger(census.read, clock=lambda: 5 * 10**9)
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    for k in "ab":
+        led.request_started(k)
+    led.step_opened(1, {"a": 1}, 10**9); led.step_touched(1, 10**9)
+    led.step_opened(2, {"a": 1, "b": 1}, 10**9); led.step_touched(2, 10**9)
+    census.steps[2] = Step(id=2, kernel_count=4, kernel_ns=400)
+    led.request_done("a", None, 10**9)
+    led.request_done("b", None, 10**9)
+    census.complete = 4 * 10**9
+    a, b = sorted(led.settle(), key=lambda s: s.key)
+    assert led.steps_missing == 1 and a.share.kernel_count == 2 and b.share.kernel_count == 2
+    assert a.status == "partial" and b.status == "complete" and not b.notes
+    assert a.notes == ["1 steps that served it are missing from its share (no records of them came); 1 were split"]
+
+
+def test_a_step_lapped_by_the_ring_says_so():
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    led.request_started("a")
     led.step_opened(1, {"a": 1}, 10**9); led.step_touched(1, 10**9)
     led.request_done("a", None, 10**9)
     census.complete = 4 * 10**9
+    census.step_max = 1 + RING_SLOTS                          # a step a whole ring later has records
     (a,) = led.settle()
-    assert led.steps_missing == 1 and a.share == Share() and a.status == "complete"
+    assert a.status == "partial" and "step ring (1024 slots, shared with sub-steps) was reused" in a.notes[0]
 
 
 # -- sub-steps: GPU work inside a step owned by the requests it names (KV-offload transfers) ----------
