@@ -85,7 +85,8 @@ class StepEngine:
     """One per engine process: the step counter, the ledger, the requests' spans, the settler.
 
     Subclasses set PROVIDER (``gen_ai.provider.name``), SCOPE (the instrumentation scope) and NOTE (the
-    cost's note), and may override :meth:`request_ids` (the ids a request's log line carries),
+    cost's note), and may override :meth:`request_ids` (the ids a request's log line carries: by default
+    its span's ``gen_ai.request.id`` and ``gen_ai.response.id``),
     :meth:`census_pids` / :meth:`census_elsewhere` / :meth:`log_segment` (when the steps run in other
     processes), :meth:`span_attributes` and :meth:`log_fields` (what a settled request adds)."""
 
@@ -117,6 +118,7 @@ class StepEngine:
         # object or None, prompt tokens)
         self._open: Dict[str, Tuple[Optional[weakref.ref], Optional[int]]] = {}
         self._next_sweep = 0
+        self._log_ids: Dict[str, Tuple[str, str]] = {}   # key -> (request id, response id) of its log line
         self.shape: Optional[ModelShape] = None
         self.settled_requests = 0            # spans ended (a settling child acknowledges them)
         self.requests_dropped = 0            # requests that got no span (a settling child died with them)
@@ -246,6 +248,9 @@ class StepEngine:
         self.ledger.request_started(key, prompt_tokens)
         if note:
             self.ledger.note(key, note)
+        ids_of = (attributes.get("gen_ai.request.id"), attributes.get("gen_ai.response.id"))
+        if ids_of != (None, None):
+            self._log_ids[key] = (ids_of[0] or key, ids_of[1] or ids_of[0] or key)
         self._tracked[key] = self.telemetry().start(
             start_ns=start_ns, operation=operation, model=model,
             span_name=f"{operation} {model}" if model else operation, parent=extract(headers),
@@ -318,8 +323,9 @@ class StepEngine:
         return [(k, t.start, t.first_token_ns) for k, t in list(self._tracked.items()) if isinstance(t, _Pending)]
 
     def request_ids(self, key: str) -> Tuple[str, str]:
-        """(the request's id, the id of the response its client got), for its log line."""
-        return key, key
+        """(the request's id, the id of the response its client got), for its log line: its span's
+        gen_ai.request.id and gen_ai.response.id where it started with them."""
+        return self._log_ids.get(key, (key, key))
 
     # -- where the census is, what a settled request adds (subclasses) ------------------------------
     def census_pids(self) -> List[int]:
@@ -456,6 +462,7 @@ class StepEngine:
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
+            self._log_ids.pop(s.key, None)
             self.settled_requests += 1
         return len(done)
 
