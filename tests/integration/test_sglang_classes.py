@@ -415,3 +415,53 @@ def test_a_batchs_preparation_is_its_steps_and_an_empty_one_takes_no_id(loaded, 
     finally:
         si.GUARD.current = None
     assert [e.sid for e in eng.ledger._book] == [1, 2]
+
+
+def test_a_req_sglang_lets_go_of_unseen_is_closed_by_the_sweep(loaded, tagged):
+    import gc
+    from otel_gpu_census.integrations import engine_steps
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    si.GUARD.current = eng
+    try:
+        sched, _ = _scheduler()
+        gone = _queued(eng, sched, "gone")
+        sched.waiting_queue.clear()
+        del gone
+        gc.collect()
+        eng._next_sweep = 0
+        batch = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
+        si._run_batch(lambda self, b: None, sched, batch)
+    finally:
+        si.GUARD.current = None
+    eng.settle()
+    (sp,) = spans.get_finished_spans()
+    assert sp.attributes["gpu_census.attribution.status"] == "partial" and not eng._open
+    assert engine_steps.SWEPT in sp.attributes["gpu_census.attribution.note"]
+
+
+def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, monkeypatch):
+    """OTEL_GPU_CENSUS_ATTRIBUTION=flops: an extend batch's prefix_lens and a decode batch's seq_lens_cpu
+    (the new token already counted in) are the context before each request's tokens."""
+    import torch
+    from sglang.srt.configs.model_config import ModelConfig
+    from transformers import LlamaConfig
+    from otel_gpu_census.attribution.cost_model import ModelShape
+    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", "flops")
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    mc = object.__new__(ModelConfig)
+    mc.hf_config = LlamaConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=1000)
+    si.GUARD.current = eng
+    try:
+        sched, _ = _scheduler(model_config=mc)
+        a, b = _queued(eng, sched, "a", prompt=40), _queued(eng, sched, "b", prompt=30)
+        si._run_batch(lambda self, batch: None, sched, ScheduleBatch(
+            reqs=[a, b], forward_mode=ForwardMode.EXTEND, extend_lens=[24, 30], prefix_lens=[16, 0]))
+        si._run_batch(lambda self, batch: None, sched, ScheduleBatch(
+            reqs=[a, b], forward_mode=ForwardMode.DECODE, seq_lens_cpu=torch.tensor([41, 31])))
+    finally:
+        si.GUARD.current = None
+    assert eng.shape == ModelShape.of(mc.hf_config)
+    assert [e.before for e in eng.ledger._book] == [{"a": 16, "b": 0}, {"a": 40, "b": 30}]

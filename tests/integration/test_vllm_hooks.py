@@ -173,7 +173,7 @@ def _engine_with_spans(monkeypatch, metrics=False):
     rt, spans, reader = in_memory_telemetry("vllm", metrics=metrics)
     steps = {}
     eng = EngineTelemetry(telemetry=rt, read=lambda lo, hi: (SimpleNamespace(
-        complete_wall_ns=1 << 62, alive=True, state_name="active"), steps))
+        complete_wall_ns=1 << 62, alive=True, state_name="active"), steps), settle_period_s=3600)
     return eng, spans, reader, steps
 
 
@@ -340,3 +340,90 @@ def test_micro_batch_threads_launch_under_the_open_step(monkeypatch):
     assert [steps for t, steps in launched[:2]] == [[], []]
     assert [steps for t, steps in launched[2:]] == [[sid], [sid]] and all(t != main for t, _ in launched)
     assert all(not stack for stack in open_steps.values())
+
+
+def test_a_request_vllm_lets_go_of_unseen_is_closed_by_the_sweep_and_one_open_at_the_end_by_shutdown(monkeypatch):
+    """Whatever way a request ends, one span: vLLM dropping a Request without _free_request (nothing
+    the hooks see) is found by the sweep once the object is gone; one still open when the engine shuts
+    down is closed then. Both partial, saying why; the ledger and the engine keep nothing of them."""
+    import gc
+    import support_vllm
+    from otel_gpu_census.census import Step
+    from otel_gpu_census.integrations import engine_steps
+    eng, spans, _, steps = _engine_with_spans(monkeypatch)
+    forgotten, kept, done = (real_request(f"cmpl-{n}-0-abcdefgh") for n in ("forgotten", "kept", "done"))
+    for r in (forgotten, kept, done):
+        eng.request_added(_sched(), r)
+    so = support_vllm.make_scheduler_output({r.request_id: 5 for r in (forgotten, kept, done)},
+                                            new_requests=[forgotten, kept, done])
+    sid = eng.begin_execute(so)
+    eng.end_step(sid)                                          # (the first step's sweep finds nothing)
+    steps[sid] = Step(id=sid, kernel_count=30, kernel_ns=3000)
+    _finish(eng, done)
+    del forgotten, so
+    gc.collect()
+    eng._next_sweep = 0                                        # the sweep's period has passed
+    sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={kept.request_id: 1}))
+    eng.end_step(sid)
+    steps[sid] = Step(id=sid, kernel_count=3, kernel_ns=300)
+    assert eng.settle() == 2
+    eng.shutdown()
+    got = {s.attributes["vllm.request.id"][5:9]: s.attributes for s in spans.get_finished_spans()}
+    assert sorted(got) == ["done", "forg", "kept"]
+    assert got["done"]["gpu_census.attribution.status"] == "complete"
+    assert got["forg"]["gpu_census.attribution.status"] == "partial" and got["forg"]["gpu_census.kernel.count"] == 10
+    assert engine_steps.SWEPT in got["forg"]["gpu_census.attribution.note"] and "error.type" not in got["forg"]
+    assert got["kept"]["gpu_census.attribution.status"] == "partial" and got["kept"]["error.type"] == "shutdown"
+    assert engine_steps.ENGINE_ENDED in got["kept"]["gpu_census.attribution.note"]
+    assert got["kept"]["gpu_census.kernel.count"] == 10 + 3 and got["kept"]["gen_ai.usage.input_tokens"] == 5
+    assert not eng._open and not eng._tracked and not eng.ledger._acc and not eng.ledger._live
+
+
+def test_open_requests_are_bounded(monkeypatch):
+    from otel_gpu_census.integrations import engine_steps
+    monkeypatch.setattr(engine_steps, "MAX_OPEN", 3)
+    eng, spans, _, _ = _engine_with_spans(monkeypatch)
+    eng.end_step(eng.begin_execute(SimpleNamespace(num_scheduled_tokens={})))    # the census counts here
+    reqs = [real_request(f"cmpl-{i}-0-abcdefgh") for i in range(5)]
+    for r in reqs:
+        eng.request_added(_sched(), r)
+    assert list(eng._open) == [r.request_id for r in reqs[2:]]
+    eng.settle()
+    closed = sorted(s.attributes["vllm.request.id"] for s in spans.get_finished_spans())
+    assert closed == [reqs[0].request_id, reqs[1].request_id]
+    assert all("open at once" in s.attributes["gpu_census.attribution.note"] for s in spans.get_finished_spans())
+
+
+def test_the_flops_split_reads_the_context_from_vllms_scheduler_output_and_the_shape_from_its_config(monkeypatch):
+    """OTEL_GPU_CENSUS_ATTRIBUTION=flops: each request's kernels by its FLOPs in the step, from the real
+    SchedulerOutput's num_computed_tokens (new and running requests) and the model's LlamaConfig."""
+    import support_vllm
+    from transformers import LlamaConfig
+    from otel_gpu_census.attribution.cost_model import ModelShape, step_weights
+    from otel_gpu_census.attribution.shares import split_weights
+    from otel_gpu_census.census import Step
+    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", "flops")
+    eng, spans, _, steps = _engine_with_spans(monkeypatch)
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=32000)
+    sched = _sched()
+    sched.vllm_config.model_config.hf_text_config = cfg
+    old, new = real_request("cmpl-old-0-abcdefgh", n_prompt=900), real_request("cmpl-new-0-abcdefgh", n_prompt=40)
+    for r in (old, new):
+        eng.request_added(sched, r)
+    new.num_computed_tokens = 8                                   # a prefix-cache hit
+    so = support_vllm.make_scheduler_output({old.request_id: 1, new.request_id: 32}, new_requests=[new])
+    so.scheduled_cached_reqs.num_computed_tokens[0] = 1500       # the running one's context
+    sid = eng.begin_execute(so)
+    eng.end_step(sid)
+    steps[sid] = Step(id=sid, kernel_count=100, kernel_ns=1_000_003)
+    for r in (old, new):
+        _finish(eng, r)
+    eng.settle()
+    got = {s.attributes["vllm.request.id"]: s.attributes for s in spans.get_finished_spans()}
+    shape = ModelShape.of(cfg)
+    w = step_weights(shape, [old.request_id, new.request_id], {old.request_id: 1, new.request_id: 32},
+                     {old.request_id: 1500, new.request_id: 8}, {old.request_id: 900, new.request_id: 40})
+    assert [got[r.request_id]["gpu_census.kernel.time_ns"] for r in (old, new)] == split_weights(1_000_003, w, sum(w))
+    assert all(a["gpu_census.attribution.method"] == "step_flops" for a in got.values())
+    assert "estimated FLOPs" in got[old.request_id]["gpu_census.attribution.note"]

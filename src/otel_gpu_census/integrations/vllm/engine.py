@@ -59,8 +59,8 @@ OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook 
 CHILD_HEADER = "x-otel-gpu-census-n"                # set where vLLM fans a request out (n > 1): its ids are
                                                     # f"{index}_{parent}"
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
-             "it, each step's kernels and copies split among the step's requests by their scheduled "
-             "tokens, and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
+             "it, an allocation of each step's measured kernels and copies among the step's requests "
+             "({split}), and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
              "outside steps (start-up, compilation, graph capture) and steps that served nobody are "
              "not anyone's")
 
