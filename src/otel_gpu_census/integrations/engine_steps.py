@@ -610,6 +610,7 @@ class RequestLog:
         obj = {"id": rid, "response_id": response, "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
+               "method": eng.ledger.method if eng is not None else METHOD,
                "gpu": share_attributes("", s.share, kernel_ns=kt.ns),
                "prefill": share_attributes("", s.prefill, kernel_ns=s.kernel_time(s.prefill).ns)}
         if s.kernel_tracing and s.kernel_tracing != ["all"]:
