@@ -594,3 +594,19 @@ def test_a_step_for_a_request_the_ledger_no_longer_follows_is_nobodys_not_a_lost
     census.steps[2] = step(2, 6, 600)
     assert led.settle() == [] and led._acc == {}
     assert led.unattributed[0] == 6 and led.total[0] == 8 and a.share.kernel_count == 2
+
+
+def test_steps_forgotten_because_the_census_lagged_make_their_requests_partial(monkeypatch):
+    from otel_gpu_census.attribution import steps as st
+    monkeypatch.setattr(st, "MAX_BOOK", 3)
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    led.request_started("a")
+    for sid in range(1, 6):
+        led.step_opened(sid, {"a": 1}, 10**9); led.step_touched(sid, 10**9)
+        census.steps[sid] = step(sid, 1, 100)
+    led.request_done("a", None, 10**9)
+    census.complete = 4 * 10**9
+    (a,) = led.settle()
+    assert led.steps_dropped == 2 and a.steps == 3 and a.share.kernel_count == 3 and a.status == "partial"
+    assert a.notes == ["2 steps that served it were forgotten unsplit (the census lagged more than 3 steps behind)"]

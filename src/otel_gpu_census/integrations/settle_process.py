@@ -114,7 +114,8 @@ class Remote:
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._sent_segment = ""
-        self._sticky: List[tuple] = []       # records every child must have first (shape, tagging, ranks)
+        self._sticky: dict = {}              # records every child must have first (shape, tagging, ranks): the last
+                                             # of each kind
         self.dropped = 0                     # records dropped (MAX_EVENTS)
         self.dead = False
         self.closed = False
@@ -168,8 +169,8 @@ class Remote:
         self._events.append(event)
 
     def record_sticky(self, event: tuple) -> None:
-        """A record every child needs (a new one gets it again before anything else)."""
-        self._sticky.append(event)
+        """A record every child needs (a new one gets the last of its kind again before anything else)."""
+        self._sticky[event[:2] if event[0] in ("L", "call") else event[0]] = event
         self.record(event)
 
     def ensure(self) -> bool:
@@ -289,7 +290,7 @@ class Remote:
         if self.restarts == 0 and not self.dead:
             return pending                   # nobody settled before: everything is in `pending`
         unsent = {ev[1] for ev in pending if ev[0] == "start"}
-        out = list(self._sticky)
+        out = list(self._sticky.values())
         for key, start, first_ns in self._engine.in_flight():
             if key in unsent:
                 continue

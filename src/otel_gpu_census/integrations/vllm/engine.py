@@ -189,7 +189,7 @@ class EngineTelemetry(StepEngine):
         if self.ranks is None:
             n = getattr(executor, "local_world_size", None) or getattr(executor, "world_size", 1)
             if self.remote is not None:      # the settling child reads the workers' segments
-                self.remote.record(("call", "ranks", (os.getpid(), n)))
+                self.remote.record_sticky(("call", "ranks", (os.getpid(), n)))
             self.remote_ranks(os.getpid(), n)
         sid = self.next_sid()
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
