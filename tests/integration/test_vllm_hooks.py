@@ -280,12 +280,15 @@ def test_with_vllms_tracing_on_its_llm_request_span_is_a_child_of_ours(monkeypat
         assert ours.parent is None                            # a root, in the trace vLLM's span joins
 
 
-def test_without_vllms_tracing_the_requests_trace_headers_are_left_alone(monkeypatch):
+def test_without_vllms_tracing_the_requests_trace_headers_are_the_callers_and_ours_are_taken_off(monkeypatch):
+    """Ours are read once the request arrives: none is carried on each of its outputs after that."""
     eng, spans, _, _ = _engine_with_spans(monkeypatch)
-    headers = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", OPERATION_HEADER: "chat"}
-    req = real_request("chatcmpl-8-abcdefgh", trace=dict(headers))
-    eng.request_added(_sched(), req)
-    assert req.trace_headers == headers
+    caller = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}
+    req = real_request("chatcmpl-8-abcdefgh", trace={**caller, OPERATION_HEADER: "chat"})
+    plain = real_request("chatcmpl-9-abcdefgh", trace={OPERATION_HEADER: "chat"})
+    for r in (req, plain):
+        eng.request_added(_sched(), r)
+    assert req.trace_headers == caller and plain.trace_headers is None
 
 
 def test_micro_batch_threads_launch_under_the_open_step(monkeypatch):

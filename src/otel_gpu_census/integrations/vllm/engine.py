@@ -58,6 +58,7 @@ log = logging.getLogger("otel_gpu_census.vllm")
 OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
 CHILD_HEADER = "x-otel-gpu-census-n"                # set where vLLM fans a request out (n > 1): its ids are
                                                     # f"{index}_{parent}"
+OURS = frozenset((OPERATION_HEADER, CHILD_HEADER))   # taken off the request once the engine has read them
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
              "it, an allocation of each step's measured kernels and copies among the step's requests "
              "({split}), and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
@@ -234,6 +235,8 @@ class EngineTelemetry(StepEngine):
         headers = dict(getattr(request, "trace_headers", None) or {})
         operation = headers.get(OPERATION_HEADER, "text_completion")
         child = CHILD_HEADER in headers
+        if headers.keys() & OURS:            # read now: not carried on every output of the request after this
+            request.trace_headers = {k: v for k, v in headers.items() if k not in OURS} or None
         arrival_ns = int(getattr(request, "arrival_time", time.time()) * 1e9)
         if self.shape is None and self.wants_context:
             cfg = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
@@ -256,7 +259,8 @@ class EngineTelemetry(StepEngine):
         caller = _trace_parent(headers)
         trace_id, flags = caller if caller else (random.getrandbits(128) or 1, "01")
         span_id = random.getrandbits(64) or 1
-        request.trace_headers = {**headers, "traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags}"}
+        request.trace_headers = {**(request.trace_headers or {}),
+                                 "traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags}"}
         return trace_id, span_id
 
     def outputs(self, engine_core_outputs) -> None:
