@@ -210,9 +210,13 @@ class StepEngine:
             now = self.clock()
             self.ledger.step_touched(sid, now)
             self._ensure_settler()
-            if now >= self._next_sweep:
-                self._next_sweep = now + SWEEP_PERIOD_NS
-                self.sweep()
+            self.maybe_sweep(now)
+
+    def maybe_sweep(self, now: int) -> None:
+        """The sweep, once SWEEP_PERIOD_NS has passed since the last (from the engine thread's step end)."""
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_PERIOD_NS
+            self.sweep()
 
     # -- requests (engine thread) -----------------------------------------------------------------
     def tracked(self, key: str) -> bool:

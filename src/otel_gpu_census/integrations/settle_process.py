@@ -428,6 +428,8 @@ def serve(fd: int, ack_fd: Optional[int] = None) -> int:
                     if eng.flush_spans(ACK_PERIOD_S):
                         acked = n
                         _ack(ack_fd, acked)
+                    else:                    # the collector is slow or away: flush (and block) less often
+                        next_ack += 9 * ACK_PERIOD_S
     except Exception:
         log.exception("otel-gpu-census settling process: failed; settling what there is")
     timeout_s = float(shutdown[1]) if shutdown else 3.0

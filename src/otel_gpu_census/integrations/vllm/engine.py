@@ -221,6 +221,7 @@ class EngineTelemetry(StepEngine):
             self.ledger.step_touched(older, now)
         self.ledger.step_touched(sid, now)
         self._ensure_settler()
+        self.maybe_sweep(now)
 
     def begin_sample(self) -> int:
         """Before sample_tokens: the same step as the execute_model it follows."""
