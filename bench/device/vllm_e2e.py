@@ -44,6 +44,13 @@ FAILS: list = []
 T0 = time.time()     # --budget-s counts from here
 
 
+def random_model(path: str = "/tmp/vllm-model") -> str:
+    """The random-weight 160M Llama (../shared/vllm-offline/vllm_model.py, carried as .vllm/part3), made once."""
+    if not Path(path, "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / ".vllm/part3/vllm_model.py"), path], check=True)
+    return path
+
+
 def check(ok: bool, what: str) -> bool:
     print(("ok   " if ok else "FAIL ") + what, flush=True)
     if not ok:
@@ -58,7 +65,7 @@ def otlp_receiver():
 
 class Server:
     def __init__(self, name, port, model, out: Path, census_dir=None, extra=(), env=None, gpu_mem=0.2, cache=None,
-                 cpus=None):
+                 cpus=None, run_args=()):
         self.name, self.port, self.census_dir = name, port, census_dir
         e = dict(os.environ, **VLLM_ENV, **(env or {}))
         e["OTEL_SERVICE_NAME"] = f"vllm-{name}"
@@ -70,7 +77,7 @@ class Server:
                "--served-model-name", "m", *extra]
         if census_dir is not None:
             e["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
-            cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--exporter", "none", "--"] + cmd
+            cmd = [sys.executable, "-m", "otel_gpu_census.cli", "run", "--exporter", "none", *run_args, "--"] + cmd
         if cpus:                        # --pin: the server's whole tree on CPUs of its own (children inherit it)
             cmd = ["taskset", "-c", cpus] + cmd
         self.cpus = cpus
@@ -922,9 +929,7 @@ def main():
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "checks_failed": FAILS}
-    model = "/tmp/vllm-model"
-    if not Path(model, "config.json").exists():
-        subprocess.run([sys.executable, str(ROOT / ".vllm/part3/vllm_model.py"), model], check=True)
+    model = random_model()
     import vllm
     res["versions"] = {"vllm": vllm.__version__}
     base = Path("/tmp/e2e"); base.mkdir(exist_ok=True)

@@ -136,3 +136,17 @@ def kernel_estimated(log: EngineRequests) -> Optional[dict]:
     return {"modes": sorted({str(r.get("kernel_tracing", ""))[:40] for r in counted})[:4],
             "requests": len(counted), "estimated": sum(1 for r in counted if r["kernel_time_estimated"] is True),
             "unknown": sum(1 for r in counted if r.get("kernel_time_unknown") is True)}
+
+
+def incomplete(log: EngineRequests) -> Optional[dict]:
+    """None when every request's share is complete and none was dropped. Else how many are partial (their
+    shares know they miss work: the line's ``notes`` say what) or stale, the first partial's first note,
+    and the requests the summary counts as dropped (no span or line: their settling process died)."""
+    partial = [r for r in log.requests if r.get("status") == "partial"]
+    stale = sum(1 for r in log.requests if r.get("status") == "stale")
+    dropped = _num((log.summary or {}).get("requests_dropped"))
+    if not (partial or stale or dropped):
+        return None
+    notes = next((r["notes"] for r in partial if isinstance(r.get("notes"), list) and r["notes"]), [])
+    return {"partial": len(partial), "stale": stale, "dropped": dropped,
+            "note": str(notes[0])[:300] if notes else None}

@@ -614,6 +614,11 @@ def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
                          f"kernels' time priced at a sampled mean){unknown}")
         if "ttft_s" in fig:
             lines.append(f"  time to first token median {fig['ttft_s']['median']:.4f} s, max {fig['ttft_s']['max']:.4f} s")
+        inc = engine_requests.incomplete(log)
+        if inc:
+            said = f' (e.g. "{inc["note"]}")' if inc["note"] else ""
+            lines.append(f"  {inc['partial']:,} requests partial: their shares miss work they know of{said}; "
+                         f"{inc['stale']:,} stale; {inc['dropped']:,} dropped (no span: their settling process died)")
         if log.summary:
             un = log.summary.get("unattributed", {})
             lines.append(f"  steps split {exact(log.summary.get('steps_split', 0))}; no request's: "

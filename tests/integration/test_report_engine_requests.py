@@ -79,3 +79,22 @@ def test_report_says_when_per_request_kernel_time_is_a_sample_and_scales_it(tmp_
         in p.stdout
     log.write_text("\n".join(json.dumps(request(i, 10, 5)) for i in range(2)) + "\n")
     assert "sample" not in run_report(d).stdout
+
+
+def test_report_says_how_many_shares_are_partial_and_how_many_requests_were_dropped(tmp_path, segments, records):
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    seg = segments.segment(d, [records.kernel(T0, T0 + 1000)])
+    log = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
+    reqs = [request(i, 10, 100) for i in range(4)]
+    note = "3 steps that served it are missing from its share (no records of them came); 9 were split"
+    reqs[1].update(status="partial", notes=[note])
+    reqs[2].update(status="partial", notes=["closed by the sweep"])
+    summary = {"summary": {"method": "step_tokens", "steps_split": 12, "requests_dropped": 2, "unattributed": {}}}
+    log.write_text("\n".join(json.dumps(x) for x in reqs + [summary]) + "\n")
+    p = run_report(d)
+    assert p.returncode == 0, p.stderr
+    assert f'2 requests partial: their shares miss work they know of (e.g. "{note}"); 0 stale; 2 dropped' in p.stdout
+    complete = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
+    complete.write_text("\n".join(json.dumps(request(i, 10, 100)) for i in range(2)) + "\n")
+    assert "partial" not in run_report(d).stdout

@@ -162,7 +162,7 @@ def test_no_child_the_engine_settles_itself_and_loses_nothing(census, otlp, monk
 
 def test_an_engine_killed_without_shutdown_still_gets_what_its_census_counted_settled(census, otlp):
     """The engine's end without shutdown (SIGKILL): the child's stdin closes; it settles, writes the
-    summary and exports before it exits."""
+    summary and exports before it exits, and acknowledges every request it settled."""
     eng = EngineTelemetry()
     serve(eng)
     assert eng.remote.ship()
@@ -173,31 +173,109 @@ def test_an_engine_killed_without_shutdown_still_gets_what_its_census_counted_se
     assert len(lines) == 30 and len(summary) >= 1
     assert len(otlp.wait_for_spans(lambda s: len(s) >= 30)) == 30
     t0 = time.monotonic()
-    eng.shutdown()                                            # its child gone: no wait
-    assert time.monotonic() - t0 < 1.0 and eng.remote.dead
+    eng.shutdown()                                            # its child gone, nothing left to settle:
+    assert time.monotonic() - t0 < 1.0 and eng.remote.dead   # no wait, and no second child
+    assert eng.remote.restarts == 0 and eng.remote._acked == 30
 
 
-def test_a_dead_child_never_blocks_the_engine(census, otlp, caplog):
-    eng = EngineTelemetry()
-    t_kill = {}
+def request(rid, sid):
+    return SimpleNamespace(request_id=rid, arrival_time=time.time(), num_prompt_tokens=4, num_output_tokens=3,
+                           status=SimpleNamespace(name="FINISHED_STOPPED"), get_finished_reason=lambda: "stop",
+                           trace_headers={"traceparent": f"00-{TRACE}-{sid:016x}-01"})
 
-    def kill_at_100(sid):
-        if sid == 100:
-            eng.remote.proc.send_signal(signal.SIGKILL)
-            eng.remote.proc.wait(10)
-            t_kill["t"] = time.monotonic()
-    serve(eng, hook=kill_at_100)
-    deadline = time.monotonic() + 10
-    while not eng.remote.dead and time.monotonic() < deadline:
-        eng.remote.ship()                                     # the shipper finds it gone, once
+
+def step(eng, live):
+    sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={r: 1 for r in live}))
+    eng.end_step(sid)
+    return sid
+
+
+def wait_acked(eng, n, timeout=20):
+    deadline = time.monotonic() + timeout
+    while eng.remote._acked < n and time.monotonic() < deadline:
+        eng.remote.ship()
         time.sleep(0.05)
-    assert eng.remote.dead and caplog.text.count("the settling process is gone") == 1
-    n = len(eng.remote._events)
-    serve(eng, steps=50)                                      # records stop piling up
-    assert len(eng.remote._events) == n == 0
+    return eng.remote._acked
+
+
+def test_a_killed_child_is_replaced_its_requests_in_flight_go_on_partial_and_the_lost_are_counted(census, otlp, caplog):
+    """The settling child SIGKILLed (the OOM killer): requests the engine had ended and the child had
+    settled keep their spans; those it had not are counted as dropped (metric and summary); requests in
+    flight get their spans from a new child, partial, saying why; later requests are whole."""
+    sched = SimpleNamespace(vllm_config=None)
+    eng = EngineTelemetry()
+    live = {}
+    for i in range(4):                                        # a, b end and are settled by the first child
+        r = request(f"cmpl-a{i}-0-abcdefgh", i + 1)
+        eng.request_added(sched, r)
+        live[r.request_id] = r
+    step(eng, live)
+    for rid in list(live)[:2]:
+        eng.request_freed(live.pop(rid))
+    assert wait_acked(eng, 2) == 2
+    first = eng.remote.proc
+    ended = request("cmpl-lost-0-abcdefgh", 50)               # ends, shipped, killed before it is settled
+    eng.request_added(sched, ended)
+    step(eng, {**live, ended.request_id: ended})
+    eng.request_freed(ended)
+    eng.remote.ship()
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    for sid in range(3):                                      # the two in flight go on; a new one comes
+        step(eng, live)
+    late = request("cmpl-late-0-abcdefgh", 60)
+    eng.request_added(sched, late)
+    step(eng, {**live, late.request_id: late})
+    assert eng.remote.ship()                                  # the shipper finds it gone: a new child
+    assert eng.remote.proc is not first and eng.remote.restarts == 1
+    assert caplog.text.count("a new one takes over (1 of 5): 2 requests in flight are partial, 1 that had ended") == 1
+    step(eng, {**live, late.request_id: late})
+    for r in [*live.values(), late]:
+        eng.request_freed(r)
+    eng.shutdown()
+    spans = {s.attributes["vllm.request.id"]: s for s in otlp.wait_for_spans(lambda s: len(s) >= 5)}
+    time.sleep(0.3)
+    assert len(otlp.span_snapshot()) == 5 and ended.request_id not in spans
+    status = {k[5:7]: s.attributes["gpu_census.attribution.status"] for k, s in spans.items()}
+    assert status == {"a0": "complete", "a1": "complete", "a2": "partial", "a3": "partial", "la": "complete"}
+    assert "settling process was replaced while it was in flight" in spans["cmpl-a2-0-abcdefgh"].attributes[
+        "gpu_census.attribution.note"]
+    lines, summary = request_log(census)
+    assert len(lines) == 5 and summary[-1]["requests_dropped"] == 1 and summary[-1]["requests_partial"] == 2
+
+
+def test_children_that_keep_dying_leave_the_engine_to_settle_itself_and_it_loses_nothing_more(
+        census, otlp, caplog, monkeypatch):
+    monkeypatch.setattr(settle_process, "MAX_RESTARTS", 2)
+    eng = EngineTelemetry()
+    sched = SimpleNamespace(vllm_config=None)
+    live = {}
+    for kill in range(3):
+        r = request(f"cmpl-k{kill}-0-abcdefgh", kill + 1)
+        eng.request_added(sched, r)
+        live[r.request_id] = r
+        step(eng, live)
+        eng.remote.ship()
+        eng.remote.proc.send_signal(signal.SIGKILL)
+        eng.remote.proc.wait(10)
+        step(eng, live)
+        assert eng.remote.ship() == (kill < 2)                # a new child twice, then none
+        assert eng.remote.restarts == min(kill + 1, 2)
+    assert eng.remote.dead and "no other takes over; the engine settles its requests itself" in caplog.text
+    step(eng, live)                                           # the engine's next step: it settles itself
+    assert eng.remote is None and eng._thread is not None
+    r = request("cmpl-after-0-abcdefgh", 9)
+    eng.request_added(sched, r)
+    live[r.request_id] = r
+    step(eng, live)
+    for r in live.values():
+        eng.request_freed(r)
     t0 = time.monotonic()
     eng.shutdown()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 3.0
+    spans = {s.attributes["vllm.request.id"][5:7]: s.attributes["gpu_census.attribution.status"]
+             for s in otlp.wait_for_spans(lambda s: len(s) >= 4)}
+    assert spans == {"k0": "partial", "k1": "partial", "k2": "partial", "af": "complete"}
 
 
 def test_records_beyond_the_bound_are_dropped_and_counted(census, otlp, monkeypatch, caplog):

@@ -51,6 +51,10 @@ PARAMS = {
     "ReqTimeStatsBase.__getstate__": ["self"],
     "ReqTimeStatsBase.new_from_obj": ["cls", "obj"],
     "Scheduler.run_batch": ["self", "batch"],
+    "Scheduler.get_next_batch_to_run": ["self", "running_batch", "last_batch"],
+    "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": ["self", "running_batch"],
+    "SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run": ["self", "running_batch", "last_batch"],
+    "Scheduler.send_abort_output": ["self", "abort_req", "req"],
     "Scheduler.launch_batch_sample_if_needed": ["self", "batch_result", "cur_batch"],
     "Scheduler._add_request_to_queue": ["self", "req", "is_retracted"],
     "Scheduler.run_event_loop": ["self"],
@@ -254,3 +258,210 @@ def test_real_batches_and_requests_give_spans_in_the_callers_trace_with_exact_sh
         assert sum(s.attributes.get(attr, 0) for s in got.values()) + unclaimed == total, attr
     rows = [Share(s.kernel_count, s.kernel_ns, dict(s.copies), s.memset).as_row() for s in census.steps.values()]
     assert eng.ledger.total == [sum(c) for c in zip(*rows)]
+
+
+# -- every way a request ends: one span, one log line ---------------------------------------------------
+
+class Sent:
+    """SGLang's channel to the tokenizer: what the scheduler sent it."""
+
+    def __init__(self):
+        self.out = []
+
+    def send_output(self, out, req):
+        self.out.append((type(out).__name__, req.rid))
+
+
+@pytest.fixture
+def serving(monkeypatch):
+    """SGLang's serving settings as a server publishes them (the weight version an abort reports)."""
+    import sglang.srt.managers.scheduler as sm
+    monkeypatch.setattr(sm, "get_serving", lambda: SimpleNamespace(weight_version="default"))
+
+
+def _scheduler(**attrs):
+    """A real Scheduler object with only the state the methods under test read."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
+    sched = object.__new__(Scheduler)
+    sent = Sent()
+    base = dict(rust_server=None, ipc_channels=SimpleNamespace(send_to_tokenizer=sent), waiting_queue=[],
+                enable_priority_scheduling=False, abort_on_priority_when_disabled=True, max_queued_requests=None,
+                disaggregation_mode=DisaggregationMode.NULL, chunked_req=None, _pending_chunked_abort_req=None,
+                tree_cache=SimpleNamespace(finish=lambda *a, **k: None), server_args=SCHED.server_args,
+                processed_tokens_counter=0, _prefetch_kvcache=lambda req: None)
+    base.update(attrs)
+    for k, v in base.items():
+        setattr(sched, k, v)
+    return sched, sent
+
+
+def _queued(eng, sched, rid, prompt=12, **req_kw):
+    from sglang.srt.managers.scheduler import Scheduler
+    req = _req(rid, _through_the_http_side(rid, _http_request()), prompt=prompt)
+    for k, v in req_kw.items():
+        setattr(req, k, v)
+    Scheduler._add_request_to_queue(sched, req)               # the hooked method, SGLang's own body
+    return req
+
+
+def _log_lines(eng, tmp_path):
+    import json
+    seg = tmp_path / "gpu-census-1-1.seg"
+    eng._requests_log._segment = lambda: str(seg)
+    eng.settle()
+    path = tmp_path / "gpu-census-1-1.requests.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_requests_sglang_rejects_or_drops_outside_the_output_stream_each_end_in_one_span(loaded, tagged, tmp_path,
+                                                                                          serving):
+    """Priority rejected, the queue full, aborted while queued: SGLang's own code ends each through
+    send_abort_output; each gets its one span (error.type aborted) and its one log line."""
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    si.GUARD.current = eng
+    try:
+        sched, sent = _scheduler()
+        _queued(eng, sched, "prio", priority=5)                # priority on a server without priorities
+        sched.max_queued_requests = 1
+        kept = _queued(eng, sched, "kept")
+        _queued(eng, sched, "full")                            # the queue holds one: rejected
+        assert [r.rid for r in sched.waiting_queue] == ["kept"]
+        from sglang.srt.managers.io_struct import AbortReq
+        from sglang.srt.managers.scheduler import Scheduler
+        sched.mm_receiver, sched.dllm_config = None, None
+        sched.beam_coordinator = SimpleNamespace(retire_group=lambda req: None)
+        sched.grammar_manager = SimpleNamespace(abort_requests=lambda r: None)
+        sched._collect_inflight_batches = lambda: []
+        kept.release_mm_inputs_on_abort = lambda: None
+        Scheduler.abort_request(sched, AbortReq(rid="kept"))  # aborted while queued
+        assert sched.waiting_queue == []
+    finally:
+        si.GUARD.current = None
+    assert [o for o in sent.out] == [("AbortReq", "prio"), ("AbortReq", "full"), ("AbortReq", "kept")]
+    lines = _log_lines(eng, tmp_path)
+    got = {s.attributes["sglang.request.id"]: s for s in spans.get_finished_spans()}
+    assert sorted(got) == sorted(x["id"] for x in lines) == ["full", "kept", "prio"]
+    assert all(s.attributes["error.type"] == "aborted" and s.attributes["gen_ai.response.finish_reasons"] == ("abort",)
+               for s in got.values())
+    assert not eng._open and not eng._tracked                 # nothing left tracked
+
+
+def test_a_request_aborted_in_its_chunked_prefill_gets_its_chunks_and_the_steps_conserve(loaded, tagged, tmp_path,
+                                                                                        monkeypatch, serving):
+    """Aborted between chunks of its prefill (SGLang: process_pending_chunked_abort, which ends it through
+    send_abort_output): its span holds the chunks it ran, and nothing is left in no one's share."""
+    import sglang.srt.managers.scheduler as sm
+    monkeypatch.setattr(sm, "release_kv_cache", lambda *a, **k: None)
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    si.GUARD.current = eng
+    try:
+        sched, sent = _scheduler()
+        long = _queued(eng, sched, "long", prompt=64)
+        short = _queued(eng, sched, "short", prompt=8)
+        long.release_mm_inputs_on_abort = lambda: None
+        chunk = ScheduleBatch(reqs=[long, short], forward_mode=ForwardMode.EXTEND, extend_lens=[16, 8],
+                              prefix_lens=[0, 0])
+        si._run_batch(lambda self, batch: None, sched, chunk)
+        census.steps[1] = Step(id=1, kernel_count=24, kernel_ns=2400)
+        short.output_ids.append(3)
+        si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, [short], False)
+        second = ScheduleBatch(reqs=[long, short], forward_mode=ForwardMode.EXTEND, extend_lens=[16, 1],
+                               prefix_lens=[16, 8])
+        si._run_batch(lambda self, batch: None, sched, second)
+        census.steps[2] = Step(id=2, kernel_count=17, kernel_ns=1700)
+        sched.chunked_req = sched._pending_chunked_abort_req = long
+        sm.Scheduler.process_pending_chunked_abort(sched)    # SGLang's own abort of the chunked request
+        short.finished_reason = FINISH_LENGTH(length=1)
+        si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, [short], False)
+    finally:
+        si.GUARD.current = None
+    assert sent.out == [("AbortReq", "long")]
+    lines = _log_lines(eng, tmp_path)
+    got = {s.attributes["sglang.request.id"]: s for s in spans.get_finished_spans()}
+    assert len(lines) == 2 and got["long"].attributes["error.type"] == "aborted"
+    assert got["long"].attributes["gpu_census.kernel.count"] == 16 + 16 and got["long"].attributes[
+        "gpu_census.attribution.steps"] == 2
+    una = Share.from_row(eng.ledger.unattributed)
+    assert sum(s.attributes["gpu_census.kernel.count"] for s in got.values()) + una.kernel_count == 24 + 17
+    assert eng.ledger._acc == {} and not eng._open
+
+
+def test_a_batchs_preparation_is_its_steps_and_an_empty_one_takes_no_id(loaded, tagged):
+    """get_next_batch_to_run copies the batch's inputs to the GPU (prepare_for_extend/decode) before
+    run_batch: the same step id is tagged around both; a call that returns no batch leaves the id."""
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    si.GUARD.current = eng
+    try:
+        sched, _ = _scheduler()
+        a = _queued(eng, sched, "a", prompt=10)
+        seen = []
+        empty = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
+        plan = si._next_batch(lambda self, rb, lb: seen.append(list(tagged)) or NextBatchPlan(
+            batch_to_run=None, running_batch=empty), sched, empty, None)
+        assert plan.batch_to_run is None and seen == [[1]] and tagged == []
+        batch = ScheduleBatch(reqs=[a], forward_mode=ForwardMode.EXTEND, extend_lens=[10], prefix_lens=[0])
+        si._next_batch(lambda self, rb, lb: seen.append(list(tagged)) or NextBatchPlan(
+            batch_to_run=batch, running_batch=empty), sched, empty, None)
+        si._run_batch(lambda self, b: seen.append(list(tagged)), sched, batch)
+        assert seen[1:] == [[1], [1]] and tagged == []
+        other = ScheduleBatch(reqs=[a], forward_mode=ForwardMode.DECODE)
+        si._run_batch(lambda self, b: seen.append(list(tagged)), sched, other)   # not prepared: a new id
+        assert seen[-1] == [2]
+    finally:
+        si.GUARD.current = None
+    assert [e.sid for e in eng.ledger._book] == [1, 2]
+
+
+def test_a_req_sglang_lets_go_of_unseen_is_closed_by_the_sweep(loaded, tagged):
+    import gc
+    from otel_gpu_census.integrations import engine_steps
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    si.GUARD.current = eng
+    try:
+        sched, _ = _scheduler()
+        gone = _queued(eng, sched, "gone")
+        sched.waiting_queue.clear()
+        del gone
+        gc.collect()
+        eng._next_sweep = 0
+        batch = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
+        si._run_batch(lambda self, b: None, sched, batch)
+    finally:
+        si.GUARD.current = None
+    eng.settle()
+    (sp,) = spans.get_finished_spans()
+    assert sp.attributes["gpu_census.attribution.status"] == "partial" and not eng._open
+    assert engine_steps.SWEPT in sp.attributes["gpu_census.attribution.note"]
+
+
+def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, monkeypatch):
+    """OTEL_GPU_CENSUS_ATTRIBUTION=flops: an extend batch's prefix_lens and a decode batch's seq_lens_cpu
+    (the new token already counted in) are the context before each request's tokens."""
+    import torch
+    from sglang.srt.configs.model_config import ModelConfig
+    from transformers import LlamaConfig
+    from otel_gpu_census.attribution.cost_model import ModelShape
+    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", "flops")
+    census = Census(complete=1 << 62)
+    eng, spans = _engine(census)
+    mc = object.__new__(ModelConfig)
+    mc.hf_config = LlamaConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=1000)
+    si.GUARD.current = eng
+    try:
+        sched, _ = _scheduler(model_config=mc)
+        a, b = _queued(eng, sched, "a", prompt=40), _queued(eng, sched, "b", prompt=30)
+        si._run_batch(lambda self, batch: None, sched, ScheduleBatch(
+            reqs=[a, b], forward_mode=ForwardMode.EXTEND, extend_lens=[24, 30], prefix_lens=[16, 0]))
+        si._run_batch(lambda self, batch: None, sched, ScheduleBatch(
+            reqs=[a, b], forward_mode=ForwardMode.DECODE, seq_lens_cpu=torch.tensor([41, 31])))
+    finally:
+        si.GUARD.current = None
+    assert eng.shape == ModelShape.of(mc.hf_config)
+    assert [e.before for e in eng.ledger._book] == [{"a": 16, "b": 0}, {"a": 40, "b": 30}]

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from otel_gpu_census.attribution.shares import ROW_WIDTH as WIDTH, Share
+from otel_gpu_census.attribution.shares import ROW_WIDTH as WIDTH, Share, split_weights
 from otel_gpu_census.census import Stat, Step
-from otel_gpu_census.attribution.steps import StepLedger, split_step
+from otel_gpu_census.attribution.steps import RING_SLOTS, StepLedger, split_step
 
 
 class FakeCensus:
@@ -19,12 +19,15 @@ class FakeCensus:
         self.steps = {}
         self.complete = 0
         self.alive = True
+        self.step_max = None                # the largest step id the census has records of (None: not said)
 
     def head(self):
         class H:
             pass
         h = H()
         h.complete_wall_ns, h.alive, h.state_name = self.complete, self.alive, "active"
+        if self.step_max is not None:
+            h.step_max = self.step_max
         return h
 
     def read(self, lo, hi):
@@ -153,14 +156,33 @@ def test_a_request_waits_for_the_census_and_a_late_census_leaves_it_stale_but_co
     assert led.total[0] == 13
 
 
-def test_a_step_the_ring_no_longer_holds_is_counted_missing():
+def test_a_step_the_ring_no_longer_holds_is_counted_missing_and_its_requests_say_partial():
     census = FakeCensus()
-    led = StepLedger(census.read, clock=lambda: 5 * 10**9)
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    for k in "ab":
+        led.request_started(k)
+    led.step_opened(1, {"a": 1}, 10**9); led.step_touched(1, 10**9)
+    led.step_opened(2, {"a": 1, "b": 1}, 10**9); led.step_touched(2, 10**9)
+    census.steps[2] = Step(id=2, kernel_count=4, kernel_ns=400)
+    led.request_done("a", None, 10**9)
+    led.request_done("b", None, 10**9)
+    census.complete = 4 * 10**9
+    a, b = sorted(led.settle(), key=lambda s: s.key)
+    assert led.steps_missing == 1 and a.share.kernel_count == 2 and b.share.kernel_count == 2
+    assert a.status == "partial" and b.status == "complete" and not b.notes
+    assert a.notes == ["1 steps that served it are missing from its share (no records of them came); 1 were split"]
+
+
+def test_a_step_lapped_by_the_ring_says_so():
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    led.request_started("a")
     led.step_opened(1, {"a": 1}, 10**9); led.step_touched(1, 10**9)
     led.request_done("a", None, 10**9)
     census.complete = 4 * 10**9
+    census.step_max = 1 + RING_SLOTS                          # a step a whole ring later has records
     (a,) = led.settle()
-    assert led.steps_missing == 1 and a.share == Share() and a.status == "complete"
+    assert a.status == "partial" and "step ring (1024 slots, shared with sub-steps) was reused" in a.notes[0]
 
 
 # -- sub-steps: GPU work inside a step owned by the requests it names (KV-offload transfers) ----------
@@ -480,3 +502,111 @@ def test_steps_the_census_has_seen_nothing_of_wait_for_one_more_flush_all_togeth
     census.complete = 3 * 10**9                                 # 21..40 never ran traced (a paused census)
     (a,) = led.settle()
     assert (a.steps, a.share.kernel_count, a.status) == (20, 80, "complete") and led.steps_missing == 20
+
+
+# -- the FLOPs split: attention grows with context, linear layers with tokens ------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from otel_gpu_census.attribution.cost_model import ModelShape, step_weights  # noqa: E402
+from otel_gpu_census.attribution.steps import FLOPS_METHOD, METHOD  # noqa: E402
+
+LLAMA = SimpleNamespace(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+                        intermediate_size=4096, vocab_size=32000, hidden_act="silu")
+
+
+def test_a_models_flops_follow_its_shape():
+    s = ModelShape.of(LLAMA)
+    assert (s.layers, s.hidden, s.q_dim, s.kv_dim, s.intermediate, s.vocab, s.gated) == (8, 1024, 1024, 512, 4096, 32000, True)
+    assert s.linear_flops == 2 * 8 * (2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 4096)
+    assert s.pair_flops == 4 * 8 * 1024 and s.head_flops == 2 * 1024 * 32000
+    # a decode token at 32k context: 32k + 1 keys; at 2k: 2k + 1 (the 16x of attention the token split ignores)
+    att = lambda before: s.flops(1, before, 1) - s.linear_flops - s.head_flops
+    assert att(32768) == (32768 + 1) * s.pair_flops and att(2048) == (2048 + 1) * s.pair_flops
+    # a prefill chunk late in a prompt does more attention than the same chunk at its start
+    assert s.flops(512, 4096, 0) - s.flops(512, 0, 0) == 512 * 4096 * s.pair_flops
+    # only a token sampled pays the output layer: not a prompt chunk that ends short of the prompt
+    assert step_weights(s, ["a", "b"], {"a": 512, "b": 512}, {"a": 0, "b": 512}, {"a": 1024, "b": 1024}) == [
+        s.flops(512, 0, 0), s.flops(512, 512, 1)]
+    assert ModelShape.of(SimpleNamespace(hidden_size=8)) is None and ModelShape.of(None) is None
+    moe = ModelShape.of(SimpleNamespace(**vars(LLAMA), num_experts_per_tok=2, moe_intermediate_size=512))
+    assert moe.intermediate == 1024
+
+
+def flops_ledger(census, shape=True):
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True, method=FLOPS_METHOD)
+    if shape:
+        led.set_shape(ModelShape.of(LLAMA))
+    for k, prompt in (("short", 64), ("long", 8192), ("new", 2048)):
+        led.request_started(k, prompt)
+    return led
+
+
+def test_the_flops_split_gives_long_contexts_more_kernel_time_and_conserves_every_field():
+    census = FakeCensus()
+    led = flops_ledger(census)
+    tokens, before = {"short": 1, "long": 1, "new": 512}, {"short": 100, "long": 30000, "new": 0}
+    led.step_opened(1, dict(tokens), 10**9, before=before); led.step_touched(1, 10**9)
+    census.steps[1] = step(1, 1001, 9_876_543, dtoh_bytes=3001, htod_bytes=514 * 8 + 1)
+    for k in tokens:
+        led.request_done(k, None, 10**9)
+    census.complete = 4 * 10**9
+    got = {s.key: s for s in led.settle()}
+    shape = ModelShape.of(LLAMA)
+    w = step_weights(shape, list(tokens), tokens, before, {"short": 64, "long": 8192, "new": 2048})
+    assert [got[k].share.kernel_ns for k in tokens] == split_weights(9_876_543, w, sum(w))
+    assert got["long"].share.kernel_ns > got["short"].share.kernel_ns      # one token each, 300x the context
+    assert [got[k].share.copy("htod").bytes for k in tokens] == split_weights(514 * 8 + 1, [1, 1, 512], 514)
+    row = flat(Share.of_step(census.steps[1]))
+    assert [sum(c) for c in zip(*(flat(s.share) for s in got.values()))] == row
+    assert led.method == FLOPS_METHOD and all(s.status == "complete" for s in got.values())
+
+
+def test_without_a_model_shape_the_flops_ledger_splits_by_tokens_and_says_so():
+    census = FakeCensus()
+    led = flops_ledger(census, shape=False)
+    led.step_opened(1, {"short": 1, "long": 3}, 10**9, before={"short": 5, "long": 9000}); led.step_touched(1, 10**9)
+    census.steps[1] = step(1, 4, 400)
+    led.request_done("short", None, 10**9); led.request_done("long", None, 10**9)
+    census.complete = 4 * 10**9
+    got = {s.key: s.share.kernel_ns for s in led.settle()}
+    assert got == {"short": 100, "long": 300} and led.method == METHOD
+
+
+def test_the_split_is_one_setting_and_a_bad_value_says_so(caplog):
+    from otel_gpu_census.integrations.engine_steps import ATTRIBUTION_ENV, attribution_method
+    assert attribution_method({}) == METHOD and attribution_method({ATTRIBUTION_ENV: " Flops "}) == FLOPS_METHOD
+    assert attribution_method({ATTRIBUTION_ENV: "time"}) == METHOD and "neither tokens nor flops" in caplog.text
+
+
+def test_a_step_for_a_request_the_ledger_no_longer_follows_is_nobodys_not_a_lost_share():
+    """A request settled (or never announced) that a later step still names: that part is unattributed,
+    not kept for a share nobody will read."""
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    led.request_started("a")
+    led.step_opened(1, {"a": 1}, 10**9); led.step_touched(1, 10**9)
+    census.steps[1] = step(1, 2, 200)
+    led.request_done("a", None, 10**9)
+    census.complete = 4 * 10**9
+    (a,) = led.settle()
+    led.step_opened(2, {"a": 1, "ghost": 1}, 2 * 10**9); led.step_touched(2, 2 * 10**9)
+    census.steps[2] = step(2, 6, 600)
+    assert led.settle() == [] and led._acc == {}
+    assert led.unattributed[0] == 6 and led.total[0] == 8 and a.share.kernel_count == 2
+
+
+def test_steps_forgotten_because_the_census_lagged_make_their_requests_partial(monkeypatch):
+    from otel_gpu_census.attribution import steps as st
+    monkeypatch.setattr(st, "MAX_BOOK", 3)
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    led.request_started("a")
+    for sid in range(1, 6):
+        led.step_opened(sid, {"a": 1}, 10**9); led.step_touched(sid, 10**9)
+        census.steps[sid] = step(sid, 1, 100)
+    led.request_done("a", None, 10**9)
+    census.complete = 4 * 10**9
+    (a,) = led.settle()
+    assert led.steps_dropped == 2 and a.steps == 3 and a.share.kernel_count == 3 and a.status == "partial"
+    assert a.notes == ["2 steps that served it were forgotten unsplit (the census lagged more than 3 steps behind)"]

@@ -46,7 +46,10 @@ def test_ids_are_vllms_request_id_and_the_response_id_the_client_sees():
     assert external_id("cmpl-3f9a2b-0-1a2b3c4d") == "cmpl-3f9a2b-0"       # as vLLM's llm_request span names it
     assert response_id("cmpl-3f9a2b-0-1a2b3c4d") == "cmpl-3f9a2b"         # the stream's "id"
     assert external_id("chatcmpl-abc-9Zz8Yy7X") == response_id("chatcmpl-abc-9Zz8Yy7X") == "chatcmpl-abc"
-    assert external_id("2_cmpl-abc-0-1a2b3c4d") == "cmpl-abc-0"          # n > 1: a child request
+    assert external_id("2_cmpl-abc-0-1a2b3c4d", child=True) == "cmpl-abc-0"   # n > 1: a child request
+    # a caller's own id that starts like a child's is its own (X-Request-Id, the token API)
+    assert external_id("2_my-id-1a2b3c4d") == response_id("2_my-id-1a2b3c4d") == "2_my-id"
+    assert external_id("resp_9f8e_0-1a2b3c4d") == "resp_9f8e_0" and response_id("resp_9f8e_0-1a2b3c4d") == "resp_9f8e"
     assert external_id("plain") == response_id("plain") == "plain"
 
 

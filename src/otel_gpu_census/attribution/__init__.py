@@ -2,7 +2,8 @@
 
 - ``shares``: integer activity (:class:`Share`) and the exact largest-remainder split;
 - ``windows``: by time window — a request's share of the 20 ms buckets it was in flight for;
-- ``steps``: by engine step — a request's share of every step that served it, by scheduled tokens;
+- ``steps``: by engine step — a request's share of every step that served it, by scheduled tokens or
+  (``cost_model``) by its estimated FLOPs in the step;
 - ``ledger``: the requests of one server, the wait until the census is complete for each, and its
   :class:`~otel_gpu_census.attribution.ledger.GpuCost`.
 

@@ -78,6 +78,8 @@ class Share:
 
 NOTHING = Share()
 ROW_WIDTH = len(NOTHING.as_row())
+# the kernel fields of a row (count, time, eager launches and their records): what a cost model weighs
+KERNEL_FIELDS = frozenset((0, 1, ROW_WIDTH - 3, ROW_WIDTH - 2, ROW_WIDTH - 1))
 
 
 def split_weights(total: int, weights: Sequence[int], denom: int) -> List[int]:

@@ -1,4 +1,5 @@
-"""Share each engine step's GPU work among the requests it served, by their scheduled tokens.
+"""Share each engine step's GPU work among the requests it served: by their scheduled tokens, or by the
+work they asked of the step.
 
 An engine hook (vLLM, SGLang) runs every batch as a *step*: it tags the GPU work its thread launches
 with the step's id (``injector.step_begin``), so the census tallies that work per step (the
@@ -8,6 +9,21 @@ ns, copy count/bytes/ns per direction, memset) among those requests in proportio
 largest remainder (``attribution.split_weights``: ties to the request scheduled first), so
 
     sum of the requests' shares + what no request can claim == the steps' totals, for every field.
+
+How a step's kernels are split is the ledger's *method* (the span's ``gpu_census.attribution.method``):
+``step_tokens`` by scheduled tokens (the default), or ``step_flops`` by each request's estimated FLOPs
+in the step (``cost_model.py``: its tokens, the context before them, the model's shape), which follows
+attention's growth with context. Copies and memsets are split by tokens either way (inputs and sampled
+outputs scale with tokens). Either way a request's share is an allocation of measured step totals,
+not a measurement of the request.
+
+A share that misses work says so (status ``partial``, with notes): steps that served the request but
+were gone from the census when their turn came (its step ring was reused under a settling lag, or
+their records never came), steps forgotten because the census lagged too far, or anything the
+integration notes for the request (``note``: closed by a sweep, a settling process replaced while it
+was in flight, ...). A ledger that follows requests (``follows``: every request is announced with
+``request_started``) gives a step's part for a request it does not follow, or no longer follows (it
+settled), to no one rather than to a share nobody will ever read.
 
 A *sub-step* is GPU work inside a step that belongs to particular requests whatever the batch, such
 as the KV-cache blocks a transfer moves for the requests it serves: the hook tags it with an id of its
@@ -57,17 +73,23 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
-from ..census import DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
-from .shares import NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
+from .._native import consts as _consts
+from ..census import KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
+from .cost_model import ModelShape, step_weights
+from .shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
-"""Value of the span attribute ``gpu_census.attribution.method`` for this rule."""
+"""Value of the span attribute ``gpu_census.attribution.method``: kernels split by scheduled tokens."""
+FLOPS_METHOD = "step_flops"
+"""The same for kernels split by each request's estimated FLOPs in the step (cost_model.py)."""
+METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's values -> method
 
 TOKENS = "tokens"                   # the kind of a step: weights are scheduled tokens
 COMPLETE_SLACK_NS = 200_000_000     # a step's GPU work ends this soon after its last launch returned
 MAX_WAIT_NS = 5_000_000_000         # a request waits at most this long after its end for the census
 MAX_BOOK = 65536                    # steps remembered while the census lags (then the oldest go)
 TOUCH_SEARCH = 16                   # step_touched / step_claimed look this far back for their step
+RING_SLOTS = _consts.GC_STEP_SLOTS  # the census's step ring (shared by steps and sub-steps)
 
 Census = Tuple[Optional[ProcessCensus], Dict[int, Step]]
 
@@ -79,6 +101,7 @@ class _Entry:
     opened_ns: int
     closed_ns: int = 0
     kind: str = TOKENS
+    before: Optional[Mapping[Hashable, int]] = None   # tokens computed before this step, per request
 
 
 @dataclass
@@ -97,7 +120,8 @@ class Settled:
     key: str
     facts: Any
     end_ns: int
-    status: str                     # complete | stale (closed before the census completed its steps)
+    status: str                     # complete | partial (notes say what it misses) | stale (closed
+                                    # before the census completed its steps)
     share: Share = NOTHING
     prefill: Share = NOTHING        # the part from steps that began before its first token
     steps: int = 0                  # steps that served it
@@ -137,6 +161,32 @@ def _flat(step: Step) -> List[int]:
     return Share.of_step(step).as_row()
 
 
+def _split(v: int, weights: List[int]) -> List[int]:
+    """`v` split by `weights` (positive), largest remainder; equal weights (decode steps) the fast way."""
+    n = len(weights)
+    if weights.count(weights[0]) == n:
+        q, r = divmod(v, n)
+        return [q + 1] * r + [q] * (n - r)
+    return split_weights(v, weights, sum(weights))
+
+
+def _lost_notes(lost: List[int], steps: int) -> List[str]:
+    """What a request's lost steps say on its span (see StepLedger._missing, step_opened)."""
+    missing, lapped, forgotten = lost
+    out = []
+    if missing:
+        why = ("the census's step ring (%d slots, shared with sub-steps) was reused before settling read "
+               "them" % RING_SLOTS) if lapped == missing else \
+              "no records of them came" if not lapped else \
+              "%d lapped by the census's step ring (%d slots) before settling read them, %d with no records" % (
+                  lapped, RING_SLOTS, missing - lapped)
+        out.append(f"{missing} steps that served it are missing from its share ({why}); {steps} were split")
+    if forgotten:
+        out.append(f"{forgotten} steps that served it were forgotten unsplit (the census lagged more than "
+                   f"{MAX_BOOK} steps behind)")
+    return out
+
+
 def split_step(values: List[int], tokens: Mapping[Hashable, int]) -> List[Tuple[Hashable, List[int]]]:
     """One step's flat values split among `tokens`' requests (in their order) by token count; the
     parts sum to `values` exactly. Requests with 0 tokens get nothing."""
@@ -167,10 +217,21 @@ class StepLedger:
     list of such pairs, one per process that runs the steps (ranks)."""
 
     def __init__(self, read: Callable[[int, int], Any],
-                 clock: Callable[[], int] = time.time_ns, max_wait_ns: int = MAX_WAIT_NS):
+                 clock: Callable[[], int] = time.time_ns, max_wait_ns: int = MAX_WAIT_NS,
+                 follows: bool = False, method: str = METHOD):
+        """follows: every request is announced (request_started), and a step's part for one that is not
+        (or no longer) followed is nobody's; method: METHOD or FLOPS_METHOD (the latter needs the model's
+        shape, set_shape; until then steps are split by tokens)."""
         self.read = read
         self.clock = clock
         self.max_wait_ns = max_wait_ns
+        self.follows = follows
+        self._method = method
+        self.shape: Optional[ModelShape] = None
+        self._prompt: Dict[Hashable, Optional[int]] = {}        # prompt lengths (FLOPS_METHOD)
+        self._notes: Dict[Hashable, List[str]] = {}             # what a request's share misses, as said
+        self._lost: Dict[Hashable, List[int]] = {}              # key -> [steps not in the ring, of which
+                                                                #  lapped by it; steps forgotten]
         self._book: Deque[_Entry] = collections.deque()
         self._acc: Dict[Hashable, _Acc] = {}
         self._first_token: Dict[Hashable, int] = {}
@@ -189,19 +250,33 @@ class StepLedger:
         self.sub_steps = 0          # sub-steps split
         self.steps_missing = 0      # steps the census ring no longer held when their turn came
         self.steps_dropped = 0      # steps forgotten because the census lagged MAX_BOOK steps behind
+        self.partial = 0            # requests settled partial
         self.per_process: Dict[Any, Dict[str, Any]] = {}   # with several processes: pid -> totals
         self.eager_mean_ns: Optional[Fraction] = None      # of the counted processes over their life
 
+    @property
+    def method(self) -> str:
+        """How this ledger's steps are split (the span's gpu_census.attribution.method)."""
+        return self._method if self._method == METHOD or self.shape is not None else METHOD
+
+    def set_shape(self, shape: Optional[ModelShape]) -> None:
+        """The model's shape, for FLOPS_METHOD (from the engine's configuration, before its first step)."""
+        self.shape = shape
+
     # -- from the engine thread: cheap appends --------------------------------------------------
     def step_opened(self, sid: int, tokens: MutableMapping[Hashable, int], wall_ns: int,
-                    kind: str = TOKENS) -> None:
+                    kind: str = TOKENS, before: Optional[Mapping[Hashable, int]] = None) -> None:
         """Step `sid` began at wall_ns serving `tokens` ({request: weight}); `kind` other than
-        TOKENS: a sub-step, whose weights come from step_claimed."""
-        self._book.append(_Entry(sid, tokens, wall_ns, kind=kind))
+        TOKENS: a sub-step, whose weights come from step_claimed. `before`: {request: tokens computed
+        before this step} (FLOPS_METHOD)."""
+        self._book.append(_Entry(sid, tokens, wall_ns, kind=kind, before=before))
         self.last_sid = sid
         if len(self._book) > MAX_BOOK:
-            self._book.popleft()
+            gone = self._book.popleft()
             self.steps_dropped += 1
+            for key, n in gone.tokens.items():
+                if n > 0:
+                    self._lose(key, 2)
 
     def _entry(self, sid: int) -> Optional[_Entry]:
         for e in itertools.islice(reversed(self._book), TOUCH_SEARCH):
@@ -227,9 +302,25 @@ class StepLedger:
             self._done[key] = (d[0], d[1], sid)
             self._awaiting.discard(key)
 
-    def request_started(self, key: Hashable) -> None:
-        """A request the ledger may later see claimed by a sub-step."""
+    def request_started(self, key: Hashable, prompt_tokens: Optional[int] = None) -> None:
+        """A request the ledger follows from now (steps and sub-steps may serve it); `prompt_tokens`:
+        its prompt's length (FLOPS_METHOD: whether a step samples a token of it)."""
         self._live.add(key)
+        if self._method != METHOD:
+            self._prompt[key] = prompt_tokens
+
+    def note(self, key: Hashable, text: str) -> None:
+        """Something the request's share misses (its status becomes partial, `text` among its notes)."""
+        self._notes.setdefault(key, []).append(text)
+
+    def _lose(self, key: Hashable, what: int) -> None:
+        lost = self._lost.get(key)
+        if lost is None:
+            if key in self._closed_early or (key not in self._live and key not in self._done
+                                             and (self.follows or key not in self._acc)):
+                return                       # nobody's share: not a request's loss
+            lost = self._lost[key] = [0, 0, 0]
+        lost[what] += 1
 
     def first_token(self, key: Hashable, wall_ns: int) -> None:
         self._first_token.setdefault(key, wall_ns)
@@ -276,7 +367,7 @@ class StepLedger:
                     step = steps.get(e.sid)
                     if step is None:
                         if head is not None:
-                            self.steps_missing += 1
+                            self._missing(e, head)
                     else:
                         rows.append((self._process_key(head, n) if len(sources) > 1 else None, _flat(step)))
                 self._split(e, rows)
@@ -294,11 +385,19 @@ class StepLedger:
             tr = self._traced.pop(key, _Traced())
             self._first_token.pop(key, None)
             ok = last <= self.settled_sid and not waited
-            s = Settled(key, facts, end, "complete" if ok else "stale",
+            notes = self._notes.pop(key, [])
+            lost = self._lost.pop(key, None)
+            self._prompt.pop(key, None)
+            if lost is not None:
+                notes = _lost_notes(lost, acc.steps) + notes
+            status = "stale" if not ok else "partial" if notes else "complete"
+            s = Settled(key, facts, end, status,
                         Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns,
-                        sub=Share.from_row(acc.sub), weights=dict(acc.weights),
+                        notes=notes, sub=Share.from_row(acc.sub), weights=dict(acc.weights),
                         kernel_tracing=tr.modes, kernel_traced_ns=tr.traced, kernel_span_ns=tr.span,
                         kernel_counted=tr.counted, eager_mean_ns=self.eager_mean_ns if tr.counted else None)
+            if status == "partial":
+                self.partial += 1
             if not ok:
                 self._closed_early[key] = max(last, self.last_sid) if waited else last
                 if waited:
@@ -311,6 +410,23 @@ class StepLedger:
         for key in [k for k, last in self._closed_early.items() if last <= self.settled_sid]:
             del self._closed_early[key]
         return out
+
+    def _missing(self, e: _Entry, head) -> None:
+        """Step `e` is not in this process's census: its part of every request it served is lost to them.
+        Lapped: the census has since counted a step a whole ring later (its slot was reused). Under
+        sampled kernel tracing, or none, a step may leave no record by design (its requests' kernel
+        figures are a sample already): nothing is lost then."""
+        self.steps_missing += 1
+        kernels = getattr(head, "kernels", None)
+        if getattr(kernels, "mode", None) in (KERNELS_SAMPLED, KERNELS_OFF):
+            return
+        step_max = getattr(head, "step_max", None)
+        lapped = isinstance(step_max, int) and step_max >= e.sid + RING_SLOTS
+        for key, n in e.tokens.items():
+            if n > 0:
+                self._lose(key, 0)
+                if lapped and key in self._lost:
+                    self._lost[key][1] += 1
 
     def _note_eager_mean(self, sources: Sequence[Census]) -> None:
         """The counted processes' mean eager kernel duration over their life, from headers just read
@@ -423,20 +539,14 @@ class StepLedger:
             cols: List[Tuple[int, List[int]]] = []
         else:
             weights = [e.tokens[k] for k in keys]
-            n = len(keys)
-            if weights.count(weights[0]) == n:          # decode steps: one token each
-                cols = []
-                for i, v in nz:
-                    q, r = divmod(v, n)
-                    cols.append((i, [q + 1] * r + [q] * (n - r)))
-            else:
-                total = sum(weights)
-                cols = [(i, split_weights(v, weights, total)) for i, v in nz]
+            cost = self._cost(e, keys) if not sub else None
+            cols = [(i, _split(v, cost if cost is not None and i in KERNEL_FIELDS else weights)) for i, v in nz]
         closed, live, done, accs, first = self._closed_early, self._live, self._done, self._acc, self._first_token
+        follows = self.follows or sub
         unatt = self.unattributed
         for j, key in enumerate(keys):
-            # its span is gone (or a sub-step claimed a request the ledger does not follow): unclaimed
-            if key in closed or (sub and key not in live and key not in done and key not in accs):
+            # its span is gone, or the ledger does not follow it (never announced, or settled): unclaimed
+            if key in closed or (follows and key not in live and key not in done):
                 for i, c in cols:
                     unatt[i] += c[j]
                     if rank is not None:
@@ -458,6 +568,12 @@ class StepLedger:
                 pre = acc.prefill
                 for i, c in cols:
                     pre[i] += c[j]
+
+    def _cost(self, e: _Entry, keys: List[Hashable]) -> Optional[List[int]]:
+        """The FLOPs weights of step `e`'s requests (FLOPS_METHOD with a shape), else None (tokens)."""
+        if self._method == METHOD or self.shape is None:
+            return None
+        return step_weights(self.shape, keys, e.tokens, e.before or {}, self._prompt)
 
     def _unclaimed(self, values: List[int], rank) -> None:
         for i, v in enumerate(values):

@@ -13,7 +13,10 @@ An engine hook tells :class:`StepEngine` three things, from the engine's own thr
   ledger with a kind of their own and claimed per request, ``StepLedger.step_claimed``);
 - a request starts (``start_request``: the ledger follows it from then, ``request_started``), has its
   first token (``first_token``), ends (``request_done``; ``awaiting=True`` when a sub-step still to open
-  will claim it);
+  will claim it); every request that starts ends in exactly one span and one log line: one the engine
+  let go of without an end the hooks saw is closed by a sweep (its engine object is gone: a weak
+  reference says so), at most MAX_OPEN are open at once, and those still open when the engine (or its
+  settling) ends are closed then, each with a note and status ``partial``;
 - the engine shuts down (``shutdown``): the census's final flush first, then every request settled,
   spans out.
 
@@ -38,12 +41,14 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import injector
-from ..attribution.ledger import COMPLETE, STALE, GpuCost
+from ..attribution.cost_model import ModelShape
+from ..attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
 from ..attribution.shares import Share
-from ..attribution.steps import METHOD, StepLedger
+from ..attribution.steps import FLOPS_METHOD, METHOD, METHODS, StepLedger
 from ..census import reader
 from ..telemetry.attributes import share_attributes
 from . import settle_process
@@ -52,16 +57,36 @@ log = logging.getLogger("otel_gpu_census.engine")
 
 SETTLE_PERIOD_S = 0.25
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
-             "it, each step's kernels and copies split among the step's requests by their scheduled "
-             "tokens; GPU work outside steps (start-up, compilation, graph capture) and steps that "
+             "it, an allocation of each step's measured kernels and copies among the step's requests "
+             "({split}); GPU work outside steps (start-up, compilation, graph capture) and steps that "
              "served nobody are not anyone's")
+SPLITS = {METHOD: "by their scheduled tokens",
+          FLOPS_METHOD: "kernels by each request's estimated FLOPs in the step (its tokens and the context "
+                        "before them), copies by tokens"}
+ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops: how steps are split
+SWEEP_PERIOD_NS = 5_000_000_000     # how often the engine thread looks for requests the engine let go of
+MAX_OPEN = 1 << 16                  # requests open at once (beyond: the oldest is closed)
+SWEPT = ("closed by the sweep: the engine let go of it without an end the hooks saw (its end time is "
+         "when the sweep found it)")
+TOO_MANY = f"closed early: more than {MAX_OPEN} requests were open at once (the oldest is closed)"
+ENGINE_ENDED = "the engine ended before it did"
+
+
+def attribution_method(env=os.environ) -> str:
+    """The ledger's method from OTEL_GPU_CENSUS_ATTRIBUTION (tokens, the default, or flops)."""
+    v = (env.get(ATTRIBUTION_ENV) or "tokens").strip().lower()
+    if v not in METHODS:
+        log.warning("otel-gpu-census: %s=%r is neither tokens nor flops; splitting steps by tokens", ATTRIBUTION_ENV, v)
+        v = "tokens"
+    return METHODS[v]
 
 
 class StepEngine:
     """One per engine process: the step counter, the ledger, the requests' spans, the settler.
 
     Subclasses set PROVIDER (``gen_ai.provider.name``), SCOPE (the instrumentation scope) and NOTE (the
-    cost's note), and may override :meth:`request_ids` (the ids a request's log line carries),
+    cost's note), and may override :meth:`request_ids` (the ids a request's log line carries: by default
+    its span's ``gen_ai.request.id`` and ``gen_ai.response.id``),
     :meth:`census_pids` / :meth:`census_elsewhere` / :meth:`log_segment` (when the steps run in other
     processes), :meth:`span_attributes` and :meth:`log_fields` (what a settled request adds)."""
 
@@ -80,14 +105,23 @@ class StepEngine:
         self.settling_segment = ""           # the child: the engine's segment path, as the engine sends it
         if settle_in is None:
             settle_in = "thread" if telemetry is not None or read is not None else settle_process.settle_mode()
+        self.method = attribution_method()
         self.remote: Optional[settle_process.Remote] = None
         if settle_in == "process":           # the child starts with the first settling (subclasses set up first)
             self.remote = settle_process.Remote(self, self.segment_path)
             self.ledger = self.remote.ledger
         else:
-            self.ledger = StepLedger(read or self._read_own_census, clock=clock)
+            self.ledger = self._new_ledger(read or self._read_own_census)
         self._telemetry = telemetry          # RequestTelemetry, made on first use (providers from OTEL_*)
         self._tracked: Dict[str, Any] = {}   # request id -> TrackedRequest (_Pending where a child settles)
+        # requests started and not ended (in start order): key -> (weak reference to the engine's
+        # object or None, prompt tokens)
+        self._open: Dict[str, Tuple[Optional[weakref.ref], Optional[int]]] = {}
+        self._next_sweep = 0
+        self._log_ids: Dict[str, Tuple[str, str]] = {}   # key -> (request id, response id) of its log line
+        self.shape: Optional[ModelShape] = None
+        self.settled_requests = 0            # spans ended (a settling child acknowledges them)
+        self.requests_dropped = 0            # requests that got no span (a settling child died with them)
         self.first_due: set = set()          # tracked requests without their first token yet
         self.sid = 0                         # the current step (last open_step)
         self._last_id = 0                    # the last id handed out: steps and their sub-steps
@@ -104,6 +138,26 @@ class StepEngine:
         self._final_lock = threading.Lock()
         self._summarised = False             # the summary line is written (and telemetry flushed) once
 
+    def _new_ledger(self, read) -> StepLedger:
+        led = StepLedger(read, clock=self.clock, follows=True, method=self.method)
+        led.set_shape(getattr(self, "shape", None))
+        return led
+
+    @property
+    def wants_context(self) -> bool:
+        """Whether steps need the tokens computed before them (the FLOPs split): hooks read them only then."""
+        return self.method == FLOPS_METHOD
+
+    def set_shape(self, shape: Optional[ModelShape]) -> None:
+        """The model's shape (engine configuration), for the FLOPs split: before the first step."""
+        if shape is None or shape == self.shape:
+            return
+        self.shape = shape
+        if self.remote is not None:
+            self.remote.record_sticky(("L", "set_shape", (shape,), None))
+        else:
+            self.ledger.set_shape(shape)
+
     # -- the census of this process (of the engine, in a settling child) ---------------------------
     def segment_path(self) -> str:
         return self.settling_segment if self.settling_child else injector.segment_path()
@@ -116,18 +170,26 @@ class StepEngine:
         return head, {s.id: s for s in reader.read_steps(path, lo, hi + 1)}
 
     # -- steps (engine thread) --------------------------------------------------------------------
-    def open_step(self, tokens: Optional[Mapping[str, int]]) -> int:
-        """A new step id, tagged on this thread; `tokens` ({request: scheduled tokens}, or None where
-        the requests live in another process) go to the ledger."""
-        sid = self.sid = self.next_sid()
+    def open_step(self, tokens: Optional[Mapping[str, int]], before: Optional[Mapping[str, int]] = None,
+                  sid: int = 0) -> int:
+        """A new step id (or `sid`, taken earlier with next_sid and tagged since), tagged on this thread;
+        `tokens` ({request: scheduled tokens}, or None where the requests live in another process) and
+        `before` ({request: tokens computed before this step}, for the FLOPs split) go to the ledger."""
+        sid = self.sid = sid or self.next_sid()
         if self.has_scheduler and tokens is not None:
-            self.ledger.step_opened(sid, dict(tokens), self.clock())
+            if before is not None:
+                self.ledger.step_opened(sid, dict(tokens), self.clock(), before=before)
+            else:
+                self.ledger.step_opened(sid, dict(tokens), self.clock())
+        self._tag(sid)
+        return sid
+
+    def _tag(self, sid: int) -> None:
         tagging = injector.step_begin(sid)
         if tagging != self.tagging:
             self.tagging = tagging
             if self.remote is not None:
-                self.remote.record(("tagging", tagging))
-        return sid
+                self.remote.record_sticky(("tagging", tagging))
 
     def next_sid(self) -> int:
         """The next id of the one increasing sequence of steps and sub-steps (the census's step ring
@@ -145,30 +207,58 @@ class StepEngine:
     def end_step(self, sid: int) -> None:
         injector.step_end()
         if self.has_scheduler:
-            self.ledger.step_touched(sid, self.clock())
+            now = self.clock()
+            self.ledger.step_touched(sid, now)
             self._ensure_settler()
+            self.maybe_sweep(now)
+
+    def maybe_sweep(self, now: int) -> None:
+        """The sweep, once SWEEP_PERIOD_NS has passed since the last (from the engine thread's step end)."""
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_PERIOD_NS
+            self.sweep()
 
     # -- requests (engine thread) -----------------------------------------------------------------
     def tracked(self, key: str) -> bool:
         return key in self._tracked
 
     def start_request(self, key: str, *, start_ns: int, operation: str, model: Optional[str],
-                      headers: Mapping[str, str], attributes: Mapping[str, Any]) -> None:
-        """A request the engine took in: its span starts at start_ns under the caller's context."""
+                      headers: Mapping[str, str], attributes: Mapping[str, Any], prompt_tokens: Optional[int] = None,
+                      obj: Any = None, ids: Optional[Tuple[int, int]] = None, note: Optional[str] = None) -> None:
+        """A request the engine took in: its span starts at start_ns under the caller's context (with
+        `ids`, (trace id, span id), chosen beforehand). `obj`: the engine's own object for it, whose
+        end (garbage) without request_done the sweep notices; `note`: what its share misses already."""
         self.has_scheduler = True
-        if key in self._tracked:
+        if key in self._tracked or key in self._open:
             return
+        if len(self._open) >= MAX_OPEN:
+            self.sweep()
+            while len(self._open) >= MAX_OPEN:
+                self._close(next(iter(self._open)), TOO_MANY, None)
+        ref = None
+        if obj is not None:
+            try:
+                ref = weakref.ref(obj)
+            except TypeError:
+                pass
+        self._open[key] = (ref, prompt_tokens)
         self.first_due.add(key)
         if self.remote is not None:          # the span is the child's; here, what the hooks ask after
-            self._tracked[key] = _Pending(start_ns)
-            self.remote.record(("start", key, {"start_ns": start_ns, "operation": operation, "model": model,
-                                               "headers": dict(headers), "attributes": dict(attributes)}))
+            start = {"start_ns": start_ns, "operation": operation, "model": model, "headers": dict(headers),
+                     "attributes": dict(attributes), "prompt_tokens": prompt_tokens, "ids": ids}
+            self._tracked[key] = _Pending(start_ns, start)
+            self.remote.record(("start", key, dict(start, note=note)))
             return
-        self.ledger.request_started(key)
+        self.ledger.request_started(key, prompt_tokens)
+        if note:
+            self.ledger.note(key, note)
+        ids_of = (attributes.get("gen_ai.request.id"), attributes.get("gen_ai.response.id"))
+        if ids_of != (None, None):
+            self._log_ids[key] = (ids_of[0] or key, ids_of[1] or ids_of[0] or key)
         self._tracked[key] = self.telemetry().start(
             start_ns=start_ns, operation=operation, model=model,
             span_name=f"{operation} {model}" if model else operation, parent=extract(headers),
-            attributes=attributes)
+            attributes=attributes, ids=ids)
 
     def first_token(self, key: str, now: int, attributes: Optional[Mapping[str, Any]] = None) -> bool:
         """The request's first token came out at `now` (the first call counts); False if untracked."""
@@ -187,28 +277,59 @@ class StepEngine:
         return True
 
     def request_done(self, key: str, facts: Dict[str, Any], error_type: Optional[str] = None,
-                     awaiting: bool = False, end_ns: Optional[int] = None) -> None:
+                     awaiting: bool = False, end_ns: Optional[int] = None, note: Optional[str] = None) -> None:
         """The request ended now (or at end_ns: a settling child replaying it); no later step serves
         it. `facts` are its span attributes (``gen_ai.usage.output_tokens`` among them). awaiting: a
         sub-step still to open will claim it (its last KV blocks are stored after its end): the
-        ledger waits for that."""
+        ledger waits for that. `note`: what its share misses (its status becomes partial)."""
         self.first_due.discard(key)
+        self._open.pop(key, None)
         if self.remote is not None:
             if self._tracked.pop(key, None) is not None:
-                self.remote.record(("done", key, facts, error_type, awaiting, self.clock()))
+                self.remote.record(("done", key, facts, error_type, awaiting, self.clock(), note))
             return
         t = self._tracked.get(key)
         if t is None:
             return
         t.served()
+        if note:
+            self.ledger.note(key, note)
         self.ledger.request_done(key, (facts, error_type), self.clock() if end_ns is None else end_ns,
                                  awaiting=awaiting)
         if not self.tagging:                 # no census here: nothing to wait for
             self._ensure_settler()
 
+    # -- requests nobody said ended ------------------------------------------------------------------
+    def sweep(self) -> int:
+        """Close the requests whose engine object is gone (the engine let go of them without an end
+        the hooks saw). Their number."""
+        gone = [k for k, (ref, _) in list(self._open.items()) if ref is not None and ref() is None]
+        for key in gone:
+            self._close(key, SWEPT, None)
+        return len(gone)
+
+    def close_open(self, note: str = ENGINE_ENDED, error_type: Optional[str] = "shutdown") -> int:
+        """Close every request still open (the engine, or what settles it, is ending). Their number."""
+        keys = list(self._open)
+        for key in keys:
+            self._close(key, note, error_type)
+        return len(keys)
+
+    def _close(self, key: str, note: str, error_type: Optional[str]) -> None:
+        _, prompt = self._open.get(key, (None, None))
+        facts = {"gen_ai.usage.input_tokens": prompt} if prompt is not None else {}
+        self.request_done(key, facts, error_type, note=note)
+        self._open.pop(key, None)
+
+    def in_flight(self) -> List[Tuple[str, Dict[str, Any], Optional[int]]]:
+        """(key, start record, first token ns) of each request a settling child follows now: what a new
+        child is told when the first one dies (called from the shipper's thread)."""
+        return [(k, t.start, t.first_token_ns) for k, t in list(self._tracked.items()) if isinstance(t, _Pending)]
+
     def request_ids(self, key: str) -> Tuple[str, str]:
-        """(the request's id, the id of the response its client got), for its log line."""
-        return key, key
+        """(the request's id, the id of the response its client got), for its log line: its span's
+        gen_ai.request.id and gen_ai.response.id where it started with them."""
+        return self._log_ids.get(key, (key, key))
 
     # -- where the census is, what a settled request adds (subclasses) ------------------------------
     def census_pids(self) -> List[int]:
@@ -259,13 +380,20 @@ class StepEngine:
             self._thread.start()
 
     def _settle_here(self) -> None:
-        """The child could not start: a real ledger, and what was recorded for the child applied here."""
+        """No child could start (or the last one died): a real ledger, and what was recorded for a child
+        applied here (the requests a dead one followed announced again, partial)."""
         remote, self.remote = self.remote, None
+        events = remote.take_over()
+        opened = dict(self._open)            # (their weak references: the replay below has no objects)
         self._tracked.clear()                # placeholders: the replay below makes the spans
         self.first_due.clear()
-        self.ledger = StepLedger(self._read_own_census, clock=self.clock)
-        for ev in remote.take_all():
+        self._open.clear()
+        self.ledger = self._new_ledger(self._read_own_census)
+        for ev in events:
             settle_process.apply(self, ev)
+        for key, (ref, _) in opened.items():
+            if key in self._open and ref is not None:
+                self._open[key] = (ref, self._open[key][1])
 
     def _run(self) -> None:
         while not self._stopped:
@@ -312,7 +440,7 @@ class StepEngine:
             if self._telemetry is not None:
                 self.flush_telemetry(timeout_s)
             if self.has_scheduler:
-                self._requests_log.summary(self.ledger, self.settle_errors)
+                self._requests_log.summary(self.ledger, self.settle_errors, self.requests_dropped)
 
     def settle(self, final: bool = False) -> int:
         """Split what the census completed; end the spans of the requests that settled. Their count."""
@@ -329,15 +457,24 @@ class StepEngine:
             cost = None
             attrs.update(self.span_attributes(s))
             if self.tagging:
-                cost = GpuCost(status=COMPLETE if s.status == "complete" else STALE, method=METHOD,
-                               steps=s.steps, note=self.NOTE, share=s.share, prefill=s.prefill,
+                method = self.ledger.method
+                cost = GpuCost(status=_STATUS.get(s.status, STALE), method=method,
+                               steps=s.steps, note=self.NOTE.format(split=SPLITS[method]), share=s.share, prefill=s.prefill,
                                pids=self.census_pids(), notes=list(s.notes), kernel_tracing=list(s.kernel_tracing),
                                kernel_traced_ns=s.kernel_traced_ns, kernel_span_ns=s.kernel_span_ns,
                                kernel_counted=s.kernel_counted, eager_mean_ns=s.eager_mean_ns)
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
+            self._log_ids.pop(s.key, None)
+            self.settled_requests += 1
         return len(done)
+
+    def dropped(self, n: int) -> None:
+        """`n` requests of this engine got no span (a settling process died with them): counted."""
+        if n > 0:
+            self.requests_dropped += n
+            self.telemetry().dropped(n)
 
     # -- the end of the engine ----------------------------------------------------------------------
     def shutdown(self, timeout_s: float = 3.0) -> None:
@@ -353,8 +490,10 @@ class StepEngine:
         self._shutdown_done = True
         injector.finish()
         self._stopped = True
-        if self.remote is not None and self.remote.pending():
-            self._ensure_settler()           # requests recorded, no step yet: the child starts now
+        self.close_open()
+        if self.remote is not None and (self.remote.pending() or self.remote.dead):
+            self._ensure_settler()           # requests recorded, no step yet: the child starts now (or the
+                                             # engine settles, where none can)
         if self.remote is not None:          # the child settles, flushes and writes the summary
             self.remote.finish(timeout_s)
             return
@@ -371,6 +510,16 @@ class StepEngine:
                 self.settle()
                 time.sleep(0.05)
         self._final_outputs(timeout_s)
+
+    def flush_spans(self, timeout_s: float) -> bool:
+        """The spans ended so far exported (False: the exporter did not confirm within timeout_s)."""
+        for provider in self._providers[:1]:
+            try:
+                if hasattr(provider, "force_flush") and provider.force_flush(int(timeout_s * 1000)) is False:
+                    return False
+            except Exception:
+                return False
+        return True
 
     def flush_telemetry(self, timeout_s: float) -> None:
         for provider in self._providers:
@@ -392,13 +541,18 @@ class StepEngine:
         return self._telemetry
 
 
-class _Pending:
-    """An engine's note of a request its settling child follows (the span is the child's)."""
-    __slots__ = ("start_ns", "first_token_ns")
+_STATUS = {"complete": COMPLETE, "partial": PARTIAL}   # the ledger's word -> GpuCost.status (else STALE)
 
-    def __init__(self, start_ns: int):
+
+class _Pending:
+    """An engine's note of a request its settling child follows (the span is the child's): what a new
+    child needs to follow it if the first one dies."""
+    __slots__ = ("start_ns", "first_token_ns", "start")
+
+    def __init__(self, start_ns: int, start: Dict[str, Any]):
         self.start_ns = start_ns
         self.first_token_ns: Optional[int] = None
+        self.start = start
 
 
 class RequestLog:
@@ -460,6 +614,7 @@ class RequestLog:
         obj = {"id": rid, "response_id": response, "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
+               "method": eng.ledger.method if eng is not None else METHOD,
                "gpu": share_attributes("", s.share, kernel_ns=kt.ns),
                "prefill": share_attributes("", s.prefill, kernel_ns=s.kernel_time(s.prefill).ns)}
         if s.kernel_tracing and s.kernel_tracing != ["all"]:
@@ -477,11 +632,14 @@ class RequestLog:
             obj["first_token_time_unix_nano"] = tracked.first_token_ns
         if error_type:
             obj["error"] = error_type
+        if s.notes:
+            obj["notes"] = list(s.notes)
         self._put(obj)
 
-    def summary(self, ledger, errors: int = 0) -> None:
-        self._put({"summary": {"method": METHOD, "steps_split": ledger.settled_sid, "settle_errors": errors,
+    def summary(self, ledger, errors: int = 0, dropped: int = 0) -> None:
+        self._put({"summary": {"method": ledger.method, "steps_split": ledger.settled_sid, "settle_errors": errors,
                                "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+                               "requests_partial": ledger.partial, "requests_dropped": dropped,
                                "kv_sub_steps": ledger.sub_steps,
                                "ranks": {str(pid): {k: share_attributes("", Share.from_row(v)) for k, v in per.items()}
                                          for pid, per in ledger.per_process.items()},

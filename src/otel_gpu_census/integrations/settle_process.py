@@ -11,10 +11,15 @@ census segment, settles, writes the request log and exports, exactly as the thre
 The engine side (:class:`Remote`): calls append one tuple to a deque (atomic under the GIL); a shipper
 thread takes what is there every SHIP_PERIOD_S, pickles it (one pickle per batch, so a request id repeated
 in every step is written once) and writes it, length-prefixed, to the child's stdin. Bounded: at most
-MAX_EVENTS wait; beyond that they are dropped and counted. The child is started once, at the engine's
-first settling (its first step, or its shutdown if requests came and no step ran); if it cannot start,
-the engine applies what it recorded itself and settles in a thread as before (one log line). If it
-dies, its records are dropped from then on (one log line): the engine is never blocked.
+MAX_EVENTS wait; beyond that they are dropped and counted (a request whose start was dropped gets no
+span: counted as dropped). The child is started once, at the engine's first settling (its first step,
+or its shutdown if requests came and no step ran); if it cannot start, the engine applies what it
+recorded itself and settles in a thread as before (one log line). The child acknowledges on its stdout
+how many requests it has settled and exported (a flush of its spans every ACK_PERIOD_S at most). If it dies, a new one takes over (at most MAX_RESTARTS times; one
+log line each): the requests in flight are announced to it again, partial (the steps the dead one
+knew are lost), and the requests that had ended and were not acknowledged are counted as dropped
+(``gpu_census.requests.dropped``, the request log's summary), an upper bound: the dead child may have
+exported some of them. After that the engine settles in a thread itself. The engine is never blocked.
 
 The child (``python -m otel_gpu_census.integrations.settle_process``): reads batches, applies them,
 settles every settle period; the final settle, the request log's summary and the export flush come
@@ -44,7 +49,12 @@ log = logging.getLogger("otel_gpu_census.engine")
 SETTLE_ENV = "OTEL_GPU_CENSUS_SETTLE"     # process (default) | thread
 SHIP_PERIOD_S = 0.1
 MAX_EVENTS = 1_000_000
+MAX_RESTARTS = 5
+ACK_PERIOD_S = 1.0                  # the child exports and acknowledges what it settled at most this often
 _HEADER = struct.Struct("<I")
+_ACK = struct.Struct("<Q")          # the child's count of requests settled, cumulative
+RESTARTED = ("its settling process was replaced while it was in flight: the steps before that are "
+             "missing from its share")
 
 
 def settle_mode(env=os.environ) -> str:
@@ -81,6 +91,12 @@ class LedgerRecorder:
     def request_done(self, *args, **kw):
         self._remote.record(("L", "request_done", args, kw))
 
+    def note(self, *args):
+        self._remote.record(("L", "note", args, None))
+
+    def set_shape(self, *args):
+        self._remote.record_sticky(("L", "set_shape", args, None))
+
     def pending(self) -> int:                # the child knows; the engine waits for it instead
         return 0
 
@@ -97,12 +113,19 @@ class Remote:
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._sent_segment = ""
-        self.dropped = 0
+        self._sticky: dict = {}              # records every child must have first (shape, tagging, ranks): the last
+                                             # of each kind
+        self.dropped = 0                     # records dropped (MAX_EVENTS)
         self.dead = False
         self.closed = False
         self.ledger = LedgerRecorder(self)
         self.proc: Optional[subprocess.Popen] = None
         self._tried = False
+        self.restarts = 0
+        self._sent_done = 0                  # "done" records the current child took
+        self._acked = 0                      # ... and requests it says it settled
+        self._ack_buf = b""
+        self._lost_unsent = 0                # requests dropped, not yet told to a child
 
     # -- the child --------------------------------------------------------------------------------
     def _start(self) -> Optional[subprocess.Popen]:
@@ -115,8 +138,9 @@ class Remote:
                      "period_s": self._engine._period, "exports": self._engine.exports()}
             # a session of its own: a Ctrl-C or a stop sent to the engine's process group leaves it to
             # settle the engine's last requests (it ends when its stdin does)
-            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     env=env, close_fds=True, start_new_session=True)
+            os.set_blocking(proc.stdout.fileno(), False)     # acknowledgements, read when there are any
         except Exception as e:
             log.warning("otel-gpu-census: no settling process (%s); settling in a thread of the engine", e)
             return None
@@ -127,16 +151,26 @@ class Remote:
                         "a thread of the engine", e)
             _reap(proc)
             return None
+        self._sent_done = self._acked = 0
+        self._ack_buf = b""
+        self._sent_segment = ""
         return proc
 
     # -- the engine's thread ------------------------------------------------------------------------
     def record(self, event: tuple) -> None:
-        if self.dead or self.closed:
+        if self.closed:
             return
         if len(self._events) >= MAX_EVENTS:
             self.dropped += 1
+            if event[0] == "start":          # that request will have no span
+                self._lost_unsent += 1
             return
         self._events.append(event)
+
+    def record_sticky(self, event: tuple) -> None:
+        """A record every child needs (a new one gets the last of its kind again before anything else)."""
+        self._sticky[event[:2] if event[0] in ("L", "call") else event[0]] = event
+        self.record(event)
 
     def ensure(self) -> bool:
         """The child and the shipper running (started by the first call, from the engine's first
@@ -173,25 +207,99 @@ class Remote:
         if seg and seg != self._sent_segment:
             self._sent_segment = seg
             batch.insert(0, ("segment", seg))
+        if self._lost_unsent:
+            batch.append(("dropped", self._lost_unsent))
+            self._lost_unsent = 0
         return batch
 
+    def _read_acks(self) -> None:
+        """The child's latest count of requests settled (what it wrote to its stdout so far)."""
+        try:
+            data = os.read(self.proc.stdout.fileno(), 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except (OSError, ValueError, AttributeError):
+            return
+        buf = self._ack_buf + data
+        whole = len(buf) - len(buf) % _ACK.size
+        if whole:
+            self._acked = _ACK.unpack_from(buf, whole - _ACK.size)[0]
+        self._ack_buf = buf[whole:]
+
     def ship(self, extra: Tuple = ()) -> bool:
-        """Send what was recorded (and `extra`); False once the child is gone."""
+        """Send what was recorded (and `extra`); False once no child can take it."""
         with self._lock:
             if self.dead or self.proc is None:
                 return False
+            self._read_acks()
             batch = self._take() + list(extra)
             if not batch:
                 return True
-            try:
-                self._write(self.proc, batch)
-            except Exception as e:          # (a broken pipe, or closed under us: never the engine's problem)
-                self.dead = True
-                self._events.clear()
-                log.warning("otel-gpu-census: the settling process is gone (%s); the requests from now on get no "
-                            "spans or log lines", e)
-                return False
-            return True
+            while True:
+                try:
+                    self._write(self.proc, batch)
+                except Exception as e:      # (a broken pipe, or closed under us: never the engine's problem)
+                    last = [ev for ev in batch if ev[0] == "shutdown"]
+                    batch = self._replace([ev for ev in batch if ev[0] != "shutdown"], e)
+                    if batch is None:
+                        return False
+                    batch += last
+                    continue
+                self._sent_done += sum(1 for ev in batch if ev[0] == "done")
+                return True
+
+    def _replace(self, lost: List[tuple], err: Exception) -> Optional[List[tuple]]:
+        """The child is gone: a new one, and what it must be sent first (None: no more children)."""
+        self._read_acks()
+        started = {ev[1] for ev in lost if ev[0] == "start"}
+        dropped = max(0, self._sent_done - self._acked) + sum(1 for ev in lost if ev[0] == "done" and ev[1] not in started)
+        dropped += sum(ev[1] for ev in lost if ev[0] == "dropped")
+        old, self.proc = self.proc, None
+        if old is not None:
+            _reap(old)
+        lost = [ev for ev in lost if ev[0] not in ("segment", "dropped")]
+        work = self._engine.in_flight() or self._events or any(ev[0] != "tagging" for ev in lost)
+        proc = self._start() if self.restarts < MAX_RESTARTS and not self.closed and work else None
+        self._lost_unsent += dropped
+        self._events.extendleft(reversed(lost))   # (the engine's thread appends on the other end)
+        if proc is None:
+            self.dead = True
+            if work:
+                log.warning("otel-gpu-census: the settling process is gone (%s) and no other takes over; the engine "
+                            "settles its requests itself from now on", err)
+            return None
+        self.restarts += 1
+        self.proc = proc
+        out = self.take_over()
+        log.warning("otel-gpu-census: the settling process is gone (%s); a new one takes over (%d of %d): %d requests "
+                    "in flight are partial, %d that had ended may have no span (gpu_census.requests.dropped)",
+                    err, self.restarts, MAX_RESTARTS, sum(1 for ev in out if ev[0] == "start" and ev[2].get("note") ==
+                                                          RESTARTED), dropped)
+        seg = self._segment_path()
+        if seg:
+            self._sent_segment = seg
+            out.insert(0, ("segment", seg))
+        return out
+
+    def take_over(self) -> List[tuple]:
+        """What a new settler (a new child, or the engine itself) is told, in order: what every settler
+        needs, the requests the dead one followed (partial: the steps it knew are lost), the requests
+        dropped, then everything not sent yet (a request started there is not partial)."""
+        pending = self.take_all()
+        if self.restarts == 0 and not self.dead:
+            return pending                   # nobody settled before: everything is in `pending`
+        unsent = {ev[1] for ev in pending if ev[0] == "start"}
+        out = list(self._sticky.values())
+        for key, start, first_ns in self._engine.in_flight():
+            if key in unsent:
+                continue
+            out.append(("start", key, dict(start, note=RESTARTED)))
+            if first_ns is not None:
+                out.append(("first", key, first_ns, None))
+        if self._lost_unsent:
+            out.append(("dropped", self._lost_unsent))
+            self._lost_unsent = 0
+        return out + pending
 
     @staticmethod
     def _write(proc, batch) -> None:
@@ -256,8 +364,10 @@ def apply(eng, event: tuple) -> Optional[tuple]:
     elif kind == "first":
         eng.first_token(*event[1:])
     elif kind == "done":
-        _, key, facts, error_type, awaiting, end_ns = event
-        eng.request_done(key, facts, error_type, awaiting=awaiting, end_ns=end_ns)
+        _, key, facts, error_type, awaiting, end_ns, note = event
+        eng.request_done(key, facts, error_type, awaiting=awaiting, end_ns=end_ns, note=note)
+    elif kind == "dropped":
+        eng.dropped(event[1])
     elif kind == "tagging":
         eng.tagging = bool(event[1])
     elif kind == "segment":
@@ -269,8 +379,18 @@ def apply(eng, event: tuple) -> Optional[tuple]:
     return None
 
 
-def serve(fd: int) -> int:
-    """The child's loop on `fd` (its stdin). Returns its exit code."""
+def _ack(fd: Optional[int], n: int) -> None:
+    """Tell the engine how many requests this process has settled (never blocks; lost if it cannot)."""
+    if fd is None:
+        return
+    try:
+        os.write(fd, _ACK.pack(n))
+    except OSError:
+        pass
+
+
+def serve(fd: int, ack_fd: Optional[int] = None) -> int:
+    """The child's loop on `fd` (its stdin; acknowledgements to `ack_fd`). Returns its exit code."""
     first = _read_frame(fd)
     if not first or first[0][0] != "hello":
         log.warning("otel-gpu-census settling process: no hello from the engine; exiting")
@@ -280,6 +400,8 @@ def serve(fd: int) -> int:
     period = float(hello.get("period_s") or 0.25)
     engine_pid = int(hello["pid"])
     shutdown = None
+    acked = 0
+    next_ack = 0.0
     next_settle = time.monotonic() + period
     try:
         while True:
@@ -298,17 +420,29 @@ def serve(fd: int) -> int:
             if time.monotonic() >= next_settle:
                 next_settle = time.monotonic() + period
                 eng.settle_once()            # (census=finish: the final outputs; the engine may go on a little)
+                if eng.settled_requests != acked and time.monotonic() >= next_ack:
+                    # acknowledged once exported: a child killed after this loses none of them
+                    next_ack = time.monotonic() + ACK_PERIOD_S
+                    n = eng.settled_requests
+                    if eng.flush_spans(ACK_PERIOD_S):
+                        acked = n
+                        _ack(ack_fd, acked)
+                    else:                    # the collector is slow or away: flush (and block) less often
+                        next_ack += 9 * ACK_PERIOD_S
     except Exception:
         log.exception("otel-gpu-census settling process: failed; settling what there is")
     timeout_s = float(shutdown[1]) if shutdown else 3.0
     if shutdown and shutdown[2]:
         log.warning("otel-gpu-census: %d engine records were dropped (the settling process fell behind)", shutdown[2])
     summarised_before = eng.summarised()     # (census=finish: the final outputs were written already)
+    eng.close_open()                         # what the engine never said ended: it has
     eng.settle_to_end(timeout_s)
     if summarised_before:                    # requests that ended after that summary
         if eng.has_scheduler:
             eng.settle(final=True)
         eng.flush_telemetry(timeout_s)
+    if eng.flush_spans(timeout_s):
+        _ack(ack_fd, eng.settled_requests)
     return 0
 
 
@@ -335,7 +469,11 @@ def main() -> int:
     # this process to finish, so that the last requests are still settled
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return serve(sys.stdin.fileno())
+    # stdout is the acknowledgements' pipe: keep it to ourselves (a console exporter prints to fd 1)
+    ack_fd = os.dup(1)
+    os.dup2(2, 1)
+    os.set_blocking(ack_fd, False)
+    return serve(sys.stdin.fileno(), ack_fd)
 
 
 if __name__ == "__main__":

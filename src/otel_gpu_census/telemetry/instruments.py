@@ -9,6 +9,7 @@ provider, model, error type, copy direction; never request ids.
 | gpu_census.requests.in_flight | up-down counter | {request} | gen_ai.operation.name, gen_ai.provider.name |
 | gpu_census.request.copy.size | histogram | By | same as TTFT + gpu_census.copy.direction (htod, dtoh) |
 | gpu_census.request.kernel.time | histogram | s | same as TTFT |
+| gpu_census.requests.dropped | counter | {request} | gen_ai.provider.name |
 
 The GPU histograms take a request's attributed share (``GpuCost.share``) once the census is complete
 for it (status complete or settled); kernel time only where every kernel was traced, or under counted
@@ -32,6 +33,7 @@ BYTES_BUCKETS = [float(1 << s) for s in range(10, 37, 2)]
 # Kernel time of one request: 100 µs to ~7 min in factors of 4.
 KERNEL_TIME_BUCKETS = [1e-4 * 4 ** k for k in range(12)]
 IN_FLIGHT = "gpu_census.requests.in_flight"
+DROPPED = "gpu_census.requests.dropped"
 COPY_DIRECTIONS = ("htod", "dtoh")
 
 
@@ -65,6 +67,14 @@ class RequestInstruments:
             description="Kernel time attributed to one request (recorded where every kernel was traced; "
                         "estimated under counted kernel tracing)",
             explicit_bucket_boundaries_advisory=KERNEL_TIME_BUCKETS)
+
+        self.dropped_requests = meter.create_counter(
+            DROPPED, unit="{request}",
+            description="Requests an engine served that got no span or request log line (their settling "
+                        "process died before it settled them)")
+
+    def dropped(self, n: int, attrs: Dict[str, str]) -> None:
+        self.dropped_requests.add(n, attrs)
 
     def started(self, base: Dict[str, str]) -> None:
         self.in_flight.add(1, base)

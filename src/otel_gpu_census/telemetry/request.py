@@ -24,9 +24,10 @@ No web framework is imported here (nor by anything this imports): engine workers
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -60,19 +61,22 @@ class RequestTelemetry:
         self.instruments = RequestInstruments(meter_provider, instrumentation_name)
 
     def start(self, *, start_ns: int, operation: str, model: Optional[str] = None, span_name: str,
-              parent: "Optional[Context]" = None, attributes: Mapping[str, Any] = (), kind=SpanKind.SERVER
-              ) -> "TrackedRequest":
+              parent: "Optional[Context]" = None, attributes: Mapping[str, Any] = (), kind=SpanKind.SERVER,
+              ids: Optional[Tuple[int, int]] = None) -> "TrackedRequest":
         """A request that began at `start_ns` (wall clock, ns): its span starts then, under `parent`
         (a context extracted from the request's headers, or None), with `attributes` and the GenAI
-        operation, provider and model; the in-flight counter goes up by one."""
+        operation, provider and model; the in-flight counter goes up by one. `ids`: (trace id, span id)
+        chosen beforehand (an engine that hands its spans' context to the engine's own spans before
+        the span exists); the trace id counts only where the span has no parent."""
         attrs: Dict[str, Any] = {OPERATION: operation, PROVIDER: self.provider_name}
         attrs.update(dict(attributes))
         if model:
             attrs[MODEL] = model
         base = {OPERATION: attrs[OPERATION], PROVIDER: attrs[PROVIDER]}
         try:
-            span = self.tracer.start_span(span_name, context=parent, kind=kind, start_time=start_ns,
-                                          attributes=attrs)
+            with _chosen_ids(self.tracer, ids):
+                span = self.tracer.start_span(span_name, context=parent, kind=kind, start_time=start_ns,
+                                              attributes=attrs)
         except Exception:
             log.exception("request telemetry: could not start a span")
             span = trace.INVALID_SPAN
@@ -83,6 +87,49 @@ class RequestTelemetry:
         except Exception:
             log.exception("request telemetry: could not count a request in flight")
         return req
+
+
+    def dropped(self, n: int) -> None:
+        """`n` requests that got no span (their settling process died with them): counted."""
+        try:
+            self.instruments.dropped(n, {PROVIDER: self.provider_name})
+        except Exception:
+            log.exception("request telemetry: could not count dropped requests")
+
+
+class _ChosenIds:
+    """An SDK id generator that hands out ids chosen beforehand, on the thread that chose them."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.next = threading.local()
+
+    def generate_span_id(self) -> int:
+        ids = getattr(self.next, "ids", None)
+        return ids[1] if ids else self.inner.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        ids = getattr(self.next, "ids", None)
+        return ids[0] if ids else self.inner.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return getattr(self.inner, "is_trace_id_random", lambda: False)()
+
+
+@contextlib.contextmanager
+def _chosen_ids(tracer, ids: Optional[Tuple[int, int]]):
+    """Within: `tracer` (an SDK tracer; others are left alone) gives its next span these (trace, span) ids."""
+    gen = getattr(tracer, "id_generator", None) if ids else None
+    if gen is None:
+        yield
+        return
+    if not isinstance(gen, _ChosenIds):
+        gen = tracer.id_generator = _ChosenIds(gen)
+    gen.next.ids = ids
+    try:
+        yield
+    finally:
+        gen.next.ids = None
 
 
 class TrackedRequest:

@@ -3,12 +3,16 @@
 SGLang runs one scheduler process per (TP, PP) rank, and each drives its own GPU: its own census
 segment, its own steps. Every rank
 
-- tags each batch's GPU work as one step (``Scheduler.run_batch`` and, with the overlap scheduler, the
-  delayed sampling ``launch_batch_sample_if_needed`` of the same batch), with the batch's
-  ``{rid: scheduled tokens}`` (an extend batch: ``extend_lens``, one per request in ``reqs``; a decode
-  batch: one token each);
+- tags each batch's GPU work as one step: its preparation (``get_next_batch_to_run`` and the
+  disaggregation modes' own: ``prepare_for_extend`` / ``prepare_for_decode`` copy the batch's inputs to
+  the GPU there), ``Scheduler.run_batch`` and, with the overlap scheduler, the delayed sampling
+  ``launch_batch_sample_if_needed`` of the same batch, with the batch's ``{rid: scheduled tokens}``
+  (an extend batch: ``extend_lens``, one per request in ``reqs``; a decode batch: one token each) and,
+  for the FLOPs split, the tokens each had before (``prefix_lens``; ``seq_lens_cpu`` less the new one);
 - follows each request (``_add_request_to_queue`` .. the ``stream_output`` that carries its last
-  output), with the caller's trace context that the HTTP-side hooks carried to it;
+  output, or ``send_abort_output``, which ends the requests SGLang drops outside the output stream:
+  aborted while queued or in a chunked prefill, rejected for the queue or its priority, retracted for
+  good), with the caller's trace context that the HTTP-side hooks carried to it;
 - splits its steps among their requests and writes one JSON line per request beside its segment.
 
 Spans and request metrics come from one rank per group of ranks that share requests (attention-TP rank 0
@@ -21,6 +25,7 @@ import logging
 import time
 from typing import Any, Dict, Mapping, Optional
 
+from ...attribution.cost_model import ModelShape
 from ..engine_steps import SETTLE_PERIOD_S, StepEngine
 
 log = logging.getLogger("otel_gpu_census.sglang")
@@ -57,6 +62,22 @@ def step_tokens(batch) -> Dict[str, int]:
     return out
 
 
+def tokens_before(batch) -> Dict[str, int]:
+    """{rid: tokens computed before this batch}: prefix_lens on an extend batch, else each sequence's
+    length less the token this step computes (decode)."""
+    reqs = getattr(batch, "reqs", None) or ()
+    mode = getattr(batch, "forward_mode", None)
+    if mode is not None and mode.is_extend():
+        pre = getattr(batch, "prefix_lens", None)
+        if pre is not None and len(pre) >= len(reqs):
+            return {req.rid: int(n) for req, n in zip(reqs, pre)}
+        return {}
+    lens = getattr(batch, "seq_lens_cpu", None)
+    if lens is not None and len(lens) == len(reqs):
+        return {req.rid: max(0, int(n) - 1) for req, n in zip(reqs, lens.tolist())}
+    return {req.rid: max(0, len(req.origin_input_ids) + len(req.output_ids) - 1) for req in reqs}
+
+
 def error_of(req) -> Optional[str]:
     reason = getattr(req, "finished_reason", None)
     if reason is not None and type(reason).__name__ == "FINISH_ABORT":
@@ -78,12 +99,34 @@ class SchedulerTelemetry(StepEngine):
         self._reports = reports              # None: learnt from SGLang's parallel context
         self._sampled_batch = None           # the batch of the last run_batch (its delayed sampling)
         self._ended: set = set()             # rids whose end was seen (overlap streams a finished one twice)
+        self._prepared = (None, 0)           # (the batch get_next_batch_to_run returned, its step)
 
     # -- steps (scheduler thread) ---------------------------------------------------------------
+    def prepare_begin(self) -> int:
+        """Before get_next_batch_to_run: the id its batch's step will have, tagged on this thread (0:
+        no request in flight, nothing to tag). Not taken yet: a call that returns no batch leaves it to
+        the next step."""
+        if not self._open:
+            return 0
+        sid = self._last_id + 1
+        self._tag(sid)
+        return sid
+
+    def prepared(self, sid: int, plan) -> None:
+        """After it: the batch it returned (if any) is step `sid` (run_batch opens it)."""
+        batch = getattr(plan, "batch_to_run", None)
+        if batch is not None and sid == self._last_id + 1:
+            self._last_id = sid
+            self._prepared = (batch, sid)
+
     def batch_begin(self, batch) -> int:
-        """Before Scheduler.run_batch: a new step with the batch's tokens."""
+        """Before Scheduler.run_batch: the step of the batch prepared for it (else a new one), with the
+        batch's tokens."""
         self._sampled_batch = batch
-        return self.open_step(step_tokens(batch))
+        prepared, sid = self._prepared
+        self._prepared = (None, 0)
+        return self.open_step(step_tokens(batch), tokens_before(batch) if self.wants_context else None,
+                              sid=sid if prepared is batch else 0)
 
     def sample_begin(self, batch) -> int:
         """Before launch_batch_sample_if_needed: the same step as the run_batch of that batch."""
@@ -105,9 +148,12 @@ class SchedulerTelemetry(StepEngine):
         if not isinstance(start_ns, int) or start_ns <= 0:
             start_ns = self.clock()
         operation = carried.get("operation") if isinstance(carried.get("operation"), str) else "text_completion"
+        if self.shape is None and self.wants_context:
+            self.set_shape(ModelShape.of(getattr(getattr(scheduler, "model_config", None), "hf_config", None)))
         self.start_request(rid, start_ns=start_ns, operation=operation, model=self._model_name(scheduler),
                            headers=headers,
-                           attributes={"gen_ai.request.id": rid, "gen_ai.response.id": rid, "sglang.request.id": rid})
+                           attributes={"gen_ai.request.id": rid, "gen_ai.response.id": rid, "sglang.request.id": rid},
+                           prompt_tokens=len(getattr(req, "origin_input_ids", ()) or ()), obj=req)
 
     def outputs(self, reqs, skip_req=None) -> None:
         """Before SchedulerOutputStreamer.stream_output: first tokens, and the requests that end now."""
@@ -125,7 +171,12 @@ class SchedulerTelemetry(StepEngine):
             if req.finished() and not getattr(req, "finished_output", None):
                 self._done(req)
 
-    def _done(self, req) -> None:
+    def aborted(self, req, abort_req=None) -> None:
+        """Scheduler.send_abort_output: SGLang ends `req` outside the output stream."""
+        if req is not None and self.tracked(req.rid):
+            self._done(req, abort=getattr(abort_req, "finished_reason", None) or {"type": "abort"})
+
+    def _done(self, req, abort=None) -> None:
         if req.rid in self._ended:
             return
         if len(self._ended) > 4096:
@@ -137,14 +188,16 @@ class SchedulerTelemetry(StepEngine):
             "gen_ai.usage.output_tokens": len(getattr(req, "output_ids", ()) or ()),
         }
         kind = None
-        if reason is not None and hasattr(reason, "to_json"):
+        if abort is not None:
+            kind = abort.get("type", "abort") if isinstance(abort, dict) else "abort"
+        elif reason is not None and hasattr(reason, "to_json"):
             try:
                 kind = reason.to_json().get("type")
             except Exception:
                 kind = None
         if kind:
             facts["gen_ai.response.finish_reasons"] = [str(kind)]
-        self.request_done(req.rid, facts, error_of(req))
+        self.request_done(req.rid, facts, "aborted" if abort is not None else error_of(req))
 
     # -- which rank reports -----------------------------------------------------------------------
     def reports(self) -> bool:

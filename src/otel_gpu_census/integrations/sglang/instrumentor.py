@@ -12,10 +12,14 @@ SGLang without the registry):
 | ReqTimeStatsBase.__getstate__ / new_from_obj  | all            | carry them to the scheduler (inside the |
 |                                               |                | request's time stats, which SGLang      |
 |                                               |                | pickles to the scheduler)               |
-| Scheduler.run_batch,                          | scheduler      | one step id around both (the overlap    |
-| Scheduler.launch_batch_sample_if_needed       | (every rank)   | scheduler samples a batch later)        |
+| Scheduler.get_next_batch_to_run (and the      | scheduler      | one step id around the batch's          |
+| disaggregation modes' own),                   | (every rank)   | preparation (its input copies), its run |
+| Scheduler.run_batch,                          |                | and its sampling (the overlap scheduler |
+| Scheduler.launch_batch_sample_if_needed       |                | samples a batch later)                  |
 | Scheduler._add_request_to_queue               | scheduler      | a request's span starts                 |
 | SchedulerOutputStreamer.stream_output         | scheduler      | first token; the request's last output  |
+| Scheduler.send_abort_output                   | scheduler      | the end of a request SGLang drops       |
+|                                               |                | outside the output stream               |
 | Scheduler.run_event_loop                      | scheduler      | at its end: final flush, last spans     |
 | utils.common.kill_process_tree (and every     | launcher,      | before SGLang SIGKILLs a process tree   |
 | ``from ... import`` of it: the registry       | Engine         | (at every stop): the final census flush |
@@ -35,6 +39,7 @@ from typing import Any, Callable, Collection, List, Tuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
+from ... import injector
 from .. import final_flush
 from ..guard import HookGuard, start_integration
 from .package import _instruments
@@ -148,6 +153,27 @@ def _launch_batch_sample(original, self, *args, **kwargs):
             _guard("step end", lambda: engine().end_step(sid), closing=True)
 
 
+def _next_batch(original, self, *args, **kwargs):
+    """get_next_batch_to_run and its disaggregation twins: the batch's preparation is its step's."""
+    sid = _guard("batch preparation", lambda: engine().prepare_begin(), default=0)
+    try:
+        plan = original(self, *args, **kwargs)
+    finally:
+        if sid:
+            _guard("batch preparation end", injector.step_end, closing=True)
+    if sid:
+        _guard("batch preparation", lambda: engine().prepared(sid, plan))
+    return plan
+
+
+def _send_abort_output(original, self, *args, **kwargs):
+    req = _arg(args, kwargs, 1, "req")
+    abort_req = _arg(args, kwargs, 0, "abort_req")
+    if GUARD.current is not None:
+        _guard("request abort", lambda: GUARD.current.aborted(req, abort_req))
+    return original(self, *args, **kwargs)
+
+
 def _add_request_to_queue(original, self, *args, **kwargs):
     req = _arg(args, kwargs, 0, "req")
     _guard("request start", lambda: engine().request_queued(self, req))     # before: it may end inside
@@ -198,7 +224,13 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state", "AROUND", _init_req_state),
     ("sglang.srt.observability.req_time_stats.ReqTimeStatsBase.__getstate__", "AFTER", _getstate),
     ("sglang.srt.observability.req_time_stats.ReqTimeStatsBase.new_from_obj", "AFTER", _new_from_obj),
+    (f"{SCHED}.get_next_batch_to_run", "AROUND", _next_batch),
+    ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
+     "AROUND", _next_batch),
+    ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
+     "AROUND", _next_batch),
     (f"{SCHED}.run_batch", "AROUND", _run_batch),
+    (f"{SCHED}.send_abort_output", "AROUND", _send_abort_output),
     (f"{SCHED}.launch_batch_sample_if_needed", "AROUND", _launch_batch_sample),
     (f"{SCHED}._add_request_to_queue", "AROUND", _add_request_to_queue),
     (f"{SCHED}.run_event_loop", "AROUND", _run_event_loop),

@@ -19,7 +19,15 @@ rank), EngineCore counts the same calls (``MultiprocExecutor.execute_model``) an
 its ledger, and settling reads every worker's segment (:mod:`.ranks`): a request's share
 is the sum over ranks of its share of each rank's steps.
 
-KV-offload transfers are sub-steps of the requests whose blocks they move (:mod:`.kv_offload`).
+KV-offload transfers are sub-steps of the requests whose blocks they move (:mod:`.kv_offload`); the
+work of dual-batch overlap's micro-batch threads is its step's (:mod:`.ubatch`).
+
+With vLLM's own tracing on (``--otlp-traces-endpoint``) vLLM ends each request with a SERVER span of
+its own, ``llm_request``, under the context in the request's ``trace_headers``. So that the caller's
+trace shows one request, the request's span here takes ids chosen when the request arrives and its
+``trace_headers`` are pointed at it: ``llm_request`` is its child, never its sibling. (The other way
+round, ours under vLLM's, would leave ours without a parent for every request vLLM does not trace:
+those its clients abort.)
 
 The engine-neutral part (step and sub-step ids, settling, the request log, shutdown) is
 ``integrations/engine_steps.py``, which the SGLang integration shares. Everything here runs inside
@@ -31,10 +39,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ...attribution.cost_model import ModelShape
 from ...census import proctree
 from ...telemetry.attributes import share_attributes
 from ..engine_steps import SETTLE_PERIOD_S, RequestLog, StepEngine  # noqa: F401  (their old home)
@@ -45,28 +56,59 @@ from .ranks import RankCensus
 log = logging.getLogger("otel_gpu_census.vllm")
 
 OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
+CHILD_HEADER = "x-otel-gpu-census-n"                # set where vLLM fans a request out (n > 1): its ids are
+                                                    # f"{index}_{parent}"
+OURS = frozenset((OPERATION_HEADER, CHILD_HEADER))   # taken off the request once the engine has read them
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
-             "it, each step's kernels and copies split among the step's requests by their scheduled "
-             "tokens, and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
+             "it, an allocation of each step's measured kernels and copies among the step's requests "
+             "({split}), and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
              "outside steps (start-up, compilation, graph capture) and steps that served nobody are "
              "not anyone's")
 
 _INTERNAL_SUFFIX = re.compile(r"-[0-9a-zA-Z]{8}$")      # input_processor: f"{external}-{uuid:.8}"
 _CHILD_PREFIX = re.compile(r"^\d+_")                    # parallel sampling (n > 1): f"{index}_{parent}"
 _PROMPT_INDEX = re.compile(r"^(cmpl-.+)-\d+$")          # completions: f"{response id}-{prompt index}"
+_SUB_REQUEST = re.compile(r"^(resp_.+)_\d+$")           # responses: f"{response id}_{sub-request}"
 
 
-def external_id(internal: str) -> str:
+def external_id(internal: str, child: bool = False) -> str:
     """The request id vLLM's API server gave the engine (what vLLM's own ``llm_request`` span calls
-    ``gen_ai.request.id``), from an engine-internal id."""
-    return _INTERNAL_SUFFIX.sub("", _CHILD_PREFIX.sub("", internal), count=1)
+    ``gen_ai.request.id``), from an engine-internal id; `child`: one of the n > 1 requests vLLM made of
+    one (only then does a leading ``<index>_`` belong to vLLM rather than to the id)."""
+    return _INTERNAL_SUFFIX.sub("", _CHILD_PREFIX.sub("", internal, count=1) if child else internal, count=1)
 
 
-def response_id(internal: str) -> str:
-    """The ``id`` of the response the client got: completions add the prompt's index to it."""
-    ext = external_id(internal)
-    m = _PROMPT_INDEX.match(ext)
+def response_id(internal: str, child: bool = False) -> str:
+    """The ``id`` of the response the client got: completions add the prompt's index to it, the
+    Responses API the sub-request's."""
+    ext = external_id(internal, child)
+    m = _PROMPT_INDEX.match(ext) or _SUB_REQUEST.match(ext)
     return m.group(1) if m else ext
+
+
+def operation_of(serving) -> str:
+    """The GenAI operation of a request from the vLLM serving object that took it in."""
+    name = type(serving).__name__
+    return "chat" if "Chat" in name or "Responses" in name else "text_completion"
+
+
+def mark_children(request) -> None:
+    """Before vLLM fans an EngineCoreRequest out into n (ParentRequest): its trace headers, which the
+    children share, say so."""
+    request.trace_headers = {**(getattr(request, "trace_headers", None) or {}), CHILD_HEADER: "1"}
+
+
+def _trace_parent(headers: Mapping[str, str]) -> Optional[Tuple[int, str]]:
+    """(trace id, flags) of a W3C traceparent, or None."""
+    parts = str(headers.get("traceparent", "")).strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[3]) != 2:
+        return None
+    try:
+        trace_id = int(parts[1], 16)
+        int(parts[3], 16)
+    except ValueError:
+        return None
+    return (trace_id, parts[3]) if trace_id else None
 
 
 FINISH_ERRORS = {"FINISHED_ABORTED": "aborted", "FINISHED_ERROR": "engine_error",
@@ -88,9 +130,9 @@ class EngineTelemetry(StepEngine):
         self.kv = KvTransfers(self)          # KV-offload transfers: sub-steps of their requests
         self.ranks: Optional[RankCensus] = None   # TP/PP > 1: the workers' segments (EngineCore)
         self._executing: Dict[int, int] = {}      # ... id(scheduler output) -> its step, until its output
-
-    def request_ids(self, key: str) -> Tuple[str, str]:
-        return external_id(key), response_id(key)
+        self._vllm_tracing: Optional[bool] = None  # vLLM's own tracing is on (its llm_request spans)
+        self._step_thread = 0                     # the thread of the open execute_model step
+        self._step_open = 0                       # ... and its id (0: none)
 
     # -- where the census is (TP/PP > 1: the workers'), what a settled request adds -----------------
     def census_pids(self) -> List[int]:
@@ -123,7 +165,22 @@ class EngineTelemetry(StepEngine):
     def begin_execute(self, scheduler_output) -> int:
         """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-        return self.open_step(tokens)
+        sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None)
+        self._step_thread, self._step_open = threading.get_ident(), sid
+        return sid
+
+    def end_step(self, sid: int) -> None:
+        if sid == self._step_open:
+            self._step_open = 0
+        super().end_step(sid)
+
+    def micro_batch_begin(self) -> int:
+        """A dual-batch-overlap micro-batch thread entered its context: the open step tagged on it too."""
+        sid = self._step_open
+        if not sid or threading.get_ident() == self._step_thread:
+            return 0
+        self._tag(sid)
+        return sid
 
     # -- steps run by worker processes (EngineCore, TP/PP > 1) --------------------------------------
     def executor_step(self, executor, scheduler_output) -> None:
@@ -133,11 +190,14 @@ class EngineTelemetry(StepEngine):
         if self.ranks is None:
             n = getattr(executor, "local_world_size", None) or getattr(executor, "world_size", 1)
             if self.remote is not None:      # the settling child reads the workers' segments
-                self.remote.record(("call", "ranks", (os.getpid(), n)))
+                self.remote.record_sticky(("call", "ranks", (os.getpid(), n)))
             self.remote_ranks(os.getpid(), n)
         sid = self.next_sid()
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-        self.ledger.step_opened(sid, dict(tokens), self.clock())
+        if self.wants_context:
+            self.ledger.step_opened(sid, dict(tokens), self.clock(), before=before(scheduler_output))
+        else:
+            self.ledger.step_opened(sid, dict(tokens), self.clock())
         self._executing[id(scheduler_output)] = sid
 
     def remote_ranks(self, pid: int, n: int) -> None:
@@ -161,6 +221,7 @@ class EngineTelemetry(StepEngine):
             self.ledger.step_touched(older, now)
         self.ledger.step_touched(sid, now)
         self._ensure_settler()
+        self.maybe_sweep(now)
 
     def begin_sample(self) -> int:
         """Before sample_tokens: the same step as the execute_model it follows."""
@@ -174,11 +235,34 @@ class EngineTelemetry(StepEngine):
             return
         headers = dict(getattr(request, "trace_headers", None) or {})
         operation = headers.get(OPERATION_HEADER, "text_completion")
+        child = CHILD_HEADER in headers
+        if headers.keys() & OURS:            # read now: not carried on every output of the request after this
+            request.trace_headers = {k: v for k, v in headers.items() if k not in OURS} or None
         arrival_ns = int(getattr(request, "arrival_time", time.time()) * 1e9)
+        if self.shape is None and self.wants_context:
+            cfg = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
+            self.set_shape(ModelShape.of(getattr(cfg, "hf_text_config", None) or getattr(cfg, "hf_config", None)))
+        ids = self._parent_of_vllms_span(scheduler, request, headers)
         self.start_request(rid, start_ns=arrival_ns, operation=operation, model=self._model_name(scheduler),
                            headers=headers,
-                           attributes={"gen_ai.request.id": external_id(rid), "gen_ai.response.id": response_id(rid),
-                                       "vllm.request.id": rid})
+                           attributes={"gen_ai.request.id": external_id(rid, child),
+                                       "gen_ai.response.id": response_id(rid, child), "vllm.request.id": rid},
+                           prompt_tokens=int(getattr(request, "num_prompt_tokens", 0) or 0), obj=request, ids=ids)
+
+    def _parent_of_vllms_span(self, scheduler, request, headers) -> Optional[Tuple[int, int]]:
+        """With vLLM's tracing on: (trace id, span id) for this request's span, and the request's
+        trace_headers pointed at it, so that vLLM's llm_request span is its child. None otherwise."""
+        if self._vllm_tracing is None:
+            obs = getattr(getattr(scheduler, "vllm_config", None), "observability_config", None)
+            self._vllm_tracing = bool(getattr(obs, "otlp_traces_endpoint", None))
+        if not self._vllm_tracing:
+            return None
+        caller = _trace_parent(headers)
+        trace_id, flags = caller if caller else (random.getrandbits(128) or 1, "01")
+        span_id = random.getrandbits(64) or 1
+        request.trace_headers = {**(request.trace_headers or {}),
+                                 "traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags}"}
+        return trace_id, span_id
 
     def outputs(self, engine_core_outputs) -> None:
         """After Scheduler.update_from_output: the requests whose first token came out now."""
@@ -223,6 +307,17 @@ class EngineTelemetry(StepEngine):
                 name = name[0] if name else None
             self._model = str(name) if name else ""
         return self._model or None
+
+
+def before(scheduler_output) -> Dict[str, int]:
+    """{request: tokens computed before this step} of a SchedulerOutput (new and running requests)."""
+    out: Dict[str, int] = {}
+    for r in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+        out[r.req_id] = int(r.num_computed_tokens or 0)
+    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+    if cached is not None:
+        out.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return out
 
 
 def kv_attributes(s) -> Dict[str, Any]:

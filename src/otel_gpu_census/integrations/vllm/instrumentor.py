@@ -9,6 +9,10 @@ nothing for its hooks):
 |                                                   |               | operation) even with vLLM tracing off |
 | WorkerWrapperBase.execute_model,                  | worker        | one step id around both calls         |
 | gpu_worker.Worker.sample_tokens                   |               |                                       |
+| UBatchContext.__enter__ / __exit__                | worker        | dual-batch overlap: the step's id on  |
+|                                                   |               | its micro-batch threads too           |
+| ParentRequest.__init__                            | API server    | n > 1: the children's trace headers   |
+|                                                   |               | say their ids carry an index          |
 | MultiprocExecutor.execute_model                   | EngineCore    | TP/PP > 1: the step's id and tokens   |
 | Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
 | Scheduler._free_request                           |               |                                       |
@@ -35,7 +39,8 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from ..guard import HookGuard, start_integration
 from .. import final_flush
-from . import kv_offload
+from . import kv_offload, ubatch
+from .engine import mark_children
 from .package import _instruments
 
 log = logging.getLogger("otel_gpu_census.vllm")
@@ -56,16 +61,13 @@ _instrumented = False
 # -- API server ---------------------------------------------------------------------------------------
 
 def _trace_headers_from(instance, headers, got):
-    if got is not None and "traceparent" in got:
-        out = dict(got)
-    else:
-        out = {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
-        if not out:
-            return got
-        if got:
-            out.update(got)
-    from .engine import OPERATION_HEADER
-    out[OPERATION_HEADER] = "chat" if "Chat" in type(instance).__name__ else "text_completion"
+    """The request's trace headers: the caller's context (with vLLM's tracing off too) and, always, the
+    operation (the engine learns it from nothing else)."""
+    from .engine import OPERATION_HEADER, operation_of
+    out = dict(got or {})
+    if "traceparent" not in out:
+        out.update({k: headers[k] for k in ("traceparent", "tracestate") if k in headers})
+    out[OPERATION_HEADER] = operation_of(instance)
     return out
 
 
@@ -127,6 +129,12 @@ def _free_request(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
+def _parent_request(wrapped, instance, args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    _guard("parallel sampling", lambda: mark_children(request))
+    return wrapped(*args, **kwargs)
+
+
 def _shutdown(wrapped, instance, args, kwargs):
     # ours first: the census's final flush and the last spans, before vLLM tears the engine down; the
     # API server's SIGTERM waits for them (vLLM has put it back to its default action by now)
@@ -169,6 +177,11 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.v1.worker.worker_base", "WorkerWrapperBase.execute_model", _execute_model),
     # WorkerWrapperBase has no sample_tokens of its own (its __getattr__ hands it to the worker)
     ("vllm.v1.worker.gpu_worker", "Worker.sample_tokens", _sample_tokens),
+    # dual-batch overlap: the model's kernels launched on the micro-batch threads are the step's
+    ("vllm.v1.worker.ubatching", "UBatchContext.__enter__", ubatch.enter(_guard, engine)),
+    ("vllm.v1.worker.ubatching", "UBatchContext.__exit__", ubatch.leave(_guard, engine)),
+    # n > 1: the children's ids are f"{index}_{parent}"; their shared trace headers say so
+    ("vllm.v1.engine.parallel_sampling", "ParentRequest.__init__", _parent_request),
     # TP/PP > 1: EngineCore numbers the steps its workers run, as each worker does
     ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.execute_model", _executor_execute_model),
     ("vllm.v1.core.sched.scheduler", "Scheduler.add_request", _add_request),
