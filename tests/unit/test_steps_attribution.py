@@ -26,6 +26,7 @@ class FakeCensus:
             pass
         h = H()
         h.complete_wall_ns, h.alive, h.state_name = self.complete, self.alive, "active"
+        h.pid, h.gaps = 42, list(getattr(self, "gaps", []))
         if self.step_max is not None:
             h.step_max = self.step_max
         return h
@@ -171,6 +172,23 @@ def test_a_step_the_ring_no_longer_holds_is_counted_missing_and_its_requests_say
     assert led.steps_missing == 1 and a.share.kernel_count == 2 and b.share.kernel_count == 2
     assert a.status == "partial" and b.status == "complete" and not b.notes
     assert a.notes == ["1 steps that served it are missing from its share (no records of them came); 1 were split"]
+
+
+def test_a_census_that_knows_it_missed_work_makes_every_share_partial_and_says_what():
+    """The default census counted calls of a driver function it cannot size: the shares are exact for what it saw,
+    and say so (status partial, the gap in the notes) rather than complete."""
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True)
+    led.request_started("a")
+    led.step_opened(1, {"a": 1}, 10**9); led.step_touched(1, 10**9)
+    census.steps[1] = Step(id=1, kernel_count=4, kernel_ns=400)
+    led.request_done("a", None, 10**9)
+    census.complete = 4 * 10**9
+    census.gaps = ["3 calls of cuMemcpyFutureAsync the census could not size"]
+    (a,) = led.settle()
+    assert a.status == "partial" and a.share.kernel_count == 4
+    assert a.notes == ["the census missed work in this server (pid 42: 3 calls of cuMemcpyFutureAsync the census "
+                       "could not size)"]
 
 
 def test_a_step_lapped_by_the_ring_says_so():

@@ -251,6 +251,7 @@ class StepLedger:
         self.steps_missing = 0      # steps the census ring no longer held when their turn came
         self.steps_dropped = 0      # steps forgotten because the census lagged MAX_BOOK steps behind
         self.partial = 0            # requests settled partial
+        self._gaps: List[str] = []  # what the census knows it missed, as of the last read
         self.per_process: Dict[Any, Dict[str, Any]] = {}   # with several processes: pid -> totals
         self.eager_mean_ns: Optional[Fraction] = None      # of the counted processes over their life
 
@@ -350,6 +351,10 @@ class StepLedger:
         if closed:
             sources = self._read(closed[0].sid, closed[-1].sid)
             self._note_eager_mean(sources)
+            # work the census knows it missed in these processes (a driver function it cannot size, lost calls,
+            # dropped records): counted per process, so every share settled from now on says so
+            self._gaps = [f"pid {h.pid}: " + "; ".join(h.gaps) for h, _ in sources
+                          if h is not None and getattr(h, "gaps", None)]
             complete = min((self._complete_up_to(h, final) for h, _ in sources), default=0)
             if complete != self._flushes[1]:
                 self._flushes = (self._flushes[1], complete)
@@ -386,6 +391,8 @@ class StepLedger:
             self._first_token.pop(key, None)
             ok = last <= self.settled_sid and not waited
             notes = self._notes.pop(key, [])
+            if self._gaps:
+                notes.append("the census missed work in this server (" + "; ".join(self._gaps) + ")")
             lost = self._lost.pop(key, None)
             self._prompt.pop(key, None)
             if lost is not None:
