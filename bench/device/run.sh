@@ -6,7 +6,9 @@
 #   setup        carried wheels (.whl/) into /tmp/site, the injector built against CUPTI 13.5
 #   install      the package into /tmp/site (built here; its entry points are how vLLM finds it)
 #   steps        the GPU step tests (exact per-step kernels and copies, eager and graphs)
-#   gpu-tests    the whole GPU suite (make gpu-test)
+#   gpu-tests    the whole GPU suite (make gpu-test) but the coverage matrix
+#   coverage     tests/gpu/test_coverage_matrix.py: every way of putting work on the GPU, the default collector
+#                against CUPTI row by row; $OUT/coverage_matrix.md and .json
 #   events-tests the GPU tests of the default collector's event pairs only
 #   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
 #   vllm-q1 / vllm-q2 / vllm-q3   copy one carried piece of the vLLM wheel set into /tmp/vp (bench/device/vllm_parts.sh:
@@ -64,7 +66,9 @@ phase() {
   case "$1" in
     setup) setup ;;
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
-    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py \
+                 --deselect tests/gpu/test_coverage_matrix.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    coverage) python3 -m pytest -q -s -m gpu tests/gpu/test_coverage_matrix.py 2>&1 | tee "$OUT/coverage.log" ;;
     events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k "events or gated_event" 2>&1 | tee "$OUT/events-tests.log" ;;
     gate-probe)  # gated and ungated event pairs against CUPTI on kernels of known length (bench/perf/event_gate_probe.py)
       python3 bench/perf/event_gate_probe.py --out "$OUT/gate_probe.json" ${GATE_PROBE_ARGS:-} 2>&1 | tee "$OUT/gate_probe.log" ;;
