@@ -86,15 +86,15 @@ def workload(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("api,graphs,kernels", [
     ("auto", "launch", "precise"), ("v1", "launch", "precise"), ("v2", "launch", "precise"), ("v2", "node", "precise"),
-    ("auto", "launch", "calls"), ("auto", "launch", "preload")])
+    ("auto", "launch", "preload")])
 def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
     """Every count and byte exact, eager and inside CUDA graphs (one of them updated in place), in both graph modes,
     under both collectors. The precise one (CUPTI, set up in cuInit): graphs per launch must hold with the API left
     to the census (auto) and with v1; with v2 named, a driver before r610 refuses per-launch records: node mode,
-    still exact. The default one (the library preloaded, "preload"; "calls": no event pairs either): counted at the
+    still exact. The default one (the library preloaded, "preload", here without event pairs): counted at the
     calls, CUPTI never loaded, no duration measured."""
     extra = {} if api == "auto" else {"OTEL_GPU_CENSUS_CUPTI_API": api}
-    if kernels in ("calls", "preload"):
+    if kernels == "preload":
         extra["OTEL_GPU_CENSUS_ACTIVITY"] = "off"
         if kernels == "preload":     # the calls seen by the library preloaded: CUPTI never loaded
             extra["LD_PRELOAD"] = lib_path()
@@ -118,7 +118,7 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
     RESULTS[f"workload_{api}_{graphs}_{attach}_{kernels}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
     # set up in cuInit: the workload's one context came after
     assert got["attach_mode"] == 0 and got["attach_after_ns"] == 0
-    assert got["contexts_late"] == (0 if kernels in ("calls", "preload") else 1)
+    assert got["contexts_late"] == (0 if kernels == "preload" else 1)
     assert got["graph_mode"] == (1 if per_launch else 0)
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
     assert got["graph_kernel_count"] == (want["graph_kernels"] if per_launch else 0)
@@ -136,12 +136,12 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
     assert got["dtod"]["bytes"] == want["dtod"]
     assert got["memset"]["bytes"] == want["memset"] and got["memset"]["count"] == 1
     assert got["dropped"] == 0
-    assert got["kernel_mode"] == (3 if kernels in ("calls", "preload") else 0) and got["launches_lost"] == 0
-    assert bool(got["flags"] & 0x20) == (kernels in ("calls", "preload")) and got["calls_lost"] == 0
+    assert got["kernel_mode"] == (3 if kernels == "preload" else 0) and got["launches_lost"] == 0
+    assert bool(got["flags"] & 0x20) == (kernels == "preload") and got["calls_lost"] == 0
     assert bool(got["flags"] & 0x40) == (kernels == "preload") and got["cupti_version"] == (0 if kernels == "preload" else got["cupti_version"])
-    if kernels in ("calls", "preload"):     # no activity record at all, so no duration: zeros, never a guess
+    if kernels == "preload":     # no activity record at all, so no duration: zeros, never a guess
         assert got["records"] == 0 and got["kernel_ns"] == got["busy_ns"] == got["eager_traced"] == 0
-    if kernels in ("calls", "preload"):   # counted: eager launches at their calls, graph kernels from contents
+    if kernels == "preload":   # counted: eager launches at their calls, graph kernels from contents
         assert got["eager_launches"] + got["graph_kernel_count"] == want["kernels"]
         return
     # Two 20 ms spins overlapped: summed kernel time counts both, busy time about one.
@@ -335,6 +335,42 @@ def _steady_census(steady, tmp_path, kernels, seconds="3", spin_ns="0", **extra)
     segs = sorted(tmp_path.glob("*.seg"))
     assert len(segs) == 1 and p.stderr == "", p.stderr
     return json.loads(p.stdout), reader.read_segment(str(segs[0]))
+
+
+THREADS_WORK = textwrap.dedent("""
+    import json, sys, threading, torch
+    seconds = float(sys.argv[1])
+    torch.cuda.init()
+    xs = [torch.zeros(1, device="cuda") for _ in range(4)]
+    g_in = torch.zeros(1024, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3): g_in.add_(1)          # warm-up on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=s):
+            for _ in range(16): g_in.add_(1)
+    torch.cuda.synchronize()
+    import time
+    done = {}
+    def eager(i):
+        n, t0 = 0, time.time()
+        with torch.cuda.stream(torch.cuda.Stream()):
+            while time.time() - t0 < seconds:
+                xs[i].add_(1); n += 1
+            torch.cuda.synchronize()
+        done[f"eager{i}"] = n
+    def replay():
+        n, t0 = 0, time.time()
+        while time.time() - t0 < seconds:
+            graph.replay(); n += 1
+        torch.cuda.synchronize()
+        done["replays"] = n
+    ts = [threading.Thread(target=eager, args=(i,)) for i in range(4)] + [threading.Thread(target=replay)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    done["sums"] = [int(x.item()) for x in xs]
+    print(json.dumps(done))
+""")
 
 
 def _threads_census(tmp_path, **extra):
