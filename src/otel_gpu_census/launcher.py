@@ -133,6 +133,10 @@ def choose_activity(plan: LaunchPlan, asked: Optional[str], kernels_asked: bool 
     chosen = asked or have or ("on" if kernels_asked else RUN_DEFAULT_ACTIVITY)
     if chosen != have:
         plan.env["OTEL_GPU_CENSUS_ACTIVITY"] = chosen
+    if plan.census_on and plan.cupti is None and chosen.lower() in ("on", "windows"):
+        from .extras import needs
+        plan.warnings.append(f"no {CUPTI_SONAME} found: {needs('cupti')} (or a CUDA toolkit's, or "
+                             "OTEL_GPU_CENSUS_CUPTI=PATH)")
     return chosen
 
 

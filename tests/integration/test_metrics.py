@@ -305,8 +305,9 @@ def test_nvml_missing_costs_one_warning_and_census_still_flows(server_tree, cens
     (None, {}, []),
     (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, ["otlp"]),
     (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4318/v1/metrics"}, ["otlp"]),
-    (None, {"OTEL_METRICS_EXPORTER": "prometheus,console"}, ["prometheus", "console"]),
+    (None, {"OTEL_METRICS_EXPORTER": "prometheus, Console,prometheus"}, ["prometheus", "console"]),
     (None, {"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, []),
+    (None, {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),
     ("prometheus", {"OTEL_METRICS_EXPORTER": "otlp"}, ["prometheus"]),
     ("none", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, []),
 ])
@@ -314,27 +315,45 @@ def test_exporter_choice_follows_flag_then_env(explicit, env, want):
     assert exporters.choose_exporters(explicit, env) == want
 
 
+def test_span_exporters_default_to_otlp_and_follow_the_sdk_names():
+    assert exporters.exporter_names("traces", env={}) == ["otlp"]
+    assert exporters.exporter_names("traces", env={"OTEL_TRACES_EXPORTER": "console,none"}) == []
+    assert exporters.exporter_names("traces", env={"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "TRUE"}) == []
+
+
 def test_unknown_exporter_names(caplog):
     with pytest.raises(exporters.ConfigError, match="choose one of otlp, prometheus, console, none"):
         exporters.choose_exporters("jaeger", {})
     with caplog.at_level(logging.WARNING):
-        assert exporters.choose_exporters(None, {"OTEL_METRICS_EXPORTER": "zipkin,otlp"}) == ["otlp"]
-    assert "zipkin" in caplog.text
+        out = exporters.build_readers(["zipkin", "console"])
+    assert out.descriptions == ["console (stdout) every 60 s"]
+    [w] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert w == ("metrics: zipkin exporter not started: Requested component 'zipkin' not found in entry point "
+                 "'opentelemetry_metrics_exporter'")
 
 
-def test_protocol_and_interval_from_env(caplog):
-    assert exporters.otlp_protocol({}) == "grpc"
-    assert exporters.otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}) == "http/protobuf"
-    assert exporters.otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                                    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}) == "grpc"
+def test_protocol_and_interval_as_the_sdk_reads_them(monkeypatch, caplog):
+    """OTLP's protocol by the SDK's own lookup (the signal's variable first), the period from
+    OTEL_METRIC_EXPORT_INTERVAL unless the caller gives one."""
+    def described(**kw):
+        out = exporters.build_readers(["otlp"], **kw)
+        try:
+            return out.descriptions
+        finally:
+            for r in out.readers:
+                r.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://127.0.0.1:9/v1/metrics")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "1500")
+    assert described() == ["OTLP grpc 127.0.0.1:9 every 1.5 s"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/protobuf")
+    assert described(interval_s=2) == ["OTLP http/protobuf http://127.0.0.1:9/v1/metrics every 2 s"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
     with caplog.at_level(logging.WARNING):
-        assert exporters.otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) == "grpc"
-    assert "http/json" in caplog.text
-    assert exporters.export_interval_ms(None, {"OTEL_METRIC_EXPORT_INTERVAL": "1500"}) == 1500
-    assert exporters.export_interval_ms(2, {"OTEL_METRIC_EXPORT_INTERVAL": "1500"}) == 2000
-    assert exporters.export_interval_ms(None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}) == 60000
+        assert described() == []
+    assert "Unsupported OTLP protocol 'http/json'" in caplog.text
     with pytest.raises(exporters.ConfigError):
-        exporters.export_interval_ms(0, {})
+        exporters.build_readers(["console"], interval_s=0)
 
 
 def test_default_service_name(monkeypatch):
