@@ -93,8 +93,9 @@ def server_tree(segments, records, census_dir, child, dead_pid):
 
 def _expect(tree):
     """(name, attributes, value) that must arrive, computed from the records above."""
-    A = {"hw.id": HW_A, "process.pid": tree["a_pid"], "process.executable.name": "llama-server"}
-    B = {"hw.id": HW_B, "process.pid": tree["b_pid"], "process.executable.name": "worker"}
+    gpu = {"hw.type": "gpu", "hw.vendor": "NVIDIA"}           # on every series of a GPU (no NVML here)
+    A = {"hw.id": HW_A, **gpu, "process.pid": tree["a_pid"], "process.executable.name": "llama-server"}
+    B = {"hw.id": HW_B, **gpu, "process.pid": tree["b_pid"], "process.executable.name": "worker"}
 
     def cp(base, d, m):
         return {**base, "gpu_census.copy.direction": d, "gpu_census.copy.memory_kind": m}
@@ -119,10 +120,10 @@ def _expect(tree):
         ("gpu_census.records.dropped", {"process.pid": tree["b_pid"], "process.executable.name": "worker"}, 5),
         ("gpu_census.records.dropped", {"process.pid": tree["a_pid"], "process.executable.name": "llama-server"}, 0),
         ("gpu_census.process.counting", {"process.pid": tree["a_pid"], "process.executable.name": "llama-server"}, 1),
-        ("hw.gpu.io", {"hw.id": HW_A, "network.io.direction": "receive"}, 2_000_000),
-        ("hw.gpu.io", {"hw.id": HW_A, "network.io.direction": "transmit"}, 4096),
-        ("hw.gpu.io", {"hw.id": HW_B, "network.io.direction": "transmit"}, 123),
-        ("hw.gpu.io", {"hw.id": HW_B, "network.io.direction": "receive"}, 0),
+        ("gpu_census.host.io", {"hw.id": HW_A, **gpu, "network.io.direction": "receive"}, 2_000_000),
+        ("gpu_census.host.io", {"hw.id": HW_A, **gpu, "network.io.direction": "transmit"}, 4096),
+        ("gpu_census.host.io", {"hw.id": HW_B, **gpu, "network.io.direction": "transmit"}, 123),
+        ("gpu_census.host.io", {"hw.id": HW_B, **gpu, "network.io.direction": "receive"}, 0),
     ]
 
 
@@ -202,7 +203,7 @@ def test_prometheus_endpoint_scraped_over_http(server_tree, census_dir):
                process_executable_name="llama-server") == (3, "counter")
     v, t = one("gpu_census_busy_time_seconds_total", hw_id=HW_A, process_pid=a)
     assert t == "counter" and v == pytest.approx(350e-6)
-    assert one("hw_gpu_io_bytes_total", hw_id=HW_B, network_io_direction="transmit") == (123, "counter")
+    assert one("gpu_census_host_io_bytes_total", hw_id=HW_B, network_io_direction="transmit") == (123, "counter")
     assert one("gpu_census_records_dropped_total", process_pid=str(server_tree["b_pid"])) == (5, "counter")
     assert one("gpu_census_process_counting", process_pid=a)[1] == "gauge"
     assert not any(lab.get("process_pid") == str(server_tree["stranger"])

@@ -70,7 +70,7 @@ def test_census_metrics_through_rotel(into, out_of, segments, records, census_di
             monkeypatch.setenv("OTEL_SERVICE_NAME", "via-rotel")
             handle = start_sidecar(census_dir, root_pid=os.getpid(), interval_s=0.2, nvml=False)
             try:
-                pts = rx.wait_for(lambda p: any(x.name == "hw.gpu.io" for x in p)
+                pts = rx.wait_for(lambda p: any(x.name == "gpu_census.host.io" for x in p)
                                   and any(x.name == "gpu_census.busy.time" for x in p))
             finally:
                 handle.stop()
@@ -83,7 +83,7 @@ def test_census_metrics_through_rotel(into, out_of, segments, records, census_di
                 agent.wait()
     assert {p.transport for p in pts} == {"grpc" if out_of == "grpc" else "http"}
     me = {"hw.id": HW, "process.pid": os.getpid(), "process.executable.name": "llama-server"}
-    io = latest(pts, "hw.gpu.io", {"hw.id": HW, "network.io.direction": "transmit"})
+    io = latest(pts, "gpu_census.host.io", {"hw.id": HW, "network.io.direction": "transmit"})
     assert (io.value, io.is_int, io.unit, io.temporality) == (32_800_000, True, "By", "cumulative")
     busy = latest(pts, "gpu_census.busy.time", me)
     assert busy.value == pytest.approx(1e-6) and busy.unit == "s" and busy.monotonic
