@@ -107,7 +107,7 @@ class SchedulerTelemetry(StepEngine):
         operation = carried.get("operation") if isinstance(carried.get("operation"), str) else "text_completion"
         self.start_request(rid, start_ns=start_ns, operation=operation, model=self._model_name(scheduler),
                            headers=headers,
-                           attributes={"gen_ai.request.id": rid, "gen_ai.response.id": rid, "sglang.request.id": rid})
+                           attributes={"gen_ai.response.id": rid, "sglang.request.id": rid})
 
     def outputs(self, reqs, skip_req=None) -> None:
         """Before SchedulerOutputStreamer.stream_output: first tokens, and the requests that end now."""
