@@ -1,5 +1,7 @@
 """The census metrics through a real OpenTelemetry collector: rotel (PyPI `rotel`, a Rust collector
-shipped in a wheel) between the sidecar and our OTLP receiver. Skipped when rotel is not installed."""
+shipped in a wheel) between the sidecar and our OTLP receiver. Its agent binary comes from $ROTEL_AGENT
+(tests/support_rotel.sh installs rotel in a venv of its own and prints it: CI does), else from an importable
+rotel package. Skipped when neither is there."""
 from __future__ import annotations
 
 import os
@@ -15,8 +17,14 @@ from otel_gpu_census.telemetry.sidecar import start_sidecar
 from otlp_receiver import OtlpReceiver, latest
 from ports import free_port
 
-rotel = pytest.importorskip("rotel")
-AGENT = Path(rotel.__file__).parent / "rotel-agent"
+def _agent() -> Path:
+    if os.environ.get("ROTEL_AGENT"):
+        return Path(os.environ["ROTEL_AGENT"])
+    rotel = pytest.importorskip("rotel", reason="no rotel: set ROTEL_AGENT (tests/support_rotel.sh prints it)")
+    return Path(rotel.__file__).parent / "rotel-agent"
+
+
+AGENT = _agent()
 HW = "GPU-12345678-9abc-def0-1234-56789abcdef0"
 
 

@@ -115,3 +115,15 @@ def test_the_build_names_the_tools_it_lacks(tmp_path):
         (tmp_path / tool).chmod(0o755)
     assert "`cc` is not on PATH" in check({"PATH": str(tmp_path)})
     assert check({"PATH": str(tmp_path), "CC": "mycc -m64"}) == ""
+
+
+@pytest.mark.parametrize("hidden", ["numpy", "gguf"])
+def test_the_random_model_script_names_what_it_needs(hidden):
+    """examples/llamacpp step 3 on a core install: one line saying what to install, not a traceback."""
+    import subprocess
+    script = ROOT / "examples" / "llamacpp" / "make_random_gguf.py"
+    code = (f"import sys, runpy; sys.modules[{hidden!r}] = None; sys.argv = [{str(script)!r}, '--help']; "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"make_random_gguf: needs numpy and gguf ({hidden} is not installed): pip install numpy gguf")
