@@ -5,6 +5,7 @@ Makefile in native/, against the CUPTI headers of the nvidia-cuda-cupti build de
 """
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,24 @@ def cuda_include() -> str:
              "and nvidia-cuda-crt (>= 13.5), or build with pip's default build isolation")
 
 
+def missing_build_tools(env=os.environ) -> str:
+    """One line saying which of the build's tools (make, a C compiler: $CC, else cc) are not on PATH; "" when
+    both are."""
+    cc = (shlex.split(env.get("CC", "")) or ["cc"])[0]
+    path = env.get("PATH", os.defpath)
+    missing = [f"`{tool}`" for tool in ("make", cc) if shutil.which(tool, path=path) is None]
+    if not missing:
+        return ""
+    return (f"otel-gpu-census: building the native census library needs make and a C compiler; "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH (Debian/Ubuntu: "
+            f"apt-get install make gcc; or set CC to your compiler), then run pip again")
+
+
 class BuildWithNative(build_py):
     def run(self):
+        missing = missing_build_tools()
+        if missing:
+            sys.exit(missing)
         build = ROOT / "build" / "native"
         subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"BUILD={build}",
                         f"CUPTI_INCLUDE={cuda_include()}", f"PYTHON={sys.executable}"], check=True)
@@ -47,4 +64,5 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithNative}, distclass=BinaryDistribution)
+if __name__ == "__main__":       # as setuptools runs it (tests import the checks above)
+    setup(cmdclass={"build_py": BuildWithNative}, distclass=BinaryDistribution)

@@ -6,7 +6,7 @@
 
 One row per export and GPU: seconds since the first export, nvidia-smi utilisation
 (hw.gpu.utilization), the census busy ratio, GPM SM utilisation and SM occupancy, and the census's
-host-to-device and device-to-host copy rates (from hw.gpu.io, between consecutive exports). A blank
+host-to-device and device-to-host copy rates (from gpu_census.host.io, between consecutive exports). A blank
 cell means the metric was not exported (no NVML, no GPM, or the first export for a rate).
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def rows(docs: List[dict]) -> List[dict]:
                         row = per_gpu.setdefault(hw, {"hw.id": hw})
                         if m["name"] in GAUGES:
                             row[m["name"]] = dp["value"]
-                        elif m["name"] == "hw.gpu.io":
+                        elif m["name"] == "gpu_census.host.io":
                             key = (hw, dp["attributes"]["network.io.direction"])
                             if key in prev_io and t > prev_io[key][0]:
                                 pt, pv = prev_io[key]

@@ -209,7 +209,7 @@ def main() -> int:
     A = [s["attributes"] for s in spans]
     dtoh = [x.get("gpu_census.copy.dtoh.bytes") for x in A if "gpu_census.copy.dtoh.bytes" in x]
     pre = [x.get("gpu_census.prefill.copy.dtoh.bytes", 0) for x in A if "gpu_census.copy.dtoh.bytes" in x]
-    ttft = [x["gen_ai.latency.time_to_first_token"] for x in A if "gen_ai.latency.time_to_first_token" in x]
+    ttft = [x["gen_ai.response.time_to_first_chunk"] for x in A if "gen_ai.response.time_to_first_chunk" in x]
     statuses = {}
     for x in A:
         st = x.get("gpu_census.attribution.status", "?")

@@ -20,7 +20,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
+try:
+    import gguf  # noqa: F401  (gguf-py: what write() uses; imported here so both are checked at once)
+    import numpy as np
+except ImportError as e:
+    sys.exit(f"make_random_gguf: needs numpy and gguf ({e.name} is not installed): pip install numpy gguf")
 
 PRESETS = {
     "tiny": dict(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_ctx=2048),

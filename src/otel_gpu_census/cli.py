@@ -338,12 +338,13 @@ def _served(proxy) -> Optional[list]:
 def _proxy_plan(args, argv: List[str], env: Dict[str, str]):
     """The proxy `run --proxy` starts beside the command, checked before the command starts: a
     ProxyConfig without the server's pid, or an exit status after saying what is wrong."""
-    try:
-        from .integrations.llamacpp import ConfigError, ProxyConfig
-        from .integrations.llamacpp.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
-    except ImportError as e:
-        _say(f"--proxy is not available: {e}")
+    from .extras import missing
+    lacking = missing("proxy")
+    if lacking:
+        _say(f"--proxy: {lacking}")
         return 1
+    from .integrations.llamacpp import ConfigError, ProxyConfig
+    from .integrations.llamacpp.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
     try:
         host, port = parse_host_port(args.proxy, "--proxy")
         if args.upstream:
@@ -576,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run, parser=run)
 
     rep = sub.add_parser("report", help="report on the census segments in a folder",
-                         description="Print, per process and device, kernel count and time, busy %%, and copies "
+                         description="Print, per process and device, kernel count and time, busy %, and copies "
                          "by direction with exact bytes.")
     rep.add_argument("dir", nargs="?", metavar="DIR", help="census folder or one .seg file (default: as for run)")
     rep.add_argument("--requests", type=request_counts, metavar="N",

@@ -120,7 +120,9 @@ def check_cupti(facts: Facts) -> List[Check]:
         where = os.environ.get("OTEL_GPU_CENSUS_CUPTI")
         detail = (f"OTEL_GPU_CENSUS_CUPTI={where} does not exist" if where else
                   f"{CUPTI_SONAME} not found in the nvidia-cuda-cupti wheel, ldconfig's cache or /usr/local/cuda")
-        return [Check(FAIL, "CUPTI", detail + " (pip install nvidia-cuda-cupti)")]
+        from .extras import install_line
+        return [Check(WARN, "CUPTI", f"{detail}: the default census does not need it, the precise one "
+                      f"(run --activity on) does: {install_line('cupti')}")]
     try:
         ctypes.CDLL(str(path))
     except OSError as e:
@@ -245,17 +247,25 @@ def check_environment(facts: Facts) -> List[Check]:
 
 
 def check_exporters(facts: Facts) -> List[Check]:
-    """Metrics are optional: an exporter that cannot be imported is a warning naming what is missing."""
-    from .telemetry import setup as exporters
-    wanted = [(f"OTLP {proto}", mod) for proto, mod in exporters.OTLP_MODULES.items()]
-    wanted.append(("Prometheus", exporters.PROMETHEUS_MODULE))
+    """Exporters are optional: one that cannot be imported is a warning saying why (a missing extra: which)."""
+    from .extras import missing
+    from .telemetry.setup import exporter_class
     ok, out = [], []
-    for label, (module, dist) in wanted:
+    for label, entry in (("OTLP grpc", "otlp_proto_grpc"), ("OTLP http/protobuf", "otlp_proto_http")):
         try:
-            exporters.import_exporter(module, dist)
+            exporter_class(entry, "metrics")
             ok.append(label)
-        except exporters.ExporterUnavailable as e:
-            out.append(Check(WARN, f"{label} exporter", f"{e}; metrics cannot go out this way"))
+        except Exception as e:
+            out.append(Check(WARN, f"{label} exporter", f"{type(e).__name__}: {e}; spans and metrics cannot go "
+                             "out this way"))
+    try:
+        lacking = missing("prometheus")
+    except ImportError as e:
+        lacking = f"{type(e).__name__}: {e}"
+    if lacking:
+        out.append(Check(WARN, "Prometheus exporter", lacking))
+    else:
+        ok.append("Prometheus")
     if ok:
         out.insert(0, Check(OK, "metrics exporters", ", ".join(ok) + " can be imported"))
     return out

@@ -140,6 +140,10 @@ def census_env(census_dir: Path, precise: bool = False, base: Optional[Mapping[s
         kept = [p for p in plan.env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
         if lib not in kept:
             plan.env["LD_PRELOAD"] = ":".join([lib] + kept)
+    if collector == "precise" and plan.census_on and plan.cupti is None:
+        from .extras import needs
+        plan.warnings.append(f"no {CUPTI_SONAME} found: {needs('cupti')} (or a CUDA toolkit's, or "
+                             "OTEL_GPU_CENSUS_CUPTI=PATH)")
     return plan
 
 

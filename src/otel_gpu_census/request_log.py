@@ -10,8 +10,8 @@ copies follow request boundaries. Two forms are read:
   ``{"start_time_unix_nano": 1764400000123456789, "end_time_unix_nano": 1764400004123456789,
   "first_token_time_unix_nano": 1764400000623456789}`` (the first token is optional);
 * OTLP JSON traces (what the Collector's file exporter writes, one export a line, or one object):
-  every SERVER span is a request; its first token is ``gen_ai.latency.time_to_first_token`` (s) when
-  the span carries it, as the census proxy's spans do.
+  every SERVER span is a request; its first token is ``gen_ai.response.time_to_first_chunk`` (s) when
+  the span carries it, as the census's spans do (or ``gen_ai.latency.time_to_first_token``, vLLM's own).
 
 Numbers may be JSON integers or strings of digits (OTLP JSON writes 64-bit integers as strings).
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional
 
 SPAN_KIND_SERVER = (2, "SPAN_KIND_SERVER")
-TTFT_ATTRIBUTE = "gen_ai.latency.time_to_first_token"
+# the GenAI conventions' name (the census's spans), then vLLM's own span's
+TTFT_ATTRIBUTES = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_first_token")
 
 
 class RequestLogError(Exception):
@@ -79,7 +80,7 @@ def _spans(obj: dict) -> List[RequestRecord]:
                 end = _int(sp.get("endTimeUnixNano"), "endTimeUnixNano")
                 first = None
                 for a in sp.get("attributes") or ():
-                    if a.get("key") == TTFT_ATTRIBUTE:
+                    if a.get("key") in TTFT_ATTRIBUTES and first is None:
                         try:
                             first = start + round(float(_attr_value(a.get("value") or {})) * 1e9)
                         except (TypeError, ValueError):

@@ -643,21 +643,21 @@ def _run(a, out: Path, rx, census_dir: Path, watchdog: Watchdog) -> int:
 
 
 def consistency(points) -> List[str]:
-    """The final D2H total two ways: summed gpu_census.copy.bytes (dtoh) and hw.gpu.io (transmit)."""
+    """The final D2H total two ways: summed gpu_census.copy.bytes (dtoh) and gpu_census.host.io (transmit)."""
     side = _collections(points, SIDECAR_SCOPES)
     if not side:
         return []
     last = side[max(side)]
     out = []
-    for gpu in sorted({p.attributes.get("hw.id") for p in last if p.name == "hw.gpu.io"}):
-        io = [p.value for p in last if p.name == "hw.gpu.io" and p.attributes.get("hw.id") == gpu
+    for gpu in sorted({p.attributes.get("hw.id") for p in last if p.name == "gpu_census.host.io"}):
+        io = [p.value for p in last if p.name == "gpu_census.host.io" and p.attributes.get("hw.id") == gpu
               and p.attributes.get("network.io.direction") == "transmit"]
         cb = sum(p.value for p in last if p.name == "gpu_census.copy.bytes" and p.attributes.get("hw.id") == gpu
                  and p.attributes.get("gpu_census.copy.direction") == "dtoh")
         if io:
             same = int(io[0]) == int(cb)
             out.append(f"{gpu}: D2H total at the last export {int(cb):,} B from gpu_census.copy.bytes, "
-                       f"{int(io[0]):,} B from hw.gpu.io transmit: {'equal' if same else 'DIFFERENT'}")
+                       f"{int(io[0]):,} B from gpu_census.host.io transmit: {'equal' if same else 'DIFFERENT'}")
     return out
 
 

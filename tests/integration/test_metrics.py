@@ -93,8 +93,9 @@ def server_tree(segments, records, census_dir, child, dead_pid):
 
 def _expect(tree):
     """(name, attributes, value) that must arrive, computed from the records above."""
-    A = {"hw.id": HW_A, "process.pid": tree["a_pid"], "process.executable.name": "llama-server"}
-    B = {"hw.id": HW_B, "process.pid": tree["b_pid"], "process.executable.name": "worker"}
+    gpu = {"hw.type": "gpu", "hw.vendor": "NVIDIA"}           # on every series of a GPU (no NVML here)
+    A = {"hw.id": HW_A, **gpu, "process.pid": tree["a_pid"], "process.executable.name": "llama-server"}
+    B = {"hw.id": HW_B, **gpu, "process.pid": tree["b_pid"], "process.executable.name": "worker"}
 
     def cp(base, d, m):
         return {**base, "gpu_census.copy.direction": d, "gpu_census.copy.memory_kind": m}
@@ -119,10 +120,10 @@ def _expect(tree):
         ("gpu_census.records.dropped", {"process.pid": tree["b_pid"], "process.executable.name": "worker"}, 5),
         ("gpu_census.records.dropped", {"process.pid": tree["a_pid"], "process.executable.name": "llama-server"}, 0),
         ("gpu_census.process.counting", {"process.pid": tree["a_pid"], "process.executable.name": "llama-server"}, 1),
-        ("hw.gpu.io", {"hw.id": HW_A, "network.io.direction": "receive"}, 2_000_000),
-        ("hw.gpu.io", {"hw.id": HW_A, "network.io.direction": "transmit"}, 4096),
-        ("hw.gpu.io", {"hw.id": HW_B, "network.io.direction": "transmit"}, 123),
-        ("hw.gpu.io", {"hw.id": HW_B, "network.io.direction": "receive"}, 0),
+        ("gpu_census.host.io", {"hw.id": HW_A, **gpu, "network.io.direction": "receive"}, 2_000_000),
+        ("gpu_census.host.io", {"hw.id": HW_A, **gpu, "network.io.direction": "transmit"}, 4096),
+        ("gpu_census.host.io", {"hw.id": HW_B, **gpu, "network.io.direction": "transmit"}, 123),
+        ("gpu_census.host.io", {"hw.id": HW_B, **gpu, "network.io.direction": "receive"}, 0),
     ]
 
 
@@ -202,7 +203,7 @@ def test_prometheus_endpoint_scraped_over_http(server_tree, census_dir):
                process_executable_name="llama-server") == (3, "counter")
     v, t = one("gpu_census_busy_time_seconds_total", hw_id=HW_A, process_pid=a)
     assert t == "counter" and v == pytest.approx(350e-6)
-    assert one("hw_gpu_io_bytes_total", hw_id=HW_B, network_io_direction="transmit") == (123, "counter")
+    assert one("gpu_census_host_io_bytes_total", hw_id=HW_B, network_io_direction="transmit") == (123, "counter")
     assert one("gpu_census_records_dropped_total", process_pid=str(server_tree["b_pid"])) == (5, "counter")
     assert one("gpu_census_process_counting", process_pid=a)[1] == "gauge"
     assert not any(lab.get("process_pid") == str(server_tree["stranger"])
@@ -305,8 +306,9 @@ def test_nvml_missing_costs_one_warning_and_census_still_flows(server_tree, cens
     (None, {}, []),
     (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, ["otlp"]),
     (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4318/v1/metrics"}, ["otlp"]),
-    (None, {"OTEL_METRICS_EXPORTER": "prometheus,console"}, ["prometheus", "console"]),
+    (None, {"OTEL_METRICS_EXPORTER": "prometheus, Console,prometheus"}, ["prometheus", "console"]),
     (None, {"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, []),
+    (None, {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),
     ("prometheus", {"OTEL_METRICS_EXPORTER": "otlp"}, ["prometheus"]),
     ("none", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, []),
 ])
@@ -314,27 +316,45 @@ def test_exporter_choice_follows_flag_then_env(explicit, env, want):
     assert exporters.choose_exporters(explicit, env) == want
 
 
+def test_span_exporters_default_to_otlp_and_follow_the_sdk_names():
+    assert exporters.exporter_names("traces", env={}) == ["otlp"]
+    assert exporters.exporter_names("traces", env={"OTEL_TRACES_EXPORTER": "console,none"}) == []
+    assert exporters.exporter_names("traces", env={"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "TRUE"}) == []
+
+
 def test_unknown_exporter_names(caplog):
     with pytest.raises(exporters.ConfigError, match="choose one of otlp, prometheus, console, none"):
         exporters.choose_exporters("jaeger", {})
     with caplog.at_level(logging.WARNING):
-        assert exporters.choose_exporters(None, {"OTEL_METRICS_EXPORTER": "zipkin,otlp"}) == ["otlp"]
-    assert "zipkin" in caplog.text
+        out = exporters.build_readers(["zipkin", "console"])
+    assert out.descriptions == ["console (stdout) every 60 s"]
+    [w] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert w == ("metrics: zipkin exporter not started: Requested component 'zipkin' not found in entry point "
+                 "'opentelemetry_metrics_exporter'")
 
 
-def test_protocol_and_interval_from_env(caplog):
-    assert exporters.otlp_protocol({}) == "grpc"
-    assert exporters.otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}) == "http/protobuf"
-    assert exporters.otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                                    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}) == "grpc"
+def test_protocol_and_interval_as_the_sdk_reads_them(monkeypatch, caplog):
+    """OTLP's protocol by the SDK's own lookup (the signal's variable first), the period from
+    OTEL_METRIC_EXPORT_INTERVAL unless the caller gives one."""
+    def described(**kw):
+        out = exporters.build_readers(["otlp"], **kw)
+        try:
+            return out.descriptions
+        finally:
+            for r in out.readers:
+                r.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://127.0.0.1:9/v1/metrics")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "1500")
+    assert described() == ["OTLP grpc 127.0.0.1:9 every 1.5 s"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/protobuf")
+    assert described(interval_s=2) == ["OTLP http/protobuf http://127.0.0.1:9/v1/metrics every 2 s"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
     with caplog.at_level(logging.WARNING):
-        assert exporters.otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) == "grpc"
-    assert "http/json" in caplog.text
-    assert exporters.export_interval_ms(None, {"OTEL_METRIC_EXPORT_INTERVAL": "1500"}) == 1500
-    assert exporters.export_interval_ms(2, {"OTEL_METRIC_EXPORT_INTERVAL": "1500"}) == 2000
-    assert exporters.export_interval_ms(None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}) == 60000
+        assert described() == []
+    assert "Unsupported OTLP protocol 'http/json'" in caplog.text
     with pytest.raises(exporters.ConfigError):
-        exporters.export_interval_ms(0, {})
+        exporters.build_readers(["console"], interval_s=0)
 
 
 def test_default_service_name(monkeypatch):

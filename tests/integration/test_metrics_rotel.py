@@ -1,5 +1,7 @@
 """The census metrics through a real OpenTelemetry collector: rotel (PyPI `rotel`, a Rust collector
-shipped in a wheel) between the sidecar and our OTLP receiver. Skipped when rotel is not installed."""
+shipped in a wheel) between the sidecar and our OTLP receiver. Its agent binary comes from $ROTEL_AGENT
+(tests/support_rotel.sh installs rotel in a venv of its own and prints it: CI does), else from an importable
+rotel package. Skipped when neither is there."""
 from __future__ import annotations
 
 import os
@@ -15,8 +17,14 @@ from otel_gpu_census.telemetry.sidecar import start_sidecar
 from otlp_receiver import OtlpReceiver, latest
 from ports import free_port
 
-rotel = pytest.importorskip("rotel")
-AGENT = Path(rotel.__file__).parent / "rotel-agent"
+def _agent() -> Path:
+    if os.environ.get("ROTEL_AGENT"):
+        return Path(os.environ["ROTEL_AGENT"])
+    rotel = pytest.importorskip("rotel", reason="no rotel: set ROTEL_AGENT (tests/support_rotel.sh prints it)")
+    return Path(rotel.__file__).parent / "rotel-agent"
+
+
+AGENT = _agent()
 HW = "GPU-12345678-9abc-def0-1234-56789abcdef0"
 
 
@@ -70,7 +78,7 @@ def test_census_metrics_through_rotel(into, out_of, segments, records, census_di
             monkeypatch.setenv("OTEL_SERVICE_NAME", "via-rotel")
             handle = start_sidecar(census_dir, root_pid=os.getpid(), interval_s=0.2, nvml=False)
             try:
-                pts = rx.wait_for(lambda p: any(x.name == "hw.gpu.io" for x in p)
+                pts = rx.wait_for(lambda p: any(x.name == "gpu_census.host.io" for x in p)
                                   and any(x.name == "gpu_census.busy.time" for x in p))
             finally:
                 handle.stop()
@@ -83,7 +91,7 @@ def test_census_metrics_through_rotel(into, out_of, segments, records, census_di
                 agent.wait()
     assert {p.transport for p in pts} == {"grpc" if out_of == "grpc" else "http"}
     me = {"hw.id": HW, "process.pid": os.getpid(), "process.executable.name": "llama-server"}
-    io = latest(pts, "hw.gpu.io", {"hw.id": HW, "network.io.direction": "transmit"})
+    io = latest(pts, "gpu_census.host.io", {"hw.id": HW, "network.io.direction": "transmit"})
     assert (io.value, io.is_int, io.unit, io.temporality) == (32_800_000, True, "By", "cumulative")
     busy = latest(pts, "gpu_census.busy.time", me)
     assert busy.value == pytest.approx(1e-6) and busy.unit == "s" and busy.monotonic

@@ -53,7 +53,7 @@ def test_run_exports_while_the_command_runs_and_its_final_totals(native, census_
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             assert run.stdout.readline() == "first\n"
-            pts = rx.wait_for(lambda p: any(x.name == "hw.gpu.io" and x.value == 1000 for x in p))
+            pts = rx.wait_for(lambda p: any(x.name == "gpu_census.host.io" and x.value == 1000 for x in p))
             first = latest(pts, "gpu_census.kernel.count")
             assert first.value == 1 and first.attributes["process.executable.name"] == "fake-server"
             assert latest(pts, "gpu_census.process.counting").value == 1
@@ -68,6 +68,6 @@ def test_run_exports_while_the_command_runs_and_its_final_totals(native, census_
         pts = rx.snapshot()
     final = latest(pts, "gpu_census.kernel.count")
     assert final.value == 2 and final.resource["service.name"] == "run-e2e"
-    io = latest(pts, "hw.gpu.io", {"network.io.direction": "transmit"})
+    io = latest(pts, "gpu_census.host.io", {"network.io.direction": "transmit"})
     assert io.value == 1024 and io.is_int
     assert latest(pts, "gpu_census.process.counting").value == 0      # exited

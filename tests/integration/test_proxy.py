@@ -154,7 +154,7 @@ def test_gzip_stream_passes_compressed_and_is_still_read(make_proxy, standin, re
     assert data == standin.seen[-1].sent                  # compressed bytes, untouched
     assert gzip.decompress(data).endswith(b"data: [DONE]\n\n")
     a = one_span(receiver, "chat").attributes
-    assert a["gen_ai.usage.output_tokens"] == 5 and "gen_ai.latency.time_to_first_token" in a
+    assert a["gen_ai.usage.output_tokens"] == 5 and "gen_ai.response.time_to_first_chunk" in a
 
 
 def test_proxy_adds_no_default_request_headers(make_proxy, standin):
@@ -198,7 +198,9 @@ def test_span_joins_incoming_trace_and_forwards_its_own_id(make_proxy, standin, 
     assert span.name == "chat m7"
     a = span.attributes
     assert a["gen_ai.request.model"] == "m7"
-    assert a["gen_ai.request.id"] == a["gen_ai.response.id"] and a["gen_ai.request.id"].startswith("chatcmpl-")
+    # the answer's id is the response's; the proxy's own id of the exchange is never passed off as it
+    assert a["gen_ai.response.id"].startswith("chatcmpl-") and "gen_ai.request.id" not in a
+    assert len(a["gpu_census.proxy.request.id"]) == 32
     assert a["gen_ai.usage.input_tokens"] == 7 and a["gen_ai.usage.output_tokens"] == 5
     assert a["llamacpp.timings.predicted_n"] == 5 and a["llamacpp.timings.prompt_n"] == 7
     assert a["gpu_census.proxy.outcome"] == "complete" and span.status == "unset"
@@ -212,7 +214,7 @@ def test_new_trace_without_traceparent(make_proxy, standin, receiver):
     assert standin.seen[-1].headers["traceparent"].split("-")[2] == span.span_id
     a = span.attributes
     assert a["llamacpp.id_slot"] == 0 and a["gen_ai.usage.output_tokens"] == 5
-    assert len(a["gen_ai.request.id"]) == 32     # no id in /completion answers: one made up
+    assert len(a["gpu_census.proxy.request.id"]) == 32 and "gen_ai.response.id" not in a   # /completion has no id
 
 
 def test_ttft_and_latencies_come_from_the_stream(make_proxy, standin, receiver):
@@ -222,7 +224,8 @@ def test_ttft_and_latencies_come_from_the_stream(make_proxy, standin, receiver):
     p = make_proxy()
     request(p.port, "POST", "/completion", {"prompt": "x", "stream": True})
     a = one_span(receiver, "text_completion").attributes
-    ttft, e2e = a["gen_ai.latency.time_to_first_token"], a["gen_ai.latency.e2e"]
+    sp = one_span(receiver, "text_completion")
+    ttft, e2e = a["gen_ai.response.time_to_first_chunk"], (sp.end_ns - sp.start_ns) / 1e9
     assert 0.3 <= ttft < 0.6
     assert e2e >= ttft + 0.3 - 0.01         # three more tokens 0.1 s apart
     assert e2e < 2.0
@@ -254,7 +257,7 @@ def test_ollama_ndjson_usage_and_durations(make_proxy, standin, receiver):
     assert a["gen_ai.usage.input_tokens"] == 7 and a["gen_ai.usage.output_tokens"] == 5
     assert a["ollama.eval_duration"] == 15_000_000 and a["ollama.prompt_eval_count"] == 7
     assert a["gen_ai.latency.time_in_model_decode"] == pytest.approx(0.015)
-    assert a["gen_ai.latency.time_to_first_token"] >= 0.2
+    assert a["gen_ai.response.time_to_first_chunk"] >= 0.2
     assert a["gen_ai.response.finish_reasons"] == ("length",)
 
 
@@ -263,8 +266,8 @@ def test_non_streamed_answer_has_usage_but_no_ttft(make_proxy, standin, receiver
     request(p.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3})
     a = one_span(receiver, "text_completion").attributes
     assert a["gen_ai.usage.output_tokens"] == 3 and a["gen_ai.request.max_tokens"] == 3
-    assert "gen_ai.latency.time_to_first_token" not in a
-    assert a["gen_ai.request.id"].startswith("cmpl-")
+    assert "gen_ai.response.time_to_first_chunk" not in a
+    assert a["gen_ai.response.id"].startswith("cmpl-") and "gen_ai.request.id" not in a
 
 
 def test_embeddings_span(make_proxy, standin, receiver):
@@ -521,7 +524,7 @@ def test_concurrent_streams_do_not_mix(make_proxy, standin, receiver):
         assert data == sent[body]
     spans = receiver.wait_for_spans(lambda ss: len([s for s in ss if s.name.startswith("chat")]) == 8)
     assert {s.attributes["gen_ai.request.model"] for s in spans} == {f"m{i}" for i in range(8)}
-    assert len({s.attributes["gen_ai.request.id"] for s in spans}) == 8
+    assert len({s.attributes["gpu_census.proxy.request.id"] for s in spans}) == 8
 
 
 # ---------------------------------------------------------------------------------------------

@@ -330,3 +330,21 @@ def test_run_proxy_sends_the_proxys_metrics_where_exporter_says(native, census_d
         if run.poll() is None:
             run.kill()
     assert '"gen_ai.server.request.duration"' in out and '"otel_gpu_census.proxy"' in out
+
+
+def test_with_the_sdk_disabled_the_proxy_announces_no_exporter():
+    """OTEL_SDK_DISABLED=true: the SDK exports nothing whatever OTEL_TRACES_EXPORTER says, and the proxy
+    says that rather than 'traces → console'."""
+    proc = start_proxy(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"],
+                       {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "console"})
+    try:
+        listening_port(proc)
+        said = [proc.stderr.readline() for _ in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [x.strip() for x in said] == ["otel-gpu-census proxy: traces → none (OTEL_SDK_DISABLED=true)",
+                                         "otel-gpu-census proxy: metrics → none (OTEL_SDK_DISABLED=true)"]
+    assert proc.stdout.read() == ""                       # no console exporter wrote anything either

@@ -107,7 +107,7 @@ def test_the_child_settles_the_engines_requests_into_spans_in_their_callers_trac
     by_id = {x["id"]: x for x in lines}
     for s in spans:
         assert s.attributes["gpu_census.kernel.count"] == by_id[s.attributes["gen_ai.request.id"]]["gpu"]["kernel.count"]
-        assert s.attributes["gen_ai.latency.time_to_first_token"] >= 0
+        assert s.attributes["gen_ai.response.time_to_first_chunk"] >= 0
 
 
 def test_a_stop_sent_to_the_whole_group_leaves_the_child_to_finish_the_engines_last_requests(census, otlp):

@@ -104,6 +104,17 @@ def test_get_trace_headers_is_an_async_method_of_the_generate_serving_base():
 
 # -- the objects the hooks read ---------------------------------------------------------------------
 
+def test_the_scheduler_holds_the_config_that_names_vllms_traces_endpoint():
+    """The hook on Scheduler.add_request reads scheduler.vllm_config.observability_config.otlp_traces_endpoint
+    (--otlp-traces-endpoint) to send our spans where vLLM sends its own."""
+    from vllm.config import ObservabilityConfig, VllmConfig
+    assert "self.vllm_config = vllm_config" in inspect.getsource(Scheduler.__init__)
+    assert "observability_config" in VllmConfig.__dataclass_fields__
+    assert ObservabilityConfig(otlp_traces_endpoint="http://collector:4317").otlp_traces_endpoint == \
+        "http://collector:4317"
+    assert ObservabilityConfig().otlp_traces_endpoint is None        # not set: the OTEL_* variables decide
+
+
 def test_scheduler_output_fields():
     fields = SchedulerOutput.__dataclass_fields__
     for name in ("num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids",

@@ -146,7 +146,7 @@ def test_the_engine_side_reads_real_requests_and_outputs(monkeypatch):
     assert sp.name == "chat tiny" and sp.attributes["gen_ai.request.id"] == "cmpl-77-0"
     assert sp.attributes["gen_ai.usage.input_tokens"] == 5 and sp.attributes["gpu_census.kernel.count"] == 12
     assert sp.attributes["gen_ai.response.finish_reasons"] == ("length",)
-    assert sp.attributes["gen_ai.latency.time_to_first_token"] >= 0
+    assert sp.attributes["gen_ai.response.time_to_first_chunk"] >= 0
 
 
 def test_the_plugin_entry_point_is_what_vllm_loads():

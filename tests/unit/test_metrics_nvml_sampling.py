@@ -250,3 +250,55 @@ def test_a_failed_20ms_sample_is_retried_at_the_next_collection(monkeypatch):
     assert (PCIE, "receive") not in collect(1.0)
     monkeypatch.setattr(FakeNvml, "nvmlDeviceGetPcieThroughput", real)
     assert collect(2.0)[(PCIE, "receive")] == 1000 * 1024          # not held off for 5 s by the failure
+
+
+def _points(monkeypatch, **kw):
+    """{(name, direction or None): (value, attributes)} of one collection at t = 2 s."""
+    fake, _, sampler = _rig(monkeypatch, load=lambda t: 0.5, **kw)
+    reader = InMemoryMetricReader()
+    sampler.register(MeterProvider(metric_readers=[reader]))
+    sampler._nvml.clock.now = 2.0
+    out = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for dp in m.data.data_points:
+                    out[(m.name, dp.attributes.get("network.io.direction"))] = (dp.value, dict(dp.attributes))
+    return fake, out
+
+
+def test_hw_gpu_io_is_the_gpus_own_pcie_bytes_as_a_counter(monkeypatch):
+    """hw.gpu.io as the hardware conventions mean it: what the GPU received and transmitted, all
+    processes (NVML's cumulative PCIe byte counters), read with the throughput's one call."""
+    fake, got = _points(monkeypatch)
+    assert got[("hw.gpu.io", "receive")][0] == 2_000_000_000 and got[("hw.gpu.io", "transmit")][0] == 4_000_000
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2          # at start, then once for both instruments
+
+
+@pytest.mark.parametrize("kw", [dict(pcie_fields=False), dict(fake_hook=lambda f: setattr(f, "value_type", 1))],
+                         ids=["no counters", "32-bit counters"])
+def test_no_hw_gpu_io_without_64_bit_counters(monkeypatch, kw):
+    _, got = _points(monkeypatch, **kw)
+    assert not [k for k in got if k[0] == "hw.gpu.io"] and ("gpu_census.pcie.throughput", "receive") in got
+
+
+def test_every_nvml_series_names_its_gpu_as_the_hardware_conventions_ask(monkeypatch):
+    _, got = _points(monkeypatch)
+    assert {k[0] for k in got} >= {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.gpu.io",
+                                   "gpu_census.pcie.throughput", "gpu_census.sm.utilization"}
+    for (name, _), (_, attrs) in got.items():
+        assert {k: v for k, v in attrs.items() if k.startswith("hw.") and k != "hw.gpu.task"} == {
+            "hw.id": "GPU-0", "hw.type": "gpu", "hw.vendor": "NVIDIA", "hw.model": "H200",
+            "hw.driver_version": "580"}, name
+
+
+def test_the_device_node_is_the_gpus_hw_name(monkeypatch):
+    fake = FakeNvml(types.SimpleNamespace(now=0.0), load=lambda t: 0.0)
+    fake.nvmlDeviceGetMinorNumber = lambda h: 3
+    assert nvml._node(fake, "h") == "nvidia3"
+    sampler = nvml.NvmlSampler(fake, [nvml._Device(0, "h0", "GPU-0", "NVIDIA H200", nvml._node(fake, "h0"))],
+                               driver="580.159.04")
+    assert sampler.known_gpus() == {"GPU-0": {"hw.model": "NVIDIA H200", "hw.name": "nvidia3",
+                                              "hw.driver_version": "580.159.04"}}
+    del fake.nvmlDeviceGetMinorNumber                           # an NVML that cannot say: no hw.name
+    assert nvml._node(fake, "h") == ""

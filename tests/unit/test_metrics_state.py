@@ -63,7 +63,7 @@ def val(data, name, **attrs):
 
 
 def io(data, direction="receive"):
-    return val(data, "hw.gpu.io", **{"hw.id": HW, "network.io.direction": direction})
+    return val(data, "gpu_census.host.io", **{"hw.id": HW, "network.io.direction": direction})
 
 
 def test_exited_process_keeps_its_totals_and_device_sums_never_drop():
@@ -291,3 +291,39 @@ def test_own_segment_source_for_in_process_hooks(segments, records, census_dir, 
     values = [dp.value for rm in reader_.get_metrics_data().resource_metrics for sm in rm.scope_metrics
               for m in sm.metrics if m.name == "gpu_census.kernel.count" for dp in m.data.data_points]
     assert values == [1]
+
+
+def test_census_series_name_their_gpu_as_the_hardware_conventions_ask():
+    """hw.type and hw.vendor on every GPU series; the recommended hw.* where NVML knows the GPU."""
+    other = "cuda:1"                                    # a GPU whose UUID the census could not learn
+    known = {HW: {"hw.model": "NVIDIA H200", "hw.name": "nvidia0", "hw.driver_version": "580.159.04"}}
+    reader = InMemoryMetricReader()
+    metrics.register_census_instruments(MeterProvider(metric_readers=[reader]),
+                                        lambda: [proc(10, busy_ns=S, htod=1000), proc(11, hw=other, htod=5)],
+                                        min_refresh_s=0, known_gpus=known)
+    seen = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for dp in m.data.data_points:
+                    a = dict(dp.attributes)
+                    if "hw.id" in a:
+                        seen.setdefault(a["hw.id"], set()).add(frozenset((k, v) for k, v in a.items()
+                                                                         if k.startswith("hw.")))
+    assert seen[HW] == {frozenset({"hw.id": HW, "hw.type": "gpu", "hw.vendor": "NVIDIA", **known[HW]}.items())}
+    assert seen[other] == {frozenset({"hw.id": other, "hw.type": "gpu", "hw.vendor": "NVIDIA"}.items())}
+
+
+def test_the_sidecar_gives_census_series_what_nvml_knows(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from otel_gpu_census.telemetry import nvml, sidecar
+    known = {HW: {"hw.model": "NVIDIA H200", "hw.name": "nvidia0", "hw.driver_version": "580"}}
+    monkeypatch.setattr(nvml, "register_nvml_instruments",
+                        lambda provider: SimpleNamespace(known_gpus=lambda: known, close=lambda: None))
+    handle = sidecar.start_sidecar(tmp_path, exporter="console", interval_s=3600,
+                                   source=lambda: [proc(10, htod=1000)])
+    try:
+        assert handle.census.gpu(HW)["hw.model"] == "NVIDIA H200"
+    finally:
+        handle.stop()

@@ -23,10 +23,10 @@ def test_a_first_token_outside_its_request_is_dropped():
     assert r.first_token_ns is None
 
 
-def _span(kind, start, end, ttft=None):
+def _span(kind, start, end, ttft=None, ttft_key="gen_ai.response.time_to_first_chunk"):
     attrs = [{"key": "gen_ai.request.model", "value": {"stringValue": "m"}}]
     if ttft is not None:
-        attrs.append({"key": "gen_ai.latency.time_to_first_token", "value": {"doubleValue": ttft}})
+        attrs.append({"key": ttft_key, "value": {"doubleValue": ttft}})
     return {"kind": kind, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end), "attributes": attrs}
 
 
@@ -36,6 +36,15 @@ def test_otlp_json_server_spans_one_export_a_line():
     second = {"resourceSpans": [{"scopeSpans": [{"spans": [_span("SPAN_KIND_SERVER", T + 5, T + 9)]}]}]}
     recs = parse([json.dumps(export), json.dumps(second)])
     assert recs == [RequestRecord(T, T + 2_000_000_000, T + 250_000_000), RequestRecord(T + 5, T + 9)]
+
+
+def test_the_first_token_of_vllms_own_spans_too():
+    """vLLM's llm_request span says its TTFT under vLLM's name, not the GenAI conventions' one."""
+    export = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        _span(2, T, T + 2_000_000_000, ttft=0.5, ttft_key="gen_ai.latency.time_to_first_token"),
+        _span(2, T, T + 2_000_000_000, ttft=0.5, ttft_key="some.other.ttft")]}]}]}
+    assert parse([json.dumps(export)]) == [RequestRecord(T, T + 2_000_000_000, T + 500_000_000),
+                                           RequestRecord(T, T + 2_000_000_000)]
 
 
 def test_otlp_json_pretty_printed_over_several_lines():

@@ -140,9 +140,10 @@ def test_batches_of_requests_get_spans_in_their_callers_traces_with_exact_shares
         tid, psid = traces[rid]
         assert format(sp.context.trace_id, "032x") == tid and format(sp.parent.span_id, "016x") == psid
         assert sp.attributes["gen_ai.response.id"] == rid and sp.attributes["gen_ai.provider.name"] == "sglang"
+        assert "gen_ai.request.id" not in sp.attributes           # the response id is the one id it has
         assert sp.attributes["gpu_census.attribution.method"] == "step_tokens"
         assert sp.attributes["gpu_census.attribution.status"] == "complete"
-        assert sp.attributes["gen_ai.latency.time_to_first_token"] > 0
+        assert sp.attributes["gen_ai.response.time_to_first_chunk"] > 0
         assert sp.attributes["gen_ai.usage.cache_read.input_tokens"] == 4
         assert sp.name in ("chat m1", "text_completion m1")
         if "error.type" in sp.attributes:
@@ -155,7 +156,7 @@ def test_batches_of_requests_get_spans_in_their_callers_traces_with_exact_shares
     shares = [s for s in got.values()]
     assert sum(s.attributes["gpu_census.kernel.count"] for s in shares) + una.kernel_count == \
         sum(s.kernel_count for s in step_values) == total.kernel_count
-    assert sum(s.attributes["gpu_census.kernel.time_ns"] for s in shares) + una.kernel_ns == \
+    assert sum(round(s.attributes["gpu_census.kernel.time"] * 1e9) for s in shares) + una.kernel_ns == \
         sum(s.kernel_ns for s in step_values)
     for d in ("htod", "dtoh"):
         assert sum(s.attributes[f"gpu_census.copy.{d}.bytes"] for s in shares) + una.copy(d).bytes == \
@@ -306,4 +307,4 @@ def test_an_sglang_outside_the_supported_versions_gets_one_line_and_no_hooks(mon
     with caplog.at_level("DEBUG"):
         inst.instrument()
     assert registered == [] and not inst.is_instrumented_by_opentelemetry
-    assert caplog.text.count('only instruments "sglang >= 0.5.23, < 0.5.24"') == 1
+    assert caplog.text.count('only instruments "sglang >= 0.5.20, < 0.5.24"') == 1

@@ -489,7 +489,7 @@ def test_an_engines_spans_and_request_log_say_when_kernels_were_sampled(tagged, 
     by_share = {line["gpu"]["kernel.count"]: line for line in lines}
     # 21 kernels a step: a gets 11 of the first two (ties to the earlier request) and all of the third
     assert [a["gpu_census.kernel.count"] for a in sp] == [10 + 10, 11 + 11 + 21] == sorted(by_share)   # b, a
-    assert sum(a["gpu_census.kernel.time_ns"] for a in sp) == sum(s.kernel_ns for s in census.steps.values())
+    assert sum(round(a["gpu_census.kernel.time"] * 1e9) for a in sp) == sum(s.kernel_ns for s in census.steps.values())
     want = [round(400 / 440, 4), round(440 / 480, 4)]                                      # b, a
     if sampled:
         assert [a["gpu_census.kernel.tracing"] for a in sp] == ["100/1000"] * 2

@@ -93,6 +93,7 @@ class StepEngine:
     PROVIDER = "engine"
     SCOPE = "otel_gpu_census.engine"
     NOTE = STEP_NOTE
+    providers: Tuple = (None, None)          # (tracer, meter) providers given to the instrumentor
 
     def __init__(self, telemetry=None, read=None, clock=time.time_ns, settle_period_s: float = SETTLE_PERIOD_S,
                  settle_in: Optional[str] = None):
@@ -534,7 +535,7 @@ class StepEngine:
         if self._telemetry is None:
             from ..telemetry.request import RequestTelemetry
             from ..telemetry.setup import engine_telemetry
-            tel = engine_telemetry()
+            tel = engine_telemetry(*self.providers)
             self._providers = (tel.tracer_provider, tel.meter_provider)
             self._telemetry = RequestTelemetry(tel.tracer_provider, tel.meter_provider,
                                                provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 
 class HookGuard:
@@ -45,14 +45,33 @@ class HookGuard:
             return default
 
 
+def disabled_by_env(name: str, env=None) -> bool:
+    """Whether OTEL_PYTHON_DISABLED_INSTRUMENTATIONS switches instrumentation `name` off, read as
+    opentelemetry-instrument reads it: comma-separated entry point names, ``*`` for every one."""
+    import os
+    raw = (os.environ if env is None else env).get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
+    names = {n.strip() for n in raw.split(",")}
+    return "*" in names or name in names
+
+
+def make_engine(cls, providers: Tuple[Any, Any]) -> Any:
+    """The process's telemetry engine of class `cls` (a StepEngine), on the (tracer, meter) providers an
+    instrumentor was given. Providers that are objects of this process (given, or the application's own:
+    telemetry.setup.providers_in_process) keep settling in a thread here: a settling child could not reach
+    them."""
+    from ..telemetry.setup import providers_in_process
+    eng = cls(settle_in="thread" if providers_in_process(*providers) else None)
+    eng.providers = providers
+    return eng
+
+
 def start_integration(name: str, label: str, how: str, instrument: Callable[[], Any], log: logging.Logger) -> None:
     """An engine plugin entry point's whole work: `instrument()` unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS
     names `name` or the process is not under the census. Never raises (the engine would not start): at
     worst one log line and the engine runs uninstrumented. `how`: the command that starts it under the census."""
-    import os
     from .. import injector
     try:
-        if name in {n.strip() for n in os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")}:
+        if disabled_by_env(name):
             log.info("otel-gpu-census: %s integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", label)
             return
         if not injector.under_census():

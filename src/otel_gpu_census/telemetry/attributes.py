@@ -1,12 +1,13 @@
 """GPU span attributes of one request, engine-neutral: what ``GpuCost`` says, as ``gpu_census.*``.
 
-Integers, exact; times in ns because the census counts ns:
+Counts and bytes are exact integers; times are seconds (doubles), as the OpenTelemetry conventions give
+durations (the census counts ns: the request log keeps those integers, ``share_attributes(seconds=False)``):
 
-- ``gpu_census.kernel.count``, ``gpu_census.kernel.time_ns``: kernels attributed to the request;
-- ``gpu_census.copy.<dir>.bytes|count|time_ns`` for dir in htod, dtoh (always present) and dtod,
-  ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise; no ``time_ns`` of copies and memsets where
+- ``gpu_census.kernel.count``, ``gpu_census.kernel.time``: kernels attributed to the request;
+- ``gpu_census.copy.<dir>.bytes|count|time`` for dir in htod, dtoh (always present) and dtod,
+  ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise; no ``time`` of copies and memsets where
   nothing timed them (counted at the calls: ACTIVITY=off, windows, events, `run`'s default);
-- ``gpu_census.prefill.copy.dtoh.bytes``, ``.prefill.copy.htod.bytes``, ``.prefill.kernel.time_ns``:
+- ``gpu_census.prefill.copy.dtoh.bytes``, ``.prefill.copy.htod.bytes``, ``.prefill.kernel.time``:
   the part of the share before the first token;
 - with window data (time-window attribution): ``gpu_census.window.*``, everything the buckets of the
   request's window held (all requests together), ``gpu_census.window.unattributed.*``, the part no
@@ -15,7 +16,7 @@ Integers, exact; times in ns because the census counts ns:
   (how the census traced kernels); when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the
   request's time kernel records were taken. Sampled (``ON_MS/PERIOD_MS``): the kernel figures above
   are that share of the request's kernels (copies are exact). Counted: kernel counts are exact, and
-  ``gpu_census.kernel.time_estimated`` (bool) says whether the kernel times (``*kernel.time_ns``) are
+  ``gpu_census.kernel.time_estimated`` (bool) says whether the kernel times (``*kernel.time``) are
   estimates: graph spans, plus eager launches x the mean duration of the eager kernels sampled (the
   share's own, else the server's over its life); with no sample at all their time is left out and
   the note says so;
@@ -36,24 +37,26 @@ ALWAYS_DIRECTIONS = ("htod", "dtoh")
 
 
 def share_attributes(prefix: str, s: Share, always: bool = True, kernel_ns: Optional[int] = None,
-                     copy_time: bool = True) -> Dict[str, Any]:
+                     copy_time: bool = True, seconds: bool = False) -> Dict[str, Any]:
     """`s` as `prefix`kernel.*, copy.<dir>.*, memset.* (htod and dtoh even when zero if `always`);
     `kernel_ns`: its kernel time when not as measured (an estimate: GpuCost.kernel_time); not `copy_time`: no
-    copy or memset time_ns (counted at the calls nothing timed them: a 0 would read as measured)."""
+    copy or memset time (counted at the calls nothing timed them: a 0 would read as measured). Times as
+    ``time`` in seconds with `seconds` (span attributes), else as ``time_ns`` integers (the request log)."""
+    key, t = ("time", lambda ns: ns / 1e9) if seconds else ("time_ns", lambda ns: ns)
     out: Dict[str, Any] = {f"{prefix}kernel.count": s.kernel_count,
-                           f"{prefix}kernel.time_ns": s.kernel_ns if kernel_ns is None else kernel_ns}
+                           f"{prefix}kernel.{key}": t(s.kernel_ns if kernel_ns is None else kernel_ns)}
     for d in DIRECTIONS:
         st = s.copy(d)
         if (always and d in ALWAYS_DIRECTIONS) or st.count or st.bytes:
             out[f"{prefix}copy.{d}.bytes"] = st.bytes
             out[f"{prefix}copy.{d}.count"] = st.count
             if copy_time:
-                out[f"{prefix}copy.{d}.time_ns"] = st.ns
+                out[f"{prefix}copy.{d}.{key}"] = t(st.ns)
     if s.memset.count or s.memset.bytes:
         out[f"{prefix}memset.bytes"] = s.memset.bytes
         out[f"{prefix}memset.count"] = s.memset.count
         if copy_time:
-            out[f"{prefix}memset.time_ns"] = s.memset.ns
+            out[f"{prefix}memset.{key}"] = t(s.memset.ns)
     return out
 
 
@@ -69,7 +72,7 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         return out
     kt = cost.kernel_time(cost.share)
     timed_copies = copy_times_measured(cost.kernel_tracing)
-    out.update(share_attributes("gpu_census.", cost.share, kernel_ns=kt.ns, copy_time=timed_copies))
+    out.update(share_attributes("gpu_census.", cost.share, kernel_ns=kt.ns, copy_time=timed_copies, seconds=True))
     if cost.kernel_tracing:
         out["gpu_census.kernel.tracing"] = ",".join(cost.kernel_tracing)
         if cost.kernel_tracing != ["all"]:
@@ -78,12 +81,13 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         out["gpu_census.kernel.time_estimated"] = kt.estimated
     out["gpu_census.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
     out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
-    out["gpu_census.prefill.kernel.time_ns"] = cost.kernel_time(cost.prefill).ns
+    out["gpu_census.prefill.kernel.time"] = cost.kernel_time(cost.prefill).ns / 1e9
     if cost.has_window:
         out.update(share_attributes("gpu_census.window.", cost.window, kernel_ns=cost.kernel_time(cost.window).ns,
-                                    copy_time=timed_copies))
+                                    copy_time=timed_copies, seconds=True))
         out.update(share_attributes("gpu_census.window.unattributed.", cost.unattributed, always=False,
-                                    kernel_ns=cost.kernel_time(cost.unattributed).ns, copy_time=timed_copies))
+                                    kernel_ns=cost.kernel_time(cost.unattributed).ns, copy_time=timed_copies,
+                                    seconds=True))
     out["gpu_census.attribution.concurrency_max"] = cost.concurrency_max
     if cost.has_window:
         out["gpu_census.attribution.buckets"] = cost.buckets

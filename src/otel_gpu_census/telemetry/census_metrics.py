@@ -19,7 +19,7 @@ Process lifetimes. Series are per process (``process.pid``). When a process exit
 their last totals for as long as this registration lives (at most ``retain_exited`` exited
 processes; beyond that the oldest one's series stop). A pid reused by a new process starts new
 totals under the same attributes, which a backend reads as a counter reset. The per-device sums
-(``hw.gpu.io``, ``gpu_census.busy.ratio``) fold in processes whose series stopped, so they never
+(``gpu_census.host.io``, ``gpu_census.busy.ratio``) fold in processes whose series stopped, so they never
 go backwards.
 """
 from __future__ import annotations
@@ -35,12 +35,12 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from .. import census
 from ..census import DeviceTotals, ProcessCensus
 from ..version import __version__
-from .specs import COPY_DIRECTION, COPY_MEMORY, HW_ID, IO_DIRECTION, METER_NAME, PROCESS_EXE, PROCESS_PID, Spec, \
-    create_observable
+from .specs import COPY_DIRECTION, COPY_MEMORY, GPU, IO_DIRECTION, METER_NAME, PROCESS_EXE, PROCESS_PID, Spec, \
+    create_observable, gpu_attributes
 
 log = logging.getLogger("otel_gpu_census.metrics")
 
-_PROC = (HW_ID, PROCESS_PID, PROCESS_EXE)
+_PROC = GPU + (PROCESS_PID, PROCESS_EXE)
 _COPY = _PROC + (COPY_DIRECTION, COPY_MEMORY)
 
 
@@ -87,11 +87,12 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
          "it could not wrap, dropped records or lost calls): its figures are then exact only for what it saw."),
     Spec("gpu_census.process.counting", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
          "1 while the census counts in the process; 0 once it exited or the census stepped aside."),
-    Spec("gpu_census.busy.ratio", "gauge", "1", (HW_ID,),
+    Spec("gpu_census.busy.ratio", "gauge", "1", GPU,
          "Busy time gained per wall time since the previous collection, 0..1, all censused processes "
          "on the GPU together."),
-    Spec("hw.gpu.io", "counter", "By", (HW_ID, IO_DIRECTION),
-         "Bytes copied host to device (receive) and device to host (transmit) by censused processes."),
+    Spec("gpu_census.host.io", "counter", "By", GPU + (IO_DIRECTION,),
+         "Bytes the censused processes copied host to device (receive) and device to host (transmit), every "
+         "memory kind (not hw.gpu.io, which is all of the GPU's traffic: NVML's)."),
 )
 
 NS_PER_S = 1e9
@@ -156,8 +157,10 @@ class CensusMetrics:
     """
 
     def __init__(self, source: Callable[[], Iterable[ProcessCensus]], min_refresh_s: float = 0.25,
-                 retain_exited: int = 256, clock: Callable[[], int] = time.time_ns):
+                 retain_exited: int = 256, clock: Callable[[], int] = time.time_ns,
+                 known_gpus: Optional[Mapping[str, Mapping[str, str]]] = None):
         self._source = source
+        self._known_gpus = known_gpus or {}      # hw.id -> what NVML says of it (hw.model, hw.name, …)
         self._min_refresh_ns = int(min_refresh_s * 1e9)
         self._retain_exited = retain_exited
         self._clock = clock
@@ -301,6 +304,10 @@ class CensusMetrics:
             return {hid: min(1.0, g / dt) for hid, g in gained.items()}
 
     # -- callbacks ----------------------------------------------------------------------
+    def gpu(self, hid: str) -> Dict[str, object]:
+        """A GPU's attributes on its series (specs.gpu_attributes)."""
+        return gpu_attributes(hid, self._known_gpus)
+
     def _observe(self, fn: Callable[[], Iterable[Observation]]) -> Callable[[CallbackOptions], List[Observation]]:
         def callback(options: CallbackOptions) -> List[Observation]:
             try:
@@ -327,7 +334,7 @@ class CensusMetrics:
             attrs = rec.attrs
             for hid, d in rec.devices.items():
                 if counted is None or counted(d):
-                    yield Observation(value(d), {HW_ID: hid, **attrs})
+                    yield Observation(value(d), {**self.gpu(hid), **attrs})
 
     def _per_copy(self, field: str) -> Iterable[Observation]:
         for rec in self.processes():
@@ -337,25 +344,25 @@ class CensusMetrics:
             for hid, d in rec.devices.items():
                 for (direction, mem), s in sorted(d.copies.cells.items()):
                     v = s.ns / NS_PER_S if field == "ns" else getattr(s, field)
-                    yield Observation(v, {HW_ID: hid, **attrs, COPY_DIRECTION: direction, COPY_MEMORY: mem})
+                    yield Observation(v, {**self.gpu(hid), **attrs, COPY_DIRECTION: direction, COPY_MEMORY: mem})
 
 
     def _kernel_time(self) -> Iterable[Observation]:
         for rec in self.processes():
             attrs = rec.attrs
             for hid, ns in rec.kernel_ns.items():
-                yield Observation(ns / NS_PER_S, {HW_ID: hid, **attrs})
+                yield Observation(ns / NS_PER_S, {**self.gpu(hid), **attrs})
 
     def _traced(self) -> Iterable[Observation]:
         for rec in self.processes():
             attrs = rec.attrs
             for hid in rec.devices:
-                yield Observation(rec.traced_ns / NS_PER_S, {HW_ID: hid, **attrs})
+                yield Observation(rec.traced_ns / NS_PER_S, {**self.gpu(hid), **attrs})
 
     def _io(self) -> Iterable[Observation]:
         for hid, d in sorted(self.device_totals().items()):
-            yield Observation(d.copies.get("htod").bytes, {HW_ID: hid, IO_DIRECTION: "receive"})
-            yield Observation(d.copies.get("dtoh").bytes, {HW_ID: hid, IO_DIRECTION: "transmit"})
+            yield Observation(d.copies.get("htod").bytes, {**self.gpu(hid), IO_DIRECTION: "receive"})
+            yield Observation(d.copies.get("dtoh").bytes, {**self.gpu(hid), IO_DIRECTION: "transmit"})
 
     def callbacks(self) -> Dict[str, Callable[[CallbackOptions], List[Observation]]]:
         s = NS_PER_S
@@ -385,23 +392,26 @@ class CensusMetrics:
             "gpu_census.calls.unsized": lambda: (Observation(r.unsized, r.attrs) for r in self.processes()),
             "gpu_census.exact": lambda: (Observation(int(r.exact), r.attrs) for r in self.processes()),
             "gpu_census.process.counting": lambda: (Observation(int(r.counting), r.attrs) for r in self.processes()),
-            "gpu_census.busy.ratio": lambda: (Observation(v, {HW_ID: h}) for h, v in sorted(self.busy_ratios().items())),
-            "hw.gpu.io": self._io,
+            "gpu_census.busy.ratio": lambda: (Observation(v, self.gpu(h)) for h, v in sorted(self.busy_ratios().items())),
+            "gpu_census.host.io": self._io,
         }
         return {name: self._observe(fn) for name, fn in fns.items()}
 
 
 def register_census_instruments(meter_provider, source: Callable[[], Iterable[ProcessCensus]], *,
                                 min_refresh_s: float = 0.25, retain_exited: int = 256,
-                                clock: Callable[[], int] = time.time_ns) -> CensusMetrics:
+                                clock: Callable[[], int] = time.time_ns,
+                                known_gpus: Optional[Mapping[str, Mapping[str, str]]] = None) -> CensusMetrics:
     """Register the census instruments (``CENSUS_INSTRUMENTS``) on `meter_provider`.
 
     `source` returns the processes to report (``census.ProcessCensus``), e.g. ``lambda:
     [reader.read_segment(path)]`` inside a server. It is read once now (the busy ratio's starting
-    point) and then when a collection needs it. Returns the :class:`CensusMetrics` behind the
-    instruments (useful for its ``device_totals()`` and for tests).
+    point) and then when a collection needs it. `known_gpus` ({hw.id: attributes}, NVML's
+    ``NvmlSampler.known_gpus()``) adds the recommended hw.* attributes of the GPUs it knows. Returns the
+    :class:`CensusMetrics` behind the instruments (useful for its ``device_totals()`` and for tests).
     """
-    state = CensusMetrics(source, min_refresh_s=min_refresh_s, retain_exited=retain_exited, clock=clock)
+    state = CensusMetrics(source, min_refresh_s=min_refresh_s, retain_exited=retain_exited, clock=clock,
+                          known_gpus=known_gpus)
     state.refresh()
     state.busy_ratios()          # start the ratio's first interval now
     meter = meter_provider.get_meter(METER_NAME, __version__)

@@ -5,8 +5,9 @@
 * ``gpu_census.sm.utilization`` and ``gpu_census.sm.occupancy`` come from NVML GPM (GPU
   Performance Monitoring, Hopper and newer): the fraction of SMs busy, and of warp slots
   occupied, averaged between two samples — here, between two collections.
-* memory used and total (``hw.gpu.memory.usage``/``.limit``; the total is read once) and PCIe
-  throughput (``gpu_census.pcie.throughput``): from NVML's cumulative PCIe byte counters
+* memory used and total (``hw.gpu.memory.usage``/``.limit``; the total is read once), the GPU's PCIe
+  traffic as a counter (``hw.gpu.io``, only where those counters are 64-bit) and PCIe throughput
+  (``gpu_census.pcie.throughput``): from NVML's cumulative PCIe byte counters
   (``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``/``RX_BYTES``, both in one ``nvmlDeviceGetFieldValues`` call),
   averaged between two collections like GPM; where a GPU or driver lacks those fields (decided once,
   at start), ``nvmlDeviceGetPcieThroughput``'s 20 ms sample instead, which costs ~1 ms of CPU (and
@@ -26,29 +27,36 @@ from typing import Dict, List, Optional, Tuple
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from ..version import __version__
-from .specs import HW_ID, IO_DIRECTION, METER_NAME, Spec, create_observable
+from .specs import GPU, HW_DRIVER, HW_MODEL, HW_NAME, IO_DIRECTION, METER_NAME, Spec, create_observable, \
+    gpu_attributes
 
 log = logging.getLogger("otel_gpu_census.metrics")
 
 HW_GPU_TASK = "hw.gpu.task"
 
 BASE_INSTRUMENTS: Tuple[Spec, ...] = (
-    Spec("hw.gpu.utilization", "gauge", "1", (HW_ID, HW_GPU_TASK),
+    Spec("hw.gpu.utilization", "gauge", "1", GPU + (HW_GPU_TASK,),
          "nvidia-smi's GPU utilisation: fraction of the last sample period in which any kernel ran."),
-    Spec("hw.gpu.memory.usage", "updowncounter", "By", (HW_ID,), "GPU memory in use (NVML)."),
-    Spec("hw.gpu.memory.limit", "updowncounter", "By", (HW_ID,), "GPU memory size (NVML)."),
-    Spec("gpu_census.pcie.throughput", "gauge", "By/s", (HW_ID, IO_DIRECTION),
+    Spec("hw.gpu.memory.usage", "updowncounter", "By", GPU, "GPU memory in use (NVML)."),
+    Spec("hw.gpu.memory.limit", "updowncounter", "By", GPU, "GPU memory size (NVML)."),
+    Spec("gpu_census.pcie.throughput", "gauge", "By/s", GPU + (IO_DIRECTION,),
          "PCIe traffic, all processes (receive = into the GPU): NVML's byte counters averaged since the "
          "previous collection, or where the GPU lacks them NVML's 20 ms sample, taken at most every 5 s "
          "(the collections in between repeat the last one)."),
 )
+# Only where NVML has 64-bit PCIe byte counters (a narrower one wraps too often to make a counter)
+IO_INSTRUMENTS: Tuple[Spec, ...] = (
+    Spec("hw.gpu.io", "counter", "By", GPU + (IO_DIRECTION,),
+         "Bytes the GPU received (receive) and transmitted (transmit) over PCIe, all processes: NVML's "
+         "cumulative byte counters."),
+)
 GPM_INSTRUMENTS: Tuple[Spec, ...] = (
-    Spec("gpu_census.sm.utilization", "gauge", "1", (HW_ID,),
+    Spec("gpu_census.sm.utilization", "gauge", "1", GPU,
          "NVML GPM: fraction of SMs busy, averaged since the previous collection."),
-    Spec("gpu_census.sm.occupancy", "gauge", "1", (HW_ID,),
+    Spec("gpu_census.sm.occupancy", "gauge", "1", GPU,
          "NVML GPM: fraction of the SMs' warp slots occupied, averaged since the previous collection."),
 )
-NVML_INSTRUMENTS = BASE_INSTRUMENTS + GPM_INSTRUMENTS
+NVML_INSTRUMENTS = BASE_INSTRUMENTS + IO_INSTRUMENTS + GPM_INSTRUMENTS
 
 GPM_MIN_INTERVAL_S = 0.1     # NVML wants GPM samples at least this far apart
 # The cumulative PCIe byte counters, by the name nvidia-ml-py gives their field ids, and the
@@ -75,12 +83,13 @@ def _field_value(f) -> int:
 
 
 class _Device:
-    __slots__ = ("index", "handle", "uuid", "name", "gpm", "gpm_why", "prev", "cur", "prev_t", "gpm_values",
+    __slots__ = ("index", "handle", "uuid", "name", "node", "gpm", "gpm_why", "prev", "cur", "prev_t", "gpm_values",
                  "memory_total", "pcie", "pcie_why", "pcie_ids", "pcie_prev", "pcie_t", "pcie_values",
-                 "pcie_sample_t")
+                 "pcie_sample_t", "pcie_read_at")
 
-    def __init__(self, index, handle, uuid, name):
+    def __init__(self, index, handle, uuid, name, node: str = ""):
         self.index, self.handle, self.uuid, self.name = index, handle, uuid, name
+        self.node = node                            # "nvidia<minor>" ("" when NVML did not say)
         self.gpm = False
         self.gpm_why = ""
         self.prev = self.cur = None
@@ -94,6 +103,7 @@ class _Device:
         self.pcie_t = 0.0
         self.pcie_values: Dict[str, float] = {}     # direction -> bytes/s over the last interval
         self.pcie_sample_t: Optional[float] = None  # monotonic time of the last 20 ms sample (PCIE_SAMPLE)
+        self.pcie_read_at: Optional[float] = None   # monotonic time of the last counter read of a collection
 
 
 class NvmlSampler:
@@ -107,6 +117,7 @@ class NvmlSampler:
         self._lock = threading.Lock()
         self._warned: set = set()
         self._closed = False
+        self._known = self.known_gpus()
         for d in devices:
             self._init_gpm(d)
             self._init_pcie(d)
@@ -148,10 +159,14 @@ class NvmlSampler:
         d.pcie = PCIE_COUNTERS
 
     def _pcie_counters(self, d: _Device) -> Dict[str, float]:
-        """Bytes/s per direction between the previous read and now. A read within
-        GPM_MIN_INTERVAL_S of the previous one (another reader collected just now), or one NVML
-        did not stamp later, keeps the previous values; a direction whose counter went back
-        (wrapped) is left out for that interval."""
+        """Bytes/s per direction between the previous read and now (the counters themselves: d.pcie_prev).
+        Within GPM_MIN_INTERVAL_S of the previous read (another instrument or reader collected just now)
+        NVML is not asked again; a read NVML did not stamp that much later keeps the previous values; a
+        direction whose counter went back (wrapped) is left out for that interval."""
+        now = time.monotonic()
+        if d.pcie_read_at is not None and now - d.pcie_read_at < GPM_MIN_INTERVAL_S:
+            return d.pcie_values
+        d.pcie_read_at = now
         cur, t = self._read_pcie_counters(d)
         dt = t - d.pcie_t
         if dt < GPM_MIN_INTERVAL_S:
@@ -221,6 +236,17 @@ class NvmlSampler:
         d.prev, d.cur, d.prev_t = d.cur, d.prev, now
 
     # -- callbacks ------------------------------------------------------------------------
+    def known_gpus(self) -> Dict[str, Dict[str, str]]:
+        """{hw.id: the recommended hw.* attributes NVML knows of that GPU}: for every series of it."""
+        out = {}
+        for d in self.devices:
+            known = {HW_MODEL: d.name, HW_NAME: d.node, HW_DRIVER: self.driver}
+            out[d.uuid] = {k: v for k, v in known.items() if v}
+        return out
+
+    def _gpu(self, d: _Device) -> Dict[str, str]:
+        return gpu_attributes(d.uuid, self._known)
+
     def _warn_once(self, key: str, msg: str, *args) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -244,24 +270,33 @@ class NvmlSampler:
     def _utilization(self, options: CallbackOptions) -> List[Observation]:
         return self._each("utilization", lambda d: [Observation(
             self._nvml.nvmlDeviceGetUtilizationRates(d.handle).gpu / 100.0,
-            {HW_ID: d.uuid, HW_GPU_TASK: "general"})])
+            {**self._gpu(d), HW_GPU_TASK: "general"})])
 
     def _memory_usage(self, options: CallbackOptions) -> List[Observation]:
         return self._each("memory", lambda d: [Observation(
-            int(self._nvml.nvmlDeviceGetMemoryInfo(d.handle).used), {HW_ID: d.uuid})])
+            int(self._nvml.nvmlDeviceGetMemoryInfo(d.handle).used), self._gpu(d))])
 
     def _memory_limit(self, options: CallbackOptions) -> List[Observation]:
         def read(d):
             if d.memory_total is None:
                 d.memory_total = int(self._nvml.nvmlDeviceGetMemoryInfo(d.handle).total)
-            return [Observation(d.memory_total, {HW_ID: d.uuid})]
+            return [Observation(d.memory_total, self._gpu(d))]
         return self._each("memory", read)
 
     def _pcie(self, options: CallbackOptions) -> List[Observation]:
         def read(d):
             values = self._pcie_counters(d) if d.pcie == PCIE_COUNTERS else self._pcie_sample(d)
-            return [Observation(v, {HW_ID: d.uuid, IO_DIRECTION: k}) for k, v in values.items()]
+            return [Observation(v, {**self._gpu(d), IO_DIRECTION: k}) for k, v in values.items()]
         return self._each("PCIe throughput", read)
+
+    def _io(self, options: CallbackOptions) -> List[Observation]:
+        def read(d):
+            if d.pcie != PCIE_COUNTERS:
+                return []
+            self._pcie_counters(d)          # the counters as last read (at most GPM_MIN_INTERVAL_S old)
+            return [Observation(v, {**self._gpu(d), IO_DIRECTION: direction})
+                    for (_, direction), v in zip(PCIE_FIELDS, d.pcie_prev)]
+        return self._each("PCIe byte counters", read)
 
     def _gpm(self, metric_attr: str):
         def cb(options: CallbackOptions) -> List[Observation]:
@@ -270,7 +305,7 @@ class NvmlSampler:
             def read(d):
                 self._gpm_sample(d)
                 v = d.gpm_values.get(mid)
-                return [] if v is None else [Observation(v, {HW_ID: d.uuid})]
+                return [] if v is None else [Observation(v, self._gpu(d))]
             return self._each("GPM", read, gpm=True)
         return cb
 
@@ -280,13 +315,16 @@ class NvmlSampler:
             "hw.gpu.memory.usage": self._memory_usage,
             "hw.gpu.memory.limit": self._memory_limit,
             "gpu_census.pcie.throughput": self._pcie,
+            "hw.gpu.io": self._io,
             "gpu_census.sm.utilization": self._gpm("NVML_GPM_METRIC_SM_UTIL"),
             "gpu_census.sm.occupancy": self._gpm("NVML_GPM_METRIC_SM_OCCUPANCY"),
         }
 
     def specs(self) -> Tuple[Spec, ...]:
-        """The instruments this machine can feed: GPM ones only if some GPU supports GPM."""
-        return BASE_INSTRUMENTS + (GPM_INSTRUMENTS if any(d.gpm for d in self.devices) else ())
+        """The instruments this machine can feed: hw.gpu.io only if some GPU has 64-bit PCIe byte counters,
+        GPM ones only if some GPU supports GPM."""
+        return BASE_INSTRUMENTS + (IO_INSTRUMENTS if any(d.pcie == PCIE_COUNTERS for d in self.devices) else ()) \
+            + (GPM_INSTRUMENTS if any(d.gpm for d in self.devices) else ())
 
     def register(self, meter_provider) -> List[str]:
         meter = meter_provider.get_meter(METER_NAME + ".nvml", __version__)
@@ -310,6 +348,14 @@ class NvmlSampler:
                 pass
 
 
+def _node(n, handle) -> str:
+    """The GPU's device node name, "nvidia<minor>"; "" where NVML cannot say (it is only a name)."""
+    try:
+        return f"nvidia{int(n.nvmlDeviceGetMinorNumber(handle))}"
+    except Exception:
+        return ""
+
+
 def open_nvml() -> Tuple[Optional[NvmlSampler], str]:
     """(sampler, "") or (None, why NVML cannot be used here). Never raises."""
     try:
@@ -325,7 +371,7 @@ def open_nvml() -> Tuple[Optional[NvmlSampler], str]:
         devices = []
         for i in range(n.nvmlDeviceGetCount()):
             h = n.nvmlDeviceGetHandleByIndex(i)
-            devices.append(_Device(i, h, _text(n.nvmlDeviceGetUUID(h)), _text(n.nvmlDeviceGetName(h))))
+            devices.append(_Device(i, h, _text(n.nvmlDeviceGetUUID(h)), _text(n.nvmlDeviceGetName(h)), _node(n, h)))
     except Exception as e:
         try:
             n.nvmlShutdown()
@@ -355,6 +401,6 @@ def register_nvml_instruments(meter_provider) -> Optional[NvmlSampler]:
         if not d.gpm:
             log.info("metrics: no SM utilisation/occupancy for GPU %d (%s): %s", d.index, d.uuid, d.gpm_why)
         if d.pcie != PCIE_COUNTERS:
-            log.info("metrics: PCIe throughput of GPU %d (%s) is NVML's 20 ms sample, taken every %g s "
-                     "(~2 ms of CPU each): %s", d.index, d.uuid, sampler.pcie_sample_every_s, d.pcie_why)
+            log.info("metrics: no hw.gpu.io for GPU %d (%s), and its PCIe throughput is NVML's 20 ms sample, taken "
+                     "every %g s (~2 ms of CPU each): %s", d.index, d.uuid, sampler.pcie_sample_every_s, d.pcie_why)
     return sampler

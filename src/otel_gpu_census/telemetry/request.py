@@ -11,8 +11,8 @@ an engine hook from the engine's steps) and tells this module; everything after 
     cost = await ledger.close(key, t2)
     req.finish(t2, cost=cost, output_tokens=n)
 
-:meth:`TrackedRequest.finish` sets ``gen_ai.latency.e2e`` and ``gen_ai.latency.time_to_first_token``,
-the GPU attributes (:func:`attributes.gpu_attributes`), ``error.type`` and an error status, ends the
+:meth:`TrackedRequest.finish` sets ``gen_ai.response.time_to_first_chunk`` (seconds, the GenAI
+conventions' name; the request's whole time is the span's duration), the GPU attributes (:func:`attributes.gpu_attributes`), ``error.type`` and an error status, ends the
 span at the request's end (not when finish is called: the GPU cost may come seconds later), and
 records ``gen_ai.server.request.duration``, ``.time_to_first_token``, ``.time_per_output_token`` and
 the per-request GPU histograms with the span's context, so exemplars point at the trace. The
@@ -46,6 +46,7 @@ log = logging.getLogger("otel_gpu_census.telemetry")
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
 MODEL = "gen_ai.request.model"
+TTFT = "gen_ai.response.time_to_first_chunk"     # seconds from the request to its first streamed chunk
 ERROR_TYPE = "error.type"
 
 
@@ -209,9 +210,8 @@ class TrackedRequest:
         ttft_s = None
         if self.first_token_ns is not None:
             ttft_s = max(0, self.first_token_ns - self.start_ns) / 1e9
-        attrs["gen_ai.latency.e2e"] = duration_s
         if ttft_s is not None:
-            attrs["gen_ai.latency.time_to_first_token"] = ttft_s
+            attrs[TTFT] = ttft_s
         if cost is not None:
             attrs.update(gpu_attributes(cost))
         if error_type is not None:

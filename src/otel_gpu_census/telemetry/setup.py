@@ -1,45 +1,38 @@
-"""One set-up of the tracer and meter providers, configured the way OTel users expect.
+"""The tracer and meter providers, configured by the OpenTelemetry SDK's own environment handling.
 
-Which exporters, one table per signal (first match wins):
+Exporter names come from ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` (comma-separated) and are
+found as the SDK's configurator (and ``opentelemetry-instrument``) finds them: in the
+``opentelemetry_traces_exporter`` / ``opentelemetry_metrics_exporter`` entry points, ``otlp`` as
+``OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]PROTOCOL`` says (``grpc`` by default, ``http/protobuf``), so any
+exporter installed for the SDK works here. Each exporter reads its own ``OTEL_EXPORTER_*`` variables
+(endpoint, headers, timeout, TLS); the periodic reader ``OTEL_METRIC_EXPORT_INTERVAL``; the resource
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``. ``OTEL_SDK_DISABLED=true``: nothing is exported
+and nothing is announced but that.
 
-==========  ====================================================  ===========================================
-            metrics (the sidecar of ``run``, the proxy)           traces (the proxy's spans)
-==========  ====================================================  ===========================================
-1. flag     ``run --exporter otlp|prometheus|console|none``        —
-2. env      ``OTEL_METRICS_EXPORTER`` (otlp, prometheus,          ``OTEL_TRACES_EXPORTER`` (otlp, console,
-            console, none; comma-separated)                        none; comma-separated)
-3. implied  ``otlp`` when ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``  —
-            or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set
-4. default  none: the end-of-run report is the output (the SDK   ``otlp``: spans are what the proxy is for
-            would try localhost; a census run nobody asked to
-            export should not try a network)
-==========  ====================================================  ===========================================
+Where this differs from the SDK, and why:
 
-OTLP follows ``OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]PROTOCOL`` (``grpc``, the default, or
-``http/protobuf``); endpoint, headers, timeout, compression and TLS variables are read by the
-OTel exporters themselves. ``OTEL_METRIC_EXPORT_INTERVAL`` (ms) sets the export period unless the
-caller gives one. Prometheus serves on ``OTEL_EXPORTER_PROMETHEUS_HOST``:``_PORT`` (localhost:9464)
-unless the caller gives a port. The resource comes from ``OTEL_SERVICE_NAME`` and
-``OTEL_RESOURCE_ATTRIBUTES``, with ``service.name`` defaulting to ``otel-gpu-census``.
+- unset variables: traces go by ``otlp`` (spans are what the proxy and the engine hooks are for);
+  metrics go nowhere unless ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` is set (a census run nobody
+  asked to export should not try a network). ``run --exporter`` wins over ``OTEL_METRICS_EXPORTER``;
+- ``prometheus`` is a scrape endpoint of our own on ``OTEL_EXPORTER_PROMETHEUS_HOST``:``_PORT``
+  (localhost:9464) or ``run --prometheus-port``, with a registry of its own, rather than the SDK's
+  reader, which serves prometheus_client's global registry on a port nobody is told about;
+- a collector that is down costs one warning per outage and signal (and a note when it is back),
+  never a log line per retry, and a stop never waits out the exporter's retries;
+- ``service.name`` defaults to ``otel-gpu-census``.
 
-A collector that is down costs one warning per outage and signal (and a note when it is back), never
-an exception or a log line per retry: the OTel exporters' own per-attempt messages are filtered by one
-filter for both signals.
-
-:func:`build_telemetry` makes both providers at once and says where each signal goes
-(``Telemetry.descriptions``: ``traces → …``, ``metrics → …``); a caller that already has a meter
-provider (``run`` with its sidecar) passes it, so one process never serves two Prometheus endpoints.
+:func:`build_telemetry` makes both providers and says where each signal goes (``traces → …``,
+``metrics → …``); :func:`engine_telemetry` takes the providers an instrumentor was given, else the
+application's (an SDK provider set globally, as ``opentelemetry-instrument`` does), else builds them.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import re
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Callable, List, Mapping, Optional, Tuple
 
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -54,12 +47,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 log = logging.getLogger("otel_gpu_census.metrics")
 trace_log = logging.getLogger("otel_gpu_census.traces")
 
+# `run --exporter`'s choices; OTEL_METRICS_EXPORTER takes any name the SDK knows
 EXPORTER_NAMES = ("otlp", "prometheus", "console", "none")
-TRACE_EXPORTER_NAMES = ("otlp", "console", "none")
-PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_SERVICE_NAME = "otel-gpu-census"
 DEFAULT_PROMETHEUS_HOST = "localhost"
 DEFAULT_PROMETHEUS_PORT = 9464
+ENV_BY_SIGNAL = {"traces": "OTEL_TRACES_EXPORTER", "metrics": "OTEL_METRICS_EXPORTER"}
+OTLP_PROTOCOL_BY_ENTRY_POINT = {"otlp_proto_grpc": "grpc", "otlp_proto_http": "http/protobuf"}
 
 # Loggers of the OTel OTLP exporters (both signals) whose per-attempt failure lines the quiet
 # exporters replace with one warning per outage.
@@ -78,214 +72,44 @@ class ConfigError(ValueError):
     """An exporter setting that cannot be honoured; the message says which and what is allowed."""
 
 
-class ExporterUnavailable(RuntimeError):
-    """An exporter package that cannot be imported here; the message says what is missing."""
+def sdk_disabled(env: Mapping[str, str] = os.environ) -> bool:
+    """OTEL_SDK_DISABLED=true, as the SDK reads it (its providers then hand out no-op tracers and meters)."""
+    return env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-# (module to import, the distribution that provides it) per exporter.
-OTLP_MODULES = {
-    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
-    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
-                      "opentelemetry-exporter-otlp-proto-http"),
-}
-OTLP_TRACE_MODULES = {
-    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
-    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                      "opentelemetry-exporter-otlp-proto-http"),
-}
-OTLP_DEFAULT_TARGETS = {
-    ("grpc", "metrics"): "localhost:4317", ("http/protobuf", "metrics"): "http://localhost:4318/v1/metrics",
-    ("grpc", "traces"): "localhost:4317", ("http/protobuf", "traces"): "http://localhost:4318/v1/traces",
-}
-PROMETHEUS_MODULE = ("opentelemetry.exporter.prometheus", "opentelemetry-exporter-prometheus")
-
-
-# -------------------------------------------------------------------------------------------
-# why an exporter cannot be imported
-#
-# The OTel exporters are split over many distributions that must match exactly (1.45.2 of
-# opentelemetry-exporter-otlp-proto-grpc needs opentelemetry-exporter-otlp-common==0.66b2, a
-# distribution older releases did not have). Installed with --no-deps, or next to an old protobuf
-# or grpcio, the import fails deep inside; the dependency metadata says what is actually wrong.
-
-def _packaging():
-    """packaging's Requirement and Version classes, from the package or pip's copy; None if neither."""
-    for base in ("packaging", "pip._vendor.packaging"):
-        try:
-            req = importlib.import_module(base + ".requirements")
-            ver = importlib.import_module(base + ".version")
-            return req.Requirement, ver.Version
-        except Exception:
-            continue
-    return None
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _installed_version(name: str) -> Optional[str]:
-    from importlib import metadata
-    try:
-        return metadata.version(name)
-    except Exception:
-        return None
-
-
-def unmet_requirements(dist: str, limit: int = 100) -> List[str]:
-    """The requirements in `dist`'s dependency closure that are missing or at a version outside
-    their range, as sentences; [] when all hold (or nothing can be learnt). Never raises."""
-    from importlib import metadata
-    tools = _packaging()
-    out: List[str] = []
-    seen: Set[str] = set()
-    todo: List[Tuple[str, frozenset]] = [(dist, frozenset())]
-    while todo and len(seen) < limit:
-        name, extras = todo.pop(0)
-        key = f"{_norm(name)}[{','.join(sorted(extras))}]"
-        if key in seen:
-            continue
-        seen.add(key)
-        version = _installed_version(name)
-        if version is None:
-            continue
-        try:
-            lines = metadata.requires(name) or []
-        except Exception:
-            continue
-        for line in lines:
-            for problem, dep, dep_extras in _check_requirement(line, extras, tools):
-                if problem:
-                    out.append(f"{problem} (needed by {name} {version})")
-                elif dep:
-                    todo.append((dep, dep_extras))
-    return list(dict.fromkeys(out))
-
-
-def _check_requirement(line: str, extras: frozenset, tools) -> Iterator[Tuple[str, str, frozenset]]:
-    """(problem, "", _) for an unmet requirement line, ("", name, extras) for a met one to walk
-    into; nothing for a line that does not apply (another extra, another Python)."""
-    if tools is not None:
-        Requirement, Version = tools
-        try:
-            req = Requirement(line)
-            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (extras | {""})):
-                return
-            have = _installed_version(req.name)
-            if have is None:
-                yield f"{req.name}{req.specifier} is not installed", "", frozenset()
-            elif req.specifier and not req.specifier.contains(Version(have), prereleases=True):
-                yield f"{req.name}{req.specifier} is needed but {have} is installed", "", frozenset()
-            else:
-                yield "", req.name, frozenset(req.extras)
-            return
-        except Exception:
-            pass             # an odd line: fall through to the name-only check
-    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*([^;]*)(;\s*(.*))?$", line)
-    if not m:
-        return
-    marker = m.group(5) or ""
-    wanted = re.findall(r"extra\s*==\s*[\'\"]([^\'\"]+)", marker)
-    if wanted and not (set(wanted) & extras):
-        return
-    if "python_version" in marker:
-        return               # cannot evaluate it without packaging: do not guess
-    if _installed_version(m.group(1)) is None:
-        yield f"{m.group(1)}{m.group(3).strip()} is not installed", "", frozenset()
-    else:
-        yield "", m.group(1), frozenset(x.strip() for x in (m.group(2) or "[]")[1:-1].split(",") if x.strip())
-
-
-def why_not_importable(module: str, dist: str, exc: BaseException) -> str:
-    """One sentence: what is wrong with the installation of `dist` that made importing `module` fail."""
-    version = _installed_version(dist)
-    if version is None:
-        return f"the {dist} package is not installed (pip install {dist})"
-    what = f"{dist} {version} cannot be imported ({type(exc).__name__}: {exc})"
-    unmet = unmet_requirements(dist)
-    if unmet:
-        return (f"{what}: " + "; ".join(unmet) + f". Install {'it' if len(unmet) == 1 else 'them'}, or install "
-                f"{dist}=={version} with its dependencies (pip without --no-deps)")
-    missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
-    if missing:
-        return f"{what}, though its declared dependencies are installed: module {missing} is missing or shadowed"
-    return f"{what}, though its declared dependencies are installed: one of them is broken"
-
-
-def import_exporter(module: str, dist: str):
-    """The exporter module, or ExporterUnavailable saying precisely why it cannot be imported."""
-    try:
-        return importlib.import_module(module)
-    except Exception as e:      # not only ImportError: an old protobuf fails with TypeError inside
-        raise ExporterUnavailable(why_not_importable(module, dist, e)) from e
-
-
-def choose_exporters(explicit: Optional[str] = None, env: Mapping[str, str] = os.environ) -> List[str]:
-    """Exporter names to use (``[]`` means none), by the precedence in the module docstring."""
+def exporter_names(signal: str, explicit: Optional[str] = None, env: Mapping[str, str] = os.environ) -> List[str]:
+    """The exporters asked for `signal` ("traces" or "metrics"), in order, without repeats; [] for none
+    (``none`` anywhere in the list, as the SDK reads it). The defaults in the module docstring."""
+    if sdk_disabled(env):
+        return []
     if explicit:
         name = explicit.strip().lower()
         if name not in EXPORTER_NAMES:
             raise ConfigError(f"unknown metrics exporter {explicit!r}; choose one of {', '.join(EXPORTER_NAMES)}")
         return [] if name == "none" else [name]
-    raw = env.get("OTEL_METRICS_EXPORTER", "").strip()
-    if raw:
-        names = []
-        for part in raw.split(","):
-            name = part.strip().lower()
-            if not name:
-                continue
-            if name not in EXPORTER_NAMES:
-                log.warning("OTEL_METRICS_EXPORTER: ignoring unknown exporter %r (known: %s)",
-                            name, ", ".join(EXPORTER_NAMES))
-                continue
-            if name == "none":
-                return []
-            if name not in names:
-                names.append(name)
-        return names
-    if env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return ["otlp"]
-    return []
+    raw = env.get(ENV_BY_SIGNAL[signal], "").strip()
+    if not raw:
+        if signal == "traces" or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            return ["otlp"]
+        return []
+    names = list(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    return [] if "none" in names else names
 
 
-def choose_span_exporter(env: Mapping[str, str] = os.environ) -> Optional[str]:
-    """The trace exporter's name by the table in the module docstring; None means none."""
-    names = [n.strip().lower() for n in (env.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
-    for n in names:
-        if n not in TRACE_EXPORTER_NAMES:
-            trace_log.warning("OTEL_TRACES_EXPORTER: ignoring unknown exporter %r (known: %s)",
-                              n, ", ".join(TRACE_EXPORTER_NAMES))
-    if "none" in names:
-        return None
-    return "console" if "console" in names else "otlp"
+def choose_exporters(explicit: Optional[str] = None, env: Mapping[str, str] = os.environ) -> List[str]:
+    """The metrics exporters (``run``'s sidecar): :func:`exporter_names` of metrics."""
+    return exporter_names("metrics", explicit, env)
 
 
-def otlp_protocol(env: Mapping[str, str] = os.environ, signal: str = "metrics") -> str:
-    raw = (env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-           or "grpc")
-    proto = raw.strip().lower()
-    if proto not in PROTOCOLS:
-        (trace_log if signal == "traces" else log).warning(
-            "OTLP protocol %r is not supported here (use grpc or http/protobuf); using grpc", raw)
-        proto = "grpc"
-    return proto
-
-
-def export_interval_ms(interval_s: Optional[float], env: Mapping[str, str] = os.environ) -> float:
-    if interval_s is not None:
-        if not interval_s > 0:
-            raise ConfigError(f"metrics export interval must be > 0 seconds, got {interval_s}")
-        return float(interval_s) * 1000.0
-    raw = env.get("OTEL_METRIC_EXPORT_INTERVAL")
-    if raw:
-        try:
-            ms = float(raw)
-            if ms > 0:
-                return ms
-        except ValueError:
-            pass
-        log.warning("OTEL_METRIC_EXPORT_INTERVAL=%r is not a positive number of milliseconds; using 60000", raw)
-    return 60000.0
+def exporter_class(name: str, signal: str):
+    """(the class the SDK's configurator would use for exporter `name` of `signal`, its entry point name).
+    Raises RuntimeError for a name no installed package provides or an unknown OTLP protocol, ImportError
+    for an exporter package that is installed but broken."""
+    from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_exporters
+    entry = _get_exporter_entry_point(name, signal)
+    traces, metrics, _ = _import_exporters([entry] if signal == "traces" else [],
+                                           [entry] if signal == "metrics" else [], [])
+    return (traces if signal == "traces" else metrics)[entry], entry
 
 
 def make_resource() -> Resource:
@@ -445,32 +269,23 @@ class QuietSpanExporter(SpanExporter):
             return False
 
 
-def _otlp_exporter(env: Mapping[str, str], signal: str = "metrics"):
-    """(the OTel OTLP exporter of `signal`, "OTLP <protocol> <endpoint>"), chatter filter installed."""
-    proto = otlp_protocol(env, signal)
-    module = import_exporter(*(OTLP_MODULES if signal == "metrics" else OTLP_TRACE_MODULES)[proto])
-    exporter = module.OTLPMetricExporter() if signal == "metrics" else module.OTLPSpanExporter()
-    endpoint = getattr(exporter, "_endpoint", None) or OTLP_DEFAULT_TARGETS[(proto, signal)]
+def _made(name: str, signal: str):
+    """(the exporter or reader for `name`, where it sends): the SDK's class, made as the SDK makes it;
+    OTLP wrapped to warn once per outage."""
+    cls, entry = exporter_class(name, signal)
+    # the console exporters' default stream is sys.stdout as it was when the SDK was imported
+    exporter = cls(out=sys.stdout) if entry == "console" else cls()
+    proto = OTLP_PROTOCOL_BY_ENTRY_POINT.get(entry)
+    if proto is None:
+        return exporter, "console (stdout)" if entry == "console" else entry
+    target = f"OTLP {proto} {getattr(exporter, '_endpoint', '') or 'default endpoint'}"
     _install_chatter_filter()
-    return exporter, f"OTLP {proto} {endpoint}"
-
-
-def span_exporter(env: Mapping[str, str] = os.environ) -> Optional[SpanExporter]:
-    """The span exporter the traces table picks (None: none); its ``target`` says where spans go."""
-    name = choose_span_exporter(env)
-    if name is None:
-        return None
-    if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-        exporter = ConsoleSpanExporter(out=sys.stderr)
-        exporter.target = "console (stderr)"
-        return exporter
-    inner, target = _otlp_exporter(env, "traces")
-    return QuietSpanExporter(inner, target)
+    quiet = QuietExporter(exporter, target) if signal == "metrics" else QuietSpanExporter(exporter, target)
+    return quiet, target
 
 
 # -------------------------------------------------------------------------------------------
-# everything together
+# metrics
 
 @dataclass
 class Exporting:
@@ -496,44 +311,51 @@ def run_closers(closers: List[Callable[[], None]]) -> None:
     closers.clear()
 
 
-def build_readers(names: List[str], prometheus_port: Optional[int] = None, interval_s: Optional[float] = None,
-                  env: Mapping[str, str] = os.environ, console_out=None) -> Exporting:
-    """Metric readers for `names`. An exporter that cannot start (a port in use, a missing
-    package) is left out with one warning; the others still run."""
+def build_readers(names: List[str], prometheus_port: Optional[int] = None,
+                  interval_s: Optional[float] = None) -> Exporting:
+    """Metric readers for `names`. An exporter that cannot start (a port in use, a missing package, a
+    name nothing provides) is left out with one warning; the others still run. `interval_s` (else
+    OTEL_METRIC_EXPORT_INTERVAL, as the SDK reads it) is the export period."""
+    if interval_s is not None and not interval_s > 0:
+        raise ConfigError(f"metrics export interval must be > 0 seconds, got {interval_s}")
     out = Exporting()
-    interval = export_interval_ms(interval_s, env)
+    interval_ms = None if interval_s is None else float(interval_s) * 1000.0
     for name in names:
         try:
-            if name == "otlp":
-                inner, target = _otlp_exporter(env)
-                quiet = QuietExporter(inner, target)
-                out.otlp = quiet
-                out.readers.append(PeriodicExportingMetricReader(quiet, export_interval_millis=interval))
-                out.descriptions.append(f"{target} every {interval / 1000:g} s")
-            elif name == "console":
-                from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-                # stdout, as the OTel SDK does; `run` prints its report on stderr.
-                exporter = ConsoleMetricExporter(out=console_out or sys.stdout)
-                out.readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
-                out.descriptions.append(f"console (stdout) every {interval / 1000:g} s")
-            elif name == "prometheus":
-                _add_prometheus(out, prometheus_port, env)
-        except ConfigError:
-            raise
-        except ExporterUnavailable as e:
-            log.warning("metrics: %s exporter not started: %s", name, e)
+            if name == "prometheus":
+                _add_prometheus(out, prometheus_port)
+                continue
+            made, target = _made(name, "metrics")
+            if isinstance(made, MetricReader):       # a pull exporter another package provides
+                out.readers.append(made)
+                out.descriptions.append(target)
+                continue
+            reader = PeriodicExportingMetricReader(made, export_interval_millis=interval_ms)
+            if isinstance(made, QuietExporter):
+                out.otlp = made
+            out.readers.append(reader)
+            every = getattr(reader, "_export_interval_millis", None)
+            out.descriptions.append(target + (f" every {every / 1000:g} s" if every else ""))
         except Exception as e:
-            log.warning("metrics: %s exporter not started: %s: %s", name, type(e).__name__, e)
+            log.warning("metrics: %s exporter not started: %s", name, _why(e))
     return out
 
 
-def _add_prometheus(out: Exporting, port: Optional[int], env: Mapping[str, str]) -> None:
-    PrometheusMetricReader = import_exporter(*PROMETHEUS_MODULE).PrometheusMetricReader
+def _why(e: BaseException) -> str:
+    return str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+
+
+def _add_prometheus(out: Exporting, port: Optional[int]) -> None:
+    from ..extras import missing
+    lacking = missing("prometheus")
+    if lacking:
+        raise RuntimeError(lacking)
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, start_http_server
 
-    host = env.get("OTEL_EXPORTER_PROMETHEUS_HOST") or DEFAULT_PROMETHEUS_HOST
+    host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST") or DEFAULT_PROMETHEUS_HOST
     if port is None:
-        raw = env.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+        raw = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
         try:
             port = int(raw) if raw else DEFAULT_PROMETHEUS_PORT
         except ValueError:
@@ -562,6 +384,15 @@ def _add_prometheus(out: Exporting, port: Optional[int], env: Mapping[str, str])
     out._closers.append(close)
 
 
+def metrics_descriptions(out: Optional[Exporting]) -> List[str]:
+    """'metrics → …' lines for what build_readers made (one line saying none when nothing)."""
+    if sdk_disabled():
+        return ["metrics → none (OTEL_SDK_DISABLED=true)"]
+    if out is None or not out.readers:
+        return ["metrics → none (set OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)"]
+    return [f"metrics → {d}" for d in out.descriptions]
+
+
 # -------------------------------------------------------------------------------------------
 # both signals
 
@@ -574,15 +405,15 @@ SHUTDOWN_S = 2.0
 class Telemetry:
     """A tracer provider and a meter provider, where each signal goes, and how to shut them down."""
 
-    tracer_provider: TracerProvider
+    tracer_provider: object
     meter_provider: object
     descriptions: List[str] = field(default_factory=list)     # one line per signal: "traces → …"
     _closers: List[Callable[[], None]] = field(default_factory=list)
 
     def shutdown(self, timeout_s: float = SHUTDOWN_S) -> None:
-        """Flush and close, for at most `timeout_s`: a collector that is down or does not answer
-        costs what was still unsent, never a stuck stop. The flush runs in a daemon thread that is
-        left behind (and ends with the process) when it overstays."""
+        """Flush and close what this set-up made, for at most `timeout_s`: a collector that is down or
+        does not answer costs what was still unsent, never a stuck stop. The flush runs in a daemon
+        thread that is left behind (and ends with the process) when it overstays."""
         if not self._closers:
             return
         done = threading.Thread(target=run_closers, args=(self._closers,), name="otel-gpu-census-telemetry-stop",
@@ -594,38 +425,39 @@ class Telemetry:
                               "stopping without them", timeout_s)
 
 
+def _span_processors(tp: TracerProvider) -> List[str]:
+    """The span exporters the environment asks for, on `tp`; their 'traces → …' lines."""
+    if sdk_disabled():
+        return ["traces → none (OTEL_SDK_DISABLED=true)"]
+    names = exporter_names("traces")
+    if not names:
+        return ["traces → none (OTEL_TRACES_EXPORTER=none)"]
+    out = []
+    for name in names:
+        try:
+            exporter, target = _made(name, "traces")
+        except Exception as e:
+            trace_log.warning("traces: %s exporter not started: %s", name, _why(e))
+            continue
+        tp.add_span_processor(BatchSpanProcessor(exporter))
+        out.append(f"traces → {target}")
+    return out or ["traces → none (no exporter could start)"]
 
-def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, metrics: bool = True,
-                    exporter: Optional[str] = None, prometheus_port: Optional[int] = None,
-                    interval_s: Optional[float] = None) -> Telemetry:
-    """Both providers from the tables above. With traces/metrics False that provider exports
-    nothing (the caller brings its own); `exporter`, `prometheus_port` and `interval_s` are the
-    metrics flags. Raises ConfigError only for an invalid explicit exporter or interval."""
+
+def build_telemetry(traces: bool = True, metrics: bool = True, metric_names: Optional[List[str]] = None) -> Telemetry:
+    """Both providers, from the environment. With traces/metrics False that provider exports nothing
+    (the caller brings its own); `metric_names` replaces OTEL_METRICS_EXPORTER's choice."""
     from opentelemetry.sdk.metrics import MeterProvider
 
     resource = make_resource()
     # shutdown_on_exit off: Telemetry.shutdown (bounded) is the one shutdown; the SDK's own at exit
     # would wait on the same stuck exporter again, unbounded
     tp = TracerProvider(resource=resource, shutdown_on_exit=False)
-    desc: List[str] = []
+    desc: List[str] = _span_processors(tp) if traces else []
     closers: List[Callable[[], None]] = [tp.shutdown]
-    if traces:
-        try:
-            exp = span_exporter(env)
-        except ExporterUnavailable as e:
-            trace_log.warning("traces: exporter not started: %s", e)
-            exp = None
-            desc.append("traces → none (exporter unavailable)")
-        else:
-            if exp is not None:
-                tp.add_span_processor(BatchSpanProcessor(exp))
-                desc.append(f"traces → {exp.target}")
-            else:
-                desc.append("traces → none (OTEL_TRACES_EXPORTER=none)")
     readers: List[MetricReader] = []
     if metrics:
-        out = build_readers(choose_exporters(exporter, env), prometheus_port=prometheus_port,
-                            interval_s=interval_s, env=env)
+        out = build_readers(exporter_names("metrics") if metric_names is None else metric_names)
         readers = out.readers
         desc.extend(metrics_descriptions(out))
         closers.append(out.close)
@@ -634,20 +466,36 @@ def build_telemetry(env: Mapping[str, str] = os.environ, traces: bool = True, me
     return Telemetry(tp, mp, desc, closers)
 
 
-def metrics_descriptions(out: Optional[Exporting]) -> List[str]:
-    """'metrics → …' lines for what build_readers made (one line saying none when nothing)."""
-    if out is None or not out.readers:
-        return ["metrics → none (set OTEL_METRICS_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT)"]
-    return [f"metrics → {d}" for d in out.descriptions]
+def application_providers() -> Tuple[Optional[object], Optional[object]]:
+    """The SDK providers the application set as the global ones (``opentelemetry-instrument`` does, from
+    the same OTEL_* variables), else None each."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    tp, mp = trace.get_tracer_provider(), metrics.get_meter_provider()
+    return (tp if isinstance(tp, TracerProvider) else None, mp if isinstance(mp, MeterProvider) else None)
 
 
-def engine_telemetry(env: Mapping[str, str] = os.environ) -> Telemetry:
-    """Providers for an engine process (vLLM's EngineCore) under ``run``: traces as configured;
-    request metrics by OTLP or the console only, since a Prometheus port is run's sidecar's (which
-    serves the census metrics) and a second server on it would fail."""
-    names = choose_exporters(None, env)
+def providers_in_process(tracer_provider=None, meter_provider=None) -> bool:
+    """Whether spans must be made in this process: the providers are objects of this process (given to
+    an instrumentor, or the application's), which a settling child process could not reach."""
+    return tracer_provider is not None or meter_provider is not None or application_providers() != (None, None)
+
+
+def engine_telemetry(tracer_provider=None, meter_provider=None) -> Telemetry:
+    """Providers for an engine process (vLLM's EngineCore, an SGLang scheduler): each signal's provider
+    given to the instrumentor, else the application's (:func:`application_providers`), else built from the
+    environment. Request metrics built here go by OTLP or the console only: a Prometheus port is ``run``'s
+    sidecar's (which serves the census metrics) and a second server on it would fail."""
+    app_tp, app_mp = application_providers()
+    tp, mp = tracer_provider or app_tp, meter_provider or app_mp
+    names = exporter_names("metrics") if mp is None else []
     if "prometheus" in names:
         log.info("engine: request metrics are not served on the Prometheus port (the sidecar holds "
                  "it); send them by OTLP (OTEL_METRICS_EXPORTER=otlp) to see them")
         names = [n for n in names if n != "prometheus"]
-    return build_telemetry(env, exporter=names[0] if len(names) == 1 else ("none" if not names else None))
+    built = build_telemetry(traces=tp is None, metrics=mp is None, metric_names=names)
+    if tp is None and mp is None:
+        return built
+    desc = [d for d in built.descriptions if not (tp is not None and d.startswith("traces")
+                                                  or mp is not None and d.startswith("metrics"))]
+    return Telemetry(tp or built.tracer_provider, mp or built.meter_provider, desc, built._closers)

@@ -117,11 +117,13 @@ def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional
         return Sidecar()
     from opentelemetry.sdk.metrics import MeterProvider
     provider = MeterProvider(metric_readers=exporting.readers, resource=_exp.make_resource(), views=own_views())
-    state = register_census_instruments(provider, source or segment_source(census_dir, root_pid, parents))
     sampler = None
     if nvml:
         from . import nvml as _nvml
         sampler = _nvml.register_nvml_instruments(provider)
+    # the GPUs NVML knows get their model, device node and driver on the census series too
+    state = register_census_instruments(provider, source or segment_source(census_dir, root_pid, parents),
+                                        known_gpus=sampler.known_gpus() if sampler is not None else None)
     handle = Sidecar(provider, exporting, state, sampler)
     log.info("%s", handle.describe())
     return handle

@@ -147,6 +147,11 @@ def start_proxy_in_thread(config: ProxyConfig, tracer_provider=None, meter_provi
 
 def run_proxy(args: argparse.Namespace) -> int:
     """`otel-gpu-census proxy`: run until SIGINT/SIGTERM. Returns the exit status."""
+    from ...extras import missing
+    lacking = missing("proxy")
+    if lacking:
+        _say(lacking)
+        return 2
     try:
         cfg = config_from_args(args)
     except ConfigError as e:

@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Tuple
 
-from yarl import URL
 
 from ...argtypes import nonneg_float, positive_float
 
@@ -80,6 +79,7 @@ def check_upstream(text: str) -> str:
         return text
     if "://" not in text:
         text = "http://" + text
+    from yarl import URL             # the [proxy] extra: imported where a proxy is set up, not for --help
     try:
         url = URL(text)
     except ValueError as e:
@@ -104,6 +104,7 @@ def check_not_itself(listen_host: str, listen_port: int, upstream: str) -> None:
     """Refuse an upstream that is the proxy's own address: every request would forward to itself."""
     if upstream.startswith("unix:") or listen_port == 0:
         return
+    from yarl import URL
     url = URL(upstream)
     host = (url.host or "").strip("[]")
     same_host = host == listen_host or (host in _LOCAL and listen_host in _LOCAL) or \

@@ -655,7 +655,8 @@ class Proxy:
         if ex.retried:
             attrs["gpu_census.proxy.upstream_retried"] = True
         if ex.route is not None:
-            attrs["gen_ai.request.id"] = (facts.response_id if facts and facts.response_id else ex.key)
+            # the proxy's own id of the exchange (the answer's id, where it has one, is gen_ai.response.id)
+            attrs["gpu_census.proxy.request.id"] = ex.key
             if model:
                 attrs["gen_ai.request.model"] = model
             if "max_tokens" in ex.request_fields:

@@ -152,7 +152,7 @@ class SchedulerTelemetry(StepEngine):
             self.set_shape(ModelShape.of(getattr(getattr(scheduler, "model_config", None), "hf_config", None)))
         self.start_request(rid, start_ns=start_ns, operation=operation, model=self._model_name(scheduler),
                            headers=headers,
-                           attributes={"gen_ai.request.id": rid, "gen_ai.response.id": rid, "sglang.request.id": rid},
+                           attributes={"gen_ai.response.id": rid, "sglang.request.id": rid},
                            prompt_tokens=len(getattr(req, "origin_input_ids", ()) or ()), obj=req)
 
     def outputs(self, reqs, skip_req=None) -> None:

@@ -41,7 +41,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ... import injector
 from .. import final_flush
-from ..guard import HookGuard, start_integration
+from ..guard import HookGuard, make_engine, start_integration
 from .package import _instruments
 
 log = logging.getLogger("otel_gpu_census.sglang")
@@ -49,9 +49,12 @@ log = logging.getLogger("otel_gpu_census.sglang")
 NAME = "sglang"     # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS and SGLANG_PLUGINS name it
 
 
+_providers: Tuple[Any, Any] = (None, None)   # (tracer, meter) providers given to instrument()
+
+
 def _make_engine():
     from .engine import SchedulerTelemetry
-    return SchedulerTelemetry()
+    return make_engine(SchedulerTelemetry, _providers)
 
 
 GUARD = HookGuard("SGLang", _make_engine, log)
@@ -260,7 +263,10 @@ class SglangInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _registered
+        """``tracer_provider`` / ``meter_provider``: where the request spans and metrics go (default: the
+        application's global SDK providers, else providers built from the OTEL_* variables)."""
+        global _registered, _providers
+        _providers = (kwargs.get("tracer_provider"), kwargs.get("meter_provider"))
         GUARD.off = False
         if _registered:
             return

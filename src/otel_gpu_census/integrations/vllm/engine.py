@@ -328,5 +328,5 @@ def kv_attributes(s) -> Dict[str, Any]:
         if s.weights.get(kind):
             out[name] = s.weights[kind]
     if out:
-        out.update(share_attributes("gpu_census.kv_offload.", s.sub, always=False))
+        out.update(share_attributes("gpu_census.kv_offload.", s.sub, always=False, seconds=True))
     return out

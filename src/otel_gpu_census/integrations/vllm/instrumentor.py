@@ -31,13 +31,14 @@ integration off for the rest of the process, with one log line, and vLLM serves 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Collection, List, Tuple
 
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from ..guard import HookGuard, start_integration
+from ..guard import HookGuard, make_engine, start_integration
 from .. import final_flush
 from . import kv_offload, ubatch
 from .engine import mark_children
@@ -47,9 +48,12 @@ log = logging.getLogger("otel_gpu_census.vllm")
 
 NAME = "vllm"       # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS names it
 
+_providers: Tuple[Any, Any] = (None, None)   # (tracer, meter) providers given to instrument()
+
+
 def _make_engine():
     from .engine import EngineTelemetry
-    return EngineTelemetry()
+    return make_engine(EngineTelemetry, _providers)
 
 
 GUARD = HookGuard("vLLM", _make_engine, log)
@@ -102,8 +106,30 @@ def _sample_tokens(wrapped, instance, args, kwargs):
 
 # -- scheduler (EngineCore) -------------------------------------------------------------------------------
 
+TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+_endpoint_read = False
+
+
+def _follow_traces_endpoint(scheduler) -> None:
+    """vLLM's --otlp-traces-endpoint, when the user set it, is where vLLM sends its own spans: ours go there
+    too (through the variable the span exporter reads, here and in a settling child started later), unless
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT names another. Read once, at the first request, before any span."""
+    global _endpoint_read
+    if _endpoint_read:
+        return
+    _endpoint_read = True
+    config = getattr(getattr(scheduler, "vllm_config", None), "observability_config", None)
+    endpoint = getattr(config, "otlp_traces_endpoint", None)
+    if not isinstance(endpoint, str) or not endpoint or os.environ.get(TRACES_ENDPOINT):
+        return
+    os.environ[TRACES_ENDPOINT] = endpoint
+    log.info("otel-gpu-census: request spans go to vLLM's --otlp-traces-endpoint %s", endpoint)
+
+
 def _add_request(wrapped, instance, args, kwargs):
     request = args[0] if args else kwargs.get("request")
+    if not _endpoint_read:
+        _guard("traces endpoint", _follow_traces_endpoint, instance)
     out = wrapped(*args, **kwargs)
     _guard("request start", lambda: engine().request_added(instance, request))
     return out
@@ -206,7 +232,10 @@ class VllmInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _instrumented
+        """``tracer_provider`` / ``meter_provider``: where the request spans and metrics go (default: the
+        application's global SDK providers, else providers built from the OTEL_* variables)."""
+        global _instrumented, _providers
+        _providers = (kwargs.get("tracer_provider"), kwargs.get("meter_provider"))
         GUARD.off = False
         _instrumented = True
         for module, name, hook in HOOKS:

@@ -1,0 +1,77 @@
+"""Trying the census without a GPU: the `report` commands that examples/census/README.md (and the README's
+first lines, where they show them) give on the census folders recorded on a GPU, run as written, say what
+those runs showed. Skipped while a folder is not there (the samples are recorded on a GPU machine)."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "examples" / "census"
+DEFAULT, NOCACHE = SAMPLES / "llama-default", SAMPLES / "llama-nocache"
+
+
+def _commands():
+    """Every `otel-gpu-census report …` line over examples/census in a shell block of the two READMEs."""
+    out = []
+    for doc in (ROOT / "README.md", SAMPLES / "README.md"):
+        if not doc.exists():
+            continue
+        for block in re.findall(r"```(?:sh|bash|console)?\n(.*?)```", doc.read_text(), re.S):
+            for line in block.splitlines():
+                line = line.split("  #")[0].strip()
+                if line.startswith("otel-gpu-census report") and "examples/census/" in line:
+                    out.append((doc.name, line))
+    return out
+
+
+def _folders_of(line: str):
+    return [ROOT / a for a in shlex.split(line) if a.startswith("examples/census/")]
+
+
+def _run(line: str) -> subprocess.CompletedProcess:
+    argv = shlex.split(line)
+    return subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", *argv[1:]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _need(*folders):
+    for f in folders:
+        if not f.is_dir() or not list(f.glob("gpu-census-*.seg")):
+            pytest.skip(f"{f.relative_to(ROOT)} is not recorded yet (a census folder from a GPU machine)")
+
+
+def test_the_readme_shows_report_and_diff_on_the_samples():
+    lines = [line for _, line in _commands()]
+    assert any("--diff" not in x for x in lines) and any("--diff" in x for x in lines), lines
+
+
+@pytest.mark.parametrize("doc,line", _commands(), ids=lambda x: x if isinstance(x, str) and " " not in x else None)
+def test_each_command_runs_as_written(doc, line):
+    _need(*{p.parent if p.suffix else p for p in _folders_of(line)})
+    r = _run(line)
+    assert r.returncode == 0, f"{doc}: {line}\n{r.stdout}{r.stderr}"
+    assert r.stdout.strip() and "Traceback" not in r.stderr
+
+
+def test_the_default_server_is_found_saving_state_at_every_request():
+    _need(DEFAULT)
+    r = _run(f"otel-gpu-census report {DEFAULT.relative_to(ROOT)} --request-log "
+             f"{(DEFAULT / 'requests.jsonl').relative_to(ROOT)}")
+    assert r.returncode == 0, r.stderr
+    assert "state saved to the host at every request" in r.stdout and "--cache-ram 0 --ctx-checkpoints 0" in r.stdout
+    assert "where the GPU time went" in r.stdout
+
+
+def test_the_diff_shows_the_state_save_gone():
+    _need(DEFAULT, NOCACHE)
+    r = _run(f"otel-gpu-census report --diff {DEFAULT.relative_to(ROOT)} {NOCACHE.relative_to(ROOT)} --requests 64")
+    assert r.returncode == 0, r.stderr
+    rows = {x.split("  ")[0].strip(): x.split() for x in r.stdout.splitlines() if x.strip()}
+    copies = [int(v.replace(",", "")) for v in rows["device-to-host copies"][2:4]]
+    assert copies[1] < copies[0] / 4                   # the state saves (pageable copies) are gone
