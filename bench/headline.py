@@ -386,17 +386,19 @@ RULES = (
          why_no_target="the stated bound is on per-request kernel time (+-10 %), none per pair"),
     Rule("micro_eager_us_per_launch_default", "micro_eager_us_per_launch_default/launch-phases.json",
          launch_phases_us("eager_ns"), None,
-         "µs the default census (a launch reads the coarse clock, native code of 4b8f528) adds to the launching "
-         "thread per eager launch of an empty kernel (launch_price.cu through the CUDA runtime, 4,269 ns a launch "
-         "paused): counting it and pairing 1 in 128; one process pinned to a core, the census switched off/events "
-         "between rounds, ABBA, median of 40 round pairs (mean 0.121 [-0.051, 0.299]); every launch and copy counted "
-         "exactly",
+         "µs the default census (native code with the driver's functions exported and a wrapper's nested calls "
+         "passed through) adds to the launching thread per eager launch of an empty kernel (launch_price.cu through "
+         "the CUDA runtime, 4,529 ns a launch paused): counting it and pairing 1 in 128; one process pinned to a core, "
+         "the census switched off/events between rounds, ABBA, median of 40 round pairs (mean 0.366 [0.210, 0.523]; "
+         "the same bench on another lease before those changes: 0.027, mean 0.121 [-0.051, 0.299]); every launch and "
+         "copy counted exactly",
          command=LAUNCH_PHASES, date="2026-12-04", why_no_target=NO_LAUNCH_TARGET),
     Rule("micro_graph_us_per_launch_default", "micro_eager_us_per_launch_default/launch-phases.json",
          launch_phases_us("graph_issue_ns"), None,
-         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 2,419 ns a launch "
+         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 2,856 ns a launch "
          "paused): counting it and its gated event pair (every graph launch paired); one process, ABBA, median of 40 "
-         "round pairs (mean 4.978 [4.555, 5.410])",
+         "round pairs (mean 6.048 [5.619, 6.462]; before the exports, on another lease: 5.024, mean 4.978 "
+         "[4.555, 5.410])",
          command=LAUNCH_PHASES, date="2026-12-04", why_no_target=NO_LAUNCH_TARGET),
     Rule("micro_graph_us_per_node_default", "micro_eager_us_per_launch_default/launch-phases.json",
          launch_phases_us("graph_issue_ns", per=64), None,

@@ -51,7 +51,7 @@ def kernel_times(censuses: Iterable[ProcessCensus]) -> Dict[str, KernelTime]:
 
 def _kernel_time_words(kt: KernelTime) -> str:
     if kt.unknown and not kt.estimated:
-        return "not measured (OTEL_GPU_CENSUS_ACTIVITY=off)"
+        return "not measured (counted at the calls, none timed)"
     return f"{seconds(kt.ns)} s" + (" (estimated)" if kt.estimated else "") + \
         (" (eager kernels' time unknown: none sampled)" if kt.unknown else "")
 
@@ -66,8 +66,8 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
         how = ("seen by the census library preloaded: CUPTI was never loaded (no CUPTI tax on any CUDA call, "
                "see docs/measurements.md)" if k.preloaded else
                "CUPTI's activity API was never set up (its tax on every CUDA call not paid; its callbacks still cost "
-               "each launch; `run --activity off` preloads the library and loads no CUPTI)")
-        return (f"kernels counted at their calls (OTEL_GPU_CENSUS_ACTIVITY=off), {how}; "
+               "each launch)")
+        return (f"kernels counted at their calls, none timed, {how}; "
                 "kernel counts, copies (bytes, direction, host memory) and memsets are exact, and no duration was "
                 f"measured: kernel, copy and memset time, graph spans and busy time are unknown{lost}")
     untimed_graphs = (f"; {k.graph_untimed:,} graph launches had no measured span to price them (counted, not in "
@@ -94,15 +94,15 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                  f"event{lead})" if k.events_gate else " (not gated)")
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
                 f"{k.events_timed:,} CUDA event pairs{gated} around {eager}{graphs} of each thread "
-                "(OTEL_GPU_CENSUS_ACTIVITY=events; CUPTI never loaded); kernel counts, copies "
+                "(the default collector; CUPTI never loaded); kernel counts, copies "
                 f"and memsets are exact; kernel time is estimated: {priced}; copy time and busy time are not "
                 f"measured{lost}")
     if k.windows:
         lost = untimed_graphs
         lost += f"; {k.windows_failed:,} windows refused (CUPTI held by another tool)" if k.windows_failed else ""
         return (f"kernels counted at their calls by the census library preloaded, with durations from "
-                f"{k.windows_opened:,} CUPTI windows ({k.on_ms} ms of every {k.period_ms} ms, OTEL_GPU_CENSUS_ACTIVITY="
-                "windows); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
+                f"{k.windows_opened:,} CUPTI windows ({k.on_ms} ms of every {k.period_ms} ms, a "
+                "census recorded with CUPTI windows); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
                 "priced at the windows' mean duration, each graph launch at its graph's mean span there; busy time "
                 f"is of the windows{lost}")
     if k.counted:
@@ -572,7 +572,7 @@ def _per_request_lines(pr: dict, processes: int) -> List[str]:
     how = (" (estimated, eager kernels left out: none sampled)" if pr.get("kernel_time_unknown") else " (estimated)") \
         if pr.get("kernel_time_estimated") else ""
     lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, " + (
-        "kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off)" if untimed else
+        "kernel time not measured (counted at the calls, none timed)" if untimed else
         f"{seconds(pr['kernel_ns'])} s kernel time per request{how}"))
     return lines
 

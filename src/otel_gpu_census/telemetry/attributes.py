@@ -6,7 +6,7 @@ durations (the census counts ns: the request log keeps those integers, ``share_a
 - ``gpu_census.kernel.count``, ``gpu_census.kernel.time``: kernels attributed to the request;
 - ``gpu_census.copy.<dir>.bytes|count|time`` for dir in htod, dtoh (always present) and dtod,
   ptop, htoh, other (when non-zero); ``gpu_census.memset.*`` likewise; no ``time`` of copies and memsets where
-  nothing timed them (counted at the calls: ACTIVITY=off, windows, events, `run`'s default);
+  nothing timed them (counted at the calls: the default collector);
 - ``gpu_census.prefill.copy.dtoh.bytes``, ``.prefill.copy.htod.bytes``, ``.prefill.kernel.time``:
   the part of the share before the first token;
 - with window data (time-window attribution): ``gpu_census.window.*``, everything the buckets of the
@@ -96,7 +96,7 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
     out["gpu_census.attribution.wait_s"] = round(cost.waited_s, 3)
     note = [cost.note] if cost.note else []
     if kt.unknown and not timed_modes(cost.kernel_tracing):
-        note.append("kernel time not measured (OTEL_GPU_CENSUS_ACTIVITY=off): kernel counts, copies and memsets only")
+        note.append("kernel time not measured (counted at the calls, none timed): kernel counts, copies and memsets only")
     elif kt.unknown:
         note.append(f"kernel time leaves out {cost.share.eager_launches} eager kernel launches: no kernel "
                     "record was sampled to price them")
