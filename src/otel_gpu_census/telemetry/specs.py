@@ -10,7 +10,7 @@ METER_NAME = "otel_gpu_census"
 # Attribute keys.
 HW_ID = "hw.id"                              # GPU UUID ("GPU-…", as nvidia-smi prints it)
 HW_TYPE, HW_VENDOR = "hw.type", "hw.vendor"  # "gpu" (required by the hardware conventions), "NVIDIA"
-# recommended by the conventions, set where NVML knows the GPU: its name ("NVIDIA H200"), its device node
+# recommended by the conventions, set where NVML knows the GPU: its name (e.g. "NVIDIA <model>"), its device node
 # ("nvidia0", as /dev and dcgm-exporter's `device` label name it) and the driver's version
 HW_MODEL, HW_NAME, HW_DRIVER = "hw.model", "hw.name", "hw.driver_version"
 GPU = (HW_ID, HW_TYPE, HW_VENDOR)            # on every series of a GPU
