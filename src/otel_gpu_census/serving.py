@@ -6,9 +6,10 @@ the model load). The serving period is
 
 * from the first request's start to the last one's end, when request records are known (a request
   log, the proxy of `run --proxy`, an engine integration's log);
-* else from the first GPU work after start-up settles: start-up is the GPU work up to the first pause
-  of PAUSE_NS or more (a server that has loaded waits for its first request), found in the busiest
-  process and applied to all, up to the last GPU work.
+* else from the first GPU work after start-up settles: start-up is the GPU work up to its last pause of
+  PAUSE_NS or more (a server that has loaded waits for its first request; a model load may pause between
+  reads), a pause being start-up's while the kernels before it are a small share of the run's; found in the
+  busiest process and applied to all, up to the last GPU work.
 
 The split is exact, from the 20 ms windows: serving is the windows inside the period, after is the
 windows past its end, and start-up is the process's totals less both, so it holds what the windows no
@@ -25,6 +26,7 @@ from . import timeline as tl_mod
 from .census import DIRECTIONS, KernelTime, ProcessCensus, Stat, Window
 from .request_log import RequestRecord
 
+STARTUP_KERNELS = 0.05      # start-up's kernels (warm-up, graph capture) are a small share of a served run's
 PAUSE_NS = 250_000_000      # no GPU work this long ends start-up: a server that has loaded waits for its first
                             # request, while a model load streams its weights without pauses this long
                             # (docs/measurements.md, the recorded llama-server runs)
@@ -132,20 +134,25 @@ def _active(c: ProcessCensus) -> bool:
 
 
 def _pause_start(t: tl_mod.Timeline) -> Optional[Tuple[int, int]]:
-    """(first GPU work, first work after the first pause of PAUSE_NS or more), wall ns; None without a pause."""
+    """(first GPU work, first work after start-up's last pause of PAUSE_NS or more), wall ns; None without a pause.
+    Start-up may pause several times (a model read from disk between uploads, compilation) and serving hardly runs
+    kernels before it begins: a pause counts as start-up's while the kernels before it are at most STARTUP_KERNELS of
+    the run's; pauses later are serving's own (a state save holding the server's thread)."""
     need = max(1, -(-PAUSE_NS // t.slots[0].length)) if t.slots else 1
-    first = None
-    quiet = 0
+    total = sum(s.kernel_count for s in t.slots)
+    first = found = None
+    quiet = before = 0
     for s in t.slots:
         if not s.active:
             quiet += 1
             continue
         if first is None:
             first = s.start_ns
-        elif quiet >= need:
-            return first, s.start_ns
+        elif quiet >= need and before <= STARTUP_KERNELS * total:
+            found = s.start_ns
         quiet = 0
-    return None
+        before += s.kernel_count
+    return (first, found) if found is not None else None
 
 
 def find_period(censuses: Sequence[ProcessCensus], records: Optional[Sequence[RequestRecord]] = None

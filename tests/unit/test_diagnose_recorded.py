@@ -212,12 +212,19 @@ def test_recorded_hybrid_without_the_prompt_cache_has_no_state_save(hyb, boundar
 @hybrid
 @pytest.mark.parametrize("name", ["hybrid-default", "dense-default", "hybrid-default-precise", "hybrid-default-proxy"])
 def test_the_report_run_printed_names_the_state_save_and_leaves_start_up_out(hyb, name):
+    """What `run` printed on the H200. The dense model and the proxy's run (request records) put the weights in
+    start-up; the hybrid's two runs without records were split by the first rule (start-up up to the first pause),
+    and the hybrid's load pauses between reads of its 15.85 GB file: its weights fell in serving. The rule now ends
+    start-up at its last pause (test_serving's load that pauses between reads); these two stay as recorded until
+    they are recorded again."""
     out = _run_report(hyb / name)
     kinds = {d["kind"]: d for d in out["diagnoses"]}
     assert "state_save" in kinds and FLAGS in kinds["state_save"]["text"]
     assert "pageable_hot_path" not in kinds
     assert out["per_request"]["scope"] == "serving"
-    assert out["serving"]["startup"]["copies"]["htod"]["bytes"] > 10**10          # the weights, ~16 GB
+    first_rule_missed = name in ("hybrid-default", "hybrid-default-precise")
+    startup_htod = out["serving"]["startup"]["copies"].get("htod", {}).get("bytes", 0)
+    assert (startup_htod > 10**10) is not first_rule_missed                        # the weights, ~16 GB
     assert out["per_request"]["copies"].get("htod", {}).get("bytes", 0) < 10**9
     for d in out["diagnoses"]:
         assert problems(d["text"]) == [], d["text"]

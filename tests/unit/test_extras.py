@@ -98,11 +98,10 @@ def test_no_cupti_is_a_warning_naming_the_extra(monkeypatch, tmp_path):
     assert c.status == doctor.WARN and "pip install 'otel-gpu-census[cupti]'" in c.detail
     lib = tmp_path / "libotel_gpu_census.so"
     lib.write_bytes(b"")
-    for activity, warned in (("events", False), ("off", False), ("on", True), ("windows", True)):
-        plan = launcher.build_env(tmp_path, base={}, library=lib)
-        launcher.choose_activity(plan, activity)
+    for precise in (False, True):      # only the precise collector loads CUPTI
+        plan = launcher.census_env(tmp_path, precise=precise, base={}, library=lib)
         said = [w for w in plan.warnings if "[cupti] extra" in w]
-        assert bool(said) == warned, (activity, plan.warnings)
+        assert bool(said) == precise, (precise, plan.warnings)
 
 
 def test_the_build_names_the_tools_it_lacks(tmp_path):

@@ -46,6 +46,22 @@ def test_the_first_pause_ends_start_up(census_dir, segments, records):
     _adds_up(split, c)
 
 
+def test_a_load_that_pauses_between_reads_stays_start_up(census_dir, segments, records):
+    """The hybrid llama-server on the H200: a memset, then its weights uploaded in pieces with pauses of a disk
+    read between them, a warm-up, then the wait for the first request. Start-up ends at its last pause (the
+    kernels before it are a small share of the run's), not at its first, so the weights are not served work."""
+    first, t = model_load(records, n=40, pause_ns=400 * MS)           # 2 GB, then a pause (reading from disk)
+    rest, start = model_load(records, n=60, start=t, pause_ns=600 * MS)   # 3 GB more, warm-up, the wait
+    rest = [r for r in rest]
+    sv = serve(records, clients=1, requests=8, start_ns=start)
+    c = _read(segments, census_dir, first + rest + sv.records)
+    split = serving.split([c])
+    assert split.ok and split.period.basis == "pause"
+    assert split.total("startup").copy("htod").bytes == 100 * 50 * MB and split.total("serving").copy("htod").count == 0
+    assert split.total("serving").copy("dtoh").count == 8 * 64
+    _adds_up(split, c)
+
+
 def test_request_records_give_the_period(census_dir, segments, records):
     load, sv = _run(records)
     c = _read(segments, census_dir, load + sv.records)

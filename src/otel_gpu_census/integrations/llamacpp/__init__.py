@@ -178,9 +178,8 @@ def run_proxy(args: argparse.Namespace) -> int:
             _say(f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror or e}")
             await proxy.stop()
             return 1
-        _say(_describe(cfg, proxy.port, proxy))
-        for d in tel.descriptions:
-            _say(d)
+        # the stop signals are ours before anything says the proxy is up: a supervisor that stops it as soon as it
+        # reads that line gets the orderly stop
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -188,6 +187,9 @@ def run_proxy(args: argparse.Namespace) -> int:
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
+        _say(_describe(cfg, proxy.port, proxy))
+        for d in tel.descriptions:
+            _say(d)
         await stop.wait()
         _say("stopping: finishing open spans")
         await proxy.stop()
