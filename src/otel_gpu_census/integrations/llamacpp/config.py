@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 from yarl import URL
 
 from ...argtypes import nonneg_float, positive_float
+from ...telemetry import redact
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_MAX_BODY_BYTES = 256 << 20       # a request body larger than this gets 413
@@ -49,10 +51,23 @@ class ProxyConfig:
 
     @property
     def upstream_base(self) -> str:
-        """Scheme, authority and path prefix that every forwarded request starts with."""
+        """Scheme, host, port and path prefix that every forwarded request starts with (credentials in
+        the upstream's URL go as a header: upstream_authorization)."""
         if self.unix_socket is not None:
             return "http://localhost"
-        return self.upstream.rstrip("/")
+        return str(URL(self.upstream).with_user(None)).rstrip("/")
+
+    @property
+    def upstream_authorization(self) -> Optional[str]:
+        """``Basic ...`` from credentials in the upstream's URL, else None. Sent with a request whose
+        client sent no Authorization header of its own (the proxy forwards what the client sent)."""
+        if self.unix_socket is not None:
+            return None
+        url = URL(self.upstream)
+        if url.user is None and url.password is None:
+            return None
+        raw = f"{url.user or ''}:{url.password or ''}".encode("latin-1", "replace")
+        return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 def parse_host_port(text: str, what: str = "address") -> Tuple[str, int]:
@@ -80,20 +95,23 @@ def check_upstream(text: str) -> str:
         return text
     if "://" not in text:
         text = "http://" + text
+    # Messages never repeat credentials, nor the parser's words (they may quote a piece of a password).
+    shown = repr(redact.url(text))
+    why = (lambda e: "") if "@" in text else (lambda e: f": {redact.text(e)}")
     try:
         url = URL(text)
     except ValueError as e:
-        raise ConfigError(f"--upstream {text!r} is not a URL: {e}") from None
+        raise ConfigError(f"--upstream {shown} is not a URL{why(e)}") from None
     if url.scheme not in ("http", "https"):
-        raise ConfigError(f"--upstream {text!r}: only http:// and https:// upstreams are supported")
+        raise ConfigError(f"--upstream {shown}: only http:// and https:// upstreams are supported")
     if not url.host:
-        raise ConfigError(f"--upstream {text!r} has no host")
+        raise ConfigError(f"--upstream {shown} has no host")
     if url.query_string or url.fragment:
-        raise ConfigError(f"--upstream {text!r}: give scheme, host, port and an optional path prefix only")
+        raise ConfigError(f"--upstream {shown}: give scheme, host, port and an optional path prefix only")
     try:
         url.port
     except ValueError as e:
-        raise ConfigError(f"--upstream {text!r}: {e}") from None
+        raise ConfigError(f"--upstream {shown}: not a port{why(e)}") from None
     return str(url).rstrip("/")
 
 
@@ -110,7 +128,8 @@ def check_not_itself(listen_host: str, listen_port: int, upstream: str) -> None:
         (listen_host in ("0.0.0.0", "::") and host in _LOCAL)
     if same_host and url.port == listen_port:
         raise ConfigError(f"the proxy would forward to itself: it listens on {listen_host}:{listen_port} "
-                          f"and its upstream is {upstream}; give the server and the proxy different ports")
+                          f"and its upstream is {redact.url(upstream)}; give the server and the proxy different "
+                          "ports")
 
 
 def _connectable(host: str) -> str:
