@@ -652,6 +652,14 @@ static void apply_kernels(uint32_t mode, uint32_t on_ms, uint32_t period_ms, uin
 
 static void control_poll(uint64_t mono)
 {
+    /* What this file said that was not applied is told in one line per change of the file, and such lines
+     * at most every CONTROL_LOG_S seconds (how many were held back is told in the next): whoever rewrites the
+     * file in a loop must not flood the server's stderr. Words are quoted as gc_log writes everything:
+     * bytes outside printable ASCII escaped. */
+    enum { CONTROL_LOG_S = 10 };
+    static uint64_t next_log_ns;
+    static unsigned held_lines;
+    static struct stat refused; /* the file last refused whole (too long, a NUL byte): one complaint */
     size_t len = strlen(g_path);
     if (len < 4 || strcmp(g_path + len - 4, ".seg") != 0) return;
     char path[sizeof(g_path) + 8];
@@ -661,42 +669,72 @@ static void control_poll(uint64_t mono)
     struct stat st;
     char buf[sizeof(g_ctl.last)];
     ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() && st.st_size < (off_t)sizeof(buf))
-        n = read(fd, buf, sizeof(buf) - 1);
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid();
+    if (ok && st.st_size < (off_t)sizeof(buf)) n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
-    if (n < 0) return;
-    buf[n] = 0;
-    if (strcmp(buf, g_ctl.last) == 0) return;
-    memcpy(g_ctl.last, buf, (size_t)n + 1);
+    if (!ok) return;
+    const char *whole = n < 0 && st.st_size >= (off_t)sizeof(buf) ? "longer than the 127 bytes it reads"
+                        : n > 0 && memchr(buf, 0, (size_t)n) ? "it holds a NUL byte"
+                                                             : NULL;
     int pause = g_ctl.paused;
     uint32_t graphs = g_graph_mode;
     uint32_t kmode = g_ks.mode, kon = g_ks.on_ms, kperiod = g_ks.period_ms;
-    char *save = NULL;
-    for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
-        if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
-        else if (strcmp(w, "census=off") == 0) pause = 1;
-        else if (strcmp(w, "census=on") == 0) pause = 0;
-        else if (g_calls && (strncmp(w, "graphs=", 7) == 0 || strncmp(w, "kernels=", 8) == 0))
-            gc_log("control file %s: ignoring \"%.40s\" (OTEL_GPU_CENSUS_ACTIVITY=off: no activity records to "
-                   "switch)", path, w);
-        else if (strcmp(w, "graphs=node") == 0) graphs = GC_GRAPHS_NODE;
-        else if (strcmp(w, "graphs=launch") == 0 && g_graphs_learned) graphs = GC_GRAPHS_LAUNCH;
-        else if (strcmp(w, "graphs=launch") == 0)
-            gc_log("control file %s: ignoring \"graphs=launch\" (graph contents are learned only through "
-                   "CUPTI's v2 API, from the start)", path);
-        else if (strncmp(w, "kernels=", 8) == 0) {
-            uint32_t m = GC_KERNELS_ALL, on = kon, per = kperiod;
-            if (gc_parse_kernels(w + 8, &m, &on, &per) == 0) {
-                kmode = m;
-                kon = on;
-                kperiod = per;
-            } else {
-                gc_log("control file %s: ignoring \"%.40s\" (kernels=all|off|ON_MS/PERIOD_MS, multiples of "
-                       "20 ms)", path, w);
-            }
-        } else gc_log("control file %s: ignoring \"%.40s\" (census=on|off|finish, graphs=node|launch, "
-                      "kernels=all|off|ON_MS/PERIOD_MS)", path, w);
+    char said[400] = ""; /* what was not applied, and why */
+    if (whole) {
+        int same = refused.st_ino == st.st_ino && refused.st_size == st.st_size &&
+                   refused.st_mtim.tv_sec == st.st_mtim.tv_sec && refused.st_mtim.tv_nsec == st.st_mtim.tv_nsec;
+        refused = st;
+        if (same) return;
+        snprintf(said, sizeof(said), "ignored (%s; census=on|off|finish)", whole);
+    } else {
+        if (n < 0) return;
+        memset(&refused, 0, sizeof(refused));
+        buf[n] = 0;
+        if (strcmp(buf, g_ctl.last) == 0) return;
+        memcpy(g_ctl.last, buf, (size_t)n + 1);
+        size_t said_n = 0;
+#define IGNORE(word, why)                                                                                          \
+    do {                                                                                                           \
+        if (said_n < sizeof(said)) {                                                                               \
+            int k = snprintf(said + said_n, sizeof(said) - said_n, "%s\"%.40s\" (%s)", said_n ? "; " : "ignoring ", \
+                             word, why);                                                                           \
+            if (k > 0) said_n += (size_t)k;                                                                        \
+        }                                                                                                          \
+    } while (0)
+        char *save = NULL;
+        for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+            if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
+            else if (strcmp(w, "census=off") == 0) pause = 1;
+            else if (strcmp(w, "census=on") == 0) pause = 0;
+            else if (g_calls && (strncmp(w, "graphs=", 7) == 0 || strncmp(w, "kernels=", 8) == 0))
+                IGNORE(w, "OTEL_GPU_CENSUS_ACTIVITY=off: no activity records to switch");
+            else if (strcmp(w, "graphs=node") == 0) graphs = GC_GRAPHS_NODE;
+            else if (strcmp(w, "graphs=launch") == 0 && g_graphs_learned) graphs = GC_GRAPHS_LAUNCH;
+            else if (strcmp(w, "graphs=launch") == 0)
+                IGNORE(w, "graph contents are learned only through CUPTI's v2 API, from the start");
+            else if (strncmp(w, "kernels=", 8) == 0) {
+                uint32_t m = GC_KERNELS_ALL, on = kon, per = kperiod;
+                if (gc_parse_kernels(w + 8, &m, &on, &per) == 0) {
+                    kmode = m;
+                    kon = on;
+                    kperiod = per;
+                } else {
+                    IGNORE(w, "kernels=all|off|ON_MS/PERIOD_MS, multiples of 20 ms");
+                }
+            } else IGNORE(w, "census=on|off|finish, graphs=node|launch, kernels=all|off|ON_MS/PERIOD_MS");
+        }
+#undef IGNORE
     }
+    if (said[0] && mono >= next_log_ns) {
+        char more[64] = "";
+        if (held_lines) snprintf(more, sizeof(more), " (%u more such lines since the last)", held_lines);
+        gc_log("control file %s: %s%s", path, said, more);
+        next_log_ns = mono + (uint64_t)CONTROL_LOG_S * 1000000000ull;
+        held_lines = 0;
+    } else if (said[0]) {
+        held_lines++;
+    }
+    if (whole) return;
     /* Records of the mode ending are judged by the mode in force when they are tallied: hand back the
      * completed ones first (not forced: no half-filled records mid-run). */
     if (kmode != g_ks.mode || kon != g_ks.on_ms || kperiod != g_ks.period_ms) gc_cupti_flush_all(0);
