@@ -263,6 +263,7 @@ class Proxy:
         self.config = config
         self.upstream_shown = redact.url(config.upstream)     # what telemetry and logs say of the upstream
         self.authorization = config.upstream_authorization   # credentials in the upstream's URL, as a header
+        self.upstream_base = config.upstream_base             # what every forwarded request's URL starts with
         self.telemetry = RequestTelemetry(tracer_provider, meter_provider, provider_name=LLAMACPP,
                                           instrumentation_name=SCOPE)
         if census_source is None and config.gpu:
@@ -485,7 +486,7 @@ class Proxy:
                     return self._fail(ex, *ex.body_problem, close=True)
                 if ex.route is not None:
                     ex.head = body
-        url = cfg.upstream_base + raw_path
+        url = self.upstream_base + raw_path
         try:
             upstream = await self._send(request.method, url, headers, body, ex)
         except BodyProblem:
