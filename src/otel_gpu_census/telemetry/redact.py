@@ -122,7 +122,7 @@ def value(v: Any) -> Optional[Any]:
 def attributes(attrs: Mapping[str, Any]) -> Dict[str, Any]:
     """Span attributes with every value made safe (:func:`value`); the ones that cannot be left out."""
     out = {}
-    for k, v in attrs.items():
+    for k, v in dict(attrs).items():
         safe = value(v)
         if safe is not None:
             out[k] = safe
