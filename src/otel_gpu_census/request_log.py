@@ -175,13 +175,15 @@ def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord
 
 
 def load(path: str) -> List[RequestRecord]:
+    from .census.folder import show_path          # a file name as a message shows it (escaped)
+    name = show_path(path)
     try:
         with open(path, encoding="utf-8") as f:
-            return parse(f, path)
+            return parse(f, name)
     except OSError as e:
-        raise RequestLogError(f"cannot read request log {path}: {e.strerror}") from None
+        raise RequestLogError(f"cannot read request log {name}: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise RequestLogError(f"{path}: not a text file") from None
+        raise RequestLogError(f"{name}: not a text file") from None
 
 
 def peak_in_flight(records: Iterable[RequestRecord], lo_ns: int, hi_ns: int) -> int:

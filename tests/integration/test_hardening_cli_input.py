@@ -89,3 +89,10 @@ def test_report_refuses_a_request_log_with_wrong_types_or_values_in_one_line(cen
     f.write_text(log + "\n")
     rc, out, err = _cli(tmp_path, "report", str(census_dir), "--request-log", str(f))
     assert rc == 1 and out == "" and why in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_request_log_named_with_terminal_escapes_is_named_escaped(census_dir, tmp_path):
+    f = tmp_path / f"log{ESCAPES}.jsonl"
+    f.write_text('{"resourceSpans": 5}\n')
+    rc, out, err = _cli(tmp_path, "report", str(census_dir), "--request-log", str(f))
+    assert rc == 1 and "\x1b" not in err and "log\\x1b]0;owned\\x07" in err

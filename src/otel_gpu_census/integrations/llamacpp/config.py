@@ -20,7 +20,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_UPSTREAM_KEEPALIVE_S = 4.0       # idle upstream connections kept; llama-server closes them at 5 s
 DEFAULT_GPU_MARGIN_S = 1.2               # CUPTI delivers records up to ~1 s late
 DEFAULT_GPU_MAX_WAIT_S = 3.0             # longest a span waits for the census after the response ended
-DEFAULT_CLIENT_TIMEOUT_S = 15.0          # a client connection's longest idle time or wait for a request head
+DEFAULT_CLIENT_TIMEOUT_S = 15.0          # the deadline of every read of a client (and of its reading the answer)
 
 
 class ConfigError(ValueError):
@@ -238,8 +238,9 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         f"0: a new connection for every request (default {DEFAULT_UPSTREAM_KEEPALIVE_S:g} s, "
                         "below llama-server's 5 s)")
     parser.add_argument("--client-timeout", type=positive_float, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
-                        help="longest a client connection may stay idle, or take to send a request's headers, "
-                        f"before it is closed (default {DEFAULT_CLIENT_TIMEOUT_S:g} s)")
+                        help="longest a client may stay idle, take to send a request's headers, send no byte of "
+                        "its request body (then 408) or take no byte of its answer before its connection is closed "
+                        f"(default {DEFAULT_CLIENT_TIMEOUT_S:g} s)")
     parser.add_argument("--gpu-wait", type=nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
                         help="how long a finished request's span waits for the census to cover its window "
                         f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")
