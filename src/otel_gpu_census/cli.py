@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 from typing import Dict, List, Optional
@@ -38,9 +39,8 @@ _NOT_FORWARDED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGSEGV
 FORWARDED_SIGNALS = tuple(sorted(s for s in signal.valid_signals() if s not in _NOT_FORWARDED))
 # Signals whose default is to do nothing: after the command ended they do not end the report either.
 _HARMLESS_SIGNALS = {signal.SIGWINCH, signal.SIGCONT}
-# Python ignores these for itself; the child gets them back at their defaults, as subprocess's
-# restore_signals does. Other dispositions pass through (under nohup, SIGHUP stays ignored).
-_CHILD_DEFAULT_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ}
+# Python ignores SIGPIPE and SIGXFSZ for itself; the child gets them back at their defaults (subprocess's
+# restore_signals). Other dispositions pass through (under nohup, SIGHUP stays ignored).
 _SI_KERNEL = 0x80          # si_code of signals the terminal sends to a whole process group
 EXPORTERS = ("otlp", "prometheus", "console", "none")
 DEFAULT_DIR_KEEP_S = 24 * 3600   # segments of ended processes kept this long in the default folder
@@ -49,7 +49,32 @@ _METRICS_ENV = ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", 
 
 
 def _say(msg: str) -> None:
-    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+    _write_stderr(f"{PROG}: {msg}\n")
+
+
+def _write_stderr(text: str) -> None:
+    """Write to stderr and flush. A stderr that cannot take it (closed, its reader gone, a full disk)
+    loses this and every later line and nothing else: never an exception, and from then on descriptor 2
+    is /dev/null, so neither a later write nor the interpreter's last flush can change the exit status
+    (`run` exits with its command's code; its JSON report is written all the same)."""
+    err = sys.stderr
+    if err is None:                    # started with descriptor 2 closed
+        return
+    try:
+        err.write(text)
+        err.flush()
+    except (OSError, ValueError):
+        _silence_stderr()
+
+
+def _silence_stderr() -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        os.dup2(null, 2)               # the buffered text now goes nowhere, successfully
+        os.close(null)
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _port(text: str) -> int:
@@ -92,11 +117,11 @@ class _Child:
         own_group = not _terminal_foreground()
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         try:
-            self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=(), setsigdef=_CHILD_DEFAULT_SIGNALS,
-                                       **({"setpgroup": 0} if own_group else {}))
-        except OSError:
+            self._process = _spawn(argv, env, own_group)
+        except (OSError, subprocess.SubprocessError):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
             raise
+        self.pid = self._process.pid
         self.start_ticks = proctree.proc_start_ticks(self.pid)   # the unreaped child keeps /proc/<pid>
         self.own_group = own_group
         try:
@@ -164,7 +189,34 @@ class _Child:
         self.exited.set()
         self._watcher.join()            # self.parents is complete and no longer changes
         code = os.waitstatus_to_exitcode(status)
+        self._process.returncode = code  # reaped here, not by subprocess
         return 128 - code if code < 0 else code
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _spawn(argv: List[str], env: Dict[str, str], own_group: bool) -> "subprocess.Popen":
+    """Start the command: every signal unblocked and SIGPIPE/SIGXFSZ at their defaults (as after a
+    shell's exec), in its own process group when `own_group`, descriptors passed as they are (socket
+    activation), and SIGKILLed by the kernel if `run` dies without forwarding anything (SIGKILL, a
+    crash): the command never runs on, orphaned, with nobody to report on it (PR_SET_PDEATHSIG, Linux)."""
+    parent = os.getpid()
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def in_child() -> None:          # after fork, before exec; `run` has no other thread yet
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if own_group:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:        # run died before the request took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+    return subprocess.Popen(argv, env=env, close_fds=False, restore_signals=True, preexec_fn=in_child)
 
 
 def _start_metrics(args, census_dir, root_pid: int):
@@ -213,9 +265,8 @@ def _cmd_run(args) -> int:
         args.parser.error("no command given (usage: run [options] -- CMD ARGS...)")
     if args.upstream and args.proxy is None:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
-    from . import report
-    from .census import folder, proctree, reader
-    from .diagnose import Facts
+    from . import report  # noqa: F401  (imported before the command starts: a broken install shows then)
+    from .census import folder
     from .launcher import census_env
     try:
         census_dir = folder.census_dir(args.dir)
@@ -249,6 +300,9 @@ def _cmd_run(args) -> int:
     except OSError as e:
         _say(f"{argv[0]}: cannot run: {e.strerror}")
         return 126
+    except subprocess.SubprocessError as e:
+        _say(f"{argv[0]}: cannot run: {e}")
+        return 126
     sidecar = _start_metrics(args, census_dir, child.pid)
     for line in _metrics_lines(sidecar):
         _say(line)
@@ -262,6 +316,18 @@ def _cmd_run(args) -> int:
             return 1
     keeper = _WindowKeeper(census_dir, child)
     code = child.wait()
+    try:        # nothing from here on may change the exit status: it is the command's
+        _after_the_command(args, census_dir, plan, child, proxy, sidecar, json_out, keeper)
+    except Exception as e:
+        _say(f"the report failed ({type(e).__name__}: {e}); the command's exit status stands")
+    return code
+
+
+def _after_the_command(args, census_dir, plan, child: "_Child", proxy, sidecar, json_out, keeper) -> None:
+    """Stop the proxy and the metrics, print the report to stderr (and the JSON one to --json)."""
+    from . import report
+    from .census import proctree, reader
+    from .diagnose import Facts
     keeper.join()
     records = None
     if proxy is not None:
@@ -279,7 +345,7 @@ def _cmd_run(args) -> int:
                 f"no process of this run initialised CUDA (no census segment for it in {census_dir}); if one "
                 "did, the injector's own log lines above say why it wrote none")
     errors = _errors_in_tree(errors, {c.pid for c in tree} | {child.pid} | set(child.parents))
-    sys.stderr.write(report.render_text(tree, args.requests, str(census_dir), hint, facts))
+    _write_stderr(report.render_text(tree, args.requests, str(census_dir), hint, facts))
     _say_errors(errors)
     if json_out is not None:
         try:
@@ -288,7 +354,6 @@ def _cmd_run(args) -> int:
                 json_out.write("\n")
         except OSError as e:
             _say(f"cannot write {args.json}: {e.strerror}")
-    return code
 
 
 class _WindowKeeper:

@@ -7,30 +7,55 @@ says so and shows the scaled estimate beside them (:func:`kernel_sample`). Under
 scaled (:func:`kernel_estimated`).
 
 The files sit in a folder others may write to: each is opened without following a link or blocking,
-must be a regular file, and is read up to a bound; a line that is not one of ours is skipped and
-counted, never trusted.
+must be a regular file, and is read up to bounds in bytes (MAX_BYTES), in lines (MAX_REQUESTS requests,
+as many as the integration writes) and per line (MAX_LINE_BYTES); what was not read is said
+(``EngineRequests.unread``). A line that is not one of ours (not JSON, nested too deeply, a figure that is
+not a whole number within int64, a time that is not one) is skipped and counted, never trusted. Each
+request is kept as the few figures the report reads (``Request``), not as its parsed JSON.
 """
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import stat
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 MAX_BYTES = 64 << 20            # a request log larger than this is read up to here
+MAX_REQUESTS = 200_000          # requests read from one log (integrations.engine_steps writes at most as many)
+MAX_LINE_BYTES = 64 << 10       # a line longer than this is not one of ours (they are a few hundred bytes)
 SUFFIX = ".requests.jsonl"
 FIELDS = ("copy.dtoh.bytes", "copy.htod.bytes", "copy.dtod.bytes", "kernel.time_ns", "kernel.count")
+INT64_MAX = (1 << 63) - 1
+KERNEL_TIME = FIELDS.index("kernel.time_ns")
+
+
+class Request:
+    """One logged request: the figures the report reads."""
+
+    __slots__ = ("gpu", "start_ns", "first_token_ns", "tracing", "ratio", "counted", "estimated", "unknown", "status",
+                 "note")
+
+    def __init__(self, gpu: Tuple[int, ...], start_ns: int, first_token_ns: int, tracing: Optional[str],
+                 ratio: Optional[float], counted: bool, estimated: bool, unknown: bool, status: Optional[str] = None,
+                 note: Optional[str] = None):
+        self.gpu = gpu                             # one int per FIELDS (0 where the line had none)
+        self.start_ns, self.first_token_ns = start_ns, first_token_ns
+        self.tracing, self.ratio = tracing, ratio  # kernel_tracing (cut to 40 characters), kernel_traced_ratio
+        self.counted, self.estimated, self.unknown = counted, estimated, unknown
+        self.status, self.note = status, note      # the share's status, and the first of its notes (300 characters)
 
 
 @dataclass
 class EngineRequests:
     path: str
-    requests: List[dict] = field(default_factory=list)     # {"gpu": {...}, "first_token_time_unix_nano", ...}
+    requests: List[Request] = field(default_factory=list)
     summary: Optional[dict] = None
     skipped: int = 0
+    unread: str = ""             # what of the log was not read (past a bound), for the report to say
 
 
 def log_path(segment_path: str) -> str:
@@ -44,7 +69,8 @@ def read(path: str) -> Optional[EngineRequests]:
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_BYTES)
@@ -53,19 +79,74 @@ def read(path: str) -> Optional[EngineRequests]:
     finally:
         os.close(fd)
     out = EngineRequests(path)
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            out.skipped += bool(line.strip())
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("summary"), dict):
+    lines = io.BytesIO(data)
+    for raw in lines:                     # one line at a time: never a list of every line
+        obj = _json(raw)
+        if obj is None:
+            out.skipped += bool(raw.strip())
+        elif isinstance(obj, dict) and isinstance(obj.get("summary"), dict):
             out.summary = obj["summary"]
-        elif isinstance(obj, dict) and isinstance(obj.get("gpu"), dict):
-            out.requests.append(obj)
+        elif len(out.requests) >= MAX_REQUESTS:
+            rest = 1 + data.count(b"\n", lines.tell())
+            out.unread = f"{rest:,} lines past the first {MAX_REQUESTS:,} requests were not read"
+            out.summary = _summary(data) or out.summary
+            break
         else:
-            out.skipped += 1
+            r = _request(obj)
+            if r is None:
+                out.skipped += 1
+            else:
+                out.requests.append(r)
+    if st.st_size > len(data) and not out.unread:
+        out.unread = f"the log is {st.st_size:,} bytes: only its first {MAX_BYTES:,} were read"
     return out
+
+
+def _json(raw: bytes):
+    """A line's JSON, or None for a line that is not one of ours."""
+    if len(raw) > MAX_LINE_BYTES or not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _summary(data: bytes) -> Optional[dict]:
+    """The summary from the log's last line (the integration writes it last)."""
+    obj = _json(data.rstrip().rsplit(b"\n", 1)[-1])
+    return obj["summary"] if isinstance(obj, dict) and isinstance(obj.get("summary"), dict) else None
+
+
+def _whole(v, absent: int = 0) -> int:
+    """A figure: a whole number in 0..int64, or `absent` where the line has none; ValueError otherwise."""
+    if v is None:
+        return absent
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT64_MAX:
+        return v
+    raise ValueError(v)
+
+
+def _request(obj) -> Optional[Request]:
+    """A request line as the figures the report reads, or None when it is not one of ours."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("gpu"), dict):
+        return None
+    gpu = obj["gpu"]
+    try:
+        figures = tuple(_whole(gpu.get(f)) for f in FIELDS)
+        start, first = _whole(obj.get("start_time_unix_nano")), _whole(obj.get("first_token_time_unix_nano"))
+    except ValueError:
+        return None
+    tracing = obj.get("kernel_tracing")
+    ratio = obj.get("kernel_traced_ratio")
+    ratio = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and \
+        math.isfinite(ratio) and 0 <= ratio <= 1 else None
+    counted = "kernel_time_estimated" in obj
+    status, notes = obj.get("status"), obj.get("notes")
+    note = notes[0][:300] if isinstance(notes, list) and notes and isinstance(notes[0], str) else None
+    return Request(figures, start, first, tracing[:40] if isinstance(tracing, str) else None, ratio, counted,
+                   obj.get("kernel_time_estimated") is True, obj.get("kernel_time_unknown") is True,
+                   status[:20] if isinstance(status, str) else None, note)
 
 
 def for_segments(segment_paths: Sequence[str]) -> List[EngineRequests]:
@@ -73,34 +154,20 @@ def for_segments(segment_paths: Sequence[str]) -> List[EngineRequests]:
     return [x for x in logs if x is not None and x.requests]
 
 
-def _num(v) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
-
-
 def figures(log: EngineRequests) -> Dict[str, Dict[str, float]]:
     """Per field: median, mean and max over the log's requests."""
     out = {}
-    for f in FIELDS:
-        vals = [_num(r["gpu"].get(f)) for r in log.requests]
+    for i, f in enumerate(FIELDS):
+        vals = [r.gpu[i] for r in log.requests]
         out[f] = {"median": statistics.median(vals), "mean": sum(vals) / len(vals), "max": max(vals)}
-    ttft = [(_num(r.get("first_token_time_unix_nano")) - _num(r.get("start_time_unix_nano"))) / 1e9
-            for r in log.requests if _num(r.get("first_token_time_unix_nano"))]
+    ttft = [(r.first_token_ns - r.start_ns) / 1e9 for r in log.requests if r.first_token_ns]
     if ttft:
         out["ttft_s"] = {"median": statistics.median(ttft), "mean": sum(ttft) / len(ttft), "max": max(ttft)}
     return out
 
 
-def _ratio(r: dict) -> Optional[float]:
-    v = r.get("kernel_traced_ratio")
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 else None
-
-
-def _counted(r: dict) -> bool:
-    return "kernel_time_estimated" in r
-
-
-def _sampled(r: dict) -> bool:
-    return isinstance(r.get("kernel_tracing"), str) and not _counted(r)
+def _sampled(r: Request) -> bool:
+    return r.tracing is not None and not r.counted
 
 
 def kernel_sample(log: EngineRequests) -> Optional[dict]:
@@ -112,13 +179,13 @@ def kernel_sample(log: EngineRequests) -> Optional[dict]:
     sampled = [r for r in log.requests if _sampled(r)]
     if not sampled:
         return None
-    ratios = [x for x in map(_ratio, sampled) if x is not None]
+    ratios = [r.ratio for r in sampled if r.ratio is not None]
     est = []
     for r in log.requests:
-        x = _ratio(r) if _sampled(r) else 1.0
+        x = r.ratio if _sampled(r) else 1.0
         if x:
-            est.append(_num(r["gpu"].get("kernel.time_ns")) / x)
-    out = {"modes": sorted({r["kernel_tracing"][:40] for r in sampled})[:4], "requests": len(sampled),
+            est.append(r.gpu[KERNEL_TIME] / x)
+    out = {"modes": sorted({r.tracing for r in sampled})[:4], "requests": len(sampled),
            "ratio_median": statistics.median(ratios) if ratios else None, "estimate": None}
     if est:
         out["estimate"] = {"median": statistics.median(est), "mean": sum(est) / len(est), "max": max(est),
@@ -130,23 +197,25 @@ def kernel_estimated(log: EngineRequests) -> Optional[dict]:
     """None unless some requests were counted (counted kernel tracing: exact kernel counts, eager kernels'
     time priced from a sample). Then: the modes, how many requests, how many of them have an estimated
     kernel time, and how many had eager launches no sample could price (their time left out)."""
-    counted = [r for r in log.requests if _counted(r)]
+    counted = [r for r in log.requests if r.counted]
     if not counted:
         return None
-    return {"modes": sorted({str(r.get("kernel_tracing", ""))[:40] for r in counted})[:4],
-            "requests": len(counted), "estimated": sum(1 for r in counted if r["kernel_time_estimated"] is True),
-            "unknown": sum(1 for r in counted if r.get("kernel_time_unknown") is True)}
+    return {"modes": sorted({r.tracing or "" for r in counted})[:4],
+            "requests": len(counted), "estimated": sum(1 for r in counted if r.estimated),
+            "unknown": sum(1 for r in counted if r.unknown)}
 
 
 def incomplete(log: EngineRequests) -> Optional[dict]:
     """None when every request's share is complete and none was dropped. Else how many are partial (their
     shares know they miss work: the line's ``notes`` say what) or stale, the first partial's first note,
     and the requests the summary counts as dropped (no span or line: their settling process died)."""
-    partial = [r for r in log.requests if r.get("status") == "partial"]
-    stale = sum(1 for r in log.requests if r.get("status") == "stale")
-    dropped = _num((log.summary or {}).get("requests_dropped"))
+    partial = [r for r in log.requests if r.status == "partial"]
+    stale = sum(1 for r in log.requests if r.status == "stale")
+    try:
+        dropped = _whole((log.summary or {}).get("requests_dropped"))
+    except ValueError:
+        dropped = 0
     if not (partial or stale or dropped):
         return None
-    notes = next((r["notes"] for r in partial if isinstance(r.get("notes"), list) and r["notes"]), [])
-    return {"partial": len(partial), "stale": stale, "dropped": dropped,
-            "note": str(notes[0])[:300] if notes else None}
+    note = next((r.note for r in partial if r.note), None)
+    return {"partial": len(partial), "stale": stale, "dropped": dropped, "note": note}

@@ -626,6 +626,8 @@ def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
                          "device-to-host bytes")
         if log.skipped:
             lines.append(f"  ({log.skipped} lines of the log were not requests and were skipped)")
+        if log.unread:
+            lines.append(f"  ({log.unread}: the figures above are of the requests read)")
     return lines + ([""] if lines else [])
 
 

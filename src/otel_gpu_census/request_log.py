@@ -13,17 +13,23 @@ copies follow request boundaries. Two forms are read:
   every SERVER span is a request; its first token is ``gen_ai.response.time_to_first_chunk`` (s) when
   the span carries it, as the census's spans do (or ``gen_ai.latency.time_to_first_token``, vLLM's own).
 
-Numbers may be JSON integers or strings of digits (OTLP JSON writes 64-bit integers as strings).
+Numbers may be JSON integers or strings of digits (OTLP JSON writes 64-bit integers as strings). A
+time must fall between EARLIEST_NS and LATEST_NS (years 2000 to 2100), a time to first token must be a
+finite number of seconds. Anything else (a wrong JSON type at any level, a value out of range, JSON
+nested too deeply) is refused with one line that says where.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
 SPAN_KIND_SERVER = (2, "SPAN_KIND_SERVER")
 # the GenAI conventions' name (the census's spans), then vLLM's own span's
 TTFT_ATTRIBUTES = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_first_token")
+EARLIEST_NS = 946_684_800 * 10**9          # 2000-01-01T00:00:00Z
+LATEST_NS = 4_102_444_800 * 10**9          # 2100-01-01T00:00:00Z
 
 
 class RequestLogError(Exception):
@@ -37,32 +43,70 @@ class RequestRecord:
     first_token_ns: Optional[int] = None
 
 
-def _int(v: Any, what: str) -> int:
-    if isinstance(v, bool):
-        raise ValueError(f"{what} is not a whole number: {v!r}")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.strip().isdigit():
-        return int(v)
-    raise ValueError(f"{what} is not a whole number of nanoseconds: {v!r}")
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(text)} characters)"
+
+
+def _time(v: Any, what: str) -> int:
+    """A time in Unix ns: a JSON integer or a string of digits, between EARLIEST_NS and LATEST_NS."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        t = v
+    elif isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 40:
+        t = int(v)
+    else:
+        raise ValueError(f"{what} is not a whole number of nanoseconds: {_shown(v)}")
+    if not EARLIEST_NS <= t < LATEST_NS:
+        raise ValueError(f"{what} {_shown(t)} is not a time between the years 2000 and 2100 (Unix ns)")
+    return t
+
+
+def _seconds(v: Any, what: str) -> float:
+    """A duration in seconds: a finite JSON number or a string of one."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        x = float(v) if not isinstance(v, int) or abs(v) < 1 << 63 else math.inf
+    elif isinstance(v, str) and len(v) <= 40:
+        try:
+            x = float(v)
+        except ValueError:
+            x = math.nan
+    else:
+        x = math.nan
+    if not math.isfinite(x):
+        raise ValueError(f"{what} is not a finite number of seconds: {_shown(v)}")
+    return x
 
 
 def _record(start: int, end: int, first: Optional[int]) -> RequestRecord:
-    if start <= 0 or end < start:
-        raise ValueError(f"end ({end}) before start ({start}), or no start")
+    if end < start:
+        raise ValueError(f"end ({end}) before start ({start})")
     if first is not None and not start <= first <= end:
         first = None          # a first token outside the request is not one we can place
     return RequestRecord(start, end, first)
 
 
 def _plain(obj: dict) -> RequestRecord:
-    start = _int(obj.get("start_time_unix_nano"), "start_time_unix_nano")
-    end = _int(obj.get("end_time_unix_nano"), "end_time_unix_nano")
+    start = _time(obj.get("start_time_unix_nano"), "start_time_unix_nano")
+    end = _time(obj.get("end_time_unix_nano"), "end_time_unix_nano")
     first = obj.get("first_token_time_unix_nano")
-    return _record(start, end, None if first is None else _int(first, "first_token_time_unix_nano"))
+    return _record(start, end, None if first is None else _time(first, "first_token_time_unix_nano"))
 
 
-def _attr_value(v: dict) -> Any:
+def _objects(v: Any, what: str) -> Iterator[dict]:
+    """The JSON objects of the list `v` (absent: none); ValueError for any other type."""
+    if v is None:
+        return
+    if not isinstance(v, list):
+        raise ValueError(f"{what} is not a list: {_shown(v)}")
+    for x in v:
+        if not isinstance(x, dict):
+            raise ValueError(f"an item of {what} is not an object: {_shown(x)}")
+        yield x
+
+
+def _attr_value(v: Any) -> Any:
+    if not isinstance(v, dict):
+        raise ValueError(f"the value of {TTFT_ATTRIBUTE} is not an object: {_shown(v)}")
     for k in ("doubleValue", "intValue", "stringValue"):
         if k in v:
             return v[k]
@@ -71,51 +115,60 @@ def _attr_value(v: dict) -> Any:
 
 def _spans(obj: dict) -> List[RequestRecord]:
     out = []
-    for rs in obj.get("resourceSpans") or ():
-        for ss in rs.get("scopeSpans") or ():
-            for sp in ss.get("spans") or ():
+    for rs in _objects(obj.get("resourceSpans"), "resourceSpans"):
+        for ss in _objects(rs.get("scopeSpans"), "scopeSpans"):
+            for sp in _objects(ss.get("spans"), "spans"):
                 if sp.get("kind") not in SPAN_KIND_SERVER:
                     continue
-                start = _int(sp.get("startTimeUnixNano"), "startTimeUnixNano")
-                end = _int(sp.get("endTimeUnixNano"), "endTimeUnixNano")
+                start = _time(sp.get("startTimeUnixNano"), "startTimeUnixNano")
+                end = _time(sp.get("endTimeUnixNano"), "endTimeUnixNano")
                 first = None
-                for a in sp.get("attributes") or ():
+                for a in _objects(sp.get("attributes"), "attributes"):
                     if a.get("key") in TTFT_ATTRIBUTES and first is None:
-                        try:
-                            first = start + round(float(_attr_value(a.get("value") or {})) * 1e9)
-                        except (TypeError, ValueError):
-                            first = None
+                        ttft = _seconds(_attr_value(a.get("value")), a["key"])
+                        # a first token outside the request is not one we can place
+                        first = start + round(ttft * 1e9) if 0 <= ttft * 1e9 <= end - start else None
                 out.append(_record(start, end, first))
     return out
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
+def _records(doc: Any, where: str) -> List[RequestRecord]:
+    if not isinstance(doc, dict):
+        raise RequestLogError(f"{where}: expected a JSON object per line")
+    if "summary" in doc and "start_time_unix_nano" not in doc:
+        return []           # an engine integration's closing line (its ledger's totals), not a request
+    try:
+        return _spans(doc) if "resourceSpans" in doc else [_plain(doc)]
+    except ValueError as e:
+        raise RequestLogError(f"{where}: {e}") from None
 
 
 def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord]:
     """Records from the lines of a log (either form above), sorted by start."""
     text = list(lines)
-    out: List[RequestRecord] = []
     docs = []
     for i, line in enumerate(text, 1):
         if not line.strip():
             continue
         try:
-            docs.append((i, json.loads(line)))
+            docs.append((i, _json(line)))
         except ValueError as e:
             try:     # one JSON document over several lines (an OTLP export, pretty-printed)
-                whole = json.loads("".join(text))
+                whole = _json("".join(text))
             except ValueError:
-                raise RequestLogError(f"{name}, line {i}: not JSON ({e.msg})") from None
+                raise RequestLogError(f"{name}, line {i}: not JSON ({getattr(e, 'msg', e)})") from None
             docs = [(0, whole)]
             break
+    out: List[RequestRecord] = []
     for i, doc in docs:
-        where = f"{name}, line {i}" if i else name
-        if not isinstance(doc, dict):
-            raise RequestLogError(f"{where}: expected a JSON object per line")
-        if "summary" in doc and "start_time_unix_nano" not in doc:
-            continue        # an engine integration's closing line (its ledger's totals), not a request
-        try:
-            out.extend(_spans(doc) if "resourceSpans" in doc else [_plain(doc)])
-        except ValueError as e:
-            raise RequestLogError(f"{where}: {e}") from None
+        out.extend(_records(doc, f"{name}, line {i}" if i else name))
     if not out:
         raise RequestLogError(f"{name}: no requests in it")
     out.sort(key=lambda r: (r.start_ns, r.end_ns))
@@ -123,13 +176,15 @@ def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord
 
 
 def load(path: str) -> List[RequestRecord]:
+    from .census.folder import show_path          # a file name as a message shows it (escaped)
+    name = show_path(path)
     try:
         with open(path, encoding="utf-8") as f:
-            return parse(f, path)
+            return parse(f, name)
     except OSError as e:
-        raise RequestLogError(f"cannot read request log {path}: {e.strerror}") from None
+        raise RequestLogError(f"cannot read request log {name}: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise RequestLogError(f"{path}: not a text file") from None
+        raise RequestLogError(f"{name}: not a text file") from None
 
 
 def peak_in_flight(records: Iterable[RequestRecord], lo_ns: int, hi_ns: int) -> int:

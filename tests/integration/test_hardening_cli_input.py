@@ -56,3 +56,43 @@ def test_report_escapes_a_file_name_with_terminal_escapes(census_dir, tmp_path):
     rc, out, err = _cli(tmp_path, "report", str(census_dir))
     assert rc == 1 and "\x1b" not in err and "\x1b" not in out
     assert "gpu-census-\\x1b]0;owned\\x07" in err
+
+
+T = 1_764_400_000_000_000_000
+_TTFT = "gen_ai.latency.time_to_first_token"
+
+
+def _otlp(spans):
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]})
+
+
+def _server_span(ttft_value):
+    return {"kind": 2, "startTimeUnixNano": str(T), "endTimeUnixNano": str(T + 10**9),
+            "attributes": [{"key": _TTFT, "value": ttft_value}]}
+
+
+@pytest.mark.parametrize("log, why", [
+    ('{"resourceSpans": [1]}', "an item of resourceSpans is not an object: 1"),
+    ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2, "attributes": "x"}]}]}]}',
+     "startTimeUnixNano is not a whole number of nanoseconds: None"),
+    (_otlp([_server_span({"doubleValue": "Infinity"})]), f"{_TTFT} is not a finite number of seconds: 'Infinity'"),
+    (_otlp([_server_span({"intValue": "1" + "0" * 400})]), f"{_TTFT} is not a finite number of seconds"),
+    (_otlp([_server_span("fast")]), f"the value of {_TTFT} is not an object: 'fast'"),
+    (json.dumps({"start_time_unix_nano": 1, "end_time_unix_nano": 2}),
+     "start_time_unix_nano 1 is not a time between the years 2000 and 2100"),
+    (json.dumps({"start_time_unix_nano": T, "end_time_unix_nano": 10**26}),
+     "end_time_unix_nano 100000000000000000000000000 is not a time between the years 2000 and 2100"),
+    ("[" * 50_000 + "]" * 50_000, "not JSON (JSON nested too deeply to read)"),
+])
+def test_report_refuses_a_request_log_with_wrong_types_or_values_in_one_line(census_dir, tmp_path, log, why):
+    f = tmp_path / "requests.jsonl"
+    f.write_text(log + "\n")
+    rc, out, err = _cli(tmp_path, "report", str(census_dir), "--request-log", str(f))
+    assert rc == 1 and out == "" and why in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_request_log_named_with_terminal_escapes_is_named_escaped(census_dir, tmp_path):
+    f = tmp_path / f"log{ESCAPES}.jsonl"
+    f.write_text('{"resourceSpans": 5}\n')
+    rc, out, err = _cli(tmp_path, "report", str(census_dir), "--request-log", str(f))
+    assert rc == 1 and "\x1b" not in err and "log\\x1b]0;owned\\x07" in err

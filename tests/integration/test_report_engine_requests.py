@@ -81,6 +81,40 @@ def test_report_says_when_per_request_kernel_time_is_a_sample_and_scales_it(tmp_
     assert "sample" not in run_report(d).stdout
 
 
+# ---- a hostile or huge log: bounded in bytes, lines and objects; bad types skipped ----------------
+
+def test_a_log_of_many_tiny_lines_is_bounded_in_objects_and_says_what_it_did_not_read(tmp_path):
+    import tracemalloc
+    from otel_gpu_census import engine_requests
+    log = tmp_path / "gpu-census-1-1.requests.jsonl"
+    tiny = b'{"gpu":{}}\n'
+    with open(log, "wb") as f:
+        f.write(tiny * ((8 << 20) // len(tiny)))                # 8 MiB: 762,600 lines
+        f.write(b'{"summary":{"method":"step_tokens"}}\n')
+    tracemalloc.start()
+    try:
+        got = engine_requests.read(str(log))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got.requests) == engine_requests.MAX_REQUESTS
+    assert got.unread == f"{762_600 - engine_requests.MAX_REQUESTS + 1:,} lines past the first 200,000 requests " \
+                         "were not read"
+    assert got.summary == {"method": "step_tokens"}               # the last line is still read
+    assert peak < 96 << 20, f"{peak >> 20} MiB for 200,000 requests"        # parsed whole: 400 MiB
+
+
+def test_a_log_over_the_byte_bound_says_so(tmp_path, monkeypatch):
+    from otel_gpu_census import engine_requests
+    monkeypatch.setattr(engine_requests, "MAX_BYTES", 1000)
+    log = tmp_path / "x.requests.jsonl"
+    log.write_text("\n".join(json.dumps(request(i, 5, 5)) for i in range(40)) + "\n")
+    got = engine_requests.read(str(log))
+    assert 0 < len(got.requests) < 40 and got.unread == f"the log is {log.stat().st_size:,} bytes: only its first " \
+                                                        "1,000 were read"
+
+
+def test_lines_with_wrong_types_or_values_are_skipped_not_trusted(tmp_path, segments, records):
 def test_report_says_how_many_shares_are_partial_and_how_many_requests_were_dropped(tmp_path, segments, records):
     d = tmp_path / "census"
     d.mkdir(mode=0o700)
@@ -98,3 +132,30 @@ def test_report_says_how_many_shares_are_partial_and_how_many_requests_were_drop
     complete = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
     complete.write_text("\n".join(json.dumps(request(i, 10, 100)) for i in range(2)) + "\n")
     assert "partial" not in run_report(d).stdout
+    good = request(1, 100, 5)
+    bad = [dict(good, gpu={"copy.dtoh.bytes": "100"}), dict(good, gpu={"copy.dtoh.bytes": 1.5e300}),
+           dict(good, gpu={"copy.dtoh.bytes": 10 ** 30}), dict(good, gpu={"kernel.count": -1}),
+           dict(good, gpu={"kernel.count": True}), dict(good, start_time_unix_nano="x"),
+           dict(good, first_token_time_unix_nano=10 ** 400), dict(good, gpu=[1, 2])]
+    lines = [json.dumps(x) for x in bad] + ["[" * 100_000 + "]" * 100_000, '{"gpu":{"kernel.count":' + "9" * 5000 + "}}",
+                                            json.dumps(dict(good, pad="x" * (70 << 10))), json.dumps(good),
+                                            '{"gpu":{}, "kernel_traced_ratio": NaN, "kernel_tracing": 5}']
+    log.write_text("\n".join(lines) + "\n")
+    p = run_report(d)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert "(2 requests, by step_tokens" in p.stdout and "(11 lines of the log were not requests" in p.stdout
+    assert "device-to-host   median 50 bytes, mean 50, max 100" in p.stdout
+
+
+def test_report_says_when_a_log_was_not_read_whole(tmp_path, segments, records):
+    from otel_gpu_census import engine_requests
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    seg = segments.segment(d, [records.kernel(T0, T0 + 1000)])
+    log = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
+    log.write_bytes(b'{"gpu":{"kernel.count":1}}\n' * (engine_requests.MAX_REQUESTS + 5))
+    p = run_report(d)
+    assert p.returncode == 0, p.stderr
+    assert "(200,000 requests, by step_tokens" in p.stdout
+    assert "(5 lines past the first 200,000 requests were not read: the figures above are of the requests read)" \
+        in p.stdout

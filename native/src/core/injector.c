@@ -542,6 +542,14 @@ static void enable_kinds(void)
  * long it was. */
 static void control_poll(uint64_t mono)
 {
+    /* What this file said that was not applied is told in one line per change of the file, and such lines
+     * at most every CONTROL_LOG_S seconds (how many were held back is told in the next): whoever rewrites the
+     * file in a loop must not flood the server's stderr. Words are quoted as gc_log writes everything:
+     * bytes outside printable ASCII escaped. */
+    enum { CONTROL_LOG_S = 10 };
+    static uint64_t next_log_ns;
+    static unsigned held_lines;
+    static struct stat refused; /* the file last refused whole (too long, a NUL byte): one complaint */
     size_t len = strlen(g_path);
     if (len < 4 || strcmp(g_path + len - 4, ".seg") != 0) return;
     char path[sizeof(g_path) + 8];
@@ -551,21 +559,55 @@ static void control_poll(uint64_t mono)
     struct stat st;
     char buf[sizeof(g_ctl.last)];
     ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() && st.st_size < (off_t)sizeof(buf))
-        n = read(fd, buf, sizeof(buf) - 1);
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid();
+    if (ok && st.st_size < (off_t)sizeof(buf)) n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
-    if (n < 0) return;
-    buf[n] = 0;
-    if (strcmp(buf, g_ctl.last) == 0) return;
-    memcpy(g_ctl.last, buf, (size_t)n + 1);
+    if (!ok) return;
+    const char *whole = n < 0 && st.st_size >= (off_t)sizeof(buf) ? "longer than the 127 bytes it reads"
+                        : n > 0 && memchr(buf, 0, (size_t)n) ? "it holds a NUL byte"
+                                                             : NULL;
     int pause = g_ctl.paused;
-    char *save = NULL;
-    for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
-        if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
-        else if (strcmp(w, "census=off") == 0) pause = 1;
-        else if (strcmp(w, "census=on") == 0) pause = 0;
-        else gc_log("control file %s: ignoring \"%.40s\" (census=on|off|finish)", path, w);
+    char said[400] = ""; /* what was not applied, and why */
+    if (whole) {
+        int same = refused.st_ino == st.st_ino && refused.st_size == st.st_size &&
+                   refused.st_mtim.tv_sec == st.st_mtim.tv_sec && refused.st_mtim.tv_nsec == st.st_mtim.tv_nsec;
+        refused = st;
+        if (same) return;
+        snprintf(said, sizeof(said), "ignored (%s; census=on|off|finish)", whole);
+    } else {
+        if (n < 0) return;
+        memset(&refused, 0, sizeof(refused));
+        buf[n] = 0;
+        if (strcmp(buf, g_ctl.last) == 0) return;
+        memcpy(g_ctl.last, buf, (size_t)n + 1);
+        size_t said_n = 0;
+#define IGNORE(word, why)                                                                                          \
+    do {                                                                                                           \
+        if (said_n < sizeof(said)) {                                                                               \
+            int k = snprintf(said + said_n, sizeof(said) - said_n, "%s\"%.40s\" (%s)", said_n ? "; " : "ignoring ", \
+                             word, why);                                                                           \
+            if (k > 0) said_n += (size_t)k;                                                                        \
+        }                                                                                                          \
+    } while (0)
+        char *save = NULL;
+        for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+            if (strcmp(w, "census=finish") == 0) g_ctl.finish = 1;
+            else if (strcmp(w, "census=off") == 0) pause = 1;
+            else if (strcmp(w, "census=on") == 0) pause = 0;
+            else IGNORE(w, "census=on|off|finish");
+        }
+#undef IGNORE
     }
+    if (said[0] && mono >= next_log_ns) {
+        char more[64] = "";
+        if (held_lines) snprintf(more, sizeof(more), " (%u more such lines since the last)", held_lines);
+        gc_log("control file %s: %s%s", path, said, more);
+        next_log_ns = mono + (uint64_t)CONTROL_LOG_S * 1000000000ull;
+        held_lines = 0;
+    } else if (said[0]) {
+        held_lines++;
+    }
+    if (whole) return;
     pthread_mutex_lock(&g_mu);
     if (pause != g_ctl.paused) {
         gc_launches_set_counting(!pause);

@@ -18,7 +18,8 @@ records ``gen_ai.server.request.duration``, ``.time_to_first_token``, ``.time_pe
 the per-request GPU histograms with the span's context, so exemplars point at the trace. The
 in-flight counter (``gpu_census.requests.in_flight``) goes up at start and down exactly once, at
 :meth:`TrackedRequest.served` or else at finish. Nothing here raises into the server: a failure
-costs one log line.
+costs one log line. Attribute values pass through :func:`redact.attributes` (printable, bounded,
+inside what OTLP carries): they hold what clients and engines said.
 
 No web framework is imported here (nor by anything this imports): engine workers load it as is.
 """
@@ -33,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ..version import __version__
+from . import redact
 from .attributes import gpu_attributes
 from .instruments import RequestInstruments
 
@@ -73,6 +75,7 @@ class RequestTelemetry:
         attrs.update(dict(attributes))
         if model:
             attrs[MODEL] = model
+        attrs = redact.attributes(attrs)
         base = {OPERATION: attrs[OPERATION], PROVIDER: attrs[PROVIDER]}
         try:
             with _chosen_ids(self.tracer, ids):
@@ -159,7 +162,7 @@ class TrackedRequest:
     def set_attributes(self, attrs: Mapping[str, Any]) -> None:
         """Span attributes now; a ``gen_ai.request.model`` among them also labels the metrics."""
         try:
-            attrs = dict(attrs)
+            attrs = redact.attributes(attrs)
             self._learn_model(attrs)
             self.span.set_attributes(attrs)
         except Exception:
@@ -204,7 +207,7 @@ class TrackedRequest:
             self.model = model
 
     def _finish(self, end_ns: int, cost, attributes, output_tokens, error_type) -> None:
-        attrs: Dict[str, Any] = dict(attributes)
+        attrs: Dict[str, Any] = redact.attributes(attributes)
         self._learn_model(attrs)
         duration_s = max(0, end_ns - self.start_ns) / 1e9
         ttft_s = None

@@ -49,7 +49,7 @@ def _describe(cfg: ProxyConfig, port: int, proxy) -> str:
         census = "no census folder: spans carry no GPU cost"
     else:
         census = f"census {src.directory}" + (f", pid {src.pid} and children" if src.pid else ", every process")
-    return f"listening on http://{cfg.listen_host}:{port} → {cfg.upstream} ({census})"
+    return f"listening on http://{cfg.listen_host}:{port} → {proxy.upstream_shown} ({census})"
 
 
 class ProxyThread:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 
 from ...argtypes import nonneg_float, positive_float
+from ...telemetry import redact
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_MAX_BODY_BYTES = 256 << 20       # a request body larger than this gets 413
@@ -17,7 +19,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_UPSTREAM_KEEPALIVE_S = 4.0       # idle upstream connections kept; llama-server closes them at 5 s
 DEFAULT_GPU_MARGIN_S = 1.2               # CUPTI delivers records up to ~1 s late
 DEFAULT_GPU_MAX_WAIT_S = 3.0             # longest a span waits for the census after the response ended
-DEFAULT_CLIENT_TIMEOUT_S = 15.0          # a client connection's longest idle time or wait for a request head
+DEFAULT_CLIENT_TIMEOUT_S = 15.0          # the deadline of every read of a client (and of its reading the answer)
 
 
 class ConfigError(ValueError):
@@ -48,10 +50,23 @@ class ProxyConfig:
 
     @property
     def upstream_base(self) -> str:
-        """Scheme, authority and path prefix that every forwarded request starts with."""
+        """Scheme, host, port and path prefix that every forwarded request starts with (credentials in
+        the upstream's URL go as a header: upstream_authorization)."""
         if self.unix_socket is not None:
             return "http://localhost"
-        return self.upstream.rstrip("/")
+        return str(URL(self.upstream).with_user(None)).rstrip("/")
+
+    @property
+    def upstream_authorization(self) -> Optional[str]:
+        """``Basic ...`` from credentials in the upstream's URL, else None. Sent with a request whose
+        client sent no Authorization header of its own (the proxy forwards what the client sent)."""
+        if self.unix_socket is not None:
+            return None
+        url = URL(self.upstream)
+        if url.user is None and url.password is None:
+            return None
+        raw = f"{url.user or ''}:{url.password or ''}".encode("latin-1", "replace")
+        return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 def parse_host_port(text: str, what: str = "address") -> Tuple[str, int]:
@@ -80,20 +95,23 @@ def check_upstream(text: str) -> str:
     if "://" not in text:
         text = "http://" + text
     from yarl import URL             # the [proxy] extra: imported where a proxy is set up, not for --help
+    # Messages never repeat credentials, nor the parser's words (they may quote a piece of a password).
+    shown = repr(redact.url(text))
+    why = (lambda e: "") if "@" in text else (lambda e: f": {redact.text(e)}")
     try:
         url = URL(text)
     except ValueError as e:
-        raise ConfigError(f"--upstream {text!r} is not a URL: {e}") from None
+        raise ConfigError(f"--upstream {shown} is not a URL{why(e)}") from None
     if url.scheme not in ("http", "https"):
-        raise ConfigError(f"--upstream {text!r}: only http:// and https:// upstreams are supported")
+        raise ConfigError(f"--upstream {shown}: only http:// and https:// upstreams are supported")
     if not url.host:
-        raise ConfigError(f"--upstream {text!r} has no host")
+        raise ConfigError(f"--upstream {shown} has no host")
     if url.query_string or url.fragment:
-        raise ConfigError(f"--upstream {text!r}: give scheme, host, port and an optional path prefix only")
+        raise ConfigError(f"--upstream {shown}: give scheme, host, port and an optional path prefix only")
     try:
         url.port
     except ValueError as e:
-        raise ConfigError(f"--upstream {text!r}: {e}") from None
+        raise ConfigError(f"--upstream {shown}: not a port{why(e)}") from None
     return str(url).rstrip("/")
 
 
@@ -111,7 +129,8 @@ def check_not_itself(listen_host: str, listen_port: int, upstream: str) -> None:
         (listen_host in ("0.0.0.0", "::") and host in _LOCAL)
     if same_host and url.port == listen_port:
         raise ConfigError(f"the proxy would forward to itself: it listens on {listen_host}:{listen_port} "
-                          f"and its upstream is {upstream}; give the server and the proxy different ports")
+                          f"and its upstream is {redact.url(upstream)}; give the server and the proxy different "
+                          "ports")
 
 
 def _connectable(host: str) -> str:
@@ -220,8 +239,9 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         f"0: a new connection for every request (default {DEFAULT_UPSTREAM_KEEPALIVE_S:g} s, "
                         "below llama-server's 5 s)")
     parser.add_argument("--client-timeout", type=positive_float, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
-                        help="longest a client connection may stay idle, or take to send a request's headers, "
-                        f"before it is closed (default {DEFAULT_CLIENT_TIMEOUT_S:g} s)")
+                        help="longest a client may stay idle, take to send a request's headers, send no byte of "
+                        "its request body (then 408) or take no byte of its answer before its connection is closed "
+                        f"(default {DEFAULT_CLIENT_TIMEOUT_S:g} s)")
     parser.add_argument("--gpu-wait", type=nonneg_float, default=DEFAULT_GPU_MAX_WAIT_S, metavar="S",
                         help="how long a finished request's span waits for the census to cover its window "
                         f"(default {DEFAULT_GPU_MAX_WAIT_S:g} s)")

@@ -14,15 +14,20 @@ GPU cost (attribution.ledger) and ends with its real end time (telemetry.request
 integration shares).
 
 Failures answer like llama-server does, ``{"error": {"code", "message", "type"}}``:
-  connection refused / unreachable → 503; upstream closed or sent garbage before answering → 502;
-  no answer within --upstream-timeout → 504; request body over --max-body-bytes → 413;
+  connection refused / unreachable → 503; upstream closed or sent garbage before answering, or
+  answered 101 (an upgrade) → 502; no answer within --upstream-timeout → 504; request body over
+  --max-body-bytes → 413; no byte of the request body for --client-timeout → 408;
   absolute-form or CONNECT requests → 400/405 (the proxy talks to its upstream only); a path with a
   '..' segment, also percent-encoded → 400 (it would climb out of the upstream's path prefix).
 After the answer has started, a failure can only cut the connection: the client sees a truncated
 body, never a clean end (also when the upstream breaks its chunked encoding).
-A client connection idle, or slow to send a whole request head, for --client-timeout is closed. A
-malformed request costs one short log line at most every LOG_EVERY_S; a client's baggage header
-past the W3C limits is dropped (neither read nor forwarded).
+Every read of a client has a deadline: a connection idle, or slow to send a whole request head, for
+--client-timeout is closed, and so is one that takes no byte of its answer for that long while bytes
+wait for it (its buffers go with it). Connections past what the file descriptors allow are answered
+503 (connections.py). A malformed request, like any error the event loop reports, costs one short log
+line at most every LOG_EVERY_S; a client's baggage header past the W3C limits is dropped (neither read
+nor forwarded). What a client or the upstream supplied reaches spans and logs only through
+telemetry.redact (credentials in the upstream's URL and secret query values never do; headers never).
 """
 from __future__ import annotations
 
@@ -45,9 +50,11 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ...attribution.ledger import CensusSource, GpuLedger
+from ...telemetry import redact
 from ...telemetry.loop_lag import LoopLagProbe
 from ...telemetry.request import RequestTelemetry, TrackedRequest
 from . import spans as spanattrs
+from . import connections
 from . import upstream as upstream_conn
 from .config import ProxyConfig, check_not_itself
 from .routes import LLAMACPP, Route, classify, untraced
@@ -62,12 +69,16 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "t
 REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
 REQUEST_PARSE_BYTES = 1 << 20          # request body kept to read `model` / `stream`
 BUFFER_BODY_BYTES = 1 << 20            # bodies up to this (with a Content-Length) are read whole first
+# Per-connection buffer budget: what a stream reader holds before it stops reading its socket (aiohttp
+# stops at twice this; its own default, 256 KiB, lets a client that never reads pin about 1 MiB of answer).
+READ_BUFFER_BYTES = 1 << 16
 STOP_GRACE_S = 2.0                     # how long answers in flight may go on once the proxy stops
 FINISH_AFTER_S = 0.05                  # a finished request's span work waits this long (see _finish)
 SERVED_KEPT = 100_000                  # model requests remembered (start, end, first token) for `run`'s report
 SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
 WATCH_S = 0.25                         # how often answers in flight are checked for a lost upstream
 LOOP_LAG_PATH = "/.otel-gpu-census/loop-lag"   # the lag probe's figures (only with --loop-lag-probe)
+MODEL_NAME_LIMIT = 256                 # characters of a client's `model` kept (span name, attribute, metric label)
 
 # gpu_census.proxy.outcome values
 COMPLETE = "complete"
@@ -76,6 +87,7 @@ UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 UPSTREAM_ERROR = "upstream_error"
 UPSTREAM_TIMEOUT = "upstream_timeout"
 BODY_TOO_LARGE = "body_too_large"
+CLIENT_TIMEOUT = "client_timeout"
 REJECTED = "rejected"
 
 
@@ -83,8 +95,8 @@ REJECTED = "rejected"
 CLIENT_RESET = (ConnectionResetError, getattr(aiohttp, "ClientConnectionResetError", ConnectionResetError))
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyProblem(Exception):
+    """The request body cannot be forwarded (too large, stalled): _Exchange.body_problem says how to answer."""
 
 
 class UpstreamLost(aiohttp.ClientPayloadError):
@@ -117,8 +129,8 @@ class _RateLimit:
 
 class _ShortLog(logging.LoggerAdapter):
     """The logger aiohttp's server is given: each record becomes one short line (aiohttp's reason,
-    escaped and cut at 300 characters; no traceback), rate-limited: a stream of bad requests must not
-    flood the log."""
+    without the request bytes it quotes, escaped and cut at 300 characters; no traceback),
+    rate-limited: a stream of bad requests must not flood the log."""
 
     def __init__(self, logger: logging.Logger):
         super().__init__(logger, {})
@@ -136,10 +148,8 @@ class _ShortLog(logging.LoggerAdapter):
             what = "bad request"
         exc = exc_info if isinstance(exc_info, BaseException) else None
         if exc is not None:
-            why = " ".join(str(getattr(exc, "message", "") or exc).split())
-            what = f"{what}: {type(exc).__name__}: {why}"
-        what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what[:300])
-        self.logger.log(level, "%s", what + suffix)
+            what = f"{what}: {type(exc).__name__}: {getattr(exc, 'message', '') or exc}"
+        self.logger.log(level, "%s", redact.reason(what, 300) + suffix)
 
 
 class _OneLineFilter(logging.Filter):
@@ -237,7 +247,9 @@ class _Exchange:
     ledger_open: bool = False
     head: Any = None                       # start of the request body, to read `model` from
     body_encoding: str = ""                # the request body's Content-Encoding
-    body_too_large: bool = False
+    body_problem: Optional[tuple] = None   # (status, outcome, message) when the request body failed
+    watch_bytes: int = -1                  # resp_bytes at the relay watch's last look
+    write_stalled_since: Optional[float] = None   # monotonic s since the client stopped taking the answer
     upstream_done: bool = False            # the upstream's answer was read to its end
     retried: bool = False                  # sent again on a new connection (upstream.py)
     connection: Any = None                 # the upstream connection's protocol (upstream.py)
@@ -251,6 +263,9 @@ class Proxy:
     def __init__(self, config: ProxyConfig, tracer_provider=None, meter_provider=None,
                  census_source: Optional[CensusSource] = None):
         self.config = config
+        self.upstream_shown = redact.url(config.upstream)     # what telemetry and logs say of the upstream
+        self.authorization = config.upstream_authorization   # credentials in the upstream's URL, as a header
+        self.upstream_base = config.upstream_base             # what every forwarded request's URL starts with
         self.telemetry = RequestTelemetry(tracer_provider, meter_provider, provider_name=LLAMACPP,
                                           instrumentation_name=SCOPE)
         if census_source is None and config.gpu:
@@ -264,16 +279,21 @@ class Proxy:
         # the model requests served, for `run --proxy`'s report: when each was in flight (wall ns)
         self.served: Deque[Tuple[int, int, Optional[int]]] = deque(maxlen=SERVED_KEPT)
         self._stopping = False
-        self._relays: Dict[int, aiohttp.ClientResponse] = {}     # answers being relayed, by exchange
+        # answers being relayed, by exchange: (the upstream's answer, the client's request, the exchange)
+        self._relays: Dict[int, Tuple[aiohttp.ClientResponse, web.Request, _Exchange]] = {}
         self._watcher: Optional[asyncio.Task] = None
         self.loop_lag: Optional[LoopLagProbe] = LoopLagProbe(config.loop_lag_s) if config.loop_lag_s > 0 else None
         _install_log_filters()
         self._baggage_drops = _RateLimit()
         self._telemetry_errors = _RateLimit()
+        self._refusals = _RateLimit()
+        self._loop_errors = _RateLimit()
+        self.cap = 0                       # client connections served at once (connections.py), set at start
         # auto_decompress off: a compressed request body is forwarded as sent, with its Content-Encoding.
         # keepalive_timeout: aiohttp closes a connection that has not delivered a whole request head
         # that long after it opened or after its last answer (slowloris), and an idle one.
         self.app = web.Application(handler_args={"max_field_size": 65536, "auto_decompress": False,
+                                                 "read_bufsize": READ_BUFFER_BYTES,
                                                  "keepalive_timeout": config.client_timeout_s,
                                                  "logger": _ShortLog(HTTP_LOG)},
                                    middlewares=[self._guard])
@@ -298,9 +318,12 @@ class Proxy:
     async def start(self) -> None:
         cfg = self.config
         check_not_itself(cfg.listen_host, cfg.listen_port, cfg.upstream)
-        self.connector = upstream_conn.connector(cfg.unix_socket, cfg.upstream_keepalive_s)
+        self.cap = connections.connection_cap()
+        self.connector = upstream_conn.connector(cfg.unix_socket, cfg.upstream_keepalive_s, limit=self.cap,
+                                                 read_bytes=READ_BUFFER_BYTES)
         self.session = aiohttp.ClientSession(
             connector=self.connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            read_bufsize=READ_BUFFER_BYTES,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
                                           sock_read=cfg.upstream_timeout_s))
@@ -309,13 +332,28 @@ class Proxy:
         self.runner = web.AppRunner(self.app, handle_signals=False, handler_cancellation=True,
                                     access_log=None, shutdown_timeout=STOP_GRACE_S)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.listen_host, cfg.listen_port, reuse_address=True)
+        asyncio.get_running_loop().set_exception_handler(self._loop_error)
+        site = connections.CappedSite(self.runner, cfg.listen_host, cfg.listen_port, self.cap, self._refused)
         await site.start()
         sock = site._server.sockets[0] if site._server and site._server.sockets else None
         self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
         self._watcher = asyncio.get_running_loop().create_task(self._watch_relays(), name="proxy-relay-watch")
         if self.loop_lag is not None:
             self.loop_lag.start()
+
+    def _refused(self, open_now: int) -> None:
+        suffix = self._refusals.allow()
+        if suffix is not None:
+            log.warning("%d client connections open, the most %d file descriptors allow: new ones are answered "
+                        "503 (`ulimit -n` raises the limit)%s", open_now, connections.descriptor_limit(), suffix)
+
+    def _loop_error(self, loop, context: dict) -> None:
+        """What the event loop reports (a failed accept, a callback's error): one short line, rate-limited,
+        instead of asyncio's traceback each time (at every accept retry when descriptors run out)."""
+        suffix = self._loop_errors.allow()
+        if suffix is not None:
+            log.warning("%s%s", redact.text(connections.loop_error_line(context), 300), suffix)
+        log.debug("event loop: %s", context.get("message"), exc_info=context.get("exception"))
 
     async def _loop_lag_figures(self, request: web.Request) -> web.Response:
         reset = request.query.get("reset", "") not in ("", "0")
@@ -341,14 +379,28 @@ class Proxy:
             await self.session.close()
 
     async def _watch_relays(self) -> None:
-        """Fail an answer whose upstream connection is gone but whose stream neither ended nor failed.
+        """Every WATCH_S, for each answer being relayed (costs the data path nothing):
 
-        aiohttp (3.14, with its C parser) closes the connection on a broken chunked encoding but never
-        ends the answer's stream, and drops its read timer: the relay, and the client, would wait
-        forever, past --upstream-timeout. Checking every WATCH_S costs the data path nothing."""
+        - a client that has taken no byte of its answer for --client-timeout while bytes wait for it
+          is cut (outcome client_timeout): a client that never reads must not hold an upstream slot,
+          a connection and the buffered answer for ever;
+        - after a burst of connections has gone, their memory goes back to the system (connections.py);
+        - an answer whose upstream connection is gone but whose stream neither ended nor failed is
+          failed: aiohttp (3.14, with its C parser) closes the connection on a broken chunked encoding
+          but never ends the answer's stream, and drops its read timer, so the relay, and the client,
+          would wait forever, past --upstream-timeout."""
+        timeout = self.config.client_timeout_s
+        give_back = connections.MemoryGiveBack()
         while True:
             await asyncio.sleep(WATCH_S)
-            for up in list(self._relays.values()):
+            now = time.monotonic()
+            if self.runner is not None and self.runner.server is not None:
+                give_back.seen(len(self.runner.server.connections))
+            for up, request, ex in list(self._relays.values()):
+                try:
+                    self._check_client(request, ex, now, timeout)
+                except Exception:      # a check must never break the proxy
+                    log.debug("client watch failed", exc_info=True)
                 try:
                     content, conn = up.content, up.connection
                     if conn is None or content.is_eof() or content.exception() is not None:
@@ -362,9 +414,23 @@ class Proxy:
                 except Exception:      # a check must never break the proxy
                     log.debug("relay watch failed", exc_info=True)
 
+    def _check_client(self, request: web.Request, ex: _Exchange, now: float, timeout: float) -> None:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+        if ex.resp_bytes != ex.watch_bytes or transport.get_write_buffer_size() == 0:
+            ex.watch_bytes, ex.write_stalled_since = ex.resp_bytes, None      # taking it, or nothing waits
+            return
+        if ex.write_stalled_since is None:
+            ex.write_stalled_since = now
+        elif now - ex.write_stalled_since >= timeout:
+            self._cut(request, ex, CLIENT_TIMEOUT, f"the client took no byte of the answer for {timeout:g} s "
+                      f"({ex.resp_bytes} bytes went out)")
+
     # -- the handler ------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         cfg = self.config
+        upstream_conn.bound_reads(request.transport, READ_BUFFER_BYTES)
         raw_path = request.raw_path
         route = classify(request.method, request.path, cfg.api_prefix)
         ex = _Exchange(start_ns=time.time_ns(), route=route)
@@ -410,33 +476,36 @@ class Proxy:
         for k in ("traceparent", "tracestate") + (("baggage",) if ex.baggage_dropped else ()):
             headers.popall(k, None)
         propagate.inject(headers, context=ctx)
+        if self.authorization is not None and "Authorization" not in headers:
+            headers["Authorization"] = self.authorization
         body: Any = None
         ex.body_encoding = request.headers.get("Content-Encoding", "")
         if request.body_exists:
-            if length is not None and length <= BUFFER_BODY_BYTES:
-                body = await request.read()
-                ex.req_bytes = len(body)
+            whole = length is not None and length <= BUFFER_BODY_BYTES
+            body = self._request_body(request, ex, keep_head=not whole)
+            if whole:
+                try:
+                    body = b"".join([chunk async for chunk in body])
+                except BodyProblem:
+                    return self._fail(ex, *ex.body_problem, close=True)
                 if ex.route is not None:
-                    ex.head = body[:REQUEST_PARSE_BYTES]
-            else:
-                body = self._request_body(request, ex)
-        url = cfg.upstream_base + raw_path
-        too_large = f"request body is over the limit of {cfg.max_body_bytes} bytes"
+                    ex.head = body
+        url = self.upstream_base + raw_path
         try:
             upstream = await self._send(request.method, url, headers, body, ex)
-        except BodyTooLarge:
-            return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
+        except BodyProblem:
+            return self._fail(ex, *ex.body_problem, close=True)
         except asyncio.TimeoutError:
-            if ex.body_too_large:
-                return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
+            if ex.body_problem:
+                return self._fail(ex, *ex.body_problem, close=True)
             return self._fail(ex, 504, UPSTREAM_TIMEOUT,
                               f"upstream {cfg.upstream} did not answer within {cfg.upstream_timeout_s:g} s")
         except aiohttp.ClientConnectorError as e:
             return self._fail(ex, 503, UPSTREAM_UNAVAILABLE, f"cannot connect to upstream {cfg.upstream}: "
                               f"{e.os_error.strerror if e.os_error and e.os_error.strerror else e}")
         except (aiohttp.ClientError, OSError, *HTTP_PARSE_ERRORS) as e:
-            if ex.body_too_large:
-                return self._fail(ex, 413, BODY_TOO_LARGE, too_large, close=True)
+            if ex.body_problem:
+                return self._fail(ex, *ex.body_problem, close=True)
             return self._fail(ex, 502, UPSTREAM_ERROR, f"upstream {cfg.upstream} failed before answering: "
                               f"{type(e).__name__}: {' '.join(str(e).split())}")
         try:
@@ -470,17 +539,37 @@ class Proxy:
         finally:
             upstream_conn.ATTEMPT.reset(token)
 
-    def _request_body(self, request: web.Request, ex: _Exchange) -> AsyncIterator[bytes]:
-        limit = self.config.max_body_bytes
-        keep = ex.route is not None
+    def _request_body(self, request: web.Request, ex: _Exchange, keep_head: bool) -> AsyncIterator[bytes]:
+        """The request body as it comes. Over --max-body-bytes it fails (413); a client that sends no
+        byte of it for --client-timeout fails it too (408): every read of a client has a deadline, so a
+        body announced and never sent cannot hold a connection (and its descriptor) for ever."""
+        cfg = self.config
+        limit, timeout = cfg.max_body_bytes, cfg.client_timeout_s
+        keep = keep_head and ex.route is not None
         head = ex.head = bytearray()
+        content = request.content
+        loop = asyncio.get_running_loop()
+
+        def stalled() -> None:
+            got = f"{ex.req_bytes} of {request.content_length} bytes" if request.content_length is not None \
+                else f"{ex.req_bytes} bytes"
+            ex.body_problem = (408, CLIENT_TIMEOUT, f"the client sent no byte of its request body for "
+                               f"{timeout:g} s ({got} came)")
+            content.set_exception(BodyProblem())
 
         async def gen():
-            async for chunk in request.content.iter_any():
+            while True:
+                timer = loop.call_later(timeout, stalled)      # a timer per read: no task, no wait_for
+                try:
+                    chunk = await content.readany()
+                finally:
+                    timer.cancel()
+                if not chunk:
+                    return
                 ex.req_bytes += len(chunk)
                 if ex.req_bytes > limit:
-                    ex.body_too_large = True
-                    raise BodyTooLarge()
+                    ex.body_problem = (413, BODY_TOO_LARGE, f"request body is over the limit of {limit} bytes")
+                    raise BodyProblem()
                 if keep and len(head) < REQUEST_PARSE_BYTES:
                     head.extend(chunk[:REQUEST_PARSE_BYTES - len(head)])
                 yield chunk
@@ -488,6 +577,12 @@ class Proxy:
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, ex: _Exchange
                      ) -> web.StreamResponse:
+        if upstream.status < 200:
+            # 101 Switching Protocols (or another 1xx as the final answer): what follows is not HTTP, and
+            # the proxy forwards HTTP only (it drops Upgrade); relayed, it would leave the client mid-protocol.
+            return self._fail(ex, 502, UPSTREAM_ERROR, f"upstream answered {upstream.status} "
+                              f"{upstream.reason or ''}: protocol upgrades and informational answers are not "
+                              "forwarded", close=True)
         ex.status = upstream.status
         headers = _strip(upstream.headers, HOP_BY_HOP)
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -507,7 +602,7 @@ class Proxy:
             feed = ex.reader.feed
         await resp.prepare(request)
         relays = self._relays
-        relays[id(ex)] = upstream
+        relays[id(ex)] = (upstream, request, ex)
         try:
             # per chunk: a write; feed keeps the chunk and reads the one before (stream.py)
             async for chunk in upstream.content.iter_any():
@@ -519,8 +614,9 @@ class Proxy:
             ex.upstream_done = True
         except CLIENT_RESET as e:
             if type(e) is not ConnectionResetError or request.transport is None or request.transport.is_closing():
-                ex.outcome = ex.error_type = CLIENT_GONE
-                ex.error_message = "the client hung up"
+                if ex.outcome == COMPLETE:          # else the watch cut it, and said why
+                    ex.outcome = ex.error_type = CLIENT_GONE
+                    ex.error_message = "the client hung up"
                 return resp
             raise
         except asyncio.TimeoutError:
@@ -543,11 +639,14 @@ class Proxy:
         """The answer started and cannot be completed: drop the client connection so the client sees
         a truncated body rather than a clean end."""
         ex.outcome = ex.error_type = outcome
-        ex.error_message = message
+        ex.error_message = redact.text(message)
         if request.transport is not None:
             request.transport.abort() if hasattr(request.transport, "abort") else request.transport.close()
 
     def _fail(self, ex: _Exchange, code: int, outcome: str, message: str, close: bool = False) -> web.Response:
+        """An answer of the proxy's own; `message` goes to the client and the span, made safe (the
+        upstream's credentials, a peer's text: telemetry.redact)."""
+        message = redact.text(message)
         ex.outcome, ex.status, ex.error_type, ex.error_message = outcome, code, outcome, message
         if ex.ledger_open:
             self.ledger.forget(ex.key)
@@ -568,25 +667,25 @@ class Proxy:
         cfg = self.config
         attrs = {
             "http.request.method": request.method,
-            "url.path": request.path,
+            "url.path": redact.printable(redact.cut(request.path)),
             "server.address": cfg.listen_host,
             "server.port": self.port or cfg.listen_port,
             "network.protocol.version": f"{request.version.major}.{request.version.minor}",
-            "gpu_census.proxy.upstream": cfg.upstream,
+            "gpu_census.proxy.upstream": self.upstream_shown,
         }
         if request.remote:
             attrs["client.address"] = request.remote
         if request.query_string:
-            attrs["url.query"] = request.query_string
+            attrs["url.query"] = redact.printable(redact.cut(redact.query(request.query_string)))
         if ex.route is not None:
             # the request lifecycle: its span, the in-flight counter, later the GenAI metrics
             attrs["gen_ai.provider.name"] = ex.route.provider
             ex.tracked = self.telemetry.start(start_ns=ex.start_ns, operation=ex.route.operation,
                                               span_name=ex.route.operation, parent=parent, attributes=attrs)
             return ex.tracked.span
-        name = f"{request.method} {request.path}" if len(request.path) <= 64 else request.method
+        name = f"{request.method} {attrs['url.path']}" if len(attrs["url.path"]) <= 64 else request.method
         return self.telemetry.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=ex.start_ns,
-                                                attributes=attrs)
+                                                attributes=redact.attributes(attrs))
 
     def _finish(self, ex: _Exchange, end_ns: int) -> None:
         """The answer is over (its last byte is with the client). Now: the ledger learns the end (for
@@ -617,24 +716,27 @@ class Proxy:
             await asyncio.sleep(FINISH_AFTER_S)
         cost, attrs, outcome = None, {}, (None, None)
         try:
-            attrs, outcome = self._record(ex, end_ns)
+            try:
+                attrs, outcome = self._record(ex, end_ns)
+            except Exception as e:      # telemetry must never break the proxy; the GPU cost still comes
+                self._telemetry_failed(e)
             if fut is not None:
                 cost = await fut
-        except Exception as e:      # telemetry must never break the proxy
+        except Exception as e:
             self._telemetry_failed(e)
         finally:
             if ex.tracked is not None:
                 output_tokens, error = outcome
                 ex.tracked.finish(end_ns, cost=cost, attributes=attrs, output_tokens=output_tokens, error_type=error)
             elif ex.span is not None:
-                ex.span.set_attributes(attrs)
+                ex.span.set_attributes(redact.attributes(attrs))
                 ex.span.end(end_time=end_ns)
 
     def _telemetry_failed(self, e: Exception) -> None:
         suffix = self._telemetry_errors.allow()
         if suffix is not None:
             log.warning("could not finish the span of a request: %s: %s%s", type(e).__name__,
-                        " ".join(str(e).split())[:200], suffix)
+                        redact.text(" ".join(str(e).split()), 200), suffix)
         log.debug("span failure", exc_info=e)
 
     def _record(self, ex: _Exchange, end_ns: int):
@@ -647,6 +749,7 @@ class Proxy:
         model = ex.request_fields.get("model") if isinstance(ex.request_fields.get("model"), str) else None
         if model is None and facts is not None and facts.model:
             model = facts.model
+        model = redact.printable(redact.cut(model, MODEL_NAME_LIMIT)) if model else None
         attrs: Dict[str, Any] = {"gpu_census.proxy.outcome": ex.outcome,
                                  "http.request.body.size": ex.req_bytes,
                                  "http.response.body.size": ex.resp_bytes}
@@ -677,7 +780,7 @@ class Proxy:
             span.set_status(Status(StatusCode.ERROR, ex.error_message or f"HTTP {ex.status}"))
         elif facts is not None and facts.error and (ex.status or 0) < 400:
             # an error inside a 200 answer (llama-server streams errors as events); 4xx stays unset
-            span.set_status(Status(StatusCode.ERROR, f"upstream error in the answer: {facts.error[:200]}"))
+            span.set_status(Status(StatusCode.ERROR, f"upstream error in the answer: {redact.text(facts.error, 200)}"))
         ok = ex.outcome == COMPLETE and ex.status is not None and ex.status < 400
         output_tokens = spanattrs.output_tokens(facts) if facts is not None and ok else None
         return attrs, (output_tokens, error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from ...telemetry import redact
 from .stream import StreamFacts
 
 NOTE_STATE_SAVE = (
@@ -57,7 +58,7 @@ def fact_attributes(f: StreamFacts) -> Dict[str, Any]:
     if "eval_duration" in f.ollama:
         out["gen_ai.latency.time_in_model_decode"] = f.ollama["eval_duration"] / 1e9
     if f.error:
-        out["gpu_census.proxy.upstream_error"] = f.error[:1000]
+        out["gpu_census.proxy.upstream_error"] = redact.text(f.error, 1000)
     if f.unparsed:
         out["gpu_census.proxy.body.unparsed_events"] = f.unparsed
     if f.note:

@@ -20,12 +20,14 @@ first token's delta, so the first chat chunk is the first token too.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
 MAX_EVENT_BYTES = 4 << 20        # one SSE event or NDJSON line larger than this is skipped
 MAX_JSON_BODY_BYTES = 16 << 20   # a non-streamed body larger than this is not parsed
+NUMBER_LIMIT = 1 << 63           # numbers read from a body are within int64's range
 
 TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
 OLLAMA_KEYS = ("prompt_eval_count", "eval_count", "total_duration", "load_duration",
@@ -61,7 +63,16 @@ class StreamFacts:
 
 
 def _int(v: Any) -> Optional[int]:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    """A JSON integer that fits int64 (what OTLP carries), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and -NUMBER_LIMIT <= v < NUMBER_LIMIT else None
+
+
+def _number(v: Any) -> Optional[float]:
+    """A finite JSON number within int64's magnitude (sums of two stay finite), else None: Python's JSON
+    reader takes NaN, Infinity and 1e400 (inf), and a fact must never break the span it goes into."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) and -NUMBER_LIMIT <= v <= NUMBER_LIMIT else None
+    return _int(v)
 
 
 class FactCollector:
@@ -93,8 +104,7 @@ class FactCollector:
             f.id_slot = obj["id_slot"]
         timings = obj.get("timings")
         if isinstance(timings, dict):
-            f.timings = {k: timings[k] for k in TIMING_KEYS
-                         if isinstance(timings.get(k), (int, float)) and not isinstance(timings.get(k), bool)}
+            f.timings = {k: timings[k] for k in TIMING_KEYS if _number(timings.get(k)) is not None}
         self._usage(obj)
         if streamed and f.first_token_ns is None and self._carries_generation(obj):
             f.first_token_ns = now_ns

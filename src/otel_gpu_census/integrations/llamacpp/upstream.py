@@ -61,6 +61,8 @@ def _closed_while_idle(protocol) -> bool:
 class _Reuse:
     """Mixin for an aiohttp connector: marks reused connections, drops dead or spent ones."""
 
+    read_bytes = 0                        # the most one read of a connection takes (0: asyncio's own)
+
     def _reuse_init(self) -> None:
         self._handed_out: "weakref.WeakSet" = weakref.WeakSet()
         self._spent: "weakref.WeakSet" = weakref.WeakSet()
@@ -79,6 +81,7 @@ class _Reuse:
                 return conn
             if proto not in self._handed_out:
                 self._handed_out.add(proto)
+                bound_reads(proto.transport, self.read_bytes)
                 if attempt is not None:
                     attempt.protocol = proto
                 return conn
@@ -102,16 +105,25 @@ class UnixConnector(_Reuse, aiohttp.UnixConnector):
         self._reuse_init()
 
 
-def connector(unix_socket: Optional[str], keepalive_s: float):
-    """A connector for the upstream; keepalive_s 0: a new connection for every request."""
-    kw: dict = {"limit": 0}
+def bound_reads(transport, read_bytes: int) -> None:
+    """Make one read of `transport` take at most `read_bytes`: asyncio's socket transports read up to
+    256 KiB at a time, whatever the reader's own buffer limit, and a connection whose reader is held
+    (its client reads nothing) would hold that much again each time its reader takes a chunk."""
+    if read_bytes > 0 and transport is not None and isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = min(transport.max_size, read_bytes)
+
+
+def connector(unix_socket: Optional[str], keepalive_s: float, limit: int = 0, read_bytes: int = 0):
+    """A connector for the upstream; keepalive_s 0: a new connection for every request; at most `limit`
+    connections at once (0: no limit), a request past it waits for one; reads of at most `read_bytes`."""
+    kw: dict = {"limit": limit}
     if keepalive_s > 0:
         kw["keepalive_timeout"] = keepalive_s
     else:
         kw["force_close"] = True
-    if unix_socket is not None:
-        return UnixConnector(unix_socket, **kw)
-    return TCPConnector(**kw)
+    c = UnixConnector(unix_socket, **kw) if unix_socket is not None else TCPConnector(**kw)
+    c.read_bytes = read_bytes
+    return c
 
 
 def retryable(attempt: Attempt, error: BaseException, body_buffered: bool) -> bool:
