@@ -36,14 +36,14 @@ KERNEL_TIME = FIELDS.index("kernel.time_ns")
 class Request:
     """One logged request: the figures the report reads."""
 
-    __slots__ = ("gpu", "start_ns", "first_token_ns", "tracing", "ratio", "counted", "estimated", "unknown", "status",
+    __slots__ = ("gpu", "start_ns", "end_ns", "first_token_ns", "tracing", "ratio", "counted", "estimated", "unknown", "status",
                  "note")
 
     def __init__(self, gpu: Tuple[int, ...], start_ns: int, first_token_ns: int, tracing: Optional[str],
                  ratio: Optional[float], counted: bool, estimated: bool, unknown: bool, status: Optional[str] = None,
-                 note: Optional[str] = None):
+                 note: Optional[str] = None, end_ns: int = 0):
         self.gpu = gpu                             # one int per FIELDS (0 where the line had none)
-        self.start_ns, self.first_token_ns = start_ns, first_token_ns
+        self.start_ns, self.end_ns, self.first_token_ns = start_ns, end_ns, first_token_ns   # 0: not logged
         self.tracing, self.ratio = tracing, ratio  # kernel_tracing (cut to 40 characters), kernel_traced_ratio
         self.counted, self.estimated, self.unknown = counted, estimated, unknown
         self.status, self.note = status, note      # the share's status, and the first of its notes (300 characters)
@@ -135,6 +135,7 @@ def _request(obj) -> Optional[Request]:
     try:
         figures = tuple(_whole(gpu.get(f)) for f in FIELDS)
         start, first = _whole(obj.get("start_time_unix_nano")), _whole(obj.get("first_token_time_unix_nano"))
+        end = _whole(obj.get("end_time_unix_nano"))
     except ValueError:
         return None
     tracing = obj.get("kernel_tracing")
@@ -146,7 +147,7 @@ def _request(obj) -> Optional[Request]:
     note = notes[0][:300] if isinstance(notes, list) and notes and isinstance(notes[0], str) else None
     return Request(figures, start, first, tracing[:40] if isinstance(tracing, str) else None, ratio, counted,
                    obj.get("kernel_time_estimated") is True, obj.get("kernel_time_unknown") is True,
-                   status[:20] if isinstance(status, str) else None, note)
+                   status[:20] if isinstance(status, str) else None, note, end)
 
 
 def for_segments(segment_paths: Sequence[str]) -> List[EngineRequests]:

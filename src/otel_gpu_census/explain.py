@@ -99,11 +99,10 @@ def engine_records(censuses: Sequence[ProcessCensus]) -> List[RequestRecord]:
     out = []
     for log in engine_requests.for_segments([c.path for c in censuses]):
         for r in log.requests:
-            start, end = r.get("start_time_unix_nano"), r.get("end_time_unix_nano")
-            first = r.get("first_token_time_unix_nano")
-            if not (isinstance(start, int) and isinstance(end, int) and 0 < start <= end):
+            start, end, first = r.start_ns, r.end_ns, r.first_token_ns
+            if not 0 < start <= end:
                 continue
-            out.append(RequestRecord(start, end, first if isinstance(first, int) and start <= first <= end else None))
+            out.append(RequestRecord(start, end, first if start <= first <= end else None))
     return sorted(out, key=lambda r: (r.start_ns, r.end_ns))
 
 

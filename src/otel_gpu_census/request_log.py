@@ -104,9 +104,9 @@ def _objects(v: Any, what: str) -> Iterator[dict]:
         yield x
 
 
-def _attr_value(v: Any) -> Any:
+def _attr_value(v: Any, key: str) -> Any:
     if not isinstance(v, dict):
-        raise ValueError(f"the value of {TTFT_ATTRIBUTE} is not an object: {_shown(v)}")
+        raise ValueError(f"the value of {key} is not an object: {_shown(v)}")
     for k in ("doubleValue", "intValue", "stringValue"):
         if k in v:
             return v[k]
@@ -125,7 +125,7 @@ def _spans(obj: dict) -> List[RequestRecord]:
                 first = None
                 for a in _objects(sp.get("attributes"), "attributes"):
                     if a.get("key") in TTFT_ATTRIBUTES and first is None:
-                        ttft = _seconds(_attr_value(a.get("value")), a["key"])
+                        ttft = _seconds(_attr_value(a.get("value"), a["key"]), a["key"])
                         # a first token outside the request is not one we can place
                         first = start + round(ttft * 1e9) if 0 <= ttft * 1e9 <= end - start else None
                 out.append(_record(start, end, first))

@@ -136,8 +136,8 @@ def _active(c: ProcessCensus) -> bool:
 def _pause_start(t: tl_mod.Timeline) -> Optional[Tuple[int, int]]:
     """(first GPU work, first work after start-up's last pause of PAUSE_NS or more), wall ns; None without a pause.
     Start-up may pause several times (a model read from disk between uploads, compilation) and serving hardly runs
-    kernels before it begins: a pause counts as start-up's while the kernels before it are at most STARTUP_KERNELS of
-    the run's; pauses later are serving's own (a state save holding the server's thread)."""
+    kernels before it begins: the first pause is start-up's, and a later one too while the kernels before it are at
+    most STARTUP_KERNELS of the run's; pauses later are serving's own (a state save holding the server's thread)."""
     need = max(1, -(-PAUSE_NS // t.slots[0].length)) if t.slots else 1
     total = sum(s.kernel_count for s in t.slots)
     first = found = None
@@ -148,7 +148,7 @@ def _pause_start(t: tl_mod.Timeline) -> Optional[Tuple[int, int]]:
             continue
         if first is None:
             first = s.start_ns
-        elif quiet >= need and before <= STARTUP_KERNELS * total:
+        elif quiet >= need and (found is None or before <= STARTUP_KERNELS * total):
             found = s.start_ns
         quiet = 0
         before += s.kernel_count

@@ -114,7 +114,6 @@ def test_a_log_over_the_byte_bound_says_so(tmp_path, monkeypatch):
                                                         "1,000 were read"
 
 
-def test_lines_with_wrong_types_or_values_are_skipped_not_trusted(tmp_path, segments, records):
 def test_report_says_how_many_shares_are_partial_and_how_many_requests_were_dropped(tmp_path, segments, records):
     d = tmp_path / "census"
     d.mkdir(mode=0o700)
@@ -132,6 +131,13 @@ def test_report_says_how_many_shares_are_partial_and_how_many_requests_were_drop
     complete = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
     complete.write_text("\n".join(json.dumps(request(i, 10, 100)) for i in range(2)) + "\n")
     assert "partial" not in run_report(d).stdout
+
+
+def test_lines_with_wrong_types_or_values_are_skipped_not_trusted(tmp_path, segments, records):
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    seg = segments.segment(d, [records.kernel(T0, T0 + 1000)])
+    log = Path(str(seg)[:-len(".seg")] + ".requests.jsonl")
     good = request(1, 100, 5)
     bad = [dict(good, gpu={"copy.dtoh.bytes": "100"}), dict(good, gpu={"copy.dtoh.bytes": 1.5e300}),
            dict(good, gpu={"copy.dtoh.bytes": 10 ** 30}), dict(good, gpu={"kernel.count": -1}),

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Tuple
 
+from yarl import URL
 
 from ...argtypes import nonneg_float, positive_float
 from ...telemetry import redact
