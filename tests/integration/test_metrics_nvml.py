@@ -51,8 +51,10 @@ def test_every_nvml_instrument_emitted_per_gpu(sampler_rig):
     uuids = {d.uuid for d in sampler.devices}
     assert all(u.startswith("GPU-") for u in uuids)
     want = [s for s in nvml.NVML_INSTRUMENTS if s in sampler.specs()]
-    if any(d.gpm for d in sampler.devices):
-        assert want == list(nvml.NVML_INSTRUMENTS)
+    assert set(nvml.BASE_INSTRUMENTS) <= set(want)
+    # GPM and 64-bit PCIe byte counters are each there or not per GPU (the H200 has GPM, not the counters)
+    assert (set(nvml.GPM_INSTRUMENTS) <= set(want)) == any(d.gpm for d in sampler.devices)
+    assert (set(nvml.IO_INSTRUMENTS) <= set(want)) == any(d.pcie == nvml.PCIE_COUNTERS for d in sampler.devices)
     for spec in want:
         rows = data.get(spec.name)
         assert rows, f"{spec.name} not emitted"
