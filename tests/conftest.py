@@ -22,7 +22,7 @@ try:
     import otel_gpu_census  # noqa: F401
 except ImportError:          # a source checkout that was not pip-installed
     sys.path.insert(0, str(ROOT / "src"))
-from otel_gpu_census import cost as _cost  # noqa: E402
+from otel_gpu_census.report import cost as _cost  # noqa: E402
 _cost.load_prices(ROOT / "bench" / "results" / "census_cost_prices.json")   # the measured prices, as in a checkout
 
 GC_STATE_ACTIVE, GC_STATE_EXITED = 1, 2

@@ -113,7 +113,7 @@ cupti=$(venv cupti)
 check "pip install 'otel-gpu-census[cupti]' (the wheel)" "$cupti/bin/pip" install -q "$wheel[cupti]"
 check "[cupti]: libcupti from the wheel is found" "$cupti/bin/python" -c "
 import sys
-from otel_gpu_census.launcher import find_cupti
+from otel_gpu_census.cli.launcher import find_cupti
 p = find_cupti({})
 sys.exit(0 if p and sys.prefix in str(p.resolve()) else f'libcupti found at {p}, not in this venv')"
 

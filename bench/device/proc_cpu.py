@@ -22,7 +22,7 @@ from typing import Dict, Tuple
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 # (cmdline word, role): the first that occurs in a process's command line names it; else its comm
-ROLES = (("otel_gpu_census.integrations.settle_process", "settle"), ("otel_gpu_census.cli", "launcher"),
+ROLES = (("otel_gpu_census.integrations.engine.settle_process", "settle"), ("otel_gpu_census.cli", "launcher"),
          ("otel_gpu_census.telemetry.sidecar", "sidecar"), ("vllm.entrypoints", "api_server"))
 
 

@@ -54,7 +54,9 @@ def run_loop(loop: str, seconds: float, interval: float, python: str, out: Optio
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_gpu_census import launcher, report
+    from otel_gpu_census.cli import launcher
+
+    from otel_gpu_census.report import render as report
     from otel_gpu_census.telemetry import census_metrics as metrics, nvml
     from otel_gpu_census.census import reader
 

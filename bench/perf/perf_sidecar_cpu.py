@@ -205,7 +205,7 @@ def _cuda_worker(seconds: float) -> None:
 
 def _start_cuda_workers(a, census_dir: str, children: list, out) -> list:
     """N censused CUDA processes, children of this one; returns them once each has a segment."""
-    from otel_gpu_census import launcher
+    from otel_gpu_census.cli import launcher
     from otel_gpu_census.census import reader
     plan = launcher.build_env(census_dir)
     for w in plan.warnings:

@@ -384,7 +384,7 @@ def main() -> int:
 
 
 def _positive(s: str) -> int:
-    # not otel_gpu_census.argtypes: this script runs on the bare GPU machine without the package
+    # not otel_gpu_census.cli.argtypes: this script runs on the bare GPU machine without the package
     try:
         v = int(s)
     except ValueError:

@@ -11,7 +11,7 @@ sys.path.insert(0, str(BENCH / "server"))
 sys.path.insert(0, str(BENCH.parent / "src"))
 import load  # noqa: E402
 
-from otel_gpu_census.request_log import parse  # noqa: E402
+from otel_gpu_census.report.request_log import parse  # noqa: E402
 
 
 def test_request_log_places_the_load_on_the_wall_clock():

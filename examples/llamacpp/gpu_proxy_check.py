@@ -148,7 +148,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from otel_gpu_census import launcher
+    from otel_gpu_census.cli import launcher
     from otel_gpu_census.census import proctree, reader
 
     census = Path(tempfile.mkdtemp(prefix="census-"))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict
 
-from ._native import header_path
+from otel_gpu_census._native import header_path
 
 PREFIX = "OTEL_GPU_CENSUS_"
 TABLE_NAME = "gpu_census_settings.def"

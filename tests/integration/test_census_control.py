@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from otel_gpu_census.census import control
 from otel_gpu_census.census.reader import read_segment
-from otel_gpu_census.integrations.final_flush import FINISH_WAIT_S
+from otel_gpu_census.integrations.engine.final_flush import FINISH_WAIT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 

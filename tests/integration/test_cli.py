@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import cli, launcher
+from otel_gpu_census.cli import main as cli
+
+from otel_gpu_census.cli import launcher
 from otel_gpu_census._native import LAYOUT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -635,7 +637,7 @@ def test_run_with_an_unwritable_json_path_does_not_start(env, census_dir, tmp_pa
 
 
 def test_size_and_quotient_formatting():
-    from otel_gpu_census.figures import exact, human_size, per
+    from otel_gpu_census.report.figures import exact, human_size, per
     assert [human_size(x) for x in (0, 999, 1000, 999_999, 643_212_345, 999_999_999, 2.5)] == \
         ["0 B", "999 B", "1.0 kB", "1.0 MB", "643.2 MB", "1.00 GB", "2.5 B"]
     assert [exact(per(t, n)) for t, n in ((12, 4), (10, 4), (1, 3), (2001, 1000), (10**12, 7))] == \

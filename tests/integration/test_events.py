@@ -84,7 +84,8 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     assert sum(w.eager_traced for w in p.windows) == dev.eager_traced and sum(w.eager_launches for w in p.windows) == 48
     assert p.sample_gaps() == (0, 0)
     assert "error" not in err.lower(), err
-    from otel_gpu_census import cost, report
+    from otel_gpu_census.report import cost
+    from otel_gpu_census.report import render as report
     from otel_gpu_census.census import spans_estimated
     # priced as measured in one process (§27): each launch at its wrapper's price, each pair at its own (ungated
     # here: a graph pair 3.039 us); copies not priced
@@ -192,7 +193,7 @@ def test_with_no_eager_pair_only_graph_launches_are_timed_and_eager_time_is_unkn
     assert (dev.eager_launches, dev.graph_kernel_count) == (20, 12)
     kt = p.kernel_time(dev)
     assert kt.unknown and kt.estimated and kt.ns == dev.kernel_ns > 0      # the graph spans only, and said so
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     from otel_gpu_census.telemetry.census_metrics import CensusMetrics
     text = report.render_text([p], requests=1)
     assert "eager kernels are not timed" in text and "eager kernels' time unknown" in text, text
@@ -258,7 +259,7 @@ def test_gated_pairs_time_the_kernel_on_an_idle_stream_and_skip_a_functions_firs
     assert (k.events_lead, k.events_lead_ns) == (18, 18 * 300)
     assert dev.eager_launches == 20 and dev.eager_traced == 18 and dev.eager_traced_ns == 18 * 1_000
     assert dev.kernel_ns == 18 * 1_000 + 3 * 30_300 and p.kernel_time(dev).ns == 20 * 1_000 + 3 * 30_300
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     assert "20 CUDA event pairs (20 gated: the stream waited for the launch to be submitted" in report.render_text([p])
     # the same launches ungated: every eager pair met an idle stream and holds the 2 us call
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=dict(env, **UNGATED))
@@ -302,7 +303,7 @@ def test_a_gate_its_thread_leaves_shut_is_opened_by_the_watchdog_and_its_pair_dr
     dev, k = p.devices[0], p.kernels
     assert (k.events_gated, k.events_forced, k.events_timed, k.events_failed) == (2, 1, 1, 0)
     assert dev.eager_launches == 3 and dev.eager_traced == 1 and dev.eager_traced_ns == 1_000
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     assert "1 gated pairs were dropped, their gate opened by the census's watchdog" in report.render_text([p])
 
 

@@ -140,7 +140,7 @@ def _python_for_nobody():
         if not exe:
             continue
         cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", exe, "-c",
-               "import otel_gpu_census.cli, otel_gpu_census.report, otel_gpu_census.census.reader"]
+               "import otel_gpu_census.cli.main, otel_gpu_census.report.render, otel_gpu_census.census.reader"]
         env = {"PYTHONPATH": os.pathsep.join([str(SRC), site]), "PATH": os.environ.get("PATH", "")}
         try:
             if subprocess.run(cmd, env=env, capture_output=True, timeout=30).returncode == 0:

@@ -277,7 +277,7 @@ def test_stop_with_an_unreachable_collector_is_bounded(standin, protocol):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(PYTHONPATH=str(SRC), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{blackhole.getsockname()[1]}",
                OTEL_EXPORTER_OTLP_PROTOCOL=protocol)
-    proc = subprocess.Popen([sys.executable, "-m", "otel_gpu_census.proxy", "--upstream", standin.url,
+    proc = subprocess.Popen([sys.executable, "-m", "otel_gpu_census.integrations.llamacpp", "--upstream", standin.url,
                              "--listen", "127.0.0.1:0", "--no-gpu"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         port = None

@@ -124,7 +124,8 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
     st = p.steps[9]
     assert (st.eager_launches, st.kernel_count, st.copies["htod"].bytes) == (2, 2 + 5, 3 << 20)
     assert p.calls_lost == 0 and p.launches_lost == 0
-    from otel_gpu_census import cost, report
+    from otel_gpu_census.report import cost
+    from otel_gpu_census.report import render as report
     e = cost.estimate(p)      # the wrappers' prices (§27), no event pair under ACTIVITY=off, copies unpriced
     assert p.kernels.preloaded and (e.launches_counted, e.graph_launches, e.pairs_eager, e.pairs_graph) == (9, 6, 0, 0)
     assert abs(e.seconds - (9 * 0.137e-6 + 6 * 0.790e-6)) < 1e-12

@@ -152,7 +152,7 @@ def test_a_driver_function_without_a_wrapper_is_counted_named_and_reported(nativ
     assert (p.unsized_calls, p.unwrapped, p.unsized_name) == (3, 0, "cuMemcpyFutureAsync")
     assert p.devices[0].copies.get("htod", "pinned").bytes == 4096        # what it can size stays exact
     assert err.count("cuMemcpyFutureAsync") == 1 and "no wrapper" in err, err
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     text = report.render_text([p])
     assert "3 calls of cuMemcpyFutureAsync" in text and "NOT EXACT" in text, text
 

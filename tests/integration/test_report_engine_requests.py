@@ -85,7 +85,7 @@ def test_report_says_when_per_request_kernel_time_is_a_sample_and_scales_it(tmp_
 
 def test_a_log_of_many_tiny_lines_is_bounded_in_objects_and_says_what_it_did_not_read(tmp_path):
     import tracemalloc
-    from otel_gpu_census import engine_requests
+    from otel_gpu_census.report import engine_requests
     log = tmp_path / "gpu-census-1-1.requests.jsonl"
     tiny = b'{"gpu":{}}\n'
     with open(log, "wb") as f:
@@ -105,7 +105,7 @@ def test_a_log_of_many_tiny_lines_is_bounded_in_objects_and_says_what_it_did_not
 
 
 def test_a_log_over_the_byte_bound_says_so(tmp_path, monkeypatch):
-    from otel_gpu_census import engine_requests
+    from otel_gpu_census.report import engine_requests
     monkeypatch.setattr(engine_requests, "MAX_BYTES", 1000)
     log = tmp_path / "x.requests.jsonl"
     log.write_text("\n".join(json.dumps(request(i, 5, 5)) for i in range(40)) + "\n")
@@ -154,7 +154,7 @@ def test_lines_with_wrong_types_or_values_are_skipped_not_trusted(tmp_path, segm
 
 
 def test_report_says_when_a_log_was_not_read_whole(tmp_path, segments, records):
-    from otel_gpu_census import engine_requests
+    from otel_gpu_census.report import engine_requests
     d = tmp_path / "census"
     d.mkdir(mode=0o700)
     seg = segments.segment(d, [records.kernel(T0, T0 + 1000)])

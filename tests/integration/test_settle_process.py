@@ -1,4 +1,4 @@
-"""Settling in a process of its own (integrations/settle_process.py): the vLLM engine side records,
+"""Settling in a process of its own (integrations/engine/settle_process.py): the vLLM engine side records,
 a real child process replays the records, reads the engine's real census segment (written by the
 native tally), ends the spans and exports them over real OTLP/HTTP, and writes the request log."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from otel_gpu_census import injector
-from otel_gpu_census.integrations import settle_process
+from otel_gpu_census.integrations.engine import settle_process
 from otel_gpu_census.integrations.vllm.engine import EngineTelemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))

@@ -420,7 +420,7 @@ def test_a_batchs_preparation_is_its_steps_and_an_empty_one_takes_no_id(loaded, 
 
 def test_a_req_sglang_lets_go_of_unseen_is_closed_by_the_sweep(loaded, tagged):
     import gc
-    from otel_gpu_census.integrations import engine_steps
+    from otel_gpu_census.integrations.engine import steps as engine_steps
     census = Census(complete=1 << 62)
     eng, spans = _engine(census)
     si.GUARD.current = eng

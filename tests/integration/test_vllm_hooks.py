@@ -352,7 +352,7 @@ def test_a_request_vllm_lets_go_of_unseen_is_closed_by_the_sweep_and_one_open_at
     import gc
     import support_vllm
     from otel_gpu_census.census import Step
-    from otel_gpu_census.integrations import engine_steps
+    from otel_gpu_census.integrations.engine import steps as engine_steps
     eng, spans, _, steps = _engine_with_spans(monkeypatch)
     forgotten, kept, done = (real_request(f"cmpl-{n}-0-abcdefgh") for n in ("forgotten", "kept", "done"))
     for r in (forgotten, kept, done):
@@ -383,7 +383,7 @@ def test_a_request_vllm_lets_go_of_unseen_is_closed_by_the_sweep_and_one_open_at
 
 
 def test_open_requests_are_bounded(monkeypatch):
-    from otel_gpu_census.integrations import engine_steps
+    from otel_gpu_census.integrations.engine import steps as engine_steps
     monkeypatch.setattr(engine_steps, "MAX_OPEN", 3)
     eng, spans, _, _ = _engine_with_spans(monkeypatch)
     eng.end_step(eng.begin_execute(SimpleNamespace(num_scheduled_tokens={})))    # the census counts here

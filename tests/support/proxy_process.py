@@ -1,4 +1,4 @@
-"""The proxy as a user starts it (`python -m otel_gpu_census.proxy`, this checkout's src/), configured
+"""The proxy as a user starts it (`python -m otel_gpu_census.integrations.llamacpp`, this checkout's src/), configured
 by OTEL_* variables only, for tests that watch it from outside."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def start_proxy(args: Sequence[str], env_extra: Optional[Dict[str, str]] = None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(SRC)
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "otel_gpu_census.proxy", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "otel_gpu_census.integrations.llamacpp", *args], env=env,
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
 
 

@@ -23,7 +23,7 @@ from aiohttp import web
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.steps import METHODS
 from otel_gpu_census.census import Step
-from otel_gpu_census.integrations.engine_steps import StepEngine
+from otel_gpu_census.integrations.engine.steps import StepEngine
 from engine_standins import Census, in_memory_telemetry
 from ports import free_port
 

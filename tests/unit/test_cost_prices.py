@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import cost, report
+from otel_gpu_census.report import cost
+
+from otel_gpu_census.report import render as report
 from otel_gpu_census.census import reader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +31,7 @@ def test_the_file_prices_every_name_the_estimate_uses_and_says_where_each_comes_
 
 
 def test_the_package_holds_no_price():
-    text = (ROOT / "src" / "otel_gpu_census" / "cost.py").read_text()
+    text = (ROOT / "src" / "otel_gpu_census" / "report" / "cost.py").read_text()
     for v in json.loads(PRICES.read_text())["prices_s"].values():
         assert repr(v) not in text and f"{v * 1e6:g}e-6" not in text
 

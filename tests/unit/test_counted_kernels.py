@@ -90,7 +90,7 @@ def test_the_reader_reads_the_eager_fields_of_devices_windows_and_steps(segments
 
 
 def test_the_report_prints_exact_counts_and_estimated_kernel_time(segments, records, census_dir):
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     c = reader.read_segment(counted_segment(segments, records, census_dir))
     text = report.render_text([c], requests=2)
     assert "kernel time 0.000010 s (estimated)" in text and "kernels counted: every kernel counted exactly" in text
@@ -106,7 +106,7 @@ def test_the_report_prints_exact_counts_and_estimated_kernel_time(segments, reco
     assert out["processes"][0]["kernel_traced_ns"] == 300 * MS          # busy's base: the traced time
     assert out["per_request"]["scope"] == "serving"
     assert out["per_request"]["kernel_ns"] == 3500 and out["per_request"]["kernel_time_estimated"] is True
-    from otel_gpu_census import diff
+    from otel_gpu_census.report import diff
     run = diff.Run("a", [c])
     row = next(r for r in diff.rows(run.totals(), run.totals(), run.kernel_time(), run.kernel_time())
                if r.figure == "kernels.ns")
@@ -215,8 +215,9 @@ def test_an_all_mode_request_is_unchanged():
 @pytest.mark.parametrize("counted", [True, False])
 def test_an_engines_counted_requests_get_exact_counts_and_estimated_time(tagged, monkeypatch, tmp_path, counted):
     from engine_standins import Census, Clock, in_memory_telemetry    # tests/support
-    from otel_gpu_census import engine_requests, injector
-    from otel_gpu_census.integrations.engine_steps import StepEngine
+    from otel_gpu_census import injector
+    from otel_gpu_census.report import engine_requests
+    from otel_gpu_census.integrations.engine.steps import StepEngine
 
     seg = tmp_path / "gpu-census-7-1.seg"
     monkeypatch.setattr(injector, "segment_path", lambda: str(seg))
@@ -268,7 +269,7 @@ def test_an_engines_counted_requests_get_exact_counts_and_estimated_time(tagged,
         assert engine_requests.kernel_sample(log) is None          # an estimate is never scaled again
         assert engine_requests.kernel_estimated(log) == {"modes": ["counted:100/1000"], "requests": 3,
                                                           "estimated": 3, "unknown": 0}
-        from otel_gpu_census import report
+        from otel_gpu_census.report import render as report
         text = "\n".join(report._engine_request_lines([replace(h, path=str(seg))]))
         assert "kernel counts exact, kernel time estimated for 3 of 3 requests" in text
         assert "kernel figures are a sample" not in text
@@ -320,7 +321,7 @@ def test_traced_windows_whose_records_never_came_are_counted_as_gaps():
     # complete up to the GPU time T + 2 W + 2 s: the records of windows after T + 2 W may be on the way
     active = replace(p, state=census.STATE_ACTIVE, complete_wall_ns=2 * W + 2_000_000_000)
     assert active.sample_gaps() == (2, 2)
-    from otel_gpu_census.report import kernel_tracing_note
+    from otel_gpu_census.report.render import kernel_tracing_note
     assert "in 2 of 4 traced 20 ms windows with eager launches CUPTI recorded no eager kernel" in kernel_tracing_note(p)
 
 
@@ -328,7 +329,7 @@ def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records(
     """Counted: 10,000 launches at CUPTI's set-up cost (0.654 us; the driver's callback ~0) and the 1,000
     records of the duty cycle at the record's 0.902 us, not 10,000 records; every kernel traced: each
     record at both."""
-    from otel_gpu_census import cost
+    from otel_gpu_census.report import cost
     d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000, eager_traced=1_000,
                      eager_traced_ns=1_000 * 600)
     e = cost.estimate(head(devices={0: d}))
@@ -343,7 +344,7 @@ def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records(
 def test_the_cost_estimate_of_a_census_at_the_calls_prices_its_callbacks_not_records():
     """ACTIVITY=off: no record and no activity API; launches, copies and graph nodes at the callbacks' prices
     measured beside an untraced process (§21)."""
-    from otel_gpu_census import cost
+    from otel_gpu_census.report import cost
     d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000,
                      memset=Stat(3, 300, 0))
     e = cost.estimate(head(kernels=KernelTracing(mode=KERNELS_COUNTED, untimed=True), devices={0: d}))
@@ -396,7 +397,7 @@ def test_censuses_counted_at_the_calls_export_copy_bytes_and_no_copy_or_memset_t
 def test_a_per_request_kernel_time_without_its_eager_part_says_so(monkeypatch):
     """Events with eager launches and no pair to price them (a short program: a function's first sampled launch gets
     no pair): the per-request figure is the graph part only, and the line says the eager kernels are left out."""
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     base = {"requests": 10, "scope": "serving", "kernel_count": 0.1, "kernel_ns": 0, "copies": {},
             "kernel_time_estimated": True}
     assert report._per_request_lines({**base, "kernel_time_unknown": True}, 1)[-1] == \

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from otel_gpu_census import serving
+from otel_gpu_census.report import serving
 from otel_gpu_census.census import reader
-from otel_gpu_census.diagnose import Facts, diagnose, low_occupancy
-from otel_gpu_census.request_log import parse
+from otel_gpu_census.report.diagnose import Facts, diagnose, low_occupancy
+from otel_gpu_census.report.request_log import parse
 from serving_census import DENSE, GPU0, HYBRID, MS, S, clocks, counted_at_calls, llama_run, model_load, serve
 
 MB = 1_000_000
@@ -321,7 +321,7 @@ def test_the_hybrid_at_sixteen_clients_that_the_old_rule_missed(census, records,
 def test_a_paused_census_is_not_an_idle_gpu(census, records):
     """Time a control file paused the census has no counts: it must not read as the GPU doing nothing."""
     import dataclasses
-    from otel_gpu_census import report
+    from otel_gpu_census.report import render as report
     sv = serve(records, clients=1, requests=8, kernel_ns=5 * MS, gap_ns=60 * MS)
     c = census(sv)
     paused = dataclasses.replace(c, graphs=dataclasses.replace(c.graphs, paused_ns=3 * S))

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import report
+from otel_gpu_census.report import render as report
 from otel_gpu_census._native import LAYOUT_VERSION, SEGMENT_SIZE, ffi
 from otel_gpu_census.census.reader import scan
-from otel_gpu_census.diagnose import Facts, diagnose
-from otel_gpu_census.request_log import load
+from otel_gpu_census.report.diagnose import Facts, diagnose
+from otel_gpu_census.report.request_log import load
 from sentences import problems
 from serving_census import counted_at_calls
 

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import cli, extras, launcher
+from otel_gpu_census import extras
+
+from otel_gpu_census.cli import main as cli
+
+from otel_gpu_census.cli import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +84,7 @@ def test_prometheus_without_its_extra_is_one_warning_naming_it(without, caplog):
 
 
 def test_doctor_names_the_prometheus_extra(without):
-    from otel_gpu_census import doctor
+    from otel_gpu_census.cli import doctor
     without("prometheus_client")
     checks = doctor.check_exporters(doctor.Facts())
     assert checks[0].status == doctor.OK and "OTLP grpc, OTLP http/protobuf" in checks[0].detail
@@ -91,7 +95,7 @@ def test_doctor_names_the_prometheus_extra(without):
 def test_no_cupti_is_a_warning_naming_the_extra(monkeypatch, tmp_path):
     """The default census never loads CUPTI: doctor warns (not fails), and only a run that asks for
     CUPTI's records is told what to install."""
-    from otel_gpu_census import doctor
+    from otel_gpu_census.cli import doctor
     monkeypatch.setattr(launcher, "find_cupti", lambda env=None: None)
     monkeypatch.delenv("OTEL_GPU_CENSUS_CUPTI", raising=False)
     [c] = doctor.check_cupti(doctor.Facts())

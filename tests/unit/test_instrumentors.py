@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_gpu_census.integrations import settle_process
+from otel_gpu_census.integrations.engine import settle_process
 from otel_gpu_census.integrations.sglang import instrumentor as si
 from otel_gpu_census.integrations.vllm import instrumentor as vi
 from otel_gpu_census.telemetry import setup

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import re
 
-from otel_gpu_census import cost, report
+from otel_gpu_census.report import cost
+
+from otel_gpu_census.report import render as report
 from otel_gpu_census.census import reader
 from otel_gpu_census.census import Stat
 

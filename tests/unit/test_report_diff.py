@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import diff
+from otel_gpu_census.report import diff
 from otel_gpu_census.census import reader
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from otel_gpu_census import report
+from otel_gpu_census.report import render as report
 from otel_gpu_census.census import reader
-from otel_gpu_census.diagnose import Facts, diagnose, low_occupancy
-from otel_gpu_census.request_log import parse
+from otel_gpu_census.report.diagnose import Facts, diagnose, low_occupancy
+from otel_gpu_census.report.request_log import parse
 from sentences import problems
 from serving_census import (DENSE, GPU0, HYBRID, MS, S, clocks, counted_at_calls, llama_run, model_load,
                             serve)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from otel_gpu_census.request_log import RequestLogError, RequestRecord, load, parse, peak_in_flight
+from otel_gpu_census.report.request_log import RequestLogError, RequestRecord, load, parse, peak_in_flight
 
 T = 1_764_400_000_000_000_000
 
@@ -84,7 +84,7 @@ def test_peak_in_flight_inside_a_range():
 
 
 def test_the_vllm_integrations_request_log_reads_with_its_summary_line():
-    from otel_gpu_census.request_log import parse
+    from otel_gpu_census.report.request_log import parse
     lines = [f'{{"id":"cmpl-a-0","start_time_unix_nano":{T + 1000},"end_time_unix_nano":{T + 5000},'
              f'"first_token_time_unix_nano":{T + 2000},"gpu":{{"kernel.count":3}}}}',
              f'{{"id":"cmpl-b-0","start_time_unix_nano":{T + 1500},"end_time_unix_nano":{T + 6000},'

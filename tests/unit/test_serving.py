@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from otel_gpu_census import report, serving
+from otel_gpu_census.report import render as report
+
+from otel_gpu_census.report import serving
 from otel_gpu_census.census import reader
 from otel_gpu_census.census.history import WindowHistory
-from otel_gpu_census.diagnose import Facts
-from otel_gpu_census.request_log import parse
+from otel_gpu_census.report.diagnose import Facts
+from otel_gpu_census.report.request_log import parse
 from serving_census import DENSE, GPU0, MS, S, clocks, model_load, serve
 
 MB = 1_000_000
@@ -180,7 +182,7 @@ def test_run_keeps_the_windows_of_its_commands_segments_while_it_runs(census_dir
     import threading
     import time
 
-    from otel_gpu_census import cli
+    from otel_gpu_census.cli import main as cli
     from otel_gpu_census.census import history
     monkeypatch.setattr(history, "READ_EVERY_S", 0.05)
 

@@ -454,7 +454,7 @@ def test_an_engines_spans_and_request_log_say_when_kernels_were_sampled(tagged, 
     from engine_standins import Census, Clock, in_memory_telemetry    # tests/support
     from otel_gpu_census import injector
     from otel_gpu_census.census import KernelTracing
-    from otel_gpu_census.integrations.engine_steps import StepEngine
+    from otel_gpu_census.integrations.engine.steps import StepEngine
 
     seg = tmp_path / "gpu-census-7-1.seg"
     monkeypatch.setattr(injector, "segment_path", lambda: str(seg))
@@ -592,7 +592,7 @@ def test_without_a_model_shape_the_flops_ledger_splits_by_tokens_and_says_so():
 
 
 def test_the_split_is_one_setting_and_a_bad_value_says_so(caplog):
-    from otel_gpu_census.integrations.engine_steps import ATTRIBUTION_ENV, attribution_method
+    from otel_gpu_census.integrations.engine.steps import ATTRIBUTION_ENV, attribution_method
     assert attribution_method({}) == METHOD and attribution_method({ATTRIBUTION_ENV: " Flops "}) == FLOPS_METHOD
     assert attribution_method({ATTRIBUTION_ENV: "time"}) == METHOD and "neither tokens nor flops" in caplog.text
 

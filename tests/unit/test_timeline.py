@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 
-from otel_gpu_census import explain, report, timeline
+from otel_gpu_census.report import explain
+
+from otel_gpu_census.report import render as report
+
+from otel_gpu_census.report import timeline
 from otel_gpu_census.census import reader
-from otel_gpu_census.diagnose import Facts
-from otel_gpu_census.request_log import RequestRecord
+from otel_gpu_census.report.diagnose import Facts
+from otel_gpu_census.report.request_log import RequestRecord
 from serving_census import GPU0, MS, S, clocks, to_wall
 
 W = 20 * MS

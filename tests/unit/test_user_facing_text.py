@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu_census import cli
+from otel_gpu_census.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [[], ["run"], ["report"], ["doctor"], ["proxy"]]

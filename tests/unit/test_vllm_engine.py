@@ -370,7 +370,7 @@ def test_the_engines_shutdown_work_finishes_before_a_sigterm_ends_it(monkeypatch
 def test_stop_signals_are_left_alone_off_the_main_thread():
     import signal
     import threading
-    from otel_gpu_census.integrations import final_flush
+    from otel_gpu_census.integrations.engine import final_flush
     seen = []
 
     def other():

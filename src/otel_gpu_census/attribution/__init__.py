@@ -9,8 +9,8 @@
 
 Imports run one way: this package reads ``census`` and nothing above it.
 """
-from .shares import NOTHING, Share, split_integer, split_weights
-from .windows import METHOD, UNATTRIBUTED, Attribution, Interval, attribute, bucket_fractions, bucket_weights
+from otel_gpu_census.attribution.shares import NOTHING, Share, split_integer, split_weights
+from otel_gpu_census.attribution.windows import METHOD, UNATTRIBUTED, Attribution, Interval, attribute, bucket_fractions, bucket_weights
 
 __all__ = ["NOTHING", "Share", "split_integer", "split_weights", "METHOD", "UNATTRIBUTED", "Attribution",
            "Interval", "attribute", "bucket_fractions", "bucket_weights"]

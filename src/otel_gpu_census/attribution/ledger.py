@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..census import (FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, DeviceTotals, KernelTime, ProcessCensus,
+from otel_gpu_census.census import (FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, DeviceTotals, KernelTime, ProcessCensus,
                       eager_mean_ns, folder, kernel_time, proctree, reader, spans_estimated, timed_modes)
-from .shares import NOTHING, Share
-from .windows import METHOD as WINDOW_METHOD
-from .windows import Interval, attribute
+from otel_gpu_census.attribution.shares import NOTHING, Share
+from otel_gpu_census.attribution.windows import METHOD as WINDOW_METHOD
+from otel_gpu_census.attribution.windows import Interval, attribute
 
 log = logging.getLogger("otel_gpu_census.attribution")
 

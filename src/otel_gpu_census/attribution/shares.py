@@ -12,7 +12,7 @@ from fractions import Fraction
 from math import gcd
 from typing import Dict, List, Sequence
 
-from ..census import DIRECTIONS, ZERO, Stat, Step, Window
+from otel_gpu_census.census import DIRECTIONS, ZERO, Stat, Step, Window
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
-from .._native import consts as _consts
-from ..census import KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
-from .cost_model import ModelShape, step_weights
-from .shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
+from otel_gpu_census._native import consts as _consts
+from otel_gpu_census.census import KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
+from otel_gpu_census.attribution.cost_model import ModelShape, step_weights
+from otel_gpu_census.attribution.shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
 """Value of the span attribute ``gpu_census.attribution.method``: kernels split by scheduled tokens."""

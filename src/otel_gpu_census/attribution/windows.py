@@ -39,8 +39,8 @@ from fractions import Fraction
 from math import gcd
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
-from ..census import Window
-from .shares import NOTHING, ROW_WIDTH, Share, split_weights
+from otel_gpu_census.census import Window
+from otel_gpu_census.attribution.shares import NOTHING, ROW_WIDTH, Share, split_weights
 
 METHOD = "time_window_shared"
 """Value of ``GpuCost.method`` (span attribute ``gpu_census.attribution.method``) for this rule."""

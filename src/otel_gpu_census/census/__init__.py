@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from .._native import consts as _c
+from otel_gpu_census._native import consts as _c
 
 # Copy directions and host memory kinds, in the order of the C enums gc_dir / gc_mem.
 DIRECTIONS: Tuple[str, ...] = ("htod", "dtoh", "dtod", "ptop", "htoh", "other")

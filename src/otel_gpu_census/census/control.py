@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Set, Tuple
 
-from . import ProcessCensus
-from .reader import SegmentError, read_segment, segment_file_pid, segment_paths
+from otel_gpu_census.census import ProcessCensus
+from otel_gpu_census.census.reader import SegmentError, read_segment, segment_file_pid, segment_paths
 
 FINISH = "census=finish\n"
 SUMMARY_TAIL = 256 * 1024            # the summary line is a few kB; a log's tail of this holds it

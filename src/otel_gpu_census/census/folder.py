@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .proctree import is_alive
-from .reader import SegmentError, read_segment, segment_file_pid, segment_paths
+from otel_gpu_census.census.proctree import is_alive
+from otel_gpu_census.census.reader import SegmentError, read_segment, segment_file_pid, segment_paths
 
 
 class CensusDirError(Exception):

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Dict, Tuple
 
-from . import DIRECTIONS, ProcessCensus, Stat, Window
+from otel_gpu_census.census import DIRECTIONS, ProcessCensus, Stat, Window
 
 READ_EVERY_S = 10.0
 MAX_KEPT_NS = 30 * 60 * 1_000_000_000      # ~90,000 buckets, ~25 MB at most

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Mapping, Optional
 
-from . import ProcessCensus
+from otel_gpu_census.census import ProcessCensus
 
 
 def _stat_fields(pid: int) -> Optional[List[bytes]]:

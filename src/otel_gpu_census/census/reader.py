@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from . import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
+from otel_gpu_census._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
+from otel_gpu_census.census import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
                Window)
-from .proctree import is_alive
+from otel_gpu_census.census.proctree import is_alive
 
 SEGMENT_GLOB = "gpu-census-*.seg"
 READ_TRIES = 500          # seqlock attempts (~0.5 s) before settling for a possibly torn copy: a live

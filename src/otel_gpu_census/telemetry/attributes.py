@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from ..attribution.ledger import GpuCost
-from ..attribution.shares import Share
-from ..census import DIRECTIONS, copy_times_measured, timed_modes
+from otel_gpu_census.attribution.ledger import GpuCost
+from otel_gpu_census.attribution.shares import Share
+from otel_gpu_census.census import DIRECTIONS, copy_times_measured, timed_modes
 
 ALWAYS_DIRECTIONS = ("htod", "dtoh")
 

@@ -32,10 +32,10 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from .. import census
-from ..census import DeviceTotals, ProcessCensus
-from ..version import __version__
-from .specs import COPY_DIRECTION, COPY_MEMORY, GPU, IO_DIRECTION, METER_NAME, PROCESS_EXE, PROCESS_PID, Spec, \
+from otel_gpu_census import census
+from otel_gpu_census.census import DeviceTotals, ProcessCensus
+from otel_gpu_census.version import __version__
+from otel_gpu_census.telemetry.specs import COPY_DIRECTION, COPY_MEMORY, GPU, IO_DIRECTION, METER_NAME, PROCESS_EXE, PROCESS_PID, Spec, \
     create_observable, gpu_attributes
 
 log = logging.getLogger("otel_gpu_census.metrics")
@@ -434,7 +434,7 @@ class ProcessTreeFilter:
     """
 
     def __init__(self, root_pid: int, parents: Optional[Mapping[int, int]] = None):
-        from ..census import proctree
+        from otel_gpu_census.census import proctree
         self._proctree = proctree
         self.root_pid = root_pid
         self.root_ticks = proctree.proc_start_ticks(root_pid) or 0
@@ -495,7 +495,7 @@ class ProcessTreeFilter:
 def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
     """A census source over one segment file (a process's own, for in-process hooks): its
     totals, or nothing while the file does not exist yet (CUDA not initialised)."""
-    from ..census import reader
+    from otel_gpu_census.census import reader
 
     def source() -> List[ProcessCensus]:
         if not os.path.exists(path):
@@ -507,7 +507,7 @@ def segment_file_source(path) -> Callable[[], List[ProcessCensus]]:
 def segment_source(census_dir, root_pid: Optional[int] = None,
                    parents: Optional[Mapping[int, int]] = None) -> Callable[[], List[ProcessCensus]]:
     """A census source over the segments in `census_dir` (only `root_pid`'s tree when given)."""
-    from ..census import reader
+    from otel_gpu_census.census import reader
     tree = ProcessTreeFilter(root_pid, parents) if root_pid else None
     reported: set = set()
 

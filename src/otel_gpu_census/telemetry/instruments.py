@@ -21,8 +21,8 @@ from typing import Dict, Optional
 
 from opentelemetry.metrics import MeterProvider, get_meter_provider
 
-from ..attribution.ledger import COMPLETE, PARTIAL, SETTLED, GpuCost
-from ..version import __version__
+from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, SETTLED, GpuCost
+from otel_gpu_census.version import __version__
 
 # Bucket boundaries advised by the GenAI semantic conventions.
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]

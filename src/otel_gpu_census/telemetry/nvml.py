@@ -26,8 +26,8 @@ from typing import Dict, List, Optional, Tuple
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from ..version import __version__
-from .specs import GPU, HW_DRIVER, HW_MODEL, HW_NAME, IO_DIRECTION, METER_NAME, Spec, create_observable, \
+from otel_gpu_census.version import __version__
+from otel_gpu_census.telemetry.specs import GPU, HW_DRIVER, HW_MODEL, HW_NAME, IO_DIRECTION, METER_NAME, Spec, create_observable, \
     gpu_attributes
 
 log = logging.getLogger("otel_gpu_census.metrics")

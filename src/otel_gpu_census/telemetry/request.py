@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ..version import __version__
-from . import redact
-from .attributes import gpu_attributes
-from .instruments import RequestInstruments
+from otel_gpu_census.version import __version__
+from otel_gpu_census.telemetry import redact
+from otel_gpu_census.telemetry.attributes import gpu_attributes
+from otel_gpu_census.telemetry.instruments import RequestInstruments
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from ..attribution.ledger import GpuCost
+    from otel_gpu_census.attribution.ledger import GpuCost
 
 log = logging.getLogger("otel_gpu_census.telemetry")
 

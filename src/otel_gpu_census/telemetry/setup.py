@@ -346,7 +346,7 @@ def _why(e: BaseException) -> str:
 
 
 def _add_prometheus(out: Exporting, port: Optional[int]) -> None:
-    from ..extras import missing
+    from otel_gpu_census.extras import missing
     lacking = missing("prometheus")
     if lacking:
         raise RuntimeError(lacking)

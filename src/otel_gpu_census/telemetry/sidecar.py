@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Callable, List, Mapping, Optional
 
-from ..census import ProcessCensus
-from .census_metrics import CENSUS_INSTRUMENTS, CensusMetrics, register_census_instruments, segment_source
-from .specs import METER_NAME
+from otel_gpu_census.census import ProcessCensus
+from otel_gpu_census.telemetry.census_metrics import CENSUS_INSTRUMENTS, CensusMetrics, register_census_instruments, segment_source
+from otel_gpu_census.telemetry.specs import METER_NAME
 
 log = logging.getLogger("otel_gpu_census.metrics")
 
@@ -34,7 +34,7 @@ class Sidecar:
 
     def descriptions(self) -> List[str]:
         """'metrics → …' lines saying where the metrics go."""
-        from .setup import metrics_descriptions
+        from otel_gpu_census.telemetry.setup import metrics_descriptions
         return metrics_descriptions(self._exporting)
 
     @property
@@ -79,7 +79,7 @@ def own_views() -> list:
     proxy's request histograms under ``run --proxy``, recorded inside spans) keep theirs."""
     from opentelemetry.sdk.metrics import ExemplarReservoir
     from opentelemetry.sdk.metrics.view import View
-    from .nvml import NVML_INSTRUMENTS
+    from otel_gpu_census.telemetry.nvml import NVML_INSTRUMENTS
 
     class NoExemplars(ExemplarReservoir):
         def offer(self, value, time_unix_nano, attributes, context) -> None:
@@ -107,7 +107,7 @@ def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional
     `source` replaces the segment folder (tests, or a caller with its own census source).
     Raises ``setup.ConfigError`` only for an invalid explicit `exporter` or interval.
     """
-    from . import setup as _exp
+    from otel_gpu_census.telemetry import setup as _exp
 
     names = _exp.choose_exporters(exporter)
     if not names:
@@ -119,7 +119,7 @@ def start_sidecar(census_dir, root_pid: Optional[int] = None, exporter: Optional
     provider = MeterProvider(metric_readers=exporting.readers, resource=_exp.make_resource(), views=own_views())
     sampler = None
     if nvml:
-        from . import nvml as _nvml
+        from otel_gpu_census.telemetry import nvml as _nvml
         sampler = _nvml.register_nvml_instruments(provider)
     # the GPUs NVML knows get their model, device node and driver on the census series too
     state = register_census_instruments(provider, source or segment_source(census_dir, root_pid, parents),

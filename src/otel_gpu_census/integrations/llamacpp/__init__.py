@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import List, Optional
 
-from .config import (ConfigError, ProxyConfig, add_proxy_arguments, config_from_args,
+from otel_gpu_census.integrations.llamacpp.config import (ConfigError, ProxyConfig, add_proxy_arguments, config_from_args,
                      upstream_from_server_args)
 
 __all__ = ["ProxyConfig", "ConfigError", "add_proxy_arguments", "config_from_args", "run_proxy",
@@ -98,11 +98,11 @@ class ProxyThread:
         return self
 
     def _main(self) -> None:
-        from .server import Proxy
+        from otel_gpu_census.integrations.llamacpp.server import Proxy
         tp, mp = self._providers
         try:
             if tp is None or mp is None:
-                from ...telemetry.setup import build_telemetry
+                from otel_gpu_census.telemetry.setup import build_telemetry
                 self._telemetry = build_telemetry(traces=tp is None, metrics=mp is None)
                 tp = tp or self._telemetry.tracer_provider
                 mp = mp or self._telemetry.meter_provider
@@ -147,7 +147,7 @@ def start_proxy_in_thread(config: ProxyConfig, tracer_provider=None, meter_provi
 
 def run_proxy(args: argparse.Namespace) -> int:
     """`otel-gpu-census proxy`: run until SIGINT/SIGTERM. Returns the exit status."""
-    from ...extras import missing
+    from otel_gpu_census.extras import missing
     lacking = missing("proxy")
     if lacking:
         _say(lacking)
@@ -158,8 +158,8 @@ def run_proxy(args: argparse.Namespace) -> int:
         _say(str(e))
         return 2
     logging.basicConfig(level=logging.WARNING, format="otel-gpu-census proxy: %(message)s")
-    from .server import Proxy
-    from ...telemetry.setup import build_telemetry
+    from otel_gpu_census.integrations.llamacpp.server import Proxy
+    from otel_gpu_census.telemetry.setup import build_telemetry
     try:
         tel = build_telemetry()
     except Exception as e:

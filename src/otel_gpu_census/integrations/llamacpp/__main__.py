@@ -1,8 +1,8 @@
-"""`python -m otel_gpu_census.proxy ...`: the same as `otel-gpu-census proxy ...`."""
+"""`python -m otel_gpu_census.integrations.llamacpp ...`: the same as `otel-gpu-census proxy ...`."""
 import argparse
 import sys
 
-from . import add_proxy_arguments, run_proxy
+from otel_gpu_census.integrations.llamacpp import add_proxy_arguments, run_proxy
 
 
 def main(argv=None) -> int:

@@ -10,8 +10,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from yarl import URL
 
-from ...argtypes import nonneg_float, positive_float
-from ...telemetry import redact
+from otel_gpu_census.cli.argtypes import nonneg_float, positive_float
+from otel_gpu_census.telemetry import redact
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_MAX_BODY_BYTES = 256 << 20       # a request body larger than this gets 413

@@ -49,16 +49,16 @@ from multidict import CIMultiDict
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ...attribution.ledger import CensusSource, GpuLedger
-from ...telemetry import redact
-from ...telemetry.loop_lag import LoopLagProbe
-from ...telemetry.request import RequestTelemetry, TrackedRequest
-from . import spans as spanattrs
-from . import connections
-from . import upstream as upstream_conn
-from .config import ProxyConfig, check_not_itself
-from .routes import LLAMACPP, Route, classify, untraced
-from .stream import BodyReader, parse_request_body
+from otel_gpu_census.attribution.ledger import CensusSource, GpuLedger
+from otel_gpu_census.telemetry import redact
+from otel_gpu_census.telemetry.loop_lag import LoopLagProbe
+from otel_gpu_census.telemetry.request import RequestTelemetry, TrackedRequest
+from otel_gpu_census.integrations.llamacpp import spans as spanattrs
+from otel_gpu_census.integrations.llamacpp import connections
+from otel_gpu_census.integrations.llamacpp import upstream as upstream_conn
+from otel_gpu_census.integrations.llamacpp.config import ProxyConfig, check_not_itself
+from otel_gpu_census.integrations.llamacpp.routes import LLAMACPP, Route, classify, untraced
+from otel_gpu_census.integrations.llamacpp.stream import BodyReader, parse_request_body
 
 log = logging.getLogger("otel_gpu_census.proxy")
 
@@ -792,7 +792,7 @@ def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
     another user planted there would pass for the server's."""
     from pathlib import Path
 
-    from ...census import folder
+    from otel_gpu_census.census import folder
     named = bool(config.census_dir)
     path = Path(config.census_dir) if named else folder.default_census_dir()
     shown = folder.show_path(path)

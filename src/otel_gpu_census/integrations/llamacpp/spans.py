@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from ...telemetry import redact
-from .stream import StreamFacts
+from otel_gpu_census.telemetry import redact
+from otel_gpu_census.integrations.llamacpp.stream import StreamFacts
 
 NOTE_STATE_SAVE = (
     "time-window attribution: this request's share of the GPU work in the 20 ms census buckets it was in "

@@ -22,7 +22,7 @@ set globally, as ``opentelemetry-instrument`` does), else to providers built fro
 process it does nothing and says so once; any failure of its own switches it off with one log line and
 SGLang serves on. Supported: see ``package._instruments``.
 """
-from .instrumentor import SglangInstrumentor, register
-from .package import _instruments
+from otel_gpu_census.integrations.sglang.instrumentor import SglangInstrumentor, register
+from otel_gpu_census.integrations.sglang.package import _instruments
 
 __all__ = ["SglangInstrumentor", "register", "_instruments"]

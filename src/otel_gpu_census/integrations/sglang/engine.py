@@ -17,7 +17,7 @@ segment, its own steps. Every rank
 
 Spans and request metrics come from one rank per group of ranks that share requests (attention-TP rank 0
 on the first pipeline stage), with that rank's GPU share; the other ranks' shares are in their request
-logs. The shared machinery (step ids, ledger, settling, request log) is ``integrations/engine_steps.py``.
+logs. The shared machinery (step ids, ledger, settling, request log) is ``integrations/engine/steps.py``.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import logging
 import time
 from typing import Any, Dict, Mapping, Optional
 
-from ...attribution.cost_model import ModelShape
-from ..engine_steps import SETTLE_PERIOD_S, StepEngine
+from otel_gpu_census.attribution.cost_model import ModelShape
+from otel_gpu_census.integrations.engine.steps import SETTLE_PERIOD_S, StepEngine
 
 log = logging.getLogger("otel_gpu_census.sglang")
 

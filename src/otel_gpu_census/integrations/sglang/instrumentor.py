@@ -39,10 +39,10 @@ from typing import Any, Callable, Collection, List, Tuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from ... import injector
-from .. import final_flush
-from ..guard import HookGuard, make_engine, start_integration
-from .package import _instruments
+from otel_gpu_census import injector
+from otel_gpu_census.integrations.engine import final_flush
+from otel_gpu_census.integrations.engine.guard import HookGuard, make_engine, start_integration
+from otel_gpu_census.integrations.sglang.package import _instruments
 
 log = logging.getLogger("otel_gpu_census.sglang")
 
@@ -53,7 +53,7 @@ _providers: Tuple[Any, Any] = (None, None)   # (tracer, meter) providers given t
 
 
 def _make_engine():
-    from .engine import SchedulerTelemetry
+    from otel_gpu_census.integrations.sglang.engine import SchedulerTelemetry
     return make_engine(SchedulerTelemetry, _providers)
 
 
@@ -78,7 +78,7 @@ def _set_external(obj, request) -> None:
     """Before SGLang reads the request: its trace headers on ``obj.external_trace_header``, as SGLang's
     own tracing puts them there when it is on (with it off SGLang reads them nowhere), plus the
     operation. Sub-requests (a batch, n > 1) are copies of obj and inherit them."""
-    from .engine import operation_for
+    from otel_gpu_census.integrations.sglang.engine import operation_for
     headers = request.headers
     ext = {k: headers[k] for k in TRACE_HEADERS if k in headers}
     ext[OPERATION_KEY] = operation_for(getattr(getattr(request, "url", None), "path", "") or "")
@@ -88,7 +88,7 @@ def _set_external(obj, request) -> None:
 def _keep_trace_context(tm, obj) -> None:
     """After SGLang made the request's state: the context goes on its time stats, which SGLang pickles
     to the scheduler (ReqTimeStatsBase.__getstate__ below adds it to what SGLang sends)."""
-    from .engine import CARRY_KEY
+    from otel_gpu_census.integrations.sglang.engine import CARRY_KEY
     ext = getattr(obj, "external_trace_header", None)
     ext = ext if isinstance(ext, dict) else {}
     carried = {k: ext[k] for k in TRACE_HEADERS if isinstance(ext.get(k), str)}
@@ -115,7 +115,7 @@ def _init_req_state(original, self, *args, **kwargs):
 
 def _getstate(result, self, *args, **kwargs):
     """AFTER ReqTimeStatsBase.__getstate__: our carried context goes along (SGLang lists its keys)."""
-    from .engine import CARRY_KEY
+    from otel_gpu_census.integrations.sglang.engine import CARRY_KEY
     carried = self.__dict__.get(CARRY_KEY)
     if carried and isinstance(result, dict) and not GUARD.off:
         result[CARRY_KEY] = carried
@@ -124,7 +124,7 @@ def _getstate(result, self, *args, **kwargs):
 
 def _new_from_obj(result, cls, obj=None, *args, **kwargs):
     """AFTER ReqTimeStatsBase.new_from_obj: SGLang copies only the keys its new class declares."""
-    from .engine import CARRY_KEY
+    from otel_gpu_census.integrations.sglang.engine import CARRY_KEY
     carried = getattr(obj, "__dict__", {}).get(CARRY_KEY) if obj is not None else None
     if carried and result is not None and not GUARD.off:
         result.__dict__[CARRY_KEY] = carried

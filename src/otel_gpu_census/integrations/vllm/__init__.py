@@ -26,7 +26,7 @@ vLLM's ``--otlp-traces-endpoint``, when set, is where the spans go unless
 process it does nothing and says so once; any failure of its own switches it off with one log line
 and vLLM serves on. Supported: see ``package._instruments``.
 """
-from .instrumentor import VllmInstrumentor, register
-from .package import _instruments
+from otel_gpu_census.integrations.vllm.instrumentor import VllmInstrumentor, register
+from otel_gpu_census.integrations.vllm.package import _instruments
 
 __all__ = ["VllmInstrumentor", "register", "_instruments"]

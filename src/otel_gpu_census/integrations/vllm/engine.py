@@ -30,7 +30,7 @@ round, ours under vLLM's, would leave ours without a parent for every request vL
 those its clients abort.)
 
 The engine-neutral part (step and sub-step ids, settling, the request log, shutdown) is
-``integrations/engine_steps.py``, which the SGLang integration shares. Everything here runs inside
+``integrations/engine/steps.py``, which the SGLang integration shares. Everything here runs inside
 vLLM's engine loop, so the hot path only counts and appends: no reads, no locks held across calls, no
 allocation beyond a dict copy per step. Failures never reach vLLM: the instrumentor's guards turn any
 exception into "integration off" with one log line.
@@ -45,13 +45,13 @@ import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ...attribution.cost_model import ModelShape
-from ...census import proctree
-from ...telemetry.attributes import share_attributes
-from ..engine_steps import SETTLE_PERIOD_S, RequestLog, StepEngine  # noqa: F401  (their old home)
-from ..engine_steps import extract as _extract  # noqa: F401
-from .kv_offload import LOAD, STORE, KvTransfers
-from .ranks import RankCensus
+from otel_gpu_census.attribution.cost_model import ModelShape
+from otel_gpu_census.census import proctree
+from otel_gpu_census.telemetry.attributes import share_attributes
+from otel_gpu_census.integrations.engine.steps import SETTLE_PERIOD_S, RequestLog, StepEngine  # noqa: F401  (their old home)
+from otel_gpu_census.integrations.engine.steps import extract as _extract  # noqa: F401
+from otel_gpu_census.integrations.vllm.kv_offload import LOAD, STORE, KvTransfers
+from otel_gpu_census.integrations.vllm.ranks import RankCensus
 
 log = logging.getLogger("otel_gpu_census.vllm")
 

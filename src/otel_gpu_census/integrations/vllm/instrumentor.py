@@ -38,11 +38,11 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from ..guard import HookGuard, make_engine, start_integration
-from .. import final_flush
-from . import kv_offload, ubatch
-from .engine import mark_children
-from .package import _instruments
+from otel_gpu_census.integrations.engine.guard import HookGuard, make_engine, start_integration
+from otel_gpu_census.integrations.engine import final_flush
+from otel_gpu_census.integrations.vllm import kv_offload, ubatch
+from otel_gpu_census.integrations.vllm.engine import mark_children
+from otel_gpu_census.integrations.vllm.package import _instruments
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -52,7 +52,7 @@ _providers: Tuple[Any, Any] = (None, None)   # (tracer, meter) providers given t
 
 
 def _make_engine():
-    from .engine import EngineTelemetry
+    from otel_gpu_census.integrations.vllm.engine import EngineTelemetry
     return make_engine(EngineTelemetry, _providers)
 
 
@@ -67,7 +67,7 @@ _instrumented = False
 def _trace_headers_from(instance, headers, got):
     """The request's trace headers: the caller's context (with vLLM's tracing off too) and, always, the
     operation (the engine learns it from nothing else)."""
-    from .engine import OPERATION_HEADER, operation_of
+    from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, operation_of
     out = dict(got or {})
     if "traceparent" not in out:
         out.update({k: headers[k] for k in ("traceparent", "tracestate") if k in headers})

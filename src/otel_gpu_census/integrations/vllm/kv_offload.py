@@ -37,7 +37,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import wrapt
 
-from ... import injector
+from otel_gpu_census import injector
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -174,7 +174,7 @@ def wrap_submits(cls) -> None:
 
 def _submit(kind: str, gpu_arg: int):
     def hook(wrapped, instance, args, kwargs):
-        from . import instrumentor as vi
+        from otel_gpu_census.integrations.vllm import instrumentor as vi
         if vi.GUARD.current is not None and not vi.GUARD.off:
             vi.GUARD("kv submit", _note_submit, vi.GUARD.current, kind, gpu_arg, args, kwargs)
         return wrapped(*args, **kwargs)

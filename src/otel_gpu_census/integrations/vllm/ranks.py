@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ...census import folder, proctree, reader
+from otel_gpu_census.census import folder, proctree, reader
 
 log = logging.getLogger("otel_gpu_census.vllm")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from ... import injector
+from otel_gpu_census import injector
 
 _pushed = threading.local()          # whether this thread pushed a step on entering its context
 

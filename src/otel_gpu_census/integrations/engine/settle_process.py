@@ -5,7 +5,7 @@ in a thread inside the engine, holds the GIL the engine's loop needs: about a mi
 request, several per cent of a core at tens of requests a second. So by default an engine keeps
 only what must happen on its own thread (step ids pushed and popped, the step's tokens, request
 boundaries, all recorded as plain tuples) and a child process does the rest: it replays those records
-into the same :class:`~otel_gpu_census.integrations.engine_steps.StepEngine` subclass, which reads the engine's
+into the same :class:`~otel_gpu_census.integrations.engine.steps.StepEngine` subclass, which reads the engine's
 census segment, settles, writes the request log and exports, exactly as the thread did.
 
 The engine side (:class:`Remote`): calls append one tuple to a deque (atomic under the GIL); a shipper
@@ -21,7 +21,7 @@ knew are lost), and the requests that had ended and were not acknowledged are co
 (``gpu_census.requests.dropped``, the request log's summary), an upper bound: the dead child may have
 exported some of them. After that the engine settles in a thread itself. The engine is never blocked.
 
-The child (``python -m otel_gpu_census.integrations.settle_process``): reads batches, applies them,
+The child (``python -m otel_gpu_census.integrations.engine.settle_process``): reads batches, applies them,
 settles every settle period; the final settle, the request log's summary and the export flush come
 when the engine's census has ended (``census=finish``: a stopping manager waits for that summary) and
 again, for anything after it, when the engine says shutdown or its stdin closes (the engine exited or
@@ -130,7 +130,7 @@ class Remote:
     # -- the child --------------------------------------------------------------------------------
     def _start(self) -> Optional[subprocess.Popen]:
         env = {k: v for k, v in os.environ.items() if k != "CUDA_INJECTION64_PATH"}   # it has no GPU work
-        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cls = type(self._engine)
         try:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .census import ATTACH_CUINIT, GRAPHS_LAUNCH, ProcessCensus
+from otel_gpu_census.census import ATTACH_CUINIT, GRAPHS_LAUNCH, ProcessCensus
 
-PRICES_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "census_cost_prices.json"
+PRICES_FILE = Path(__file__).resolve().parents[3] / "bench" / "results" / "census_cost_prices.json"
 PRICE_NAMES = ("EAGER_KERNEL_S", "SET_UP_EAGER_S", "GRAPH_NODE_PER_LAUNCH_S", "GRAPH_NODE_AFTER_CONTEXT_S",
                "GRAPH_NODE_PER_NODE_S", "COPY_S", "CALLS_LAUNCH_S", "CALLS_COPY_S", "CALLS_GRAPH_NODE_S",
                "WRAPPED_LAUNCH_S", "WRAPPED_GRAPH_LAUNCH_S", "PAIR_EAGER_S", "PAIR_GRAPH_S", "PAIR_GRAPH_UNGATED_S")

@@ -44,14 +44,14 @@ import time
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .. import injector
-from ..attribution.cost_model import ModelShape
-from ..attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
-from ..attribution.shares import Share
-from ..attribution.steps import FLOPS_METHOD, METHOD, METHODS, StepLedger
-from ..census import reader
-from ..telemetry.attributes import share_attributes
-from . import settle_process
+from otel_gpu_census import injector
+from otel_gpu_census.attribution.cost_model import ModelShape
+from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
+from otel_gpu_census.attribution.shares import Share
+from otel_gpu_census.attribution.steps import FLOPS_METHOD, METHOD, METHODS, StepLedger
+from otel_gpu_census.census import reader
+from otel_gpu_census.telemetry.attributes import share_attributes
+from otel_gpu_census.integrations.engine import settle_process
 
 log = logging.getLogger("otel_gpu_census.engine")
 
@@ -364,7 +364,7 @@ class StepEngine:
         from opentelemetry.metrics import NoOpMeterProvider
         from opentelemetry.trace import NoOpTracerProvider
 
-        from ..telemetry.request import RequestTelemetry
+        from otel_gpu_census.telemetry.request import RequestTelemetry
         self._telemetry = RequestTelemetry(NoOpTracerProvider(), NoOpMeterProvider(),
                                            provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)
 
@@ -533,8 +533,8 @@ class StepEngine:
     # -- providers ----------------------------------------------------------------------------------
     def telemetry(self):
         if self._telemetry is None:
-            from ..telemetry.request import RequestTelemetry
-            from ..telemetry.setup import engine_telemetry
+            from otel_gpu_census.telemetry.request import RequestTelemetry
+            from otel_gpu_census.telemetry.setup import engine_telemetry
             tel = engine_telemetry(*self.providers)
             self._providers = (tel.tracer_provider, tel.meter_provider)
             self._telemetry = RequestTelemetry(tel.tracer_provider, tel.meter_provider,

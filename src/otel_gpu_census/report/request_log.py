@@ -176,7 +176,7 @@ def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord
 
 
 def load(path: str) -> List[RequestRecord]:
-    from .census.folder import show_path          # a file name as a message shows it (escaped)
+    from otel_gpu_census.census.folder import show_path          # a file name as a message shows it (escaped)
     name = show_path(path)
     try:
         with open(path, encoding="utf-8") as f:

@@ -114,13 +114,13 @@ def _cupti_version(path: Path) -> Optional[tuple]:
 
 
 def check_cupti(facts: Facts) -> List[Check]:
-    from .launcher import CUPTI_SONAME, find_cupti
+    from otel_gpu_census.cli.launcher import CUPTI_SONAME, find_cupti
     path = find_cupti()
     if path is None:
         where = os.environ.get("OTEL_GPU_CENSUS_CUPTI")
         detail = (f"OTEL_GPU_CENSUS_CUPTI={where} does not exist" if where else
                   f"{CUPTI_SONAME} not found in the nvidia-cuda-cupti wheel, ldconfig's cache or /usr/local/cuda")
-        from .extras import install_line
+        from otel_gpu_census.extras import install_line
         return [Check(WARN, "CUPTI", f"{detail}: the default census does not need it, the precise one "
                       f"(run --activity on) does: {install_line('cupti')}")]
     try:
@@ -143,7 +143,7 @@ def check_cupti(facts: Facts) -> List[Check]:
 
 
 def check_injector(facts: Facts) -> List[Check]:
-    from . import _native
+    from otel_gpu_census import _native
     path = _native.find_library()
     if path is None:
         where = ", ".join(str(p) for p in _native.library_candidates())
@@ -212,7 +212,7 @@ def check_preload(facts: Facts) -> List[Check]:
 
 def check_census_dir(facts: Facts) -> List[Check]:
     import tempfile
-    from .census import folder
+    from otel_gpu_census.census import folder
     try:
         d = folder.census_dir()
         with tempfile.NamedTemporaryFile(dir=d, prefix=".doctor-"):
@@ -248,8 +248,8 @@ def check_environment(facts: Facts) -> List[Check]:
 
 def check_exporters(facts: Facts) -> List[Check]:
     """Exporters are optional: one that cannot be imported is a warning saying why (a missing extra: which)."""
-    from .extras import missing
-    from .telemetry.setup import exporter_class
+    from otel_gpu_census.extras import missing
+    from otel_gpu_census.telemetry.setup import exporter_class
     ok, out = [], []
     for label, entry in (("OTLP grpc", "otlp_proto_grpc"), ("OTLP http/protobuf", "otlp_proto_http")):
         try:

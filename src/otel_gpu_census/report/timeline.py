@@ -27,8 +27,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .census import FLAG_RING_OVERRUN, KERNELS_ALL, KERNELS_COUNTED, ProcessCensus, Stat, Window
-from .request_log import RequestRecord
+from otel_gpu_census.census import FLAG_RING_OVERRUN, KERNELS_ALL, KERNELS_COUNTED, ProcessCensus, Stat, Window
+from otel_gpu_census.report.request_log import RequestRecord
 
 RING_SLOTS = 2048          # GC_WINDOW_SLOTS: buckets older than the newest minus this are gone
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import serving
-from . import timeline as tl_mod
-from .census import KERNELS_OFF, ProcessCensus
-from .engine_requests import for_segments
-from .figures import exact, plural, seconds, share, size
-from .request_log import RequestRecord, peak_in_flight
-from .timeline import Slot, Timeline
+from otel_gpu_census.report import serving
+from otel_gpu_census.report import timeline as tl_mod
+from otel_gpu_census.census import KERNELS_OFF, ProcessCensus
+from otel_gpu_census.report.engine_requests import for_segments
+from otel_gpu_census.report.figures import exact, plural, seconds, share, size
+from otel_gpu_census.report.request_log import RequestRecord, peak_in_flight
+from otel_gpu_census.report.timeline import Slot, Timeline
 
 MB = 1_000_000
 

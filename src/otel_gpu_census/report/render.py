@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import cost, explain, serving
-from .census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
+from otel_gpu_census.report import cost
+
+from otel_gpu_census.report import explain
+
+from otel_gpu_census.report import serving
+from otel_gpu_census.census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
                      KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, KernelTime,
                      ProcessCensus, Stat, merge_devices)
-from .figures import DIRECTION_LABELS, UNITS_NOTE, exact, human_size, per, percent, plural, seconds, size
+from otel_gpu_census.report.figures import DIRECTION_LABELS, UNITS_NOTE, exact, human_size, per, percent, plural, seconds, size
 
 PEER_RECEIVED_LABEL = "peer-to-peer received"   # DeviceTotals.peer_recv: copies other devices sent here
 HOST_DIRECTIONS = ("htod", "dtoh", "htoh")    # a host side exists: split pageable / pinned
@@ -579,7 +583,7 @@ def _per_request_lines(pr: dict, processes: int) -> List[str]:
 
 def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
     """Per-request figures from the requests an engine integration logged beside its segment."""
-    from . import engine_requests
+    from otel_gpu_census.report import engine_requests
     lines = []
     for log in engine_requests.for_segments([c.path for c in censuses]):
         fig = engine_requests.figures(log)

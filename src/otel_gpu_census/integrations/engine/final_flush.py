@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Iterable
 
-from .. import injector
+from otel_gpu_census import injector
 
 FINISH_WAIT_S = 2.5     # the flusher answers within one flush period (1 s), the engine's settler
                         # writes its summary within its period (0.25 s) after that; never more at a stop
@@ -27,7 +27,7 @@ def finish_censuses(pids: Iterable[int], label: str, log: logging.Logger, exclud
     pids = [p for p in pids if p]
     if not directory or not pids or not injector.under_census():
         return
-    from ..census import control
+    from otel_gpu_census.census import control
     asked, done = control.finish(directory, pids, FINISH_WAIT_S, exclude=exclude)
     if asked > done:
         log.info("otel-gpu-census: %d of %d %s censuses did not finish within %.1f s of the stop",

@@ -59,7 +59,7 @@ def make_engine(cls, providers: Tuple[Any, Any]) -> Any:
     instrumentor was given. Providers that are objects of this process (given, or the application's own:
     telemetry.setup.providers_in_process) keep settling in a thread here: a settling child could not reach
     them."""
-    from ..telemetry.setup import providers_in_process
+    from otel_gpu_census.telemetry.setup import providers_in_process
     eng = cls(settle_in="thread" if providers_in_process(*providers) else None)
     eng.providers = providers
     return eng
@@ -69,7 +69,7 @@ def start_integration(name: str, label: str, how: str, instrument: Callable[[], 
     """An engine plugin entry point's whole work: `instrument()` unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS
     names `name` or the process is not under the census. Never raises (the engine would not start): at
     worst one log line and the engine runs uninstrumented. `how`: the command that starts it under the census."""
-    from .. import injector
+    from otel_gpu_census import injector
     try:
         if disabled_by_env(name):
             log.info("otel-gpu-census: %s integration disabled by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", label)

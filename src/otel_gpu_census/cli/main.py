@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from typing import Dict, List, Optional
-from .argtypes import positive_float, positive_int, ratio, request_counts
+from otel_gpu_census.cli.argtypes import positive_float, positive_int, ratio, request_counts
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -113,7 +113,7 @@ class _Child:
     """
 
     def __init__(self, argv: List[str], env: Dict[str, str]):
-        from .census import proctree
+        from otel_gpu_census.census import proctree
         own_group = not _terminal_foreground()
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         try:
@@ -169,7 +169,7 @@ class _Child:
             pass
 
     def _watch_tree(self) -> None:
-        from .census import proctree
+        from otel_gpu_census.census import proctree
         # Processes between the command and a CUDA program (a shell, a launcher script) write no
         # segment; remembering them keeps their CUDA descendants in this run's report.
         while not self.exited.wait(0.5):
@@ -224,9 +224,9 @@ def _start_metrics(args, census_dir, root_pid: int):
     if args.exporter == "none" or (args.exporter is None and not any(os.environ.get(v) for v in _METRICS_ENV)):
         return None      # not asked for: do not even import the OpenTelemetry SDK
     try:
-        from .telemetry import sidecar
+        from otel_gpu_census.telemetry import sidecar
     except ModuleNotFoundError as e:
-        if e.name == f"{__package__}.telemetry.sidecar":
+        if e.name == "otel_gpu_census.telemetry.sidecar":
             _say("metrics export is not available in this build; continuing without")
         else:
             _say(f"metrics export needs {e.name}, which is not installed; continuing without")
@@ -265,9 +265,9 @@ def _cmd_run(args) -> int:
         args.parser.error("no command given (usage: run [options] -- CMD ARGS...)")
     if args.upstream and args.proxy is None:
         args.parser.error("--upstream goes with --proxy HOST:PORT")
-    from . import report  # noqa: F401  (imported before the command starts: a broken install shows then)
-    from .census import folder
-    from .launcher import census_env
+    from otel_gpu_census.report import render  # noqa: F401  (imported before the command starts: a broken install shows then)
+    from otel_gpu_census.census import folder
+    from otel_gpu_census.cli.launcher import census_env
     try:
         census_dir = folder.census_dir(args.dir)
     except folder.CensusDirError as e:
@@ -325,9 +325,9 @@ def _cmd_run(args) -> int:
 
 def _after_the_command(args, census_dir, plan, child: "_Child", proxy, sidecar, json_out, keeper) -> None:
     """Stop the proxy and the metrics, print the report to stderr (and the JSON one to --json)."""
-    from . import report
-    from .census import proctree, reader
-    from .diagnose import Facts
+    from otel_gpu_census.report import render as report
+    from otel_gpu_census.census import proctree, reader
+    from otel_gpu_census.report.diagnose import Facts
     keeper.join()
     records = None
     if proxy is not None:
@@ -362,14 +362,14 @@ class _WindowKeeper:
     Never fatal: a read that fails is skipped."""
 
     def __init__(self, census_dir, child: "_Child"):
-        from .census.history import READ_EVERY_S, WindowHistory
+        from otel_gpu_census.census.history import READ_EVERY_S, WindowHistory
         self.history = WindowHistory()
         self._dir, self._child, self._every = census_dir, child, READ_EVERY_S
         self._thread = threading.Thread(target=self._run, name="window-keeper", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        from .census import reader
+        from otel_gpu_census.census import reader
         while not self._child.exited.wait(self._every):
             try:
                 pids = {self._child.pid} | set(self._child.parents.copy())
@@ -391,7 +391,7 @@ class _WindowKeeper:
 
 def _served(proxy) -> Optional[list]:
     """The requests the proxy served, as request records (start, end, first token), for the report."""
-    from .request_log import RequestRecord
+    from otel_gpu_census.report.request_log import RequestRecord
     try:
         return [RequestRecord(a, b, f if f is not None and a <= f <= b else None)
                 for a, b, f in sorted(proxy.served()) if 0 < a <= b] or None
@@ -403,13 +403,13 @@ def _served(proxy) -> Optional[list]:
 def _proxy_plan(args, argv: List[str], env: Dict[str, str]):
     """The proxy `run --proxy` starts beside the command, checked before the command starts: a
     ProxyConfig without the server's pid, or an exit status after saying what is wrong."""
-    from .extras import missing
+    from otel_gpu_census.extras import missing
     lacking = missing("proxy")
     if lacking:
         _say(f"--proxy: {lacking}")
         return 1
-    from .integrations.llamacpp import ConfigError, ProxyConfig
-    from .integrations.llamacpp.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
+    from otel_gpu_census.integrations.llamacpp import ConfigError, ProxyConfig
+    from otel_gpu_census.integrations.llamacpp.config import check_not_itself, check_upstream, parse_host_port, upstream_from_server_args
     try:
         host, port = parse_host_port(args.proxy, "--proxy")
         if args.upstream:
@@ -451,7 +451,7 @@ def _start_proxy(plan, census_dir, child: "_Child", sidecar=None):
     as --exporter chose."""
     import dataclasses
 
-    from .integrations.llamacpp import start_proxy_in_thread
+    from otel_gpu_census.integrations.llamacpp import start_proxy_in_thread
     cfg = dataclasses.replace(plan, census_dir=str(census_dir), upstream_pid=child.pid)
     meter_provider = getattr(sidecar, "meter_provider", None)
     try:
@@ -480,12 +480,12 @@ def _stop_proxy(handle) -> None:
 
 def _errors_in_tree(errors, pids):
     """Unreadable segments whose file name says they belong to one of `pids`."""
-    from .census.reader import segment_file_pid
+    from otel_gpu_census.census.reader import segment_file_pid
     return [e for e in errors if (segment_file_pid(e.path) or (0, 0))[0] in pids]
 
 
 def _say_errors(errors) -> None:
-    from .report import printable
+    from otel_gpu_census.report.render import printable
     for e in errors:
         _say(printable(f"could not read {e.path}: {e.reason}"))
 
@@ -494,10 +494,10 @@ def _say_errors(errors) -> None:
 # report
 
 def _cmd_report(args) -> int:
-    from . import report
-    from .census import folder, proctree, reader
+    from otel_gpu_census.report import render as report
+    from otel_gpu_census.census import folder, proctree, reader
     if args.diff:
-        from .diff import run_diff
+        from otel_gpu_census.report.diff import run_diff
         return run_diff(args, _say)
     if isinstance(args.requests, tuple):
         args.parser.error("--requests NA,NB goes with --diff")
@@ -548,10 +548,10 @@ def _cmd_report(args) -> int:
 
 def _report_facts(args):
     """What report knows besides the census (diagnose.Facts), or an exit status after saying why not."""
-    from .diagnose import Facts
+    from otel_gpu_census.report.diagnose import Facts
     records = None
     if args.request_log:
-        from .request_log import RequestLogError, load
+        from otel_gpu_census.report.request_log import RequestLogError, load
         try:
             records = load(args.request_log)
         except RequestLogError as e:
@@ -564,18 +564,18 @@ def _report_facts(args):
 # doctor, proxy
 
 def _cmd_doctor(args) -> int:
-    from . import doctor
+    from otel_gpu_census.cli import doctor
     return doctor.main()
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     """The proxy's options live with the proxy (otel_gpu_census.integrations.llamacpp.config)."""
-    from .integrations.llamacpp import add_proxy_arguments as add
+    from otel_gpu_census.integrations.llamacpp import add_proxy_arguments as add
     add(parser)
 
 
 def _cmd_proxy(args) -> int:
-    from .integrations.llamacpp import run_proxy
+    from otel_gpu_census.integrations.llamacpp import run_proxy
     return run_proxy(args)
 
 
@@ -583,8 +583,8 @@ def _cmd_proxy(args) -> int:
 
 def _cmd_env(args) -> int:
     import shlex
-    from .census import folder
-    from .launcher import census_env, census_variables
+    from otel_gpu_census.census import folder
+    from otel_gpu_census.cli.launcher import census_env, census_variables
     try:
         census_dir = folder.census_dir(args.dir)
     except folder.CensusDirError as e:
@@ -692,8 +692,8 @@ def _unavailable(verb: str, error: Exception) -> int:
 
 
 def _version() -> str:
-    from ._native import LAYOUT_VERSION
-    from .version import installed_version
+    from otel_gpu_census._native import LAYOUT_VERSION
+    from otel_gpu_census.version import installed_version
     return f"{PROG} {installed_version() or '(not installed)'}, segment layout {LAYOUT_VERSION}"
 
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import timeline as tl_mod
-from .census import DIRECTIONS, KernelTime, ProcessCensus, Stat, Window
-from .request_log import RequestRecord
+from otel_gpu_census.report import timeline as tl_mod
+from otel_gpu_census.census import DIRECTIONS, KernelTime, ProcessCensus, Stat, Window
+from otel_gpu_census.report.request_log import RequestRecord
 
 STARTUP_KERNELS = 0.05      # start-up's kernels (warm-up, graph capture) are a small share of a served run's
 PAUSE_NS = 250_000_000      # no GPU work this long ends start-up: a server that has loaded waits for its first

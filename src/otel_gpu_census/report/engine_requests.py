@@ -1,5 +1,5 @@
 """The requests an engine integration saw, as it logged them beside its census segment
-(``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/engine_steps.py`` for vLLM and SGLang): for ``report``, which
+(``gpu-census-<pid>-<start>.requests.jsonl``, written by ``integrations/engine/steps.py`` for vLLM and SGLang): for ``report``, which
 prints per-request figures from them, so ``--requests N`` is not needed for an engine it hooks. Under
 sampled kernel tracing a line's kernel figures are a sample (its ``kernel_traced_ratio``): ``report``
 says so and shows the scaled estimate beside them (:func:`kernel_sample`). Under counted kernel tracing

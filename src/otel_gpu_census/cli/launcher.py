@@ -88,7 +88,7 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
     An injection path the user already set (Nsight Systems, another tool) is left alone: the
     command runs as the user asked and the census is off for this run, with a warning.
     """
-    from . import _native
+    from otel_gpu_census import _native
     env = dict(os.environ if base is None else base)
     env["OTEL_GPU_CENSUS_DIR"] = str(census_dir)
     plan = LaunchPlan(env=env, census_on=False)
@@ -141,7 +141,7 @@ def census_env(census_dir: Path, precise: bool = False, base: Optional[Mapping[s
         if lib not in kept:
             plan.env["LD_PRELOAD"] = ":".join([lib] + kept)
     if collector == "precise" and plan.census_on and plan.cupti is None:
-        from .extras import needs
+        from otel_gpu_census.extras import needs
         plan.warnings.append(f"no {CUPTI_SONAME} found: {needs('cupti')} (or a CUDA toolkit's, or "
                              "OTEL_GPU_CENSUS_CUPTI=PATH)")
     return plan

@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from . import serving
-from .census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, KernelTime, ProcessCensus, Stat
-from .figures import DIRECTION_LABELS, UNITS_NOTE, exact, per, seconds
-from .report import HOST_DIRECTIONS, kernel_times
+from otel_gpu_census.report import serving
+from otel_gpu_census.census import DIRECTIONS, MEMORY_KINDS, DeviceTotals, KernelTime, ProcessCensus, Stat
+from otel_gpu_census.report.figures import DIRECTION_LABELS, UNITS_NOTE, exact, per, seconds
+from otel_gpu_census.report.render import HOST_DIRECTIONS, kernel_times
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class RunError(Exception):
 
 def load_run(path: str, requests: Optional[int] = None) -> Run:
     """A run from a census folder or one segment file; RunError (one line) when it has no segment."""
-    from .census import folder, reader
+    from otel_gpu_census.census import folder, reader
     if os.path.isfile(path):
         try:
             return Run(path, [reader.read_segment(path)], requests)

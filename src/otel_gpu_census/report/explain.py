@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence
 
-from . import diagnose as dg
-from . import engine_requests, serving
-from . import timeline as tl_mod
-from .census import ProcessCensus
-from .figures import seconds
-from .request_log import RequestRecord
+from otel_gpu_census.report import diagnose as dg
+from otel_gpu_census.report import engine_requests
+from otel_gpu_census.report import serving
+from otel_gpu_census.report import timeline as tl_mod
+from otel_gpu_census.census import ProcessCensus
+from otel_gpu_census.report.figures import seconds
+from otel_gpu_census.report.request_log import RequestRecord
 
 SPLIT_NOTE = ("kernels: kernel time in each 20 ms window, capped at the window (concurrent kernels add up); "
               "copies only: copy and memset time the kernels left; nothing: the rest")
