@@ -164,6 +164,8 @@ def start_servers(out: Path, census_base: Path, run_args: List[str], gpu_mem: fl
 
 
 def main(argv=None) -> int:
+    global T0
+    T0 = time.time()           # the budget counts from this run, not from the import
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="the JSON result (a .json path)")
     ap.add_argument("--per-class", type=int, default=12, help="requests of each class (four classes)")

@@ -5,7 +5,7 @@
 |--------------|-----------------------------------------------------|-------------------------------|
 | `proxy`      | the tracing proxy (`proxy`, `run --proxy`)          | aiohttp, yarl, multidict      |
 | `prometheus` | a Prometheus scrape endpoint                        | opentelemetry.exporter.prometheus, prometheus_client |
-| `cupti`      | libcupti for the precise census (`run --activity on`) | (a shared library, found by `launcher.find_cupti`) |
+| `cupti`      | libcupti for the precise census (`run --precise`)      | (a shared library, found by `launcher.find_cupti`) |
 """
 from __future__ import annotations
 

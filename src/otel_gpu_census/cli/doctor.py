@@ -122,7 +122,7 @@ def check_cupti(facts: Facts) -> List[Check]:
                   f"{CUPTI_SONAME} not found in the nvidia-cuda-cupti wheel, ldconfig's cache or /usr/local/cuda")
         from otel_gpu_census.extras import install_line
         return [Check(WARN, "CUPTI", f"{detail}: the default census does not need it, the precise one "
-                      f"(run --activity on) does: {install_line('cupti')}")]
+                      f"(run --precise) does: {install_line('cupti')}")]
     try:
         ctypes.CDLL(str(path))
     except OSError as e:

@@ -46,18 +46,16 @@ _COPY = _PROC + (COPY_DIRECTION, COPY_MEMORY)
 
 CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
     Spec("gpu_census.kernel.count", "counter", "{kernel}", _PROC,
-         "Kernels that ran (each node of a CUDA graph counts once); exact with counted kernel tracing too."),
+         "Kernels that ran (each node of a CUDA graph counts once); exact under both collectors."),
     Spec("gpu_census.kernel.time", "counter", "s", _PROC,
-         "Summed kernel durations; concurrent kernels add up, so this can exceed wall time. With counted "
-         "kernel tracing (the default) an estimate: graph spans plus eager launches priced at the mean "
+         "Summed kernel durations; concurrent kernels add up, so this can exceed wall time. Under the "
+         "default collector an estimate: graph spans plus eager launches priced at the mean "
          "duration of the eager kernels sampled (kept from going back as the mean moves)."),
     Spec("gpu_census.busy.time", "counter", "s", _PROC,
          "Time with at least one of the process's kernels running (union of kernel intervals)."),
     Spec("gpu_census.kernel.traced.time", "counter", "s", _PROC,
-         "Time the census traced kernels in the process: its whole life under the precise collector, "
-         "the sampled phases with ON_MS/PERIOD_MS and counted (kernel records), 0 with off. Busy time, and "
-         "with ON_MS/PERIOD_MS kernel time, divided by this is exact for the traced time (copies are "
-         "always complete)."),
+         "Time the census took CUPTI's kernel records in the process: its whole life under the precise "
+         "collector, 0 under the default one (busy time is measured only where this is not 0)."),
     Spec("gpu_census.graph.count", "counter", "{launch}", _PROC,
          "CUDA graph launches, when graphs are recorded per launch rather than per node."),
     Spec("gpu_census.graph.time", "counter", "s", _PROC,

@@ -65,7 +65,7 @@ class RequestInstruments:
         self.kernel_time = meter.create_histogram(
             "gpu_census.request.kernel.time", unit="s",
             description="Kernel time attributed to one request (recorded where every kernel was traced; "
-                        "estimated under counted kernel tracing)",
+                        "estimated under the default collector)",
             explicit_bucket_boundaries_advisory=KERNEL_TIME_BUCKETS)
 
         self.dropped_requests = meter.create_counter(

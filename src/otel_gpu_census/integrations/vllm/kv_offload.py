@@ -141,7 +141,7 @@ def prepare_store_kv(guard, engine):
 def transfers(guard, engine, loads: bool):
     """start_kv_transfers (loads) / handle_preemptions: the calls that submit the jobs."""
     def hook(wrapped, instance, args, kwargs):
-        on = guard("kv transfers", lambda: _begin(engine(), instance, _metadata(args, kwargs), loads), default=False)
+        on = guard("kv transfers", lambda: _begin(guard, engine(), instance, _metadata(args, kwargs), loads), default=False)
         try:
             return wrapped(*args, **kwargs)
         finally:
@@ -150,17 +150,17 @@ def transfers(guard, engine, loads: bool):
     return hook
 
 
-def _begin(eng, connector_worker, metadata, loads: bool) -> bool:
+def _begin(guard, eng, connector_worker, metadata, loads: bool) -> bool:
     if not eng.kv.call_begin(metadata, loads):
         return False
-    wrap_submits(type(getattr(connector_worker, "worker", None)))
+    wrap_submits(type(getattr(connector_worker, "worker", None)), guard)
     return True
 
 
 WRAPPED: Dict[type, bool] = {}      # OffloadingWorker classes whose submit_* we wrapped (uninstrument)
 
 
-def wrap_submits(cls) -> None:
+def wrap_submits(cls, guard) -> None:
     """Wrap cls.submit_store / submit_load (the OffloadingWorker the connector made: CPU, tiering ...)
     once; outside a connector call the wrappers only pass through."""
     if cls is None or cls is type(None) or cls in WRAPPED:
@@ -169,14 +169,13 @@ def wrap_submits(cls) -> None:
     for name, kind, gpu_arg in (("submit_store", STORE, 1), ("submit_load", LOAD, 2)):
         if isinstance(vars(cls).get(name), wrapt.FunctionWrapper) or not callable(getattr(cls, name, None)):
             continue
-        wrapt.wrap_function_wrapper(cls, name, _submit(kind, gpu_arg))
+        wrapt.wrap_function_wrapper(cls, name, _submit(kind, gpu_arg, guard))
 
 
-def _submit(kind: str, gpu_arg: int):
+def _submit(kind: str, gpu_arg: int, guard):
     def hook(wrapped, instance, args, kwargs):
-        from otel_gpu_census.integrations.vllm import instrumentor as vi
-        if vi.GUARD.current is not None and not vi.GUARD.off:
-            vi.GUARD("kv submit", _note_submit, vi.GUARD.current, kind, gpu_arg, args, kwargs)
+        if guard.current is not None and not guard.off:
+            guard("kv submit", _note_submit, guard.current, kind, gpu_arg, args, kwargs)
         return wrapped(*args, **kwargs)
     return hook
 
