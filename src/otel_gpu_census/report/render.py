@@ -404,7 +404,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
                   "busy_ratio_of_census_time": "busy_ns / census_time_ns; null (with a reason) when the census "
                                                "time does not cover the GPU activity",
                   "serving": "the serving period (basis: requests, from the first request's start to the last one's "
-                             "end; pause, from the first GPU work after start-up's first pause of pause_ns) and "
+                             "end; pause, from the first GPU work after start-up's last pause of pause_ns or more) and "
                              "every count and byte split into startup, serving and after it; not_told_apart says "
                              "why there is no split",
                   "per_request": "serving's figures divided by the requests (scope serving), or the whole run's, "
@@ -543,7 +543,7 @@ def _serving_lines(sv: serving.Split, requests: Optional[int]) -> List[str]:
         when = (f"the {p.span_ns / 1e9:.3f} s from the first request's start to the last one's end "
                 f"({plural(p.requests, 'request')} in the records)")
     else:
-        when = (f"the {p.span_ns / 1e9:.3f} s from the first GPU work after the first pause of "
+        when = (f"the {p.span_ns / 1e9:.3f} s from the first GPU work after start-up's last pause of "
                 f"{serving.PAUSE_NS / 1e9:g} s or more ({(p.start_ns - p.first_work_ns) / 1e9:.3f} s after the first "
                 "GPU work) to the last GPU work")
     lines = ["start-up and serving:", f"  serving: {when}"]
