@@ -14,7 +14,7 @@ import proc_cpu  # noqa: E402
 TREE = r'''
 import subprocess, sys, threading, time
 spin = "import time\nt = time.time()\nwhile time.time() - t < 2.5: pass\n"
-child = subprocess.Popen([sys.executable, "-c", spin, "otel_gpu_census.integrations." + "settle_process"],
+child = subprocess.Popen([sys.executable, "-c", spin, "otel_gpu_census.integrations.engine." + "settle_process"],
                          start_new_session=True)
 threading.Thread(target=lambda: exec(spin), name="spinner").start()
 time.sleep(3); child.wait()
