@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 MAX_BYTES = 64 << 20            # a request log larger than this is read up to here
-MAX_REQUESTS = 200_000          # requests read from one log (integrations.engine_steps writes at most as many)
+MAX_REQUESTS = 200_000          # requests read from one log (integrations.engine.steps writes at most as many)
 MAX_LINE_BYTES = 64 << 10       # a line longer than this is not one of ours (they are a few hundred bytes)
 SUFFIX = ".requests.jsonl"
 FIELDS = ("copy.dtoh.bytes", "copy.htod.bytes", "copy.dtod.bytes", "kernel.time_ns", "kernel.count")
