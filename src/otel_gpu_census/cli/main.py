@@ -682,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_proxy_arguments(prox)
         prox.set_defaults(func=_cmd_proxy)
     except ImportError as e:      # a broken proxy must not take run/report/doctor down with it
+        prox.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
         prox.set_defaults(func=lambda args, err=e: _unavailable("proxy", err))
     return p
 

@@ -8,8 +8,6 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Tuple
 
-from yarl import URL
-
 from otel_gpu_census.cli.argtypes import nonneg_float, positive_float
 from otel_gpu_census.telemetry import redact
 
@@ -55,6 +53,7 @@ class ProxyConfig:
         the upstream's URL go as a header: upstream_authorization)."""
         if self.unix_socket is not None:
             return "http://localhost"
+        from yarl import URL      # the [proxy] extra: the options parse without it (missing() names it)
         return str(URL(self.upstream).with_user(None)).rstrip("/")
 
     @property
@@ -63,6 +62,7 @@ class ProxyConfig:
         client sent no Authorization header of its own (the proxy forwards what the client sent)."""
         if self.unix_socket is not None:
             return None
+        from yarl import URL
         url = URL(self.upstream)
         if url.user is None and url.password is None:
             return None
