@@ -8,20 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from run_env import run_env
 
 pytestmark = pytest.mark.timeout(60)
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _env(tmp_path, native, **extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CUDA_INJECTION"))}
-    e.update(PYTHONPATH=str(SRC), OTEL_GPU_CENSUS_LIB=native[2], XDG_RUNTIME_DIR=str(tmp_path / "xdg"))
-    (tmp_path / "xdg").mkdir(mode=0o700, exist_ok=True)
-    e.update(extra)
-    return e
+_env = run_env
 
 
 def _run_cmd(census_dir, script):
