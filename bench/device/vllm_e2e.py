@@ -2,11 +2,12 @@
 conservation, per-request copies with and without KV offloading, throughput beside plain vLLM, and
 start/stop cycles. One command (bench/device/run.sh vllm, after the wheel set is in place):
 
-    python3 bench/device/vllm_e2e.py --out DIR [--only spans,throughput,cycles,phases,toggle,kv,kv-plain,tp]
+    python3 bench/device/vllm_e2e.py --out DIR [--only spans,traced,throughput,cycles,phases,toggle,kv,kv-plain,tp]
 
 Three servers share the GPU (a random 160M Llama is small): P plain vLLM, C vLLM under
 `otel-gpu-census run` (the integration loads itself through vLLM's plugin entry point), K the same
-with --kv-offloading-size. `phases`: one server under the census (R) whose census modes are switched
+with --kv-offloading-size, V the census with vLLM's own tracing on (`traced`: vLLM's llm_request span under
+ours, one SERVER span a request). `phases`: one server under the census (R) whose census modes are switched
 in alternating phases through the control file (off / events), beside plain vLLM (P) for the fixed
 cost of the integration; `--phase-beside P,Q,N,S,X` loads more servers after each round (BESIDE says
 what each is), so that a fixed cost splits into its parts: two plain servers' own spread, the
@@ -386,6 +387,30 @@ def spans_check(rx, load_res, name, census_dir, res):
     res["per_request_dtoh_bytes"] = [s.attributes.get("gpu_census.copy.dtoh.bytes", 0) for s in ours.values()]
     res["per_request_kernel_ns"] = [s.attributes.get("gpu_census.kernel.time_ns", 0) for s in ours.values()]
     return ours
+
+
+def traced_check(rx, ours, res) -> None:
+    """vLLM's tracing on: each request's llm_request span (vLLM's, SERVER) is the child of ours (INTERNAL), so
+    the client's trace holds one SERVER span a request."""
+    def theirs_of(spans):
+        return [x for x in spans if x.name == "llm_request" and x.resource.get("service.name") == "vllm-V"]
+    try:      # vLLM's batch processor exports on its own schedule
+        spans = rx.wait_for_spans(lambda ss: len(theirs_of(ss)) >= len(ours), timeout=30)
+    except AssertionError:
+        spans = rx.span_snapshot()
+    by_parent: dict = {}
+    for x in theirs_of(spans):
+        by_parent.setdefault((x.trace_id, x.parent_span_id), []).append(x)
+    under = [s for s in ours.values() if len(by_parent.get((s.trace_id, s.span_id), [])) == 1]
+    res["traced"] = {"ours": len(ours), "llm_request": len(theirs_of(spans)), "llm_request_under_ours": len(under),
+                     "kinds": sorted({(s.kind, x.kind) for s in under for x in by_parent[(s.trace_id, s.span_id)]})}
+    check(len(under) == len(ours) > 0, f"V: vLLM's llm_request span under ours, one a request ({len(under)} of {len(ours)})")
+    servers_a_trace = {}
+    for x in spans:
+        if x.resource.get("service.name") == "vllm-V" and x.kind == "server":
+            servers_a_trace[x.trace_id] = servers_a_trace.get(x.trace_id, 0) + 1
+    one = [s for s in ours.values() if s.kind == "internal" and servers_a_trace.get(s.trace_id) == 1]
+    check(len(one) == len(ours), f"V: ours INTERNAL, one SERVER span in each request's trace ({len(one)} of {len(ours)})")
 
 
 FIELDS = ("kernel.count", "kernel.time_ns", "copy.htod.bytes", "copy.dtoh.bytes", "copy.dtod.bytes")
@@ -947,6 +972,11 @@ def main():
             if only & {"spans", "throughput"}:
                 servers["C"] = Server("C", 8102, model, out, census_dir=base / "C", env=env)
                 time.sleep(3)
+            if "traced" in only:       # vLLM's own tracing on: its llm_request spans to the same receiver
+                servers["V"] = Server("V", 8107, model, out, census_dir=base / "V",
+                                      env={**env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"},
+                                      extra=["--otlp-traces-endpoint", f"http://127.0.0.1:{rx.http_port}/v1/traces"])
+                time.sleep(3)
             if only & {"spans", "throughput", "kv"}:
                 servers["K"] = Server("K", 8103, model, out, census_dir=base / "K", env=env,
                                       extra=["--kv-offloading-size", "2"])
@@ -970,16 +1000,18 @@ def main():
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
             for srv in servers.values():                 # warm each server once
                 asyncio.run(load(srv.port, 4, 2, 16))
-        span_servers = [n for n in ("C", "K", "KX") if "spans" in only or (n == "K" and "kv" in only)
-                        or (n == "KX" and "kv-precise" in only)]
+        span_servers = [n for n in ("C", "K", "KX", "V") if "spans" in only or (n == "K" and "kv" in only)
+                        or (n == "KX" and "kv-precise" in only) or (n == "V" and "traced" in only)]
         if span_servers:
-            for n, port in (("C", 8102), ("K", 8103), ("KX", 8117)):
+            for n, port in (("C", 8102), ("K", 8103), ("KX", 8117), ("V", 8107)):
                 if n not in span_servers:
                     continue
                 lr = asyncio.run(load(port, 32, 2, 256, seed=1))
                 res[f"spans_{n}"] = {"load": summary(lr), "_out": str(out)}
                 check(not lr["errors"], f"{n}: load without errors")
-                spans_check(rx, lr, n, base / n, res[f"spans_{n}"])
+                ours = spans_check(rx, lr, n, base / n, res[f"spans_{n}"])
+                if n == "V":
+                    traced_check(rx, ours, res[f"spans_{n}"])
         if "throughput" in only:
             rounds = []
             names = [n for n in ("P", "C") if n in servers]

@@ -144,6 +144,7 @@ def test_the_engine_side_reads_real_requests_and_outputs(monkeypatch):
     (sp,) = spans.get_finished_spans()
     assert format(sp.context.trace_id, "032x") == tid and format(sp.parent.span_id, "016x") == psid
     assert sp.name == "chat tiny" and sp.attributes["gen_ai.request.id"] == "cmpl-77-0"
+    assert sp.kind.name == "SERVER"                       # vLLM's tracing off: ours is the request's span
     assert sp.attributes["gen_ai.usage.input_tokens"] == 5 and sp.attributes["gpu_census.kernel.count"] == 12
     assert sp.attributes["gen_ai.response.finish_reasons"] == ("length",)
     assert sp.attributes["gen_ai.response.time_to_first_chunk"] >= 0
@@ -274,6 +275,7 @@ def test_with_vllms_tracing_on_its_llm_request_span_is_a_child_of_ours(monkeypat
     eng.settle()
     (ours,), (llm,) = spans.get_finished_spans(), theirs.get_finished_spans()
     assert llm.parent.span_id == ours.context.span_id and llm.context.trace_id == ours.context.trace_id
+    assert (ours.kind, llm.kind) == (SpanKind.INTERNAL, SpanKind.SERVER)    # one SERVER span a request
     if caller:
         assert format(ours.context.trace_id, "032x") == tid and format(ours.parent.span_id, "016x") == psid
     else:

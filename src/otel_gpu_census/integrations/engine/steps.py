@@ -44,6 +44,8 @@ import time
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from opentelemetry.trace import SpanKind
+
 from otel_gpu_census import injector
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
@@ -226,8 +228,9 @@ class StepEngine:
     def start_request(self, key: str, *, start_ns: int, operation: str, model: Optional[str],
                       headers: Mapping[str, str], attributes: Mapping[str, Any], prompt_tokens: Optional[int] = None,
                       obj: Any = None, ids: Optional[Tuple[int, int]] = None, note: Optional[str] = None) -> None:
-        """A request the engine took in: its span starts at start_ns under the caller's context (with
-        `ids`, (trace id, span id), chosen beforehand). `obj`: the engine's own object for it, whose
+        """A request the engine took in: its span starts at start_ns under the caller's context. `ids`:
+        (trace id, span id) chosen beforehand, because the engine's own SERVER span (vLLM's llm_request)
+        will hang under it; the span is then INTERNAL, so a request has one SERVER span. `obj`: the engine's own object for it, whose
         end (garbage) without request_done the sweep notices; `note`: what its share misses already."""
         self.has_scheduler = True
         if key in self._tracked or key in self._open:
@@ -259,7 +262,7 @@ class StepEngine:
         self._tracked[key] = self.telemetry().start(
             start_ns=start_ns, operation=operation, model=model,
             span_name=f"{operation} {model}" if model else operation, parent=extract(headers),
-            attributes=attributes, ids=ids)
+            attributes=attributes, ids=ids, kind=SpanKind.INTERNAL if ids else SpanKind.SERVER)
 
     def first_token(self, key: str, now: int, attributes: Optional[Mapping[str, Any]] = None) -> bool:
         """The request's first token came out at `now` (the first call counts); False if untracked."""

@@ -25,7 +25,8 @@ work of dual-batch overlap's micro-batch threads is its step's (:mod:`.ubatch`).
 With vLLM's own tracing on (``--otlp-traces-endpoint``) vLLM ends each request with a SERVER span of
 its own, ``llm_request``, under the context in the request's ``trace_headers``. So that the caller's
 trace shows one request, the request's span here takes ids chosen when the request arrives and its
-``trace_headers`` are pointed at it: ``llm_request`` is its child, never its sibling. (The other way
+``trace_headers`` are pointed at it: ``llm_request`` is its child, never its sibling, and ours is INTERNAL
+(span-derived request counts see vLLM's SERVER span once). (The other way
 round, ours under vLLM's, would leave ours without a parent for every request vLLM does not trace:
 those its clients abort.)
 
