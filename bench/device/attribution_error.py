@@ -1,21 +1,21 @@
 """How far each step-attribution method puts a request's kernel time from what the request costs alone.
 
 A request's share of an engine step is an allocation of the step's measured totals (by scheduled
-tokens, ``step_tokens``, or by estimated FLOPs, ``step_flops``: OTEL_GPU_CENSUS_ATTRIBUTION). The
-reference is the request served alone, where every step is its own and both methods give it the
-step's whole kernel time. The same requests mixed (C clients at once, short and long prompts, short
+tokens, ``step_tokens``, by estimated FLOPs, ``step_flops``, or by each part's cost alone, ``step_alone``:
+OTEL_GPU_CENSUS_ATTRIBUTION). The reference is the request served alone, where every step is its own and
+every method gives it the step's whole kernel time. The same requests mixed (C clients at once, short and long prompts, short
 and long answers) are shared steps: the closer a method's shares follow the alone costs, the better it
 holds in mixed batches.
 
     python3 bench/device/attribution_error.py --out RESULT.json [--per-class 12] [--mixed 16,48]
 
-starts two vLLM servers on the GPU under ``otel-gpu-census run`` (the integration loads through vLLM's
+starts a vLLM server per method (--methods) on the GPU under ``otel-gpu-census run`` (the integration loads through vLLM's
 plugin entry point; bench/device/vllm_e2e.py's Server, the random 160M Llama), one per method, with
 prefix caching off; on each it runs every request alone (one at a time), then all of them mixed at
 each concurrency of --mixed, each phase with prompts of its own (random token ids of the class's
 length, so no phase reuses another's KV cache), and reads each request's kernel time from the
 engine's request log (``gpu-census-*.requests.jsonl``: the span's figures). ``--servers
-tokens=URL,DIR;flops=URL,DIR`` uses servers that already run (their census folders given): the CPU
+tokens=URL,DIR;flops=URL,DIR`` (with --methods naming them) uses servers that already run (their census folders given): the CPU
 test runs this against stand-ins (tests/support/vllm_steps_standin.py).
 
 Error, per request of a mixed phase: mixing makes every request cheaper (the steps are shared), so
@@ -44,9 +44,9 @@ import vllm_e2e  # noqa: E402  (bench/device: Server, read_census, random_model,
 
 # class -> (prompt tokens, output tokens); long prompt + long answer fit --max-model-len 2048
 CLASSES = {"short-short": (48, 16), "short-long": (48, 192), "long-short": (1536, 16), "long-long": (1536, 192)}
-METHODS = ("tokens", "flops")
+METHODS = ("tokens", "flops", "alone")      # --methods: the servers, one a method
 VOCAB = (100, 30000)                 # prompt token ids are drawn from here (the random Llama has 32,000)
-PORTS = {"tokens": 8111, "flops": 8112}
+PORTS = {"tokens": 8111, "flops": 8112, "alone": 8113}
 T0 = time.time()
 
 
@@ -164,7 +164,7 @@ def start_servers(out: Path, census_base: Path, run_args: List[str], gpu_mem: fl
 
 
 def main(argv=None) -> int:
-    global T0
+    global T0, METHODS
     T0 = time.time()           # the budget counts from this run, not from the import
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="the JSON result (a .json path)")
@@ -174,8 +174,10 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=220.0, help="no phase starts past this many seconds")
     ap.add_argument("--servers", default="", help="tokens=URL,DIR;flops=URL,DIR: servers already running")
     ap.add_argument("--run-args", default="", help="more arguments of `otel-gpu-census run` (e.g. --precise)")
-    ap.add_argument("--gpu-mem", type=float, default=0.3, help="--gpu-memory-utilization of each server")
+    ap.add_argument("--gpu-mem", type=float, default=0.25, help="--gpu-memory-utilization of each server")
+    ap.add_argument("--methods", default=",".join(METHODS), help="OTEL_GPU_CENSUS_ATTRIBUTION values, one server each")
     a = ap.parse_args(argv)
+    METHODS = tuple(m for m in a.methods.split(",") if m)
     out_path = Path(a.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in a.mixed.split(",") if x]
@@ -226,9 +228,9 @@ def main(argv=None) -> int:
             got = res["errors"][f"mixed@{c}"]
             if all(m in got and "all" in got[m] for m in METHODS):
                 res.setdefault("closer", {})[f"mixed@{c}"] = min(METHODS, key=lambda m: got[m]["all"]["mae"])
-        if all("alone" in res["servers"].get(m, {}) for m in METHODS):
-            res["alone_agreement"] = agreement(res["servers"]["tokens"]["alone"]["rows"],
-                                               res["servers"]["flops"]["alone"]["rows"])
+        if len(METHODS) > 1 and all("alone" in res["servers"].get(m, {}) for m in METHODS[:2]):
+            res["alone_agreement"] = agreement(res["servers"][METHODS[0]]["alone"]["rows"],
+                                               res["servers"][METHODS[1]]["alone"]["rows"])
     finally:
         for m, srv in started.items():
             res["servers"].setdefault(m, {})["stop"] = srv.stop(signal.SIGINT)

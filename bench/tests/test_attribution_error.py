@@ -30,7 +30,7 @@ def standins(tmp_path, monkeypatch):
 def test_the_flops_split_of_flops_priced_steps_matches_the_alone_costs_and_the_token_split_does_not(standins, tmp_path):
     servers = ";".join(f"{m}={s.url},{s.census_dir}" for m, s in standins.items())
     out = tmp_path / "res.json"
-    rc = attribution_error.main(["--out", str(out), "--per-class", "3", "--mixed", "4,12", "--servers", servers])
+    rc = attribution_error.main(["--out", str(out), "--methods", "tokens,flops", "--per-class", "3", "--mixed", "4,12", "--servers", servers])
     res = json.loads(out.read_text())
     assert rc == 0 and res["checks_failed"] == []
     for level in ("mixed@4", "mixed@12"):
@@ -62,5 +62,31 @@ def test_a_request_the_engine_never_logged_fails_its_check(standins, tmp_path, m
     monkeypatch.setattr(attribution_error, "wait_logged", lambda d, ids, timeout_s=0: {})
     servers = ";".join(f"{m}={s.url},{s.census_dir}" for m, s in standins.items())
     out = tmp_path / "res.json"
-    assert attribution_error.main(["--out", str(out), "--per-class", "1", "--mixed", "4", "--servers", servers]) == 1
+    assert attribution_error.main(["--out", str(out), "--methods", "tokens,flops", "--per-class", "1", "--mixed", "4", "--servers", servers]) == 1
     assert "tokens alone: every request answered and logged" in json.loads(out.read_text())["checks_failed"]
+
+
+def test_where_a_step_costs_something_whatever_it_serves_the_alone_split_is_closest(tmp_path, monkeypatch):
+    """Stand-ins whose steps cost a fixed part (a launch-bound model) plus their requests' FLOPs: a request
+    run alone pays the fixed part every step, so the split by each part's cost alone (FLOPs plus the fixed
+    part the ledger fits on the run's steps) comes closest to the alone costs, and by tokens or FLOPs not."""
+    monkeypatch.setattr(attribution_error, "CLASSES", {"short-short": (8, 3), "short-long": (8, 24),
+                                                        "long-short": (1200, 3), "long-long": (1200, 24)})
+    monkeypatch.setattr(vllm_e2e, "FAILS", [])
+    fixed = 200_000                         # about 600 tokens' worth of the stand-in's linear layers
+    with StepsStandin(tmp_path / "t", "tokens", step_fixed_ns=fixed) as t, \
+            StepsStandin(tmp_path / "f", "flops", step_fixed_ns=fixed) as f, \
+            StepsStandin(tmp_path / "a", "alone", step_fixed_ns=fixed) as al:
+        servers = ";".join(f"{m}={s.url},{s.census_dir}" for m, s in (("tokens", t), ("flops", f), ("alone", al)))
+        out = tmp_path / "res.json"
+        rc = attribution_error.main(["--out", str(out), "--methods", "tokens,flops,alone", "--per-class", "3",
+                                     "--mixed", "12", "--servers", servers])
+        fit = al.engine.ledger.fit
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["checks_failed"] == []
+    got = res["errors"]["mixed@12"]
+    assert res["closer"]["mixed@12"] == "alone"
+    assert got["alone"]["all"]["mae"] < 0.75 * min(got["tokens"]["all"]["mae"], got["flops"]["all"]["mae"])
+    assert {r["method"] for r in res["servers"]["alone"]["mixed@12"]["rows"]} == {"step_alone"}
+    # the fit found the fixed part: intercept / slope in FLOPs' worth, the stand-in's ns being FLOPs / 1000
+    assert abs(fit.fixed_flops() - fixed * 1000) < 0.01 * fixed * 1000

@@ -5,7 +5,7 @@ tests of bench/device/attribution_error.py.
 ``cmpl-…`` and ``usage``) queues the request; a step loop serves every request in flight each step
 (a prompt in chunks of at most CHUNK tokens, then one token a step), as vLLM's scheduler does. Each
 request's true kernel time in a step is ``truth(shape, new, before, sampled)`` ns; the step's census
-is their sum. Steps and requests go through the integration's own StepEngine (its real StepLedger,
+is their sum plus ``step_fixed_ns`` (what a step costs whatever it serves: a launch-bound model). Steps and requests go through the integration's own StepEngine (its real StepLedger,
 the method given, request log lines beside a segment path in the census folder), so the bench reads
 what it reads from a real engine.
 """
@@ -37,7 +37,8 @@ def flops_truth(shape: ModelShape, new: int, before: int, sampled: int) -> int:
 
 
 class StepsStandin:
-    def __init__(self, census_dir, method: str, truth: Callable[..., int] = flops_truth, step_s: float = 0.0005):
+    def __init__(self, census_dir, method: str, truth: Callable[..., int] = flops_truth, step_s: float = 0.0005,
+                 step_fixed_ns: int = 0):
         self.census_dir = census_dir
         census_dir.mkdir(parents=True, exist_ok=True)
         self.census = Census(complete=1 << 62)
@@ -49,7 +50,7 @@ class StepsStandin:
         eng.tagging = eng.has_scheduler = True
         seg = str(census_dir / "gpu-census-1-1.seg")
         eng.log_segment = lambda: seg
-        self.truth, self.step_s = truth, step_s
+        self.truth, self.step_s, self.step_fixed_ns = truth, step_s, step_fixed_ns
         self.live: Dict[str, SimpleNamespace] = {}
         self.ids = itertools.count(1)
         self.port = free_port()
@@ -61,7 +62,7 @@ class StepsStandin:
     def step(self) -> None:
         """One step: every request in flight gets its chunk or its token; the census counts their truth."""
         eng = self.engine
-        tokens, before, cost = {}, {}, 0
+        tokens, before, cost = {}, {}, self.step_fixed_ns
         for key, r in self.live.items():
             n = min(CHUNK, r.prompt - r.done) if r.done < r.prompt else 1
             sampled = 1 if r.done + n >= r.prompt else 0

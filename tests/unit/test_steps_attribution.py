@@ -527,7 +527,7 @@ def test_steps_the_census_has_seen_nothing_of_wait_for_one_more_flush_all_togeth
 from types import SimpleNamespace  # noqa: E402
 
 from otel_gpu_census.attribution.cost_model import ModelShape, step_weights  # noqa: E402
-from otel_gpu_census.attribution.steps import FLOPS_METHOD, METHOD  # noqa: E402
+from otel_gpu_census.attribution.steps import ALONE_METHOD, FIT_MIN_STEPS, FLOPS_METHOD, METHOD, CostFit  # noqa: E402
 
 LLAMA = SimpleNamespace(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
                         intermediate_size=4096, vocab_size=32000, hidden_act="silu")
@@ -594,7 +594,8 @@ def test_without_a_model_shape_the_flops_ledger_splits_by_tokens_and_says_so():
 def test_the_split_is_one_setting_and_a_bad_value_says_so(caplog):
     from otel_gpu_census.integrations.engine.steps import ATTRIBUTION_ENV, attribution_method
     assert attribution_method({}) == METHOD and attribution_method({ATTRIBUTION_ENV: " Flops "}) == FLOPS_METHOD
-    assert attribution_method({ATTRIBUTION_ENV: "time"}) == METHOD and "neither tokens nor flops" in caplog.text
+    assert attribution_method({ATTRIBUTION_ENV: "alone"}) == ALONE_METHOD
+    assert attribution_method({ATTRIBUTION_ENV: "time"}) == METHOD and "not one of tokens | flops | alone" in caplog.text
 
 
 def test_a_step_for_a_request_the_ledger_no_longer_follows_is_nobodys_not_a_lost_share():
@@ -628,3 +629,58 @@ def test_steps_forgotten_because_the_census_lagged_make_their_requests_partial(m
     (a,) = led.settle()
     assert led.steps_dropped == 2 and a.steps == 3 and a.share.kernel_count == 3 and a.status == "partial"
     assert a.notes == ["2 steps that served it were forgotten unsplit (the census lagged more than 3 steps behind)"]
+
+
+def test_the_alone_split_weighs_each_part_by_its_flops_plus_the_fixed_cost_fitted_on_the_steps():
+    """Steps that cost 2,000,000 ns plus 1 ns a 1,000 FLOPs: until FIT_MIN_STEPS steps are fitted the split is
+    by FLOPs; after, each request weighs its FLOPs plus the fitted fixed part (2e9 FLOPs' worth), so a one-token
+    decode beside a long prefill chunk gets far more than its FLOPs' share, and every field still conserves."""
+    census = FakeCensus()
+    led = StepLedger(census.read, clock=lambda: 5 * 10**9, follows=True, method=ALONE_METHOD)
+    shape = ModelShape.of(LLAMA)
+    led.set_shape(shape)
+    fixed_ns = 2_000_000
+    keys = [f"r{i}" for i in range(FIT_MIN_STEPS + 1)]
+    for i, k in enumerate(keys):                 # one request a step, of growing size: the fit's points
+        led.request_started(k, 4096)
+        n = 64 * (i + 1)
+        f = shape.flops(n, 0, 0)
+        led.step_opened(i + 1, {k: n}, 10**9, before={k: 0}); led.step_touched(i + 1, 10**9)
+        census.steps[i + 1] = step(i + 1, 10, fixed_ns + f // 1000)
+    sid = len(keys) + 1
+    tokens, before = {"decode": 1, "prefill": 512}, {"decode": 100, "prefill": 0}
+    for k, prompt in (("decode", 64), ("prefill", 2048)):
+        led.request_started(k, prompt)
+    led.step_opened(sid, dict(tokens), 10**9, before=before); led.step_touched(sid, 10**9)
+    both = step_weights(shape, list(tokens), tokens, before, {"decode": 64, "prefill": 2048})
+    kns = fixed_ns + sum(both) // 1000 + 7                  # on the fitted line (the fit takes this step in too)
+    census.steps[sid] = step(sid, 1001, kns, htod_bytes=513)
+    for k in keys + list(tokens):
+        led.request_done(k, None, 10**9)
+    census.complete = 4 * 10**9
+    got = {s.key: s for s in led.settle()}
+    fixed = led.fit.fixed_flops()
+    assert abs(fixed - fixed_ns * 1000) < 1e-3 * fixed_ns * 1000          # intercept / slope, in FLOPs
+    w = [x + fixed for x in both]
+    assert [got[k].share.kernel_ns for k in tokens] == split_weights(kns, w, sum(w))
+    assert got["decode"].share.kernel_ns > 5 * both[0] / sum(both) * kns    # far above its FLOPs' part
+    assert [got[k].share.copy("htod").bytes for k in tokens] == split_weights(513, [1, 512], 513)   # copies: tokens
+    assert led.method == ALONE_METHOD and all(s.status == "complete" for s in got.values())
+
+
+def test_the_fit_says_nothing_until_it_can_and_equal_shares_where_no_cost_grows_with_flops():
+    fit = CostFit()
+    for i in range(FIT_MIN_STEPS - 1):
+        fit.add(1000 * (i + 1), [1, 500 + i, *([0] * (WIDTH - 2))])
+    assert fit.fixed_flops() is None                                   # too few steps
+    fit.add(10**6, [1, 10, *([0] * (WIDTH - 2))])
+    fit.add(10**6, [1, 10, *([0] * (WIDTH - 2))])
+    assert fit.fixed_flops() is not None
+    flat_fit = CostFit()
+    for i in range(FIT_MIN_STEPS):
+        flat_fit.add(1000 * (i + 1), [1, 700 - i, *([0] * (WIDTH - 2))])       # cost falls as FLOPs grow: nothing to weigh
+    assert flat_fit.fixed_flops() == -1
+    # untimed eager launches are priced at the timed ones' mean: 10 launches, 2 timed for 300 ns -> 150 each
+    eager = CostFit()
+    eager.add(5, [1, 1000, *([0] * (WIDTH - 5)), 10, 2, 300])
+    assert eager.my == 1000 + 8 * 150

@@ -13,7 +13,8 @@ largest remainder (``attribution.split_weights``: ties to the request scheduled 
 How a step's kernels are split is the ledger's *method* (the span's ``gpu_census.attribution.method``):
 ``step_tokens`` by scheduled tokens (the default), or ``step_flops`` by each request's estimated FLOPs
 in the step (``cost_model.py``: its tokens, the context before them, the model's shape), which follows
-attention's growth with context. Copies and memsets are split by tokens either way (inputs and sampled
+attention's growth with context, or ``step_alone`` by what each request's part of the step would cost
+alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``CostFit``). Copies and memsets are split by tokens either way (inputs and sampled
 outputs scale with tokens). Either way a request's share is an allocation of measured step totals,
 not a measurement of the request.
 
@@ -81,8 +82,9 @@ from otel_gpu_census.attribution.shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH
 METHOD = "step_tokens"
 """Value of the span attribute ``gpu_census.attribution.method``: kernels split by scheduled tokens."""
 FLOPS_METHOD = "step_flops"
+ALONE_METHOD = "step_alone"
 """The same for kernels split by each request's estimated FLOPs in the step (cost_model.py)."""
-METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's values -> method
+METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's values -> method
 
 TOKENS = "tokens"                   # the kind of a step: weights are scheduled tokens
 COMPLETE_SLACK_NS = 200_000_000     # a step's GPU work ends this soon after its last launch returned
@@ -157,6 +159,48 @@ class _Traced:
     counted: bool = False
 
 
+FIT_MIN_STEPS = 32      # steps fitted before the fit weighs a split (until then: FLOPs)
+
+
+class CostFit:
+    """A step's kernel time against its FLOPs, fitted by least squares over the steps split so far:
+    time = fixed + per_flop x FLOPs. `fixed` is what a step costs whatever it computes (reading the
+    weights, launch-bound kernels, sampling); a request run alone pays it on every step, so
+    ALONE_METHOD weighs each request in a step by what its part would cost alone, FLOPs + fixed /
+    per_flop. Under the default collector a step's eager kernels are mostly counted, not timed: its time
+    is its records' time plus its untimed eager launches at the mean of the timed ones so far."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mx = self.my = self.cxx = self.cxy = 0.0
+        self.eager_traced = 0
+        self.eager_traced_ns = 0
+
+    def add(self, flops: int, values: Sequence[int]) -> None:
+        """One step's (one process's) flat values, the FLOPs of the requests it served."""
+        launches, traced, traced_ns = values[-3:]
+        self.eager_traced += traced
+        self.eager_traced_ns += traced_ns
+        mean = self.eager_traced_ns / self.eager_traced if self.eager_traced else 0.0
+        y = values[1] + max(launches - traced, 0) * mean
+        self.n += 1
+        dx = flops - self.mx
+        self.mx += dx / self.n
+        self.my += (y - self.my) / self.n
+        self.cxx += dx * (flops - self.mx)
+        self.cxy += dx * (y - self.my)
+
+    def fixed_flops(self) -> Optional[int]:
+        """A step's fixed cost in FLOPs' worth (fixed / per_flop); -1: no cost grows with FLOPs (equal
+        shares); None: too few steps, or all of one size, to tell."""
+        if self.n < FIT_MIN_STEPS or self.cxx <= 0:
+            return None
+        slope = self.cxy / self.cxx
+        if slope <= 0:
+            return -1
+        return max(0, int((self.my - slope * self.mx) / slope))
+
+
 def _flat(step: Step) -> List[int]:
     return Share.of_step(step).as_row()
 
@@ -220,7 +264,7 @@ class StepLedger:
                  clock: Callable[[], int] = time.time_ns, max_wait_ns: int = MAX_WAIT_NS,
                  follows: bool = False, method: str = METHOD):
         """follows: every request is announced (request_started), and a step's part for one that is not
-        (or no longer) followed is nobody's; method: METHOD or FLOPS_METHOD (the latter needs the model's
+        (or no longer) followed is nobody's; method: METHOD, FLOPS_METHOD or ALONE_METHOD (the last two need the model's
         shape, set_shape; until then steps are split by tokens)."""
         self.read = read
         self.clock = clock
@@ -228,7 +272,8 @@ class StepLedger:
         self.follows = follows
         self._method = method
         self.shape: Optional[ModelShape] = None
-        self._prompt: Dict[Hashable, Optional[int]] = {}        # prompt lengths (FLOPS_METHOD)
+        self._prompt: Dict[Hashable, Optional[int]] = {}        # prompt lengths (FLOPS_METHOD, ALONE_METHOD)
+        self.fit = CostFit()                                    # ALONE_METHOD's steps' fixed cost
         self._notes: Dict[Hashable, List[str]] = {}             # what a request's share misses, as said
         self._lost: Dict[Hashable, List[int]] = {}              # key -> [steps not in the ring, of which
                                                                 #  lapped by it; steps forgotten]
@@ -261,7 +306,7 @@ class StepLedger:
         return self._method if self._method == METHOD or self.shape is not None else METHOD
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
-        """The model's shape, for FLOPS_METHOD (from the engine's configuration, before its first step)."""
+        """The model's shape, for FLOPS_METHOD and ALONE_METHOD (from the engine's configuration, before its first step)."""
         self.shape = shape
 
     # -- from the engine thread: cheap appends --------------------------------------------------
@@ -546,7 +591,7 @@ class StepLedger:
             cols: List[Tuple[int, List[int]]] = []
         else:
             weights = [e.tokens[k] for k in keys]
-            cost = self._cost(e, keys) if not sub else None
+            cost = self._cost(e, keys, values) if not sub else None
             cols = [(i, _split(v, cost if cost is not None and i in KERNEL_FIELDS else weights)) for i, v in nz]
         closed, live, done, accs, first = self._closed_early, self._live, self._done, self._acc, self._first_token
         follows = self.follows or sub
@@ -576,11 +621,21 @@ class StepLedger:
                 for i, c in cols:
                     pre[i] += c[j]
 
-    def _cost(self, e: _Entry, keys: List[Hashable]) -> Optional[List[int]]:
-        """The FLOPs weights of step `e`'s requests (FLOPS_METHOD with a shape), else None (tokens)."""
+    def _cost(self, e: _Entry, keys: List[Hashable], values: Sequence[int]) -> Optional[List[int]]:
+        """The kernel weights of step `e`'s requests: FLOPs (FLOPS_METHOD), or each one's cost alone
+        (ALONE_METHOD: FLOPs plus the fitted fixed cost of a step, CostFit), given a shape; else None
+        (tokens). ALONE_METHOD fits this step after weighing it."""
         if self._method == METHOD or self.shape is None:
             return None
-        return step_weights(self.shape, keys, e.tokens, e.before or {}, self._prompt)
+        flops = step_weights(self.shape, keys, e.tokens, e.before or {}, self._prompt)
+        if self._method != ALONE_METHOD:
+            return flops
+        fixed = self.fit.fixed_flops()
+        if values[1]:
+            self.fit.add(sum(flops), values)
+        if fixed is None:
+            return flops
+        return [1] * len(flops) if fixed < 0 else [f + fixed for f in flops]
 
     def _unclaimed(self, values: List[int], rank) -> None:
         for i, v in enumerate(values):

@@ -50,7 +50,7 @@ from otel_gpu_census import injector
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
 from otel_gpu_census.attribution.shares import Share
-from otel_gpu_census.attribution.steps import FLOPS_METHOD, METHOD, METHODS, StepLedger
+from otel_gpu_census.attribution.steps import ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, StepLedger
 from otel_gpu_census.census import reader
 from otel_gpu_census.telemetry.attributes import share_attributes
 from otel_gpu_census.integrations.engine import settle_process
@@ -64,8 +64,10 @@ STEP_NOTE = ("step attribution: this request's share of the GPU work of every en
              "served nobody are not anyone's")
 SPLITS = {METHOD: "by their scheduled tokens",
           FLOPS_METHOD: "kernels by each request's estimated FLOPs in the step (its tokens and the context "
-                        "before them), copies by tokens"}
-ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops: how steps are split
+                        "before them), copies by tokens",
+          ALONE_METHOD: "kernels by what each request's part of the step would cost alone (its estimated FLOPs "
+                        "plus a step's fixed cost, fitted on this engine's steps), copies by tokens"}
+ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops | alone: how steps are split
 SWEEP_PERIOD_NS = 5_000_000_000     # how often the engine thread looks for requests the engine let go of
 MAX_OPEN = 1 << 16                  # requests open at once (beyond: the oldest is closed)
 SWEPT = ("closed by the sweep: the engine let go of it without an end the hooks saw (its end time is "
@@ -75,10 +77,11 @@ ENGINE_ENDED = "the engine ended before it did"
 
 
 def attribution_method(env=os.environ) -> str:
-    """The ledger's method from OTEL_GPU_CENSUS_ATTRIBUTION (tokens, the default, or flops)."""
+    """The ledger's method from OTEL_GPU_CENSUS_ATTRIBUTION (tokens, the default, flops or alone)."""
     v = (env.get(ATTRIBUTION_ENV) or "tokens").strip().lower()
     if v not in METHODS:
-        log.warning("otel-gpu-census: %s=%r is neither tokens nor flops; splitting steps by tokens", ATTRIBUTION_ENV, v)
+        log.warning("otel-gpu-census: %s=%r is not one of %s; splitting steps by tokens", ATTRIBUTION_ENV, v,
+                    " | ".join(METHODS))
         v = "tokens"
     return METHODS[v]
 
@@ -148,8 +151,9 @@ class StepEngine:
 
     @property
     def wants_context(self) -> bool:
-        """Whether steps need the tokens computed before them (the FLOPs split): hooks read them only then."""
-        return self.method == FLOPS_METHOD
+        """Whether steps need the tokens computed before them (the FLOPs and alone splits): hooks read them
+        only then."""
+        return self.method in (FLOPS_METHOD, ALONE_METHOD)
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
         """The model's shape (engine configuration), for the FLOPs split: before the first step."""
