@@ -9,10 +9,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import threading
-import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from otel_gpu_census import census
 from otel_gpu_census.telemetry.sidecar import start_sidecar
-from ports import free_port
+from prometheus_server import Prometheus
 from test_metrics_prometheus import prometheus_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,46 +128,24 @@ def test_each_panel_reads_census_names_the_code_emits_and_dcgm_fields_the_doc_na
             assert "DCGM_FI_" not in e or '"hw_id", "$1", "UUID", "(.+)"' in e, e
 
 
-def _query(port: int, expr: str):
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        return json.loads(urllib.request.urlopen(url, timeout=5).read())
-    except urllib.error.HTTPError as e:
-        return json.loads(e.read())
-
-
 @pytest.mark.skipif(not shutil.which("prometheus"), reason="no prometheus server binary (Debian package prometheus)")
 def test_a_real_prometheus_joins_every_panel_query(sidecar, dcgm, tmp_path):
-    web = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n"
-                   f"  - job_name: census\n    static_configs:\n      - targets: ['127.0.0.1:{sidecar}']\n"
-                   f"  - job_name: dcgm\n    static_configs:\n      - targets: ['127.0.0.1:{dcgm}']\n")
-    server = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                               f"--web.listen-address=127.0.0.1:{web}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    prom = Prometheus(tmp_path, {"census": sidecar, "dcgm": dcgm})
     try:
-        deadline = time.monotonic() + 60
-        while True:                                  # two scrapes of both: rates and the join have data
-            assert server.poll() is None, server.stderr.read()
-            try:
-                a = _query(web, "rate(gpu_census_kernel_count_total[1m])")
-                b = _query(web, "count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 2")
-                if a.get("data", {}).get("result") and b.get("data", {}).get("result"):
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "Prometheus never scraped both exporters twice"
-            time.sleep(0.5)
+        def both_scraped_twice():                    # two scrapes of both: rates and the join have data
+            a = prom.query("rate(gpu_census_kernel_count_total[1m])")
+            b = prom.query("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 2")
+            return a.get("data", {}).get("result") and b.get("data", {}).get("result")
+        prom.wait_until(both_scraped_twice, "Prometheus never scraped both exporters twice")
         # the dashboard's GPU variable: the census's GPUs (Grafana's "All" is those values, joined by |)
         variable = json.loads(PANELS.read_text())["templating"]["list"][1]["query"]["query"]
         name = re.fullmatch(r"label_values\((\w+), hw_id\)", variable).group(1)
-        gpus = sorted({r["metric"]["hw_id"] for r in _query(web, name)["data"]["result"]})
+        gpus = sorted({r["metric"]["hw_id"] for r in prom.query(name)["data"]["result"]})
         assert gpus == [HW]
         got = {}
         for title, t in _panel_queries():
             q = t["expr"].replace("$__rate_interval", "1m").replace("$gpu", "|".join(gpus))
-            res = _query(web, q)
+            res = prom.query(q)
             assert res["status"] == "success", (title, q, res.get("error"))
             rows = res["data"]["result"]
             # under the census's key, for the census's GPU only (DCGM's other GPU stays out)
@@ -185,9 +160,4 @@ def test_a_real_prometheus_joins_every_panel_query(sidecar, dcgm, tmp_path):
         assert [(r["metric"]["modelName"], r["metric"]["Hostname"], float(r["value"][1])) for r in table] == \
             [("NVIDIA H200", "gpu-node", 1.0)]                                      # the census's one kernel
     finally:
-        server.terminate()
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        prom.stop()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy_client import last_span, send_raw
 from proxy_process import in_thread_proxies
 from otel_gpu_census.integrations.llamacpp import server
 
@@ -30,30 +31,6 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 def proxy(standin):
     with in_thread_proxies(standin.url) as make:
         yield make
-
-
-def _span(h, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = h.spans.get_finished_spans()
-        if got:
-            return got[-1]
-        time.sleep(0.02)
-    raise AssertionError("no span")
-
-
-def _raw(port, data: bytes, timeout=5.0) -> bytes:
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        s.sendall(data)
-        out = b""
-        while True:
-            d = s.recv(65536)
-            if not d:
-                return out
-            out += d
-    finally:
-        s.close()
 
 
 # ---- an upstream that breaks the chunked encoding mid-answer ------------------------------------
@@ -107,7 +84,7 @@ def test_broken_chunked_encoding_cuts_the_client_and_ends_the_span_with_upstream
         with pytest.raises(http.client.IncompleteRead):
             r.read()
         assert time.monotonic() - t0 < 5          # well before --upstream-timeout
-        s = _span(h)
+        s = last_span(h)
         assert s.attributes["gpu_census.proxy.outcome"] == "upstream_error"
         assert s.status.status_code.name == "ERROR" and "mid-answer" in s.status.description
     finally:
@@ -123,7 +100,7 @@ def test_deeply_nested_json_body_gets_a_span_with_status_and_outcome_and_no_trac
         c = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)
         c.request("POST", "/completion", body, {"Content-Type": "application/json"})
         status = c.getresponse().status
-        s = _span(h)
+        s = last_span(h)
     assert s.attributes["gpu_census.proxy.outcome"] == "complete"
     assert s.attributes["http.response.status_code"] == status
     # (the stand-in upstream's own aiohttp logs its RecursionError: only the proxy's records count)
@@ -148,11 +125,11 @@ def test_malformed_requests_log_one_short_line_rate_limited(proxy, caplog, monke
     h = proxy()
     with caplog.at_level(logging.WARNING):
         for _ in range(20):
-            assert _raw(h.port, b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\x1b[2J\r\n\r\n").startswith(b"HTTP/1.")
+            assert send_raw(h.port, b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\x1b[2J\r\n\r\n").startswith(b"HTTP/1.")
         time.sleep(0.2)
         first = [r for r in caplog.records if r.name == "otel_gpu_census.proxy.http"]
         time.sleep(2.0)                              # the quiet period is over: the next one is told
-        _raw(h.port, b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        send_raw(h.port, b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
         time.sleep(0.2)
     assert len(first) == 1 and first[0].exc_info is None
     text = first[0].getMessage()
@@ -255,14 +232,14 @@ def test_client_timeout_option():
                                   "/..%2fhealth", "/%2e%2e%5chealth", "/.%2e/health"])
 def test_dot_dot_never_leaves_the_upstream_prefix(proxy, standin, path):
     h = proxy(upstream=standin.url + "/prefix")
-    status = int(_raw(h.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()).split()[1])
+    status = int(send_raw(h.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()).split()[1])
     assert status == 400 and standin.seen == []
 
 
 def test_ordinary_paths_with_dots_still_pass(proxy, standin):
     h = proxy()
     for path in ("/echo?x=../y", "/echo"):
-        status = int(_raw(h.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()).split()[1])
+        status = int(send_raw(h.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()).split()[1])
         assert status == 200
     assert [s.raw_path for s in standin.seen] == ["/echo?x=../y", "/echo"]
 

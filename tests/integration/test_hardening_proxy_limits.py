@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy_client import last_span, read_until_closed
 from proxy_process import in_thread_proxies
 from otel_gpu_census.integrations.llamacpp import connections, server
 
@@ -33,29 +34,6 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 def proxy(standin):
     with in_thread_proxies(standin.url) as make:
         yield make
-
-
-def _span(h, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = h.spans.get_finished_spans()
-        if got:
-            return got[-1]
-        time.sleep(0.02)
-    raise AssertionError("no span")
-
-
-def _read_all(s: socket.socket, timeout: float) -> bytes:
-    s.settimeout(timeout)
-    out = b""
-    while True:
-        try:
-            d = s.recv(65536)
-        except socket.timeout:
-            raise AssertionError(f"still open after {timeout} s; got {out[:200]!r}")
-        if not d:
-            return out
-        out += d
 
 
 class RawUpstream:
@@ -101,11 +79,11 @@ def test_a_request_body_announced_and_never_sent_gets_408_and_frees_the_connecti
     s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n{\"prompt\":" % length)
     t0 = time.monotonic()
-    got = _read_all(s, 6.0)
+    got = read_until_closed(s, 6.0)
     s.close()
     assert got.startswith(b"HTTP/1.1 408 ") and time.monotonic() - t0 < 4
     assert b"no byte of its request body for 1 s (10 of %d bytes came)" % length in got
-    span = _span(h)
+    span = last_span(h)
     assert span.attributes["gpu_census.proxy.outcome"] == "client_timeout"
     assert span.attributes["http.response.status_code"] == 408
 
@@ -114,7 +92,7 @@ def test_a_chunked_request_body_that_stalls_gets_408(proxy):
     h = proxy(client_timeout_s=1.0)
     s = socket.create_connection(("127.0.0.1", h.port))
     s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n")
-    assert _read_all(s, 6.0).startswith(b"HTTP/1.1 408 ")
+    assert read_until_closed(s, 6.0).startswith(b"HTTP/1.1 408 ")
     s.close()
 
 
@@ -126,7 +104,7 @@ def test_a_slow_but_steady_request_body_is_not_cut(proxy, standin):
     for i in range(0, len(body), 10):             # 2.5 s in all, never 1 s without a byte
         s.sendall(body[i:i + 10])
         time.sleep(0.5)
-    assert _read_all(s, 10.0).startswith(b"HTTP/1.1 200 ")
+    assert read_until_closed(s, 10.0).startswith(b"HTTP/1.1 200 ")
     s.close()
 
 
@@ -233,7 +211,7 @@ def test_connections_past_the_cap_get_503_at_once_and_one_log_line(proxy, monkey
             s = socket.create_connection(("127.0.0.1", h.port))
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             t0 = time.monotonic()
-            got = _read_all(s, 3.0)
+            got = read_until_closed(s, 3.0)
             s.close()
             assert time.monotonic() - t0 < 1.5
             assert got.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in got
@@ -289,7 +267,7 @@ def test_past_the_descriptor_limit_clients_get_503_not_a_hang():
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         t0 = time.monotonic()
-        assert _read_all(s, 3.0).startswith(b"HTTP/1.1 503 ") and time.monotonic() - t0 < 1
+        assert read_until_closed(s, 3.0).startswith(b"HTTP/1.1 503 ") and time.monotonic() - t0 < 1
         s.close()
         served = 0
         for s in socks:                               # the rest were answered 503 (or reset, in the rush)
@@ -340,11 +318,11 @@ def test_an_upstream_101_is_refused(proxy):
         h = proxy(upstream=up.url)
         s = socket.create_connection(("127.0.0.1", h.port))
         s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-        got = _read_all(s, 5.0)
+        got = read_until_closed(s, 5.0)
         s.close()
         assert got.startswith(b"HTTP/1.1 502 ") and b"raw bytes" not in got
         assert b"upstream answered 101" in got
-        span = _span(h)
+        span = last_span(h)
         assert span.attributes["gpu_census.proxy.outcome"] == "upstream_error"
     finally:
         up.close()
@@ -365,7 +343,7 @@ def test_a_final_event_with_non_finite_timings_keeps_the_rest_of_the_span(proxy)
         c = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)
         c.request("POST", "/completion", b'{"prompt":"x","stream":true}')
         assert c.getresponse().read().endswith(final)
-        a = _span(h).attributes
+        a = last_span(h).attributes
     finally:
         up.close()
     assert a["gen_ai.usage.input_tokens"] == 5 and a["gen_ai.usage.output_tokens"] == 3

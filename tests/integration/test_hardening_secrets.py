@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from proxy_client import finished_spans
 from proxy_process import in_thread_proxies, listening_port, start_proxy
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
@@ -24,16 +25,6 @@ PASSWORD = "s3cret-Pw"
 def proxy(standin):
     with in_thread_proxies(standin.url) as make:
         yield make
-
-
-def _spans(h, n=1, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = h.spans.get_finished_spans()
-        if len(got) >= n:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"fewer than {n} spans")
 
 
 def _everything(spans) -> str:
@@ -75,7 +66,7 @@ def test_upstream_credentials_reach_the_upstream_only(proxy, standin, caplog):
         bodies.append(_post(h.port, "/completion", {"prompt": "x"}))
         down = proxy(upstream=f"http://alice:{PASSWORD}@127.0.0.1:{_closed_port()}")      # 503
         bodies.append(_post(down.port, "/completion", {"prompt": "x"}))
-        spans = _spans(h, 4) + _spans(down, 1)
+        spans = finished_spans(h, 4) + finished_spans(down, 1)
     assert [b[0] for b in bodies] == [502, 504, 503]
     for _, body in bodies:
         assert PASSWORD not in body.decode() and "REDACTED:REDACTED@127.0.0.1" in body.decode()
@@ -114,7 +105,7 @@ def test_secret_query_values_are_redacted_and_the_rest_kept(proxy, standin):
     h = proxy()
     qs = "api_key=K1&key=K2&token=K3&x-goog-signature=K4&hf_token=K5&model=m1&temperature=0.5&flag"
     _post(h.port, f"/completion?{qs}", {"prompt": "x"})
-    (span,) = _spans(h)
+    (span,) = finished_spans(h)
     assert span.attributes["url.query"] == ("api_key=REDACTED&key=REDACTED&token=REDACTED&x-goog-signature=REDACTED"
                                             "&hf_token=REDACTED&model=m1&temperature=0.5&flag")
     assert standin.seen[-1].raw_path == f"/completion?{qs}"          # forwarded as sent
@@ -136,7 +127,7 @@ def test_headers_and_prompts_stay_out_of_spans_and_logs(proxy, caplog):
             s.sendall(raw)
             assert s.recv(100).startswith(b"HTTP/1.")
             s.close()
-        spans = _spans(h, 2)
+        spans = finished_spans(h, 2)
         time.sleep(0.2)
     text = _everything(spans) + caplog.text
     assert "bad request from 127.0.0.1" in caplog.text
@@ -148,7 +139,7 @@ def test_client_text_is_escaped_and_bounded_in_spans(proxy):
     _post(h.port, "/completion%1b%5B2J", {"prompt": "x"})
     _post(h.port, "/completion", {"prompt": "x", "model": "m\x1b[31m\u202e" + "y" * 5000,
                                    "max_tokens": 10 ** 30})
-    plain, model = _spans(h, 2)
+    plain, model = finished_spans(h, 2)
     assert plain.attributes["url.path"] == "/completion\\x1b[2J" and "\x1b" not in plain.name
     m = model.attributes["gen_ai.request.model"]
     assert m.startswith("m\\x1b[31m\\u202e") and len(m) < 300 and "\x1b" not in model.name

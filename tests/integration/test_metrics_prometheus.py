@@ -10,8 +10,6 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from otel_gpu_census import census
 from otel_gpu_census.telemetry import census_metrics as metrics, nvml
 from otel_gpu_census.telemetry.sidecar import start_sidecar
-from ports import free_port
+from prometheus_server import Prometheus
 import request_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,15 +97,6 @@ def test_prometheus_config_passes_promtool():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def _query(port: int, expr: str):
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        body = json.loads(urllib.request.urlopen(url, timeout=5).read())
-    except urllib.error.HTTPError as e:        # a bad query is a 400 with the reason in the body
-        body = json.loads(e.read())
-    return body
-
-
 @pytest.mark.skipif(not shutil.which("prometheus"), reason="no prometheus server binary (Debian package prometheus)")
 def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, records, census_dir, tmp_path):
     r = records
@@ -128,42 +117,23 @@ def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, re
     req.finish(t0 + 900_000_000, output_tokens=9,
                cost=GpuCost(status=COMPLETE, share=Share(kernel_count=3, kernel_ns=3000,
                                                          copies={"dtoh": census.Stat(1, 65536, 1000)})))
-    web = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: census\n    static_configs:\n"
-                   f"      - targets: ['127.0.0.1:{handle.prometheus_port}']\n")
-    server = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                               f"--web.listen-address=127.0.0.1:{web}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    prom = Prometheus(tmp_path, {"census": handle.prometheus_port})
     try:
-        deadline = time.monotonic() + 60
-        want = 'rate(gpu_census_copy_bytes_total[1m])'      # needs two scrapes
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                res = _query(web, want)
-                if res["status"] == "success" and res["data"]["result"]:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "Prometheus never scraped two samples of the sidecar"
-            time.sleep(0.5)
-        res = _query(web, 'gpu_census_copy_bytes_total{gpu_census_copy_direction="dtoh"}')
+        def scraped_twice():
+            res = prom.query('rate(gpu_census_copy_bytes_total[1m])')      # needs two scrapes
+            return res["status"] == "success" and res["data"]["result"]
+        prom.wait_until(scraped_twice, "Prometheus never scraped two samples of the sidecar")
+        res = prom.query('gpu_census_copy_bytes_total{gpu_census_copy_direction="dtoh"}')
         assert [float(x["value"][1]) for x in res["data"]["result"]] == [65536.0]
         assert res["data"]["result"][0]["metric"]["process_pid"] == str(os.getpid())
         _, queries = dashboard_queries()
         nvml_names = {n for n, s in prometheus_names().items() if s in nvml.NVML_INSTRUMENTS}
         for title, expr in queries:
             q = expr.replace("$__rate_interval", "1m").replace("$gpu", ".*")
-            res = _query(web, q)
+            res = prom.query(q)
             assert res["status"] == "success", (title, q, res.get("error"))
             if not names_in(expr) <= nvml_names:    # census series exist here; NVML ones need a GPU
                 assert res["data"]["result"], f"panel {title!r} query returned nothing: {q}"
     finally:
-        server.terminate()
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        prom.stop()
         handle.stop()

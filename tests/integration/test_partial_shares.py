@@ -4,40 +4,23 @@ with the count and the reason on the span and in the request log; the others sta
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 
-from otel_gpu_census import injector
 from otel_gpu_census.attribution.steps import RING_SLOTS
 from otel_gpu_census.integrations.vllm.engine import EngineTelemetry
 from engine_standins import in_memory_telemetry  # tests/support
+from stepped_census import one_kernel_per_step, stopped_request
 
-T = 1_700_000_000_000_000_000
 LAP = 76                                     # steps written past one ring: the first LAP are overwritten
 
 
 def test_steps_the_ring_reused_before_settling_make_their_requests_partial(segments, records, tmp_path, monkeypatch):
     n_steps = RING_SLOTS + LAP
-    recs = []
-    for sid in range(1, n_steps + 1):
-        recs.append(records.external(sid, sid))
-        recs.append(records.kernel(T + sid * 1000, T + sid * 1000 + 100, corr=sid))
-
-    def complete(seg):
-        seg.complete_wall_ns = time.time_ns() + 3600 * 10**9
-    path = segments.segment(tmp_path, recs, final=False, edit=complete)
-    monkeypatch.setattr(injector, "segment_path", lambda: str(path))
-    monkeypatch.setattr(injector, "step_begin", lambda sid: True)
-    monkeypatch.setattr(injector, "step_end", lambda: None)
+    path = one_kernel_per_step(segments, records, tmp_path, monkeypatch, n_steps)
     rt, spans, _ = in_memory_telemetry("vllm", metrics=False)
     eng = EngineTelemetry(telemetry=rt, settle_period_s=3600)      # settling lags: nothing read until the end
     sched = SimpleNamespace(vllm_config=None)
-
-    def req(rid):
-        return SimpleNamespace(request_id=rid, arrival_time=time.time(), num_prompt_tokens=4, num_output_tokens=3,
-                               status=SimpleNamespace(name="FINISHED_STOPPED"), get_finished_reason=lambda: "stop",
-                               trace_headers=None)
-    early, late = req("cmpl-early-0-abcdefgh"), req("cmpl-late-0-abcdefgh")
+    early, late = stopped_request("cmpl-early-0-abcdefgh"), stopped_request("cmpl-late-0-abcdefgh")
     eng.request_added(sched, early)
     for sid in range(1, n_steps + 1):
         if sid == LAP + 1:

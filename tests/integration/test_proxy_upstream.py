@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from proxy_client import finished_spans
 from proxy_process import in_thread_proxies
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,16 +35,6 @@ def request(port, path, body=None, headers=None, method="POST", chunked=False):
     data = r.read()
     conn.close()
     return r.status, data
-
-
-def wait_spans(h, n, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        spans = h.spans.get_finished_spans()
-        if len(spans) >= n:
-            return spans
-        time.sleep(0.02)
-    raise AssertionError(f"{len(h.spans.get_finished_spans())} spans, wanted {n}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +194,7 @@ def test_a_reset_kept_connection_is_retried_once_on_a_new_one(make_proxy):
         assert request(p.port, "/completion", {"prompt": "a"}) == (200, b'{"n":1}')
         assert request(p.port, "/completion", {"prompt": "b"}) == (200, b'{"n":2}')
         assert [(i, json.loads(b)["prompt"]) for i, _, b in up.log] == [(0, "a"), (1, "b")]
-        spans = wait_spans(p, 2)
+        spans = finished_spans(p, 2, timeout=5.0)
         assert [s.attributes.get("gpu_census.proxy.upstream_retried") for s in spans] == [None, True]
     finally:
         up.close()
@@ -221,7 +212,7 @@ def test_a_request_the_upstream_read_before_closing_is_never_sent_twice(make_pro
         assert [json.loads(b)["prompt"] for _, _, b in up.log] == ["a", "b"]
         time.sleep(0.2)
         assert up.conns == 1                     # no second connection, so no second copy
-        span = wait_spans(p, 2)[1]
+        span = finished_spans(p, 2, timeout=5.0)[1]
         assert span.attributes["gpu_census.proxy.outcome"] == "upstream_error"
         assert "gpu_census.proxy.upstream_retried" not in span.attributes
     finally:

@@ -19,8 +19,8 @@ from otel_gpu_census.integrations.vllm.engine import EngineTelemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from otlp_receiver import OtlpReceiver  # noqa: E402
+from stepped_census import one_kernel_per_step, stopped_request  # noqa: E402
 
-T = 1_700_000_000_000_000_000
 N_STEPS = 300
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -30,17 +30,7 @@ def census(segments, records, tmp_path, monkeypatch):
     """An engine whose census segment holds one kernel per step (1..N_STEPS), live and complete up to
     an hour from now. (Not exited: an exited census means a stopping engine, whose settling does its
     final round at once, while these tests' engine still steps.)"""
-    recs = []
-    for sid in range(1, N_STEPS + 1):
-        recs.append(records.external(sid, sid))
-        recs.append(records.kernel(T + sid * 1000, T + sid * 1000 + 100, corr=sid))
-
-    def complete(seg):
-        seg.complete_wall_ns = time.time_ns() + 3600 * 10**9
-    path = segments.segment(tmp_path, recs, final=False, edit=complete)
-    monkeypatch.setattr(injector, "segment_path", lambda: str(path))
-    monkeypatch.setattr(injector, "step_begin", lambda sid: True)
-    monkeypatch.setattr(injector, "step_end", lambda: None)
+    path = one_kernel_per_step(segments, records, tmp_path, monkeypatch, N_STEPS)
     monkeypatch.setattr(injector, "finish", lambda: True)
     return path
 
@@ -64,10 +54,7 @@ def serve(eng, steps=N_STEPS, every=10, hook=None):
     for sid in range(1, steps + 1):
         if sid % every == 1:
             rid = f"cmpl-{sid}-0-abcdefgh"
-            live[rid] = SimpleNamespace(request_id=rid, arrival_time=time.time(), num_prompt_tokens=4,
-                                        num_output_tokens=3, status=SimpleNamespace(name="FINISHED_STOPPED"),
-                                        trace_headers={"traceparent": f"00-{TRACE}-{sid:016x}-01"},
-                                        get_finished_reason=lambda: "stop")
+            live[rid] = request(rid, sid)
             eng.request_added(sched, live[rid])
         got = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={r: 1 for r in live}))
         eng.end_step(got)
@@ -179,9 +166,8 @@ def test_an_engine_killed_without_shutdown_still_gets_what_its_census_counted_se
 
 
 def request(rid, sid):
-    return SimpleNamespace(request_id=rid, arrival_time=time.time(), num_prompt_tokens=4, num_output_tokens=3,
-                           status=SimpleNamespace(name="FINISHED_STOPPED"), get_finished_reason=lambda: "stop",
-                           trace_headers={"traceparent": f"00-{TRACE}-{sid:016x}-01"})
+    """A stopped request in the caller's trace TRACE, under its span `sid`."""
+    return stopped_request(rid, {"traceparent": f"00-{TRACE}-{sid:016x}-01"})
 
 
 def step(eng, live):
