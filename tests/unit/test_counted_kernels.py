@@ -396,13 +396,18 @@ def test_censuses_counted_at_the_calls_export_copy_bytes_and_no_copy_or_memset_t
 
 def test_a_per_request_kernel_time_without_its_eager_part_says_so(monkeypatch):
     """Events with eager launches and no pair to price them (a short program: a function's first sampled launch gets
-    no pair): the per-request figure is the graph part only, and the line says the eager kernels are left out."""
+    no pair): the per-request figure is the graph part only, and the line says so; with no graph part either it
+    is not a measured 0 but "not measured"."""
     from otel_gpu_census.report import render as report
     base = {"requests": 10, "scope": "serving", "kernel_count": 0.1, "kernel_ns": 0, "copies": {},
             "kernel_time_estimated": True}
     assert report._per_request_lines({**base, "kernel_time_unknown": True}, 1)[-1] == \
-        "  0.1 kernels per request, 0.000000 s kernel time per request (estimated, eager kernels left out: none sampled)"
+        "  0.1 kernels per request, kernel time not measured (too few eager launches for one to be timed)"
+    assert report._per_request_lines({**base, "kernel_time_unknown": True, "kernel_ns": 2_000_000}, 1)[-1] == \
+        "  0.1 kernels per request, 0.002000 s kernel time per request (estimated, graph launches only: no eager " \
+        "launch was timed)"
     assert report._per_request_lines(base, 1)[-1].endswith("s kernel time per request (estimated)")
+    assert report._kernel_time_words(KernelTime(0, estimated=True, unknown=True)) == report.NONE_TIMED
 
 
 def test_span_attributes_give_no_copy_time_where_nothing_timed_copies():

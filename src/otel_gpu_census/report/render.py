@@ -53,11 +53,17 @@ def kernel_times(censuses: Iterable[ProcessCensus]) -> Dict[str, KernelTime]:
     return out
 
 
+# a run too short for any of its eager launches to be timed (about 1 in EVENT_EVERY is, never a function's first)
+NONE_TIMED = "not measured (too few eager launches for one to be timed)"
+
+
 def _kernel_time_words(kt: KernelTime) -> str:
     if kt.unknown and not kt.estimated:
         return "not measured (counted at the calls, none timed)"
+    if kt.unknown and not kt.ns:
+        return NONE_TIMED
     return f"{seconds(kt.ns)} s" + (" (estimated)" if kt.estimated else "") + \
-        (" (eager kernels' time unknown: none sampled)" if kt.unknown else "")
+        (" (graph launches only: no eager launch was timed)" if kt.unknown else "")
 
 
 def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
@@ -573,10 +579,11 @@ def _per_request_lines(pr: dict, processes: int) -> List[str]:
     untimed = pr.get("kernel_time_unknown") and not pr.get("kernel_time_estimated")
     # estimated and unknown: eager launches and no sample to price them (events with few launches), so the
     # figure is the graph part only and must not read as the whole
-    how = (" (estimated, eager kernels left out: none sampled)" if pr.get("kernel_time_unknown") else " (estimated)") \
-        if pr.get("kernel_time_estimated") else ""
+    how = (" (estimated, graph launches only: no eager launch was timed)" if pr.get("kernel_time_unknown")
+           else " (estimated)") if pr.get("kernel_time_estimated") else ""
     lines.append(f"  {plural(pr['kernel_count'], 'kernel')} per request, " + (
         "kernel time not measured (counted at the calls, none timed)" if untimed else
+        f"kernel time {NONE_TIMED}" if pr.get("kernel_time_unknown") and not pr["kernel_ns"] else
         f"{seconds(pr['kernel_ns'])} s kernel time per request{how}"))
     return lines
 
