@@ -399,15 +399,17 @@ def test_open_requests_are_bounded(monkeypatch):
     assert all("open at once" in s.attributes["gpu_census.attribution.note"] for s in spans.get_finished_spans())
 
 
-def test_the_flops_split_reads_the_context_from_vllms_scheduler_output_and_the_shape_from_its_config(monkeypatch):
+@pytest.mark.parametrize("method, note", [("flops", "estimated FLOPs"), ("alone", "would cost alone")])
+def test_the_flops_split_reads_the_context_from_vllms_scheduler_output_and_the_shape_from_its_config(monkeypatch, method, note):
     """OTEL_GPU_CENSUS_ATTRIBUTION=flops: each request's kernels by its FLOPs in the step, from the real
-    SchedulerOutput's num_computed_tokens (new and running requests) and the model's LlamaConfig."""
+    SchedulerOutput's num_computed_tokens (new and running requests) and the model's LlamaConfig; =alone reads
+    the same (its first steps, before its fit has enough of them, are split by FLOPs too)."""
     import support_vllm
     from transformers import LlamaConfig
     from otel_gpu_census.attribution.cost_model import ModelShape, step_weights
     from otel_gpu_census.attribution.shares import split_weights
     from otel_gpu_census.census import Step
-    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", "flops")
+    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", method)
     eng, spans, _, steps = _engine_with_spans(monkeypatch)
     cfg = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
                       num_key_value_heads=4, vocab_size=32000)
@@ -431,5 +433,5 @@ def test_the_flops_split_reads_the_context_from_vllms_scheduler_output_and_the_s
                      {old.request_id: 1500, new.request_id: 8}, {old.request_id: 900, new.request_id: 40})
     assert [round(got[r.request_id]["gpu_census.kernel.time"] * 1e9) for r in (old, new)] == \
         split_weights(1_000_003, w, sum(w))
-    assert all(a["gpu_census.attribution.method"] == "step_flops" for a in got.values())
-    assert "estimated FLOPs" in got[old.request_id]["gpu_census.attribution.note"]
+    assert all(a["gpu_census.attribution.method"] == f"step_{method}" for a in got.values())
+    assert note in got[old.request_id]["gpu_census.attribution.note"]

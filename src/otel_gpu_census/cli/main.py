@@ -485,7 +485,7 @@ def _errors_in_tree(errors, pids):
 
 
 def _say_errors(errors) -> None:
-    from otel_gpu_census.report.render import printable
+    from otel_gpu_census.telemetry.redact import printable
     for e in errors:
         _say(printable(f"could not read {e.path}: {e.reason}"))
 

@@ -18,6 +18,7 @@ from otel_gpu_census.report import serving
 from otel_gpu_census.census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
                      KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, KernelTime,
                      ProcessCensus, Stat, merge_devices)
+from otel_gpu_census.telemetry.redact import printable
 from otel_gpu_census.report.figures import DIRECTION_LABELS, UNITS_NOTE, exact, human_size, per, percent, plural, seconds, size
 
 PEER_RECEIVED_LABEL = "peer-to-peer received"   # DeviceTotals.peer_recv: copies other devices sent here
@@ -690,14 +691,6 @@ def render_text(censuses: Sequence[ProcessCensus], requests: Optional[int] = Non
                              "time is in none of these figures")
         lines.extend(_engine_request_lines(censuses))
         lines.extend(explain.lines(censuses, facts, sv))
-    return printable("\n".join(lines).rstrip()) + "\n"
-
-
-def printable(text: str) -> str:
-    """`text` with every non-printable character but the newline escaped (\\x1b, \\u202e): a segment's
-    comm and note, and file names, are written by whoever could write the folder, and terminal
-    escape sequences in them must not reach the terminal."""
-    if text.replace("\n", "").isprintable():
-        return text
-    return "".join(ch if ch == "\n" or ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
+    # a segment's comm and note, and file names, are written by whoever could write the folder: terminal
+    # escape sequences in them must not reach the terminal
+    return printable("\n".join(lines).rstrip(), lines=True) + "\n"

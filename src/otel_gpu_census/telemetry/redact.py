@@ -72,11 +72,13 @@ def url(text: str) -> str:
     return f"{scheme}://{where}{tail}"
 
 
-def printable(text: str) -> str:
-    """`text` with every character that is not printable escaped (``\\x1b``, ``\\n``, ``\\u202e``)."""
-    if text.isprintable():
+def printable(text: str, lines: bool = False) -> str:
+    """`text` with every character that is not printable escaped (``\\x1b``, ``\\n``, ``\\u202e``);
+    `lines`: newlines kept (a report of many lines)."""
+    if (text.replace("\n", "") if lines else text).isprintable():
         return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return "".join(c if c.isprintable() or (lines and c == "\n") else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 def cut(text: str, limit: int = TEXT_LIMIT) -> str:
