@@ -466,3 +466,22 @@ def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, 
         si.GUARD.current = None
     assert eng.shape == ModelShape.of(mc.hf_config)
     assert [e.before for e in eng.ledger._book] == [{"a": 16, "b": 0}, {"a": 40, "b": 30}]
+
+
+@pytest.mark.parametrize("enabled, set_by_user, want", [
+    (True, {}, "collector:4317"),                                          # SGLang's tracing on: its endpoint
+    (False, {}, None),                                                     # off: SGLang sends nothing anywhere
+    (True, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://mine:4318"}, None),     # the user's own OTEL_* wins
+    (True, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://mine:4318/v1/traces"}, "http://mine:4318/v1/traces")])
+def test_with_sglangs_tracing_on_our_spans_follow_its_endpoint_unless_the_user_named_one(monkeypatch, enabled,
+                                                                                          set_by_user, want):
+    import sglang.srt.runtime_context as rc
+    for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in set_by_user.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(rc, "get_observability",
+                        lambda: SimpleNamespace(enable_trace=enabled, otlp_traces_endpoint="collector:4317"))
+    si._follow_traces_endpoint()
+    import os
+    assert os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == want

@@ -52,8 +52,29 @@ NAME = "sglang"     # as OTEL_PYTHON_DISABLED_INSTRUMENTATIONS and SGLANG_PLUGIN
 _providers: Tuple[Any, Any] = (None, None)   # (tracer, meter) providers given to instrument()
 
 
+TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+
+
+def _follow_traces_endpoint() -> None:
+    """SGLang's --otlp-traces-endpoint, when its tracing is on (--enable-trace), is where SGLang sends its own
+    spans: ours go there too (the variable the span exporter reads, here and in a settling child started
+    later), unless an OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT names where. Read before the first span."""
+    if os.environ.get(TRACES_ENDPOINT) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return
+    try:
+        from sglang.srt.runtime_context import get_observability
+        obs = get_observability()
+    except Exception:            # an SGLang without it, or its configuration not published in this process
+        return
+    endpoint = getattr(obs, "otlp_traces_endpoint", None)
+    if getattr(obs, "enable_trace", False) is True and isinstance(endpoint, str) and endpoint:
+        os.environ[TRACES_ENDPOINT] = endpoint
+        log.info("otel-gpu-census: request spans go to SGLang's --otlp-traces-endpoint %s", endpoint)
+
+
 def _make_engine():
     from otel_gpu_census.integrations.sglang.engine import SchedulerTelemetry
+    _follow_traces_endpoint()
     return make_engine(SchedulerTelemetry, _providers)
 
 
