@@ -188,3 +188,22 @@ def test_the_core_never_loads_a_web_framework(module):
     code = f"import sys, {module}; print('aiohttp' in sys.modules, 'multidict' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_clients_naming_many_models_get_a_bounded_model_label_and_spans_keep_the_name(rig):
+    """The proxy takes `model` from the client's request: past MODEL_LABELS distinct names the metrics say
+    _OTHER (as the HTTP conventions do for a method they do not know); the span keeps what was asked."""
+    from otel_gpu_census.telemetry.instruments import MODEL_LABELS, OTHER_MODEL
+    tel, spans, reader = rig
+    for i in range(MODEL_LABELS + 10):
+        req = tel.start(start_ns=T0, operation="chat", model=f"m{i}", span_name=f"chat m{i}")
+        req.finish(T0 + MS)
+    req = tel.start(start_ns=T0, operation="chat", model="m0", span_name="chat m0")   # a known one stays itself
+    req.finish(T0 + MS)
+    models = [dict(p.attributes)["gen_ai.request.model"] for p in points(reader)["gen_ai.server.request.duration"]]
+    assert len(models) == MODEL_LABELS + 1 and models.count(OTHER_MODEL) == 1
+    assert {f"m{i}" for i in range(MODEL_LABELS)} | {OTHER_MODEL} == set(models)
+    by_model = {dict(p.attributes)["gen_ai.request.model"]: p.count for p in points(reader)["gen_ai.server.request.duration"]}
+    assert by_model[OTHER_MODEL] == 10 and by_model["m0"] == 2
+    assert {s.attributes["gen_ai.request.model"] for s in spans.get_finished_spans()} == {
+        f"m{i}" for i in range(MODEL_LABELS + 10)}

@@ -1,5 +1,7 @@
 """The request metrics every integration records (engine-neutral). Attributes are bounded: operation,
-provider, model, error type, copy direction; never request ids.
+provider, model, error type, copy direction; never request ids. A client names the model (the proxy reads it
+from the request), so a process labels at most MODEL_LABELS distinct models; later ones are labelled
+OTHER_MODEL (their spans keep the name), and no client can grow the metrics without bound.
 
 | name | instrument | unit | attributes |
 |---|---|---|---|
@@ -35,6 +37,9 @@ KERNEL_TIME_BUCKETS = [1e-4 * 4 ** k for k in range(12)]
 IN_FLIGHT = "gpu_census.requests.in_flight"
 DROPPED = "gpu_census.requests.dropped"
 COPY_DIRECTIONS = ("htod", "dtoh")
+MODEL = "gen_ai.request.model"
+MODEL_LABELS = 64
+OTHER_MODEL = "_OTHER"            # as the HTTP conventions label a method they do not know
 
 
 class RequestInstruments:
@@ -42,6 +47,7 @@ class RequestInstruments:
 
     def __init__(self, meter_provider: Optional[MeterProvider] = None, name: str = "otel_gpu_census"):
         meter = (meter_provider or get_meter_provider()).get_meter(name, __version__)
+        self._models: set = set()        # the model label values given out (MODEL_LABELS at most)
         self.ttft = meter.create_histogram(
             "gen_ai.server.time_to_first_token", unit="s",
             description="Time from the request reaching the server (or its proxy) to the first generated token",
@@ -72,6 +78,15 @@ class RequestInstruments:
             DROPPED, unit="{request}",
             description="Requests an engine served that got no span or request log line (their settling "
                         "process died before it settled them)")
+
+    def model_label(self, model: str) -> str:
+        """`model` as a metric label: itself while fewer than MODEL_LABELS models are labelled, else OTHER_MODEL."""
+        if model in self._models:
+            return model
+        if len(self._models) < MODEL_LABELS:
+            self._models.add(model)
+            return model
+        return OTHER_MODEL
 
     def dropped(self, n: int, attrs: Dict[str, str]) -> None:
         self.dropped_requests.add(n, attrs)

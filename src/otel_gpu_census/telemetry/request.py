@@ -229,7 +229,7 @@ class TrackedRequest:
         ctx = trace.set_span_in_context(self.span)
         labels = dict(self._base)
         if self.model:
-            labels[MODEL] = self.model
+            labels[MODEL] = self._instruments.model_label(self.model)
         if error_type is not None:
             labels[ERROR_TYPE] = error_type
         ok = error_type is None
