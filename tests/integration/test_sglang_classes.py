@@ -441,14 +441,16 @@ def test_a_req_sglang_lets_go_of_unseen_is_closed_by_the_sweep(loaded, tagged):
     assert engine_steps.SWEPT in sp.attributes["gpu_census.attribution.note"]
 
 
-def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, monkeypatch):
-    """OTEL_GPU_CENSUS_ATTRIBUTION=flops: an extend batch's prefix_lens and a decode batch's seq_lens_cpu
-    (the new token already counted in) are the context before each request's tokens."""
+@pytest.mark.parametrize("method", ["flops", "alone"])
+def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, monkeypatch, method):
+    """OTEL_GPU_CENSUS_ATTRIBUTION=flops (and alone, which weighs the same FLOPs): an extend batch's prefix_lens
+    and a decode batch's seq_lens_cpu (the new token already counted in) are the context before each request's
+    tokens."""
     import torch
     from sglang.srt.configs.model_config import ModelConfig
     from transformers import LlamaConfig
     from otel_gpu_census.attribution.cost_model import ModelShape
-    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", "flops")
+    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", method)
     census = Census(complete=1 << 62)
     eng, spans = _engine(census)
     mc = object.__new__(ModelConfig)
@@ -464,7 +466,7 @@ def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, 
             reqs=[a, b], forward_mode=ForwardMode.DECODE, seq_lens_cpu=torch.tensor([41, 31])))
     finally:
         si.GUARD.current = None
-    assert eng.shape == ModelShape.of(mc.hf_config)
+    assert eng.shape == ModelShape.of(mc.hf_config) and eng.ledger.method == f"step_{method}"
     assert [e.before for e in eng.ledger._book] == [{"a": 16, "b": 0}, {"a": 40, "b": 30}]
 
 
