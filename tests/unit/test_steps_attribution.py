@@ -526,8 +526,8 @@ def test_steps_the_census_has_seen_nothing_of_wait_for_one_more_flush_all_togeth
 
 from types import SimpleNamespace  # noqa: E402
 
-from otel_gpu_census.attribution.cost_model import ModelShape, step_weights  # noqa: E402
-from otel_gpu_census.attribution.steps import ALONE_METHOD, FIT_MIN_STEPS, FLOPS_METHOD, METHOD, CostFit  # noqa: E402
+from otel_gpu_census.attribution.cost_model import FIT_MIN_STEPS, CostFit, ModelShape, step_weights  # noqa: E402
+from otel_gpu_census.attribution.steps import ALONE_METHOD, FLOPS_METHOD, METHOD  # noqa: E402
 
 LLAMA = SimpleNamespace(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
                         intermediate_size=4096, vocab_size=32000, hidden_act="silu")

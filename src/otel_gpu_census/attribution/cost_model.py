@@ -19,6 +19,10 @@ Integers throughout, so the split of each step stays exact (``shares.split_weigh
 allocation of the measured step totals in proportion to estimated work, not a measurement of each
 request: memory-bound phases (decode reading the KV cache and the weights) and fixed per-launch costs
 do not follow FLOPs, and full (not sliding-window) attention is assumed.
+
+Those costs are what :class:`CostFit` adds: a step's measured kernel time against its FLOPs, fitted over the
+run's steps, gives what a step costs whatever it computes (its intercept), which a request run alone would pay
+on every step.
 """
 from __future__ import annotations
 
@@ -107,3 +111,45 @@ def step_weights(shape: ModelShape, keys: Sequence[Hashable], tokens: Mapping[Ha
         p = prompt.get(k)
         out.append(shape.flops(n, b, 0 if p is not None and b + n < p else 1))
     return out
+
+
+FIT_MIN_STEPS = 32      # steps fitted before the fit weighs a split (until then: FLOPs)
+
+
+class CostFit:
+    """A step's kernel time against its FLOPs, fitted by least squares over the steps split so far:
+    time = fixed + per_flop x FLOPs. `fixed` is what a step costs whatever it computes (reading the
+    weights, launch-bound kernels, sampling); a request run alone pays it on every step, so
+    the alone split (``steps.ALONE_METHOD``) weighs each request in a step by what its part would cost
+    alone, FLOPs + fixed / per_flop. Under the default collector a step's eager kernels are mostly counted, not timed: its time
+    is its records' time plus its untimed eager launches at the mean of the timed ones so far."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mx = self.my = self.cxx = self.cxy = 0.0
+        self.eager_traced = 0
+        self.eager_traced_ns = 0
+
+    def add(self, flops: int, values: Sequence[int]) -> None:
+        """One step's (one process's) flat values, the FLOPs of the requests it served."""
+        launches, traced, traced_ns = values[-3:]
+        self.eager_traced += traced
+        self.eager_traced_ns += traced_ns
+        mean = self.eager_traced_ns / self.eager_traced if self.eager_traced else 0.0
+        y = values[1] + max(launches - traced, 0) * mean
+        self.n += 1
+        dx = flops - self.mx
+        self.mx += dx / self.n
+        self.my += (y - self.my) / self.n
+        self.cxx += dx * (flops - self.mx)
+        self.cxy += dx * (y - self.my)
+
+    def fixed_flops(self) -> Optional[int]:
+        """A step's fixed cost in FLOPs' worth (fixed / per_flop); -1: no cost grows with FLOPs (equal
+        shares); None: too few steps, or all of one size, to tell."""
+        if self.n < FIT_MIN_STEPS or self.cxx <= 0:
+            return None
+        slope = self.cxy / self.cxx
+        if slope <= 0:
+            return -1
+        return max(0, int((self.my - slope * self.mx) / slope))

@@ -11,12 +11,13 @@ largest remainder (``attribution.split_weights``: ties to the request scheduled 
     sum of the requests' shares + what no request can claim == the steps' totals, for every field.
 
 How a step's kernels are split is the ledger's *method* (the span's ``gpu_census.attribution.method``):
-``step_tokens`` by scheduled tokens (the default), or ``step_flops`` by each request's estimated FLOPs
-in the step (``cost_model.py``: its tokens, the context before them, the model's shape), which follows
-attention's growth with context, or ``step_alone`` by what each request's part of the step would cost
-alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``CostFit``). Copies and memsets are split by tokens either way (inputs and sampled
-outputs scale with tokens). Either way a request's share is an allocation of measured step totals,
-not a measurement of the request.
+``step_tokens`` by scheduled tokens (the default); ``step_flops`` by each request's estimated FLOPs in
+the step (``cost_model.py``: its tokens, the context before them, the model's shape), which follows
+attention's growth with context; or ``step_alone`` by what each request's part of the step would cost
+alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``cost_model.CostFit``).
+Copies and memsets are split by tokens in every method (inputs and sampled outputs scale with tokens).
+Whatever the method, a request's share is an allocation of measured step totals, not a measurement of
+the request.
 
 A share that misses work says so (status ``partial``, with notes): steps that served the request but
 were gone from the census when their turn came (its step ring was reused under a settling lag, or
@@ -76,7 +77,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableM
 
 from otel_gpu_census._native import consts as _consts
 from otel_gpu_census.census import KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
-from otel_gpu_census.attribution.cost_model import ModelShape, step_weights
+from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, step_weights
 from otel_gpu_census.attribution.shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
@@ -157,48 +158,6 @@ class _Traced:
     traced: int = 0
     span: int = 0
     counted: bool = False
-
-
-FIT_MIN_STEPS = 32      # steps fitted before the fit weighs a split (until then: FLOPs)
-
-
-class CostFit:
-    """A step's kernel time against its FLOPs, fitted by least squares over the steps split so far:
-    time = fixed + per_flop x FLOPs. `fixed` is what a step costs whatever it computes (reading the
-    weights, launch-bound kernels, sampling); a request run alone pays it on every step, so
-    ALONE_METHOD weighs each request in a step by what its part would cost alone, FLOPs + fixed /
-    per_flop. Under the default collector a step's eager kernels are mostly counted, not timed: its time
-    is its records' time plus its untimed eager launches at the mean of the timed ones so far."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.mx = self.my = self.cxx = self.cxy = 0.0
-        self.eager_traced = 0
-        self.eager_traced_ns = 0
-
-    def add(self, flops: int, values: Sequence[int]) -> None:
-        """One step's (one process's) flat values, the FLOPs of the requests it served."""
-        launches, traced, traced_ns = values[-3:]
-        self.eager_traced += traced
-        self.eager_traced_ns += traced_ns
-        mean = self.eager_traced_ns / self.eager_traced if self.eager_traced else 0.0
-        y = values[1] + max(launches - traced, 0) * mean
-        self.n += 1
-        dx = flops - self.mx
-        self.mx += dx / self.n
-        self.my += (y - self.my) / self.n
-        self.cxx += dx * (flops - self.mx)
-        self.cxy += dx * (y - self.my)
-
-    def fixed_flops(self) -> Optional[int]:
-        """A step's fixed cost in FLOPs' worth (fixed / per_flop); -1: no cost grows with FLOPs (equal
-        shares); None: too few steps, or all of one size, to tell."""
-        if self.n < FIT_MIN_STEPS or self.cxx <= 0:
-            return None
-        slope = self.cxy / self.cxx
-        if slope <= 0:
-            return -1
-        return max(0, int((self.my - slope * self.mx) / slope))
 
 
 def _flat(step: Step) -> List[int]:
