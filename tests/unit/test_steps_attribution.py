@@ -680,6 +680,11 @@ def test_the_fit_says_nothing_until_it_can_and_equal_shares_where_no_cost_grows_
     for i in range(FIT_MIN_STEPS):
         flat_fit.add(1000 * (i + 1), [1, 700 - i, *([0] * (WIDTH - 2))])       # cost falls as FLOPs grow: nothing to weigh
     assert flat_fit.fixed_flops() == -1
+    tiny = CostFit()                    # a slope next to nothing: equal shares, not an OverflowError
+    for i in range(FIT_MIN_STEPS):
+        tiny.add(1000 * (i + 1), [1, 5000, *([0] * (WIDTH - 2))])
+    tiny.cxx, tiny.cxy = 1.0, 1e-320    # fixed / per_flop = 5000 / 1e-320: inf in floats
+    assert tiny.fixed_flops() == -1
     # untimed eager launches are priced at the timed ones' mean: 10 launches, 2 timed for 300 ns -> 150 each
     eager = CostFit()
     eager.add(5, [1, 1000, *([0] * (WIDTH - 5)), 10, 2, 300])

@@ -26,6 +26,7 @@ on every step.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Hashable, List, Mapping, Optional, Sequence
 
@@ -114,6 +115,7 @@ def step_weights(shape: ModelShape, keys: Sequence[Hashable], tokens: Mapping[Ha
 
 
 FIT_MIN_STEPS = 32      # steps fitted before the fit weighs a split (until then: FLOPs)
+FIXED_FLOPS_MAX = 1e24  # a fixed cost beyond this many FLOPs' worth: every part costs the same (equal shares)
 
 
 class CostFit:
@@ -150,6 +152,7 @@ class CostFit:
         if self.n < FIT_MIN_STEPS or self.cxx <= 0:
             return None
         slope = self.cxy / self.cxx
-        if slope <= 0:
+        fixed = (self.my - slope * self.mx) / slope if slope > 0 else math.inf
+        if not fixed < FIXED_FLOPS_MAX:      # nothing grows with FLOPs, or next to nothing (also inf, nan)
             return -1
-        return max(0, int((self.my - slope * self.mx) / slope))
+        return max(0, int(fixed))
