@@ -35,12 +35,13 @@ def cpu_of(program: str, settle_s: float) -> dict:
 
 def test_a_trees_cpu_is_counted_per_role_and_thread_children_in_sessions_of_their_own_too():
     got = cpu_of(TREE, 0.4)
-    # the parent (no role word: its comm) spins one thread, its main thread sleeps; the settling child spins
+    # the parent (no role word: its comm) spins one thread, its main thread sleeps; the settling child spins.
+    # A spinner gets at most the 1.5 s window, and on a busy machine less: at least a third of it, asserted
     settle = got["settle"]
-    assert settle["processes"] == 1 and 1.0 <= settle["cpu_s"] <= 1.7
+    assert settle["processes"] == 1 and 0.5 <= settle["cpu_s"] <= 1.7
     assert list(settle["threads"]) == ["main"]
     (parent,) = [v for k, v in got.items() if k != "settle"]
-    assert 1.0 <= parent["cpu_s"] <= 1.7 and parent["threads"].get("main", 0) < 0.2
+    assert 0.5 <= parent["cpu_s"] <= 1.7 and parent["threads"].get("main", 0) < 0.2
 
 
 def test_a_pid_that_is_gone_is_an_empty_tree():
