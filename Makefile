@@ -2,6 +2,7 @@
 # make gpu-test: the GPU suite (on a machine with an NVIDIA GPU, nvcc and PyTorch).
 # make test-vllm: the tests against the real vLLM classes, in a CPU-only environment of its own
 #   (tests/vllm_env.sh: torch 2.13.0 CPU, vLLM 0.25.1 --no-deps and the packages its imports need).
+# make test-vllm-latest: the same tests against vLLM 0.34.0 (tests/vllm_latest_cpu_requirements.txt).
 # make test-sglang: the same for SGLang 0.5.23 (tests/sglang_env.sh, tests/integration/test_sglang_*.py).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -23,6 +24,10 @@ test-vllm:
 	tests/vllm_env.sh .venv-vllm
 	.venv-vllm/bin/python -m pytest -q tests/integration/test_vllm_*.py; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
+test-vllm-latest:
+	tests/vllm_env.sh .venv-vllm-latest tests/vllm_latest_cpu_requirements.txt
+	.venv-vllm-latest/bin/python -m pytest -q tests/integration/test_vllm_*.py
+
 test-sglang:
 	tests/sglang_env.sh .venv-sglang
 	.venv-sglang/bin/python -m pytest -q tests/integration/test_sglang_*.py tests/unit/test_sglang_engine.py
@@ -30,4 +35,4 @@ test-sglang:
 gpu-test:
 	$(PYTHON) -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py
 
-.PHONY: install test test-vllm test-sglang gpu-test
+.PHONY: install test test-vllm test-vllm-latest test-sglang gpu-test

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# tests/engine_env.sh ENGINE VENV: a virtual environment in which the real classes of an LLM engine import
+# tests/engine_env.sh ENGINE VENV [REQS]: a virtual environment in which the real classes of an LLM engine import
 # on a CPU-only machine, for its tests in tests/integration (ENGINE: vllm or sglang; tests/vllm_env.sh and
 # tests/sglang_env.sh call this). The project with its test extras, torch 2.13.0 (the CPU build: where pip
 # finds that file on disk, no CUDA download), then the engine and the packages its imports reach, all
-# --no-deps at the versions in tests/ENGINE_cpu_requirements.txt (the engines' own metadata ask for other
-# torch pins and several GB of CUDA packages), then tests/support/ENGINE_env_check.py, which imports the
-# classes the hooks wrap and checks the engine's version. Idempotent: a stamp in VENV records the inputs;
+# --no-deps at the versions in REQS (tests/ENGINE_cpu_requirements.txt by default; the engines' own metadata
+# ask for other torch pins and several GB of CUDA packages), then tests/support/ENGINE_env_check.py, which
+# imports the classes the hooks wrap and checks the engine's version against REQS's pin. Idempotent: a stamp in VENV records the inputs;
 # nothing is done while they are unchanged. On failure: one line naming the step and the log, exit 1.
 set -uo pipefail
 
-if [ $# -ne 2 ] || [ -z "$1" ] || [ -z "$2" ]; then
-  echo "usage: tests/engine_env.sh vllm|sglang VENV" >&2
+if [ $# -lt 2 ] || [ $# -gt 3 ] || [ -z "$1" ] || [ -z "$2" ]; then
+  echo "usage: tests/engine_env.sh vllm|sglang VENV [REQS]" >&2
   exit 2
 fi
 engine=$1 venv=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
-reqs=tests/${engine}_cpu_requirements.txt
+reqs=${3:-tests/${engine}_cpu_requirements.txt}
 check=tests/support/${engine}_env_check.py
 [ -f "$root/$reqs" ] && [ -f "$root/$check" ] || { echo "${engine}_env: no $reqs or $check" >&2; exit 2; }
 python=${PYTHON:-python3}
@@ -53,5 +53,5 @@ step project "${pip[@]}" install -q '.[test]' "$torch_pin"
 # A CUDA build here would mean pip did not find the CPU file and downloaded GBs: say so rather than go on.
 step torch-cpu "$venv/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda is None else 'torch is a CUDA build: ' + torch.__version__)"
 step "$engine" "${pip[@]}" install -q --no-deps -r "$reqs"
-step import "$venv/bin/python" "$check"
+step import env ENGINE_REQS="$root/$reqs" "$venv/bin/python" "$check"
 echo "$digest" >"$stamp"

@@ -43,6 +43,12 @@ def scheduler(reqs, running):
     s.finished_recving_kv_req_ids, s.failed_recving_kv_req_ids = set(), set()
     s._inflight_prefills, s.finished_req_ids, s.finished_req_ids_dict = set(), set(), None
     s.connector, s.defer_block_free = None, False
+    s.ec_connector = None                       # read by _free_request from vLLM 0.27 on
+    # and what 0.34's finish_requests / _free_request read besides
+    s.kv_holding_waiting, s.async_kv_waiting, s.deferred_waiting = Queue(), Queue(), set()
+    s.deferred_loads, s._aborted_kv_loads, s._pending_encoder_input_ids = {}, set(), {}
+    s.aux_output_connector, s._kv_fetch_stages = None, None
+    s._parked_reserved_blocks, s._parked_reservations = 0, {}
     s.encoder_cache_manager = SimpleNamespace(free=lambda r: None)
     s.kv_cache_manager = SimpleNamespace(free=lambda r: None)
     s.vllm_config = None
@@ -76,7 +82,8 @@ def test_aborted_and_failed_requests_end_in_error_and_their_shares_conserve(monk
             steps[eng.sid] = Step(id=eng.sid, kernel_count=31, kernel_ns=3100 + n, copies={"dtoh": Stat(1, 1001, 9)})
         # the client of 0 hung up mid-decode; 3 never got scheduled and its client left too
         got = s.finish_requests([reqs[0].request_id, reqs[3].request_id], RequestStatus.FINISHED_ABORTED)
-        assert {rid for rid, _ in got} == {reqs[0].request_id, reqs[3].request_id}
+        # (req_id, client_index) pairs in 0.25, the Requests themselves from 0.27 on
+        assert {g.request_id if hasattr(g, "request_id") else g[0] for g in got} == {reqs[0].request_id, reqs[3].request_id}
         s.finish_requests(reqs[1].request_id, RequestStatus.FINISHED_ERROR)
         s.finish_requests(reqs[2].request_id, RequestStatus.FINISHED_LENGTH_CAPPED)
         assert eng.settle() == 4

@@ -75,14 +75,14 @@ class StandinOffloadingWorker(OffloadingWorker):
     def __init__(self, gpu):
         self.gpu, self.done, self.submitted = gpu, [], []
 
-    def submit_store(self, job_id, src_spec, dst_spec):
-        self.gpu.launch(copy=("dtoh", len(src_spec.block_ids) * PAGE))
+    def submit_store(self, job_id, src_spec, dst_spec):       # src_spec: device_ptrs in 0.34
+        self.gpu.launch(copy=("dtoh", gpu_blocks(src_spec) * PAGE))
         self.submitted.append(("store", job_id))
         self.done.append(job_id)
         return True
 
-    def submit_load(self, job_id, src_spec, dst_spec):
-        self.gpu.launch(copy=("htod", len(dst_spec.block_ids) * PAGE))
+    def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
+        self.gpu.launch(copy=("htod", gpu_blocks(dst_spec) * PAGE))
         self.submitted.append(("load", job_id))
         self.done.append(job_id)
         return True
@@ -98,6 +98,31 @@ class StandinOffloadingWorker(OffloadingWorker):
 
 def gpu_spec(blocks):
     return GPULoadStoreSpec(list(range(blocks)), group_sizes=[blocks], block_indices=[0])
+
+
+def gpu_blocks(spec):
+    """The GPU blocks a submit moves: a GPULoadStoreSpec (0.25-0.30) or the DevicePointers vLLM 0.34 resolves
+    it to."""
+    ids = getattr(spec, "block_ids", None)
+    return len(ids) if ids is not None else sum(spec.group_block_counts)
+
+
+def connector_worker():
+    """vLLM's OffloadingConnectorWorker: OffloadingConnectorWorker(spec) in 0.25; 0.27 on take the
+    vllm_config and kv_cache_config too (neither read outside register_kv_caches); 0.34 resolves a GPU spec
+    to device pointers in its KV caches: one CPU tensor of PAGE-byte blocks here."""
+    import inspect
+    if "kv_cache_config" not in inspect.signature(OffloadingConnectorWorker.__init__).parameters:
+        return OffloadingConnectorWorker(spec=None)      # its spec is only used by register_kv_caches
+    import torch
+    from vllm.v1.kv_offload import base
+    cw = OffloadingConnectorWorker(spec=SimpleNamespace(replicated_layout=False), vllm_config=None,
+                                   kv_cache_config=None)
+    if hasattr(base, "CanonicalKVCaches"):
+        cw._kv_caches = base.CanonicalKVCaches(
+            tensors=[base.CanonicalKVCacheTensor(tensor=torch.zeros(16, PAGE, dtype=torch.int8), page_size_bytes=PAGE)],
+            group_data_refs=[[base.CanonicalKVCacheRef(tensor_idx=0, page_size_bytes=PAGE)]])
+    return cw
 
 
 @pytest.fixture
@@ -116,7 +141,7 @@ def setup(monkeypatch):
     monkeypatch.setattr(vi.GUARD, "off", False)
     inst = vi.VllmInstrumentor()
     inst.instrument()
-    cw = OffloadingConnectorWorker(spec=None)          # its spec is only used by register_kv_caches
+    cw = connector_worker()
     cw.worker = StandinOffloadingWorker(gpu)
     yield SimpleNamespace(gpu=gpu, eng=eng, spans=spans, cw=cw)
     inst.uninstrument()
@@ -198,14 +223,38 @@ def test_a_job_the_metadata_never_named_is_counted_unclaimed(setup):
     assert Share.from_row(s.eng.ledger.unattributed).copy("dtoh").bytes == 6 * PAGE
 
 
+def test_a_store_flushed_by_handle_preemptions_lands_on_its_request(setup):
+    """From 0.27 on handle_preemptions submits the store jobs in jobs_to_flush itself, taking them out of
+    store_jobs before prepare_store_kv sees them: the hook learns their requests from the metadata first."""
+    import inspect
+    if "store_jobs.pop" not in inspect.getsource(inspect.unwrap(OffloadingConnectorWorker.handle_preemptions)):
+        pytest.skip("this vLLM's handle_preemptions submits no store job of the step's metadata (0.25)")
+    s = setup
+    a = req("a-00000001")
+    s.eng.request_added(SimpleNamespace(vllm_config=None), a)
+    run_step(s, {a.request_id: 8}, OffloadingConnectorMetadata(
+        load_jobs={}, store_jobs={5: TransferJob(a.request_id, gpu_spec(3), CPULoadStoreSpec([7]))},
+        jobs_to_flush={5}))
+    s.eng.request_freed(a)
+    assert s.eng.settle() == 1
+    assert s.cw.worker.submitted == [("store", 5)]
+    (sp,) = s.spans.get_finished_spans()
+    assert sp.attributes["gpu_census.kv_offload.copy.dtoh.bytes"] == 3 * PAGE
+    assert Share.from_row(s.eng.ledger.unattributed).is_zero()
+
+
 def test_the_connector_calls_the_hooks_read_exist_in_vllm():
     import inspect
     sig = {n: list(inspect.signature(inspect.unwrap(getattr(OffloadingConnectorWorker, n))).parameters)
            for n in ("prepare_store_kv", "handle_preemptions", "start_kv_transfers")}
     assert sig == {"prepare_store_kv": ["self", "metadata"], "handle_preemptions": ["self", "kv_connector_metadata"],
                    "start_kv_transfers": ["self", "metadata"]}
-    for n in ("submit_store", "submit_load"):
-        assert list(inspect.signature(getattr(OffloadingWorker, n)).parameters) == ["self", "job_id", "src_spec", "dst_spec"]
+    # 0.25-0.30: (job_id, src_spec, dst_spec), the GPU side a GPULoadStoreSpec; later releases hand the GPU
+    # side over as device_ptrs (DevicePointers) in 0.34, submit_load with an expedited flag after them
+    assert list(inspect.signature(OffloadingWorker.submit_store).parameters) in (
+        ["self", "job_id", "src_spec", "dst_spec"], ["self", "job_id", "device_ptrs", "dst_spec"])
+    assert list(inspect.signature(OffloadingWorker.submit_load).parameters) in (
+        ["self", "job_id", "src_spec", "dst_spec"], ["self", "job_id", "src_spec", "device_ptrs", "expedited"])
     assert {f for f in TransferJob.__dataclass_fields__} >= {"req_id", "src_spec", "dst_spec"}
     # vLLM's default for --kv-offloading-size is this connector (not SimpleCPUOffloadConnector)
     from vllm import envs

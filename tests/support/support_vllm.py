@@ -45,23 +45,39 @@ def make_scheduler_output(num_scheduled_tokens: Mapping[str, int], finished: Ite
     if unknown:
         raise ValueError(f"new requests with no scheduled tokens: {sorted(unknown)}")
     running = [req_id for req_id in tokens if req_id not in new_ids]
-    cached = CachedRequestData(
+    cached = _fields_of(
+        CachedRequestData,
         req_ids=running,
-        resumed_req_ids=set(),
+        resumed_req_ids=set(),              # gone in 0.34
         new_token_ids=[],
-        all_token_ids={},
+        all_token_ids={},                   # gone in 0.34
         new_block_ids=[None] * len(running),
         num_computed_tokens=[0] * len(running),
         num_output_tokens=[0] * len(running),
     )
-    return SchedulerOutput(
-        scheduled_new_reqs=[NewRequestData.from_request(r, block_ids=([],)) for r in new],
+    return _fields_of(
+        SchedulerOutput,
+        scheduled_new_reqs=[_new_request_data(r) for r in new],
         scheduled_cached_reqs=cached,
         num_scheduled_tokens=tokens,
         total_num_scheduled_tokens=sum(tokens.values()),
         scheduled_spec_decode_tokens={},
         scheduled_encoder_inputs={},
-        num_common_prefix_blocks=[],
+        num_common_prefix_blocks=[],        # gone in 0.34
         finished_req_ids=set(finished),
         free_encoder_mm_hashes=[],
     )
+
+
+def _fields_of(cls, **fields):
+    """cls(**fields) with only the fields this vLLM's dataclass has (later releases dropped some)."""
+    return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+
+
+def _new_request_data(request: Request) -> NewRequestData:
+    """NewRequestData.from_request as the scheduler calls it: prefill_token_ids is optional up to 0.30 (None
+    from the V1 model runner), required in 0.34 (the request's prefill_token_ids)."""
+    import inspect
+    if inspect.signature(NewRequestData.from_request).parameters["prefill_token_ids"].default is None:
+        return NewRequestData.from_request(request, block_ids=([],))
+    return NewRequestData.from_request(request, ([],), request.prefill_token_ids)

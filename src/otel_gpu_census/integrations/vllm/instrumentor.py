@@ -252,7 +252,12 @@ class VllmInstrumentor(BaseInstrumentor):
             if mod is None:
                 continue
             owner, attr = _owner(mod, name)
-            if owner is not None and isinstance(vars(owner).get(attr), wrapt.FunctionWrapper):
+            wrapper = vars(owner).get(attr) if owner is not None else None
+            if not isinstance(wrapper, wrapt.FunctionWrapper):
+                continue
+            if isinstance(owner, type) and any(vars(c).get(attr) is wrapper.__wrapped__ for c in owner.__mro__[1:]):
+                delattr(owner, attr)    # wrapped where it was inherited (0.34: BaseServing's)
+            else:
                 unwrap(owner, attr)
 
 

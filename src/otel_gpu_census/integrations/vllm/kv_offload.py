@@ -79,6 +79,13 @@ class KvTransfers:
             return False
         if loads:
             self._remember(getattr(metadata, "load_jobs", None))
+        else:
+            # vLLM 0.27 on: handle_preemptions itself submits the store jobs in jobs_to_flush (taken out of
+            # store_jobs before prepare_store_kv sees them)
+            flush = getattr(metadata, "jobs_to_flush", None)
+            if flush:
+                stores = getattr(metadata, "store_jobs", None) or {}
+                self._remember({j: stores[j] for j in flush if j in stores})
         self._thread = threading.get_ident()
         return True
 
@@ -89,8 +96,12 @@ class KvTransfers:
         sid = self._sub_step(kind)
         if not sid:
             return
-        ids = getattr(gpu_spec, "block_ids", None)        # a numpy array in vLLM
-        blocks = (len(ids) if ids is not None else 0) or 1
+        ids = getattr(gpu_spec, "block_ids", None)        # a GPULoadStoreSpec: a numpy array
+        if ids is not None:
+            blocks = len(ids)
+        else:                                     # DevicePointers (vLLM 0.34, not 0.30): blocks per group
+            blocks = sum(getattr(gpu_spec, "group_block_counts", None) or ())
+        blocks = blocks or 1
         rid = self._jobs.pop(job_id, None)
         self.eng.ledger.step_claimed(sid, rid if rid is not None else UNKNOWN_JOB, blocks)
 
@@ -181,9 +192,17 @@ def _submit(kind: str, gpu_arg: int, guard):
 
 
 def _note_submit(eng, kind: str, gpu_arg: int, args, kwargs: Dict[str, Any]) -> None:
+    """The job id and the GPU side of submit_store (argument 1) / submit_load (argument 2): vLLM 0.25's
+    (job_id, src_spec, dst_spec), a GPULoadStoreSpec (0.27 and 0.30 too); submit_store(job_id, device_ptrs,
+    dst_spec) and submit_load(job_id, src_spec, device_ptrs, expedited=False) in 0.34 (not yet in 0.30),
+    a DevicePointers."""
     names = ("job_id", "src_spec", "dst_spec")
-    got = dict(zip(names, args), **kwargs)
-    eng.kv.submit(kind, got.get("job_id"), got.get(names[gpu_arg]))
+    job_id = args[0] if args else kwargs.get("job_id")
+    if len(args) > gpu_arg:
+        gpu = args[gpu_arg]
+    else:
+        gpu = kwargs.get("device_ptrs", kwargs.get(names[gpu_arg]))
+    eng.kv.submit(kind, job_id, gpu)
 
 
 def unwrap_submits() -> None:
