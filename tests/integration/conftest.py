@@ -1,5 +1,5 @@
-"""Fixtures the integration tests share: the llama-server stand-in (one per module) for the proxy's
-tests, and the mock libcupti (native/tests/mock_cupti.c) for the injector's life in a process."""
+"""Fixtures the integration tests share: the llama-server stand-in (one per module) and proxies in front of
+it for the proxy's tests, and the mock libcupti (native/tests/mock_cupti.c) for the injector's life in a process."""
 from __future__ import annotations
 
 import os
@@ -24,6 +24,15 @@ def fresh_standin(standin):
     standin.opts = Opts()
     standin.seen.clear()
     return standin
+
+
+@pytest.fixture
+def proxy(standin):
+    """make(**options): proxies on threads of this process in front of the module's stand-in (a test file
+    may name its own `proxy`)."""
+    from proxy_process import in_thread_proxies
+    with in_thread_proxies(standin.url) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

@@ -20,17 +20,10 @@ from pathlib import Path
 import pytest
 
 from proxy_client import last_span, send_raw
-from proxy_process import in_thread_proxies
 from otel_gpu_census.integrations.llamacpp import server
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-@pytest.fixture
-def proxy(standin):
-    with in_thread_proxies(standin.url) as make:
-        yield make
 
 
 # ---- an upstream that breaks the chunked encoding mid-answer ------------------------------------

@@ -22,18 +22,11 @@ from pathlib import Path
 import pytest
 
 from proxy_client import last_span, read_until_closed
-from proxy_process import in_thread_proxies
 from otel_gpu_census.integrations.llamacpp import connections, server
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("fresh_standin")]
 SRC = Path(__file__).resolve().parents[2] / "src"
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
-
-
-@pytest.fixture
-def proxy(standin):
-    with in_thread_proxies(standin.url) as make:
-        yield make
 
 
 class RawUpstream:

@@ -15,16 +15,10 @@ import time
 import pytest
 
 from proxy_client import finished_spans
-from proxy_process import in_thread_proxies, listening_port, start_proxy
+from proxy_process import listening_port, start_proxy
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
 PASSWORD = "s3cret-Pw"
-
-
-@pytest.fixture
-def proxy(standin):
-    with in_thread_proxies(standin.url) as make:
-        yield make
 
 
 def _everything(spans) -> str:
