@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from otel_gpu_census.census import (FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, DeviceTotals, KernelTime, ProcessCensus,
-                      eager_mean_ns, folder, kernel_time, proctree, reader, spans_estimated, timed_modes)
+from otel_gpu_census.census import (FLAG_DROPPED, FLAG_RING_OVERRUN, STATE_ACTIVE, DeviceTotals, KernelTimed,
+                                    ProcessCensus, eager_mean_ns, folder, proctree, reader)
 from otel_gpu_census.attribution.shares import NOTHING, Share
 from otel_gpu_census.attribution.windows import METHOD as WINDOW_METHOD
 from otel_gpu_census.attribution.windows import Interval, attribute
@@ -60,7 +60,7 @@ PARTIAL = "partial"
 
 
 @dataclass
-class GpuCost:
+class GpuCost(KernelTimed):
     """One request's GPU work: its share, what its window (or steps) held, and how sure that is."""
 
     status: str
@@ -84,16 +84,6 @@ class GpuCost:
     # launches priced at a share's own sample's mean, else at this one (the processes' over their life)
     kernel_counted: bool = False
     eager_mean_ns: Optional[Fraction] = None
-
-    @property
-    def kernel_traced_ratio(self) -> float:
-        return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
-
-    def kernel_time(self, share: Share) -> KernelTime:
-        """Kernel time of one of its shares (share, prefill, window, unattributed): measured, or under
-        counted tracing estimated (census.kernel_time)."""
-        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing),
-                           spans_estimated=spans_estimated(self.kernel_tracing))
 
     @property
     def has_figures(self) -> bool:

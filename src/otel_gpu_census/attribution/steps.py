@@ -76,7 +76,8 @@ from fractions import Fraction
 from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
 from otel_gpu_census._native import consts as _consts
-from otel_gpu_census.census import KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTime, ProcessCensus, Step, eager_mean_ns, kernel_time, spans_estimated, timed_modes
+from otel_gpu_census.census import (KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTimed, ProcessCensus, Step,
+                                    eager_mean_ns)
 from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, step_weights
 from otel_gpu_census.attribution.shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
@@ -118,7 +119,7 @@ class _Acc:
 
 
 @dataclass
-class Settled:
+class Settled(KernelTimed):
     """A request whose GPU cost is known: the facts its integration gave, and the split."""
     key: str
     facts: Any
@@ -141,15 +142,6 @@ class Settled:
     # has no eager kernel record of its own (the processes' mean over their life, as of its settling)
     kernel_counted: bool = False
     eager_mean_ns: Optional[Fraction] = None
-
-    @property
-    def kernel_traced_ratio(self) -> float:
-        return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
-
-    def kernel_time(self, share: Share) -> KernelTime:
-        """Kernel time of `share` (its share or prefill): measured, or estimated under counted tracing."""
-        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing),
-                           spans_estimated=spans_estimated(self.kernel_tracing))
 
 
 @dataclass

@@ -379,6 +379,21 @@ def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = Non
     return KernelTime(base + (2 * eager.numerator + eager.denominator) // (2 * eager.denominator), True)
 
 
+class KernelTimed:
+    """The kernel time of a request's cost (ledger.GpuCost, steps.Settled): both carry kernel_tracing (the
+    modes seen), kernel_traced_ns out of kernel_span_ns, kernel_counted and eager_mean_ns (the fallback)."""
+
+    @property
+    def kernel_traced_ratio(self) -> float:
+        return self.kernel_traced_ns / self.kernel_span_ns if self.kernel_span_ns else 1.0
+
+    def kernel_time(self, share) -> KernelTime:
+        """Kernel time of one of its shares (share, prefill, window, unattributed): measured, or estimated
+        under counted tracing (:func:`kernel_time`)."""
+        return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing),
+                           spans_estimated=spans_estimated(self.kernel_tracing))
+
+
 @dataclass(frozen=True)
 class GraphTracing:
     """How CUDA graph launches were counted (OTEL_GPU_CENSUS_GRAPHS). LAUNCH: one record per launch,
