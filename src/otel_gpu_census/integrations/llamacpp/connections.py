@@ -11,6 +11,7 @@ traceback per retry becomes one line, rate-limited by the caller).
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import json
 import resource
@@ -21,6 +22,7 @@ from aiohttp import web
 BACKLOG = 64             # the listen queue, and so the most connections asyncio accepts in one go
 REFUSING_MAX = 64        # refused connections being closed at one time; past it one is dropped without a word
 REFUSE_LINGER_S = 1.0    # how long a refused connection may take to send its request (then it is closed)
+PENDING_S = 1.0          # an accepted connection not registered by then never will be (its accept failed)
 # Descriptors kept out of the cap: the process's own (exporters, census files, the loop) and, at most, a
 # burst being accepted and the refused connections being closed.
 FD_RESERVE = 64 + BACKLOG + REFUSING_MAX
@@ -87,7 +89,9 @@ class CappedSite(web.TCPSite):
                  on_refused: Callable[[int], None]):
         super().__init__(runner, host, port, reuse_address=True)
         self.cap, self.on_refused, self.refusing = cap, on_refused, 0
-        self.pending = 0              # connections accepted whose handler is not among server.connections yet
+        # connections accepted whose handler is not among the server's connections yet: (handler, deadline),
+        # in accept order (the order asyncio runs their connection_made in)
+        self.pending: collections.deque = collections.deque()
 
     async def start(self) -> None:
         await web.BaseSite.start(self)            # registers the site with its runner
@@ -95,18 +99,24 @@ class CappedSite(web.TCPSite):
         cap = self.cap
         loop = asyncio.get_running_loop()
 
-        def registered() -> None:
-            self.pending -= 1
+        pending = self.pending
 
         def protocol() -> asyncio.Protocol:
             # asyncio accepts a burst of connections (up to the backlog) before their handlers'
-            # connection_made runs (call_soon, after this), so server.connections alone lags behind:
-            # count this one as pending until two turns of the ready queue later, after its connection_made.
-            n = len(server.connections) + self.pending
+            # connection_made runs (call_soon, after this), so the server's connections alone lag behind:
+            # a handler counts as pending until it is among them, and never as both (counted twice, the
+            # last of a burst that fits was refused).
+            registered = getattr(server, "_connections", None)     # aiohttp's dict of handlers, else a copy
+            if registered is None:
+                registered = set(server.connections)
+            now = loop.time()
+            while pending and (pending[0][0] in registered or pending[0][1] < now):
+                pending.popleft()
+            n = len(registered) + len(pending)
             if n < cap:
-                self.pending += 1
-                loop.call_soon(loop.call_soon, registered)
-                return server()
+                handler = server()
+                pending.append((handler, now + PENDING_S))
+                return handler
             self.on_refused(n)
             return _Refused(self)
         self._server = await loop.create_server(protocol, self._host, self._port, backlog=BACKLOG,
