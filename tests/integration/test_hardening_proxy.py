@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from proxy_client import last_span, send_raw
+from socket_upstream import SocketUpstream
 from otel_gpu_census.integrations.llamacpp import server
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
@@ -28,45 +28,18 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # ---- an upstream that breaks the chunked encoding mid-answer ------------------------------------
 
-class BrokenChunks:
+def _broken_chunks(c, i):
     """Answers with a valid first chunk, then a chunk-size line that is not hex, then stays silent."""
-
-    def __init__(self):
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(16)
-        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}"
-        self.conns = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            threading.Thread(target=self._answer, args=(c,), daemon=True).start()
-
-    def _answer(self, c):
-        try:
-            c.recv(65536)
-            event = b'data: {"content":"a","stop":false}\n\n'
-            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      + b"%x\r\n%s\r\n" % (len(event), event))
-            time.sleep(0.1)
-            c.sendall(b"zz-not-hex\r\ngarbage\r\n")
-        except OSError:
-            pass
-
-    def close(self):
-        self.srv.close()
-        for c in self.conns:
-            c.close()
+    c.recv(65536)
+    event = b'data: {"content":"a","stop":false}\n\n'
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+              + b"%x\r\n%s\r\n" % (len(event), event))
+    time.sleep(0.1)
+    c.sendall(b"zz-not-hex\r\ngarbage\r\n")
 
 
 def test_broken_chunked_encoding_cuts_the_client_and_ends_the_span_with_upstream_error(proxy):
-    up = BrokenChunks()
+    up = SocketUpstream(_broken_chunks, keep_open=True)
     try:
         h = proxy(upstream=up.url, upstream_timeout_s=30)
         c = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)

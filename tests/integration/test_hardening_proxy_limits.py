@@ -15,13 +15,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from proxy_client import last_span, read_until_closed
+from socket_upstream import SocketUpstream
 from otel_gpu_census.integrations.llamacpp import connections, server
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("fresh_standin")]
@@ -29,38 +29,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
-class RawUpstream:
+def raw_upstream(answer) -> SocketUpstream:
     """An upstream that answers every connection with `answer(sock)` (after reading the request head)."""
-
-    def __init__(self, answer):
-        self.answer = answer
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(512)
-        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}"
-        self.closed = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(c,), daemon=True).start()
-
-    def _one(self, c):
-        try:
-            c.recv(65536)
-            self.answer(c)
-        except OSError:
-            pass
-        finally:
-            self.closed += 1
-            c.close()
-
-    def close(self):
-        self.srv.close()
+    return SocketUpstream(lambda c, i: (c.recv(65536), answer(c)), backlog=512)
 
 
 # ---- every read of a client has a deadline --------------------------------------------------------
@@ -118,7 +89,7 @@ def _non_reader(port) -> socket.socket:
 
 
 def test_a_client_that_never_reads_its_answer_is_cut_and_frees_the_upstream(proxy):
-    up = RawUpstream(_big_stream)
+    up = raw_upstream(_big_stream)
     try:
         h = proxy(upstream=up.url, client_timeout_s=1.0)
         s = _non_reader(h.port)
@@ -145,7 +116,7 @@ def test_clients_that_never_read_cost_a_bounded_buffer_each_and_give_it_back(pro
     """Each such client holds at most the buffer budget of its two stream readers and its write buffer
     (aiohttp's own 256 KiB reads let one pin about 1.5 MiB); all of it goes when they leave."""
     import tracemalloc
-    up = RawUpstream(_big_stream)
+    up = raw_upstream(_big_stream)
     n = 40
     tracemalloc.start()
     try:
@@ -304,7 +275,7 @@ def test_accept_errors_cost_one_line_not_a_traceback_each():
 # ---- odd upstream answers ---------------------------------------------------------------------------
 
 def test_an_upstream_101_is_refused(proxy):
-    up = RawUpstream(lambda c: (c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+    up = raw_upstream(lambda c: (c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                                           b"Connection: Upgrade\r\n\r\nraw bytes of another protocol"),
                                 time.sleep(0.5)))
     try:
@@ -330,7 +301,7 @@ def test_a_final_event_with_non_finite_timings_keeps_the_rest_of_the_span(proxy)
         body = b'data: {"content":"a","stop":false}\n\n' + final
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
                   % (len(body), body))
-    up = RawUpstream(answer)
+    up = raw_upstream(answer)
     try:
         h = proxy(upstream=up.url)
         c = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)

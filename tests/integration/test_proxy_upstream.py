@@ -13,6 +13,7 @@ import pytest
 
 from proxy_client import finished_spans
 from proxy_process import in_thread_proxies
+from socket_upstream import SocketUpstream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,41 +125,18 @@ def _answer(conn, body: bytes, chunked_sse: bool = False) -> None:
                      b"Keep-Alive: timeout=5, max=100\r\n\r\n%s" % (len(body), body))
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(SocketUpstream):
     """Connection i runs scripts[i](conn, log) (the last script for any further ones); log collects
     (connection number, request line, body) for every request read."""
 
     def __init__(self, scripts):
         self.scripts, self.log = scripts, []
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.conns = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(self._run)
 
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            i, self.conns = self.conns, self.conns + 1
-            script = self.scripts[min(i, len(self.scripts) - 1)]
-            threading.Thread(target=self._run, args=(script, conn, i), daemon=True).start()
-
-    def _run(self, script, conn, i):
+    def _run(self, conn, i):
         def log(req):
             self.log.append((i, req[0], req[1]))
-        try:
-            script(conn, log)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self):
-        self.sock.close()
+        self.scripts[min(i, len(self.scripts) - 1)](conn, log)
 
 
 def _serve_one_then(then):
