@@ -33,12 +33,19 @@ class Clock:
         return self.t
 
 
-def in_memory_telemetry(provider: str, metrics: bool = True):
-    """RequestTelemetry whose spans (and metrics) land in memory: (telemetry, span exporter, metric reader)."""
+def in_memory_providers():
+    """SDK providers whose spans and metrics land in memory: (tracer provider, meter provider, span exporter,
+    metric reader)."""
     spans = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader() if metrics else None
-    rt = RequestTelemetry(tp, MeterProvider(metric_readers=[reader]) if metrics else None, provider_name=provider,
+    reader = InMemoryMetricReader()
+    return tp, MeterProvider(metric_readers=[reader]), spans, reader
+
+
+def in_memory_telemetry(provider: str, metrics: bool = True):
+    """RequestTelemetry whose spans (and metrics) land in memory: (telemetry, span exporter, metric reader)."""
+    tp, mp, spans, reader = in_memory_providers()
+    rt = RequestTelemetry(tp, mp if metrics else None, provider_name=provider,
                           instrumentation_name=f"otel_gpu_census.{provider}")
-    return rt, spans, reader
+    return rt, spans, reader if metrics else None

@@ -7,27 +7,19 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_gpu_census.integrations.engine import settle_process
 from otel_gpu_census.integrations.sglang import instrumentor as si
 from otel_gpu_census.integrations.vllm import instrumentor as vi
 from otel_gpu_census.telemetry import setup
+from engine_standins import in_memory_providers  # tests/support
 
 ENGINES = [pytest.param(vi, "vllm", id="vllm"), pytest.param(si, "sglang", id="sglang")]
 
 
 @pytest.fixture
 def in_memory():
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    return tp, MeterProvider(metric_readers=[reader]), spans, reader
+    return in_memory_providers()
 
 
 @pytest.fixture

@@ -6,17 +6,13 @@ import subprocess
 import sys
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_gpu_census.attribution.ledger import COMPLETE, NO_SEGMENT, GpuCost
 from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.census import Stat
 from otel_gpu_census.telemetry.request import RequestTelemetry
+from engine_standins import in_memory_providers  # tests/support
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -25,11 +21,7 @@ BASE = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm"}
 
 @pytest.fixture
 def rig():
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    mp = MeterProvider(metric_readers=[reader])
+    tp, mp, spans, reader = in_memory_providers()
     tel = RequestTelemetry(tp, mp, provider_name="vllm", instrumentation_name="test.scope")
     yield tel, spans, reader
     tp.shutdown()
