@@ -3,6 +3,7 @@ once the census is complete, and what happens to requests the census is late for
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 from dataclasses import replace
 
 import pytest
@@ -527,7 +528,7 @@ def test_steps_the_census_has_seen_nothing_of_wait_for_one_more_flush_all_togeth
 from types import SimpleNamespace  # noqa: E402
 
 from otel_gpu_census.attribution.cost_model import FIT_MIN_STEPS, CostFit, ModelShape, step_weights  # noqa: E402
-from otel_gpu_census.attribution.steps import ALONE_METHOD, FLOPS_METHOD, METHOD  # noqa: E402
+from otel_gpu_census.attribution.steps import ALONE_METHOD, FLOPS_METHOD, METHOD, step_kernel_ns  # noqa: E402
 
 LLAMA = SimpleNamespace(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
                         intermediate_size=4096, vocab_size=32000, hidden_act="silu")
@@ -671,21 +672,21 @@ def test_the_alone_split_weighs_each_part_by_its_flops_plus_the_fixed_cost_fitte
 def test_the_fit_says_nothing_until_it_can_and_equal_shares_where_no_cost_grows_with_flops():
     fit = CostFit()
     for i in range(FIT_MIN_STEPS - 1):
-        fit.add(1000 * (i + 1), [1, 500 + i, *([0] * (WIDTH - 2))])
+        fit.add(1000 * (i + 1), 500 + i)
     assert fit.fixed_flops() is None                                   # too few steps
-    fit.add(10**6, [1, 10, *([0] * (WIDTH - 2))])
-    fit.add(10**6, [1, 10, *([0] * (WIDTH - 2))])
+    fit.add(10**6, 10)
+    fit.add(10**6, 10)
     assert fit.fixed_flops() is not None
     flat_fit = CostFit()
     for i in range(FIT_MIN_STEPS):
-        flat_fit.add(1000 * (i + 1), [1, 700 - i, *([0] * (WIDTH - 2))])       # cost falls as FLOPs grow: nothing to weigh
+        flat_fit.add(1000 * (i + 1), 700 - i)       # cost falls as FLOPs grow: nothing to weigh
     assert flat_fit.fixed_flops() == -1
     tiny = CostFit()                    # a slope next to nothing: equal shares, not an OverflowError
     for i in range(FIT_MIN_STEPS):
-        tiny.add(1000 * (i + 1), [1, 5000, *([0] * (WIDTH - 2))])
+        tiny.add(1000 * (i + 1), 5000)
     tiny.cxx, tiny.cxy = 1.0, 1e-320    # fixed / per_flop = 5000 / 1e-320: inf in floats
     assert tiny.fixed_flops() == -1
     # untimed eager launches are priced at the timed ones' mean: 10 launches, 2 timed for 300 ns -> 150 each
-    eager = CostFit()
-    eager.add(5, [1, 1000, *([0] * (WIDTH - 5)), 10, 2, 300])
-    assert eager.my == 1000 + 8 * 150
+    assert step_kernel_ns([1, 1000, *([0] * (WIDTH - 5)), 10, 2, 300], None) == 1000 + 8 * 150
+    # none timed in the step: the processes' mean over their life, as a request's share gets
+    assert step_kernel_ns([1, 1000, *([0] * (WIDTH - 5)), 10, 0, 0], Fraction(200)) == 1000 + 10 * 200

@@ -121,24 +121,16 @@ FIXED_FLOPS_MAX = 1e24  # a fixed cost beyond this many FLOPs' worth: every part
 class CostFit:
     """A step's kernel time against its FLOPs, fitted by least squares over the steps split so far:
     time = fixed + per_flop x FLOPs. `fixed` is what a step costs whatever it computes (reading the
-    weights, launch-bound kernels, sampling); a request run alone pays it on every step, so
-    the alone split (``steps.ALONE_METHOD``) weighs each request in a step by what its part would cost
-    alone, FLOPs + fixed / per_flop. Under the default collector a step's eager kernels are mostly counted, not timed: its time
-    is its records' time plus its untimed eager launches at the mean of the timed ones so far."""
+    weights, launch-bound kernels, sampling); a request run alone pays it on every step, so the alone
+    split (``steps.ALONE_METHOD``) weighs each request in a step by what its part would cost alone,
+    FLOPs + fixed / per_flop."""
 
     def __init__(self) -> None:
         self.n = 0
         self.mx = self.my = self.cxx = self.cxy = 0.0
-        self.eager_traced = 0
-        self.eager_traced_ns = 0
 
-    def add(self, flops: int, values: Sequence[int]) -> None:
-        """One step's (one process's) flat values, the FLOPs of the requests it served."""
-        launches, traced, traced_ns = values[-3:]
-        self.eager_traced += traced
-        self.eager_traced_ns += traced_ns
-        mean = self.eager_traced_ns / self.eager_traced if self.eager_traced else 0.0
-        y = values[1] + max(launches - traced, 0) * mean
+    def add(self, flops: int, y: float) -> None:
+        """One step's (one process's) kernel time `y`, the FLOPs of the requests it served."""
         self.n += 1
         dx = flops - self.mx
         self.mx += dx / self.n

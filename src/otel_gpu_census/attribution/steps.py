@@ -77,16 +77,18 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableM
 
 from otel_gpu_census._native import consts as _consts
 from otel_gpu_census.census import (KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTimed, ProcessCensus, Step,
-                                    eager_mean_ns)
+                                    eager_mean_ns, kernel_time)
 from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, step_weights
 from otel_gpu_census.attribution.shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
 
 METHOD = "step_tokens"
 """Value of the span attribute ``gpu_census.attribution.method``: kernels split by scheduled tokens."""
 FLOPS_METHOD = "step_flops"
-ALONE_METHOD = "step_alone"
 """The same for kernels split by each request's estimated FLOPs in the step (cost_model.py)."""
-METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's values -> method
+ALONE_METHOD = "step_alone"
+"""The same for kernels split by what each request's part would cost alone (cost_model.CostFit)."""
+METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's
+                                                                             # values -> method
 
 TOKENS = "tokens"                   # the kind of a step: weights are scheduled tokens
 COMPLETE_SLACK_NS = 200_000_000     # a step's GPU work ends this soon after its last launch returned
@@ -152,6 +154,12 @@ class _Traced:
     counted: bool = False
 
 
+def step_kernel_ns(values: Sequence[int], fallback_mean_ns: Optional[Fraction]) -> int:
+    """A step's (flat values') kernel time, its untimed eager launches priced as a request's share's are
+    (census.kernel_time: the step's own sample's mean, else the processes' over their life)."""
+    return kernel_time(Share.from_row(values), True, fallback_mean_ns).ns
+
+
 def _flat(step: Step) -> List[int]:
     return Share.of_step(step).as_row()
 
@@ -215,8 +223,8 @@ class StepLedger:
                  clock: Callable[[], int] = time.time_ns, max_wait_ns: int = MAX_WAIT_NS,
                  follows: bool = False, method: str = METHOD):
         """follows: every request is announced (request_started), and a step's part for one that is not
-        (or no longer) followed is nobody's; method: METHOD, FLOPS_METHOD or ALONE_METHOD (the last two need the model's
-        shape, set_shape; until then steps are split by tokens)."""
+        (or no longer) followed is nobody's; method: METHOD, FLOPS_METHOD or ALONE_METHOD (the last two need
+        the model's shape, set_shape; until then steps are split by tokens)."""
         self.read = read
         self.clock = clock
         self.max_wait_ns = max_wait_ns
@@ -257,7 +265,8 @@ class StepLedger:
         return self._method if self._method == METHOD or self.shape is not None else METHOD
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
-        """The model's shape, for FLOPS_METHOD and ALONE_METHOD (from the engine's configuration, before its first step)."""
+        """The model's shape, for FLOPS_METHOD and ALONE_METHOD (from the engine's configuration, before its
+        first step)."""
         self.shape = shape
 
     # -- from the engine thread: cheap appends --------------------------------------------------
@@ -583,7 +592,7 @@ class StepLedger:
             return flops
         fixed = self.fit.fixed_flops()
         if values[1]:
-            self.fit.add(sum(flops), values)
+            self.fit.add(sum(flops), step_kernel_ns(values, self.eager_mean_ns))
         if fixed is None:
             return flops
         return [1] * len(flops) if fixed < 0 else [f + fixed for f in flops]
