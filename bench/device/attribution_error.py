@@ -1,22 +1,22 @@
 """How far each step-attribution method puts a request's kernel time from what the request costs alone.
 
 A request's share of an engine step is an allocation of the step's measured totals (by scheduled
-tokens, ``step_tokens``, by estimated FLOPs, ``step_flops``, or by each part's cost alone, ``step_alone``:
-OTEL_GPU_CENSUS_ATTRIBUTION). The reference is the request served alone, where every step is its own and
-every method gives it the step's whole kernel time. The same requests mixed (C clients at once, short and long prompts, short
-and long answers) are shared steps: the closer a method's shares follow the alone costs, the better it
-holds in mixed batches.
+tokens, ``step_tokens``, by estimated FLOPs, ``step_flops``, or by each part's cost alone,
+``step_alone``: OTEL_GPU_CENSUS_ATTRIBUTION). The reference is the request served alone, where every
+step is its own and every method gives it the step's whole kernel time. The same requests mixed (C
+clients at once, short and long prompts, short and long answers) are shared steps: the closer a
+method's shares follow the alone costs, the better it holds in mixed batches.
 
     python3 bench/device/attribution_error.py --out RESULT.json [--per-class 12] [--mixed 16,48]
 
-starts a vLLM server per method (--methods) on the GPU under ``otel-gpu-census run`` (the integration loads through vLLM's
-plugin entry point; bench/device/vllm_e2e.py's Server, the random 160M Llama), one per method, with
-prefix caching off; on each it runs every request alone (one at a time), then all of them mixed at
+starts a vLLM server per method (--methods) on the GPU under ``otel-gpu-census run`` (the
+integration loads through vLLM's plugin entry point; bench/device/vllm_e2e.py's Server, the random
+160M Llama), with prefix caching off; on each it runs every request alone (one at a time), then all of them mixed at
 each concurrency of --mixed, each phase with prompts of its own (random token ids of the class's
 length, so no phase reuses another's KV cache), and reads each request's kernel time from the
 engine's request log (``gpu-census-*.requests.jsonl``: the span's figures). ``--servers
-tokens=URL,DIR;flops=URL,DIR`` (with --methods naming them) uses servers that already run (their census folders given): the CPU
-test runs this against stand-ins (tests/support/vllm_steps_standin.py).
+tokens=URL,DIR;flops=URL,DIR`` (with --methods naming them) uses servers that already run (their
+census folders given): the CPU test runs this against stand-ins (tests/support/vllm_steps_standin.py).
 
 Error, per request of a mixed phase: mixing makes every request cheaper (the steps are shared), so
 shares are compared after scaling them to the alone costs' total, s = sum(mixed) / sum(alone):

@@ -20,7 +20,8 @@ durations (the census counts ns: the request log keeps those integers, ``share_a
   estimates: graph spans, plus eager launches x the mean duration of the eager kernels sampled (the
   share's own, else the server's over its life); with no sample at all their time is left out and
   the note says so;
-- ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``, ``step_flops``, ``step_alone``),
+- ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``,
+  ``step_flops``, ``step_alone``),
   ``.status`` (complete, settled, partial, stale, no_census, no_segment, read_error, shutdown),
   ``.concurrency_max``, ``.steps`` (step attribution), ``.wait_s``, ``.note`` (the integration's
   ``GpuCost.note`` first, then what went wrong); ``gpu_census.process.pids``.

@@ -234,8 +234,9 @@ class StepEngine:
                       obj: Any = None, ids: Optional[Tuple[int, int]] = None, note: Optional[str] = None) -> None:
         """A request the engine took in: its span starts at start_ns under the caller's context. `ids`:
         (trace id, span id) chosen beforehand, because the engine's own SERVER span (vLLM's llm_request)
-        will hang under it; the span is then INTERNAL, so a request has one SERVER span. `obj`: the engine's own object for it, whose
-        end (garbage) without request_done the sweep notices; `note`: what its share misses already."""
+        will hang under it; the span is then INTERNAL, so a request has one SERVER span. `obj`: the engine's
+        own object for it, whose end (garbage) without request_done the sweep notices; `note`: what its share
+        misses already."""
         self.has_scheduler = True
         if key in self._tracked or key in self._open:
             return
