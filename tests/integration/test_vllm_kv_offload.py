@@ -243,6 +243,20 @@ def test_a_store_flushed_by_handle_preemptions_lands_on_its_request(setup):
     assert Share.from_row(s.eng.ledger.unattributed).is_zero()
 
 
+def test_the_hook_reads_the_block_count_of_what_this_vllm_submits(setup):
+    """What the connector hands submit_* (a GPULoadStoreSpec, or 0.34's DevicePointers) has a block count the
+    hook reads; an object it does not know reads as unsized (the shares then say they are approximate)."""
+    s = setup
+    spec = gpu_spec(5)
+    try:
+        from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers   # 0.34: the GPU side as device pointers
+        spec = resolve_device_pointers(spec, s.cw._kv_caches)
+    except ImportError:
+        pass
+    assert kv_offload._blocks(spec) == 5
+    assert kv_offload._blocks(SimpleNamespace()) == 0 and kv_offload._blocks(SimpleNamespace(block_ids=7)) == 0
+
+
 def test_the_connector_calls_the_hooks_read_exist_in_vllm():
     import inspect
     sig = {n: list(inspect.signature(inspect.unwrap(getattr(OffloadingConnectorWorker, n))).parameters)

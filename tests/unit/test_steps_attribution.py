@@ -304,6 +304,36 @@ def test_a_request_awaiting_its_transfer_settles_after_it_and_gets_it():
     assert Share.from_row(led.unattributed).copy("dtoh").bytes == 777
 
 
+def test_a_guessed_claim_makes_every_share_of_its_sub_step_partial_and_says_why():
+    """A claim whose size the integration could not read weighs a guess: the sub-step's bytes stay whole,
+    but each request's part of them is approximate, and every request it was split among says so."""
+    census = FakeCensus()
+    clock = [10**9]
+    led = StepLedger(census.read, clock=lambda: clock[0])
+    for k in "abc":
+        led.request_started(k)
+    led.step_opened(1, {}, clock[0], kind="kv_store")
+    led.step_claimed(1, "a", 3)
+    led.step_claimed(1, "b", 1, guessed="b's block count could not be read")
+    led.step_touched(1, clock[0])
+    led.step_opened(2, {}, clock[0], kind="kv_store")
+    led.step_claimed(2, "a", 2)                                 # a second sub-step: one note, not two
+    led.step_claimed(2, "c", 2)
+    led.step_touched(2, clock[0])
+    census.steps[1] = step(1, 0, 0, dtoh_bytes=4000)
+    census.steps[2] = step(2, 0, 0, dtoh_bytes=400)
+    for k in "abc":
+        led.request_done(k, k, clock[0])
+    census.complete = clock[0] + 10**9
+    got = {x.key: x for x in led.settle()}
+    assert got["a"].status == got["b"].status == "partial"
+    assert got["a"].notes == ["its share of kv_store sub-steps is approximate (b's block count could not be read)"]
+    assert got["a"].notes == got["b"].notes
+    assert got["c"].status == "complete" and got["c"].notes == []
+    assert [got[k].sub.copy("dtoh").bytes for k in "abc"] == [3000 + 200, 1000, 200]     # conserved
+    assert led.partial == 2
+
+
 def test_several_processes_run_the_same_steps_each_split_alike_and_conserved_per_process():
     """Tensor parallel: every rank runs step n under id n; a request's share is the sum over ranks."""
     ranks = {101: FakeCensus(), 102: FakeCensus()}

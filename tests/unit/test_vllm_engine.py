@@ -321,6 +321,48 @@ def test_kv_submits_outside_a_connector_call_pass_through_and_a_failure_never_re
     assert "submit_store" in vars(Worker) and not isinstance(vars(Worker)["submit_store"], vi.wrapt.FunctionWrapper)
 
 
+def test_a_kv_job_whose_blocks_cannot_be_read_makes_its_sub_steps_shares_partial(tagged, monkeypatch):
+    """A GPU side of a type the hook does not know (a later vLLM's): the job weighs 1 block, so the
+    transfer's bytes are whole but their split is a guess, and both requests that shared it say so."""
+    from otel_gpu_census.integrations.vllm import instrumentor as vi, kv_offload
+
+    class Worker:
+        def submit_load(self, job_id, src_spec, dst_spec):
+            return True
+        submit_store = submit_load
+    census, clock = Census(), Clock()
+    eng, spans, _ = make(census, clock)
+    monkeypatch.setattr(vi.GUARD, "current", eng)
+    monkeypatch.setattr(vi.GUARD, "off", False)
+    a, b = request("a-00000001", clock.t / 1e9), request("b-00000002", clock.t / 1e9)
+    eng.request_added(SCHED, a); eng.request_added(SCHED, b)
+    cw = SimpleNamespace(worker=Worker())
+    meta = SimpleNamespace(load_jobs={1: SimpleNamespace(req_id=a.request_id), 2: SimpleNamespace(req_id=b.request_id)},
+                           store_jobs={})
+    try:
+        sid = eng.begin_execute(SimpleNamespace(num_scheduled_tokens={a.request_id: 4, b.request_id: 4}))
+        start = kv_offload.transfers(vi._guard, vi.engine, loads=True)
+
+        def vllm_start(m):
+            cw.worker.submit_load(1, None, SimpleNamespace(block_ids=[1, 2, 3]))
+            cw.worker.submit_load(2, None, SimpleNamespace(pages="opaque"))       # no block count to read
+        start(vllm_start, cw, (meta,), {})
+        sub = eng.ledger._book[-1].sid
+        eng.end_step(sid)
+    finally:
+        kv_offload.unwrap_submits()
+    census.steps[sid] = Step(id=sid, kernel_count=8, kernel_ns=800)
+    census.steps[sub] = Step(id=sub, kernel_count=0, kernel_ns=0, copies={"htod": Stat(2, 4000, 100)})
+    eng.request_freed(a); eng.request_freed(b)
+    census.complete = clock.t + 10**9
+    assert eng.settle() == 2
+    got = {s.attributes["vllm.request.id"]: s.attributes for s in spans.get_finished_spans()}
+    assert [got[r]["gpu_census.kv_offload.copy.htod.bytes"] for r in (a.request_id, b.request_id)] == [3000, 1000]
+    for r in (a.request_id, b.request_id):
+        assert got[r]["gpu_census.attribution.status"] == "partial"
+        assert kv_offload.UNSIZED in got[r]["gpu_census.attribution.note"]
+
+
 def test_a_step_begun_before_the_integration_went_off_is_still_ended(tagged, monkeypatch):
     """The hook that turned the integration off ran inside execute_model: the step it pushed on this
     thread is popped anyway, or every later launch of the thread would be tagged with it."""

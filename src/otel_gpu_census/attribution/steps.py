@@ -108,6 +108,7 @@ class _Entry:
     closed_ns: int = 0
     kind: str = TOKENS
     before: Optional[Mapping[Hashable, int]] = None   # tokens computed before this step, per request
+    guessed: str = ""                       # why a claim's weight is a guess (step_claimed)
 
 
 @dataclass
@@ -296,13 +297,16 @@ class StepLedger:
         if e is not None:
             e.closed_ns = wall_ns
 
-    def step_claimed(self, sid: int, key: Hashable, weight: int) -> None:
+    def step_claimed(self, sid: int, key: Hashable, weight: int, guessed: str = "") -> None:
         """Sub-step `sid` (open) moves `weight` for request `key`; a request done and waiting for it
-        now waits for this sub-step."""
+        now waits for this sub-step. `guessed`: why `weight` is a guess (the integration could not read
+        what the claim moves); every share of the sub-step is approximate then, and its requests say so."""
         e = self._entry(sid)
         if e is None or e.closed_ns or weight <= 0:
             return
         e.tokens[key] = e.tokens.get(key, 0) + weight
+        if guessed:
+            e.guessed = guessed
         d = self._done.get(key)
         if d is not None and d[2] < sid:
             self._done[key] = (d[0], d[1], sid)
@@ -318,6 +322,11 @@ class StepLedger:
     def note(self, key: Hashable, text: str) -> None:
         """Something the request's share misses (its status becomes partial, `text` among its notes)."""
         self._notes.setdefault(key, []).append(text)
+
+    def _note_once(self, key: Hashable, text: str) -> None:
+        notes = self._notes.setdefault(key, [])
+        if text not in notes:
+            notes.append(text)
 
     def _lose(self, key: Hashable, what: int) -> None:
         lost = self._lost.get(key)
@@ -484,6 +493,8 @@ class StepLedger:
             self._split_one(e, values, proc, served)
         for key in served:
             acc = self._acc[key]
+            if e.guessed:
+                self._note_once(key, f"its share of {e.kind} sub-steps is approximate ({e.guessed})")
             if sub:
                 acc.weights[e.kind] = acc.weights.get(e.kind, 0) + e.tokens[key]
             else:

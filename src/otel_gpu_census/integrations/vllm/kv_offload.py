@@ -44,6 +44,7 @@ log = logging.getLogger("otel_gpu_census.vllm")
 STORE, LOAD = "kv_store", "kv_load"          # the sub-steps' kinds (StepLedger weights by kind)
 MAX_JOBS = 1 << 16                            # job ids remembered (stores never submitted: shutdown)
 UNKNOWN_JOB = ("otel-gpu-census", "unknown transfer job")   # a job the metadata did not name: unclaimed
+UNSIZED = "a transfer job's block count could not be read and was weighed as 1 block"
 
 
 class KvTransfers:
@@ -96,14 +97,10 @@ class KvTransfers:
         sid = self._sub_step(kind)
         if not sid:
             return
-        ids = getattr(gpu_spec, "block_ids", None)        # a GPULoadStoreSpec: a numpy array
-        if ids is not None:
-            blocks = len(ids)
-        else:                                     # DevicePointers (vLLM 0.34, not 0.30): blocks per group
-            blocks = sum(getattr(gpu_spec, "group_block_counts", None) or ())
-        blocks = blocks or 1
+        blocks = _blocks(gpu_spec)
         rid = self._jobs.pop(job_id, None)
-        self.eng.ledger.step_claimed(sid, rid if rid is not None else UNKNOWN_JOB, blocks)
+        self.eng.ledger.step_claimed(sid, rid if rid is not None else UNKNOWN_JOB, blocks or 1,
+                                     "" if blocks else UNSIZED)
 
     def _sub_step(self, kind: str) -> int:
         if self._open is not None:
@@ -133,6 +130,17 @@ class KvTransfers:
     def awaits(self, rid: str) -> bool:
         """Whether a store job of `rid` is deferred and not yet submitted."""
         return bool(self._jobs) and rid in self._jobs.values()
+
+
+def _blocks(gpu_spec) -> int:
+    """The GPU blocks a job moves; 0 when they cannot be read."""
+    try:
+        ids = getattr(gpu_spec, "block_ids", None)        # a GPULoadStoreSpec: a numpy array
+        # else DevicePointers (vLLM 0.34, not 0.30): blocks per group
+        n = len(ids) if ids is not None else int(sum(getattr(gpu_spec, "group_block_counts", None) or ()))
+    except (TypeError, ValueError):
+        return 0
+    return max(n, 0)
 
 
 # -- the hooks (instrumentor.HOOKS) ---------------------------------------------------------------------
