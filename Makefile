@@ -4,6 +4,9 @@
 #   (tests/vllm_env.sh: torch 2.13.0 CPU, vLLM 0.25.1 --no-deps and the packages its imports need).
 # make test-vllm-latest: the same tests against vLLM 0.34.0 (tests/vllm_latest_cpu_requirements.txt).
 # make test-sglang: the same for SGLang 0.5.23 (tests/sglang_env.sh, tests/integration/test_sglang_*.py).
+# make test-sanitized: the CPU suite against the native library built with UBSan, then the tests that load it
+#   in-process with ASan too (not preloaded: ASan must be set up first in a process, and the library's own
+#   dlsym runs before it is); any finding aborts the process under test, so its test fails.
 PYTHON ?= python3
 VENV   ?= .venv
 
@@ -32,7 +35,17 @@ test-sglang:
 	tests/sglang_env.sh .venv-sglang
 	.venv-sglang/bin/python -m pytest -q tests/integration/test_sglang_*.py tests/unit/test_sglang_engine.py
 
+SANITIZE := -fno-omit-frame-pointer -fno-sanitize-recover=all
+SAN_BUILD := $(abspath build-sanitized)
+test-sanitized: install
+	$(MAKE) -s -C native BUILD=$(SAN_BUILD)/ubsan PYTHON=$(abspath $(VENV))/bin/python CC="$(CC) $(SANITIZE) -fsanitize=undefined"
+	$(MAKE) -s -C native BUILD=$(SAN_BUILD)/asan PYTHON=$(abspath $(VENV))/bin/python CC="$(CC) $(SANITIZE) -fsanitize=address,undefined"
+	OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/ubsan/libotel_gpu_census.so UBSAN_OPTIONS=print_stacktrace=1 $(VENV)/bin/python -m pytest -q
+	OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/asan/libotel_gpu_census.so ASAN_OPTIONS=detect_leaks=0 \
+	  LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
+	  $(VENV)/bin/python -m pytest -q tests/unit/test_reader.py tests/unit/test_reader_layout.py tests/integration/test_injector.py
+
 gpu-test:
 	$(PYTHON) -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py
 
-.PHONY: install test test-vllm test-vllm-latest test-sglang gpu-test
+.PHONY: install test test-vllm test-vllm-latest test-sglang test-sanitized gpu-test
