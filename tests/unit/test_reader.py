@@ -135,7 +135,8 @@ def test_rings_read_as_rows_match_the_struct_fields(census_dir, segments, record
                  records.memcpy(("dtoh", "htod", "dtod")[k % 3], 1000 + k, t, t + 5000 + k, corr=3)]
     path = segments.segment(census_dir, recs)
     c = reader.read_segment(path)
-    seg = ffi.cast("gc_segment *", ffi.from_buffer(path.read_bytes()))
+    data = path.read_bytes()            # held: the cast pointer does not keep the bytes alive
+    seg = ffi.cast("gc_segment *", ffi.from_buffer(data))
 
     def stat(x):
         return Stat(x.count, x.bytes, x.ns)

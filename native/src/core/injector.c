@@ -47,6 +47,7 @@ static gc_segment *g_seg;
 static gc_tally *g_tally;
 static int g_seg_failed;
 static char g_path[4096];
+static atomic_int g_path_set;         /* g_path is whole: written once under g_mu, then read by any thread */
 static uint64_t g_clock_ref_gpu;
 static uint64_t g_start_wall;         /* CLOCK_REALTIME at InitializeInjection */
 static struct gc_config g_cfg;
@@ -208,6 +209,7 @@ static gc_segment *segment(void)
     publish_kernels(seg, gc_mono_ns());
     g_tally = t;
     g_seg = seg;
+    atomic_store_explicit(&g_path_set, 1, memory_order_release);
     return seg;
 }
 
@@ -506,6 +508,7 @@ static void at_fork_child(void)
     if (g_seg) munmap(g_seg, sizeof(*g_seg));
     g_seg = NULL;
     g_tally = NULL; /* the parent's heap copy: leaked on purpose, freeing it is not our business */
+    atomic_store(&g_path_set, 0);
     g_path[0] = 0;
 }
 
@@ -550,6 +553,7 @@ static void control_poll(uint64_t mono)
     static uint64_t next_log_ns;
     static unsigned held_lines;
     static struct stat refused; /* the file last refused whole (too long, a NUL byte): one complaint */
+    if (!atomic_load_explicit(&g_path_set, memory_order_acquire)) return; /* no segment yet: no control file */
     size_t len = strlen(g_path);
     if (len < 4 || strcmp(g_path + len - 4, ".seg") != 0) return;
     char path[sizeof(g_path) + 8];
@@ -835,4 +839,5 @@ int gc_flush(void)
 
 int gc_finish(void) { return finish(0); }
 
-const char *gc_segment_path(void) { return g_path; }
+/* Another thread may be writing the path while the segment is made: "" until it is whole. */
+const char *gc_segment_path(void) { return atomic_load_explicit(&g_path_set, memory_order_acquire) ? g_path : ""; }
