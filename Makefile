@@ -4,9 +4,9 @@
 #   (tests/vllm_env.sh: torch 2.13.0 CPU, vLLM 0.25.1 --no-deps and the packages its imports need).
 # make test-vllm-latest: the same tests against vLLM 0.34.0 (tests/vllm_latest_cpu_requirements.txt).
 # make test-sglang: the same for SGLang 0.5.23 (tests/sglang_env.sh, tests/integration/test_sglang_*.py).
-# make test-sanitized: the CPU suite against the native library built with UBSan, then the tests that load it
-#   in-process with ASan and with TSan (not preloaded: a sanitizer must be set up first in a process, and the
-#   library's own dlsym runs before it is); a finding fails the process under test, so its test fails.
+# make test-sanitized: the CPU suite against the native library built with UBSan, then the tests of the native
+#   library (in-process and preloaded, with the mock driver) with ASan and with TSan; a finding fails the process
+#   under test, so its test fails. CENSUS_TEST_SANITIZER puts the runtime first in every process a test starts.
 PYTHON ?= python3
 VENV   ?= .venv
 
@@ -37,18 +37,20 @@ test-sglang:
 
 SANITIZE := -fno-omit-frame-pointer -fno-sanitize-recover=all
 SAN_BUILD := $(abspath build-sanitized)
-IN_PROCESS := tests/unit/test_reader.py tests/unit/test_reader_layout.py tests/unit/test_reader_mutations.py \
-	tests/integration/test_injector.py
+NATIVE_TESTS := tests/unit/test_reader.py tests/unit/test_reader_layout.py tests/unit/test_reader_mutations.py \
+	tests/integration/test_injector.py tests/integration/test_interpose.py tests/integration/test_events.py \
+	tests/integration/test_interpose_coverage.py tests/integration/test_segment_consistency.py \
+	tests/integration/test_engine_faults.py
 test-sanitized: install
 	$(MAKE) -s -C native BUILD=$(SAN_BUILD)/ubsan PYTHON=$(abspath $(VENV))/bin/python CC="$(CC) $(SANITIZE) -fsanitize=undefined"
 	$(MAKE) -s -C native BUILD=$(SAN_BUILD)/asan PYTHON=$(abspath $(VENV))/bin/python CC="$(CC) $(SANITIZE) -fsanitize=address,undefined"
 	@# TSan does not model the seqlock's fences (-Wtsan): it found no false race there
 	$(MAKE) -s -C native BUILD=$(SAN_BUILD)/tsan PYTHON=$(abspath $(VENV))/bin/python CC="$(CC) $(SANITIZE) -fsanitize=thread -Wno-tsan"
 	OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/ubsan/libotel_gpu_census.so UBSAN_OPTIONS=print_stacktrace=1 $(VENV)/bin/python -m pytest -q
-	OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/asan/libotel_gpu_census.so ASAN_OPTIONS=detect_leaks=0 \
-	  LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(VENV)/bin/python -m pytest -q $(IN_PROCESS)
-	OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/tsan/libotel_gpu_census.so \
-	  LD_PRELOAD=$$($(CC) -print-file-name=libtsan.so) $(VENV)/bin/python -m pytest -q $(IN_PROCESS)
+	rt=$$($(CC) -print-file-name=libasan.so) && OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/asan/libotel_gpu_census.so \
+	  ASAN_OPTIONS=detect_leaks=0 CENSUS_TEST_SANITIZER=$$rt LD_PRELOAD=$$rt $(VENV)/bin/python -m pytest -q $(NATIVE_TESTS)
+	rt=$$($(CC) -print-file-name=libtsan.so) && OTEL_GPU_CENSUS_LIB=$(SAN_BUILD)/tsan/libotel_gpu_census.so \
+	  TSAN_OPTIONS=die_after_fork=0 CENSUS_TEST_SANITIZER=$$rt LD_PRELOAD=$$rt $(VENV)/bin/python -m pytest -q $(NATIVE_TESTS)
 
 gpu-test:
 	$(PYTHON) -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py

@@ -30,6 +30,23 @@ GC_STATE_ACTIVE, GC_STATE_EXITED = 1, 2
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (skipped without one)")
+    runtime = os.environ.get("CENSUS_TEST_SANITIZER")
+    if runtime:
+        _sanitize_children(runtime)
+
+
+def _sanitize_children(runtime: str) -> None:
+    """`make test-sanitized`: every process a test starts gets the sanitizer's runtime first in LD_PRELOAD (a test
+    that preloads the census library names it alone; `run` keeps a sanitizer's runtime first itself)."""
+    init = subprocess.Popen.__init__
+
+    def first(self, *args, **kw):
+        env = dict(kw.get("env") if kw.get("env") is not None else os.environ)
+        rest = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != runtime]
+        env["LD_PRELOAD"] = ":".join([runtime] + rest)
+        kw["env"] = env
+        init(self, *args, **kw)
+    subprocess.Popen.__init__ = first
 
 
 def _have_gpu() -> bool:

@@ -465,7 +465,7 @@ def test_doctor_without_a_driver_says_why(env):
 
 
 def test_doctor_says_whether_the_preloaded_library_answers_the_driver(env, mock_cuda):
-    """`run --activity off` needs the library preloaded to answer the driver's lookups: with a driver (the mock
+    """The default collector needs the library preloaded to answer the driver's lookups: with a driver (the mock
     libcuda.so.1) doctor says it does; without one it says it cannot tell, as a warning."""
     found = run_cli(dict(env, LD_LIBRARY_PATH=os.path.dirname(mock_cuda)), "doctor")
     line = next(l for l in found.stdout.splitlines() if l.split()[1:2] == ["preload"])

@@ -130,3 +130,17 @@ def test_the_random_model_script_names_what_it_needs(hidden):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip() == (
         f"make_random_gguf: needs numpy and gguf ({hidden} is not installed): pip install numpy gguf")
+
+
+def test_the_census_library_is_preloaded_first_after_a_sanitizers_runtime(tmp_path):
+    """A sanitizer's runtime (an ASan-built server's libasan) must stay the process's first library; ours comes
+    next, before anything else the user preloads."""
+    lib = tmp_path / "libotel_gpu_census.so"
+    lib.write_bytes(b"")
+    for have, want in (("", [str(lib)]),
+                       ("libm.so.6 /x/libjemalloc.so", [str(lib), "libm.so.6", "/x/libjemalloc.so"]),
+                       ("/usr/lib/libasan.so.8:libm.so.6", ["/usr/lib/libasan.so.8", str(lib), "libm.so.6"]),
+                       ("libm.so.6:libtsan.so.2", ["libtsan.so.2", str(lib), "libm.so.6"]),
+                       ("/opt/libasanity.so", [str(lib), "/opt/libasanity.so"])):
+        plan = launcher.census_env(tmp_path, base={"LD_PRELOAD": have}, library=lib)
+        assert plan.env["LD_PRELOAD"].split(":") == want, have

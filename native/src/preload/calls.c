@@ -92,7 +92,7 @@ static struct cell {
 } g_q[QUEUE_CELLS];
 static _Atomic uint64_t g_enq, g_lost;
 static _Atomic uint64_t g_deq;           /* moved by the fold (under the injector's lock), read by pending */
-static uint64_t f_lost;                  /* the fold's */
+static _Atomic uint64_t f_lost;          /* the fold's (under the injector's lock); gc_calls_pending reads it unlocked */
 
 int gc_calls_start(int64_t gpu_minus_mono)
 {
@@ -430,7 +430,7 @@ int gc_calls_pending(void)
     if (!atomic_load(&g_started)) return 0;
     uint64_t deq = atomic_load_explicit(&g_deq, memory_order_relaxed);
     return atomic_load_explicit(&g_q[deq & (QUEUE_CELLS - 1)].seq, memory_order_acquire) == deq + 1 ||
-           atomic_load_explicit(&g_lost, memory_order_relaxed) != f_lost;
+           atomic_load_explicit(&g_lost, memory_order_relaxed) != atomic_load_explicit(&f_lost, memory_order_relaxed);
 }
 
 void gc_calls_fold(gc_tally *t, gc_segment *seg)
@@ -448,6 +448,6 @@ void gc_calls_fold(gc_tally *t, gc_segment *seg)
         gc_tally_call(t, &c, known ? &contents : NULL);
     }
     uint64_t lost = atomic_load_explicit(&g_lost, memory_order_relaxed);
-    seg->calls_lost += lost - f_lost;
-    f_lost = lost;
+    seg->calls_lost += lost - atomic_load_explicit(&f_lost, memory_order_relaxed);
+    atomic_store_explicit(&f_lost, lost, memory_order_relaxed);
 }

@@ -48,8 +48,12 @@
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
+/* A sanitizer (ASan, TSan) looks up its interceptors with dlsym while it sets up, before its shadow memory exists:
+ * what runs then must not be instrumented. A no-op in the product's build. */
+#define BEFORE_SANITIZERS __attribute__((no_sanitize("address", "thread")))
+
 /* glibc's dlsym, the next definition after ours (versions: glibc >= 2.34, then x86-64's and arm64's first). */
-static dlsym_fn real_dlsym(void)
+BEFORE_SANITIZERS static dlsym_fn real_dlsym(void)
 {
     static _Atomic(dlsym_fn) f;
     dlsym_fn r = atomic_load_explicit(&f, memory_order_acquire);
@@ -457,7 +461,7 @@ _Static_assert(TRAMPOLINES == 64, "the .rept count above");
 
 /* A name of a driver function that puts work on the GPU: copies, memsets, kernel and graph launches (not a host
  * function queued on a stream). */
-static int work_name(const char *name)
+BEFORE_SANITIZERS static int work_name(const char *name)
 {
     if (!name || name[0] != 'c' || name[1] != 'u') return 0;
     if (strncmp(name, "cuLaunchHostFunc", 16) == 0) return 0;
@@ -516,7 +520,7 @@ static CUresult gpa_answer(CUresult r, const char *name, void **pfn)
     return r;
 }
 
-static int named(const char *name)
+BEFORE_SANITIZERS static int named(const char *name)
 {
     if (name[0] != 'c' || name[1] != 'u') return 0;
     for (int i = 0; i < NENTRIES; i++) {
@@ -537,7 +541,7 @@ static int named(const char *name)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnonnull-compare"   /* glibc declares name nonnull; a caller may still pass NULL */
 #endif
-__attribute__((visibility("default"))) SIBLING_CALLS
+__attribute__((visibility("default"))) SIBLING_CALLS BEFORE_SANITIZERS
 void *dlsym(void *handle, const char *name)
 {
     dlsym_fn real = real_dlsym();

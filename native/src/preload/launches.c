@@ -47,8 +47,10 @@ static _Atomic uint64_t g_step[GC_STEP_SLOTS];
 static _Atomic uint64_t g_lost;
 static atomic_int g_step_new;             /* a step deposited its count since the last fold */
 
-/* the fold's own view (under the injector's lock) */
-static uint64_t f_dev[GC_MAX_DEVICES], f_win[GC_WINDOW_SLOTS], f_lost;
+/* the fold's own view, written under the injector's lock; f_dev and f_lost are also read without it by
+ * gc_launches_pending (relaxed atomics: a stale answer only moves a fold to the next wake) */
+static _Atomic uint64_t f_dev[GC_MAX_DEVICES], f_lost;
+static uint64_t f_win[GC_WINDOW_SLOTS];
 static uint64_t f_last_idx;
 
 static __thread int t_dev = -1;           /* the thread's device, as its last launch said */
@@ -197,9 +199,11 @@ int gc_launches_pending(void)
 {
     if (!atomic_load(&g_started)) return 0;
     for (uint32_t d = 0; d < GC_MAX_DEVICES; d++)
-        if (atomic_load_explicit(&g_dev[d], memory_order_relaxed) != f_dev[d]) return 1;
+        if (atomic_load_explicit(&g_dev[d], memory_order_relaxed) !=
+            atomic_load_explicit(&f_dev[d], memory_order_relaxed))
+            return 1;
     /* every placed launch is in a device's count (windows follow it); lost ones and steps are not */
-    return atomic_load_explicit(&g_lost, memory_order_relaxed) != f_lost ||
+    return atomic_load_explicit(&g_lost, memory_order_relaxed) != atomic_load_explicit(&f_lost, memory_order_relaxed) ||
            atomic_load_explicit(&g_step_new, memory_order_acquire);
 }
 
@@ -208,12 +212,13 @@ void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now)
     if (!atomic_load(&g_started) || !t || !seg) return;
     for (uint32_t d = 0; d < GC_MAX_DEVICES; d++) {
         uint64_t c = atomic_load_explicit(&g_dev[d], memory_order_relaxed);
-        if (c != f_dev[d]) gc_tally_launches_device(t, d, c - f_dev[d]);
-        f_dev[d] = c;
+        uint64_t f = atomic_load_explicit(&f_dev[d], memory_order_relaxed);
+        if (c != f) gc_tally_launches_device(t, d, c - f);
+        atomic_store_explicit(&f_dev[d], c, memory_order_relaxed);
     }
     uint64_t lost = atomic_load_explicit(&g_lost, memory_order_relaxed);
-    seg->launches_lost += lost - f_lost;
-    f_lost = lost;
+    seg->launches_lost += lost - atomic_load_explicit(&f_lost, memory_order_relaxed);
+    atomic_store_explicit(&f_lost, lost, memory_order_relaxed);
     /* Windows from one before the last fold's to one after now (a launch that read the clock just
      * before this fold and counted just after it), at most the ring. */
     uint64_t now_idx = (uint64_t)((int64_t)mono_now + g_gpu_minus_mono) / GC_WINDOW_NS;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,8 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
 
 
 COLLECTORS = ("default", "precise")
+# a sanitizer's runtime must be the first library of a process (ASan, TSan, ...): LD_PRELOAD keeps it before ours
+SANITIZER_RUNTIME = re.compile(r"^lib(?:a|t|m|hwa)san\.so\b")
 
 
 def census_env(census_dir: Path, precise: bool = False, base: Optional[Mapping[str, str]] = None,
@@ -139,7 +142,8 @@ def census_env(census_dir: Path, precise: bool = False, base: Optional[Mapping[s
         lib = str(plan.library)
         kept = [p for p in plan.env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
         if lib not in kept:
-            plan.env["LD_PRELOAD"] = ":".join([lib] + kept)
+            first = [p for p in kept if SANITIZER_RUNTIME.match(os.path.basename(p))]
+            plan.env["LD_PRELOAD"] = ":".join(first + [lib] + [p for p in kept if p not in first])
     if collector == "precise" and plan.census_on and plan.cupti is None:
         from otel_gpu_census.extras import needs
         plan.warnings.append(f"no {CUPTI_SONAME} found: {needs('cupti')} (or a CUDA toolkit's, or "
