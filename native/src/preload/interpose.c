@@ -50,7 +50,11 @@ typedef void *(*dlsym_fn)(void *, const char *);
 
 /* A sanitizer (ASan, TSan) looks up its interceptors with dlsym while it sets up, before its shadow memory exists:
  * what runs then must not be instrumented. A no-op in the product's build. */
+#if defined(__has_attribute) && __has_attribute(no_sanitize)
 #define BEFORE_SANITIZERS __attribute__((no_sanitize("address", "thread")))
+#else
+#define BEFORE_SANITIZERS /* a compiler without the attribute (GCC < 8) */
+#endif
 
 /* glibc's dlsym, the next definition after ours (versions: glibc >= 2.34, then x86-64's and arm64's first). */
 BEFORE_SANITIZERS static dlsym_fn real_dlsym(void)
