@@ -385,7 +385,7 @@ def spans_check(rx, load_res, name, census_dir, res):
     check(not short, f"{name}: every request served by a step per output token at least ({len(short)} short)")
     res["span_sample"] = {k2: v for k2, v in next(iter(ours.values())).attributes.items()} if ours else {}
     res["per_request_dtoh_bytes"] = [s.attributes.get("gpu_census.copy.dtoh.bytes", 0) for s in ours.values()]
-    res["per_request_kernel_ns"] = [s.attributes.get("gpu_census.kernel.time_ns", 0) for s in ours.values()]
+    res["per_request_kernel_ns"] = [span_figure(s.attributes, "kernel.time_ns") for s in ours.values()]
     return ours
 
 
@@ -416,6 +416,14 @@ def traced_check(rx, ours, res) -> None:
 FIELDS = ("kernel.count", "kernel.time_ns", "copy.htod.bytes", "copy.dtoh.bytes", "copy.dtod.bytes")
 
 
+def span_figure(attrs, f: str) -> int:
+    """A request-log field (`FIELDS`) as its span carries it: times are ``gpu_census.<what>.time`` in
+    seconds there (telemetry/attributes.py), whose round(x * 1e9) is the request log's exact ns."""
+    if f.endswith(".time_ns"):
+        return round(attrs.get(f"gpu_census.{f[:-3]}", 0) * 1e9)
+    return attrs.get(f"gpu_census.{f}", 0)
+
+
 def conservation_check(name, census_dir, all_spans, res) -> list:
     """Sum of the spans' shares + what no request claimed == the steps the ledger split, every field;
     and those steps + the work outside steps == the census totals. Returns the request log's lines."""
@@ -433,7 +441,7 @@ def conservation_check(name, census_dir, all_spans, res) -> list:
     reqs = [l for l in logs if "gpu" in l]
     estimated = sum(1 for l in reqs if l.get("kernel_time_estimated"))
     for f in FIELDS:
-        from_spans = sum(s.attributes.get(f"gpu_census.{f}", 0) for s in all_spans)
+        from_spans = sum(span_figure(s.attributes, f) for s in all_spans)
         from_log = sum(l["gpu"].get(f, 0) for l in reqs)
         check(from_spans == from_log, f"{name}: {f}: spans {from_spans:,} == request log {from_log:,}")
         if f == "kernel.time_ns" and estimated:

@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "device"))
 sys.path.insert(0, str(REPO / "tests" / "support"))
 import vllm_e2e  # noqa: E402
+from otel_gpu_census.attribution.shares import Share  # noqa: E402
+from otel_gpu_census.census import Stat  # noqa: E402
+from otel_gpu_census.telemetry.attributes import share_attributes  # noqa: E402
 from ports import free_port  # noqa: E402
 
 
@@ -385,8 +388,9 @@ def test_conservation_leaves_estimated_kernel_time_to_the_estimate_check(monkeyp
              {"summary": {"total": {"kernel.count": 5, "kernel.time_ns": 300, "copy.htod.bytes": 7},
                           "unattributed": {}}}]
     (tmp_path / "x.requests.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
-    spans = [SimpleNamespace(attributes={"gpu_census.kernel.count": 5, "gpu_census.kernel.time_ns": 900,
-                                         "gpu_census.copy.htod.bytes": 7})]
+    # the span's attributes as the product writes them (GPU times in seconds), not as this test guesses
+    share = Share(kernel_count=5, kernel_ns=900, copies={"htod": Stat(1, 7, 0)})
+    spans = [SimpleNamespace(attributes=share_attributes("gpu_census.", share, seconds=True))]
     monkeypatch.setattr(vllm_e2e, "FAILS", [])
     res: dict = {"_out": str(tmp_path / "out")}
     (tmp_path / "out").mkdir()
