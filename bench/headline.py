@@ -265,8 +265,9 @@ class Rule:
 LLAMA_PHASES = ("BENCH_ARGS='--activity events --modes off,events --beside-plain --beside-traced --rounds 14 "
                 "--budget-s 420' bash bench/device/run.sh setup llama-phases (after setup llama-bg, vllm-install "
                 "llama-wait)")
-LLAMA_TOGGLE = ("LLAMA_TOGGLE_ARGS='--seconds 400 --slot 3 --tick 0.5 --settle 1 --n-predict 48,80 --budget-s 540' "
-                "bash bench/device/run.sh setup llama-toggle (after setup, LLAMA_BG_CPUS=8-15 llama-bg, llama-wait)")
+LLAMA_TOGGLE = ("LLAMA_TOGGLE_ARGS='--seconds 240 --slot 3 --tick 0.5 --settle 1 --n-predict 48,80 --budget-s 300' "
+                "bash bench/device/run.sh setup llama-wait launch-phases llama-toggle (after setup, "
+                "LLAMA_BG_CPUS=8-15 llama-bg)")
 VLLM_TOGGLE = ('VLLM_E2E_ARGS="--only toggle --phase-r-env OTEL_GPU_CENSUS_ACTIVITY=events,OTEL_GPU_CENSUS_FLUSH_MS=200 '
                '--phase-modes off,events --phase-window 10,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 '
                '--toggle-s 600 --toggle-slot 4|2 --toggle-tick 0.5|0.25 --toggle-settle 1|0.5 --toggle-order random '
@@ -288,18 +289,18 @@ VLLM_SHARED = ("VLLM_E2E_ARGS='--only phases --phase-r-env OTEL_GPU_CENSUS_ACTIV
 VLLM_CUPTI = ("VLLM_E2E_ARGS='--only phases --phase-together P,S --phase-modes off,launch,counted --phase-window 1,3 "
               "--phase-kv-bytes 2147483648 --phase-gpu-mem 0.16 --phase-rounds 20 --budget-s 380' "
               "bash bench/device/run.sh setup vllm")
-LAUNCH_PHASES = "LAUNCH_PHASES_ARGS='--rounds 40' bash bench/device/run.sh setup launch-phases"
+LAUNCH_PHASES = "LAUNCH_PHASES_ARGS='--rounds 16' bash bench/device/run.sh setup launch-phases"
 NO_LAUNCH_TARGET = "the overhead target is >= 0.99 of server throughput, none per launch"
 
 RULES = (
     Rule("llamacpp_default_throughput_ratio", "llamacpp_default_throughput_ratio/llama-toggle.json",
          toggle_ratio(), 0.99,
          "ratio of output tok/s, the default census (preloaded, event pairs 128/1, gated, no CUPTI; native code of "
-         "4b8f528) / the same census switched off (its wrappers passing every call through), inside ONE load of one "
+         "7b9260b) / the same census switched off (its wrappers passing every call through), inside ONE load of one "
          "llama-server (8B, 16 slots, 16 closed-loop streaming clients, prompts of 1,800 distinct ids, 48-80 tokens a "
-         "request), switched every 3 s, each pair's order drawn at random, median of 63 pairs (0.851-1.238; geometric "
-         "mean 1.007 [0.987, 1.029]; no slot position differs from another by more than its error)",
-         command=LLAMA_TOGGLE, date="2026-12-04"),
+         "request), switched every 3 s, each pair's order drawn at random, median of 38 pairs (0.810-1.264; geometric "
+         "mean 1.002 [0.972, 1.033]; no slot position differs from another by more than its error)",
+         command=LLAMA_TOGGLE, date="2026-12-05"),
     Rule("llamacpp_default_phases_throughput_ratio", "llamacpp_default_phases_throughput_ratio/llama-phases.json",
          phases_ratio("events"), 0.99,
          "ratio of output tok/s, the default census / the same census paused (its wrappers passing every call "
@@ -386,26 +387,24 @@ RULES = (
          why_no_target="the stated bound is on per-request kernel time (+-10 %), none per pair"),
     Rule("micro_eager_us_per_launch_default", "micro_eager_us_per_launch_default/launch-phases.json",
          launch_phases_us("eager_ns"), None,
-         "µs the default census (native code with the driver's functions exported and a wrapper's nested calls "
-         "passed through) adds to the launching thread per eager launch of an empty kernel (launch_price.cu through "
-         "the CUDA runtime, 4,529 ns a launch paused): counting it and pairing 1 in 128; one process pinned to a core, "
-         "the census switched off/events between rounds, ABBA, median of 40 round pairs (mean 0.366 [0.210, 0.523]; "
-         "the same bench on another lease before those changes: 0.027, mean 0.121 [-0.051, 0.299]); every launch and "
-         "copy counted exactly",
-         command=LAUNCH_PHASES, date="2026-12-04", why_no_target=NO_LAUNCH_TARGET),
+         "µs the default census (native code of 7b9260b) adds to the launching thread per eager launch of an empty "
+         "kernel (launch_price.cu through the CUDA runtime, 3,055 ns a launch paused): counting it and pairing 1 in "
+         "128; one process pinned to a core, the census switched off/events between rounds, ABBA, median of 16 round "
+         "pairs (mean 0.089 [-0.071, 0.235]; earlier leases, other hosts: 0.423 and 0.027); every launch and copy "
+         "counted exactly",
+         command=LAUNCH_PHASES, date="2026-12-05", why_no_target=NO_LAUNCH_TARGET),
     Rule("micro_graph_us_per_launch_default", "micro_eager_us_per_launch_default/launch-phases.json",
          launch_phases_us("graph_issue_ns"), None,
-         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 2,856 ns a launch "
-         "paused): counting it and its gated event pair (every graph launch paired); one process, ABBA, median of 40 "
-         "round pairs (mean 6.048 [5.619, 6.462]; before the exports, on another lease: 5.024, mean 4.978 "
-         "[4.555, 5.410])",
-         command=LAUNCH_PHASES, date="2026-12-04", why_no_target=NO_LAUNCH_TARGET),
+         "µs the default census adds to the launching thread per CUDA-graph launch (64 empty kernels; 1,642 ns a launch "
+         "paused): counting it and its gated event pair (every graph launch paired); one process, ABBA, median of 16 "
+         "round pairs (mean 3.548 [3.154, 3.979]; earlier leases, other hosts: 6.124 and 5.024)",
+         command=LAUNCH_PHASES, date="2026-12-05", why_no_target=NO_LAUNCH_TARGET),
     Rule("micro_graph_us_per_node_default", "micro_eager_us_per_launch_default/launch-phases.json",
          launch_phases_us("graph_issue_ns", per=64), None,
          "µs the default census adds to the launching thread per CUDA-graph kernel node, for a graph of 64 (its price "
          "is per launch, micro_graph_us_per_launch_default, whatever the graph's size: vLLM's hold ~31 kernels); one "
-         "process, ABBA, median of 40 round pairs",
-         command=LAUNCH_PHASES, date="2026-12-04", why_no_target=NO_LAUNCH_TARGET),
+         "process, ABBA, median of 16 round pairs",
+         command=LAUNCH_PHASES, date="2026-12-05", why_no_target=NO_LAUNCH_TARGET),
     Rule("micro_eager_pair_us_events", "micro_eager_pair_us_events/launch-phases.json",
          launch_phases_us("eager_ns"), None,
          "µs one gated eager event pair (three events, a stream wait, the gate's write) adds to the launching thread: "
