@@ -248,6 +248,19 @@ def busy_gap(loop: str, gauge: str) -> Callable[[Dict[str, Any]], float]:
     return value
 
 
+def share_error(method: str) -> Callable[[Dict[str, Any]], float]:
+    """The larger over the mixed loads of `method`'s mean absolute relative error of request shares against each
+    request's cost alone (bench/device/attribution_error.py); refused if a check failed or a request was left out."""
+    def value(raw: Dict[str, Any]) -> float:
+        if raw.get("checks_failed"):
+            raise HeadlineError(f"checks failed: {raw['checks_failed']}")
+        got = [load[method] for load in raw.get("errors", {}).values() if method in load]
+        if not got or any(g.get("left_out") for g in got):
+            raise HeadlineError(f"no complete mixed load split by {method}")
+        return round(max(g["all"]["mae"] for g in got), 3)
+    return value
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -457,6 +470,16 @@ RULES = (
          "checkpoints on), random 8B llama, 16 streaming clients, 64 requests of 1,800 prompt and 64 output tokens; "
          "with --cache-ram 0 --ctx-checkpoints 0 the same load copies 32,849,568 B a request (the logits)",
          why_no_target="a finding, not a goal"),
+    Rule("vllm_share_vs_alone_error_tokens", "attribution_error/attribution_error.json",
+         share_error("tokens"), None,
+         "mean absolute relative error of the default step split's (scheduled tokens) request kernel shares against "
+         "each request's kernel time served alone, after scaling the shares to the alone total; the larger of two "
+         "mixed loads (16 and 48 concurrent; 48 requests of four classes, 48 or 1,536 prompt tokens by 16 or 192 "
+         "output tokens; vLLM, random 160M Llama, prefix caching off). Splits by FLOPs and by alone cost, the same "
+         "run: docs/measurements.md",
+         command="ATTRIBUTION_ARGS='--per-class 12 --mixed 16,48 --methods tokens,flops,alone --budget-s 400' "
+                 "bash bench/device/run.sh setup attribution (after setup, vllm-q1, vllm-q2, vllm-q3)",
+         why_no_target="an allocation's distance from one reference, stated so that no share reads as a measurement"),
     Rule("busy_gap_matmul_sm_occupancy", "busy_gap_matmul_sm_occupancy/busy-gap.json",
          busy_gap("matmul", "gpu_census.sm.occupancy"), None,
          "NVML GPM SM occupancy (ratio of the SMs' warp slots) of a loop of bf16 8192x8192 matmuls that nvidia-smi "

@@ -41,7 +41,9 @@ def test_the_flops_split_of_flops_priced_steps_matches_the_alone_costs_and_the_t
         # the token split charges short contexts for long contexts' attention
         assert got["tokens"]["by_class"]["short-long"]["bias"] > 0 > got["tokens"]["by_class"]["long-long"]["bias"]
     # one request's alone cost on either server: the same truth, so no noise here
-    assert set(res["alone_agreement"]) == set(attribution_error.CLASSES) and max(res["alone_agreement"].values()) < 1e-6
+    assert set(res["alone_agreement"]) == {"flops"}
+    floor = res["alone_agreement"]["flops"]
+    assert set(floor) == set(attribution_error.CLASSES) and max(floor.values()) < 1e-6
     assert {r["method"] for r in res["servers"]["flops"]["mixed@4"]["rows"]} == {"step_flops"}
     assert {r["method"] for r in res["servers"]["tokens"]["mixed@4"]["rows"]} == {"step_tokens"}
 
