@@ -71,8 +71,8 @@ def switch_census(mode: str, timeout_s: float = 15.0) -> bool:
 
 
 def wait_census(timeout_s: float = 10.0) -> Optional[float]:
-    """Under the census's default OTEL_GPU_CENSUS_ATTACH=context, CUPTI is set up once this process's
-    context exists: wait for it before the capture, so the census learns the graph it will count.
+    """Under the precise collector CUPTI is set up once this process's context exists: wait for it before the
+    capture, so the census learns the graph it will count.
     Seconds waited; None without a census (plain, the floor)."""
     import ctypes
     path = os.environ.get("CUDA_INJECTION64_PATH")

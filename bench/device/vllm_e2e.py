@@ -492,8 +492,8 @@ BESIDE = {
     "E": (8115, True, {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
           "under `run`, its default census (events) counting through every phase, the integration disabled: E/P "
           "is the census's own cost, R's events / E at once the integration's"),
-    "A": (8114, True, {"OTEL_GPU_CENSUS_ACTIVITY": "on", "OTEL_GPU_CENSUS_KERNELS": "all"},
-          "the activity census tracing every kernel, the integration on, never paused: its requests' kernel time is "
+    "A": (8114, True, {"OTEL_GPU_CENSUS_COLLECTOR": "precise"},
+          "the precise collector tracing every kernel, the integration on, never paused: its requests' kernel time is "
           "measured, the reference R's estimates are checked against (reference_check)"),
 }
 
@@ -916,7 +916,7 @@ def main():
                     help="phases: the servers loaded after each round, in chain order, from " + ",".join(BESIDE)
                          + " (see BESIDE); every ratio of one to each before it is kept")
     ap.add_argument("--phase-r-env", default="", metavar="KEY=VALUE,...",
-                    help="more environment for R, e.g. OTEL_GPU_CENSUS_ACTIVITY=off (phases off,calls)")
+                    help="more environment for R, e.g. OTEL_GPU_CENSUS_EVENT_EVERY=0")
     ap.add_argument("--phase-together", default="",
                     help="phases: servers from " + ",".join(BESIDE) + " loaded AT THE SAME TIME as each of R's phases, "
                          "each by clients of its own: R's mode / each of them in the same window, and the mode "

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 MODES = {
-    "all": {"OTEL_GPU_CENSUS_KERNELS": "all"},
-    "gated": {"OTEL_GPU_CENSUS_ACTIVITY": "events", "OTEL_GPU_CENSUS_EVENT_GATE": "on", "PRELOAD": "1"},
+    "all": {"OTEL_GPU_CENSUS_COLLECTOR": "precise"},                       # CUPTI: every kernel traced
+    "gated": {"OTEL_GPU_CENSUS_COLLECTOR": "default", "OTEL_GPU_CENSUS_EVENT_GATE": "on", "PRELOAD": "1"},
 }
 
 

@@ -114,7 +114,7 @@ def main() -> int:
     res: dict = {"args": vars(a)}
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, CUDA_INJECTION64_PATH=lib, LD_PRELOAD=lib, OTEL_GPU_CENSUS_DIR=d,
-                   OTEL_GPU_CENSUS_ACTIVITY="events")
+                   OTEL_GPU_CENSUS_COLLECTOR="default")
         if a.event_every:
             env["OTEL_GPU_CENSUS_EVENT_EVERY"] = a.event_every
         p = subprocess.Popen(["taskset", "-c", str(a.core), a.binary, "--serve", str(a.adds), str(a.replays),

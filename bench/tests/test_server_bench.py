@@ -177,7 +177,7 @@ def test_restart_mode_records_each_variants_environment(fake, tmp_path):
     server, model = fake
     out = tmp_path / "rr.json"
     d = run_bench(["--server", str(server), "--model", str(model), "--out", str(out), "--rounds", "2",
-                   "--variants", "plain,census", "--server-env", "OTEL_GPU_CENSUS_KERNELS=x",
+                   "--variants", "plain,census", "--server-env", "OTEL_GPU_CENSUS_EVENT_EVERY=x",
                    "--flag-sets", "default", "--requests", "8", "--clients", "4", "--prompt-tokens", "16",
                    "--n-predict", "8", "--warmup-requests", "0", "--census-mode", "env",
                    "--port", str(free_port_pair())], tmp_path)
@@ -186,8 +186,8 @@ def test_restart_mode_records_each_variants_environment(fake, tmp_path):
     assert [r["variant"] for r in res["runs"]] == ["plain", "census", "census", "plain"]
     said = {r["variant"]: (tmp_path / "server-work" / r["server_log"]).read_text().split("fake-llama-server: ")[1].split()
             for r in res["runs"]}     # what each server process was started with
-    assert said == {"plain": ["OTEL_GPU_CENSUS_KERNELS=x", "CUDA_INJECTION64_PATH=(unset)"],   # --server-env: every server
-                    "census": ["OTEL_GPU_CENSUS_KERNELS=x", "CUDA_INJECTION64_PATH=set"]}
+    assert said == {"plain": ["OTEL_GPU_CENSUS_EVENT_EVERY=x", "CUDA_INJECTION64_PATH=(unset)"],   # --server-env: every server
+                    "census": ["OTEL_GPU_CENSUS_EVENT_EVERY=x", "CUDA_INJECTION64_PATH=set"]}
     rows = {r["variant"]: r for r in res["rows"]}
     assert rows["census"]["pairs"] == 2 and "steady_ratio" in rows["census"]
 
