@@ -43,7 +43,7 @@ from typing import Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_e2e  # noqa: E402  (bench/device: Server, read_census, random_model, check)
 
-# class -> (prompt tokens, output tokens); long prompt + long answer fit --max-model-len 2048
+# class -> (prompt tokens, output tokens); --long-prompt sets the long classes' prompts
 CLASSES = {"short-short": (48, 16), "short-long": (48, 192), "long-short": (1536, 16), "long-long": (1536, 192)}
 METHODS = ("tokens", "flops", "alone")      # --methods: the servers, one a method
 VOCAB = (100, 30000)                 # prompt token ids are drawn from here (the random Llama has 32,000)
@@ -152,20 +152,22 @@ def agreement(a: List[dict], b: List[dict]) -> dict:
     return out
 
 
-def start_servers(out: Path, census_base: Path, run_args: List[str], gpu_mem: float) -> Dict[str, tuple]:
-    model = vllm_e2e.random_model()
+def start_servers(out: Path, census_base: Path, run_args: List[str], gpu_mem: float, size: str = "small",
+                  max_len: int = 2048) -> Dict[str, tuple]:
+    model = vllm_e2e.random_model(size=size)
     servers = {}
     for method in METHODS:
         env = {"OTEL_GPU_CENSUS_ATTRIBUTION": method, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
         servers[method] = vllm_e2e.Server(f"attr-{method}", PORTS[method], model, out, census_dir=census_base / method,
-                                          extra=["--no-enable-prefix-caching"], env=env, gpu_mem=gpu_mem,
+                                          extra=["--no-enable-prefix-caching", "--max-model-len", str(max_len)],
+                                          env=env, gpu_mem=gpu_mem,
                                           run_args=run_args)
         time.sleep(3)                    # not both measuring free GPU memory at the same moment
     return servers
 
 
 def main(argv=None) -> int:
-    global T0, METHODS
+    global T0, METHODS, CLASSES
     T0 = time.time()           # the budget counts from this run, not from the import
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="the JSON result (a .json path)")
@@ -177,8 +179,14 @@ def main(argv=None) -> int:
     ap.add_argument("--run-args", default="", help="more arguments of `otel-gpu-census run` (e.g. --precise)")
     ap.add_argument("--gpu-mem", type=float, default=0.25, help="--gpu-memory-utilization of each server")
     ap.add_argument("--methods", default=",".join(METHODS), help="OTEL_GPU_CENSUS_ATTRIBUTION values, one server each")
+    ap.add_argument("--model-size", default="small", help="small (160M, launch-bound) or a size of vllm_model_sizes.py "
+                                                           "(1b: attention's growth with context shows)")
+    ap.add_argument("--long-prompt", type=int, default=0, help="prompt tokens of the long classes (default 1536)")
     a = ap.parse_args(argv)
     METHODS = tuple(m for m in a.methods.split(",") if m)
+    if a.long_prompt:
+        CLASSES = {c: (a.long_prompt if c.startswith("long-") else p, n) for c, (p, n) in CLASSES.items()}
+    max_len = max(p + n for p, n in CLASSES.values()) + 64
     out_path = Path(a.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in a.mixed.split(",") if x]
@@ -196,7 +204,9 @@ def main(argv=None) -> int:
         import vllm
         res["versions"] = {"vllm": vllm.__version__}
         census_base = Path("/tmp/attr-census")
-        started = start_servers(out_path.parent, census_base, a.run_args.split(), a.gpu_mem)
+        started = start_servers(out_path.parent, census_base, a.run_args.split(), a.gpu_mem, a.model_size,
+                                max(2048, max_len))
+        res["model_size"] = a.model_size
         targets = {m: (f"http://127.0.0.1:{PORTS[m]}", census_base / m) for m in started}
 
     def save():

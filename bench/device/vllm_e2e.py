@@ -45,10 +45,15 @@ FAILS: list = []
 T0 = time.time()     # --budget-s counts from here
 
 
-def random_model(path: str = "/tmp/vllm-model") -> str:
-    """The random-weight 160M Llama (../shared/vllm-offline/vllm_model.py, carried as .vllm/part3), made once."""
+def random_model(path: str = "/tmp/vllm-model", size: str = "small") -> str:
+    """A random-weight Llama, made once: the 160M one (../shared/vllm-offline/vllm_model.py, carried as
+    .vllm/part3), or a larger `size` of vllm_model_sizes.py (beside this file) in `path`-`size`."""
+    if size != "small":
+        path = f"{path}-{size}"
     if not Path(path, "config.json").exists():
-        subprocess.run([sys.executable, str(ROOT / ".vllm/part3/vllm_model.py"), path], check=True)
+        writer = [str(ROOT / ".vllm/part3/vllm_model.py")] if size == "small" else \
+            [str(Path(__file__).resolve().parent / "vllm_model_sizes.py"), "--size", size]
+        subprocess.run([sys.executable, writer[0], path, *writer[1:]], check=True)
     return path
 
 

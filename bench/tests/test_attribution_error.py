@@ -92,3 +92,15 @@ def test_where_a_step_costs_something_whatever_it_serves_the_alone_split_is_clos
     assert {r["method"] for r in res["servers"]["alone"]["mixed@12"]["rows"]} == {"step_alone"}
     # the fit found the fixed part: intercept / slope in FLOPs' worth, the stand-in's ns being FLOPs / 1000
     assert abs(fit.fixed_flops() - fixed * 1000) < 0.01 * fixed * 1000
+
+
+def test_long_prompt_sets_the_long_classes_prompts(standins, tmp_path):
+    """--long-prompt: the long classes ask for that many prompt tokens; the short ones keep theirs."""
+    servers = ";".join(f"{m}={s.url},{s.census_dir}" for m, s in standins.items())
+    out = tmp_path / "res.json"
+    rc = attribution_error.main(["--out", str(out), "--methods", "tokens,flops", "--per-class", "1", "--mixed", "2",
+                                 "--long-prompt", "640", "--servers", servers])
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["checks_failed"] == []
+    assert res["classes"] == {"short-short": [8, 3], "short-long": [8, 24], "long-short": [640, 3],
+                              "long-long": [640, 24]}
