@@ -35,3 +35,15 @@ def test_the_check_sees_a_retired_name(tmp_path):
     f = tmp_path / "probe.py"
     f.write_text('env = {"OTEL_GPU_CENSUS_KERNELS": "all", "OTEL_GPU_CENSUS_COLLECTOR": "precise"}\n')
     assert names_used(f) - set(SETTINGS) == {"KERNELS"}
+
+
+def test_vllm_server_a_runs_the_precise_collector_under_run(tmp_path):
+    """Server A is the reference of the kernel-time checks: under `run` (which names a collector) it must still get
+    CUPTI, so its environment names the collector, not a finer setting `run`'s choice decides over."""
+    sys.path.insert(0, str(REPO / "bench" / "device"))
+    import vllm_e2e
+    from otel_gpu_census.cli.launcher import census_env
+    env = vllm_e2e.BESIDE["A"][2]
+    plan = census_env(tmp_path, base=env)
+    assert plan.env["OTEL_GPU_CENSUS_COLLECTOR"] == "precise"
+    assert census_env(tmp_path, base={}).env["OTEL_GPU_CENSUS_COLLECTOR"] == "default"     # the check can fail
