@@ -912,7 +912,7 @@ def main():
     ap.add_argument("--phase-requests", type=int, default=4, help="requests per client in each phase")
     ap.add_argument("--phase-stream", action="store_true",
                     help="phases with streaming clients (as until 2026-12-02); default one JSON answer a request")
-    ap.add_argument("--phase-modes", default="off,launch,node,sampled,nokernels",
+    ap.add_argument("--phase-modes", default="off,events",
                     help="census modes of bench/server/control_phases.py, one phase each per round")
     ap.add_argument("--phase-split", action="store_true",
                     help="phases: also S, under the census (paused) with the integration disabled, loaded after P "
@@ -964,6 +964,10 @@ def main():
     bad = [n for n in (a.phase_beside + "," + a.phase_together).split(",") if n and n not in BESIDE]
     if bad:
         ap.error(f"--phase-beside: unknown {','.join(bad)} (known: {','.join(BESIDE)})")
+    from control_phases import MODES as CONTROL_MODES
+    bad = [m for m in a.phase_modes.split(",") if m not in CONTROL_MODES]
+    if bad:
+        ap.error(f"--phase-modes: unknown {','.join(bad)} (known: {','.join(CONTROL_MODES)})")
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "checks_failed": FAILS}

@@ -263,6 +263,13 @@ def test_phase_beside_names_an_unknown_server_is_a_usage_error():
     assert r.returncode == 2 and "unknown W" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_retired_census_mode_is_a_usage_error():
+    """The control file switches the census off and on only; a mode of the retired ones would stop a run midway."""
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "device" / "vllm_e2e.py"), "--out", "/tmp/x",
+                        "--phase-modes", "off,launch"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown launch" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_phase_kv_bytes_fix_every_phase_servers_kv_cache():
     import argparse
     assert vllm_e2e.phase_extra(argparse.Namespace(phase_kv_bytes=0)) == []
