@@ -492,6 +492,9 @@ BESIDE = {
           "under `run` with the census disabled (no injector, so no integration): N/P is the launcher's"),
     "S": (8107, True, {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
           "the census paused, the integration disabled: S/N is the paused injector's"),
+    "U": (8116, True, {"OTEL_GPU_CENSUS_COLLECTOR": "precise", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},
+          "the precise collector (CUPTI set up in cuInit) paused, the integration disabled: U/P is what CUPTI set up "
+          "costs vLLM with nothing recorded, the precise collector's floor"),
     "X": (8110, True, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
           "the census paused, the integration on, exporting nothing: X/S is the integration's work, off/X its export"),
     "E": (8115, True, {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm"},

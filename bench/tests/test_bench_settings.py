@@ -47,3 +47,16 @@ def test_vllm_server_a_runs_the_precise_collector_under_run(tmp_path):
     plan = census_env(tmp_path, base=env)
     assert plan.env["OTEL_GPU_CENSUS_COLLECTOR"] == "precise"
     assert census_env(tmp_path, base={}).env["OTEL_GPU_CENSUS_COLLECTOR"] == "default"     # the check can fail
+
+
+def test_vllm_server_u_is_the_precise_collector_paused_without_the_integration(tmp_path):
+    """U stands in for the retired "CUPTI set up, every kind off" server: under `run` it must get CUPTI (the precise
+    collector), run paused beside R's phases like every non-counting census server, and load no integration."""
+    sys.path.insert(0, str(REPO / "bench" / "device"))
+    import vllm_e2e
+    from otel_gpu_census.cli.launcher import census_env
+    port, census, env, _ = vllm_e2e.BESIDE["U"]
+    assert census and "U" not in vllm_e2e.COUNTING
+    assert census_env(tmp_path, base=env).env["OTEL_GPU_CENSUS_COLLECTOR"] == "precise"
+    assert env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "vllm"
+    assert port not in {p for n, (p, *_) in vllm_e2e.BESIDE.items() if n != "U"}
