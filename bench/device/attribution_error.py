@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     METHODS = tuple(m for m in a.methods.split(",") if m)
     if a.long_prompt:
         CLASSES = {c: (a.long_prompt if c.startswith("long-") else p, n) for c, (p, n) in CLASSES.items()}
-    max_len = max(p + n for p, n in CLASSES.values()) + 64
+    max_len = max(2048, max(p + n for p, n in CLASSES.values()) + 64)   # the longest request fits
     out_path = Path(a.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in a.mixed.split(",") if x]
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         res["versions"] = {"vllm": vllm.__version__}
         census_base = Path("/tmp/attr-census")
         started = start_servers(out_path.parent, census_base, a.run_args.split(), a.gpu_mem, a.model_size,
-                                max(2048, max_len))
+                                max_len)
         res["model_size"] = a.model_size
         targets = {m: (f"http://127.0.0.1:{PORTS[m]}", census_base / m) for m in started}
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench" / "device"))
+import vllm_e2e  # noqa: E402
+from otel_gpu_census.cli.launcher import census_env  # noqa: E402
 from otel_gpu_census.settings import PREFIX, SETTINGS  # noqa: E402
 
 NAME = re.compile(PREFIX + r"([A-Z][A-Z0-9_]*[A-Z0-9])")
@@ -40,9 +43,6 @@ def test_the_check_sees_a_retired_name(tmp_path):
 def test_vllm_server_a_runs_the_precise_collector_under_run(tmp_path):
     """Server A is the reference of the kernel-time checks: under `run` (which names a collector) it must still get
     CUPTI, so its environment names the collector, not a finer setting `run`'s choice decides over."""
-    sys.path.insert(0, str(REPO / "bench" / "device"))
-    import vllm_e2e
-    from otel_gpu_census.cli.launcher import census_env
     env = vllm_e2e.BESIDE["A"][2]
     plan = census_env(tmp_path, base=env)
     assert plan.env["OTEL_GPU_CENSUS_COLLECTOR"] == "precise"
@@ -52,9 +52,6 @@ def test_vllm_server_a_runs_the_precise_collector_under_run(tmp_path):
 def test_vllm_server_u_is_the_precise_collector_paused_without_the_integration(tmp_path):
     """U stands in for the retired "CUPTI set up, every kind off" server: under `run` it must get CUPTI (the precise
     collector), run paused beside R's phases like every non-counting census server, and load no integration."""
-    sys.path.insert(0, str(REPO / "bench" / "device"))
-    import vllm_e2e
-    from otel_gpu_census.cli.launcher import census_env
     port, census, env, _ = vllm_e2e.BESIDE["U"]
     assert census and "U" not in vllm_e2e.COUNTING
     assert census_env(tmp_path, base=env).env["OTEL_GPU_CENSUS_COLLECTOR"] == "precise"
