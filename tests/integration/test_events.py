@@ -149,7 +149,7 @@ def test_no_event_inside_a_capture_nor_after_a_failed_launch_and_a_context_going
         out['live_again'] = cuda.mock_cuda_events_live()
         out['flush'] = g.gc_flush()
         out['path'] = path()
-    """, env=dict(ENV, **UNGATED, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1"))
+    """, env=dict(ENV, **UNGATED, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="1/1"))
     assert res["in_capture"] == 0 and res["failed"] == 1 and res["destroy"] == 0, err
     assert res["live_before"] >= 2 and res["live_after"] == 0 and res["live_again"] == 2
     assert res["stream"] == 2                        # CU_STREAM_PER_THREAD
@@ -207,7 +207,7 @@ def test_with_no_eager_pair_only_graph_launches_are_timed_and_eager_time_is_unkn
 
 
 def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(native, mock_lib, mock_cuda, tmp_path):
-    """OTEL_GPU_CENSUS_EVENT_EVERY=4/0 is refused with one line (the defaults: 128/1); without the preload, events fall
+    """OTEL_GPU_CENSUS_EVENT_EVERY=4/0 is refused with one line (the defaults: 128/16); without the preload, events fall
     back to the activity census, with one line."""
     body = EVENTS.format(mock_cuda=mock_cuda) + """
         out['init'] = g.InitializeInjection()
@@ -219,7 +219,7 @@ def test_a_bad_sample_setting_says_so_and_events_need_the_library_preloaded(nati
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body,
                                   env=dict(ENV, **preloaded(native), OTEL_GPU_CENSUS_EVENT_EVERY="4/0"))
     assert "ignoring OTEL_GPU_CENSUS_EVENT_EVERY=4/0" in err and err.count("\n") == 1, err
-    assert read(native, res["path"]).kernels.name == "events:128/1" and res["registered"] == 0
+    assert read(native, res["path"]).kernels.name == "events:128/16" and res["registered"] == 0
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, body, env=ENV)
     assert "the default collector needs the census library preloaded" in err, err
     assert res["init"] == 1 and res["registered"] == 1     # CUPTI's activity API: the default census
@@ -326,29 +326,43 @@ def test_the_watchdog_leaves_gates_their_threads_open_in_time(native, mock_lib, 
     assert k.events_gated > 4_000 and k.events_forced == 0, (k.events_gated, k.events_forced)
 
 
-def test_by_default_one_eager_launch_in_128_and_every_graph_launch_get_a_gated_pair(
+def test_by_default_one_eager_launch_in_128_and_one_graph_launch_in_16_get_a_gated_pair(
         native, mock_lib, mock_cuda, tmp_path):
-    """The mode's default (OTEL_GPU_CENSUS_EVENT_EVERY unset: 128/1, gated): about 1 of every 128 eager launches and
-    every graph launch but an exec's first are paired, every pair gated; eager kernel time is then known (the pairs'
-    mean prices every eager launch), not left unknown."""
+    """The mode's default (OTEL_GPU_CENSUS_EVENT_EVERY unset: 128/16, gated): about 1 of every 128 eager launches is
+    paired, every pair gated; eager kernel time is then known (the pairs' mean prices every eager launch), not left
+    unknown. A graph exec's launches are paired (but its first) until 8 pairs have joined its version's mean, then
+    about 1 in 16: an exec launched 400 times gets far fewer than 400 pairs and one launched 5 times gets a pair on
+    each launch after its first; every launch is priced at its own exec's mean."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
         g.InitializeInjection()
         cuda.mock_cuda_set_kernel_ns(1000)
         cuda.mock_cuda_set_graph_ns(30_000)
-        ex = graph(4)
+        ex, rare = graph(4), graph(2)
         for i in range(6_400):
             if i % 512 == 0: time.sleep(0.002)
             k(fn=0xf00)
-        for _ in range(3): glaunch(ex, None)
+        for _ in range(400): glaunch(ex, None); time.sleep(0.0005)
         settle()
+        out['often'] = cuda.mock_cuda_gates()
+        for _ in range(5): glaunch(rare, None); time.sleep(0.0005)
+        settle()
+        out['gates'] = cuda.mock_cuda_gates()
         out['flush'] = g.gc_flush()
         out['path'] = path()
     """, env=dict(ENV, **preloaded(native)))
     assert res["flush"] == 0 and err == "", err
     p = read(native, res["path"])
     dev, k = p.devices[0], p.kernels
-    assert k.name == "events:128/1" and k.events_gate and k.events_forced == 0
+    assert k.name == "events:128/16" and k.events_gate and k.events_forced == 0
     assert 20 <= dev.eager_traced <= 80 and dev.eager_traced_ns == 1_000 * dev.eager_traced
-    assert k.events_gated == dev.eager_traced + 2 and k.events_lead == dev.eager_traced
+    often = res["often"] - dev.eager_traced
+    assert 8 + 5 <= often <= 100, often                  # its minimum, then a sample: not 399
+    assert res["gates"] - res["often"] == 4              # the rare exec: every launch but its first
+    assert k.events_gated == res["gates"] and k.events_lead == dev.eager_traced
+    assert k.graph_untimed <= 1                          # at most the very first launch, folded before any pair
+    # a launch is priced when folded (every 20 ms): at its exec's mean (30 us), or, folded before its exec had a pair
+    # read, at every timed graph's time per kernel (7.5 us x 2 for the rare one)
     kt = p.kernel_time(dev)
-    assert not kt.unknown and kt.ns == 6_400 * 1_000 + 3 * 30_000
+    graphs = kt.ns - 6_400 * 1_000
+    assert not kt.unknown and graphs % 15_000 == 0, kt
+    assert (400 - k.graph_untimed) * 30_000 + 5 * 15_000 <= graphs <= 405 * 30_000, kt

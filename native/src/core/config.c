@@ -51,10 +51,10 @@ static int env_choice(const char *name, const char *const *choices, int n)
     return 0;
 }
 
-/* The default collector times about 1 in 128 eager launches of a thread with a gated event pair and every graph
- * launch; EAGER 0 leaves eager kernel time unknown. */
+/* The default collector times about 1 in 128 eager launches and 1 in 16 graph launches of a thread with a gated event
+ * pair (and each graph exec version's first launches, events.c); EAGER 0 leaves eager kernel time unknown. */
 #define EVENTS_EVERY_EAGER 128u
-#define EVENTS_EVERY_GRAPH 1u
+#define EVENTS_EVERY_GRAPH 16u
 
 static void warn_unknown(void)
 {
@@ -71,8 +71,8 @@ static void warn_unknown(void)
 }
 
 /* OTEL_GPU_CENSUS_EVENT_EVERY=EAGER[/GRAPH]: about 1 of every EAGER eager launches (0: none) and GRAPH graph launches
- * (1 unless given) of a thread timed, EAGER in [0, 1000000], GRAPH in [1, 1000000]; anything else: one line and the
- * defaults. */
+ * (EVENTS_EVERY_GRAPH unless given) of a thread timed, EAGER in [0, 1000000], GRAPH in [1, 1000000]; anything else:
+ * one line and the defaults. */
 static void parse_event_every(struct gc_config *c)
 {
     c->events_every_eager = EVENTS_EVERY_EAGER;
@@ -80,7 +80,7 @@ static void parse_event_every(struct gc_config *c)
     const char *v = getenv("OTEL_GPU_CENSUS_EVENT_EVERY");
     if (!v || !*v) return;
     char *end;
-    long e = strtol(v, &end, 10), g = 1;
+    long e = strtol(v, &end, 10), g = EVENTS_EVERY_GRAPH;
     if (*end == '/') g = strtol(end + 1, &end, 10);
     if (*end || e < 0 || e > 1000000 || g < 1 || g > 1000000 || v[0] == '-' || v[0] == '+' || v[0] == ' ' ||
         end == v) {

@@ -396,6 +396,18 @@ void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns)
     atomic_fetch_add_explicit(&g.all_kernels, v->c.kernels, memory_order_relaxed);
 }
 
+/* Whether `exec`'s current version has fewer than `min` spans in its mean: its launches are then timed whatever the
+ * sample says, so that every exec a server launches often gets a measured span of its own. Lock-free: launches ask. */
+int gc_graphs_span_wanted(CUgraphExec exec, uint32_t min)
+{
+    if (!atomic_load_explicit(&g_on, memory_order_acquire) || !g.x) return 0;
+    uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
+    if (!n) return 0;
+    struct version *v = &g.v[n & (GV_SLOTS - 1)];
+    return atomic_load_explicit(&v->n, memory_order_acquire) == n &&
+           atomic_load_explicit(&v->spans, memory_order_relaxed) < min;
+}
+
 /* The table for windows' launches, made by the first window (the flusher): 0, or -1 without memory. */
 int gc_graphs_timed_start(void)
 {

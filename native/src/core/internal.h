@@ -63,6 +63,7 @@ void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_
 int gc_graphs_timed_start(void);
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
 void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
+int gc_graphs_span_wanted(CUgraphExec exec, uint32_t min); /* its version has fewer than min spans */
 
 /* events.c: kernel durations from CUDA event pairs around about 1 of every `every_eager` eager and `every_graph` graph
  * launches of a thread (OTEL_GPU_CENSUS_ACTIVITY=events, the census library preloaded; interpose.c's wrappers call
@@ -70,7 +71,8 @@ void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
 struct gc_event_sample { uint32_t dev; uint64_t t_ns, ns; };   /* an eager launch's: when (census clock), how long */
 struct gc_events_stats { uint32_t every_eager, every_graph, gate; uint64_t timed, missed, failed, idle, idle_ns, gated, forced, lead, lead_ns; };
 int gc_events_start(uint32_t every_eager, uint32_t every_graph, int gate);   /* libcuda loaded: 0, else -1 (one line) */
-int gc_events_tick(int graph);      /* this launch of the thread is one of the sample (every launch asks) */
+int gc_events_tick(const void *exec); /* this launch of the thread is one of the sample (every launch asks);
+                                        exec: a graph launch's, NULL an eager launch */
 int gc_events_before(CUstream s, CUcontext c, int dev, uintptr_t key, int graph); /* key: function or exec; slot, -1 */
 void gc_events_after(int slot, CUstream s, int ok, uint32_t corr, int dev); /* corr: a graph launch's, else 0 */
 size_t gc_events_poll(struct gc_event_sample *out, size_t max);   /* the flusher's: pairs done; eager ones to out */

@@ -1,12 +1,14 @@
 /*
  * events.c - kernel durations from CUDA event pairs around a sample of the launches the preloaded wrappers see
- * (OTEL_GPU_CENSUS_ACTIVITY=events). No CUPTI at all.
+ * (the default collector). No CUPTI at all.
  *
  * Why: counting at the calls (interpose.c) costs next to nothing but measures no duration, and CUPTI, once set
- * up for durations, taxes every launch of the process for good: its detach crashed CUDA-graph programs. An event pair costs only the launches it brackets. So about 1 of every `graph` graph
- * launches (every one by default) and of every `eager` eager launches (none by default: below) of each thread get
- * cuEventRecord before and after the call, on the launch's stream; the flusher reads the pairs that completed
- * (cuEventQuery, cuEventElapsedTime) every wake.
+ * up for durations, taxes every launch of the process for good: its detach crashed CUDA-graph programs. An event
+ * pair costs only the launches it brackets. So about 1 of every `graph` graph launches and of every `eager` eager
+ * launches of each thread get cuEventRecord before and after the call, on the launch's stream; the flusher reads the
+ * pairs that completed (cuEventQuery, cuEventElapsedTime) every wake. Every launch of a graph exec version is also timed until GRAPH_MIN_SPANS pairs have joined its mean, so a rarely launched
+ * exec is priced by spans of its own, while one launched thousands of times a second pays a pair (a few µs on the
+ * launching thread with its gate) for about 1 launch in `graph`.
  * An eager pair's time is a sample of eager kernel duration (priced as COUNTED prices eager launches); a graph
  * pair's joins its exec version's mean span (graphs.c), which prices every launch of that version.
  *
@@ -61,6 +63,7 @@
 #define EV_PAIRS 256     /* pairs a context: ~20 ms of a busy server's samples, read every flusher wake */
 #define EV_SEEN 8192     /* functions and graph execs met by the sample: the first meeting is never gated */
 #define GATE_FORCE_NS 10000000ull   /* a gate shut this long is opened by the watchdog */
+#define GRAPH_MIN_SPANS 8u           /* every launch of an exec version is timed until its mean holds this many */
 #define GATE_PAGES 64    /* pages of gate words made (one a context followed): beyond, new contexts go ungated */
 
 enum { P_FREE = 0, P_BUSY, P_PENDING };
@@ -286,13 +289,15 @@ static int pool_of(CUcontext c, int dev)
     return found;
 }
 
-/* Whether this launch of the calling thread is one of the sample: every launch pays this and nothing more. */
-int gc_events_tick(int graph)
+/* Whether this launch of the calling thread is one of the sample: every launch pays this and nothing more (a graph
+ * launch also one look-up of its exec, for the minimum of spans each exec version gets). */
+int gc_events_tick(const void *exec)
 {
     if (!atomic_load_explicit(&ev.on, memory_order_relaxed)) return 0;
+    int graph = exec != NULL;
     if (t_left[graph] > 1) {
         t_left[graph]--;
-        return 0;
+        return graph && gc_graphs_span_wanted((CUgraphExec)exec, GRAPH_MIN_SPANS);
     }
     uint32_t every = graph ? ev.every_graph : ev.every_eager;
     if (every == 0) return 0;

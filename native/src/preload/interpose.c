@@ -121,7 +121,7 @@ static inline CUstream stream_as_called(CUstream s, int per_thread)
 
 static int timed_before(int graph, CUstream s, int per_thread, const void *key)
 {
-    if (!gc_events_tick(graph)) return -1;
+    if (!gc_events_tick(graph ? key : NULL)) return -1;
     int dev = cur_dev();
     return gc_events_before(stream_as_called(s, per_thread), t_ctx, dev, (uintptr_t)key, graph);
 }

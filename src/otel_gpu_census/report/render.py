@@ -94,7 +94,8 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                   "left out of the sample") if k.events_idle else "")
         eager = (f"about 1 of every {k.events_every_eager:,} eager launches and " if k.events_every_eager else "")
         graphs = ("every graph launch" if k.events_every_graph <= 1 else
-                  f"about 1 of every {k.events_every_graph:,} graph launches")
+                  f"about 1 of every {k.events_every_graph:,} graph launches (every launch of a graph until 8 "
+                  "were timed)")
         priced = ("eager launches priced at the sampled mean duration, each graph launch at its graph's mean span"
                   if k.events_every_eager else
                   "each graph launch priced at its graph's mean span; eager kernels are not timed (an event pair "
