@@ -16,6 +16,9 @@
 #   vllm-install vLLM from the carried pieces and the package, no run (a call of its own when the run needs all 600 s)
 #   vllm         vllm-install, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (spans to a real OTLP receiver,
 #                conservation, KV offload, phases and toggled loads beside plain vLLM, start/stop cycles)
+#   beside-plain (after vllm-install, in a call of its own: ~9 min) R (the full census) loaded at once with two plain
+#                vLLMs (P, Q: the A/A spread), N (`run`, census disabled) and E (counting, no integration), sharing P's
+#                compile cache, each on CPUs of its own, swapped halfway; the factor table in $OUT/beside_plain.md
 #   attribution  vllm-install, then bench/device/attribution_error.py $ATTRIBUTION_ARGS: a server per split (tokens,
 #                FLOPs, alone), each request alone then mixed; each split's error against the alone costs, per
 #                request class; $OUT/attribution_error.json
@@ -88,6 +91,13 @@ phase() {
           # so the request log's copy and the partial rounds (both in the archive or the result) leave
           tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null
           [ ! -f "$OUT/vllm_e2e.json" ] || rm -f "$OUT/phases-partial.json" "$OUT"/*-gpu-census-*.requests.jsonl ;;
+    beside-plain)  # vLLM under the census beside plain vLLM, as factors (bench/device/beside_plain.py); vllm-install first
+      rm -rf /tmp/e2e && python3 bench/device/vllm_e2e.py --out "$OUT" --only phases --phase-together P,Q,N,E \
+        --phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.12 --phase-rounds 60 \
+        --phase-shared-cache --pin R=0-2,P=3-5,Q=6-8,N=9-11,E=12-14,bench=15 --pin-swap --budget-s "${BESIDE_BUDGET_S:-450}" \
+        2>&1 | tee "$OUT/vllm.log"
+      python3 bench/device/beside_plain.py "$OUT/vllm_e2e.json" --md 2>&1 | tee "$OUT/beside_plain.md"
+      tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null; rm -f "$OUT/phases-partial.json" ;;
     launch-phases)  # the census switched off / events between rounds of one process (bench/perf/launch_phases.py)
       make -s -C bench/floor launch_price BUILD=/tmp/floor && python3 bench/perf/launch_phases.py \
         --binary /tmp/floor/launch_price --out "$OUT/launch_phases.json" ${LAUNCH_PHASES_ARGS:-} 2>&1 | tee "$OUT/launch_phases.log" ;;

@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -544,12 +545,45 @@ def beside_server(name, model, out, base, env, gpu_mem, extra=(), cpus=None):
                   extra=extra, cpus=cpus)
 
 
+def share_compile_cache(first, names) -> None:
+    """--phase-shared-cache: `first` (started alone and ready) compiled into its cache; every other server starts from
+    a copy of it, so all run the same compiled graphs and autotuned kernels (servers that compile on their own may
+    choose differently, a difference between servers that no census setting makes)."""
+    src = Path(f"/tmp/vc-{first}")
+    for n in names:
+        dst = Path(f"/tmp/vc-{n}")
+        if dst != src and not dst.exists() and src.is_dir():
+            shutil.copytree(src, dst, symlinks=True)
+
+
+def repin(servers, cpus: dict) -> dict:
+    """Every thread of each named server's process tree moved onto `cpus[name]` (a taskset list); {name: threads}."""
+    moved = {}
+    for n, c in cpus.items():
+        want, k = cpu_set(c), 0
+        for pid in proc_cpu.tree(servers[n].proc.pid):
+            for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
+                try:
+                    os.sched_setaffinity(int(tid), want)
+                    k += 1
+                except OSError:          # a thread that ended meanwhile
+                    pass
+        servers[n].cpus, moved[n] = c, k
+    return moved
+
+
 def start_phase_servers(a, chain, model, out, base, env) -> dict:
     """R and the servers beside it, 3 s apart (not all measuring free GPU memory at one moment); those
-    of STARTED_BEFORE_R first."""
+    of STARTED_BEFORE_R first. --phase-shared-cache: the first of the chain alone, then the rest from its cache."""
     servers: dict = {}
     pin = getattr(a, "pin", None) or {}
-    first = [n for n in chain if n in STARTED_BEFORE_R]
+    if getattr(a, "phase_shared_cache", False) and chain:
+        n = chain[0]
+        servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a), pin.get(n))
+        if not check(servers[n].wait(), f"{n}: server up (the compile cache the others copy)"):
+            return servers
+        share_compile_cache(n, ["R", *chain])
+    first = [n for n in chain if n in STARTED_BEFORE_R and n not in servers]
     for n in first:
         servers[n] = beside_server(n, model, out, base, env, a.phase_gpu_mem, phase_extra(a), pin.get(n))
         time.sleep(3)
@@ -664,6 +698,13 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
 
     def beside(rnd):      # the beside servers after each round, their order rotating; the round kept if the call is cut
         same_window_ratios(rnd, modes, together)
+        rnd["pins"] = {n: servers[n].cpus for n in ("R", *chain)
+                       if n in servers and getattr(servers[n], "cpus", None)}
+        if getattr(a, "pin_swap", False) and "pin_swap" not in res and len(rnd["pins"]) > 1 and \
+                (len(done) + 1 >= a.phase_rounds // 2 or time.time() >= half_time):
+            names = list(rnd["pins"])        # halfway: each server onto the next one's CPUs, so no CPU set stays
+            rot = {n: rnd["pins"][names[(i + 1) % len(names)]] for i, n in enumerate(names)}   # with one server
+            res["pin_swap"] = {"after_round": len(done), "to": rot, "threads_moved": repin(servers, rot)}
         others = [n for n in chain if n not in together and servers[n].proc.poll() is None]
         k = len(done) % len(others) if others else 0
         for n in others[k:] + others[:k]:
@@ -682,6 +723,7 @@ def phases_run(a, model, out, base, env, servers, rx=None) -> dict:
         done.append(rnd)
         (out / "phases-partial.json").write_text(json.dumps(done, default=str))
     done: list = []
+    half_time = time.time() + (T0 + a.budget_s - time.time()) / 2    # --pin-swap: by rounds or by the budget
     modes = a.phase_modes.split(",")
     rounds = run_rounds(ph, a.phase_rounds, one, modes=modes, after=beside, deadline=T0 + a.budget_s)
     if a.phase_window:
@@ -960,8 +1002,19 @@ def main():
                     help="phases: each named server's process tree on CPUs of its own (taskset -c), `bench` for "
                          "this process and its clients, e.g. R=0-3,P=4-7,E=8-11,bench=12-15: no server's busy thread "
                          "waits for a CPU another holds, and none migrates between windows")
+    ap.add_argument("--pin-swap", action="store_true",
+                    help="phases with --pin: halfway through the rounds, each pinned server moves onto the next one's "
+                         "CPUs (R's onto the first beside server's, ..., the last's onto R's): a CPU set's own speed is "
+                         "then in every server's figures alike")
+    ap.add_argument("--phase-shared-cache", action="store_true",
+                    help="phases: the first server of the chain starts alone; R and the others start from a copy of "
+                         "its compile cache (the same compiled graphs and autotuned kernels in every server)")
     ap.add_argument("--tp", type=int, default=2, help="--only tp: tensor parallel size (needs that many GPUs)")
     a = ap.parse_args()
+    if a.pin and (os.cpu_count() or 0) < 8:
+        print(f"vllm_e2e: {os.cpu_count()} CPUs cannot be split among the servers; --pin ignored, nothing pinned",
+              flush=True)
+        a.pin = {}
     if "bench" in a.pin:
         os.sched_setaffinity(0, cpu_set(a.pin["bench"]))
     bad = [n for n in (a.phase_beside + "," + a.phase_together).split(",") if n and n not in BESIDE]
@@ -1015,9 +1068,14 @@ def main():
                 servers.update(start_phase_servers(a, [n for n in chain if n not in servers], model, out, base, env))
             if "toggle" in only and "R" not in servers:   # R alone, as the phases start it (--phase-r-env, --pin)
                 servers.update(start_phase_servers(a, [], model, out, base, env))
+            down = []
             for n, s in servers.items():
-                check(s.wait(), f"{n}: server up")
+                if not check(s.wait(), f"{n}: server up"):
+                    down.append(n)
                 res.setdefault("ready_s", {})[n] = round(getattr(s, "ready_s", -1), 1)
+            if down:                                     # no figure beside a server that is not there
+                raise SystemExit(f"vllm_e2e: {', '.join(down)} did not start (server-{down[0]}.log); "
+                                 "the others are stopped")
             for srv in servers.values():                 # warm each server once
                 asyncio.run(load(srv.port, 4, 2, 16))
         span_servers = [n for n in ("C", "K", "KX", "V") if "spans" in only or (n == "K" and "kv" in only)
