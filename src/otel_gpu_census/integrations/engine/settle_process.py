@@ -21,7 +21,8 @@ knew are lost), and the requests that had ended and were not acknowledged are co
 (``gpu_census.requests.dropped``, the request log's summary), an upper bound: the dead child may have
 exported some of them. After that the engine settles in a thread itself. The engine is never blocked.
 
-The child (``python -m otel_gpu_census.integrations.engine.settle_process``): reads batches, applies them,
+The child (``python -m otel_gpu_census.integrations.engine.settle_process``, NICE steps nicer than the engine, whose
+CPUs it shares): reads batches, applies them,
 settles every settle period; the final settle, the request log's summary and the export flush come
 when the engine's census has ended (``census=finish``: a stopping manager waits for that summary) and
 again, for anything after it, when the engine says shutdown or its stdin closes (the engine exited or
@@ -51,6 +52,7 @@ SHIP_PERIOD_S = 0.1
 MAX_EVENTS = 1_000_000
 MAX_RESTARTS = 5
 ACK_PERIOD_S = 1.0                  # the child exports and acknowledges what it settled at most this often
+NICE = 10                           # the child's niceness over the engine's: on CPUs they share, the engine goes first
 _HEADER = struct.Struct("<I")
 _ACK = struct.Struct("<Q")          # the child's count of requests settled, cumulative
 RESTARTED = ("its settling process was replaced while it was in flight: the steps before that are "
@@ -465,6 +467,12 @@ def _engine_from(hello: dict):
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # it inherits the engine's CPUs (a taskset, a container's cpuset): there its settling, which can wait a settle
+    # period, must not take a CPU the engine's loop is ready to run on. Before any thread starts: threads inherit it.
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
     # a stop sent to this process too: the engine's shutdown (or its death, our stdin's end) tells
     # this process to finish, so that the last requests are still settled
     signal.signal(signal.SIGINT, signal.SIG_IGN)
