@@ -216,3 +216,131 @@ def test_carry_split_takes_back_from_the_smallest_remainders_when_carries_owe_mo
     parts = carry_split(1, None, 0, carries, 0)
     assert parts == [1, 0] and sum(parts) == 1
     assert carries[0][0] == one // 2 - 5 and carries[1][0] == one + one // 2 - 9
+
+
+# -- the step model (OTEL_GPU_CENSUS_ATTRIBUTION=model) -----------------------------------------------------------
+
+def test_a_kind_fit_finds_the_step_cost_non_negative_and_robust_to_a_few_slow_steps():
+    from otel_gpu_census.attribution.cost_model import MODEL_MIN_STEPS, KindFit, StepModel, attention_work
+    rnd = random.Random(2)
+    fit = KindFit()
+    assert fit.weights([1, 1], [5, 5]) is None and "fewer than" in fit.why
+    for k in range(600):
+        news = [rnd.choice([1, 16, 512]) for _ in range(rnd.randint(1, 8))]
+        attns = [attention_work(q, rnd.randint(0, 4000)) for q in news]
+        x = StepModel.features(news, attns)
+        y = 200_000 + 3_000 * x[1] + 40 * x[2] + 0.5 * x[3]
+        fit.add(x, y * (10 if k % 50 == 7 else 1))                 # a slow step now and then (a stall)
+        if k == MODEL_MIN_STEPS - 2:
+            assert fit.coef is None
+    a, b, g, d = fit.coef
+    assert min(fit.coef) >= 0
+    assert a == pytest.approx(200_000, rel=0.1) and b == pytest.approx(3_000, rel=0.15)
+    assert g == pytest.approx(40, rel=0.1) and d == pytest.approx(0.5, rel=0.05)
+    # decode: requests and tokens are the same column (collinear), and a cost that falls with context is no
+    # reason for a negative coefficient: the fit keeps what it can, never below 0
+    dec = KindFit()
+    for k in range(200):
+        ctx = [rnd.randint(0, 8000) for _ in range(8)]
+        attns = [attention_work(1, c) for c in ctx]
+        dec.add(StepModel.features([1] * 8, attns), 900_000 - 2 * sum(attns) / 8)
+    assert dec.coef is not None and min(dec.coef) >= 0
+    assert dec.weights([1] * 8, [1] * 8) is not None
+
+
+def _model_ledger(steps, batches, befores, method="step_model"):
+
+    def read(lo, hi):
+        return replace(head(DeviceTotals(device_id=0), KernelTracing()), step_max=max(steps)), \
+            {i: s for i, s in steps.items() if lo <= i <= hi}
+    led = StepLedger(read, clock=lambda: T0 + 10**12, method=method)
+    keys = sorted({k for b in batches.values() for k in b})
+    for k in keys:
+        led.request_started(k, 10)
+    for sid in steps:
+        led.step_opened(sid, dict(batches[sid]), T0 + sid * MS, before=befores[sid])
+        led.step_touched(sid, T0 + sid * MS + 1)
+    for k in keys:
+        led.request_done(k, {}, T0)
+    return led, {s.key: s for s in led.settle(final=True)}
+
+
+def test_the_model_split_follows_attention_once_fitted_falls_back_to_tokens_before_and_says_so():
+    """Decode steps of 8 requests, one at a long context: the step's measured time grows with attention pairs.
+    Until its kind's fit is ready the steps are split by tokens (each request's span says how many); then the long
+    request gets more of each step's kernel time; every field still adds up to the steps' exactly."""
+    from otel_gpu_census.attribution.cost_model import MODEL_MIN_STEPS, attention_work
+    from otel_gpu_census.attribution.ledger import GpuCost
+    from otel_gpu_census.telemetry.attributes import gpu_attributes
+    rnd = random.Random(4)
+    keys = [f"q{i}" for i in range(8)]
+    steps, batches, befores = {}, {}, {}
+    for sid in range(1, 301):
+        ctx = {k: (30_000 if k == "q0" else rnd.randint(100, 300)) + sid for k in keys}
+        pairs = sum(attention_work(1, c) for c in ctx.values())
+        steps[sid] = Step(id=sid, kernel_count=40, kernel_ns=500_000 + pairs * 5 + rnd.randint(0, 999),
+                          copies={"htod": Stat(1, 64, 10)})
+        batches[sid], befores[sid] = {k: 1 for k in keys}, ctx
+    led, got = _model_ledger(steps, batches, befores)
+    assert led.method == "step_model"
+    total = [sum(c) for c in zip(*(s.share.as_row() for s in got.values()))]
+    assert [a + u for a, u in zip(total, led.unattributed)] == led.total
+    assert sum(s.share_time().ns for s in got.values()) == sum(s.kernel_ns for s in steps.values())
+    # the long request's part: tokens (1/8) in the steps before the fit, then the truth's weights
+    # (500 us / 8 + 5 ns a pair), which the fit must have found (up to the steps' noise)
+    want = Fraction(0)
+    for sid, s in steps.items():
+        w = {k: Fraction(500_000, 8) + 5 * attention_work(1, c) for k, c in befores[sid].items()}
+        want += Fraction(s.kernel_ns, 8) if sid <= MODEL_MIN_STEPS else s.kernel_ns * w["q0"] / sum(w.values())
+    assert got["q0"].share.kernel_ns == pytest.approx(float(want), rel=0.02)
+    assert got["q0"].share.kernel_ns > 2.5 * got["q1"].share.kernel_ns
+    assert abs(got["q0"].share.copy("htod").bytes - 300 * 64 / 8) < 1  # copies: still by tokens
+    for s in got.values():
+        assert s.split_note.startswith(f"{MODEL_MIN_STEPS} of its 300 steps split by tokens, not the step model")
+        cost = GpuCost(status="complete", method=led.method, note=s.split_note, share=s.share)
+        assert "split by tokens" in gpu_attributes(cost)["gpu_census.attribution.note"]
+
+
+def test_the_model_split_is_tokens_where_its_fit_never_gets_ready():
+    """Too few steps of a kind: every step split by tokens (exactly as the tokens method would), and said."""
+    keys = ["a", "b"]
+    steps = {sid: Step(id=sid, kernel_count=7, kernel_ns=10_001) for sid in range(1, 11)}
+    batches = {sid: {"a": 3, "b": 1} for sid in steps}
+    led, got = _model_ledger(steps, batches, {sid: {"a": 0, "b": 50} for sid in steps})
+    _, by_tokens = _model_ledger(steps, batches, {sid: {"a": 0, "b": 50} for sid in steps}, method="step_tokens")
+    assert {k: s.share for k, s in got.items()} == {k: s.share for k, s in by_tokens.items()}
+    assert abs(got["a"].share.kernel_count - Fraction(7 * 10 * 3, 4)) < 1
+    for k in keys:
+        assert got[k].split_note == ("10 of its 10 steps split by tokens, not the step model: fewer than 32 steps "
+                                     "of its kind fitted (10)")
+
+
+def test_an_engine_with_the_model_split_says_on_each_span_and_log_line_which_split_its_steps_had(tagged, monkeypatch,
+                                                                                               tmp_path):
+    from engine_standins import Census, Clock, in_memory_telemetry    # tests/support
+    from otel_gpu_census import injector
+    from otel_gpu_census.integrations.engine.steps import StepEngine
+
+    monkeypatch.setenv("OTEL_GPU_CENSUS_ATTRIBUTION", "model")
+    monkeypatch.setattr(injector, "segment_path", lambda: str(tmp_path / "gpu-census-7-1.seg"))
+    clock, census = Clock(), Census()
+    rt, spans, _ = in_memory_telemetry("engine", metrics=False)
+    eng = StepEngine(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
+    assert eng.wants_context                                           # the hooks read each step's context
+    for k in "ab":
+        eng.start_request(k, start_ns=clock.t, operation="chat", model="m", headers={}, attributes={})
+    for _ in range(3):
+        sid = eng.open_step({"a": 1, "b": 1}, {"a": 10, "b": 5000})
+        census.steps[sid] = Step(id=sid, kernel_count=9, kernel_ns=1001)
+        clock.t += 10 * MS
+        eng.end_step(sid)
+    for k in "ab":
+        eng.request_done(k, {"gen_ai.usage.output_tokens": 3})
+    census.complete = clock.t + 10**9
+    assert eng.settle() == 2
+    lines = [json.loads(x) for x in (tmp_path / "gpu-census-7-1.requests.jsonl").read_text().splitlines()]
+    for a in (s.attributes for s in spans.get_finished_spans()):
+        assert a["gpu_census.attribution.method"] == "step_model"
+        assert "3 of its 3 steps split by tokens, not the step model" in a["gpu_census.attribution.note"]
+        assert a["gpu_census.attribution.status"] == "complete"           # a fallback misses no work
+    assert all(line["split_note"].startswith("3 of its 3 steps split by tokens") for line in lines)

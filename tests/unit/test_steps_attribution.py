@@ -641,7 +641,9 @@ def test_the_split_is_one_setting_and_a_bad_value_says_so(caplog):
     from otel_gpu_census.integrations.engine.steps import ATTRIBUTION_ENV, attribution_method
     assert attribution_method({}) == METHOD and attribution_method({ATTRIBUTION_ENV: " Flops "}) == FLOPS_METHOD
     assert attribution_method({ATTRIBUTION_ENV: "alone"}) == ALONE_METHOD
-    assert attribution_method({ATTRIBUTION_ENV: "time"}) == METHOD and "not one of tokens | flops | alone" in caplog.text
+    assert attribution_method({ATTRIBUTION_ENV: "model"}) == "step_model"
+    assert attribution_method({ATTRIBUTION_ENV: "time"}) == METHOD and "not one of tokens | flops | alone | model" in \
+        caplog.text
 
 
 def test_a_step_for_a_request_the_ledger_no_longer_follows_is_nobodys_not_a_lost_share():

@@ -17,7 +17,9 @@ How a step's kernels are split is the ledger's *method* (the span's ``gpu_census
 ``step_tokens`` by scheduled tokens (the default); ``step_flops`` by each request's estimated FLOPs in
 the step (``cost_model.py``: its tokens, the context before them, the model's shape), which follows
 attention's growth with context; or ``step_alone`` by what each request's part of the step would cost
-alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``cost_model.CostFit``).
+alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``cost_model.CostFit``); or
+``step_model`` by each request's part of the step's cost as fitted on the run's steps of its kind
+(``cost_model.StepModel``: tokens, with a note, while the fit is not ready).
 Copies and memsets are split by tokens in every method (inputs and sampled outputs scale with tokens).
 Whatever the method, a request's share is an allocation of measured step totals, not a measurement of
 the request.
@@ -84,7 +86,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableM
 from otel_gpu_census._native import consts as _consts
 from otel_gpu_census.census import (KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTimed, ProcessCensus, Step,
                                     eager_mean_ns)
-from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, step_weights
+from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, StepModel, attention_work, step_weights
 from otel_gpu_census.attribution.shares import (KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, by_tie,
                                                 carry_split)
 
@@ -94,8 +96,10 @@ FLOPS_METHOD = "step_flops"
 """The same for kernels split by each request's estimated FLOPs in the step (cost_model.py)."""
 ALONE_METHOD = "step_alone"
 """The same for kernels split by what each request's part would cost alone (cost_model.CostFit)."""
-METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's
-                                                                             # values -> method
+MODEL_METHOD = "step_model"
+"""The same for kernels split by each request's part of the step's fitted cost (cost_model.StepModel)."""
+METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD,   # OTEL_GPU_CENSUS_ATTRIBUTION's
+           "model": MODEL_METHOD}                                            # values -> method
 
 TOKENS = "tokens"                   # the kind of a step: weights are scheduled tokens
 COMPLETE_SLACK_NS = 200_000_000     # a step's GPU work ends this soon after its last launch returned
@@ -122,6 +126,7 @@ class _Entry:
     kind: str = TOKENS
     before: Optional[Mapping[Hashable, int]] = None   # tokens computed before this step, per request
     guessed: str = ""                       # why a claim's weight is a guess (step_claimed)
+    fallback: str = ""                      # MODEL_METHOD: why this step was split by tokens instead
 
 
 @dataclass
@@ -133,6 +138,7 @@ class _Acc:
     weights: Dict[str, int] = field(default_factory=dict)
     steps: int = 0
     first_step_ns: int = 0
+    fallback: Dict[str, int] = field(default_factory=dict)         # MODEL_METHOD: steps split by tokens, by why
 
 
 @dataclass
@@ -163,6 +169,14 @@ class Settled(KernelTimed):
     # and the eager launches of its parts no mean could price (left out of the time, never priced at 0)
     kernel_priced: Optional[Tuple[int, int]] = None
     prefill_priced: Optional[Tuple[int, int]] = None
+    split_note: str = ""            # MODEL_METHOD: its steps split by tokens instead, and why
+
+
+def _fallback_note(fallback: Mapping[str, int], steps: int) -> str:
+    if not fallback:
+        return ""
+    return (f"{sum(fallback.values())} of its {steps} steps split by tokens, not the step model: "
+            + "; ".join(f"{why} ({n})" for why, n in fallback.items()))
 
 
 @dataclass
@@ -268,6 +282,7 @@ class StepLedger:
         self.shape: Optional[ModelShape] = None
         self._prompt: Dict[Hashable, Optional[int]] = {}        # prompt lengths (FLOPS_METHOD, ALONE_METHOD)
         self.fit = CostFit()                                    # ALONE_METHOD's steps' fixed cost
+        self.model = StepModel()                                # MODEL_METHOD's fitted step cost
         self._notes: Dict[Hashable, List[str]] = {}             # what a request's share misses, as said
         self._lost: Dict[Hashable, List[int]] = {}              # key -> [steps not in the ring, of which
                                                                 #  lapped by it; steps forgotten]
@@ -320,7 +335,7 @@ class StepLedger:
     @property
     def method(self) -> str:
         """How this ledger's steps are split (the span's gpu_census.attribution.method)."""
-        return self._method if self._method == METHOD or self.shape is not None else METHOD
+        return self._method if self._method in (METHOD, MODEL_METHOD) or self.shape is not None else METHOD
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
         """The model's shape, for FLOPS_METHOD and ALONE_METHOD (from the engine's configuration, before its
@@ -476,7 +491,8 @@ class StepLedger:
                         kernel_tracing=tr.modes, kernel_traced_ns=tr.traced, kernel_span_ns=tr.span,
                         kernel_counted=tr.counted, eager_mean_ns=self.eager_mean_ns if tr.counted else None,
                         kernel_priced=(acc.values[PRICED], acc.values[UNPRICED]),
-                        prefill_priced=(acc.prefill[PRICED], acc.prefill[UNPRICED]))
+                        prefill_priced=(acc.prefill[PRICED], acc.prefill[UNPRICED]),
+                        split_note=_fallback_note(acc.fallback, acc.steps))
             if status == "partial":
                 self.partial += 1
             if not ok:
@@ -560,6 +576,8 @@ class StepLedger:
                 acc.weights[e.kind] = acc.weights.get(e.kind, 0) + e.tokens[key]
             else:
                 acc.steps += 1
+                if e.fallback:
+                    acc.fallback[e.fallback] = acc.fallback.get(e.fallback, 0) + 1
 
     def _weigh_tracing(self, e: _Entry, sources: Sequence[Census]) -> None:
         """Add token step `e`'s kernel-traced share of its wall time to each request it served.
@@ -684,7 +702,11 @@ class StepLedger:
     def _cost(self, e: _Entry, keys: List[Hashable], values: Sequence[int]) -> Optional[List[int]]:
         """The kernel weights of step `e`'s requests: FLOPs (FLOPS_METHOD), or each one's cost alone
         (ALONE_METHOD: FLOPs plus the fitted fixed cost of a step, CostFit), given a shape; else None
-        (tokens). ALONE_METHOD fits this step (its priced kernel time) after weighing it."""
+        (tokens); MODEL_METHOD: each one's part of the step's fitted cost (StepModel), None while the fit of the
+        step's kind is not ready (`e.fallback` says why). ALONE_METHOD and MODEL_METHOD fit this step (its priced
+        kernel time) after weighing it."""
+        if self._method == MODEL_METHOD:
+            return self._model_weights(e, keys, values)
         if self._method == METHOD or self.shape is None:
             return None
         flops = step_weights(self.shape, keys, e.tokens, e.before or {}, self._prompt)
@@ -696,6 +718,18 @@ class StepLedger:
         if fixed is None:
             return flops
         return [1] * len(flops) if fixed < 0 else [f + fixed for f in flops]
+
+    def _model_weights(self, e: _Entry, keys: List[Hashable], values: Sequence[int]) -> Optional[List[int]]:
+        news = [e.tokens[k] for k in keys]
+        before = e.before or {}
+        attns = [attention_work(n, before.get(k) or 0) for k, n in zip(keys, news)]
+        fit = self.model.fit_of(news)
+        w = fit.weights(news, attns)
+        if w is None:
+            e.fallback = fit.why
+        if values[1] and not values[UNPRICED]:
+            fit.add(self.model.features(news, attns), float(values[PRICED]))
+        return w
 
     def _unclaimed(self, values: List[int], rank) -> None:
         for i, v in enumerate(values):

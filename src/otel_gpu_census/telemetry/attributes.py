@@ -22,7 +22,8 @@ durations (the census counts ns: the request log keeps those integers, ``share_a
   request's kernel time is its part of those, so the requests' add up to the steps'; under windows the
   share's own sample, else the server's); with no sample at all their time is left out and the note says so;
 - ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``,
-  ``step_flops``, ``step_alone``),
+  ``step_flops``, ``step_alone``, ``step_model``: its note says how many of the request's steps fell back to
+  tokens while the model's fit of their kind was not ready),
   ``.status`` (complete, settled, partial, stale, no_census, no_segment, read_error, shutdown),
   ``.concurrency_max``, ``.steps`` (step attribution), ``.wait_s``, ``.note`` (the integration's
   ``GpuCost.note`` first, then what went wrong); ``gpu_census.process.pids``.

@@ -50,7 +50,8 @@ from otel_gpu_census import injector
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
 from otel_gpu_census.attribution.shares import Share
-from otel_gpu_census.attribution.steps import ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, PRICED, StepLedger
+from otel_gpu_census.attribution.steps import (ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, MODEL_METHOD, PRICED,
+                                               StepLedger)
 from otel_gpu_census.census import reader
 from otel_gpu_census.telemetry.attributes import share_attributes
 from otel_gpu_census.integrations.engine import settle_process
@@ -66,8 +67,11 @@ SPLITS = {METHOD: "by their scheduled tokens",
           FLOPS_METHOD: "kernels by each request's estimated FLOPs in the step (its tokens and the context "
                         "before them), copies by tokens",
           ALONE_METHOD: "kernels by what each request's part of the step would cost alone (its estimated FLOPs "
-                        "plus a step's fixed cost, fitted on this engine's steps), copies by tokens"}
-ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops | alone: how steps are split
+                        "plus a step's fixed cost, fitted on this engine's steps), copies by tokens",
+          MODEL_METHOD: "kernels by each request's part of the step's cost as fitted on this engine's steps of its "
+                        "kind (a step's fixed cost shared, plus per request, per token and per attention pair), "
+                        "copies by tokens"}
+ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops | alone | model: how steps are split
 SWEEP_PERIOD_NS = 5_000_000_000     # how often the engine thread looks for requests the engine let go of
 MAX_OPEN = 1 << 16                  # requests open at once (beyond: the oldest is closed)
 SWEPT = ("closed by the sweep: the engine let go of it without an end the hooks saw (its end time is "
@@ -153,7 +157,7 @@ class StepEngine:
     def wants_context(self) -> bool:
         """Whether steps need the tokens computed before them (the FLOPs and alone splits): hooks read them
         only then."""
-        return self.method in (FLOPS_METHOD, ALONE_METHOD)
+        return self.method in (FLOPS_METHOD, ALONE_METHOD, MODEL_METHOD)
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
         """The model's shape (engine configuration), for the FLOPs split: before the first step."""
@@ -468,7 +472,9 @@ class StepEngine:
             if self.tagging:
                 method = self.ledger.method
                 cost = GpuCost(status=_STATUS.get(s.status, STALE), method=method,
-                               steps=s.steps, note=self.NOTE.format(split=SPLITS[method]), share=s.share, prefill=s.prefill,
+                               steps=s.steps, note="; ".join(x for x in (self.NOTE.format(split=SPLITS[method]),
+                                                                         s.split_note) if x),
+                               share=s.share, prefill=s.prefill,
                                pids=self.census_pids(), notes=list(s.notes), kernel_tracing=list(s.kernel_tracing),
                                kernel_traced_ns=s.kernel_traced_ns, kernel_span_ns=s.kernel_span_ns,
                                kernel_counted=s.kernel_counted, eager_mean_ns=s.eager_mean_ns,
@@ -645,6 +651,8 @@ class RequestLog:
             obj["error"] = error_type
         if s.notes:
             obj["notes"] = list(s.notes)
+        if s.split_note:
+            obj["split_note"] = s.split_note
         self._put(obj)
 
     def summary(self, ledger, errors: int = 0, dropped: int = 0) -> None:
