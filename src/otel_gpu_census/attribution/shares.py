@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-import heapq
 from math import gcd
 from typing import Dict, List, Optional, Sequence
 
@@ -155,9 +154,7 @@ def carry_split(total: int, weights: Optional[Sequence[int]], denom: int, carrie
         if q:
             a = [p + q for p in a]
         if left:
-            pick = (heapq.nlargest(left, range(n), key=rank.__getitem__) if 8 * left < n else
-                    sorted(range(n), key=rank.__getitem__, reverse=True)[:left])     # both stable: ties in order
-            for j in pick:
+            for j in sorted(range(n), key=rank.__getitem__, reverse=True)[:left]:    # stable: ties in order
                 a[j] += 1
     elif left < 0:  # carries owed to the parties outnumber the step (others came and went): the smallest
         order = sorted((j for j in range(n) if a[j]), key=rank.__getitem__)        # remainders give back
