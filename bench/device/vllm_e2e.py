@@ -450,13 +450,17 @@ def conservation_check(name, census_dir, all_spans, res) -> list:
         from_spans = sum(span_figure(s.attributes, f) for s in all_spans)
         from_log = sum(l["gpu"].get(f, 0) for l in reqs)
         check(from_spans == from_log, f"{name}: {f}: spans {from_spans:,} == request log {from_log:,}")
-        if f == "kernel.time_ns" and estimated:
-            # under counted kernels a request's eager time is its launches priced at its own sample's
-            # mean: an estimate, which no step total conserves (the steps hold the records' time only);
-            # its error is checked against the every-kernel phases instead (estimate_check)
+        if f == "kernel.time_ns" and estimated and not sm.get("kernel_time_conserved"):
+            # a ledger that priced each request's share on its own (before each step was priced once and
+            # split): its estimates add up to no step total; its error is checked against the every-kernel
+            # phases instead (estimate_check)
             res["kernel_time_estimated_requests"] = estimated
             res["kernel_time_ns_requests_vs_steps_records"] = [from_log, sm["total"].get(f, 0)]
             continue
+        if f == "kernel.time_ns" and estimated:
+            # each step's kernel time priced once and split: the requests' estimates add up to the steps' exactly
+            res["kernel_time_estimated_requests"] = estimated
+            res["kernel_time_unpriced"] = sm.get("kernel_time_unpriced", {})
         check(from_log + sm["unattributed"].get(f, 0) == sm["total"].get(f, 0),
               f"{name}: {f}: requests {from_log:,} + unattributed {sm['unattributed'].get(f, 0):,} == steps "
               f"{sm['total'].get(f, 0):,}")

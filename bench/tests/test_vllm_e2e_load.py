@@ -389,8 +389,9 @@ def test_estimate_check_places_requests_in_their_phase_and_wants_kernels_in_ever
 
 
 def test_conservation_leaves_estimated_kernel_time_to_the_estimate_check(monkeypatch, tmp_path):
-    """Under counted kernels a request's kernel time is an estimate the steps do not conserve (they hold
-    the records' time): that identity is not asserted then; every other field still is."""
+    """Under counted kernels, a ledger that priced each request's share on its own (no ``kernel_time_conserved``
+    in its summary) conserves no kernel time: that identity is not asserted then; every other field still is. A
+    ledger that priced each step once conserves it exactly: asserted, estimated or not."""
     lines = [{"kernel_time_estimated": True, "gpu": {"kernel.count": 5, "kernel.time_ns": 900, "copy.htod.bytes": 7}},
              {"summary": {"total": {"kernel.count": 5, "kernel.time_ns": 300, "copy.htod.bytes": 7},
                           "unattributed": {}}}]
@@ -409,6 +410,14 @@ def test_conservation_leaves_estimated_kernel_time_to_the_estimate_check(monkeyp
     monkeypatch.setattr(vllm_e2e, "FAILS", [])
     vllm_e2e.conservation_check("R", tmp_path, spans, {"_out": str(tmp_path / "out")})
     assert any("kernel.time_ns: requests 900" in f for f in vllm_e2e.FAILS)
+    lines[0]["kernel_time_estimated"] = True           # priced per step: the estimate is conserved, or fails
+    lines[1]["summary"]["kernel_time_conserved"] = True
+    for total, fails in ((300, 1), (900, 0)):
+        lines[1]["summary"]["total"]["kernel.time_ns"] = total
+        (tmp_path / "x.requests.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
+        monkeypatch.setattr(vllm_e2e, "FAILS", [])
+        vllm_e2e.conservation_check("R", tmp_path, spans, {"_out": str(tmp_path / "out")})
+        assert len([f for f in vllm_e2e.FAILS if "kernel.time_ns: requests 900" in f]) == fails
 
 
 def test_reference_check_compares_r_with_the_measured_server_loaded_in_the_same_windows(monkeypatch):

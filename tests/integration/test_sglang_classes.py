@@ -441,9 +441,10 @@ def test_a_req_sglang_lets_go_of_unseen_is_closed_by_the_sweep(loaded, tagged):
     assert engine_steps.SWEPT in sp.attributes["gpu_census.attribution.note"]
 
 
-@pytest.mark.parametrize("method", ["flops", "alone"])
+@pytest.mark.parametrize("method", ["flops", "alone", "model"])
 def test_the_flops_split_reads_the_context_from_sglangs_batches(loaded, tagged, monkeypatch, method):
-    """OTEL_GPU_CENSUS_ATTRIBUTION=flops (and alone, which weighs the same FLOPs): an extend batch's prefix_lens
+    """OTEL_GPU_CENSUS_ATTRIBUTION=flops (and alone, which weighs the same FLOPs, and model, whose attention work
+    is computed from the same context): an extend batch's prefix_lens
     and a decode batch's seq_lens_cpu (the new token already counted in) are the context before each request's
     tokens."""
     import torch

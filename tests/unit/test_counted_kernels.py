@@ -257,9 +257,9 @@ def test_an_engines_counted_requests_get_exact_counts_and_estimated_time(tagged,
                                                       .read_text().splitlines()) if "gpu" in x}
     b, cc, a = by_count[7], by_count[10], by_count[17]
     if counted:
-        # a: 2500 measured - 1500 sampled + 15 launches x 300 (its own sample); b: every launch sampled;
-        # c: 10 launches, no sample of its own: the process's mean, 500
-        want = {17: 1000 + 15 * 300, 7: 1000 + 5 * 300, 10: 10 * 500}
+        # each step priced once, then halved: step 1 by its own sample (2000 ns of graph spans + 10 launches x
+        # 300), step 2, with none, at the process's mean (20 x 500); a has half of both, b of step 1, c of step 2
+        want = {17: (2000 + 10 * 300) // 2 + 20 * 500 // 2, 7: (2000 + 10 * 300) // 2, 10: 20 * 500 // 2}
         assert {k: round(x["gpu_census.kernel.time"] * 1e9) for k, x in by_count.items()} == want
         assert all(x["gpu_census.kernel.time_estimated"] is True for x in (a, b, cc))
         assert all(x["gpu_census.kernel.tracing"] == "counted:100/1000" for x in (a, b, cc))

@@ -84,6 +84,10 @@ class GpuCost(KernelTimed):
     # launches priced at a share's own sample's mean, else at this one (the processes' over their life)
     kernel_counted: bool = False
     eager_mean_ns: Optional[Fraction] = None
+    # step attribution: the share's (and prefill's) kernel time as the steps were split, (ns, eager launches
+    # left unpriced) (KernelTimed.share_time); None: priced from the share itself (windows)
+    kernel_priced: Optional[Tuple[int, int]] = None
+    prefill_priced: Optional[Tuple[int, int]] = None
 
     @property
     def has_figures(self) -> bool:

@@ -3,14 +3,17 @@
 Every attribution method (by time window, by step) ends in the same place: integers (kernel count and
 time, copy count/bytes/time per direction, memset, eager kernel launches and records) split among
 parties so that the parts sum exactly to the whole. :func:`split_weights` does that by the
-largest-remainder method in integer arithmetic.
+largest-remainder method in integer arithmetic, for one split on its own; :func:`carry_split` for a split
+repeated over many steps among the same parties (engine steps): each party carries what its rounding owes
+it, so no party gains by where it sits in the list, and its running total stays within about a unit of
+its exact fractional share.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from otel_gpu_census.census import DIRECTIONS, ZERO, Stat, Step, Window
 
@@ -111,3 +114,78 @@ def split_integer(total: int, fractions: Sequence[Fraction]) -> List[int]:
     for f in fractions:
         denom = denom * f.denominator // gcd(denom, f.denominator)
     return split_weights(total, [f.numerator * (denom // f.denominator) for f in fractions], denom)
+
+
+CARRY_SHIFT = 32
+"""A carry is kept in units of 2**-CARRY_SHIFT of a unit: each step's exact part is floored to that grain, so a
+party's running total drifts from its exact share by under 2**-32 units a step."""
+_MASK = (1 << CARRY_SHIFT) - 1
+
+
+def carry_split(total: int, weights: Optional[Sequence[int]], denom: int, carries: Sequence[List[int]],
+                field_: int) -> List[int]:
+    """Split `total` (>= 0) among parties in proportion to `weights` (summing to `denom`; None: equal
+    weights), each party's rounding carried across calls in ``carries[j][field_]`` (updated in place).
+
+    A party's target is its exact part plus its carry (in 2**-CARRY_SHIFT units); each gets its target's
+    floor (none below 0), the units left over go to the largest remainders, and what each got short of, or
+    over, its target is its new carry. Equal remainders go to the earlier party: list the parties in an order
+    that does not depend on their place in the engine's batch (``by_tie``). The parts sum to `total` exactly.
+    While the same parties share every call, each party's running total stays within one unit of its exact
+    share; parties coming and going take their carries with them, and the others' may then reach a little over
+    a unit."""
+    n = len(carries)
+    if weights is None:
+        x = (total << CARRY_SHIFT) // n
+        t = [x + c[field_] for c in carries]
+    else:
+        scaled = total << CARRY_SHIFT
+        t = [scaled * w // denom + c[field_] for w, c in zip(weights, carries)]
+    if min(t) >= 0:
+        a = [v >> CARRY_SHIFT for v in t]
+        left = total - sum(a)
+        rank = [v & _MASK for v in t] if left else t
+    else:           # a carry owes more than the part (the party got ahead before): none below 0
+        a = [v >> CARRY_SHIFT if v > 0 else 0 for v in t]
+        left = total - sum(a)
+        rank = [v & _MASK if v > 0 else v for v in t]
+    if left > 0:
+        q, left = divmod(left, n)
+        if q:
+            a = [p + q for p in a]
+        if left:
+            for j in sorted(range(n), key=rank.__getitem__, reverse=True)[:left]:    # stable: ties in order
+                a[j] += 1
+    elif left < 0:  # carries owed to the parties outnumber the step (others came and went): the smallest
+        order = sorted((j for j in range(n) if a[j]), key=rank.__getitem__)        # remainders give back
+        while left:
+            for j in order:
+                if a[j] and left:
+                    a[j] -= 1
+                    left += 1
+    for c, v, p in zip(carries, t, a):
+        c[field_] = v - (p << CARRY_SHIFT)
+    return a
+
+
+def tie_of(key) -> int:
+    """A party's place among equal remainders (carry_split): fixed for the key within the process, whatever its
+    place in the batch."""
+    return hash(key)
+
+
+_M64 = (1 << 64) - 1
+
+
+def draw(key, salt: int) -> int:
+    """A number fixed for (`key`, `salt`) within the process and unrelated from one salt to the next (splitmix64
+    of the key's hash and the salt): an order for ties that changes from bucket to bucket."""
+    z = (hash(key) + salt * 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def by_tie(keys: Sequence) -> List:
+    """`keys` in the order carry_split's ties go by (tie_of), not the batch's."""
+    return sorted(keys, key=tie_of)

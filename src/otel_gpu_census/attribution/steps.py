@@ -5,16 +5,21 @@ An engine hook (vLLM, SGLang) runs every batch as a *step*: it tags the GPU work
 with the step's id (``injector.step_begin``), so the census tallies that work per step (the
 segment's step ring), and it tells the :class:`StepLedger` which requests the step served and how
 many tokens each had (``step_opened``). The ledger splits each step's integers (kernel count, kernel
-ns, copy count/bytes/ns per direction, memset) among those requests in proportion to their tokens by
-largest remainder (``attribution.split_weights``: ties to the request scheduled first), so
+ns, copy count/bytes/ns per direction, memset, and the step's kernel time priced once) among those requests in
+proportion to their tokens, each request carrying what its rounding owes it from step to step
+(``shares.carry_split``; ties by the request, never by its place in the batch), so
 
-    sum of the requests' shares + what no request can claim == the steps' totals, for every field.
+    sum of the requests' shares + what no request can claim == the steps' totals, for every field,
+
+and a request's running total is within about a unit of its exact fractional share, wherever the engine lists it.
 
 How a step's kernels are split is the ledger's *method* (the span's ``gpu_census.attribution.method``):
 ``step_tokens`` by scheduled tokens (the default); ``step_flops`` by each request's estimated FLOPs in
 the step (``cost_model.py``: its tokens, the context before them, the model's shape), which follows
 attention's growth with context; or ``step_alone`` by what each request's part of the step would cost
-alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``cost_model.CostFit``).
+alone (its FLOPs plus a step's fixed cost, fitted on the run's own steps: ``cost_model.CostFit``); or
+``step_model`` by each request's part of the step's cost as fitted on the run's steps of its kind
+(``cost_model.StepModel``: tokens, with a note, while the fit is not ready).
 Copies and memsets are split by tokens in every method (inputs and sampled outputs scale with tokens).
 Whatever the method, a request's share is an allocation of measured step totals, not a measurement of
 the request.
@@ -54,8 +59,11 @@ also weighs each step's traced share of its wall time by the request's tokens (`
 the span's ``gpu_census.kernel.traced_ratio``). The weights only describe the split; they change none.
 With counted kernel tracing (``counted``, the default) every step's kernels are counted, and its eager
 kernel records only in the traced phases: a request's kernel count is exact and its kernel time an
-estimate (``Settled.kernel_time``: the eager launches of its share priced at its own sample's mean,
-else at the processes' mean over their life).
+estimate. Each step's kernel time is priced once (``step_price``: its graph spans, and its eager launches at the
+step's own sample's mean, else at the processes' mean over their life as of the split) and that integer is split
+like the others, so the requests' kernel times and what no request claimed add up to the steps' exactly
+(``Settled.kernel_priced``, ``KernelTimed.share_time``). A step no sample or mean can price yet leaves its eager
+launches out of the time, counted (``kernel_unpriced``) and said on the span, never priced at 0.
 
 Steps are split in id order, each once, when the census is complete past the step's end
 (``complete_wall_ns``; of every process), so a step shared by a request that ends now and one that
@@ -77,9 +85,10 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableM
 
 from otel_gpu_census._native import consts as _consts
 from otel_gpu_census.census import (KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTimed, ProcessCensus, Step,
-                                    eager_mean_ns, kernel_time)
-from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, step_weights
-from otel_gpu_census.attribution.shares import KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, split_weights
+                                    eager_mean_ns)
+from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, StepModel, attention_work, step_weights
+from otel_gpu_census.attribution.shares import (KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, by_tie,
+                                                carry_split)
 
 METHOD = "step_tokens"
 """Value of the span attribute ``gpu_census.attribution.method``: kernels split by scheduled tokens."""
@@ -87,8 +96,10 @@ FLOPS_METHOD = "step_flops"
 """The same for kernels split by each request's estimated FLOPs in the step (cost_model.py)."""
 ALONE_METHOD = "step_alone"
 """The same for kernels split by what each request's part would cost alone (cost_model.CostFit)."""
-METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD}   # OTEL_GPU_CENSUS_ATTRIBUTION's
-                                                                             # values -> method
+MODEL_METHOD = "step_model"
+"""The same for kernels split by each request's part of the step's fitted cost (cost_model.StepModel)."""
+METHODS = {"tokens": METHOD, "flops": FLOPS_METHOD, "alone": ALONE_METHOD,   # OTEL_GPU_CENSUS_ATTRIBUTION's
+           "model": MODEL_METHOD}                                            # values -> method
 
 TOKENS = "tokens"                   # the kind of a step: weights are scheduled tokens
 COMPLETE_SLACK_NS = 200_000_000     # a step's GPU work ends this soon after its last launch returned
@@ -96,6 +107,12 @@ MAX_WAIT_NS = 5_000_000_000         # a request waits at most this long after it
 MAX_BOOK = 65536                    # steps remembered while the census lags (then the oldest go)
 TOUCH_SEARCH = 16                   # step_touched / step_claimed look this far back for their step
 RING_SLOTS = _consts.GC_STEP_SLOTS  # the census's step ring (shared by steps and sub-steps)
+# A ledger row is a census row (Share.as_row) and two more columns: the step's kernel time priced once
+# (step_price) and its eager launches no mean could price; both split with the kernel weights.
+PRICED, UNPRICED = WIDTH, WIDTH + 1
+ROW = WIDTH + 2
+SPLIT_KERNEL_FIELDS = KERNEL_FIELDS | {PRICED, UNPRICED}
+_LAUNCHES, _TRACED, _TRACED_NS = WIDTH - 3, WIDTH - 2, WIDTH - 1
 
 Census = Tuple[Optional[ProcessCensus], Dict[int, Step]]
 
@@ -109,16 +126,19 @@ class _Entry:
     kind: str = TOKENS
     before: Optional[Mapping[Hashable, int]] = None   # tokens computed before this step, per request
     guessed: str = ""                       # why a claim's weight is a guess (step_claimed)
+    fallback: str = ""                      # MODEL_METHOD: why this step was split by tokens instead
 
 
 @dataclass
 class _Acc:
-    values: List[int] = field(default_factory=lambda: [0] * WIDTH)
-    prefill: List[int] = field(default_factory=lambda: [0] * WIDTH)
-    sub: List[int] = field(default_factory=lambda: [0] * WIDTH)
+    values: List[int] = field(default_factory=lambda: [0] * ROW)
+    prefill: List[int] = field(default_factory=lambda: [0] * ROW)
+    sub: List[int] = field(default_factory=lambda: [0] * ROW)
+    carry: List[int] = field(default_factory=lambda: [0] * ROW)   # what its rounding owes it (carry_split)
     weights: Dict[str, int] = field(default_factory=dict)
     steps: int = 0
     first_step_ns: int = 0
+    fallback: Dict[str, int] = field(default_factory=dict)         # MODEL_METHOD: steps split by tokens, by why
 
 
 @dataclass
@@ -145,6 +165,18 @@ class Settled(KernelTimed):
     # has no eager kernel record of its own (the processes' mean over their life, as of its settling)
     kernel_counted: bool = False
     eager_mean_ns: Optional[Fraction] = None
+    # its kernel time as split: the sum of its parts of each step's kernel time priced once (step_price),
+    # and the eager launches of its parts no mean could price (left out of the time, never priced at 0)
+    kernel_priced: Optional[Tuple[int, int]] = None
+    prefill_priced: Optional[Tuple[int, int]] = None
+    split_note: str = ""            # MODEL_METHOD: its steps split by tokens instead, and why
+
+
+def _fallback_note(fallback: Mapping[str, int], steps: int) -> str:
+    if not fallback:
+        return ""
+    return (f"{sum(fallback.values())} of its {steps} steps split by tokens, not the step model: "
+            + "; ".join(f"{why} ({n})" for why, n in fallback.items()))
 
 
 @dataclass
@@ -155,23 +187,40 @@ class _Traced:
     counted: bool = False
 
 
+def step_price(values: Sequence[int], kernels: Any, life_mean_ns: Optional[Fraction]) -> Tuple[int, int]:
+    """A step's (flat values') kernel time, priced once for the whole step, and its eager launches left
+    unpriced: census.kernel_time in integers. Counted kernels: graph spans and the step's eager launches at its
+    own sample's mean, else at the processes' over their life (`life_mean_ns`), else unpriced (unknown, left
+    out). Untimed (ACTIVITY=off): 0, nothing was timed (the modes say so). Otherwise as measured."""
+    if kernels is None or not getattr(kernels, "counted", False):
+        return values[1], 0
+    if getattr(kernels, "untimed", False):
+        return 0, 0
+    launches, traced, traced_ns = values[_LAUNCHES], values[_TRACED], values[_TRACED_NS]
+    base = max(0, values[1] - traced_ns)
+    if not launches:
+        return base, 0
+    if traced:
+        num, den = launches * traced_ns, traced
+    elif life_mean_ns is not None:
+        num, den = launches * life_mean_ns.numerator, life_mean_ns.denominator
+    else:
+        return base, launches
+    return base + (2 * num + den) // (2 * den), 0         # rounded half up, as census.kernel_time
+
+
+class _Counted:
+    counted = True
+
+
 def step_kernel_ns(values: Sequence[int], fallback_mean_ns: Optional[Fraction]) -> int:
-    """A step's (flat values') kernel time, its untimed eager launches priced as a request's share's are
-    (census.kernel_time: the step's own sample's mean, else the processes' over their life)."""
-    return kernel_time(Share.from_row(values), True, fallback_mean_ns).ns
+    """A counted step's kernel time (step_price), its untimed eager launches priced at its own sample's mean,
+    else at `fallback_mean_ns`."""
+    return step_price(values, _Counted, fallback_mean_ns)[0]
 
 
 def _flat(step: Step) -> List[int]:
     return Share.of_step(step).as_row()
-
-
-def _split(v: int, weights: List[int]) -> List[int]:
-    """`v` split by `weights` (positive), largest remainder; equal weights (decode steps) the fast way."""
-    n = len(weights)
-    if weights.count(weights[0]) == n:
-        q, r = divmod(v, n)
-        return [q + 1] * r + [q] * (n - r)
-    return split_weights(v, weights, sum(weights))
 
 
 def _lost_notes(lost: List[int], steps: int) -> List[str]:
@@ -191,26 +240,25 @@ def _lost_notes(lost: List[int], steps: int) -> List[str]:
     return out
 
 
-def split_step(values: List[int], tokens: Mapping[Hashable, int]) -> List[Tuple[Hashable, List[int]]]:
-    """One step's flat values split among `tokens`' requests (in their order) by token count; the
-    parts sum to `values` exactly. Requests with 0 tokens get nothing."""
-    keys = [k for k, n in tokens.items() if n > 0]
-    weights = [tokens[k] for k in keys]
-    total = sum(weights)
-    parts = [[0] * WIDTH for _ in keys]
+def split_step(values: List[int], tokens: Mapping[Hashable, int],
+               carries: Optional[Dict[Hashable, List[int]]] = None) -> List[Tuple[Hashable, List[int]]]:
+    """One step's flat values split among `tokens`' requests by token count (carry_split: what each
+    request's rounding owes it carried in `carries`, {request: row}, kept across calls by the caller); the parts
+    sum to `values` exactly, whatever the requests' order. Requests with 0 tokens get nothing."""
+    keys = by_tie([k for k, n in tokens.items() if n > 0])
     if not keys:
         return []
+    carries = {} if carries is None else carries
+    rows = [carries.setdefault(k, [0] * len(values)) for k in keys]
+    weights = [tokens[k] for k in keys]
+    equal = None if weights.count(weights[0]) == len(weights) else weights
+    parts = [[0] * len(values) for _ in keys]
     for i, v in enumerate(values):
-        if not v:
-            continue
-        if weights.count(weights[0]) == len(weights):       # decode steps: one token each
-            q, r = divmod(v, len(keys))
-            for j, p in enumerate(parts):
-                p[i] = q + (1 if j < r else 0)
-        else:
-            for p, x in zip(parts, split_weights(v, weights, total)):
+        if v:
+            for p, x in zip(parts, carry_split(v, equal, sum(weights), rows, i)):
                 p[i] = x
-    return list(zip(keys, parts))
+    got = dict(zip(keys, parts))
+    return [(k, got[k]) for k in tokens if tokens[k] > 0]
 
 
 class StepLedger:
@@ -234,6 +282,7 @@ class StepLedger:
         self.shape: Optional[ModelShape] = None
         self._prompt: Dict[Hashable, Optional[int]] = {}        # prompt lengths (FLOPS_METHOD, ALONE_METHOD)
         self.fit = CostFit()                                    # ALONE_METHOD's steps' fixed cost
+        self.model = StepModel()                                # MODEL_METHOD's fitted step cost
         self._notes: Dict[Hashable, List[str]] = {}             # what a request's share misses, as said
         self._lost: Dict[Hashable, List[int]] = {}              # key -> [steps not in the ring, of which
                                                                 #  lapped by it; steps forgotten]
@@ -249,9 +298,9 @@ class StepLedger:
         self.last_sid = 0           # newest step opened
         self.settled_sid = 0        # every step up to this one is split
         self._flushes = (0, 0)      # the census's last two complete times read (_seen)
-        self.unattributed = [0] * WIDTH   # steps that served no request, and late parts
-        self.total = [0] * WIDTH          # all steps split
-        self.sub_total = [0] * WIDTH      # of `total`, the sub-steps
+        self._unattributed = [0] * ROW    # steps that served no request, and late parts
+        self._total = [0] * ROW           # all steps split
+        self._sub_total = [0] * ROW       # of `total`, the sub-steps
         self.sub_steps = 0          # sub-steps split
         self.steps_missing = 0      # steps the census ring no longer held when their turn came
         self.steps_dropped = 0      # steps forgotten because the census lagged MAX_BOOK steps behind
@@ -259,11 +308,34 @@ class StepLedger:
         self._gaps: List[str] = []  # what the census knows it missed, as of the last read
         self.per_process: Dict[Any, Dict[str, Any]] = {}   # with several processes: pid -> totals
         self.eager_mean_ns: Optional[Fraction] = None      # of the counted processes over their life
+        self._batch: Tuple[List[Hashable], List[Hashable]] = ([], [])   # the last step's requests, by_tie
+
+    @property
+    def total(self) -> List[int]:
+        """Every step split, as a census row (Share.as_row)."""
+        return self._total[:WIDTH]
+
+    @property
+    def unattributed(self) -> List[int]:
+        """Of `total`, what no request could claim."""
+        return self._unattributed[:WIDTH]
+
+    @property
+    def sub_total(self) -> List[int]:
+        """Of `total`, the sub-steps."""
+        return self._sub_total[:WIDTH]
+
+    @property
+    def kernel_times(self) -> Dict[str, Tuple[int, int]]:
+        """The steps' kernel time priced once per step (step_price), as (ns, eager launches left unpriced):
+        ``total``, ``unattributed``; the requests' shares are the rest, exactly."""
+        return {"total": (self._total[PRICED], self._total[UNPRICED]),
+                "unattributed": (self._unattributed[PRICED], self._unattributed[UNPRICED])}
 
     @property
     def method(self) -> str:
         """How this ledger's steps are split (the span's gpu_census.attribution.method)."""
-        return self._method if self._method == METHOD or self.shape is not None else METHOD
+        return self._method if self._method in (METHOD, MODEL_METHOD) or self.shape is not None else METHOD
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
         """The model's shape, for FLOPS_METHOD and ALONE_METHOD (from the engine's configuration, before its
@@ -388,7 +460,8 @@ class StepLedger:
                         if head is not None:
                             self._missing(e, head)
                     else:
-                        rows.append((self._process_key(head, n) if len(sources) > 1 else None, _flat(step)))
+                        rows.append((self._process_key(head, n) if len(sources) > 1 else None, _flat(step),
+                                     getattr(head, "kernels", None)))
                 self._split(e, rows)
                 self._weigh_tracing(e, sources)
                 self.settled_sid = e.sid
@@ -416,7 +489,10 @@ class StepLedger:
                         Share.from_row(acc.values), Share.from_row(acc.prefill), acc.steps, acc.first_step_ns,
                         notes=notes, sub=Share.from_row(acc.sub), weights=dict(acc.weights),
                         kernel_tracing=tr.modes, kernel_traced_ns=tr.traced, kernel_span_ns=tr.span,
-                        kernel_counted=tr.counted, eager_mean_ns=self.eager_mean_ns if tr.counted else None)
+                        kernel_counted=tr.counted, eager_mean_ns=self.eager_mean_ns if tr.counted else None,
+                        kernel_priced=(acc.values[PRICED], acc.values[UNPRICED]),
+                        prefill_priced=(acc.prefill[PRICED], acc.prefill[UNPRICED]),
+                        split_note=_fallback_note(acc.fallback, acc.steps))
             if status == "partial":
                 self.partial += 1
             if not ok:
@@ -484,12 +560,13 @@ class StepLedger:
                     if h is not None and getattr(h, "step_max", None) is not None
                     and self._complete_up_to(h, False) < 1 << 62), default=1 << 62)
 
-    def _split(self, e: _Entry, rows: Sequence[Tuple[Any, List[int]]]) -> None:
+    def _split(self, e: _Entry, rows: Sequence[Tuple[Any, List[int], Any]]) -> None:
         sub = e.kind != TOKENS
         if sub:
             self.sub_steps += 1
         served = set()
-        for proc, values in rows:
+        for proc, values, kernels in rows:
+            values = values + list(step_price(values, kernels, self.eager_mean_ns))
             self._split_one(e, values, proc, served)
         for key in served:
             acc = self._acc[key]
@@ -499,6 +576,8 @@ class StepLedger:
                 acc.weights[e.kind] = acc.weights.get(e.kind, 0) + e.tokens[key]
             else:
                 acc.steps += 1
+                if e.fallback:
+                    acc.fallback[e.fallback] = acc.fallback.get(e.fallback, 0) + 1
 
     def _weigh_tracing(self, e: _Entry, sources: Sequence[Census]) -> None:
         """Add token step `e`'s kernel-traced share of its wall time to each request it served.
@@ -540,77 +619,121 @@ class StepLedger:
             tr.modes.extend(m for m in modes if m not in tr.modes)
 
     def _split_one(self, e: _Entry, values: List[int], proc, served: set) -> None:
-        """Add one process's values of step `e` to its requests' shares (split_step's split, worked on
-        the step's non-zero fields only: a decode step has ~8 of the 26, and this runs for every
-        request of every step on a thread beside the engine's loop)."""
+        """Add one process's values of step `e` (a ledger row: census fields, then the step's priced kernel
+        time) to its requests' shares by carry_split, on the step's non-zero fields only (a decode step has ~10
+        of the 28; this runs for every request of every step on a thread beside the engine's loop)."""
         sub = e.kind != TOKENS
         rank = None
         if proc is not None:
-            rank = self.per_process.setdefault(proc, {"total": [0] * WIDTH, "unattributed": [0] * WIDTH})
+            rank = self.per_process.setdefault(proc, {"total": [0] * ROW, "unattributed": [0] * ROW})
         nz = [(i, v) for i, v in enumerate(values) if v]
+        total, sub_total = self._total, self._sub_total
         for i, v in nz:
-            self.total[i] += v
+            total[i] += v
             if sub:
-                self.sub_total[i] += v
+                sub_total[i] += v
             if rank is not None:
                 rank["total"][i] += v
-        keys = [k for k, n in e.tokens.items() if n > 0]
+        keys = self._keys(e)
         if not keys:
             self._unclaimed(values, rank)
             return
-        if not nz:
-            cols: List[Tuple[int, List[int]]] = []
-        else:
-            weights = [e.tokens[k] for k in keys]
-            cost = self._cost(e, keys, values) if not sub else None
-            cols = [(i, _split(v, cost if cost is not None and i in KERNEL_FIELDS else weights)) for i, v in nz]
         closed, live, done, accs, first = self._closed_early, self._live, self._done, self._acc, self._first_token
         follows = self.follows or sub
-        unatt = self.unattributed
-        for j, key in enumerate(keys):
-            # its span is gone, or the ledger does not follow it (never announced, or settled): unclaimed
+        # who claims each part: a request's accumulator, or None where its span is gone or the ledger does not
+        # follow it (never announced, or settled): unclaimed, split with no carry of its own
+        claim: List[Optional[_Acc]] = []
+        for key in keys:
             if key in closed or (follows and key not in live and key not in done):
-                for i, c in cols:
-                    unatt[i] += c[j]
-                    if rank is not None:
-                        rank["unattributed"][i] += c[j]
+                claim.append(None)
                 continue
             acc = accs.get(key)
             if acc is None:
                 acc = accs[key] = _Acc(first_step_ns=e.opened_ns)
             served.add(key)
-            vals = acc.values
-            for i, c in cols:
-                vals[i] += c[j]
-            if sub:
-                su = acc.sub
-                for i, c in cols:
-                    su[i] += c[j]
-            ft = first.get(key)
-            if ft is None or e.opened_ns < ft:
-                pre = acc.prefill
-                for i, c in cols:
-                    pre[i] += c[j]
+            claim.append(acc)
+        if not nz:
+            return
+        weights = [e.tokens[k] for k in keys]
+        cost = self._cost(e, keys, values) if not sub else None
+        by_tokens = (None, 0) if weights.count(weights[0]) == len(weights) else (weights, sum(weights))
+        by_cost = by_tokens if cost is None else (
+            (None, 0) if cost.count(cost[0]) == len(cost) else (cost, sum(cost)))
+        if None in claim:
+            carries = [a.carry if a is not None else [0] * ROW for a in claim]
+            unclaimed = [j for j, a in enumerate(claim) if a is None]
+            mine = [(j, a) for j, a in enumerate(claim) if a is not None]
+            claimed = [a for _, a in mine]
+        else:
+            carries = [a.carry for a in claim]
+            unclaimed, mine, claimed = [], None, claim
+        rows = [a.values for a in claimed]
+        subs = [a.sub for a in claimed] if sub else []
+        pres = [a.prefill for k, a in zip(keys, claim)
+                if a is not None and (first.get(k) is None or e.opened_ns < first[k])]
+        pre_j = [j for j, (k, a) in enumerate(zip(keys, claim))
+                 if a is not None and (first.get(k) is None or e.opened_ns < first[k])] if pres else []
+        unatt = self._unattributed
+        for i, v in nz:
+            w, denom = by_cost if i in SPLIT_KERNEL_FIELDS else by_tokens
+            parts = carry_split(v, w, denom, carries, i)
+            if unclaimed:
+                lost = sum(parts[j] for j in unclaimed)
+                unatt[i] += lost
+                if rank is not None:
+                    rank["unattributed"][i] += lost
+                mp = [parts[j] for j, _ in mine]
+            else:
+                mp = parts
+            for r, x in zip(rows, mp):
+                r[i] += x
+            for r, x in zip(subs, mp):
+                r[i] += x
+            for r, j in zip(pres, pre_j):
+                r[i] += parts[j]
+
+    def _keys(self, e: _Entry) -> List[Hashable]:
+        """Step `e`'s requests in carry_split's order (by_tie), kept while the batch stays the same."""
+        keys = [k for k, n in e.tokens.items() if n > 0]
+        if keys != self._batch[0]:
+            self._batch = (keys, by_tie(keys))
+        return self._batch[1]
 
     def _cost(self, e: _Entry, keys: List[Hashable], values: Sequence[int]) -> Optional[List[int]]:
         """The kernel weights of step `e`'s requests: FLOPs (FLOPS_METHOD), or each one's cost alone
         (ALONE_METHOD: FLOPs plus the fitted fixed cost of a step, CostFit), given a shape; else None
-        (tokens). ALONE_METHOD fits this step after weighing it."""
+        (tokens); MODEL_METHOD: each one's part of the step's fitted cost (StepModel), None while the fit of the
+        step's kind is not ready (`e.fallback` says why). ALONE_METHOD and MODEL_METHOD fit this step (its priced
+        kernel time) after weighing it."""
+        if self._method == MODEL_METHOD:
+            return self._model_weights(e, keys, values)
         if self._method == METHOD or self.shape is None:
             return None
         flops = step_weights(self.shape, keys, e.tokens, e.before or {}, self._prompt)
         if self._method != ALONE_METHOD:
             return flops
         fixed = self.fit.fixed_flops()
-        if values[1]:
-            self.fit.add(sum(flops), step_kernel_ns(values, self.eager_mean_ns))
+        if values[1] and not values[UNPRICED]:
+            self.fit.add(sum(flops), values[PRICED])
         if fixed is None:
             return flops
         return [1] * len(flops) if fixed < 0 else [f + fixed for f in flops]
 
+    def _model_weights(self, e: _Entry, keys: List[Hashable], values: Sequence[int]) -> Optional[List[int]]:
+        news = [e.tokens[k] for k in keys]
+        before = e.before or {}
+        attns = [attention_work(n, before.get(k) or 0) for k, n in zip(keys, news)]
+        fit = self.model.fit_of(news)
+        w = fit.weights(news, attns)
+        if w is None:
+            e.fallback = fit.why
+        if values[1] and not values[UNPRICED]:
+            fit.add(self.model.features(news, attns), float(values[PRICED]))
+        return w
+
     def _unclaimed(self, values: List[int], rank) -> None:
         for i, v in enumerate(values):
-            self.unattributed[i] += v
+            self._unattributed[i] += v
             if rank is not None:
                 rank["unattributed"][i] += v
 

@@ -16,9 +16,10 @@ The rule, for one bucket whose wall-clock span is [bs, be) (mapped with
    a bucket it had to itself gets a quarter (the rest is unattributed).
 3. Every integer in the bucket (kernel count, kernel ns, copy count/bytes/ns per direction, memset)
    is split by those fractions with the largest-remainder method: each party gets the floor of its
-   exact share, and the units left over go one each to the largest fractional parts (ties: earlier
-   party first, unattributed last; ``shares.split_weights``). Shares are integers and sum exactly to
-   the bucket's value.
+   exact share, and the units left over go one each to the largest fractional parts (ties: in an order
+   drawn afresh for every bucket from the parties' keys and the bucket, never their arrival order, so no
+   request takes the ties of every bucket it shares; unattributed last; ``shares.split_weights``). Shares are
+   integers and sum exactly to the bucket's value.
 
 Conservation, therefore, per bucket and over any set of buckets:
 ``sum(shares) + unattributed == sum of the buckets``, for every field.
@@ -40,7 +41,7 @@ from math import gcd
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from otel_gpu_census.census import Window
-from otel_gpu_census.attribution.shares import NOTHING, ROW_WIDTH, Share, split_weights
+from otel_gpu_census.attribution.shares import NOTHING, ROW_WIDTH, Share, draw, split_weights
 
 METHOD = "time_window_shared"
 """Value of ``GpuCost.method`` (span attribute ``gpu_census.attribution.method``) for this rule."""
@@ -142,10 +143,11 @@ def bucket_fractions(bs: int, be: int, intervals: Sequence[Interval]
 
 
 def _split_bucket(values: Sequence[int], bs: int, be: int, ivs: Sequence[Interval], order: Dict[Hashable, int]):
-    """One bucket: (parties in interval order, indices of the non-zero fields, each party's parts of
-    those fields, the unattributed parts, most groups at once)."""
+    """One bucket: (parties, indices of the non-zero fields, each party's parts of those fields, the
+    unattributed parts, most groups at once). Parties are listed, and so break ties, by a draw from their key
+    and the bucket (their interval order only among equal hashes)."""
     weights, rest, denom, k = bucket_weights(bs, be, ivs)
-    parties = sorted(weights, key=order.__getitem__)
+    parties = sorted(weights, key=lambda p: (draw(p, bs), order[p]))
     ws = [weights[p] for p in parties] + [rest]
     nz = [i for i, v in enumerate(values) if v]
     columns = [split_weights(values[i], ws, denom) for i in nz]

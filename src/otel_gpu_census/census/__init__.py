@@ -381,7 +381,12 @@ def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = Non
 
 class KernelTimed:
     """The kernel time of a request's cost (ledger.GpuCost, steps.Settled): both carry kernel_tracing (the
-    modes seen), kernel_traced_ns out of kernel_span_ns, kernel_counted and eager_mean_ns (the fallback)."""
+    modes seen), kernel_traced_ns out of kernel_span_ns, kernel_counted and eager_mean_ns (the fallback), share
+    and prefill, and kernel_priced and prefill_priced ((ns, eager launches unpriced) as a step split priced
+    them; None: priced from the share itself)."""
+
+    kernel_priced = None
+    prefill_priced = None
 
     @property
     def kernel_traced_ratio(self) -> float:
@@ -392,6 +397,30 @@ class KernelTimed:
         under counted tracing (:func:`kernel_time`)."""
         return kernel_time(share, self.kernel_counted, self.eager_mean_ns, timed=timed_modes(self.kernel_tracing),
                            spans_estimated=spans_estimated(self.kernel_tracing))
+
+    def share_time(self) -> KernelTime:
+        """The kernel time of its share: as split (``kernel_priced``: each step priced once, so the shares and
+        what no request claimed add up to the steps exactly) where the split priced it, else :meth:`kernel_time`."""
+        return self._priced(self.share, self.kernel_priced)
+
+    def prefill_time(self) -> KernelTime:
+        """The same for the part of its share before its first token."""
+        return self._priced(self.prefill, self.prefill_priced)
+
+    @property
+    def kernel_unpriced(self) -> int:
+        """Eager kernel launches of its share whose time is left out: no sample, nor a mean, could price them."""
+        if self.kernel_priced is not None:
+            return self.kernel_priced[1]
+        return self.share.eager_launches if self.kernel_time(self.share).unknown else 0
+
+    def _priced(self, share, priced) -> KernelTime:
+        kt = self.kernel_time(share)
+        if priced is None:
+            return kt
+        ns, unpriced = priced
+        untimed = not timed_modes(self.kernel_tracing) and bool(share.kernel_count)
+        return KernelTime(ns, kt.estimated or bool(unpriced), unknown=bool(unpriced) or untimed)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ durations (the census counts ns: the request log keeps those integers, ``share_a
   request's time kernel records were taken. Sampled (``ON_MS/PERIOD_MS``): the kernel figures above
   are that share of the request's kernels (copies are exact). Counted: kernel counts are exact, and
   ``gpu_census.kernel.time_estimated`` (bool) says whether the kernel times (``*kernel.time``) are
-  estimates: graph spans, plus eager launches x the mean duration of the eager kernels sampled (the
-  share's own, else the server's over its life); with no sample at all their time is left out and
-  the note says so;
+  estimates: graph spans, plus eager launches x the mean duration of the eager kernels sampled (under
+  step attribution each step priced once, by its own sample, else the server's over its life, and the
+  request's kernel time is its part of those, so the requests' add up to the steps'; under windows the
+  share's own sample, else the server's); with no sample at all their time is left out and the note says so;
 - ``gpu_census.attribution.method`` (``GpuCost.method``: ``time_window_shared``, ``step_tokens``,
-  ``step_flops``, ``step_alone``),
+  ``step_flops``, ``step_alone``, ``step_model``: its note says how many of the request's steps fell back to
+  tokens while the model's fit of their kind was not ready),
   ``.status`` (complete, settled, partial, stale, no_census, no_segment, read_error, shutdown),
   ``.concurrency_max``, ``.steps`` (step attribution), ``.wait_s``, ``.note`` (the integration's
   ``GpuCost.note`` first, then what went wrong); ``gpu_census.process.pids``.
@@ -71,7 +73,7 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         if cost.notes:
             out["gpu_census.attribution.note"] = "; ".join(cost.notes)
         return out
-    kt = cost.kernel_time(cost.share)
+    kt = cost.share_time()
     timed_copies = copy_times_measured(cost.kernel_tracing)
     out.update(share_attributes("gpu_census.", cost.share, kernel_ns=kt.ns, copy_time=timed_copies, seconds=True))
     if cost.kernel_tracing:
@@ -82,7 +84,7 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
         out["gpu_census.kernel.time_estimated"] = kt.estimated
     out["gpu_census.prefill.copy.dtoh.bytes"] = cost.prefill.copy("dtoh").bytes
     out["gpu_census.prefill.copy.htod.bytes"] = cost.prefill.copy("htod").bytes
-    out["gpu_census.prefill.kernel.time"] = cost.kernel_time(cost.prefill).ns / 1e9
+    out["gpu_census.prefill.kernel.time"] = cost.prefill_time().ns / 1e9
     if cost.has_window:
         out.update(share_attributes("gpu_census.window.", cost.window, kernel_ns=cost.kernel_time(cost.window).ns,
                                     copy_time=timed_copies, seconds=True))
@@ -99,7 +101,7 @@ def gpu_attributes(cost: GpuCost) -> Dict[str, Any]:
     if kt.unknown and not timed_modes(cost.kernel_tracing):
         note.append("kernel time not measured (counted at the calls, none timed): kernel counts, copies and memsets only")
     elif kt.unknown:
-        note.append(f"kernel time leaves out {cost.share.eager_launches} eager kernel launches: no kernel "
+        note.append(f"kernel time leaves out {cost.kernel_unpriced} eager kernel launches: no kernel "
                     "record was sampled to price them")
     if note or cost.notes:
         out["gpu_census.attribution.note"] = "; ".join(note + cost.notes)

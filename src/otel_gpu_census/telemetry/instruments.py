@@ -113,8 +113,8 @@ class RequestInstruments:
         for d in COPY_DIRECTIONS:
             self.copy_size.record(cost.share.copy(d).bytes, {**ok, "gpu_census.copy.direction": d}, context=context)
         if cost.kernel_counted:
-            kt = cost.kernel_time(cost.share)
+            kt = cost.share_time()
             if not kt.unknown:
                 self.kernel_time.record(kt.ns / 1e9, ok, context=context)
         elif cost.kernel_traced_ratio >= 1.0:
-            self.kernel_time.record(cost.share.kernel_ns / 1e9, ok, context=context)
+            self.kernel_time.record(cost.share_time().ns / 1e9, ok, context=context)

@@ -50,7 +50,8 @@ from otel_gpu_census import injector
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
 from otel_gpu_census.attribution.shares import Share
-from otel_gpu_census.attribution.steps import ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, StepLedger
+from otel_gpu_census.attribution.steps import (ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, MODEL_METHOD, PRICED,
+                                               StepLedger)
 from otel_gpu_census.census import reader
 from otel_gpu_census.telemetry.attributes import share_attributes
 from otel_gpu_census.integrations.engine import settle_process
@@ -66,8 +67,11 @@ SPLITS = {METHOD: "by their scheduled tokens",
           FLOPS_METHOD: "kernels by each request's estimated FLOPs in the step (its tokens and the context "
                         "before them), copies by tokens",
           ALONE_METHOD: "kernels by what each request's part of the step would cost alone (its estimated FLOPs "
-                        "plus a step's fixed cost, fitted on this engine's steps), copies by tokens"}
-ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops | alone: how steps are split
+                        "plus a step's fixed cost, fitted on this engine's steps), copies by tokens",
+          MODEL_METHOD: "kernels by each request's part of the step's cost as fitted on this engine's steps of its "
+                        "kind (a step's fixed cost shared, plus per request, per token and per attention pair), "
+                        "copies by tokens"}
+ATTRIBUTION_ENV = "OTEL_GPU_CENSUS_ATTRIBUTION"     # tokens (default) | flops | alone | model: how steps are split
 SWEEP_PERIOD_NS = 5_000_000_000     # how often the engine thread looks for requests the engine let go of
 MAX_OPEN = 1 << 16                  # requests open at once (beyond: the oldest is closed)
 SWEPT = ("closed by the sweep: the engine let go of it without an end the hooks saw (its end time is "
@@ -153,7 +157,7 @@ class StepEngine:
     def wants_context(self) -> bool:
         """Whether steps need the tokens computed before them (the FLOPs and alone splits): hooks read them
         only then."""
-        return self.method in (FLOPS_METHOD, ALONE_METHOD)
+        return self.method in (FLOPS_METHOD, ALONE_METHOD, MODEL_METHOD)
 
     def set_shape(self, shape: Optional[ModelShape]) -> None:
         """The model's shape (engine configuration), for the FLOPs split: before the first step."""
@@ -468,10 +472,13 @@ class StepEngine:
             if self.tagging:
                 method = self.ledger.method
                 cost = GpuCost(status=_STATUS.get(s.status, STALE), method=method,
-                               steps=s.steps, note=self.NOTE.format(split=SPLITS[method]), share=s.share, prefill=s.prefill,
+                               steps=s.steps, note="; ".join(x for x in (self.NOTE.format(split=SPLITS[method]),
+                                                                         s.split_note) if x),
+                               share=s.share, prefill=s.prefill,
                                pids=self.census_pids(), notes=list(s.notes), kernel_tracing=list(s.kernel_tracing),
                                kernel_traced_ns=s.kernel_traced_ns, kernel_span_ns=s.kernel_span_ns,
-                               kernel_counted=s.kernel_counted, eager_mean_ns=s.eager_mean_ns)
+                               kernel_counted=s.kernel_counted, eager_mean_ns=s.eager_mean_ns,
+                               kernel_priced=s.kernel_priced, prefill_priced=s.prefill_priced)
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
                      error_type=error_type)
             self._requests_log.write(s, t, facts, error_type)
@@ -571,7 +578,8 @@ class RequestLog:
     Bounded: at most MAX_LINES requests, then one log line; written where settling runs. Under
     sampled or counted kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
     ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``; under counted tracing its kernel times
-    are estimates (Settled.kernel_time) and ``kernel_time_estimated`` says so (as the span's
+    are estimates (Settled.share_time: its parts of each step's kernel time priced once, which add up to the
+    summary's steps exactly) and ``kernel_time_estimated`` says so (as the span's
     ``gpu_census.kernel.time_estimated``), with ``kernel_time_unknown`` when no sample priced its
     eager launches."""
 
@@ -619,13 +627,13 @@ class RequestLog:
         self._lines += 1
         eng = self._engine
         rid, response = eng.request_ids(s.key) if eng is not None else (s.key, s.key)
-        kt = s.kernel_time(s.share)
+        kt = s.share_time()
         obj = {"id": rid, "response_id": response, "start_time_unix_nano": tracked.start_ns, "end_time_unix_nano": s.end_ns,
                "input_tokens": facts.get("gen_ai.usage.input_tokens"),
                "output_tokens": facts.get("gen_ai.usage.output_tokens"), "status": s.status, "steps": s.steps,
                "method": eng.ledger.method if eng is not None else METHOD,
                "gpu": share_attributes("", s.share, kernel_ns=kt.ns),
-               "prefill": share_attributes("", s.prefill, kernel_ns=s.kernel_time(s.prefill).ns)}
+               "prefill": share_attributes("", s.prefill, kernel_ns=s.prefill_time().ns)}
         if s.kernel_tracing and s.kernel_tracing != ["all"]:
             # sampled: its kernel figures are a sample, kernel.time_ns / kernel_traced_ratio estimates the
             # whole; counted: its kernel counts are exact and kernel.time_ns is already an estimate
@@ -643,18 +651,29 @@ class RequestLog:
             obj["error"] = error_type
         if s.notes:
             obj["notes"] = list(s.notes)
+        if s.split_note:
+            obj["split_note"] = s.split_note
         self._put(obj)
 
     def summary(self, ledger, errors: int = 0, dropped: int = 0) -> None:
-        self._put({"summary": {"method": ledger.method, "steps_split": ledger.settled_sid, "settle_errors": errors,
-                               "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
-                               "requests_partial": ledger.partial, "requests_dropped": dropped,
-                               "kv_sub_steps": ledger.sub_steps,
-                               "ranks": {str(pid): {k: share_attributes("", Share.from_row(v)) for k, v in per.items()}
-                                         for pid, per in ledger.per_process.items()},
-                               "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
-                               "total": share_attributes("", Share.from_row(ledger.total)),
-                               "unattributed": share_attributes("", Share.from_row(ledger.unattributed))}})
+        """The ledger's totals. Their kernel.time_ns is each step's kernel time priced once (the same figures the
+        requests' kernel.time_ns are parts of: ``kernel_time_conserved``), with the eager launches no mean could
+        price counted in ``kernel_time_unpriced``."""
+        kt = ledger.kernel_times
+        out = {"method": ledger.method, "steps_split": ledger.settled_sid, "settle_errors": errors,
+               "steps_missing": ledger.steps_missing, "steps_dropped": ledger.steps_dropped,
+               "requests_partial": ledger.partial, "requests_dropped": dropped,
+               "kv_sub_steps": ledger.sub_steps,
+               "ranks": {str(pid): {k: share_attributes("", Share.from_row(v), kernel_ns=v[PRICED])
+                                    for k, v in per.items()} for pid, per in ledger.per_process.items()},
+               "kv_total": share_attributes("", Share.from_row(ledger.sub_total)),
+               "total": share_attributes("", Share.from_row(ledger.total), kernel_ns=kt["total"][0]),
+               "unattributed": share_attributes("", Share.from_row(ledger.unattributed),
+                                                kernel_ns=kt["unattributed"][0]),
+               "kernel_time_conserved": True}
+        if kt["total"][1]:
+            out["kernel_time_unpriced"] = {"total": kt["total"][1], "unattributed": kt["unattributed"][1]}
+        self._put({"summary": out})
         if self._f is not None:
             try:
                 self._f.close()
