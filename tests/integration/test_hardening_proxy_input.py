@@ -1,15 +1,20 @@
 """What a client writes into the proxy's log (round 3): a tracestate header that is malformed, has too
 many members or is too long is dropped whole and costs one short line per LOG_EVERY_S, never the
-client's text; plain paths do not become span names. Real sockets, a real upstream."""
+client's text; plain paths do not become span names; a compressed answer is inflated up to a byte
+budget, off the event loop. Real sockets, a real upstream."""
 from __future__ import annotations
 
 import http.client
 import json
 import logging
+import threading
+import time
+import zlib
 
 import pytest
 
-from proxy_client import finished_spans, last_span
+from proxy_client import finished_spans
+from socket_upstream import SocketUpstream
 from otel_gpu_census.integrations.llamacpp import clientlog
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fresh_standin")]
@@ -76,3 +81,88 @@ def test_plain_paths_share_one_span_name_per_method(proxy):
     spans = finished_spans(h, 5)
     assert {s.name for s in spans} == {"GET"}
     assert sorted(s.attributes["url.path"] for s in spans)[0] == "/echo/user-0"
+
+
+# ---- a compressing upstream: a byte budget on the inflated copy, read off the event loop ------------
+
+def _gzip(data_parts, level=9) -> bytes:
+    z = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join(z.compress(p) for p in data_parts) + z.flush()
+
+
+BLANK_BOMB = _gzip([b'data: {"content":"a","stop":false}\n\n'] + [b"\n" * (1 << 20)] * 64)   # 64 MiB inflated
+
+
+def _bomb_upstream():
+    def answer(c, i):
+        head = c.recv(65536)
+        if b" /health " in head:
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n"
+                      b"Connection: close\r\n\r\n{\"status\":\"ok\"}")
+            return
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+                  b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(BLANK_BOMB), BLANK_BOMB))
+    return SocketUpstream(answer, backlog=64)
+
+
+def test_a_gzip_bomb_answer_leaves_health_responsive_and_is_read_up_to_the_budget(proxy):
+    assert len(BLANK_BOMB) < 200_000
+    up = _bomb_upstream()
+    try:
+        h = proxy(upstream=up.url)
+        worst, done = [0.0], threading.Event()
+
+        def probe():
+            while not done.is_set():
+                t0 = time.monotonic()
+                c = http.client.HTTPConnection("127.0.0.1", h.port, timeout=30)
+                c.request("GET", "/health")
+                assert c.getresponse().read() == b'{"status":"ok"}'
+                c.close()
+                worst[0] = max(worst[0], time.monotonic() - t0)
+                time.sleep(0.02)
+        t = threading.Thread(target=probe, daemon=True)
+        t.start()
+        for _ in range(3):
+            c = http.client.HTTPConnection("127.0.0.1", h.port, timeout=30)
+            c.request("POST", "/completion", b'{"prompt":"x","stream":true}')
+            r = c.getresponse()
+            assert r.status == 200 and r.read() == BLANK_BOMB       # the client gets the bytes as sent
+            c.close()
+        spans = finished_spans(h, 3, timeout=60)
+        done.set()
+        t.join(30)
+    finally:
+        up.close()
+    assert worst[0] < 1.0, f"/health took {worst[0]:.2f} s while a compressed answer was read"
+    for s in spans:
+        assert "inflates past" in s.attributes["gpu_census.proxy.body.note"]
+        assert s.attributes["gpu_census.proxy.outcome"] == "complete"
+        assert s.attributes["gen_ai.response.time_to_first_chunk"] >= 0       # the first event was still read
+
+
+def test_the_inflated_copy_stops_at_the_budget():
+    from otel_gpu_census.integrations.llamacpp import stream
+    gz = _gzip([b'{"model":"m","x":"'] + [b"0" * (1 << 20)] * 64 + [b'"}'], level=1)
+    r = stream.BodyReader("application/json", "gzip")
+    fed = []
+    real = r.parser.feed
+    r.parser.feed = lambda chunk, t: (fed.append(len(chunk)), real(chunk, t))
+    for i in range(0, len(gz), 65536):
+        r.feed(gz[i:i + 65536], i)
+    assert r.heavy and not fed                       # nothing inflated while the answer passes
+    f = r.close(1)
+    assert sum(fed) <= stream.MAX_INFLATED_BYTES and max(fed) <= stream.INFLATE_SLICE
+    assert "inflates past" in f.note
+
+
+def test_a_compressed_answer_within_the_budget_reads_as_before():
+    from otel_gpu_census.integrations.llamacpp import stream
+    events = [b'data: {"content":"a","stop":false}\n\n', b'data: {"content":"","stop":true,"tokens_predicted":'
+              b'1,"tokens_evaluated":3}\n\n']
+    gz = _gzip(events)
+    r = stream.BodyReader("text/event-stream", "gzip")
+    r.feed(gz[:10], 5)
+    r.feed(gz[10:], 7)
+    f = r.close(9)
+    assert (f.first_token_ns, f.output_tokens, f.input_tokens, f.note) == (7, 1, 3, None)

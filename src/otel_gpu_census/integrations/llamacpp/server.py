@@ -657,7 +657,7 @@ class Proxy:
             return
         fut = None
         try:
-            if ex.ledger_open:
+            if ex.ledger_open and not (ex.reader is not None and ex.reader.deferred):   # else in _complete
                 if ex.reader is not None and ex.reader.facts.first_token_ns is None:
                     ex.reader.catch_up()          # the ledger splits prefill from decode at it
                 fut = self.ledger.close(ex.key, end_ns)
@@ -677,6 +677,16 @@ class Proxy:
             await asyncio.sleep(FINISH_AFTER_S)
         cost, attrs, outcome = None, {}, (None, None)
         try:
+            reader = ex.reader
+            if reader is not None and reader.heavy:
+                # a compressed or large answer: inflating and reading it can take seconds, on a thread
+                try:
+                    await asyncio.to_thread(reader.close, end_ns)
+                finally:
+                    if reader.deferred and ex.ledger_open:     # its first token is known only now
+                        if reader.facts.first_token_ns is not None:
+                            self.ledger.first_token(ex.key, reader.facts.first_token_ns)
+                        fut = self.ledger.close(ex.key, end_ns)
             try:
                 attrs, outcome = self._record(ex, end_ns)
             except Exception as e:      # telemetry must never break the proxy; the GPU cost still comes
