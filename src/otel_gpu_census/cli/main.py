@@ -557,6 +557,9 @@ def _report_facts(args):
         except RequestLogError as e:
             _say(str(e))
             return 1
+        if records.unread:
+            from otel_gpu_census.census.folder import show_path
+            _say(f"request log {show_path(args.request_log)}: {records.unread}")
     return Facts(requests=args.requests, records=records, sm_occupancy=args.sm_occupancy)
 
 
