@@ -46,11 +46,11 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_gpu_census.attribution.ledger import CensusSource, GpuLedger
-from otel_gpu_census.telemetry import redact
+from otel_gpu_census.telemetry import propagators, redact
 from otel_gpu_census.telemetry.loop_lag import LoopLagProbe
 from otel_gpu_census.telemetry.request import RequestTelemetry, TrackedRequest
 from otel_gpu_census.integrations.llamacpp import spans as spanattrs
@@ -243,6 +243,9 @@ class Proxy:
         self._watcher: Optional[asyncio.Task] = None
         self.loop_lag: Optional[LoopLagProbe] = LoopLagProbe(config.loop_lag_s) if config.loop_lag_s > 0 else None
         clientlog.install_library_filters()
+        self.propagator, dropped = propagators.for_environment()     # never fails on a name it cannot load
+        if dropped:
+            log.warning("%s", redact.text(dropped, 300))
         self.client_log = clientlog.ClientLog(log)    # every line a client's input causes goes through it
         self._refusals = RateLimit()
         self._loop_errors = RateLimit()
@@ -403,7 +406,7 @@ class Proxy:
                 if header == "baggage":
                     ex.baggage_dropped = True
                 self.client_log.warning(header, f"dropped a client's {header} header ({problem})")
-        parent = propagate.extract(carrier)
+        parent = self.propagator.extract(carrier)
         if route is not None or not untraced(request.path, cfg.api_prefix):
             ex.span = self._start_span(request, ex, parent)
         ctx = trace.set_span_in_context(ex.span, parent) if ex.span is not None else parent
@@ -432,7 +435,7 @@ class Proxy:
         headers = _strip(request.headers, REQUEST_DROP)
         for k in ("traceparent", "tracestate") + (("baggage",) if ex.baggage_dropped else ()):
             headers.popall(k, None)
-        propagate.inject(headers, context=ctx)
+        self.propagator.inject(headers, context=ctx)
         if self.authorization is not None and "Authorization" not in headers:
             headers["Authorization"] = self.authorization
         body: Any = None
