@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,3 +88,15 @@ def test_run_proxy_starts_with_a_propagator_that_is_not_installed(native, census
             run.kill()
     assert "Traceback" not in err and "did not start in time" not in err
     assert sum("left out b3 (not installed)" in x for x in err.splitlines()) == 1
+
+
+def test_an_upstream_that_is_this_machine_by_its_host_name_is_refused():
+    listen = "0.0.0.0"                   # every address of this machine, its host name's among them
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(SRC)
+    p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
+                        f"http://{socket.gethostname()}:{port}", "--listen", f"{listen}:{port}", "--no-gpu"],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "would forward to itself" in p.stderr

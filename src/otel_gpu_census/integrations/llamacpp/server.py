@@ -57,7 +57,7 @@ from otel_gpu_census.integrations.llamacpp import spans as spanattrs
 from otel_gpu_census.integrations.llamacpp import clientlog, connections
 from otel_gpu_census.integrations.llamacpp.clientlog import HTTP_LOG, RateLimit
 from otel_gpu_census.integrations.llamacpp import upstream as upstream_conn
-from otel_gpu_census.integrations.llamacpp.config import ProxyConfig, check_not_itself
+from otel_gpu_census.integrations.llamacpp.config import ConfigError, ProxyConfig, check_not_itself, forwards_to_itself
 from otel_gpu_census.integrations.llamacpp.routes import LLAMACPP, Route, classify, http_route, untraced
 from otel_gpu_census.integrations.llamacpp.stream import BodyReader, parse_request_body
 
@@ -79,6 +79,7 @@ SERVED_KEPT = 100_000                  # model requests remembered (start, end, 
 SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
 WATCH_S = 0.25                         # how often answers in flight are checked for a lost upstream
 LOOP_LAG_PATH = "/.otel-gpu-census/loop-lag"   # the lag probe's figures (only with --loop-lag-probe)
+RESOLVE_S = 3.0                        # how long the upstream's name may take to resolve at start
 MODEL_NAME_LIMIT = 256                 # characters of a client's `model` kept (span name, attribute, metric label)
 
 # gpu_census.proxy.outcome values
@@ -298,6 +299,16 @@ class Proxy:
         await site.start()
         sock = site._server.sockets[0] if site._server and site._server.sockets else None
         self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
+        try:      # the upstream by another name of this machine (its host name, another address, port 0)
+            itself = await asyncio.wait_for(asyncio.to_thread(forwards_to_itself, cfg.listen_host, self.port,
+                                                              cfg.upstream), RESOLVE_S)
+        except asyncio.TimeoutError:
+            itself = False        # a name that does not resolve in time is not this machine's
+        if itself:
+            await site.stop()
+            raise ConfigError(f"the proxy would forward to itself: it listens on {cfg.listen_host}:{self.port} and "
+                              f"its upstream {redact.url(cfg.upstream)} is this machine; give the server and the "
+                              "proxy different ports")
         self._watcher = asyncio.get_running_loop().create_task(self._watch_relays(), name="proxy-relay-watch")
         if self.loop_lag is not None:
             self.loop_lag.start()
