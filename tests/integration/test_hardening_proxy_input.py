@@ -166,3 +166,24 @@ def test_a_compressed_answer_within_the_budget_reads_as_before():
     r.feed(gz[10:], 7)
     f = r.close(9)
     assert (f.first_token_ns, f.output_tokens, f.input_tokens, f.note) == (7, 1, 3, None)
+
+
+# ---- figures an upstream gets wrong ----------------------------------------------------------------
+
+def test_negative_token_counts_and_timings_from_the_upstream_are_left_out():
+    from otel_gpu_census.integrations.llamacpp import spans as spanattrs
+    from otel_gpu_census.integrations.llamacpp.stream import BodyReader
+    r = BodyReader("text/event-stream")
+    r.feed(b'data: {"content":"a","stop":false}\n\n', 1)
+    r.feed(b'data: {"content":"","stop":true,"tokens_predicted":-5,"tokens_evaluated":-1,'
+           b'"timings":{"prompt_n":-3,"predicted_ms":-2.5,"predicted_n":4},'
+           b'"usage":{"prompt_tokens":-7,"completion_tokens":-9,"prompt_tokens_details":{"cached_tokens":-1}}}\n\n', 2)
+    f = r.close(3)
+    assert (f.input_tokens, f.output_tokens, f.cached_tokens) == (None, None, None)
+    assert f.timings == {"predicted_n": 4}
+    attrs = spanattrs.fact_attributes(f)
+    assert not [k for k, v in attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0]
+    r = BodyReader("application/x-ndjson")
+    r.feed(b'{"done":true,"response":"","prompt_eval_count":-2,"eval_count":3,"eval_duration":-1}\n', 1)
+    f = r.close(2)
+    assert (f.input_tokens, f.output_tokens, f.ollama) == (None, 3, {"eval_count": 3})

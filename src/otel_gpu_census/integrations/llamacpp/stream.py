@@ -70,6 +70,13 @@ def _int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) and -NUMBER_LIMIT <= v < NUMBER_LIMIT else None
 
 
+def _count(v: Any) -> Optional[int]:
+    """A count (tokens, nanoseconds): a JSON integer from 0 within int64, else None: an upstream's -5
+    tokens is not a figure a span can carry."""
+    n = _int(v)
+    return n if n is not None and n >= 0 else None
+
+
 def _number(v: Any) -> Optional[float]:
     """A finite JSON number within int64's magnitude (sums of two stay finite), else None: Python's JSON
     reader takes NaN, Infinity and 1e400 (inf), and a fact must never break the span it goes into."""
@@ -107,7 +114,8 @@ class FactCollector:
             f.id_slot = obj["id_slot"]
         timings = obj.get("timings")
         if isinstance(timings, dict):
-            f.timings = {k: timings[k] for k in TIMING_KEYS if _number(timings.get(k)) is not None}
+            f.timings = {k: timings[k] for k in TIMING_KEYS if _number(timings.get(k)) is not None
+                         and timings[k] >= 0}
         self._usage(obj)
         if streamed and f.first_token_ns is None and self._carries_generation(obj):
             f.first_token_ns = now_ns
@@ -134,22 +142,22 @@ class FactCollector:
         f = self.facts
         usage = obj.get("usage")
         if isinstance(usage, dict):
-            if _int(usage.get("prompt_tokens")) is not None:
+            if _count(usage.get("prompt_tokens")) is not None:
                 f.input_tokens = usage["prompt_tokens"]
-            if _int(usage.get("completion_tokens")) is not None:
+            if _count(usage.get("completion_tokens")) is not None:
                 f.output_tokens = usage["completion_tokens"]
             details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
+            if isinstance(details, dict) and _count(details.get("cached_tokens")) is not None:
                 f.cached_tokens = details["cached_tokens"]
         if obj.get("stop") is True:                       # llama-server /completion final event
-            if _int(obj.get("tokens_evaluated")) is not None:
+            if _count(obj.get("tokens_evaluated")) is not None:
                 f.input_tokens = obj["tokens_evaluated"]
-            if _int(obj.get("tokens_predicted")) is not None:
+            if _count(obj.get("tokens_predicted")) is not None:
                 f.output_tokens = obj["tokens_predicted"]
             if isinstance(obj.get("stop_type"), str):
                 f.finish_reason = obj["stop_type"]
             f.done = True
-        if "tokens_evaluated" in obj and f.input_tokens is None and _int(obj.get("tokens_evaluated")) is not None:
+        if "tokens_evaluated" in obj and f.input_tokens is None and _count(obj.get("tokens_evaluated")) is not None:
             f.input_tokens = obj["tokens_evaluated"]      # embeddings: no stop flag
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -158,7 +166,7 @@ class FactCollector:
                 f.finish_reason = fr
         if obj.get("done") is True:                       # Ollama final chunk
             for k in OLLAMA_KEYS:
-                if _int(obj.get(k)) is not None:
+                if _count(obj.get(k)) is not None:
                     f.ollama[k] = obj[k]
             if "prompt_eval_count" in f.ollama:
                 f.input_tokens = f.ollama["prompt_eval_count"]
