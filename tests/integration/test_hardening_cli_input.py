@@ -96,3 +96,18 @@ def test_a_request_log_named_with_terminal_escapes_is_named_escaped(census_dir, 
     f.write_text('{"resourceSpans": 5}\n')
     rc, out, err = _cli(tmp_path, "report", str(census_dir), "--request-log", str(f))
     assert rc == 1 and "\x1b" not in err and "log\\x1b]0;owned\\x07" in err
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0.01"])
+def test_run_metrics_interval_too_small_for_the_sdk_is_a_usage_error(tmp_path, value):
+    rc, _, err = _cli(tmp_path, "run", "--exporter", "console", "--metrics-interval", value, "--", "true")
+    assert rc == 2 and "argument --metrics-interval: must be at least 0.1 seconds" in err
+
+
+def test_run_json_into_a_fifo_nobody_reads_is_refused_before_the_command_starts(tmp_path):
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    marker = tmp_path / "ran"
+    rc, _, err = _cli(tmp_path, "run", "--json", str(fifo), "--", "touch", str(marker))
+    assert rc == 1 and "a FIFO that nobody reads" in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists()

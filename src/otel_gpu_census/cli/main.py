@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from typing import Dict, List, Optional
-from otel_gpu_census.cli.argtypes import positive_float, positive_int, ratio, request_counts
+from otel_gpu_census.cli.argtypes import metrics_interval, positive_float, positive_int, ratio, request_counts
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -279,10 +279,8 @@ def _cmd_run(args) -> int:
         folder.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
     json_out = None
     if args.json:
-        try:       # opened now: a path that cannot be written should not cost a whole run
-            json_out = open(args.json, "w")
-        except OSError as e:
-            _say(f"cannot write {args.json}: {e.strerror}")
+        json_out = _open_json_out(args.json)     # now: a path that cannot be written should not cost a whole run
+        if json_out is None:
             return 1
     plan = census_env(census_dir, precise=args.precise)
     proxy_plan = None
@@ -321,6 +319,22 @@ def _cmd_run(args) -> int:
     except Exception as e:
         _say(f"the report failed ({type(e).__name__}: {e}); the command's exit status stands")
     return code
+
+
+def _open_json_out(path: str):
+    """`run --json`'s file, open for writing, or None after saying why not. Opened without waiting: a FIFO
+    that nobody reads would otherwise hold `run` before its command starts."""
+    import errno
+    import fcntl
+    from otel_gpu_census.census.folder import show_path
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        why = "a FIFO that nobody reads (start its reader first)" if e.errno == errno.ENXIO else e.strerror
+        _say(f"cannot write {show_path(path)}: {why}")
+        return None
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return os.fdopen(fd, "w")
 
 
 def _after_the_command(args, census_dir, plan, child: "_Child", proxy, sidecar, json_out, keeper) -> None:
@@ -627,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="export census metrics while CMD runs (default: as OTEL_METRICS_EXPORTER and "
                      "OTEL_EXPORTER_OTLP_ENDPOINT say, else none)")
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
-    run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
+    run.add_argument("--metrics-interval", type=metrics_interval, metavar="SECONDS",
                      help="seconds between metric exports")
     run.add_argument("--precise", action="store_true",
                      help="CUPTI's measured records of every kernel and copy (kernel and copy time, busy), at CUPTI's "
