@@ -30,11 +30,12 @@ from otel_gpu_census.cli.argtypes import metrics_interval, positive_float, posit
 PROG = "otel-gpu-census"
 # Every signal a supervisor or a user may send is the command's (SIGUSR1 asks many servers to reopen
 # logs, SIGWINCH to resize). Not forwarded: what cannot be caught, SIGCHLD (ours), faults and
-# resource limits of this process itself, job-control stops (they stop this process, as for any
-# job), and SIGPIPE, SIGURG, SIGIO, profiling timers (raised by this process's own I/O and timers).
+# resource limits of this process itself, terminal reads and writes from the background (they stop
+# this process, as for any job), and SIGPIPE, SIGURG, SIGIO, profiling timers (raised by this process's
+# own I/O and timers). SIGTSTP stops the command and then this process (a job stops whole).
 _NOT_FORWARDED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
                   signal.SIGILL, signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT, signal.SIGXCPU, signal.SIGXFSZ,
-                  signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE, signal.SIGURG, signal.SIGIO,
+                  signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE, signal.SIGURG, signal.SIGIO,
                   signal.SIGPROF, signal.SIGVTALRM}
 FORWARDED_SIGNALS = tuple(sorted(s for s in signal.valid_signals() if s not in _NOT_FORWARDED))
 # Signals whose default is to do nothing: after the command ended they do not end the report either.
@@ -141,6 +142,11 @@ class _Child:
             if info is None:
                 continue
             from_terminal = info.si_code == _SI_KERNEL and self.same_group
+            if info.si_signo == signal.SIGTSTP:
+                if not from_terminal and not self.exited.is_set():
+                    self.signal(signal.SIGTSTP)        # the server stops with `run`, not runs on without it
+                os.kill(os.getpid(), signal.SIGSTOP)   # SIGTSTP's own effect on this process; SIGCONT goes on
+                continue
             if self.exited.is_set():
                 # The command is done and the report is being written. The Ctrl-C that ended the
                 # command may be seen only now: let one pass; any further request to stop is obeyed.
