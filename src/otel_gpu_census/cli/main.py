@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import errno
 import json
 import os
 import signal
@@ -606,6 +607,7 @@ def _cmd_proxy(args) -> int:
 
 def _cmd_env(args) -> int:
     import shlex
+    from otel_gpu_census.telemetry.redact import printable
     from otel_gpu_census.census import folder
     from otel_gpu_census.cli.launcher import census_env, census_variables
     try:
@@ -618,14 +620,39 @@ def _cmd_env(args) -> int:
         _say(w)
     if not plan.census_on:
         return 1
-    for name, value in census_variables(plan).items():
+    variables = census_variables(plan)
+    if args.format == "docker":
+        # an --env-file line is NAME=VALUE to its end, no quoting: a line break would end the value and
+        # start a line of its own (another variable)
+        for name, value in variables.items():
+            if any(c in value for c in "\n\r\0"):
+                _say(printable(f"{name}={value} has a line break, which docker's --env-file cannot carry; use "
+                               "--format sh or systemd, or a folder whose name has none"))
+                return 1
+    for name, value in variables.items():
         if args.format == "sh":
             print(f"export {name}={shlex.quote(value)}")
         elif args.format == "docker":
             print(f"{name}={value}")
         else:
-            print(f'Environment="{name}={value}"')
+            print(f'Environment="{_systemd_quoted(f"{name}={value}")}"')
     return 0
+
+
+def _systemd_quoted(text: str) -> str:
+    """`text` inside a systemd Environment="..." : backslash, quote and control characters escaped, % doubled
+    (systemd expands %-specifiers there)."""
+    out = []
+    for c in text:
+        if c in '\\"':
+            out.append("\\" + c)
+        elif c == "%":
+            out.append("%%")
+        elif ord(c) < 32 or ord(c) == 127:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -731,7 +758,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()         # here, where a failure is one line, not at the interpreter's exit
+        return code
     except ImportError as e:     # e.g. the header or cffi missing from a broken install
         _say(f"cannot load its own modules ({e}); reinstall otel-gpu-census, or run `{PROG} doctor`")
         return 1
@@ -740,6 +769,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:        # `report | head`
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.errno not in _OUTPUT_ERRORS:
+            raise
+        _say(f"cannot write its output: {e.strerror}")      # stdout on a full disk, a dead device
+        _silence_stdout()
+        return 1
+
+
+_OUTPUT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
+
+
+def _silence_stdout() -> None:
+    """What is still buffered for stdout goes nowhere, so the interpreter's last flush cannot fail too."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        os.dup2(null, 1)
+        os.close(null)
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
