@@ -81,3 +81,20 @@ def test_the_report_says_what_it_left(tmp_path):
     log.write_text(line * n)
     rc, out, err, _ = _report(tmp_path, log, timeout=110)
     assert rc == 0 and "3 lines past the first 500,000 requests were not read" in err
+
+
+def test_thousands_of_empty_segment_named_files_cost_a_few_lines_and_the_report_stands(tmp_path):
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    for seg in CENSUS.glob("*.seg"):
+        (d / seg.name).write_bytes(seg.read_bytes())
+    for i in range(2000):
+        (d / f"gpu-census-{100000 + i}-{i}.seg").touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CUDA_INJECTION"))}
+    env.update(PYTHONPATH=str(SRC), XDG_RUNTIME_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", str(d)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and "Traceback" not in p.stderr and len(lines) == 11
+    assert lines[-1].startswith("otel-gpu-census: and 1,990 more files named like segments could not be read (1,990: ")
+    assert "llama-server" in p.stdout                   # the census that could be read is still reported

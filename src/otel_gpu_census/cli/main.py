@@ -505,10 +505,18 @@ def _errors_in_tree(errors, pids):
     return [e for e in errors if (segment_file_pid(e.path) or (0, 0))[0] in pids]
 
 
+ERROR_LINES = 10        # files that could not be read, one line each; past these, one line for the rest
+
+
 def _say_errors(errors) -> None:
+    from collections import Counter
     from otel_gpu_census.telemetry.redact import printable
-    for e in errors:
+    for e in errors[:ERROR_LINES]:
         _say(printable(f"could not read {e.path}: {e.reason}"))
+    rest = errors[ERROR_LINES:]
+    if rest:       # a folder of thousands of planted or broken files costs a few lines, not one each
+        common = "; ".join(f"{n:,}: {reason}" for reason, n in Counter(e.reason for e in rest).most_common(3))
+        _say(printable(f"and {len(rest):,} more files named like segments could not be read ({common})"))
 
 
 # ---------------------------------------------------------------------------------------------
