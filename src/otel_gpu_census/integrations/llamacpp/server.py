@@ -59,7 +59,7 @@ from otel_gpu_census.integrations.llamacpp.clientlog import HTTP_LOG, RateLimit
 from otel_gpu_census.integrations.llamacpp import upstream as upstream_conn
 from otel_gpu_census.integrations.llamacpp.config import ConfigError, ProxyConfig, check_not_itself, forwards_to_itself
 from otel_gpu_census.integrations.llamacpp.routes import LLAMACPP, Route, classify, http_route, untraced
-from otel_gpu_census.integrations.llamacpp.stream import BodyReader, parse_request_body
+from otel_gpu_census.integrations.llamacpp.stream import HEAVY_BYTES, BodyReader, parse_request_body
 
 log = logging.getLogger("otel_gpu_census.proxy")
 
@@ -691,6 +691,9 @@ class Proxy:
             await asyncio.sleep(FINISH_AFTER_S)
         cost, attrs, outcome = None, {}, (None, None)
         try:
+            if ex.head and (ex.body_encoding or len(ex.head) > HEAVY_BYTES):    # inflating or a large parse
+                ex.request_fields = await asyncio.to_thread(parse_request_body, bytes(ex.head), ex.body_encoding)
+                ex.head = b""
             reader = ex.reader
             if reader is not None and reader.heavy:
                 # a compressed or large answer: inflating and reading it can take seconds, on a thread
