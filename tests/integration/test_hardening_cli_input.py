@@ -96,3 +96,65 @@ def test_a_request_log_named_with_terminal_escapes_is_named_escaped(census_dir, 
     f.write_text('{"resourceSpans": 5}\n')
     rc, out, err = _cli(tmp_path, "report", str(census_dir), "--request-log", str(f))
     assert rc == 1 and "\x1b" not in err and "log\\x1b]0;owned\\x07" in err
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0.01"])
+def test_run_metrics_interval_too_small_for_the_sdk_is_a_usage_error(tmp_path, value):
+    rc, _, err = _cli(tmp_path, "run", "--exporter", "console", "--metrics-interval", value, "--", "true")
+    assert rc == 2 and "argument --metrics-interval: must be at least 0.1 seconds" in err
+
+
+def test_run_json_into_a_fifo_nobody_reads_is_refused_before_the_command_starts(tmp_path):
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    marker = tmp_path / "ran"
+    rc, _, err = _cli(tmp_path, "run", "--json", str(fifo), "--", "touch", str(marker))
+    assert rc == 1 and "a FIFO that nobody reads" in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+def _env_cli(tmp_path, native, *args, stdout=subprocess.PIPE):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CUDA_INJECTION", "LD_PRELOAD"))}
+    env.update(PYTHONPATH=str(SRC), XDG_RUNTIME_DIR=str(tmp_path), OTEL_GPU_CENSUS_LIB=native[2])
+    p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", *args], env=env, stdout=stdout,
+                       stderr=subprocess.PIPE, timeout=30)
+    err = p.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err, err
+    return p.returncode, (p.stdout or b"").decode("utf-8", "replace"), err
+
+
+WEIRD_DIR = 'census "x"\nLD_PRELOAD=evil.so %h\\'
+
+
+def test_env_for_systemd_escapes_a_folder_name_and_docker_refuses_a_line_break(tmp_path, native):
+    d = tmp_path / WEIRD_DIR
+    d.mkdir(mode=0o700)
+    rc, out, err = _env_cli(tmp_path, native, "env", "--dir", str(d), "--format", "systemd")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert all(line.startswith('Environment="') and line.endswith('"') for line in lines)
+    assert not [line for line in lines if line.startswith("LD_PRELOAD")]
+    [line] = [x for x in lines if "OTEL_GPU_CENSUS_DIR=" in x]
+    assert 'census \\"x\\"\\x0aLD_PRELOAD=evil.so %%h\\\\"' in line
+    rc, out, err = _env_cli(tmp_path, native, "env", "--dir", str(d), "--format", "docker")
+    assert rc == 1 and out == "" and "docker's --env-file cannot carry" in err and len(err.splitlines()) == 1
+
+
+def test_env_for_docker_without_line_breaks_is_as_before(tmp_path, native):
+    d = tmp_path / 'plain "quoted" name'
+    d.mkdir(mode=0o700)
+    rc, out, _ = _env_cli(tmp_path, native, "env", "--dir", str(d), "--format", "docker")
+    assert rc == 0 and f"OTEL_GPU_CENSUS_DIR={d}" in out.splitlines()
+
+
+@pytest.mark.parametrize("args", [["report", str(SRC.parent / "examples" / "census" / "llama-default")],
+                                  ["report", "--json", str(SRC.parent / "examples" / "census" / "llama-default")],
+                                  ["env"], ["doctor"]])
+def test_output_to_a_full_disk_is_one_line(tmp_path, native, args):
+    if args == ["env"]:
+        args = ["env", "--dir", str(tmp_path / "c")]
+        (tmp_path / "c").mkdir(mode=0o700)
+    with open("/dev/full", "wb") as full:
+        rc, _, err = _env_cli(tmp_path, native, *args, stdout=full)
+    assert rc == 1 and err.strip().splitlines()[-1] == "otel-gpu-census: cannot write its output: No space left on device"
+    assert "Exception ignored" not in err

@@ -20,7 +20,7 @@ import pytest
 
 from proxy_client import last_span, send_raw
 from socket_upstream import SocketUpstream
-from otel_gpu_census.integrations.llamacpp import server
+from otel_gpu_census.integrations.llamacpp import clientlog, server
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh_standin")]
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -87,7 +87,7 @@ def test_deeply_nested_json_answer_is_counted_as_unparsed():
 # ---- malformed requests and baggage: one short line, rate-limited ------------------------------
 
 def test_malformed_requests_log_one_short_line_rate_limited(proxy, caplog, monkeypatch):
-    monkeypatch.setattr(server, "LOG_EVERY_S", 2.0)
+    monkeypatch.setattr(clientlog, "LOG_EVERY_S", 2.0)
     h = proxy()
     with caplog.at_level(logging.WARNING):
         for _ in range(20):

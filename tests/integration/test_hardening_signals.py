@@ -108,3 +108,32 @@ def test_a_harmless_signal_after_the_command_ended_does_not_cut_the_report(tmp_p
         time.sleep(0.01)
     _, err = p.communicate(timeout=20)
     assert p.returncode == 7 and "otel-gpu-census report" in err
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _until(pid: int, states: str, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while _state(pid) not in states and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _state(pid)
+
+
+def test_sigtstp_stops_the_command_with_run_and_sigcont_resumes_both(tmp_path, native, census_dir):
+    p = _start(tmp_path, native, census_dir,
+               'echo $$ > "$PIDFILE"; touch "$READY"; while :; do sleep 0.05; done')
+    try:
+        child = int((tmp_path / "pid").read_text())
+        p.send_signal(signal.SIGTSTP)
+        assert _until(child, "T") == "T"          # the server does not run on while `run` is stopped
+        assert _until(p.pid, "T") == "T"
+        p.send_signal(signal.SIGCONT)
+        assert _until(child, "SR") in "SR" and _until(p.pid, "SR") in "SR"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=20)
+    finally:
+        _kill_session(p)
+    assert p.returncode == 128 + signal.SIGTERM and "Traceback" not in err

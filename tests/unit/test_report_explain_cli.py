@@ -79,6 +79,8 @@ def test_bad_input_is_one_clear_line(served, args, code, message):
 def test_a_log_that_is_not_json(served, tmp_path):
     folder, _ = served
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"start_time_unix_nano": 1, "end_time_unix_nano": 2}\nnot json\n')
+    # (a log is read a line at a time: line 1 must be a good request for line 2's error to be the one said)
+    bad.write_text('{"start_time_unix_nano": 1764400000000000000, "end_time_unix_nano": 1764400000000001000}\n'
+                   'not json\n')
     p = _cli(str(folder), "--request-log", str(bad))
     assert p.returncode == 1 and f"{bad}, line 2: not JSON" in p.stderr

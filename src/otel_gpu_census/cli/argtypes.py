@@ -39,6 +39,16 @@ def positive_float(text: str) -> float:
     return v
 
 
+MIN_METRICS_INTERVAL_S = 0.1    # the metrics sidecar reads every segment each interval; the SDK wants >= 1 ms
+
+
+def metrics_interval(text: str) -> float:
+    v = _finite(text)
+    if not v >= MIN_METRICS_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_METRICS_INTERVAL_S:g} seconds: {text!r}")
+    return v
+
+
 def nonneg_float(text: str) -> float:
     v = _finite(text)
     if not v >= 0:

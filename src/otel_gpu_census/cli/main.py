@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import errno
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 from typing import Dict, List, Optional
-from otel_gpu_census.cli.argtypes import positive_float, positive_int, ratio, request_counts
+from otel_gpu_census.cli.argtypes import metrics_interval, positive_float, positive_int, ratio, request_counts
 
 # reader/report/launcher are imported by the commands that use them: `--help` and `doctor` must
 # work even where the package is broken (doctor is what says so).
@@ -30,11 +31,12 @@ from otel_gpu_census.cli.argtypes import positive_float, positive_int, ratio, re
 PROG = "otel-gpu-census"
 # Every signal a supervisor or a user may send is the command's (SIGUSR1 asks many servers to reopen
 # logs, SIGWINCH to resize). Not forwarded: what cannot be caught, SIGCHLD (ours), faults and
-# resource limits of this process itself, job-control stops (they stop this process, as for any
-# job), and SIGPIPE, SIGURG, SIGIO, profiling timers (raised by this process's own I/O and timers).
+# resource limits of this process itself, terminal reads and writes from the background (they stop
+# this process, as for any job), and SIGPIPE, SIGURG, SIGIO, profiling timers (raised by this process's
+# own I/O and timers). SIGTSTP stops the command and then this process (a job stops whole).
 _NOT_FORWARDED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
                   signal.SIGILL, signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT, signal.SIGXCPU, signal.SIGXFSZ,
-                  signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE, signal.SIGURG, signal.SIGIO,
+                  signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE, signal.SIGURG, signal.SIGIO,
                   signal.SIGPROF, signal.SIGVTALRM}
 FORWARDED_SIGNALS = tuple(sorted(s for s in signal.valid_signals() if s not in _NOT_FORWARDED))
 # Signals whose default is to do nothing: after the command ended they do not end the report either.
@@ -141,6 +143,11 @@ class _Child:
             if info is None:
                 continue
             from_terminal = info.si_code == _SI_KERNEL and self.same_group
+            if info.si_signo == signal.SIGTSTP:
+                if not from_terminal and not self.exited.is_set():
+                    self.signal(signal.SIGTSTP)        # the server stops with `run`, not runs on without it
+                os.kill(os.getpid(), signal.SIGSTOP)   # SIGTSTP's own effect on this process; SIGCONT goes on
+                continue
             if self.exited.is_set():
                 # The command is done and the report is being written. The Ctrl-C that ended the
                 # command may be seen only now: let one pass; any further request to stop is obeyed.
@@ -279,10 +286,8 @@ def _cmd_run(args) -> int:
         folder.cleanup(census_dir, older_than_s=DEFAULT_DIR_KEEP_S)
     json_out = None
     if args.json:
-        try:       # opened now: a path that cannot be written should not cost a whole run
-            json_out = open(args.json, "w")
-        except OSError as e:
-            _say(f"cannot write {args.json}: {e.strerror}")
+        json_out = _open_json_out(args.json)     # now: a path that cannot be written should not cost a whole run
+        if json_out is None:
             return 1
     plan = census_env(census_dir, precise=args.precise)
     proxy_plan = None
@@ -321,6 +326,22 @@ def _cmd_run(args) -> int:
     except Exception as e:
         _say(f"the report failed ({type(e).__name__}: {e}); the command's exit status stands")
     return code
+
+
+def _open_json_out(path: str):
+    """`run --json`'s file, open for writing, or None after saying why not. Opened without waiting: a FIFO
+    that nobody reads would otherwise hold `run` before its command starts."""
+    import errno
+    import fcntl
+    from otel_gpu_census.census.folder import show_path
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        why = "a FIFO that nobody reads (start its reader first)" if e.errno == errno.ENXIO else e.strerror
+        _say(f"cannot write {show_path(path)}: {why}")
+        return None
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return os.fdopen(fd, "w")
 
 
 def _after_the_command(args, census_dir, plan, child: "_Child", proxy, sidecar, json_out, keeper) -> None:
@@ -484,10 +505,18 @@ def _errors_in_tree(errors, pids):
     return [e for e in errors if (segment_file_pid(e.path) or (0, 0))[0] in pids]
 
 
+ERROR_LINES = 10        # files that could not be read, one line each; past these, one line for the rest
+
+
 def _say_errors(errors) -> None:
+    from collections import Counter
     from otel_gpu_census.telemetry.redact import printable
-    for e in errors:
+    for e in errors[:ERROR_LINES]:
         _say(printable(f"could not read {e.path}: {e.reason}"))
+    rest = errors[ERROR_LINES:]
+    if rest:       # a folder of thousands of planted or broken files costs a few lines, not one each
+        common = "; ".join(f"{n:,}: {reason}" for reason, n in Counter(e.reason for e in rest).most_common(3))
+        _say(printable(f"and {len(rest):,} more files named like segments could not be read ({common})"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,6 +586,9 @@ def _report_facts(args):
         except RequestLogError as e:
             _say(str(e))
             return 1
+        if records.unread:
+            from otel_gpu_census.census.folder import show_path
+            _say(f"request log {show_path(args.request_log)}: {records.unread}")
     return Facts(requests=args.requests, records=records, sm_occupancy=args.sm_occupancy)
 
 
@@ -583,6 +615,7 @@ def _cmd_proxy(args) -> int:
 
 def _cmd_env(args) -> int:
     import shlex
+    from otel_gpu_census.telemetry.redact import printable
     from otel_gpu_census.census import folder
     from otel_gpu_census.cli.launcher import census_env, census_variables
     try:
@@ -595,14 +628,39 @@ def _cmd_env(args) -> int:
         _say(w)
     if not plan.census_on:
         return 1
-    for name, value in census_variables(plan).items():
+    variables = census_variables(plan)
+    if args.format == "docker":
+        # an --env-file line is NAME=VALUE to its end, no quoting: a line break would end the value and
+        # start a line of its own (another variable)
+        for name, value in variables.items():
+            if any(c in value for c in "\n\r\0"):
+                _say(printable(f"{name}={value} has a line break, which docker's --env-file cannot carry; use "
+                               "--format sh or systemd, or a folder whose name has none"))
+                return 1
+    for name, value in variables.items():
         if args.format == "sh":
             print(f"export {name}={shlex.quote(value)}")
         elif args.format == "docker":
             print(f"{name}={value}")
         else:
-            print(f'Environment="{name}={value}"')
+            print(f'Environment="{_systemd_quoted(f"{name}={value}")}"')
     return 0
+
+
+def _systemd_quoted(text: str) -> str:
+    """`text` inside a systemd Environment="..." : backslash, quote and control characters escaped, % doubled
+    (systemd expands %-specifiers there)."""
+    out = []
+    for c in text:
+        if c in '\\"':
+            out.append("\\" + c)
+        elif c == "%":
+            out.append("%%")
+        elif ord(c) < 32 or ord(c) == 127:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -624,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="export census metrics while CMD runs (default: as OTEL_METRICS_EXPORTER and "
                      "OTEL_EXPORTER_OTLP_ENDPOINT say, else none)")
     run.add_argument("--prometheus-port", type=_port, metavar="PORT", help="port of the Prometheus endpoint")
-    run.add_argument("--metrics-interval", type=positive_float, metavar="SECONDS",
+    run.add_argument("--metrics-interval", type=metrics_interval, metavar="SECONDS",
                      help="seconds between metric exports")
     run.add_argument("--precise", action="store_true",
                      help="CUPTI's measured records of every kernel and copy (kernel and copy time, busy), at CUPTI's "
@@ -708,7 +766,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()         # here, where a failure is one line, not at the interpreter's exit
+        return code
     except ImportError as e:     # e.g. the header or cffi missing from a broken install
         _say(f"cannot load its own modules ({e}); reinstall otel-gpu-census, or run `{PROG} doctor`")
         return 1
@@ -717,6 +777,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:        # `report | head`
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.errno not in _OUTPUT_ERRORS:
+            raise
+        _say(f"cannot write its output: {e.strerror}")      # stdout on a full disk, a dead device
+        _silence_stdout()
+        return 1
+
+
+_OUTPUT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
+
+
+def _silence_stdout() -> None:
+    """What is still buffered for stdout goes nowhere, so the interpreter's last flush cannot fail too."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        os.dup2(null, 1)
+        os.close(null)
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

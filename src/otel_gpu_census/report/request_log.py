@@ -17,11 +17,18 @@ Numbers may be JSON integers or strings of digits (OTLP JSON writes 64-bit integ
 time must fall between EARLIEST_NS and LATEST_NS (years 2000 to 2100), a time to first token must be a
 finite number of seconds. Anything else (a wrong JSON type at any level, a value out of range, JSON
 nested too deeply) is refused with one line that says where.
+
+The log is a file the user names, of any size: it must be a regular file (a FIFO or a device is refused,
+never waited on), is read a line at a time, each line up to MAX_LINE_CHARS (a pretty-printed document
+up to MAX_DOCUMENT_CHARS in all), and up to MAX_REQUESTS requests are kept: what was left is said
+(``RequestLog.unread``).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional
 
@@ -30,6 +37,9 @@ SPAN_KIND_SERVER = (2, "SPAN_KIND_SERVER")
 TTFT_ATTRIBUTES = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_first_token")
 EARLIEST_NS = 946_684_800 * 10**9          # 2000-01-01T00:00:00Z
 LATEST_NS = 4_102_444_800 * 10**9          # 2100-01-01T00:00:00Z
+MAX_REQUESTS = 500_000                     # requests kept from one log (a few dozen MB)
+MAX_LINE_CHARS = 16 << 20                  # one line (an OTLP export of many spans is a few MB)
+MAX_DOCUMENT_CHARS = 16 << 20              # one JSON document over several lines, read whole
 
 
 class RequestLogError(Exception):
@@ -41,6 +51,12 @@ class RequestRecord:
     start_ns: int                         # wall clock (CLOCK_REALTIME), Unix ns
     end_ns: int
     first_token_ns: Optional[int] = None
+
+
+class RequestLog(list):
+    """The records, sorted by start; `unread` says what of the log was left past MAX_REQUESTS ('' if nothing)."""
+
+    unread: str = ""
 
 
 def _shown(v: Any) -> str:
@@ -150,41 +166,90 @@ def _records(doc: Any, where: str) -> List[RequestRecord]:
         raise RequestLogError(f"{where}: {e}") from None
 
 
-def parse(lines: Iterable[str], name: str = "request log") -> List[RequestRecord]:
-    """Records from the lines of a log (either form above), sorted by start."""
-    text = list(lines)
-    docs = []
-    for i, line in enumerate(text, 1):
+def _too_long(where: str, limit: int) -> RequestLogError:
+    return RequestLogError(f"{where}: over {limit:,} characters, not a request log line (not read)")
+
+
+def parse(lines: Iterable[str], name: str = "request log") -> RequestLog:
+    """Records from the lines of a log (either form above), sorted by start; one line at a time."""
+    it = iter(lines)
+    out = RequestLog()
+    seen = False                 # a line was read as JSON
+    for i, line in enumerate(it, 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise _too_long(f"{name}, line {i}", MAX_LINE_CHARS)
         if not line.strip():
             continue
-        try:
-            docs.append((i, _json(line)))
-        except ValueError as e:
-            try:     # one JSON document over several lines (an OTLP export, pretty-printed)
-                whole = _json("".join(text))
-            except ValueError:
-                raise RequestLogError(f"{name}, line {i}: not JSON ({getattr(e, 'msg', e)})") from None
-            docs = [(0, whole)]
+        if len(out) >= MAX_REQUESTS:
+            rest = 1 + sum(1 for x in it if x.strip())
+            out.unread = f"{rest:,} lines past the first {len(out):,} requests were not read"
             break
-    out: List[RequestRecord] = []
-    for i, doc in docs:
-        out.extend(_records(doc, f"{name}, line {i}" if i else name))
+        try:
+            doc, where = _json(line), f"{name}, line {i}"
+        except ValueError as e:
+            if seen:
+                raise RequestLogError(f"{name}, line {i}: not JSON ({getattr(e, 'msg', e)})") from None
+            doc, where = _document(line, it, name, i, e), name    # one document over several lines
+        seen = True
+        out.extend(_records(doc, where))
     if not out:
         raise RequestLogError(f"{name}: no requests in it")
     out.sort(key=lambda r: (r.start_ns, r.end_ns))
     return out
 
 
-def load(path: str) -> List[RequestRecord]:
+def _document(first: str, rest: Iterator[str], name: str, i: int, error: ValueError) -> Any:
+    """One JSON document from `first` and every line after it, up to MAX_DOCUMENT_CHARS."""
+    parts, size = [first], len(first)
+    for line in rest:
+        size += len(line)
+        if size > MAX_DOCUMENT_CHARS:
+            raise RequestLogError(f"{name}, line {i}: not JSON ({getattr(error, 'msg', error)}), and not one "
+                                  f"JSON document of up to {MAX_DOCUMENT_CHARS:,} characters either")
+        parts.append(line)
+    try:
+        return _json("".join(parts))
+    except ValueError:
+        raise RequestLogError(f"{name}, line {i}: not JSON ({getattr(error, 'msg', error)})") from None
+
+
+def _lines(f) -> Iterator[str]:
+    """The lines of a text file, none longer than MAX_LINE_CHARS + 1 (parse refuses it)."""
+    while True:
+        line = f.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        yield line
+
+
+def _file_kind(mode: int) -> str:
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def load(path: str) -> RequestLog:
     from otel_gpu_census.census.folder import show_path          # a file name as a message shows it (escaped)
     name = show_path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return parse(f, name)
+        # never blocks: a FIFO nobody writes is refused, not waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise RequestLogError(f"cannot read request log {name}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RequestLogError(f"request log {name} is {_file_kind(mode)}: a request log must be a regular file")
+        with os.fdopen(fd, encoding="utf-8", closefd=False) as f:
+            return parse(_lines(f), name)
     except OSError as e:
         raise RequestLogError(f"cannot read request log {name}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise RequestLogError(f"{name}: not a text file") from None
+    finally:
+        os.close(fd)
 
 
 def peak_in_flight(records: Iterable[RequestRecord], lo_ns: int, hi_ns: int) -> int:

@@ -274,8 +274,14 @@ def _made(name: str, signal: str):
     OTLP wrapped to warn once per outage."""
     cls, entry = exporter_class(name, signal)
     # the console exporters' default stream is sys.stdout as it was when the SDK was imported
-    exporter = cls(out=sys.stdout) if entry == "console" else cls()
     proto = OTLP_PROTOCOL_BY_ENTRY_POINT.get(entry)
+    if entry == "console":
+        exporter = cls(out=sys.stdout)
+    elif proto is not None and proto.startswith("http"):
+        from otel_gpu_census.telemetry.bounded_http import session_kwargs
+        exporter = cls(**session_kwargs())          # a collector's answer read up to a bound
+    else:
+        exporter = cls()
     if proto is None:
         return exporter, "console (stdout)" if entry == "console" else entry
     target = f"OTLP {proto} {getattr(exporter, '_endpoint', '') or 'default endpoint'}"

@@ -5,6 +5,7 @@ import argparse
 import base64
 import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -132,6 +133,40 @@ def check_not_itself(listen_host: str, listen_port: int, upstream: str) -> None:
         raise ConfigError(f"the proxy would forward to itself: it listens on {listen_host}:{listen_port} "
                           f"and its upstream is {redact.url(upstream)}; give the server and the proxy different "
                           "ports")
+
+
+def _addresses(host: str, port: int) -> set:
+    try:
+        return {ai[4][0].split("%")[0] for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def _this_machine(address: str) -> bool:
+    """Whether `address` is one of this machine's own (it can be bound to)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def forwards_to_itself(listen_host: str, port: int, upstream: str) -> bool:
+    """check_not_itself for any name of this machine (its host name, another of its addresses), once the
+    proxy listens on `port`: what the upstream's name resolves to is compared with where the proxy listens.
+    Resolves names: call it off the event loop."""
+    if upstream.startswith("unix:"):
+        return False
+    from yarl import URL
+    url = URL(upstream)
+    if url.port != port or not url.host:
+        return False
+    upstream_at = _addresses(url.host.strip("[]"), port)
+    if listen_host in ("", "0.0.0.0", "::", "*"):
+        return any(_this_machine(a) for a in upstream_at)
+    return bool(upstream_at & _addresses(listen_host, port))
 
 
 def _connectable(host: str) -> str:

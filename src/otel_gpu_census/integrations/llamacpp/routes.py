@@ -45,6 +45,22 @@ GENAI_ROUTES = {
 # Polled by health checks and scrapers: forwarded without a span, so traces are not flooded.
 UNTRACED = {"/health", "/v1/health", "/metrics", "/api/version", "/api/ps"}
 
+# llama-server's and Ollama's other fixed paths: a plain span is named `{method} {http.route}` for these and
+# `{method}` for any other path (a client's arbitrary paths must not each become a span name).
+PLAIN_ROUTES = frozenset({"/", "/slots", "/props", "/models", "/v1/models", "/tokenize", "/detokenize",
+                          "/apply-template", "/lora-adapters", "/api/tags", "/api/show"}) | frozenset(GENAI_ROUTES)
+
+
+def _unprefixed(path: str, api_prefix: str) -> str:
+    if api_prefix and path.startswith(api_prefix):
+        return path[len(api_prefix):] or "/"
+    return path
+
+
+def http_route(path: str, api_prefix: str = "") -> Optional[str]:
+    """The route of a plain request, as the upstream's API names it (with the prefix), or None."""
+    return path if _unprefixed(path, api_prefix) in PLAIN_ROUTES | UNTRACED else None
+
 
 def classify(method: str, path: str, api_prefix: str = "") -> Optional[Route]:
     """The GenAI route of a request, or None for a plain one."""

@@ -24,9 +24,9 @@ body, never a clean end (also when the upstream breaks its chunked encoding).
 Every read of a client has a deadline: a connection idle, or slow to send a whole request head, for
 --client-timeout is closed, and so is one that takes no byte of its answer for that long while bytes
 wait for it (its buffers go with it). Connections past what the file descriptors allow are answered
-503 (connections.py). A malformed request, like any error the event loop reports, costs one short log
-line at most every LOG_EVERY_S; a client's baggage header past the W3C limits is dropped (neither read
-nor forwarded). What a client or the upstream supplied reaches spans and logs only through
+503 (connections.py). Whatever a client's input makes the proxy log (a malformed request, a dropped
+header) goes through clientlog: one short escaped line per kind at most every LOG_EVERY_S. A client's
+baggage or tracestate header past the W3C limits is dropped (neither read nor forwarded). What a client or the upstream supplied reaches spans and logs only through
 telemetry.redact (credentials in the upstream's URL and secret query values never do; headers never).
 """
 from __future__ import annotations
@@ -46,19 +46,20 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_gpu_census.attribution.ledger import CensusSource, GpuLedger
-from otel_gpu_census.telemetry import redact
+from otel_gpu_census.telemetry import propagators, redact
 from otel_gpu_census.telemetry.loop_lag import LoopLagProbe
 from otel_gpu_census.telemetry.request import RequestTelemetry, TrackedRequest
 from otel_gpu_census.integrations.llamacpp import spans as spanattrs
-from otel_gpu_census.integrations.llamacpp import connections
+from otel_gpu_census.integrations.llamacpp import clientlog, connections
+from otel_gpu_census.integrations.llamacpp.clientlog import HTTP_LOG, RateLimit
 from otel_gpu_census.integrations.llamacpp import upstream as upstream_conn
-from otel_gpu_census.integrations.llamacpp.config import ProxyConfig, check_not_itself
-from otel_gpu_census.integrations.llamacpp.routes import LLAMACPP, Route, classify, untraced
-from otel_gpu_census.integrations.llamacpp.stream import BodyReader, parse_request_body
+from otel_gpu_census.integrations.llamacpp.config import ConfigError, ProxyConfig, check_not_itself, forwards_to_itself
+from otel_gpu_census.integrations.llamacpp.routes import LLAMACPP, Route, classify, http_route, untraced
+from otel_gpu_census.integrations.llamacpp.stream import HEAVY_BYTES, BodyReader, parse_request_body
 
 log = logging.getLogger("otel_gpu_census.proxy")
 
@@ -78,6 +79,7 @@ SERVED_KEPT = 100_000                  # model requests remembered (start, end, 
 SCOPE = "otel_gpu_census.proxy"        # instrumentation scope of the proxy's spans and metrics
 WATCH_S = 0.25                         # how often answers in flight are checked for a lost upstream
 LOOP_LAG_PATH = "/.otel-gpu-census/loop-lag"   # the lag probe's figures (only with --loop-lag-probe)
+RESOLVE_S = 3.0                        # how long the upstream's name may take to resolve at start
 MODEL_NAME_LIMIT = 256                 # characters of a client's `model` kept (span name, attribute, metric label)
 
 # gpu_census.proxy.outcome values
@@ -107,76 +109,15 @@ class UpstreamLost(aiohttp.ClientPayloadError):
 BAGGAGE_MAX_BYTES = 8192
 BAGGAGE_MAX_MEMBERS = 180
 BAGGAGE_MAX_MEMBER_BYTES = 4096
-LOG_EVERY_S = 10.0                     # a noisy kind of log line (bad requests, bad baggage) at most this often
 
 
-class _RateLimit:
-    """At most one line every LOG_EVERY_S; how many were held back is told in the next one."""
-
-    def __init__(self):
-        self.next_s, self.held = 0.0, 0
-
-    def allow(self) -> Optional[str]:
-        """None: hold this line back; else the suffix to end it with ('' or how many were held)."""
-        now = time.monotonic()
-        if now < self.next_s:
-            self.held += 1
-            return None
-        suffix = f" ({self.held} more since the last such line)" if self.held else ""
-        self.next_s, self.held = now + LOG_EVERY_S, 0
-        return suffix
-
-
-class _ShortLog(logging.LoggerAdapter):
-    """The logger aiohttp's server is given: each record becomes one short line (aiohttp's reason,
-    without the request bytes it quotes, escaped and cut at 300 characters; no traceback),
-    rate-limited: a stream of bad requests must not flood the log."""
-
-    def __init__(self, logger: logging.Logger):
-        super().__init__(logger, {})
-        self.limit = _RateLimit()
-
-    def log(self, level, msg, *args, exc_info=None, **kwargs) -> None:
-        if not self.isEnabledFor(level):
-            return
-        suffix = self.limit.allow()
-        if suffix is None:
-            return
-        try:
-            what = (msg % args if args else str(msg)).replace("Error handling request", "bad request")
-        except Exception:
-            what = "bad request"
-        exc = exc_info if isinstance(exc_info, BaseException) else None
-        if exc is not None:
-            what = f"{what}: {type(exc).__name__}: {getattr(exc, 'message', '') or exc}"
-        self.logger.log(level, "%s", redact.reason(what, 300) + suffix)
-
-
-class _OneLineFilter(logging.Filter):
-    """For a library logger that quotes its input whole: one plain line instead, rate-limited."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text, self.limit = text, _RateLimit()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        suffix = self.limit.allow()
-        if suffix is None:
-            return False
-        record.msg, record.args, record.exc_info, record.exc_text = self.text + suffix, None, None, None
-        return True
-
-
-HTTP_LOG = logging.getLogger("otel_gpu_census.proxy.http")
-# OpenTelemetry logs every baggage entry it refuses, quoted whole (up to 180 of 4 KiB each per request)
-_OTEL_BAGGAGE_FILTER = _OneLineFilter("a client's baggage header had entries OpenTelemetry refused (not the W3C "
-                                      "Baggage format); they are not propagated")
-
-
-def _install_log_filters() -> None:
-    lg = logging.getLogger("opentelemetry.baggage.propagation")
-    if _OTEL_BAGGAGE_FILTER not in lg.filters:
-        lg.addFilter(_OTEL_BAGGAGE_FILTER)
+# W3C Trace Context limits on tracestate (OpenTelemetry's): a client's header past them, or with a member
+# not in its format, is dropped whole (the span still joins the client's trace through traceparent).
+TRACESTATE_MAX_CHARS = 8192
+TRACESTATE_MAX_MEMBERS = 32
+_TRACESTATE_KEY = r"[a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13}"
+_TRACESTATE_MEMBER = re.compile(rf"(?:{_TRACESTATE_KEY})=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{{0,255}}"
+                                r"[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
 
 
 def _baggage_problem(values) -> Optional[str]:
@@ -192,6 +133,25 @@ def _baggage_problem(values) -> Optional[str]:
         return f"{len(members)} members, over the {BAGGAGE_MAX_MEMBERS} W3C Baggage allows"
     if any(len(m) > BAGGAGE_MAX_MEMBER_BYTES for m in members):
         return f"a member over the {BAGGAGE_MAX_MEMBER_BYTES} bytes W3C Baggage allows"
+    return None
+
+
+def _tracestate_problem(values) -> Optional[str]:
+    """Why a client's tracestate header(s) must be dropped whole, or None. Says what is wrong, never
+    what the client wrote."""
+    n = sum(len(v) for v in values) + max(0, len(values) - 1)
+    if n > TRACESTATE_MAX_CHARS:
+        return f"{n} characters, over the {TRACESTATE_MAX_CHARS} W3C Trace Context allows"
+    members = [m.strip(" \t") for v in values for m in v.split(",")]
+    members = [m for m in members if m]
+    if len(members) > TRACESTATE_MAX_MEMBERS:
+        return f"{len(members)} members, over the {TRACESTATE_MAX_MEMBERS} W3C Trace Context allows"
+    bad = sum(1 for m in members if _TRACESTATE_MEMBER.fullmatch(m) is None)
+    if bad:
+        return f"{bad} of its {len(members)} members not in the W3C Trace Context format"
+    keys = [m.split("=", 1)[0] for m in members]
+    if len(set(keys)) != len(keys):
+        return "a key given twice"
     return None
 
 
@@ -283,11 +243,13 @@ class Proxy:
         self._relays: Dict[int, Tuple[aiohttp.ClientResponse, web.Request, _Exchange]] = {}
         self._watcher: Optional[asyncio.Task] = None
         self.loop_lag: Optional[LoopLagProbe] = LoopLagProbe(config.loop_lag_s) if config.loop_lag_s > 0 else None
-        _install_log_filters()
-        self._baggage_drops = _RateLimit()
-        self._telemetry_errors = _RateLimit()
-        self._refusals = _RateLimit()
-        self._loop_errors = _RateLimit()
+        clientlog.install_library_filters()
+        self.propagator, dropped = propagators.for_environment()     # never fails on a name it cannot load
+        if dropped:
+            log.warning("%s", redact.text(dropped, 300))
+        self.client_log = clientlog.ClientLog(log)    # every line a client's input causes goes through it
+        self._refusals = RateLimit()
+        self._loop_errors = RateLimit()
         self.cap = 0                       # client connections served at once (connections.py), set at start
         # auto_decompress off: a compressed request body is forwarded as sent, with its Content-Encoding.
         # keepalive_timeout: aiohttp closes a connection that has not delivered a whole request head
@@ -295,7 +257,7 @@ class Proxy:
         self.app = web.Application(handler_args={"max_field_size": 65536, "auto_decompress": False,
                                                  "read_bufsize": READ_BUFFER_BYTES,
                                                  "keepalive_timeout": config.client_timeout_s,
-                                                 "logger": _ShortLog(HTTP_LOG)},
+                                                 "logger": clientlog.ShortLog(HTTP_LOG)},
                                    middlewares=[self._guard])
         if self.loop_lag is not None:     # answered here, never forwarded (and never traced)
             self.app.router.add_route("GET", LOOP_LAG_PATH, self._loop_lag_figures)
@@ -337,6 +299,16 @@ class Proxy:
         await site.start()
         sock = site._server.sockets[0] if site._server and site._server.sockets else None
         self.port = sock.getsockname()[1] if sock is not None else cfg.listen_port
+        try:      # the upstream by another name of this machine (its host name, another address, port 0)
+            itself = await asyncio.wait_for(asyncio.to_thread(forwards_to_itself, cfg.listen_host, self.port,
+                                                              cfg.upstream), RESOLVE_S)
+        except asyncio.TimeoutError:
+            itself = False        # a name that does not resolve in time is not this machine's
+        if itself:
+            await site.stop()
+            raise ConfigError(f"the proxy would forward to itself: it listens on {cfg.listen_host}:{self.port} and "
+                              f"its upstream {redact.url(cfg.upstream)} is this machine; give the server and the "
+                              "proxy different ports")
         self._watcher = asyncio.get_running_loop().create_task(self._watch_relays(), name="proxy-relay-watch")
         if self.loop_lag is not None:
             self.loop_lag.start()
@@ -436,17 +408,16 @@ class Proxy:
         ex = _Exchange(start_ns=time.time_ns(), route=route)
         t0 = time.monotonic_ns()
         carrier = request.headers
-        baggage = carrier.getall("baggage", ())
-        if baggage:
-            problem = _baggage_problem(baggage)
+        for header, check in (("baggage", _baggage_problem), ("tracestate", _tracestate_problem)):
+            values = carrier.getall(header, ())
+            problem = check(values) if values else None
             if problem is not None:       # dropped whole: neither read nor forwarded
                 carrier = CIMultiDict(carrier)
-                carrier.popall("baggage")
-                ex.baggage_dropped = True
-                suffix = self._baggage_drops.allow()
-                if suffix is not None:
-                    log.warning("dropped a client's baggage header (%s)%s", problem, suffix)
-        parent = propagate.extract(carrier)
+                carrier.popall(header)
+                if header == "baggage":
+                    ex.baggage_dropped = True
+                self.client_log.warning(header, f"dropped a client's {header} header ({problem})")
+        parent = self.propagator.extract(carrier)
         if route is not None or not untraced(request.path, cfg.api_prefix):
             ex.span = self._start_span(request, ex, parent)
         ctx = trace.set_span_in_context(ex.span, parent) if ex.span is not None else parent
@@ -475,7 +446,7 @@ class Proxy:
         headers = _strip(request.headers, REQUEST_DROP)
         for k in ("traceparent", "tracestate") + (("baggage",) if ex.baggage_dropped else ()):
             headers.popall(k, None)
-        propagate.inject(headers, context=ctx)
+        self.propagator.inject(headers, context=ctx)
         if self.authorization is not None and "Authorization" not in headers:
             headers["Authorization"] = self.authorization
         body: Any = None
@@ -683,7 +654,11 @@ class Proxy:
             ex.tracked = self.telemetry.start(start_ns=ex.start_ns, operation=ex.route.operation,
                                               span_name=ex.route.operation, parent=parent, attributes=attrs)
             return ex.tracked.span
-        name = f"{request.method} {attrs['url.path']}" if len(attrs["url.path"]) <= 64 else request.method
+        route = http_route(request.path, cfg.api_prefix)
+        name = request.method
+        if route is not None:
+            attrs["http.route"] = route
+            name = f"{request.method} {route}"
         return self.telemetry.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=ex.start_ns,
                                                 attributes=redact.attributes(attrs))
 
@@ -696,7 +671,7 @@ class Proxy:
             return
         fut = None
         try:
-            if ex.ledger_open:
+            if ex.ledger_open and not (ex.reader is not None and ex.reader.deferred):   # else in _complete
                 if ex.reader is not None and ex.reader.facts.first_token_ns is None:
                     ex.reader.catch_up()          # the ledger splits prefill from decode at it
                 fut = self.ledger.close(ex.key, end_ns)
@@ -716,6 +691,19 @@ class Proxy:
             await asyncio.sleep(FINISH_AFTER_S)
         cost, attrs, outcome = None, {}, (None, None)
         try:
+            if ex.head and (ex.body_encoding or len(ex.head) > HEAVY_BYTES):    # inflating or a large parse
+                ex.request_fields = await asyncio.to_thread(parse_request_body, bytes(ex.head), ex.body_encoding)
+                ex.head = b""
+            reader = ex.reader
+            if reader is not None and reader.heavy:
+                # a compressed or large answer: inflating and reading it can take seconds, on a thread
+                try:
+                    await asyncio.to_thread(reader.close, end_ns)
+                finally:
+                    if reader.deferred and ex.ledger_open:     # its first token is known only now
+                        if reader.facts.first_token_ns is not None:
+                            self.ledger.first_token(ex.key, reader.facts.first_token_ns)
+                        fut = self.ledger.close(ex.key, end_ns)
             try:
                 attrs, outcome = self._record(ex, end_ns)
             except Exception as e:      # telemetry must never break the proxy; the GPU cost still comes
@@ -733,10 +721,8 @@ class Proxy:
                 ex.span.end(end_time=end_ns)
 
     def _telemetry_failed(self, e: Exception) -> None:
-        suffix = self._telemetry_errors.allow()
-        if suffix is not None:
-            log.warning("could not finish the span of a request: %s: %s%s", type(e).__name__,
-                        redact.text(" ".join(str(e).split()), 200), suffix)
+        # what failed may quote a client's or the upstream's text: the client log bounds and escapes it
+        self.client_log.warning("span", f"could not finish the span of a request: {type(e).__name__}: {e}")
         log.debug("span failure", exc_info=e)
 
     def _record(self, ex: _Exchange, end_ns: int):

@@ -27,6 +27,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 MAX_EVENT_BYTES = 4 << 20        # one SSE event or NDJSON line larger than this is skipped
 MAX_JSON_BODY_BYTES = 16 << 20   # a non-streamed body larger than this is not parsed
+MAX_INFLATED_BYTES = 16 << 20    # a compressed answer's copy is inflated (and read) up to this many bytes
+INFLATE_SLICE = 1 << 18          # inflated at a time
+HEAVY_BYTES = 1 << 20            # a close with more than this left to parse is worth a thread
 NUMBER_LIMIT = 1 << 63           # numbers read from a body are within int64's range
 
 TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
@@ -67,6 +70,13 @@ def _int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) and -NUMBER_LIMIT <= v < NUMBER_LIMIT else None
 
 
+def _count(v: Any) -> Optional[int]:
+    """A count (tokens, nanoseconds): a JSON integer from 0 within int64, else None: an upstream's -5
+    tokens is not a figure a span can carry."""
+    n = _int(v)
+    return n if n is not None and n >= 0 else None
+
+
 def _number(v: Any) -> Optional[float]:
     """A finite JSON number within int64's magnitude (sums of two stay finite), else None: Python's JSON
     reader takes NaN, Infinity and 1e400 (inf), and a fact must never break the span it goes into."""
@@ -104,7 +114,8 @@ class FactCollector:
             f.id_slot = obj["id_slot"]
         timings = obj.get("timings")
         if isinstance(timings, dict):
-            f.timings = {k: timings[k] for k in TIMING_KEYS if _number(timings.get(k)) is not None}
+            f.timings = {k: timings[k] for k in TIMING_KEYS if _number(timings.get(k)) is not None
+                         and timings[k] >= 0}
         self._usage(obj)
         if streamed and f.first_token_ns is None and self._carries_generation(obj):
             f.first_token_ns = now_ns
@@ -131,22 +142,22 @@ class FactCollector:
         f = self.facts
         usage = obj.get("usage")
         if isinstance(usage, dict):
-            if _int(usage.get("prompt_tokens")) is not None:
+            if _count(usage.get("prompt_tokens")) is not None:
                 f.input_tokens = usage["prompt_tokens"]
-            if _int(usage.get("completion_tokens")) is not None:
+            if _count(usage.get("completion_tokens")) is not None:
                 f.output_tokens = usage["completion_tokens"]
             details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
+            if isinstance(details, dict) and _count(details.get("cached_tokens")) is not None:
                 f.cached_tokens = details["cached_tokens"]
         if obj.get("stop") is True:                       # llama-server /completion final event
-            if _int(obj.get("tokens_evaluated")) is not None:
+            if _count(obj.get("tokens_evaluated")) is not None:
                 f.input_tokens = obj["tokens_evaluated"]
-            if _int(obj.get("tokens_predicted")) is not None:
+            if _count(obj.get("tokens_predicted")) is not None:
                 f.output_tokens = obj["tokens_predicted"]
             if isinstance(obj.get("stop_type"), str):
                 f.finish_reason = obj["stop_type"]
             f.done = True
-        if "tokens_evaluated" in obj and f.input_tokens is None and _int(obj.get("tokens_evaluated")) is not None:
+        if "tokens_evaluated" in obj and f.input_tokens is None and _count(obj.get("tokens_evaluated")) is not None:
             f.input_tokens = obj["tokens_evaluated"]      # embeddings: no stop flag
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -155,7 +166,7 @@ class FactCollector:
                 f.finish_reason = fr
         if obj.get("done") is True:                       # Ollama final chunk
             for k in OLLAMA_KEYS:
-                if _int(obj.get(k)) is not None:
+                if _count(obj.get(k)) is not None:
                     f.ollama[k] = obj[k]
             if "prompt_eval_count" in f.ollama:
                 f.input_tokens = f.ollama["prompt_eval_count"]
@@ -338,6 +349,10 @@ class JSONBodyParser:
             return
         self.parts.append(chunk)
 
+    @property
+    def pending(self) -> int:
+        return 0 if self.too_big else self.size
+
     def close(self, now_ns: int) -> None:
         if self.too_big or not self.parts:
             return
@@ -351,21 +366,48 @@ class JSONBodyParser:
         self.c.event(obj, now_ns, streamed=False)
 
 
+class InflateBudget(Exception):
+    """The inflated copy reached MAX_INFLATED_BYTES."""
+
+
 class _Decoder:
-    """Undo gzip/deflate on the parser's copy; the client still gets the compressed bytes."""
+    """Undo gzip/deflate on the parser's copy, up to MAX_INFLATED_BYTES in all (a few KB on the wire can
+    inflate to GBs); the client still gets the compressed bytes."""
 
     def __init__(self, encoding: str):
         wbits = 16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS
         self.z = zlib.decompressobj(wbits)
+        self.left = MAX_INFLATED_BYTES
+        self.over = False
 
-    def __call__(self, chunk: bytes) -> bytes:
-        return self.z.decompress(chunk)
+    def slices(self, chunk: bytes):
+        """What `chunk` inflates to, INFLATE_SLICE bytes at a time (a parser never holds more at once)."""
+        if self.over:
+            raise InflateBudget()
+        data = chunk
+        while self.left > 0 and data:
+            out = self.z.decompress(data, min(self.left, INFLATE_SLICE))
+            self.left -= len(out)
+            data = self.z.unconsumed_tail
+            if out:
+                yield out
+            elif not data:
+                break
+        if self.left <= 0 and not self.z.eof:
+            self.over = True                 # more would come: the caller reads up to here and stops
 
 
 class BodyReader:
     """Chooses a parser from the response headers and never raises into the proxy's data path.
 
-    `on_first_token(t_ns)` is called once, when the chunk that carried the first token is read."""
+    `on_first_token(t_ns)` is called once, when the chunk that carried the first token is read.
+
+    A compressed answer is `deferred`: its chunks are only kept (with their arrival times) as they pass,
+    up to MAX_INFLATED_BYTES, and inflated and read at close(), which the proxy runs on a thread (`heavy`):
+    what a small compressed answer costs to read is not bounded by its size on the wire, so it must not be
+    paid on the event loop that serves every client. The facts are the same (each event still has its
+    chunk's arrival time); on_first_token is not called (the caller reads facts.first_token_ns after close).
+    """
 
     def __init__(self, content_type: str, content_encoding: str = "", default_kind: str = "json",
                  on_first_token: Optional[Callable[[int], None]] = None):
@@ -398,14 +440,33 @@ class BodyReader:
             self.facts.kind = kind
             self.parser = {"sse": SSEParser, "ndjson": NDJSONParser, "json": JSONBodyParser}[kind](collector)
         self.failed: Optional[str] = None
+        self.deferred = self.decode is not None and self.parser is not None
+        self._kept: list = []                  # deferred: (chunk, arrival ns) to read at close
+        self._kept_bytes = 0
+        if self.deferred:
+            self._on_first_token = None
+
+    @property
+    def heavy(self) -> bool:
+        """Whether close() may be long: the proxy then runs it on a thread."""
+        if self.parser is None:
+            return False
+        return self.deferred or getattr(self.parser, "pending", 0) > HEAVY_BYTES
 
     def feed(self, chunk: bytes, now_ns: int) -> None:
+        if self.deferred:
+            if self.parser is not None and self._kept_bytes < MAX_INFLATED_BYTES:
+                self._kept.append((chunk, now_ns))
+                self._kept_bytes += len(chunk)
+            return
         held, self._held = self._held, (chunk, now_ns)
         if held is not None:
             self._read(*held)
 
     def catch_up(self) -> None:
         """Read the chunk held back (at the end of an answer whose first token is still unknown)."""
+        if self.deferred:
+            return                              # read at close(), on a thread
         held, self._held = self._held, None
         if held is not None:
             self._read(*held)
@@ -414,9 +475,17 @@ class BodyReader:
         if self.parser is None:
             return
         try:
-            if self.decode is not None:
-                chunk = self.decode(chunk)
-            self.parser.feed(chunk, now_ns)
+            if self.decode is None:
+                self.parser.feed(chunk, now_ns)
+            else:
+                for piece in self.decode.slices(chunk):
+                    self.parser.feed(piece, now_ns)
+            if self.decode is not None and self.decode.over:
+                raise InflateBudget()
+        except InflateBudget:
+            self.facts.note = f"compressed body inflates past {MAX_INFLATED_BYTES} bytes: read up to there"
+            self.parser = None
+            return
         except Exception as e:  # a parser bug must never break the client's stream
             self.failed = f"{type(e).__name__}: {e}"
             self.facts.note = f"body reader stopped: {self.failed}"
@@ -430,6 +499,13 @@ class BodyReader:
                 self.facts.note = f"first-token callback failed: {type(e).__name__}: {e}"
 
     def close(self, now_ns: int) -> StreamFacts:
+        kept, self._kept = self._kept, []
+        for chunk, t_ns in kept:
+            if self.parser is None:
+                break
+            self._read(chunk, t_ns)
+        if self.deferred and self._kept_bytes >= MAX_INFLATED_BYTES and self.facts.note is None:
+            self.facts.note = f"compressed body over {MAX_INFLATED_BYTES} bytes: read up to there"
         self.catch_up()
         if self.parser is not None:
             try:
