@@ -78,3 +78,8 @@ def test_the_diff_shows_the_state_save_gone():
             rows.setdefault(x.split("  ")[0].strip(), x.split())
     copies = [int(v.replace(",", "")) for v in rows["device-to-host copies"][2:4]]
     assert copies[1] < copies[0] / 4                   # the state saves (pageable copies) are gone
+    # the default collector measures no copy or busy time: said, never a zero
+    assert not re.search(r"^\s*(busy s|time s)\s+0\.000000", r.stdout, re.M), r.stdout
+    assert re.search(r"^busy s\s+—\s+—\s+—$", r.stdout, re.M)
+    assert r.stdout.splitlines()[3] == ("biggest change: device-to-host bytes per request (start-up included) "
+                                        "481.0 MB → 32.8 MB (481,014,432 → 32,849,568 B, -93.2%)")
