@@ -380,6 +380,17 @@ def test_default_service_name(monkeypatch):
     assert exporters.make_resource("vllm").attributes["service.name"] == "from-name"
 
 
+def test_otel_config_file_is_said_not_read(monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_CONFIG_FILE", "/nonexistent/otel.yaml")
+    with caplog.at_level(logging.WARNING):
+        exporters.build_telemetry().shutdown()
+    assert [r.getMessage() for r in caplog.records if "OTEL_CONFIG_FILE" in r.getMessage()] == [
+        "OTEL_CONFIG_FILE is not read here: the OTEL_* variables configure these providers (under "
+        "opentelemetry-instrument the vLLM and SGLang hooks use the application's, configured from it)"]
+
+
 def test_last_export_carries_totals_written_just_before_stop(segments, records, census_dir, monkeypatch):
     """The run stops the sidecar right after the server's final flush: that flush must be exported."""
     r = records

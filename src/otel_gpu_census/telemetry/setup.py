@@ -452,6 +452,9 @@ def build_telemetry(traces: bool = True, metrics: bool = True, metric_names: Opt
     service.name where neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one."""
     from opentelemetry.sdk.metrics import MeterProvider
 
+    if os.environ.get("OTEL_CONFIG_FILE"):
+        log.warning("OTEL_CONFIG_FILE is not read here: the OTEL_* variables configure these providers (under "
+                    "opentelemetry-instrument the vLLM and SGLang hooks use the application's, configured from it)")
     resource = make_resource(service_name)
     # shutdown_on_exit off: Telemetry.shutdown (bounded) is the one shutdown; the SDK's own at exit
     # would wait on the same stuck exporter again, unbounded
