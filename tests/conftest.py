@@ -56,7 +56,7 @@ def _have_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _have_gpu():
         return
-    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
+    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine: `make gpu-test` on one")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

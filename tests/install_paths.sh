@@ -5,10 +5,13 @@
 #   pip install 'WHEEL[proxy]'     + the tracing proxy          (what '.[proxy]' installs)
 #   pip install 'WHEEL[prometheus]' + a Prometheus endpoint
 #   pip install 'WHEEL[cupti]'     + libcupti for the precise census
+#   pip install WHEEL              in a venv of another Python than the one that built it (py3-none-manylinux tag)
 # and that each path without its extra says so in one line naming the extra. The extras install from the
 # wheel built once (same metadata as the checkout, one build instead of four).
 #
 #   tests/install_paths.sh [WORKDIR]     exit 0 when every line works; one line per check either way
+# OTHER_PYTHON names the second Python; else the first python3.9..3.13 (on PATH or under pyenv's root) whose
+# version is not $PYTHON's. Without one, that check says it did not run.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -88,6 +91,34 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 sys.exit(0 if 'otel_gpu_census/_lib/libotel_gpu_census.so' in names else f'no library in {names[:5]}...')" "$wheel"
 
+check "the wheel is tagged for any Python 3 on a glibc (py3-none-manylinux_X_Y)" \
+  grep -qE -- '-py3-none-manylinux_[0-9]+_[0-9]+_[a-z0-9_]+\.whl$' <<<"$wheel"
+
+version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+other=${OTHER_PYTHON:-}
+if [ -z "$other" ]; then
+  mine=$(version_of "$python")
+  roots=$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)
+  for v in 3.12 3.9 3.13 3.10 3.11; do
+    for c in "python$v" ${roots:+"$roots"/versions/$v.*/bin/python$v}; do
+      if [ "$(version_of "$c")" = "$v" ] && [ "$v" != "$mine" ]; then other=$c; break 2; fi
+    done
+  done
+fi
+if [ -n "$other" ]; then
+  rm -rf "$work/other" && "$other" -m venv "$work/other"
+  check "the wheel in Python $(version_of "$other") (built by $(version_of "$python"))" \
+    "$work/other/bin/pip" install -q "$wheel"
+  check "Python $(version_of "$other"): the library loads and a sample census reports" "$work/other/bin/python" -c "
+import subprocess, sys
+from otel_gpu_census import _native
+_native.load_library()
+subprocess.run([sys.prefix + '/bin/otel-gpu-census', 'report', sys.argv[1]], check=True, stdout=subprocess.DEVNULL)" \
+    "$sample"
+else
+  say "skip    the wheel in another Python: no second python3.9..3.13 found (set OTHER_PYTHON)"
+fi
+
 proxy=$(venv proxy)
 check "pip install 'otel-gpu-census[proxy]' (the wheel)" "$proxy/bin/pip" install -q "$wheel[proxy]"
 check "[proxy]: the proxy listens and stops" "$proxy/bin/python" -c "
@@ -117,6 +148,6 @@ from otel_gpu_census.cli.launcher import find_cupti
 p = find_cupti({})
 sys.exit(0 if p and sys.prefix in str(p.resolve()) else f'libcupti found at {p}, not in this venv')"
 
-rm -rf "$work/core" "$work/proxy" "$work/prometheus" "$work/cupti" "$work/bare"
+rm -rf "$work/core" "$work/other" "$work/proxy" "$work/prometheus" "$work/cupti" "$work/bare"
 [ $failed -eq 0 ] && say "every install line works" || say "some install lines failed (above)"
 exit $failed

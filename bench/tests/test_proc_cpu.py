@@ -36,12 +36,16 @@ def cpu_of(program: str, settle_s: float) -> dict:
 def test_a_trees_cpu_is_counted_per_role_and_thread_children_in_sessions_of_their_own_too():
     got = cpu_of(TREE, 0.4)
     # the parent (no role word: its comm) spins one thread, its main thread sleeps; the settling child spins.
-    # A spinner gets at most the 1.5 s window, and on a busy machine less: at least a third of it, asserted
+    # A spinner gets at most the 1.5 s window, and on a loaded machine any part of it (a 2-core machine running
+    # the suite beside other work gave one 0.18 s): it is asserted counted, in its thread, not how much it got
     settle = got["settle"]
-    assert settle["processes"] == 1 and 0.5 <= settle["cpu_s"] <= 1.7
+    assert settle["processes"] == 1 and 0 < settle["cpu_s"] <= 1.7
     assert list(settle["threads"]) == ["main"]
     (parent,) = [v for k, v in got.items() if k != "settle"]
-    assert 0.5 <= parent["cpu_s"] <= 1.7 and parent["threads"].get("main", 0) < 0.2
+    threads = parent["threads"]
+    assert 0 < parent["cpu_s"] <= 1.7 and threads.get("main", 0) < 0.2
+    spinner = max(v for name, v in threads.items() if name != "main")     # the thread's comm (Python's own)
+    assert spinner > threads.get("main", 0) and spinner <= parent["cpu_s"]
 
 
 def test_a_pid_that_is_gone_is_an_empty_tree():

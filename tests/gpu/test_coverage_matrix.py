@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode != 0:
-    pytest.skip("no NVIDIA GPU here", allow_module_level=True)
+    pytest.skip("no NVIDIA GPU here: `make gpu-test` on one", allow_module_level=True)
 
 TRITON = """
 import torch, triton, triton.language as tl

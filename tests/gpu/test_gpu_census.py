@@ -30,7 +30,7 @@ def _has_gpu() -> bool:
 
 
 if not _has_gpu():
-    pytest.skip("no NVIDIA GPU here", allow_module_level=True)
+    pytest.skip("no NVIDIA GPU here: `make gpu-test` on one", allow_module_level=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

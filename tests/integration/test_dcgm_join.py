@@ -128,7 +128,8 @@ def test_each_panel_reads_census_names_the_code_emits_and_dcgm_fields_the_doc_na
             assert "DCGM_FI_" not in e or '"hw_id", "$1", "UUID", "(.+)"' in e, e
 
 
-@pytest.mark.skipif(not shutil.which("prometheus"), reason="no prometheus server binary (Debian package prometheus)")
+@pytest.mark.skipif(not shutil.which("prometheus"),
+                    reason="no prometheus server binary: apt-get install prometheus (Debian)")
 def test_a_real_prometheus_joins_every_panel_query(sidecar, dcgm, tmp_path):
     prom = Prometheus(tmp_path, {"census": sidecar, "dcgm": dcgm})
     try:

@@ -358,11 +358,37 @@ def test_protocol_and_interval_as_the_sdk_reads_them(monkeypatch, caplog):
 
 
 def test_default_service_name(monkeypatch):
+    """`run`'s census metrics are ours; the spans and request metrics made inside a server are the server's: the
+    engine's name, llama.cpp for the proxy. OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over either."""
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    from otel_gpu_census.integrations.llamacpp import SERVICE_NAME as PROXY
+    from otel_gpu_census.integrations.sglang.engine import SchedulerTelemetry
+    from otel_gpu_census.integrations.vllm.engine import EngineTelemetry
     assert exporters.make_resource().attributes["service.name"] == "otel-gpu-census"
+    assert PROXY == "llama.cpp" and exporters.make_resource(PROXY).attributes["service.name"] == "llama.cpp"
+    for engine, name in ((EngineTelemetry, "vllm"), (SchedulerTelemetry, "sglang")):
+        tel = exporters.engine_telemetry(service_name=engine.PROVIDER)
+        assert tel.tracer_provider.resource.attributes["service.name"] == name
+        assert tel.meter_provider._sdk_config.resource.attributes["service.name"] == name
+        tel.shutdown()
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attrs")
-    assert exporters.make_resource().attributes["service.name"] == "from-attrs"
+    assert exporters.make_resource("vllm").attributes["service.name"] == "from-attrs"
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-name")
-    assert exporters.make_resource().attributes["service.name"] == "from-name"
+    assert exporters.make_resource("vllm").attributes["service.name"] == "from-name"
+
+
+def test_otel_config_file_is_said_not_read(monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_CONFIG_FILE", "/nonexistent/otel.yaml")
+    with caplog.at_level(logging.WARNING):
+        exporters.build_telemetry().shutdown()
+    assert [r.getMessage() for r in caplog.records if "OTEL_CONFIG_FILE" in r.getMessage()] == [
+        "OTEL_CONFIG_FILE is not read here: the OTEL_* variables configure these providers (under "
+        "opentelemetry-instrument the vLLM and SGLang hooks use the application's, configured from it)"]
 
 
 def test_last_export_carries_totals_written_just_before_stop(segments, records, census_dir, monkeypatch):

@@ -90,14 +90,15 @@ def test_dashboard_reads_only_metrics_the_code_emits():
     assert "gpu_census.copy.bytes" in seen
 
 
-@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (Debian package prometheus)")
+@pytest.mark.skipif(not shutil.which("promtool"), reason="no promtool: apt-get install prometheus (Debian)")
 def test_prometheus_config_passes_promtool():
     r = subprocess.run(["promtool", "check", "config", str(CONFIGS / "prometheus.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.skipif(not shutil.which("prometheus"), reason="no prometheus server binary (Debian package prometheus)")
+@pytest.mark.skipif(not shutil.which("prometheus"),
+                    reason="no prometheus server binary: apt-get install prometheus (Debian)")
 def test_real_prometheus_scrapes_the_sidecar_and_runs_the_dashboard(segments, records, census_dir, tmp_path):
     r = records
     segments.segment(census_dir, [r.kernel(10**12, 10**12 + 5000), r.memcpy("dtoh", 65536, 10**12 + 6000,

@@ -263,9 +263,12 @@ def test_ollama_ndjson_usage_and_durations(make_proxy, standin, receiver):
 
 def test_non_streamed_answer_has_usage_but_no_ttft(make_proxy, standin, receiver):
     p = make_proxy()
-    request(p.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3})
+    request(p.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "temperature": 0, "top_p": 0.5,
+                                                "seed": 7})
     a = one_span(receiver, "text_completion").attributes
     assert a["gen_ai.usage.output_tokens"] == 3 and a["gen_ai.request.max_tokens"] == 3
+    assert (a["gen_ai.request.temperature"], a["gen_ai.request.top_p"], a["gen_ai.request.seed"]) == (0.0, 0.5, 7)
+    assert a["url.scheme"] == "http" and a["url.path"] == "/v1/completions"
     assert "gen_ai.response.time_to_first_chunk" not in a
     assert a["gen_ai.response.id"].startswith("cmpl-") and "gen_ai.request.id" not in a
 

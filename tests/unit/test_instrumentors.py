@@ -143,3 +143,26 @@ def test_the_endpoint_is_read_before_the_request_reaches_the_engine(monkeypatch)
     sched = _scheduler("http://c:4317")
     assert vi._add_request(lambda r: "queued", sched, ("req",), {}) == "queued"
     assert seen == [("endpoint", sched), ("added", "req")]
+
+
+def test_opentelemetry_instrument_skips_both_where_neither_engine_is_installed():
+    """opentelemetry-instrument reads the distribution's `instruments-any` extra before it loads an instrumentor
+    (get_dist_dependency_conflicts): with neither vLLM nor SGLang here it loads none; with either, both load, and
+    the other's instrumentor finds no engine and does nothing. The extra is the two packages' ranges."""
+    import importlib.metadata as md
+    tomllib = pytest.importorskip("tomllib")
+    from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
+    from otel_gpu_census.integrations import sglang, vllm
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["instruments-any"] == [*vllm._instruments, *sglang._instruments]
+    dist = SimpleNamespace(requires=[f'{r}; extra == "instruments-any"' for r in extras["instruments-any"]] +
+                           ['wrapt>=1.14'])
+    for name in ("vllm", "sglang"):
+        try:
+            md.version(name)
+            pytest.skip(f"{name} is installed here: the case is neither installed")
+        except md.PackageNotFoundError:
+            pass
+    conflict = get_dist_dependency_conflicts(dist)
+    assert conflict is not None and "vllm" in str(conflict) and "sglang" in str(conflict), conflict

@@ -172,3 +172,10 @@ def test_request_body_fields():
     assert parse_request_body(b'{"options":{"num_predict":7}}') == {"max_tokens": 7}
     assert parse_request_body(b"[1,2]") == {} and parse_request_body(b"{oops") == {}
     assert parse_request_body(b'{"model": 5, "stream": "yes"}') == {}
+    # the sampling settings the GenAI conventions name (gen_ai.request.temperature, .top_p, .seed)
+    assert parse_request_body(b'{"temperature": 0, "top_p": 0.9, "seed": 42}') == {"temperature": 0.0, "top_p": 0.9,
+                                                                                   "seed": 42}
+    assert parse_request_body(b'{"options": {"temperature": 0.7, "seed": 3, "top_p": 1}}') == {
+        "temperature": 0.7, "seed": 3, "top_p": 1.0}
+    assert parse_request_body(b'{"temperature": "hot", "top_p": NaN, "seed": 1.5, "options": {"temperature": 1e400}}'
+                              ) == {}

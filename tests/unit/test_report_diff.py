@@ -147,3 +147,46 @@ def test_cli_diff_missing_or_empty_run(runs, tmp_path):
 def test_cli_two_request_counts_need_diff(runs):
     p = _cli(str(runs[0]), "--requests", "64,32")
     assert p.returncode == 2 and "--requests NA,NB goes with --diff" in p.stderr
+
+
+# ---- what neither collector measured, and the headline --------------------------------------------
+
+def _counted_at_calls(run: diff.Run) -> diff.Run:
+    """The same run as the default collector would have it: copies counted at their calls, kernel time from event
+    pairs, busy and copy time not measured."""
+    from dataclasses import replace
+    return replace(run, censuses=[replace(c, kernels=replace(c.kernels, events=True)) for c in run.censuses])
+
+
+def test_times_the_collector_did_not_measure_read_as_not_measured_not_zero(runs):
+    a, b = (diff.load_run(str(p), 64) for p in runs)
+    text = diff.render_text(_counted_at_calls(a), b)
+    assert re.search(r"^busy s\s+—\s+[0-9.]+\s+—$", text, re.M), text
+    assert re.search(r"^  time s\s+—\s+0\.008000\s+—$", text, re.M)
+    assert "GB/s" in text and re.search(r"^  GB/s\s+—\s+27\.00\s+—$", text, re.M)
+    out = diff.to_dict(_counted_at_calls(a), _counted_at_calls(b))
+    rows = {r["figure"]: r for r in out["rows"]}
+    for figure in ("busy.ns", "copies.dtoh.ns", "copies.dtoh.pinned.ns"):
+        r = rows[figure]
+        assert (r["a"], r["b"], r["change"], r["not_measured"]) == (None, None, None, ["a", "b"]), r
+    assert "not_measured" not in rows["copies.dtoh.bytes"] and rows["copies.dtoh.bytes"]["a"] == 64 * EACH
+    assert rows["copies.dtoh.ns"]["a_per_request"] is None and rows["copies.dtoh.ns"]["change_per_request"] is None
+    both = diff.render_text(_counted_at_calls(a), _counted_at_calls(b))
+    assert not re.search(r"^\s*(busy s|time s)\s+0\.000000", both, re.M), both
+
+
+def test_the_headline_names_the_biggest_change_in_bytes_or_time(runs):
+    a, b = (diff.load_run(str(p), 64) for p in runs)
+    lines = diff.render_text(a, b).splitlines()
+    # same bytes, the copies' time down 87.5 %: the kernels' time is the same, so the copy time leads
+    assert lines[3] == ("biggest change: device-to-host copy time per request (start-up included) 0.001000 s → "
+                        "0.000125 s (-87.5%)"), lines[:5]
+    assert diff.to_dict(a, b)["headline"] == {"figure": "copies.dtoh.ns", "a": MS, "b": 125_000,
+                                              "change": 125_000 - MS}
+    a0, b0 = (diff.load_run(str(p)) for p in runs)         # no request counts: the runs' totals
+    assert diff.render_text(a0, b0).splitlines()[3].startswith(
+        "biggest change: device-to-host copy time 0.064000 s → 0.008000 s (-87.5%)")
+    same = diff.render_text(a, a).splitlines()[3]
+    assert same == "biggest change: none (no bytes moved or time measured changed per request (start-up included))"
+    # not measured on one side: the copy time is no change to name; bytes and kernels did not change either
+    assert diff.render_text(_counted_at_calls(a), b).splitlines()[3].startswith("biggest change: none")

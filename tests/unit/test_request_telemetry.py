@@ -199,3 +199,41 @@ def test_clients_naming_many_models_get_a_bounded_model_label_and_spans_keep_the
     assert by_model[OTHER_MODEL] == 10 and by_model["m0"] == 2
     assert {s.attributes["gen_ai.request.model"] for s in spans.get_finished_spans()} == {
         f"m{i}" for i in range(MODEL_LABELS + 10)}
+
+
+@pytest.mark.parametrize("setting, total", [("", 92), ("gen_ai", 92), ("census", 46)])
+def test_a_trace_under_an_instrumented_client_counts_its_tokens_once_with_span_usage_census(monkeypatch, setting,
+                                                                                            total):
+    """A GenAI backend sums gen_ai.usage.* over the spans of a trace: the client's inference span (CLIENT, as the
+    conventions define it) and ours (SERVER, its child) both carry the request's 40 + 6 tokens, so the trace reads
+    92. OTEL_GPU_CENSUS_SPAN_USAGE=census names ours gpu_census.usage.*: 46, and the counts stay on our span."""
+    from opentelemetry import trace
+    monkeypatch.setenv("OTEL_GPU_CENSUS_SPAN_USAGE", setting)
+    tp, mp, spans, _reader = in_memory_providers()
+    client = tp.get_tracer("a.genai.client").start_span("chat m", kind=SpanKind.CLIENT, attributes={
+        "gen_ai.usage.input_tokens": 40, "gen_ai.usage.output_tokens": 6})
+    tel = RequestTelemetry(tp, mp, provider_name="llama.cpp")
+    req = tel.start(start_ns=T0, operation="chat", span_name="chat", parent=trace.set_span_in_context(client),
+                    attributes={"gen_ai.usage.input_tokens": 40})
+    req.set_attributes({"gen_ai.usage.cache_read.input_tokens": 8})
+    req.finish(T0 + 10 * MS, attributes={"gen_ai.usage.output_tokens": 6}, output_tokens=6)
+    client.end()
+    ours, theirs = spans.get_finished_spans()
+    assert ours.parent.span_id == theirs.context.span_id and ours.kind == SpanKind.SERVER
+    summed = sum(v for s in (ours, theirs) for k, v in s.attributes.items()
+                 if k in ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"))
+    assert summed == total
+    prefix = "gpu_census.usage." if setting == "census" else "gen_ai.usage."
+    assert {k: v for k, v in ours.attributes.items() if "usage." in k} == {
+        prefix + "input_tokens": 40, prefix + "output_tokens": 6, prefix + "cache_read.input_tokens": 8}
+    tp.shutdown()
+    mp.shutdown()
+
+
+def test_an_unknown_span_usage_value_is_one_line_and_the_default(monkeypatch, caplog):
+    from otel_gpu_census.telemetry.request import usage_prefix
+    with caplog.at_level("WARNING"):
+        assert usage_prefix({"OTEL_GPU_CENSUS_SPAN_USAGE": "both"}) == "gen_ai.usage."
+    assert [r.getMessage() for r in caplog.records] == [
+        "OTEL_GPU_CENSUS_SPAN_USAGE=both: expected gen_ai or census; token counts stay gen_ai.usage.*"]
+    assert usage_prefix({"OTEL_GPU_CENSUS_SPAN_USAGE": " Census "}) == "gpu_census.usage."

@@ -21,12 +21,18 @@ in-flight counter (``gpu_census.requests.in_flight``) goes up at start and down 
 costs one log line. Attribute values pass through :func:`redact.attributes` (printable, bounded,
 inside what OTLP carries): they hold what clients and engines said.
 
+Token counts: the GenAI conventions define ``gen_ai.usage.*`` on the client's inference span and no server span.
+Ours carries them (without an instrumented client they are the only counts a GenAI backend gets), so a backend that
+sums a trace counts them twice under an instrumented client; ``OTEL_GPU_CENSUS_SPAN_USAGE=census`` names ours
+``gpu_census.usage.*`` instead (:func:`usage_prefix`).
+
 No web framework is imported here (nor by anything this imports): engine workers load it as is.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
@@ -45,6 +51,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("otel_gpu_census.telemetry")
 
+USAGE_ENV = "OTEL_GPU_CENSUS_SPAN_USAGE"        # gen_ai (default) | census
+GEN_AI_USAGE, CENSUS_USAGE = "gen_ai.usage.", "gpu_census.usage."
+
+
+def usage_prefix(env: Mapping[str, str] = os.environ) -> str:
+    """Where a span's token counts go: ``gen_ai.usage.`` (the default), or ``gpu_census.usage.`` with
+    OTEL_GPU_CENSUS_SPAN_USAGE=census (the client's GenAI span has them); another value: one line, the default."""
+    value = env.get(USAGE_ENV, "").strip().lower()
+    if value == "census":
+        return CENSUS_USAGE
+    if value not in ("", "gen_ai"):
+        log.warning("%s=%s: expected gen_ai or census; token counts stay gen_ai.usage.*", USAGE_ENV,
+                    redact.text(value, 40))
+    return GEN_AI_USAGE
+
+
+def _usage_named(attrs: Dict[str, Any], prefix: str) -> Dict[str, Any]:
+    if prefix == GEN_AI_USAGE:
+        return attrs
+    return {(prefix + k[len(GEN_AI_USAGE):] if k.startswith(GEN_AI_USAGE) else k): v for k, v in attrs.items()}
+
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
 MODEL = "gen_ai.request.model"
@@ -60,6 +87,7 @@ class RequestTelemetry:
         """Spans and metrics under the scope `instrumentation_name`; `provider_name` is the
         ``gen_ai.provider.name`` of every request (a request's own attributes may name another)."""
         self.provider_name = provider_name
+        self.usage = usage_prefix()
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(instrumentation_name, __version__)
         self.instruments = RequestInstruments(meter_provider, instrumentation_name)
 
@@ -75,7 +103,7 @@ class RequestTelemetry:
         attrs.update(dict(attributes))
         if model:
             attrs[MODEL] = model
-        attrs = redact.attributes(attrs)
+        attrs = _usage_named(redact.attributes(attrs), self.usage)
         base = {OPERATION: attrs[OPERATION], PROVIDER: attrs[PROVIDER]}
         try:
             with _chosen_ids(self.tracer, ids):
@@ -84,7 +112,7 @@ class RequestTelemetry:
         except Exception:
             log.exception("request telemetry: could not start a span")
             span = trace.INVALID_SPAN
-        req = TrackedRequest(self.instruments, span, start_ns, base, model)
+        req = TrackedRequest(self.instruments, span, start_ns, base, model, self.usage)
         try:
             self.instruments.started(base)
             req._in_flight = True
@@ -143,8 +171,9 @@ class TrackedRequest:
     rename it once it knows the model)."""
 
     def __init__(self, instruments: RequestInstruments, span, start_ns: int, base: Dict[str, str],
-                 model: Optional[str]):
+                 model: Optional[str], usage: str = GEN_AI_USAGE):
         self.span = span
+        self._usage = usage
         self.start_ns = start_ns
         self.first_token_ns: Optional[int] = None
         self.model = model
@@ -162,7 +191,7 @@ class TrackedRequest:
     def set_attributes(self, attrs: Mapping[str, Any]) -> None:
         """Span attributes now; a ``gen_ai.request.model`` among them also labels the metrics."""
         try:
-            attrs = redact.attributes(attrs)
+            attrs = _usage_named(redact.attributes(attrs), self._usage)
             self._learn_model(attrs)
             self.span.set_attributes(attrs)
         except Exception:
@@ -219,7 +248,7 @@ class TrackedRequest:
             attrs.update(gpu_attributes(cost))
         if error_type is not None:
             attrs[ERROR_TYPE] = error_type
-        self.span.set_attributes(attrs)
+        self.span.set_attributes(_usage_named(attrs, self._usage))
         if error_type is not None and _status_unset(self.span):
             self.span.set_status(Status(StatusCode.ERROR, error_type))
         self._record(end_ns, duration_s, ttft_s, cost, output_tokens, error_type)

@@ -19,7 +19,8 @@ Where this differs from the SDK, and why:
   reader, which serves prometheus_client's global registry on a port nobody is told about;
 - a collector that is down costs one warning per outage and signal (and a note when it is back),
   never a log line per retry, and a stop never waits out the exporter's retries;
-- ``service.name`` defaults to ``otel-gpu-census``.
+- ``service.name`` defaults to the server the telemetry describes (``vllm``, ``sglang``, the proxy's upstream
+  process), else ``otel-gpu-census`` (``run``'s census metrics).
 
 :func:`build_telemetry` makes both providers and says where each signal goes (``traces → …``,
 ``metrics → …``); :func:`engine_telemetry` takes the providers an instrumentor was given, else the
@@ -112,12 +113,12 @@ def exporter_class(name: str, signal: str):
     return (traces if signal == "traces" else metrics)[entry], entry
 
 
-def make_resource() -> Resource:
-    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME (via the SDK), service.name defaulting to ours."""
+def make_resource(service_name: str = DEFAULT_SERVICE_NAME) -> Resource:
+    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME (via the SDK), service.name defaulting to `service_name`."""
     resource = Resource.create()       # reads both variables from os.environ
     # Without either, the SDK names the service "unknown_service[:<executable>]".
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+        resource = resource.merge(Resource({SERVICE_NAME: service_name or DEFAULT_SERVICE_NAME}))
     return resource
 
 
@@ -450,12 +451,17 @@ def _span_processors(tp: TracerProvider) -> List[str]:
     return out or ["traces → none (no exporter could start)"]
 
 
-def build_telemetry(traces: bool = True, metrics: bool = True, metric_names: Optional[List[str]] = None) -> Telemetry:
+def build_telemetry(traces: bool = True, metrics: bool = True, metric_names: Optional[List[str]] = None,
+                    service_name: str = DEFAULT_SERVICE_NAME) -> Telemetry:
     """Both providers, from the environment. With traces/metrics False that provider exports nothing
-    (the caller brings its own); `metric_names` replaces OTEL_METRICS_EXPORTER's choice."""
+    (the caller brings its own); `metric_names` replaces OTEL_METRICS_EXPORTER's choice; `service_name`: the
+    service.name where neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one."""
     from opentelemetry.sdk.metrics import MeterProvider
 
-    resource = make_resource()
+    if os.environ.get("OTEL_CONFIG_FILE"):
+        log.warning("OTEL_CONFIG_FILE is not read here: the OTEL_* variables configure these providers (under "
+                    "opentelemetry-instrument the vLLM and SGLang hooks use the application's, configured from it)")
+    resource = make_resource(service_name)
     # shutdown_on_exit off: Telemetry.shutdown (bounded) is the one shutdown; the SDK's own at exit
     # would wait on the same stuck exporter again, unbounded
     tp = TracerProvider(resource=resource, shutdown_on_exit=False)
@@ -487,7 +493,7 @@ def providers_in_process(tracer_provider=None, meter_provider=None) -> bool:
     return tracer_provider is not None or meter_provider is not None or application_providers() != (None, None)
 
 
-def engine_telemetry(tracer_provider=None, meter_provider=None) -> Telemetry:
+def engine_telemetry(tracer_provider=None, meter_provider=None, service_name: str = DEFAULT_SERVICE_NAME) -> Telemetry:
     """Providers for an engine process (vLLM's EngineCore, an SGLang scheduler): each signal's provider
     given to the instrumentor, else the application's (:func:`application_providers`), else built from the
     environment. Request metrics built here go by OTLP or the console only: a Prometheus port is ``run``'s
@@ -499,7 +505,7 @@ def engine_telemetry(tracer_provider=None, meter_provider=None) -> Telemetry:
         log.info("engine: request metrics are not served on the Prometheus port (the sidecar holds "
                  "it); send them by OTLP (OTEL_METRICS_EXPORTER=otlp) to see them")
         names = [n for n in names if n != "prometheus"]
-    built = build_telemetry(traces=tp is None, metrics=mp is None, metric_names=names)
+    built = build_telemetry(traces=tp is None, metrics=mp is None, metric_names=names, service_name=service_name)
     if tp is None and mp is None:
         return built
     desc = [d for d in built.descriptions if not (tp is not None and d.startswith("traces")

@@ -550,7 +550,7 @@ class StepEngine:
         if self._telemetry is None:
             from otel_gpu_census.telemetry.request import RequestTelemetry
             from otel_gpu_census.telemetry.setup import engine_telemetry
-            tel = engine_telemetry(*self.providers)
+            tel = engine_telemetry(*self.providers, service_name=self.PROVIDER)     # service.name: the engine
             self._providers = (tel.tracer_provider, tel.meter_provider)
             self._telemetry = RequestTelemetry(tel.tracer_provider, tel.meter_provider,
                                                provider_name=self.PROVIDER, instrumentation_name=self.SCOPE)

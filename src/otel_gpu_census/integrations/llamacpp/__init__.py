@@ -33,6 +33,10 @@ from typing import List, Optional
 from otel_gpu_census.integrations.llamacpp.config import (ConfigError, ProxyConfig, add_proxy_arguments, config_from_args,
                      upstream_from_server_args)
 
+# service.name of the proxy's spans and metrics where OTEL_SERVICE_NAME names none: the server they describe (an
+# Ollama user sets OTEL_SERVICE_NAME=ollama)
+SERVICE_NAME = "llama.cpp"
+
 __all__ = ["ProxyConfig", "ConfigError", "add_proxy_arguments", "config_from_args", "run_proxy",
            "start_proxy_in_thread", "ProxyThread", "upstream_from_server_args"]
 
@@ -103,7 +107,8 @@ class ProxyThread:
         try:
             if tp is None or mp is None:
                 from otel_gpu_census.telemetry.setup import build_telemetry
-                self._telemetry = build_telemetry(traces=tp is None, metrics=mp is None)
+                self._telemetry = build_telemetry(traces=tp is None, metrics=mp is None,
+                                                  service_name=SERVICE_NAME)
                 tp = tp or self._telemetry.tracer_provider
                 mp = mp or self._telemetry.meter_provider
             self._loop = asyncio.new_event_loop()
@@ -161,7 +166,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     from otel_gpu_census.integrations.llamacpp.server import Proxy
     from otel_gpu_census.telemetry.setup import build_telemetry
     try:
-        tel = build_telemetry()
+        tel = build_telemetry(service_name=SERVICE_NAME)
     except Exception as e:
         _say(f"cannot set up telemetry: {type(e).__name__}: {e}")
         return 2

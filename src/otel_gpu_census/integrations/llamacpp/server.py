@@ -638,6 +638,7 @@ class Proxy:
         cfg = self.config
         attrs = {
             "http.request.method": request.method,
+            "url.scheme": "http",           # the proxy listens on plain HTTP only
             "url.path": redact.printable(redact.cut(request.path)),
             "server.address": cfg.listen_host,
             "server.port": self.port or cfg.listen_port,
@@ -748,8 +749,9 @@ class Proxy:
             attrs["gpu_census.proxy.request.id"] = ex.key
             if model:
                 attrs["gen_ai.request.model"] = model
-            if "max_tokens" in ex.request_fields:
-                attrs["gen_ai.request.max_tokens"] = ex.request_fields["max_tokens"]
+            for field in ("max_tokens", "temperature", "top_p", "seed"):
+                if field in ex.request_fields:
+                    attrs[f"gen_ai.request.{field}"] = ex.request_fields[field]
             if "stream" in ex.request_fields:
                 attrs["gpu_census.proxy.request.stream"] = ex.request_fields["stream"]
             if facts is not None:

@@ -517,7 +517,8 @@ class BodyReader:
 
 
 def parse_request_body(body: bytes, content_encoding: str = "") -> Dict[str, Any]:
-    """Fields of a request body the span wants: model, stream, max tokens. {} when not JSON.
+    """Fields of a request body the span wants: model, stream, max tokens, temperature, top_p, seed (top level, else
+    Ollama's options). {} when not JSON.
     A gzip or deflate body (forwarded as sent) is read from a decompressed copy of its start."""
     enc = (content_encoding or "").strip().lower()
     try:
@@ -543,4 +544,10 @@ def parse_request_body(body: bytes, content_encoding: str = "") -> Dict[str, Any
     opts = obj.get("options")
     if "max_tokens" not in out and isinstance(opts, dict) and _int(opts.get("num_predict")) is not None:
         out["max_tokens"] = opts["num_predict"]
+    for k, read in (("temperature", _number), ("top_p", _number), ("seed", _int)):
+        for where in (obj, opts if isinstance(opts, dict) else {}):
+            v = read(where.get(k))
+            if v is not None:
+                out[k] = float(v) if read is _number else v
+                break
     return out
