@@ -14,6 +14,8 @@ DIRECTION_LABELS = {
     "ptop": "peer-to-peer sent",
     "htoh": "host-to-host",
     "other": "other copies",
+    "managed_htod": "managed memory migrated host-to-device",
+    "managed_dtoh": "managed memory migrated device-to-host",
 }
 UNITS_NOTE = "bytes are exact; MB = 10^6 bytes, GB = 10^9 bytes (decimal); times in seconds"
 
