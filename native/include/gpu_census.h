@@ -114,6 +114,9 @@ enum gc_kernels {
 #define GC_FLAG_MANAGED         0x200u
 #define GC_FLAG_UM_COUNTERS     0x400u
 #define GC_FLAG_UM_REFUSED      0x800u
+/* The process started with GGML_CUDA_ENABLE_UNIFIED_MEMORY set (llama.cpp's CUDA backend then allocates its buffers
+ * as managed memory): what a report names as the setting behind the migrations. */
+#define GC_FLAG_ENV_UNIFIED     0x1000u
 
 /* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
 enum gc_graphs {

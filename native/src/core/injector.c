@@ -94,6 +94,9 @@ static struct {
     pthread_mutex_t mu;         /* the flusher may take it holding g_mu (a pause); a callback never takes g_mu */
 } g_um = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* GGML_CUDA_ENABLE_UNIFIED_MEMORY was set at start (llama.cpp's switch to managed memory, whatever its value). */
+static int g_env_unified;
+
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
 static struct {
     int paused;
@@ -146,6 +149,7 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
     }
     if (g_preload) gc_interpose_unseen(seg);
     gc_managed_publish(seg);
+    if (g_env_unified) seg->flags |= GC_FLAG_ENV_UNIFIED;
     int um = atomic_load(&g_um.state);
     if (um > 0) {
         seg->flags |= GC_FLAG_UM_COUNTERS;
@@ -876,6 +880,7 @@ int InitializeInjection(void)
     gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
+    g_env_unified = getenv("GGML_CUDA_ENABLE_UNIFIED_MEMORY") != NULL;   /* set at all: llama.cpp asks no more */
     /* The default collector is the library preloaded (counting at the calls, CUPTI never loaded); without it the
      * census says so in one line and takes CUPTI's records, exact, rather than counting nothing. */
     g_preload = g_cfg.activity_off && gc_interpose_ready();

@@ -31,6 +31,7 @@ FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD, _c.
 FLAG_EVENTS = _c.GC_FLAG_EVENTS
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 FLAG_MANAGED, FLAG_UM_COUNTERS, FLAG_UM_REFUSED = _c.GC_FLAG_MANAGED, _c.GC_FLAG_UM_COUNTERS, _c.GC_FLAG_UM_REFUSED
+FLAG_ENV_UNIFIED = _c.GC_FLAG_ENV_UNIFIED      # GGML_CUDA_ENABLE_UNIFIED_MEMORY was set (llama.cpp: managed buffers)
 # what a census that cannot measure migrations tells its reader to use
 PRECISE_HINT = "the precise collector (otel-gpu-census run --precise) measures them"
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
@@ -574,6 +575,17 @@ class ProcessCensus:
             out.append(f"{self.launches_lost:,} kernel launches counted but placed nowhere")
         if self.dropped:
             out.append(f"{self.dropped:,} activity records dropped")
+        return out
+
+    @property
+    def step_gaps(self) -> List[str]:
+        """:attr:`gaps`, and what a share taken from steps misses besides: managed memory the driver migrated carries
+        no correlation id, so it is in the device totals and the windows, never in a step."""
+        out = list(self.gaps)
+        if self.migrations_measured and any(d.copies.get(m).count for d in self.devices.values()
+                                            for m in MANAGED_DIRECTIONS):
+            out.append("managed memory migrated between host and device is measured per process and 20 ms window, "
+                       "not per step: step shares hold none of it")
         return out
 
     @property
