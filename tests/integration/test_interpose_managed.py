@@ -184,3 +184,25 @@ def test_a_gpu_without_unified_memory_counters_says_so_once_and_stays_exact(nati
     p = read(native, res["path"])
     assert not p.migrations_measured and p.managed_gap and "code 28" in p.managed_gap, p.gaps
     assert p.devices[0].copies.get("dtoh", "pinned").bytes == 4096 and p.devices[0].managed.allocs == 2
+
+
+def test_without_callbacks_the_counters_go_on_at_the_flushers_first_wake(native, mock_lib, mock_cuda, tmp_path):
+    """Graphs traced node by node under CUPTI's one-subscriber API: no callback tells of managed allocations (one
+    would take the slot), so the flusher turns the counters on at its first wake, whatever the process allocates,
+    and migrations from then are measured."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, PRECISE.format(mock=mock_lib) + """
+        out['init'] = g.InitializeInjection()
+        out['cb'] = alloc_managed_cb(0x900000000000, 8 << 20)     # no callback enabled: not reported
+        for _ in range(500):
+            if mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER):
+                break
+            time.sleep(0.01)
+        out['um_on'] = mock.mock_enabled(rlib.CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)
+        um('BYTES_TRANSFER_HTOD', 2 << 20, T + 1000, T + 2000, 0, 0)
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env={"OTEL_GPU_CENSUS_GRAPHS": "node", "OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res["init"] == 1 and res["cb"] == 0 and res["um_on"] == 1 and res["flush"] == 0, (res, err)
+    p = read(native, res["path"])
+    assert p.migrations_measured and p.devices[0].copies.get("managed_htod").bytes == 2 << 20 and p.gaps == []
+    assert err == "", err

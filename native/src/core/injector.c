@@ -91,7 +91,7 @@ static struct {
     int at_wake;                /* no managed callbacks: the flusher turns them on */
     uint64_t since_wall_ns;
     uint32_t code;
-    pthread_mutex_t mu;         /* the flusher may take it holding g_mu (a pause); a callback never takes g_mu */
+    pthread_mutex_t mu;         /* never taken with g_mu held, nor g_mu with it */
 } g_um = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* GGML_CUDA_ENABLE_UNIFIED_MEMORY was set at start (llama.cpp's switch to managed memory, whatever its value). */
@@ -349,8 +349,9 @@ static void um_enable(void)
         } else {
             g_um.code = (uint32_t)r;
             atomic_store(&g_um.state, -1);
-            gc_log("managed memory: CUPTI gives no unified-memory counters here (%s): page migrations are not "
-                   "measured; everything else stays exact", gc_cupti_error(r));
+            gc_log("CUPTI gives no unified-memory counters here (%s): page migrations of managed memory%s are not "
+                   "measured; everything else stays exact", gc_cupti_error(r),
+                   g_um.at_wake ? ", if the process allocates any," : "");
         }
     }
     pthread_mutex_unlock(&g_um.mu);
@@ -694,10 +695,10 @@ static void control_poll(uint64_t mono)
     }
     if (whole) return;
     pthread_mutex_lock(&g_mu);
-    if (pause != g_ctl.paused) {
+    int switched = pause != g_ctl.paused;
+    if (switched) {
         gc_launches_set_counting(!pause);
         gc_calls_set_counting(!pause);
-        um_switch(!pause);
         if (pause) {
             disable_kinds();
             note_tracing(0, mono);
@@ -710,6 +711,7 @@ static void control_poll(uint64_t mono)
         g_ctl.paused = pause;
     }
     pthread_mutex_unlock(&g_mu);
+    if (switched) um_switch(!pause);   /* outside g_mu: its lock is held by a callback thread inside CUPTI */
 }
 
 /* Every CUPTI callback we enable lands here: graph contents first (a launch notes its graph's version),
