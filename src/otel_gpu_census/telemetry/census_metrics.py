@@ -85,10 +85,10 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
          "it could not wrap, dropped records or lost calls, managed memory whose migrations it does not measure): its "
          "figures are then exact only for what it saw."),
     Spec("gpu_census.managed.unmeasured", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
-         "1 while the process has managed (unified) memory and the census does not measure its page migrations "
-         "between host and device (the default collector; or CUPTI without unified-memory counters): that traffic is "
-         "in no gpu_census.copy series. The precise collector (run --precise) measures it, as copy directions "
-         "managed_htod and managed_dtoh. 0 otherwise."),
+         "1 once the process allocated managed (unified) memory whose page migrations the census does not measure "
+         "between host and device (the default collector; or CUPTI without unified-memory counters): that traffic, "
+         "while any of it was live, is in no gpu_census.copy series. The precise collector (run --precise) measures "
+         "it, as copy directions managed_htod and managed_dtoh. 0 otherwise."),
     Spec("gpu_census.process.counting", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
          "1 while the census counts in the process; 0 once it exited or the census stepped aside."),
     Spec("gpu_census.busy.ratio", "gauge", "1", GPU,
