@@ -73,3 +73,44 @@ def test_a_step_share_of_a_server_whose_migrations_were_measured_says_it_holds_n
     (a,) = led.settle()
     assert a.share.kernel_count == 4 and a.status == "partial"
     assert any("not per step" in n for n in a.notes), a.notes
+
+
+def test_a_segment_of_the_previous_layout_is_refused_in_one_line_and_upgrades(tmp_path):
+    """A layout-4 segment (recorded on an H200 before managed memory was counted) is not read as layout 5: one line
+    says which layout it is; moved to layout 5 by segments.upgrade it reads with every figure it had."""
+    import tarfile
+    from pathlib import Path
+
+    import pytest
+    from segments import upgrade
+    archives = sorted((Path(__file__).resolve().parents[2] / "bench" / "results" / "explain").glob("explain-hybrid*.tgz"))
+    if not archives:
+        pytest.skip("no layout-4 archive")
+    with tarfile.open(archives[-1]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".seg"))
+        data = tar.extractfile(member).read()
+    assert int.from_bytes(data[8:12], "little") == 4
+    old = tmp_path / "gpu-census-1-1.seg"
+    old.write_bytes(data)
+    with pytest.raises(reader.SegmentError) as e:
+        reader.read_segment(old)
+    assert "layout version 4; this reader reads version 5" in e.value.reason and "\n" not in e.value.reason
+    old.write_bytes(upgrade(data))
+    p = reader.read_segment(old)
+    assert p.devices and not p.managed_in_use and not p.migrations_measured
+    d = p.devices[0]
+    assert d.copies.get("managed_htod").count == 0 and d.managed == census.NO_MANAGED
+    # figures read straight from the old bytes: device 0's kernel count and its first copy cell (htod, pageable)
+    # sit where they did (layout 5 moved the devices 16 bytes on and appended to the copy table)
+    from otel_gpu_census._native import ffi
+    at = ffi.offsetof("gc_segment", "devices") - 16
+    word = lambda off: int.from_bytes(data[at + off:at + off + 8], "little")   # noqa: E731
+    assert d.kernel_count == word(ffi.offsetof("gc_device", "kernel_count")) > 0
+    htod = d.copies.get("htod", "pageable")
+    cell = ffi.offsetof("gc_device", "copy")
+    assert (htod.count, htod.bytes) == (word(cell), word(cell + 8))
+    dtoh = d.copies.get("dtoh")                               # direction 1: the second row of four memory kinds
+    assert dtoh.bytes == sum(word(cell + (4 + m) * 24 + 8) for m in range(4)) > 0
+    grown = 2 * 4 * 24                                        # the two managed_* rows of four cells
+    assert d.eager_launches == word(ffi.offsetof("gc_device", "eager_launches") - grown)
+    assert d.memset.bytes == word(ffi.offsetof("gc_device", "memset") - grown + 8)
