@@ -11,7 +11,7 @@ Pages of managed memory move between host and device when either touches them, a
 """
 from __future__ import annotations
 
-from test_injector import read, run_with_driver
+from test_injector import CONTROL_SWITCH, read, run_with_driver
 from test_interpose import DRIVER, ENV, preloaded
 
 MiB = 1 << 20
@@ -206,3 +206,25 @@ def test_without_callbacks_the_counters_go_on_at_the_flushers_first_wake(native,
     p = read(native, res["path"])
     assert p.migrations_measured and p.devices[0].copies.get("managed_htod").bytes == 2 << 20 and p.gaps == []
     assert err == "", err
+
+
+def test_a_paused_census_switches_the_counters_off_and_on_with_every_other_kind(native, mock_lib, mock_cuda, tmp_path):
+    """census=off in the control file: the counters' kind off (a migration then is not counted, as no other work
+    is); census=on: on again; a managed allocation made while paused turns them on only when counting resumes."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, PRECISE.format(mock=mock_lib) + CONTROL_SWITCH + """
+        UM = rlib.CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER
+        out['init'] = g.InitializeInjection()
+        queue(cr.memcpy('htod', 4096, T, T + 10, src='pinned'), cr.MEMCPY_T)
+        g.gc_flush()                                              # the segment, and so its control file
+        out['off'] = switch('census=off', True)
+        alloc_managed_cb(0x900000000000, 8 << 20)
+        out['paused'] = [mock.mock_enabled(UM), um('BYTES_TRANSFER_HTOD', 1 << 20, T + 100, T + 200, 0, 0)]
+        out['on'] = switch('census=on', False)
+        out['resumed'] = [mock.mock_enabled(UM), um('BYTES_TRANSFER_HTOD', 2 << 20, T + 300, T + 400, 0, 0)]
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env={"OTEL_GPU_CENSUS_FLUSH_MS": "20"})
+    assert res["init"] == 1 and res["off"] and res["on"] and res["flush"] == 0, (res, err)
+    assert res["paused"] == [0, 1] and res["resumed"] == [1, 0], res
+    p = read(native, res["path"])
+    assert p.migrations_measured and p.devices[0].copies.get("managed_htod").bytes == 2 << 20 and err == ""

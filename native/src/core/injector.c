@@ -89,6 +89,7 @@ static int g_events;
 static struct {
     atomic_int state;
     int at_wake;                /* no managed callbacks: the flusher turns them on */
+    int kind_on;                /* the activity kind is enabled now (a pause disables it) */
     uint64_t since_wall_ns;
     uint32_t code;
     pthread_mutex_t mu;         /* never taken with g_mu held, nor g_mu with it */
@@ -342,7 +343,10 @@ static void um_enable(void)
     pthread_mutex_lock(&g_um.mu);
     if (!atomic_load(&g_um.state)) {
         CUptiResult r = gc_cupti_um_configure();
-        if (r == CUPTI_SUCCESS) r = gc_cupti_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+        /* a paused census gets the kind when it is switched on again (um_switch) */
+        if (r == CUPTI_SUCCESS && !g_ctl.paused && (r = gc_cupti_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)) ==
+            CUPTI_SUCCESS)
+            g_um.kind_on = 1;
         if (r == CUPTI_SUCCESS) {
             g_um.since_wall_ns = gc_wall_ns();
             atomic_store(&g_um.state, 1);
@@ -361,9 +365,10 @@ static void um_enable(void)
 static void um_switch(int on)
 {
     pthread_mutex_lock(&g_um.mu);
-    if (atomic_load(&g_um.state) > 0) {
-        if (on) (void)gc_cupti_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
-        else (void)gc_cupti_disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+    if (atomic_load(&g_um.state) > 0 && on != g_um.kind_on) {   /* never disabled twice */
+        CUptiResult r = on ? gc_cupti_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)
+                           : gc_cupti_disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+        if (r == CUPTI_SUCCESS) g_um.kind_on = on;
     }
     pthread_mutex_unlock(&g_um.mu);
 }
