@@ -62,7 +62,8 @@ AT(p_malloc, cuMemAllocManaged_params, dptr, dptr); AT(p_malloc, cuMemAllocManag
 AT(p_mpool, cuMemAllocFromPoolAsync_params, dptr, dptr); AT(p_mpool, cuMemAllocFromPoolAsync_params, bytes, bytesize);
 AT(p_mpool, cuMemAllocAsync_params, dptr, dptr); AT(p_mpool, cuMemAllocAsync_params, bytes, bytesize);
 AT(p_mpool, cuMemAllocFromPoolAsync_ptsz_params, bytes, bytesize); AT(p_mpool, cuMemAllocAsync_ptsz_params, bytes, bytesize);
-AT(p_mfree, cuMemFree_v2_params, ptr, dptr);
+AT(p_mfree, cuMemFree_v2_params, ptr, dptr); AT(p_mfree, cuMemFreeAsync_params, ptr, dptr);
+AT(p_mfree, cuMemFreeAsync_ptsz_params, ptr, dptr);
 AT(p_madvise, cuMemAdvise_params, dev, device); AT(p_madvise2, cuMemAdvise_v2_params, loc, location);
 AT(p_mprefetch1, cuMemPrefetchAsync_params, bytes, count); AT(p_mprefetch1, cuMemPrefetchAsync_params, to, dstDevice);
 AT(p_mprefetch1, cuMemPrefetchAsync_ptsz_params, to, dstDevice);

@@ -417,7 +417,7 @@ CUresult cuMemAllocFromPoolAsync(unsigned long long *p, size_t n, unsigned long 
     *p = g_dev_lo + (1ull << 30) + atomic_fetch_add(&g_pool_next, (n + 0xfffull) & ~0xfffull);
     return done();
 }
-WORK(cuMemFree_v2) WORK(cuMemAdvise_v2) WORK(cuMemPrefetchAsync_v2) WORK(cuMemPrefetchBatchAsync)
+WORK(cuMemFree_v2) WORK(cuMemFreeAsync) WORK(cuMemAdvise_v2) WORK(cuMemPrefetchAsync_v2) WORK(cuMemPrefetchBatchAsync)
 struct mock_array_desc { size_t w, h, d; int format; unsigned channels, flags; };
 CUresult cuArray3DGetDescriptor_v2(struct mock_array_desc *desc, unsigned long a)
 {
@@ -449,7 +449,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuMemsetD2D8", cuMemsetD2D8_v2) PROC("cuMemsetD2D16", cuMemsetD2D16_v2) PROC("cuMemsetD2D32", cuMemsetD2D32_v2)
     PROC("cuMemsetD2D32Async", cuMemsetD2D32Async) PROC("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel)
     PROC("cuMemAllocManaged", cuMemAllocManaged) PROC("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync)
-    PROC("cuMemFree", cuMemFree_v2) PROC("cuMemAdvise", cuMemAdvise_v2) PROC("cuMemPrefetchAsync", cuMemPrefetchAsync_v2)
+    PROC("cuMemFree", cuMemFree_v2) PROC("cuMemFreeAsync", cuMemFreeAsync) PROC("cuMemAdvise", cuMemAdvise_v2) PROC("cuMemPrefetchAsync", cuMemPrefetchAsync_v2)
     PROC("cuMemPrefetchBatchAsync", cuMemPrefetchBatchAsync)
     {"cuInit", (void *)cuInit}, {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
     {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},

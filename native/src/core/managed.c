@@ -187,7 +187,9 @@ int gc_managed_cbid(CUpti_CallbackId cbid)
     case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz:
     case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz:
         return GC_M_POOL_ALLOC;
-    case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2: return GC_M_FREE;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz:
+        return GC_M_FREE;
     case CUPTI_DRIVER_TRACE_CBID_cuMemAdvise: return GC_M_ADVISE;
     case CUPTI_DRIVER_TRACE_CBID_cuMemAdvise_v2: return GC_M_ADVISE2;
     case CUPTI_DRIVER_TRACE_CBID_cuMemPrefetchAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemPrefetchAsync_ptsz:

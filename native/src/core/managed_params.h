@@ -9,7 +9,7 @@
 
 struct p_malloc { CUdeviceptr *dptr; size_t bytes; unsigned int flags; };              /* cuMemAllocManaged */
 struct p_mpool { CUdeviceptr *dptr; size_t bytes; void *pool_or_stream; };            /* cuMemAlloc(FromPool)Async */
-struct p_mfree { CUdeviceptr ptr; };                                                   /* cuMemFree_v2 */
+struct p_mfree { CUdeviceptr ptr; };                                      /* cuMemFree_v2, cuMemFreeAsync */
 struct p_madvise { CUdeviceptr ptr; size_t bytes; CUmem_advise advice; CUdevice dev; };          /* cuMemAdvise */
 struct p_madvise2 { CUdeviceptr ptr; size_t bytes; CUmem_advise advice; CUmemLocation loc; };    /* cuMemAdvise_v2 */
 struct p_mprefetch1 { CUdeviceptr ptr; size_t bytes; CUdevice to; CUstream stream; };  /* cuMemPrefetchAsync (12.x) */

@@ -51,6 +51,7 @@
 #undef cuMemDiscardAndPrefetchBatchAsync
 #undef cuMemAllocAsync
 #undef cuMemAllocFromPoolAsync
+#undef cuMemFreeAsync
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
@@ -241,6 +242,7 @@ enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDA
     X(cuMemAllocAsync, K_MANAGED, 3, CUdeviceptr *, size_t, CUstream)                                        \
     X(cuMemAllocFromPoolAsync, K_MANAGED, 4, CUdeviceptr *, size_t, CUmemoryPool, CUstream)                  \
     X(cuMemFree_v2, K_MANAGED, 1, CUdeviceptr)                                                               \
+    X(cuMemFreeAsync, K_MANAGED, 2, CUdeviceptr, CUstream)                                                   \
     X(cuMemAdvise, K_MANAGED, 4, CUdeviceptr, size_t, CUmem_advise, CUdevice)                                \
     X(cuMemAdvise_v2, K_MANAGED, 4, CUdeviceptr, size_t, CUmem_advise, CUmemLocation)                        \
     X(cuMemPrefetchAsync, K_MANAGED, 4, CUdeviceptr, size_t, CUdevice, CUstream)                             \
@@ -419,7 +421,7 @@ static int managed_call(const char *name)
 {
     static const struct { const char *name; int call; } t[] = {
         {"cuMemAllocManaged", GC_M_ALLOC}, {"cuMemAllocAsync", GC_M_POOL_ALLOC}, {"cuMemAllocFromPoolAsync", GC_M_POOL_ALLOC},
-        {"cuMemFree_v2", GC_M_FREE}, {"cuMemAdvise", GC_M_ADVISE}, {"cuMemAdvise_v2", GC_M_ADVISE2},
+        {"cuMemFree_v2", GC_M_FREE}, {"cuMemFreeAsync", GC_M_FREE}, {"cuMemAdvise", GC_M_ADVISE}, {"cuMemAdvise_v2", GC_M_ADVISE2},
         {"cuMemPrefetchAsync", GC_M_PREFETCH}, {"cuMemPrefetchAsync_v2", GC_M_PREFETCH2},
         {"cuMemPrefetchBatchAsync", GC_M_PREFETCH_BATCH}, {"cuMemDiscardAndPrefetchBatchAsync", GC_M_PREFETCH_BATCH},
     };
