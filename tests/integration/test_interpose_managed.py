@@ -94,20 +94,24 @@ def test_the_default_collector_counts_managed_memory_and_says_migrations_are_not
     assert cost.status == PARTIAL and any("not measured by this collector" in n for n in cost.notes), cost.notes
 
 
-def test_no_managed_memory_no_gap(native, mock_lib, mock_cuda, tmp_path):
-    """A run that never allocates managed memory says nothing about it: exact, the gauge 0 (frees of plain device
-    memory pass through)."""
+def test_no_managed_memory_no_gap_until_some_is_allocated(native, mock_lib, mock_cuda, tmp_path):
+    """A run that allocates no managed memory says nothing about it (frees of plain device memory pass through);
+    its first managed allocation is in the segment at the next flush, and the gap with it."""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + MANAGED + """
         out['init'] = g.InitializeInjection()
         k()
         out['free'] = free(DEV)
         out['flush'] = g.gc_flush()
         out['path'] = path()
+        from otel_gpu_census.census.reader import read_segment
+        out['before'] = read_segment(path()).gaps
+        managed(4096)                                 # once the segment exists, a flush publishes it at once
+        g.gc_flush()
+        c = read_segment(path())
+        out['after'] = [c.managed_in_use, c.devices[0].managed.allocs, bool(c.managed_gap)]
     """, env=dict(ENV, **preloaded(native)))
     assert res["init"] == 1 and res["free"] == 0 and err == ""
-    p = read(native, res["path"])
-    assert not p.managed_in_use and p.managed_gap is None and p.gaps == []
-    assert p.devices[0].managed.allocs == 0
+    assert res["before"] == [] and res["after"] == [True, 1, True], res
 
 
 # ---- the precise collector: CUPTI's unified-memory counters ----------------------------------------------------

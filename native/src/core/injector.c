@@ -429,8 +429,7 @@ static int finish(int at_exit);
  * (every kernel traced, an idle server): no lock, no update. */
 static void fold_launches(uint64_t mono)
 {
-    if (atomic_load(&g_state) != ACTIVE ||
-        (!gc_launches_pending() && !gc_calls_pending() && !(gc_managed_any() && !g_seg)))
+    if (atomic_load(&g_state) != ACTIVE || (!gc_launches_pending() && !gc_calls_pending() && !gc_managed_pending()))
         return;
     pthread_mutex_lock(&g_mu);
     gc_segment *seg = atomic_load(&g_state) == ACTIVE ? segment() : NULL;
@@ -438,6 +437,7 @@ static void fold_launches(uint64_t mono)
         gc_segment_begin_update(seg);
         gc_launches_fold(g_tally, seg, mono);
         gc_calls_fold(g_tally, seg);
+        gc_managed_publish(seg);
         if (g_calls) fill_uuids(seg); /* no buffer ever completes to do it (else: zeros) */
         gc_segment_end_update(seg);
     }
@@ -556,7 +556,7 @@ static int finish(int at_exit)
     uint64_t t = gc_wall_ns();
     if (!g_calls) gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&g_mu);
-    if (g_calls && (gc_launches_pending() || gc_calls_pending() || gc_managed_any()))
+    if (g_calls && (gc_launches_pending() || gc_calls_pending() || gc_managed_pending()))
         (void)segment(); /* counted, never folded yet */
     if (g_seg) {
         gc_segment_begin_update(g_seg);

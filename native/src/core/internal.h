@@ -130,6 +130,7 @@ int gc_managed_call(int call, const void *params, int dev);   /* a call that suc
 void gc_managed_alloc(int dev, uint64_t ptr, uint64_t bytes);
 void gc_managed_free(uint64_t ptr);
 int gc_managed_any(void);                       /* a managed allocation was made */
+int gc_managed_pending(void);                   /* calls counted since the last publish */
 void gc_managed_publish(gc_segment *seg);       /* the counts into the segment (under the writer's lock) */
 /* The driver callback ids the precise collector follows, and which call each is (GC_M_NONE: not one). */
 int gc_managed_cbid(CUpti_CallbackId cbid);

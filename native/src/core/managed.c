@@ -27,6 +27,7 @@ static struct {
     _Atomic uint64_t allocs, alloc_bytes, live_bytes, advises, pf_in, pf_in_bytes, pf_out, pf_out_bytes;
 } g_dev[GC_MAX_DEVICES];
 static _Atomic int g_any;                /* a managed allocation was made (on any device, or on none we know) */
+static _Atomic uint64_t g_gen, g_published;   /* calls counted; of them, in the segment (the flusher's) */
 
 /* Live allocations, open addressing (linear probing): 0 empty, 1 a freed slot (probing goes past it). Full: the
  * allocation stays in live_bytes for good (a census that cannot follow the free keeps saying "in use"). */
@@ -59,6 +60,7 @@ static void remember(uint64_t p, uint64_t bytes, uint32_t dev)
 void gc_managed_alloc(int dev, uint64_t ptr, uint64_t bytes)
 {
     atomic_store_explicit(&g_any, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_gen, 1, memory_order_relaxed);
     if (dev < 0 || dev >= (int)GC_MAX_DEVICES) return;
     atomic_fetch_add_explicit(&g_dev[dev].allocs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_dev[dev].alloc_bytes, bytes, memory_order_relaxed);
@@ -79,6 +81,7 @@ void gc_managed_free(uint64_t ptr)
             return;                                 /* freed twice at once: the driver refuses one of them */
         atomic_fetch_sub_explicit(&g_live_n, 1, memory_order_relaxed);
         atomic_fetch_sub_explicit(&g_dev[dev].live_bytes, bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&g_gen, 1, memory_order_relaxed);
         return;
     }
 }
@@ -86,6 +89,7 @@ void gc_managed_free(uint64_t ptr)
 static void prefetched(int dev, int to_host, uint64_t n, uint64_t bytes)
 {
     if (dev < 0 || dev >= (int)GC_MAX_DEVICES || !bytes) return;
+    atomic_fetch_add_explicit(&g_gen, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(to_host ? &g_dev[dev].pf_out : &g_dev[dev].pf_in, n, memory_order_relaxed);
     atomic_fetch_add_explicit(to_host ? &g_dev[dev].pf_out_bytes : &g_dev[dev].pf_in_bytes, bytes, memory_order_relaxed);
 }
@@ -138,7 +142,10 @@ int gc_managed_call(int call, const void *p, int dev)
     case GC_M_FREE: gc_managed_free((uint64_t)((const struct p_mfree *)p)->ptr); return 0;
     case GC_M_ADVISE:
     case GC_M_ADVISE2:
-        if (dev >= 0 && dev < (int)GC_MAX_DEVICES) atomic_fetch_add_explicit(&g_dev[dev].advises, 1, memory_order_relaxed);
+        if (dev >= 0 && dev < (int)GC_MAX_DEVICES) {
+            atomic_fetch_add_explicit(&g_dev[dev].advises, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&g_gen, 1, memory_order_relaxed);
+        }
         return 0;
     case GC_M_PREFETCH: {   /* CUDA 12's: a device ordinal, CU_DEVICE_CPU (-1) for the host */
         const struct p_mprefetch1 *q = p;
@@ -154,8 +161,14 @@ int gc_managed_call(int call, const void *p, int dev)
 
 int gc_managed_any(void) { return atomic_load_explicit(&g_any, memory_order_relaxed); }
 
+int gc_managed_pending(void)
+{
+    return atomic_load_explicit(&g_gen, memory_order_relaxed) != atomic_load_explicit(&g_published, memory_order_relaxed);
+}
+
 void gc_managed_publish(gc_segment *seg)
 {
+    atomic_store_explicit(&g_published, atomic_load_explicit(&g_gen, memory_order_relaxed), memory_order_relaxed);
     if (atomic_load_explicit(&g_any, memory_order_relaxed)) seg->flags |= GC_FLAG_MANAGED;
     for (uint32_t d = 0; d < GC_MAX_DEVICES; d++) {
         gc_managed *m = &seg->devices[d].managed;
