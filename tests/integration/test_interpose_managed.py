@@ -234,3 +234,29 @@ def test_a_paused_census_switches_the_counters_off_and_on_with_every_other_kind(
     assert res["paused"] == [0, 1] and res["resumed"] == [1, 0], res
     p = read(native, res["path"])
     assert p.migrations_measured and p.devices[0].copies.get("managed_htod").bytes == 2 << 20 and err == ""
+
+
+def test_allocations_and_frees_of_many_threads_leave_exactly_the_live_bytes(native, mock_lib, mock_cuda, tmp_path):
+    """Eight threads at once, each making 400 managed allocations of its own size and freeing all but every
+    eighth: the live bytes are exactly those of the ones kept, every allocation counted once."""
+    res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, DRIVER.format(mock_cuda=mock_cuda) + MANAGED + """
+        import threading
+        out['init'] = g.InitializeInjection()
+        go = threading.Barrier(8)
+        def work(t):
+            go.wait()
+            for i in range(400):
+                p = managed(4096 * (t + 1))
+                if i % 8:
+                    assert free(p) == 0
+        ts = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for x in ts: x.start()
+        for x in ts: x.join()
+        out['flush'] = g.gc_flush()
+        out['path'] = path()
+    """, env=dict(ENV, **preloaded(native)))
+    assert res["init"] == 1 and res["flush"] == 0 and err == "", (res, err)
+    m = read(native, res["path"]).devices[0].managed
+    per_thread = [4096 * (t + 1) for t in range(8)]
+    assert m.allocs == 8 * 400 and m.alloc_bytes == 400 * sum(per_thread)
+    assert m.live_bytes == 50 * sum(per_thread), m

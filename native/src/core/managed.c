@@ -29,10 +29,12 @@ static struct {
 static _Atomic int g_any;                /* a managed allocation was made (on any device, or on none we know) */
 static _Atomic uint64_t g_gen, g_published;   /* calls counted; of them, in the segment (the flusher's) */
 
-/* Live allocations, open addressing (linear probing): 0 empty, 1 a freed slot (probing goes past it). Full: the
- * allocation stays in live_bytes for good (a census that cannot follow the free keeps saying "in use"). */
+/* Live allocations, open addressing (linear probing): 0 empty, FREED a freed slot (probing goes past it), TAKEN a
+ * slot being written. Full: the allocation stays in live_bytes for good (a census that cannot follow the free keeps
+ * saying "in use"). */
 #define LIVE_SLOTS 8192u
 #define FREED 1u
+#define TAKEN 2u
 static struct live {
     _Atomic uint64_t ptr;
     uint64_t bytes;
@@ -44,16 +46,17 @@ static inline uint32_t slot_of(uint64_t p) { return (uint32_t)((p >> 12) * 0x9E3
 
 static void remember(uint64_t p, uint64_t bytes, uint32_t dev)
 {
-    if (p <= FREED) return;
+    if (p <= TAKEN) return;
     for (uint32_t i = 0, s = slot_of(p); i < LIVE_SLOTS; i++, s = (s + 1) & (LIVE_SLOTS - 1)) {
         uint64_t cur = atomic_load_explicit(&g_live[s].ptr, memory_order_relaxed);
-        if (cur > FREED) continue;
+        if ((cur != 0 && cur != FREED) ||
+            !atomic_compare_exchange_strong_explicit(&g_live[s].ptr, &cur, TAKEN, memory_order_acquire, memory_order_relaxed))
+            continue;   /* held, or taken by another thread just now */
         g_live[s].bytes = bytes;
         g_live[s].dev = dev;
-        if (atomic_compare_exchange_strong_explicit(&g_live[s].ptr, &cur, p, memory_order_release, memory_order_relaxed)) {
-            atomic_fetch_add_explicit(&g_live_n, 1, memory_order_relaxed);
-            return;
-        }
+        atomic_store_explicit(&g_live[s].ptr, p, memory_order_release);
+        atomic_fetch_add_explicit(&g_live_n, 1, memory_order_relaxed);
+        return;
     }
 }
 
@@ -70,7 +73,7 @@ void gc_managed_alloc(int dev, uint64_t ptr, uint64_t bytes)
 
 void gc_managed_free(uint64_t ptr)
 {
-    if (ptr <= FREED || !atomic_load_explicit(&g_live_n, memory_order_relaxed)) return;
+    if (ptr <= TAKEN || !atomic_load_explicit(&g_live_n, memory_order_relaxed)) return;
     for (uint32_t i = 0, s = slot_of(ptr); i < LIVE_SLOTS; i++, s = (s + 1) & (LIVE_SLOTS - 1)) {
         uint64_t cur = atomic_load_explicit(&g_live[s].ptr, memory_order_acquire);
         if (cur == 0) return;                       /* never a managed allocation we followed */
