@@ -10,6 +10,8 @@
 #   coverage     tests/gpu/test_coverage_matrix.py: every way of putting work on the GPU, the default collector
 #                against CUPTI row by row; $OUT/coverage_matrix.md and .json
 #   events-tests the GPU tests of the default collector's event pairs only
+#   managed      tests/gpu/test_managed_gpu.py: a known migration pattern of managed memory under both collectors;
+#                $OUT/managed_gpu.json
 #   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
 #   vllm-q1 / vllm-q2 / vllm-q3   copy one carried piece of the vLLM wheel set into /tmp/vp (bench/device/vllm_parts.sh:
 #                q1-q4, 32 MB a call at most); the last call carries .vllm/q4 and runs vllm-install (or vllm)
@@ -73,6 +75,7 @@ phase() {
                  --deselect tests/gpu/test_coverage_matrix.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
     coverage) python3 -m pytest -q -s -m gpu tests/gpu/test_coverage_matrix.py 2>&1 | tee "$OUT/coverage.log" ;;
     events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k "events or gated_event" 2>&1 | tee "$OUT/events-tests.log" ;;
+    managed) python3 -m pytest -q -s -m gpu tests/gpu/test_managed_gpu.py 2>&1 | tee "$OUT/managed.log" ;;
     gate-probe)  # gated and ungated event pairs against CUPTI on kernels of known length (bench/perf/event_gate_probe.py)
       python3 bench/perf/event_gate_probe.py --out "$OUT/gate_probe.json" ${GATE_PROBE_ARGS:-} 2>&1 | tee "$OUT/gate_probe.log" ;;
     install)   # the package itself, built here (its wheel carries the injector), with its entry points

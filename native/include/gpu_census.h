@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define GC_MAGIC            0x53534e4355504743ULL /* "CGPUCNSS" read as little-endian bytes */
-#define GC_LAYOUT_VERSION   4u
+#define GC_LAYOUT_VERSION   5u
 #define GC_MAX_DEVICES      16u
 #define GC_WINDOW_SLOTS     2048u                 /* power of two */
 #define GC_WINDOW_NS        20000000ull           /* 20 ms buckets: 2048 of them hold ~41 s */
@@ -44,7 +44,12 @@ enum gc_dir {
     GC_DIR_PTOP = 3,   /* device -> another device */
     GC_DIR_HTOH = 4,   /* host -> host through the driver */
     GC_DIR_OTHER = 5,  /* unknown copyKind */
-    GC_NDIR = 6
+    /* Managed (unified) memory the driver migrated on its own, no copy call naming it (page faults, prefetches,
+     * evictions): CUPTI's unified-memory counters, the precise collector only. Host memory kind OTHER; counted on the
+     * device the pages went to (HTOD) or came from (DTOH), in windows by start, never in steps (no correlation id). */
+    GC_DIR_MANAGED_HTOD = 6,
+    GC_DIR_MANAGED_DTOH = 7,
+    GC_NDIR = 8
 };
 
 /* The host side of a copy (src for HtoD and HtoH, dst for DtoH); DEVICE when neither side is host. */
@@ -101,6 +106,18 @@ enum gc_kernels {
  * CUPTI, which was never loaded; no schedule, no busy (0: not measured) */
 #define GC_FLAG_EVENTS          0x100u
 
+/* Managed (unified) memory: allocations made in the process (both collectors, at the calls). What the driver then
+ * migrates is named by no copy call: only CUPTI's unified-memory counters measure it (GC_DIR_MANAGED_*).
+ * MANAGED: managed memory was allocated (or migrated) in the process. UM_COUNTERS: the precise collector has CUPTI's
+ * unified-memory counters on, migrations measured from um_since_wall_ns. UM_REFUSED: it asked for them and CUPTI or
+ * the driver refused (um_refused_code): migrations not measured. */
+#define GC_FLAG_MANAGED         0x200u
+#define GC_FLAG_UM_COUNTERS     0x400u
+#define GC_FLAG_UM_REFUSED      0x800u
+/* The process started with GGML_CUDA_ENABLE_UNIFIED_MEMORY set (llama.cpp's CUDA backend then allocates its buffers
+ * as managed memory): what a report names as the setting behind the migrations. */
+#define GC_FLAG_ENV_UNIFIED     0x1000u
+
 /* How CUDA graphs are counted (OTEL_GPU_CENSUS_GRAPHS). */
 enum gc_graphs {
     GC_GRAPHS_NODE = 0,      /* one CUPTI record per node of every launch (CUPTI's cost per node) */
@@ -116,6 +133,22 @@ typedef struct gc_stat {
     uint64_t bytes;
     uint64_t ns;       /* summed durations (end - start) */
 } gc_stat;
+
+/* Managed memory of one device in one process. Calls are counted by both collectors; the rest are CUPTI's
+ * unified-memory counters (precise collector, GC_FLAG_UM_COUNTERS), 0 otherwise. */
+typedef struct gc_managed {
+    uint64_t allocs;            /* managed allocations made on this device's context (cuMemAllocManaged, managed pools) */
+    uint64_t alloc_bytes;       /* ... their bytes */
+    uint64_t live_bytes;        /* ... not freed yet (frees of allocations the census could not follow: never taken off) */
+    uint64_t advises;           /* cuMemAdvise calls on this device's context */
+    gc_stat  prefetch_in;       /* prefetches to this device: calls, bytes asked (pages already there do not move), 0 ns */
+    gc_stat  prefetch_out;      /* ... to the host, from this device's context */
+    gc_stat  migrated_dtod;     /* CUPTI: migrations to this device from another device (records, bytes, ns) */
+    uint64_t gpu_faults;        /* CUPTI: GPU page fault groups (GPU_PAGE_FAULT values summed) */
+    uint64_t thrashing;         /* CUPTI: thrashing reports naming this device */
+    uint64_t throttling;        /* CUPTI: throttling reports */
+    uint64_t remote_maps;       /* CUPTI: remote maps to this device instead of migrations */
+} gc_managed;
 
 typedef struct gc_device {
     uint32_t device_id;         /* CUDA device ordinal, as CUPTI reports it */
@@ -138,7 +171,7 @@ typedef struct gc_device {
     uint64_t eager_launches;          /* launches the driver's launch callbacks counted */
     uint64_t eager_traced;            /* eager kernel records tallied (those in kernel_count unless COUNTED) */
     uint64_t eager_traced_ns;         /* their summed durations (part of kernel_ns) */
-    uint64_t reserved[1];
+    gc_managed managed;               /* managed memory: copy[GC_DIR_MANAGED_*] holds what migrated */
 } gc_device;
 
 /* One time bucket: everything that *started* in [index*GC_WINDOW_NS, (index+1)*GC_WINDOW_NS).
@@ -232,7 +265,7 @@ typedef struct gc_segment {
     uint64_t unwrapped;         /* such functions handed out with no way to count their calls (every counting
                                    slot taken, or no trampolines on this CPU): their calls are not even counted */
     char     unsized_name[48];  /* the first such function's name (NUL-terminated), for the one line that says so */
-    char     reserved_text[GC_NOTE_LEN - 184]; /* unused: nothing is written here (room for growth) */
+    uint64_t um_cpu_faults;     /* CUPTI's CPU page faults on managed memory (a record each; no device named) */
     uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
     uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
     uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */
@@ -262,6 +295,9 @@ typedef struct gc_segment {
                                    be read); 0 otherwise. Was reserved: older writers leave it 0 */
     uint64_t graph_untimed;     /* GC_FLAG_TIMED: graph launches counted with no span to price them (their exec
                                    never ran in a window, and no graph did): in kernel counts, not in kernel_ns */
+    uint64_t um_since_wall_ns;  /* GC_FLAG_UM_COUNTERS: CLOCK_REALTIME when they went on (0: never) */
+    uint32_t um_refused_code;   /* GC_FLAG_UM_REFUSED: CUPTI's result code */
+    uint32_t um_pad;
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];

@@ -9,6 +9,7 @@ typedef struct { int unused; } CUDA_MEMCPY2D_v1, CUDA_MEMCPY3D_v1, CUDA_ARRAY_DE
 #include <generated_cuda_meta.h>
 
 #include "../src/preload/call_params.h"
+#include "../src/core/managed_params.h"
 
 #define AT(M, T, f, Tf) _Static_assert(offsetof(struct M, f) == offsetof(T, Tf), #T "." #Tf " is not " #M "." #f)
 #define COPY(M, T, d, s) AT(M, T, dst, d); AT(M, T, src, s); AT(M, T, bytes, ByteCount)
@@ -55,5 +56,22 @@ STREAM(p_batch3d1, cuMemcpy3DBatchAsync_params); STREAM(p_batch3d1, cuMemcpy3DBa
 AT(p_attr, cuMemcpyWithAttributesAsync_params, dst, dst); AT(p_attr, cuMemcpyWithAttributesAsync_params, src, src);
 AT(p_attr, cuMemcpyWithAttributesAsync_params, bytes, size); STREAM(p_attr, cuMemcpyWithAttributesAsync_params);
 AT(p_attr3d, cuMemcpy3DWithAttributesAsync_params, op, op); STREAM(p_attr3d, cuMemcpy3DWithAttributesAsync_params);
+
+/* managed memory (managed_params.h) */
+AT(p_malloc, cuMemAllocManaged_params, dptr, dptr); AT(p_malloc, cuMemAllocManaged_params, bytes, bytesize);
+AT(p_mpool, cuMemAllocFromPoolAsync_params, dptr, dptr); AT(p_mpool, cuMemAllocFromPoolAsync_params, bytes, bytesize);
+AT(p_mpool, cuMemAllocAsync_params, dptr, dptr); AT(p_mpool, cuMemAllocAsync_params, bytes, bytesize);
+AT(p_mpool, cuMemAllocFromPoolAsync_ptsz_params, bytes, bytesize); AT(p_mpool, cuMemAllocAsync_ptsz_params, bytes, bytesize);
+AT(p_mfree, cuMemFree_v2_params, ptr, dptr); AT(p_mfree, cuMemFreeAsync_params, ptr, dptr);
+AT(p_mfree, cuMemFreeAsync_ptsz_params, ptr, dptr);
+AT(p_madvise, cuMemAdvise_params, dev, device); AT(p_madvise2, cuMemAdvise_v2_params, loc, location);
+AT(p_mprefetch1, cuMemPrefetchAsync_params, bytes, count); AT(p_mprefetch1, cuMemPrefetchAsync_params, to, dstDevice);
+AT(p_mprefetch1, cuMemPrefetchAsync_ptsz_params, to, dstDevice);
+AT(p_mprefetch2, cuMemPrefetchAsync_v2_params, bytes, count); AT(p_mprefetch2, cuMemPrefetchAsync_v2_params, loc, location);
+AT(p_mprefetch2, cuMemPrefetchAsync_v2_ptsz_params, loc, location);
+#define MBATCH(T) AT(p_mbatch, T, dptrs, dptrs); AT(p_mbatch, T, sizes, sizes); AT(p_mbatch, T, count, count); \
+    AT(p_mbatch, T, locs, prefetchLocs); AT(p_mbatch, T, loc_idx, prefetchLocIdxs); AT(p_mbatch, T, nlocs, numPrefetchLocs)
+MBATCH(cuMemPrefetchBatchAsync_params); MBATCH(cuMemPrefetchBatchAsync_ptsz_params);
+MBATCH(cuMemDiscardAndPrefetchBatchAsync_params); MBATCH(cuMemDiscardAndPrefetchBatchAsync_ptsz_params);
 
 int main(void) { return 0; }

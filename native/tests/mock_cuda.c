@@ -80,8 +80,14 @@ void mock_cuda_set_memory(unsigned long long dev_lo, unsigned long long dev_hi, 
     g_pin_hi = pin_hi;
 }
 enum { ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9, MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2 };
+#define MANAGED_LO 0x900000000000ull   /* managed memory: cuMemAllocManaged's and pool 0xbeef's addresses */
+#define MANAGED_HI (MANAGED_LO + (1ull << 40))
 CUresult cuPointerGetAttribute(void *d, int a, unsigned long long p)
 {
+    if (a == ATTR_IS_MANAGED && p >= MANAGED_LO && p < MANAGED_HI) {
+        *(unsigned int *)d = 1;
+        return 0;
+    }
     int dev = p >= g_dev_lo && p < g_dev_hi, pin = p >= g_pin_lo && p < g_pin_hi;
     if (!dev && !pin) return NOT_SUPPORTED;
     switch (a) {
@@ -394,6 +400,24 @@ WORK(cuMemcpyPeer) WORK(cuMemcpyPeerAsync) WORK(cuMemcpy3DPeer) WORK(cuMemcpy3DP
 WORK(cuMemsetD8_v2) WORK(cuMemsetD16_v2) WORK(cuMemsetD32_v2) WORK(cuMemsetD8Async) WORK(cuMemsetD16Async)
 WORK(cuMemsetD2D8_v2) WORK(cuMemsetD2D16_v2) WORK(cuMemsetD2D32_v2) WORK(cuMemsetD2D32Async)
 WORK(cuLaunchCooperativeKernel)
+/* Managed memory: cuMemAllocManaged, and cuMemAllocFromPoolAsync from pool 0xbeef (a managed pool), hand out
+ * addresses in [MANAGED_LO, MANAGED_HI), which cuPointerGetAttribute says are managed; any other pool's come from
+ * the device range. Frees, advice and prefetches only count themselves. */
+static _Atomic unsigned long long g_managed_next = MANAGED_LO, g_pool_next;
+CUresult cuMemAllocManaged(unsigned long long *p, size_t n, unsigned int flags)
+{
+    (void)flags;
+    *p = atomic_fetch_add(&g_managed_next, (n + 0xfffull) & ~0xfffull);
+    return done();
+}
+CUresult cuMemAllocFromPoolAsync(unsigned long long *p, size_t n, unsigned long pool, void *stream)
+{
+    (void)stream;
+    if (pool == 0xbeef) return cuMemAllocManaged(p, n, 1);
+    *p = g_dev_lo + (1ull << 30) + atomic_fetch_add(&g_pool_next, (n + 0xfffull) & ~0xfffull);
+    return done();
+}
+WORK(cuMemFree_v2) WORK(cuMemFreeAsync) WORK(cuMemAdvise_v2) WORK(cuMemPrefetchAsync_v2) WORK(cuMemPrefetchBatchAsync)
 struct mock_array_desc { size_t w, h, d; int format; unsigned channels, flags; };
 CUresult cuArray3DGetDescriptor_v2(struct mock_array_desc *desc, unsigned long a)
 {
@@ -424,6 +448,9 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuMemsetD32", cuMemsetD32_v2) PROC("cuMemsetD8Async", cuMemsetD8Async) PROC("cuMemsetD16Async", cuMemsetD16Async)
     PROC("cuMemsetD2D8", cuMemsetD2D8_v2) PROC("cuMemsetD2D16", cuMemsetD2D16_v2) PROC("cuMemsetD2D32", cuMemsetD2D32_v2)
     PROC("cuMemsetD2D32Async", cuMemsetD2D32Async) PROC("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel)
+    PROC("cuMemAllocManaged", cuMemAllocManaged) PROC("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync)
+    PROC("cuMemFree", cuMemFree_v2) PROC("cuMemFreeAsync", cuMemFreeAsync) PROC("cuMemAdvise", cuMemAdvise_v2) PROC("cuMemPrefetchAsync", cuMemPrefetchAsync_v2)
+    PROC("cuMemPrefetchBatchAsync", cuMemPrefetchBatchAsync)
     {"cuInit", (void *)cuInit}, {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
     {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},

@@ -12,6 +12,8 @@
  *   MOCK_CUPTI_REENABLE_LOSES=1  CONCURRENT_KERNEL enabled globally again after a global disable keeps no
  *                            kernel record of contexts without a setting of their own (CUPTI 13.5, driver 580)
  *   MOCK_CUPTI_NO_CONTEXT_SWITCH=1  cuptiActivityEnableContext/DisableContext are refused
+ *   MOCK_CUPTI_NO_UM=1       cuptiActivityConfigureUnifiedMemoryCounter answers UM_PROFILING_NOT_SUPPORTED (a GPU or
+ *                            platform without unified-memory counters); mock_um_configured() says how many were set on
  *   MOCK_CUPTI_STACK_KB=N    cuptiActivityRegisterCallbacks first uses N KiB of its caller's stack, page by
  *                            page (set up on a live context, CUPTI and the driver need deep stacks:
  *                            llama-server segfaulted in libcuda on a 256 KiB thread stack)
@@ -321,6 +323,16 @@ CUptiResult cuptiFinalize(void)
     g_finalizes++;
     return CUPTI_SUCCESS;
 }
+
+static int g_um_configured;
+CUptiResult cuptiActivityConfigureUnifiedMemoryCounter(CUpti_ActivityUnifiedMemoryCounterConfig *c, uint32_t n)
+{
+    if (env_on("MOCK_CUPTI_NO_UM")) return CUPTI_ERROR_UM_PROFILING_NOT_SUPPORTED;
+    g_um_configured = 0;
+    for (uint32_t i = 0; i < n; i++) g_um_configured += c[i].enable != 0;
+    return CUPTI_SUCCESS;
+}
+int mock_um_configured(void) { return g_um_configured; }
 
 /* ---- test controls ---- */
 int mock_finalizes(void) { return g_finalizes; }

@@ -32,14 +32,22 @@ MEMSET_T = "CUpti_ActivityMemset5"
 PTOP_T = "CUpti_ActivityMemcpyPtoP4"
 GRAPH_T = "CUpti_ActivityGraphTrace2"
 EXT_T = "CUpti_ActivityExternalCorrelation"
+UM_T = "CUpti_ActivityUnifiedMemoryCounter3"
 
 _CDEF = f"""
 typedef enum {{
     CUPTI_ACTIVITY_KIND_INVALID, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
     CUPTI_ACTIVITY_KIND_KERNEL, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY2,
     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_GRAPH_TRACE,
-    CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_NAME, ...
+    CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_NAME, CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER, ...
 }} CUpti_ActivityKind;
+typedef enum {{
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD, CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT, CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING, CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP, ...
+}} CUpti_ActivityUnifiedMemoryCounterKind;
 typedef enum {{
     CUPTI_ACTIVITY_MEMCPY_KIND_UNKNOWN, CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, CUPTI_ACTIVITY_MEMCPY_KIND_DTOH,
     CUPTI_ACTIVITY_MEMCPY_KIND_HTOA, CUPTI_ACTIVITY_MEMCPY_KIND_ATOH, CUPTI_ACTIVITY_MEMCPY_KIND_ATOA,
@@ -69,7 +77,9 @@ typedef enum {{
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync, CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async, CUPTI_DRIVER_TRACE_CBID_cuMemsetD2D8_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD, ...
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged, CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemPrefetchAsync_v2, ...
 }} CUpti_driver_api_trace_cbid;
 typedef struct {{ CUpti_ActivityKind kind; ...; }} CUpti_Activity;
 typedef struct {{
@@ -94,6 +104,11 @@ typedef struct {{
     CUpti_ActivityKind kind; uint32_t correlationId; uint64_t start; uint64_t end; uint32_t deviceId;
     uint32_t graphId; ...;
 }} {GRAPH_T};
+typedef struct {{
+    CUpti_ActivityKind kind; CUpti_ActivityUnifiedMemoryCounterKind counterKind; uint64_t value; uint64_t start;
+    uint64_t end; uint64_t address; uint32_t srcId; uint32_t dstId; uint32_t streamId; uint32_t processId;
+    uint32_t flags; ...;
+}} {UM_T};
 typedef struct {{
     CUpti_ActivityKind kind; CUpti_ExternalCorrelationKind externalKind; uint64_t externalId;
     uint32_t correlationId; ...;
@@ -180,6 +195,15 @@ def external(corr, external_id, custom=2):
     kind = getattr(lib, f"CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM{custom}")
     return _new(EXT_T, kind=lib.CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, externalKind=kind,
                 externalId=external_id, correlationId=corr)
+
+
+def unified(counter: str, value, start, end=0, src=0, dst=0):
+    """A unified-memory counter record (counter: BYTES_TRANSFER_HTOD, GPU_PAGE_FAULT, ...; src/dst: CPU or device ids
+    as CUPTI fills them for that counter)."""
+    _, lib = records()
+    return _new(UM_T, kind=lib.CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER,
+                counterKind=getattr(lib, "CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_" + counter), value=value,
+                start=start, end=end, srcId=src, dstId=dst)
 
 
 def other(kind_name="NAME"):

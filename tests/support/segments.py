@@ -94,3 +94,74 @@ def map_segment(path, comm: bytes, wall_start_ns: int = 0, gpu_ref_ns: int = 0, 
     mm, seg = open_segment(path)
     lib.gc_segment_init(seg, comm, wall_start_ns, gpu_ref_ns)
     return mm, seg
+
+
+# ---- segments recorded in earlier layouts ------------------------------------------------------------------------
+# Recorded archives (bench/results) and the examples were written in layouts 3 and 4. Each step below moves the bytes
+# to the next layout; every field the later layout added reads 0, as a census of that time wrote none (it counted no
+# managed memory, no eager launches). Offsets come from the current header and the documented differences.
+_F = _native.ffi
+_NDIR4, _NMEM = 6, 4                                   # layout 4: six copy directions (layout 5 added managed_*)
+_CELL = _F.sizeof("gc_stat")
+_DEV4_COPY = _NDIR4 * _NMEM * _CELL                   # gc_device.copy in layout 4
+_DEV_MORE = (_F.sizeof("gc_stat") * (_native.consts.GC_NDIR - _NDIR4) * _NMEM)   # bytes layout 5 added to copy
+_ROW_MORE = _CELL * (_native.consts.GC_NDIR - _NDIR4)                           # ... to a window's or step's
+_HEAD5 = _F.offsetof("gc_segment", "devices")
+_HEAD_MORE = 16                                        # um_since_wall_ns, um_refused_code, um_pad
+_DEV4 = _F.sizeof("gc_device") - _DEV_MORE - _F.sizeof("gc_managed") + 8       # the managed block was reserved[1]
+_WIN4, _STEP4 = _F.sizeof("gc_window") - _ROW_MORE, _F.sizeof("gc_step") - _ROW_MORE
+SLOTS = ((_native.consts.GC_MAX_DEVICES, "gc_device"), (_native.consts.GC_WINDOW_SLOTS, "gc_window"),
+         (_native.consts.GC_STEP_SLOTS, "gc_step"))
+
+
+def _v3_to_v4(data: bytes) -> bytes:
+    """Layout 3 to 4: gc_device's eager_* fields took its two reserved words and one more, gc_window and gc_step got
+    them before device_mask (their last field), and the header's launches_lost took a reserved word."""
+    head = _HEAD5 - _HEAD_MORE
+    out, at = bytearray(data[:head]), head
+    # (slots, size in layout 4, its size in layout 3, where eager_launches sits in layout 4, bytes kept at its end)
+    for n, new, old, keep, tail in (
+            (16, _DEV4, _DEV4 - 16, _F.offsetof("gc_device", "eager_launches") - _DEV_MORE, 0),
+            (2048, _WIN4, _WIN4 - 24, _F.offsetof("gc_window", "eager_launches") - _ROW_MORE, 8),
+            (1024, _STEP4, _STEP4 - 24, _F.offsetof("gc_step", "eager_launches") - _ROW_MORE, 8)):
+        for _ in range(n):
+            row = data[at:at + old]
+            out += row[:keep] + bytes(new - keep - tail) + row[old - tail:]
+            at += old
+    assert at == len(data), (at, len(data))
+    out[8:12] = (4).to_bytes(4, "little")
+    return bytes(out)
+
+
+def _v4_to_v5(data: bytes) -> bytes:
+    """Layout 4 to 5: two copy directions (managed_htod, managed_dtoh) in every copy table, gc_device's reserved word
+    became its gc_managed block, and the header gained um_since_wall_ns and um_refused_code before the devices."""
+    head = _HEAD5 - _HEAD_MORE
+    out, at = bytearray(data[:head]) + bytes(_HEAD_MORE), head
+    dev_copy = _F.offsetof("gc_device", "copy")
+    mid = _F.offsetof("gc_device", "managed") - _F.offsetof("gc_device", "memset")
+    for _ in range(_native.consts.GC_MAX_DEVICES):
+        row = data[at:at + _DEV4]
+        out += (row[:dev_copy + _DEV4_COPY] + bytes(_DEV_MORE) + row[dev_copy + _DEV4_COPY:dev_copy + _DEV4_COPY + mid]
+                + bytes(_F.sizeof("gc_managed")))
+        at += _DEV4
+    for ctype, n, old in (("gc_window", _native.consts.GC_WINDOW_SLOTS, _WIN4),
+                          ("gc_step", _native.consts.GC_STEP_SLOTS, _STEP4)):
+        cut = _F.offsetof(ctype, "copy") + _NDIR4 * _CELL
+        for _ in range(n):
+            row = data[at:at + old]
+            out += row[:cut] + bytes(_ROW_MORE) + row[cut:]
+            at += old
+    assert at == len(data) and len(out) == _native.SEGMENT_SIZE, (at, len(data), len(out))
+    out[8:16] = _native.LAYOUT_VERSION.to_bytes(4, "little") + _native.SEGMENT_SIZE.to_bytes(4, "little")
+    return bytes(out)
+
+
+def upgrade(data: bytes) -> bytes:
+    """A segment of layout 3 or 4 in today's layout (one of today's is returned as it is)."""
+    version = int.from_bytes(data[8:12], "little")
+    if version == 3:
+        data, version = _v3_to_v4(data), 4
+    if version == 4:
+        data = _v4_to_v5(data)
+    return data

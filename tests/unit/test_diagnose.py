@@ -12,7 +12,7 @@ from otel_gpu_census.report import serving
 from otel_gpu_census.census import reader
 from otel_gpu_census.report.diagnose import Facts, diagnose, low_occupancy
 from otel_gpu_census.report.request_log import parse
-from serving_census import DENSE, GPU0, HYBRID, MS, S, clocks, counted_at_calls, llama_run, model_load, serve
+from serving_census import DENSE, GPU0, HYBRID, MS, S, WALL0, clocks, counted_at_calls, llama_run, model_load, serve
 
 MB = 1_000_000
 
@@ -331,3 +331,79 @@ def test_a_paused_census_is_not_an_idle_gpu(census, records):
     assert "note: a control file paused the census for 3.000000 s: the work of that time is in none" in text
     assert "the census was paused 3.000000 s by a control file: that time reads as nothing" in text
     assert report.to_dict([paused], facts=facts_of(sv, "records"))["per_request"]["census_paused_ns"] == 3 * S
+
+
+# ---- managed (unified) memory migrated to the GPU ------------------------------------------------
+
+def _managed_census(census_dir, segments, sv, extra, flags, allocs=0, alloc_bytes=0):
+    """A llama-server's segment as a census of managed memory would have written it: `flags` (census.FLAG_*), the
+    allocations the calls reported."""
+    from otel_gpu_census import census as cz
+    base = clocks()
+
+    def edit(seg):
+        base(seg)
+        seg.flags |= flags
+        seg.devices[0].managed.allocs, seg.devices[0].managed.alloc_bytes = allocs, alloc_bytes
+        seg.devices[0].managed.live_bytes = alloc_bytes
+    census_dir.mkdir(parents=True, exist_ok=True)
+    return reader.read_segment(segments.segment(census_dir, list(sv.records) + list(extra), comm="llama-server",
+                                                edit=edit))
+
+
+def _paging(records, sv, per_step=8 * MB):
+    """Pages of weights migrated host->device under each request's steps: one migration per 10 ms step."""
+    out = []
+    for i, (s, e, _) in enumerate(sorted(sv.log)):
+        g0 = s - WALL0 + GPU0
+        for k in range(0, e - s, 10 * MS):
+            out.append(records.unified("BYTES_TRANSFER_HTOD", per_step, g0 + k, g0 + k + 2 * MS, 0, 0))
+    return out
+
+
+@pytest.mark.parametrize("boundaries", ["records", "count", "none"])
+def test_managed_memory_migrating_while_serving_names_the_setting(census_dir, segments, records, boundaries):
+    """The precise census measured managed memory paging in all through serving (llama-server started with
+    GGML_CUDA_ENABLE_UNIFIED_MEMORY): the migrated bytes, per request where known, and the variable to unset."""
+    from otel_gpu_census import census as cz
+    load, start = model_load(records)
+    sv = serve(records, clients=1, requests=6, start_ns=start)
+    paging = _paging(records, sv)
+    c = _managed_census(census_dir, segments, sv, load + paging,
+                        cz.FLAG_MANAGED | cz.FLAG_UM_COUNTERS | cz.FLAG_ENV_UNIFIED, 1, 16_000 * MB)
+    assert c.migrations_measured and c.gaps == []
+    d = one(diagnose([c], facts_of(sv, boundaries)), "managed_migrations")
+    moved = sum(r.value for r in paging)
+    assert d.figures["migrated_htod_bytes"] == moved
+    assert "GGML_CUDA_ENABLE_UNIFIED_MEMORY was set for this process" in d.text and "unset" in d.text
+    assert f"{moved:,} bytes" in d.text and "migrated host-to-device through managed memory" in d.text
+    if boundaries != "none":
+        assert d.figures["migrated_htod_bytes_per_request"] == moved // 6 and "while serving" in d.text
+    assert "weights_copied" not in kinds(diagnose([c], facts_of(sv, boundaries)))   # no copy call moved them
+
+
+def test_migrations_only_at_start_up_are_not_a_diagnosis(census_dir, segments, records):
+    """Managed memory that migrated while the model loaded, then stayed: serving moved nothing."""
+    from otel_gpu_census import census as cz
+    load, start = model_load(records)
+    sv = serve(records, clients=1, requests=6, start_ns=start)
+    at_load = [records.unified("BYTES_TRANSFER_HTOD", 40 * MB, GPU0 + S // 2 + i * 5 * MS, GPU0 + S // 2 + i * 5 * MS + MS)
+               for i in range(50)]
+    c = _managed_census(census_dir, segments, sv, load + at_load, cz.FLAG_MANAGED | cz.FLAG_UM_COUNTERS, 1, 2_000 * MB)
+    found = diagnose([c], facts_of(sv, "records"))
+    assert "managed_migrations" not in kinds(found) and "managed_memory" not in kinds(found), [x.text for x in found]
+
+
+def test_managed_memory_the_census_did_not_measure_says_how_to(census_dir, segments, records):
+    """The default census: managed memory in use, migrations unmeasured: the diagnosis names the setting behind it
+    and the precise collector; a few small managed buffers without the setting are no diagnosis."""
+    from otel_gpu_census import census as cz
+    load, start = model_load(records)
+    sv = serve(records, clients=1, requests=6, start_ns=start)
+    c = _managed_census(census_dir, segments, sv, load, cz.FLAG_MANAGED | cz.FLAG_ENV_UNIFIED, 3, 9_000 * MB)
+    assert not c.migrations_measured and c.managed_gap
+    d = one(diagnose([c], facts_of(sv, "records")), "managed_memory")
+    assert "9,000,000,000 bytes" in d.text and "3 managed allocations" in d.text
+    assert "run --precise" in d.text and "GGML_CUDA_ENABLE_UNIFIED_MEMORY" in d.text
+    small = _managed_census(census_dir / "small", segments, sv, load, cz.FLAG_MANAGED, 2, 2 * MB)
+    assert "managed_memory" not in kinds(diagnose([small], facts_of(sv, "records")))

@@ -1,7 +1,7 @@
 """The diagnoses on census folders recorded on an H200, each rule with a run that shows it and runs that do not.
 
 Dense 8B archive (bench/explain_evidence.sh as it was, bench/results/explain/explain.tgz; recorded under CUPTI,
-every kernel traced, layout 3, upgraded by :func:`upgrade_v3`):
+every kernel traced, layout 3, upgraded to today's by ``segments.upgrade``):
 
   default  llama-server 8B, default flags, 16 clients x 64 requests: its prompt cache saves a slot's
            state (~183 MB a request, pageable) each time a request reuses the slot -> state saved, server-bound
@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 from otel_gpu_census.report import render as report
-from otel_gpu_census._native import LAYOUT_VERSION, SEGMENT_SIZE, ffi
 from otel_gpu_census.census.reader import scan
 from otel_gpu_census.report.diagnose import Facts, diagnose
 from otel_gpu_census.report.request_log import load
+from segments import upgrade
 from sentences import problems
 from serving_census import counted_at_calls
 
@@ -41,39 +41,17 @@ OCCUPANCY = {"matmul": 0.14130060040920422, "tiny": 7.714970587925094e-06}   # b
 FLAGS = "`--cache-ram 0 --ctx-checkpoints 0`"
 
 
-def upgrade_v3(data: bytes) -> bytes:
-    """A layout-3 segment in layout 4: gc_device's eager_* fields took its two reserved words and one
-    more, gc_window and gc_step got them before device_mask (their last field), and the header's
-    launches_lost took a reserved word. The new fields read 0, as in a census of that time."""
-    head = ffi.offsetof("gc_segment", "devices")
-    out = bytearray(data[:head])
-    out[8:16] = LAYOUT_VERSION.to_bytes(4, "little") + SEGMENT_SIZE.to_bytes(4, "little")
-    at = head
-    # (struct, slots, its size in layout 3, bytes kept at its end: device_mask)
-    for ctype, n, old, tail in (("gc_device", 16, ffi.sizeof("gc_device") - 16, 0),
-                                ("gc_window", 2048, ffi.sizeof("gc_window") - 24, 8),
-                                ("gc_step", 1024, ffi.sizeof("gc_step") - 24, 8)):
-        keep = ffi.offsetof(ctype, "eager_launches")
-        for _ in range(n):
-            row = data[at:at + old]
-            out += row[:keep] + bytes(ffi.sizeof(ctype) - keep - tail) + row[old - tail:]
-            at += old
-    assert at == len(data) and len(out) == SEGMENT_SIZE
-    return bytes(out)
-
-
-def _unpack(archive: Path, root: Path, upgrade: bool = False) -> Path:
+def _unpack(archive: Path, root: Path) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    if upgrade:
-        for seg in root.rglob("*.seg"):
-            seg.write_bytes(upgrade_v3(seg.read_bytes()))
+    for seg in root.rglob("*.seg"):      # recorded in layouts 3 and 4: the fields added since read 0
+        seg.write_bytes(upgrade(seg.read_bytes()))
     return root
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return _unpack(ARCHIVE, tmp_path_factory.mktemp("explain"), upgrade=True)
+    return _unpack(ARCHIVE, tmp_path_factory.mktemp("explain"))
 
 
 def census_of(d: Path, calls: bool = False):

@@ -310,7 +310,7 @@ def test_segment_identity(native):
     seg = ffi.new("gc_segment *")
     lib.gc_segment_init(seg, b"llama-server", 0, 12345)
     import os
-    assert seg.magic == 0x53534E4355504743 and seg.layout_version == 4
+    assert seg.magic == 0x53534E4355504743 and seg.layout_version == 5
     assert seg.segment_size == ffi.sizeof("gc_segment") and seg.pid == os.getpid() and seg.ppid == os.getppid()
     assert ffi.string(seg.comm) == b"llama-server" and seg.clock_ref_gpu_ns == 12345
     assert seg.state == 1 and seg.window_ns_div == W // 1000

@@ -83,6 +83,21 @@ static int g_preload;
 /* ... or from CUDA event pairs around a sample of the launches (ACTIVITY=events, events.c): no CUPTI, no schedule. */
 static int g_events;
 
+/* CUPTI's unified-memory counters (the precise collector), turned on at the process's first managed allocation (its
+ * callback, before the allocation returns: no page of it has moved yet), or at the flusher's first wake where no
+ * callback tells of allocations. 0 off, 1 on, -1 refused (one line says so). */
+static struct {
+    atomic_int state;
+    int at_wake;                /* no managed callbacks: the flusher turns them on */
+    int kind_on;                /* the activity kind is enabled now (a pause disables it) */
+    uint64_t since_wall_ns;
+    uint32_t code;
+    pthread_mutex_t mu;         /* never taken with g_mu held, nor g_mu with it */
+} g_um = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* GGML_CUDA_ENABLE_UNIFIED_MEMORY was set at start (llama.cpp's switch to managed memory, whatever its value). */
+static int g_env_unified;
+
 /* The control file (see control_poll); touched by the flusher only, published under g_mu. */
 static struct {
     int paused;
@@ -134,6 +149,16 @@ static void publish_kernels(gc_segment *seg, uint64_t mono)
         seg->events_lead_ns = st.lead_ns;
     }
     if (g_preload) gc_interpose_unseen(seg);
+    gc_managed_publish(seg);
+    if (g_env_unified) seg->flags |= GC_FLAG_ENV_UNIFIED;
+    int um = atomic_load(&g_um.state);
+    if (um > 0) {
+        seg->flags |= GC_FLAG_UM_COUNTERS;
+        seg->um_since_wall_ns = g_um.since_wall_ns;
+    } else if (um < 0) {
+        seg->flags |= GC_FLAG_UM_REFUSED;
+        seg->um_refused_code = g_um.code;
+    }
 }
 
 /* ---- device UUIDs, from the driver already loaded in this process ---- */
@@ -310,6 +335,63 @@ static CUptiResult kind_set(CUpti_ActivityKind k, int on)
     return r;
 }
 
+/* ---- managed memory (the precise collector): CUPTI's unified-memory counters ---- */
+
+static void um_enable(void)
+{
+    if (g_calls || atomic_load(&g_um.state)) return;
+    pthread_mutex_lock(&g_um.mu);
+    if (!atomic_load(&g_um.state)) {
+        CUptiResult r = gc_cupti_um_configure();
+        /* a paused census gets the kind when it is switched on again (um_switch) */
+        if (r == CUPTI_SUCCESS && !g_ctl.paused && (r = gc_cupti_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)) ==
+            CUPTI_SUCCESS)
+            g_um.kind_on = 1;
+        if (r == CUPTI_SUCCESS) {
+            g_um.since_wall_ns = gc_wall_ns();
+            atomic_store(&g_um.state, 1);
+        } else {
+            g_um.code = (uint32_t)r;
+            atomic_store(&g_um.state, -1);
+            gc_log("CUPTI gives no unified-memory counters here (%s): page migrations of managed memory%s are not "
+                   "measured; everything else stays exact", gc_cupti_error(r),
+                   g_um.at_wake ? ", if the process allocates any," : "");
+        }
+    }
+    pthread_mutex_unlock(&g_um.mu);
+}
+
+/* A paused or finished census: the counters' kind off (and on again), as every other kind. */
+static void um_switch(int on)
+{
+    pthread_mutex_lock(&g_um.mu);
+    if (atomic_load(&g_um.state) > 0 && on != g_um.kind_on) {   /* never disabled twice */
+        CUptiResult r = on ? gc_cupti_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)
+                           : gc_cupti_disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+        if (r == CUPTI_SUCCESS) g_um.kind_on = on;
+    }
+    pthread_mutex_unlock(&g_um.mu);
+}
+
+/* A managed-memory call CUPTI reported (driver API, its exit): counted as the default collector's wrappers count it,
+ * and the first allocation turns the counters on. */
+static void managed_callback(int call, const CUpti_CallbackData *cb)
+{
+    if (cb->callbackSite != CUPTI_API_EXIT || !cb->functionParams ||
+        (cb->functionReturnValue && *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS))
+        return;
+    uint32_t dev = 0;
+    int d = cb->context && gc_cupti_device_of(cb->context, &dev) == CUPTI_SUCCESS ? (int)dev : -1;
+    gc_managed_call(call, cb->functionParams, d);
+    if (gc_managed_any() && atomic_load(&g_state) == ACTIVE) um_enable();
+}
+
+static int want_managed(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
+{
+    (void)name;
+    return dom == CUPTI_CB_DOMAIN_DRIVER_API && gc_managed_cbid(cbid) != GC_M_NONE;
+}
+
 /* ---- the flusher: totals at most one period stale, and a known "complete up to" time ---- */
 
 /* Every period: note the time, have CUPTI hand back every buffer whose records are complete, then
@@ -327,6 +409,7 @@ static void disable_kinds_for_good(void)
     gc_launches_set_counting(0);
     gc_calls_set_counting(0);
     disable_kinds();
+    um_switch(0);
     if (g_kernel_global && gc_cupti_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS)
         g_kernel_global = 0;
 }
@@ -346,13 +429,15 @@ static int finish(int at_exit);
  * (every kernel traced, an idle server): no lock, no update. */
 static void fold_launches(uint64_t mono)
 {
-    if (atomic_load(&g_state) != ACTIVE || (!gc_launches_pending() && !gc_calls_pending())) return;
+    if (atomic_load(&g_state) != ACTIVE || (!gc_launches_pending() && !gc_calls_pending() && !gc_managed_pending()))
+        return;
     pthread_mutex_lock(&g_mu);
     gc_segment *seg = atomic_load(&g_state) == ACTIVE ? segment() : NULL;
     if (seg) {
         gc_segment_begin_update(seg);
         gc_launches_fold(g_tally, seg, mono);
         gc_calls_fold(g_tally, seg);
+        gc_managed_publish(seg);
         if (g_calls) fill_uuids(seg); /* no buffer ever completes to do it (else: zeros) */
         gc_segment_end_update(seg);
     }
@@ -408,6 +493,7 @@ static void *flusher(void *arg)
         if (st != ACTIVE) break;
         atomic_store(&g_flusher_busy, 1);
         uint64_t now = gc_mono_ns();
+        if (g_um.at_wake) um_enable();
         if (g_events) poll_events();
         fold_launches(now);
         if (atomic_load(&g_state) == ACTIVE) new_contexts();
@@ -470,7 +556,8 @@ static int finish(int at_exit)
     uint64_t t = gc_wall_ns();
     if (!g_calls) gc_cupti_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&g_mu);
-    if (g_calls && (gc_launches_pending() || gc_calls_pending())) (void)segment(); /* counted, never folded yet */
+    if (g_calls && (gc_launches_pending() || gc_calls_pending() || gc_managed_pending()))
+        (void)segment(); /* counted, never folded yet */
     if (g_seg) {
         gc_segment_begin_update(g_seg);
         gc_launches_fold(g_tally, g_seg, gc_mono_ns());
@@ -613,7 +700,8 @@ static void control_poll(uint64_t mono)
     }
     if (whole) return;
     pthread_mutex_lock(&g_mu);
-    if (pause != g_ctl.paused) {
+    int switched = pause != g_ctl.paused;
+    if (switched) {
         gc_launches_set_counting(!pause);
         gc_calls_set_counting(!pause);
         if (pause) {
@@ -628,6 +716,7 @@ static void control_poll(uint64_t mono)
         g_ctl.paused = pause;
     }
     pthread_mutex_unlock(&g_mu);
+    if (switched) um_switch(!pause);   /* outside g_mu: its lock is held by a callback thread inside CUPTI */
 }
 
 /* Every CUPTI callback we enable lands here: graph contents first (a launch notes its graph's version),
@@ -644,6 +733,11 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
         gc_contexts_remove(((const CUpti_ResourceData *)data)->context);
         return;
     }
+    int call = dom == CUPTI_CB_DOMAIN_DRIVER_API ? gc_managed_cbid(cbid) : GC_M_NONE;
+    if (call != GC_M_NONE) {   /* no graph or step cares for these */
+        managed_callback(call, data);
+        return;
+    }
     gc_graphs_callback(dom, cbid, data);
     gc_steps_callback(dom, data);
 }
@@ -651,6 +745,7 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
 /* ---- start ---- */
 
 static void follow_contexts(void);
+static void follow_managed(void);
 
 /* The default collector: the calls the library preloaded sees (interpose.c), counted by launches.c, calls.c and
  * graphs.c; kernel time from event pairs (events.c) unless ACTIVITY=off; CUPTI never loaded. 0: counting so. */
@@ -746,6 +841,7 @@ static int start(void)
     g_ks.tracing = 1;
     g_ks.on_since = m1;
     follow_contexts();
+    follow_managed();
     return 0;
 }
 
@@ -773,6 +869,16 @@ static void follow_contexts(void)
     }
 }
 
+/* Managed allocations seen through CUPTI's callbacks where callbacks are in use already (as contexts are): the
+ * counters then go on at the first one; else at the flusher's first wake, whatever the process allocates. */
+static void follow_managed(void)
+{
+    if ((gc_cupti_is_v2() || g_graphs_learned) &&
+        gc_cupti_enable_api("managed memory not followed", GC_CB_MANAGED, want_managed) > 0)
+        return;
+    g_um.at_wake = 1;
+}
+
 int InitializeInjection(void)
 {
     static atomic_int once;
@@ -781,6 +887,7 @@ int InitializeInjection(void)
     gc_config_load(&g_cfg);
     g_pid = getpid();
     g_start_wall = gc_wall_ns();
+    g_env_unified = getenv("GGML_CUDA_ENABLE_UNIFIED_MEMORY") != NULL;   /* set at all: llama.cpp asks no more */
     /* The default collector is the library preloaded (counting at the calls, CUPTI never loaded); without it the
      * census says so in one line and takes CUPTI's records, exact, rather than counting nothing. */
     g_preload = g_cfg.activity_off && gc_interpose_ready();

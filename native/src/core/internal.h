@@ -124,6 +124,19 @@ void gc_calls_set_counting(int on);
 int gc_calls_pending(void);
 void gc_calls_fold(gc_tally *t, gc_segment *seg);
 
+/* managed.c: managed memory made, advised, prefetched and freed, per device, from the calls' parameters (laid out as
+ * CUPTI's, managed_params.h): the default collector's wrappers and the precise collector's callbacks both report here. */
+enum { GC_M_NONE = 0, GC_M_ALLOC, GC_M_POOL_ALLOC, GC_M_FREE, GC_M_ADVISE, GC_M_ADVISE2, GC_M_PREFETCH, GC_M_PREFETCH2,
+       GC_M_PREFETCH_BATCH };
+int gc_managed_call(int call, const void *params, int dev);   /* a call that succeeded, on device `dev` (-1: unknown) */
+void gc_managed_alloc(int dev, uint64_t ptr, uint64_t bytes);
+void gc_managed_free(uint64_t ptr);
+int gc_managed_any(void);                       /* a managed allocation was made */
+int gc_managed_pending(void);                   /* calls counted since the last publish */
+void gc_managed_publish(gc_segment *seg);       /* the counts into the segment (under the writer's lock) */
+/* The driver callback ids the precise collector follows, and which call each is (GC_M_NONE: not one). */
+int gc_managed_cbid(CUpti_CallbackId cbid);
+
 /* log.c: one line to stderr, prefixed, never more than once per reason id. */
 /* contexts.c: the kernel kind switched per context (CUPTI loses eager kernel records when it is
  * switched globally) */

@@ -37,6 +37,12 @@ SAME_OFFSET(CUpti_ActivityMemcpyPtoP4, correlationId, 60);
 SAME_OFFSET(GC_MEMSET_T, bytes, 8);
 SAME_OFFSET(GC_MEMSET_T, deviceId, 32);
 SAME_OFFSET(GC_MEMSET_T, correlationId, 44);
+SAME_OFFSET(CUpti_ActivityUnifiedMemoryCounter3, counterKind, 4);
+SAME_OFFSET(CUpti_ActivityUnifiedMemoryCounter3, value, 8);
+SAME_OFFSET(CUpti_ActivityUnifiedMemoryCounter3, start, 16);
+SAME_OFFSET(CUpti_ActivityUnifiedMemoryCounter3, end, 24);
+SAME_OFFSET(CUpti_ActivityUnifiedMemoryCounter3, srcId, 40);
+SAME_OFFSET(CUpti_ActivityUnifiedMemoryCounter3, dstId, 44);
 SAME_OFFSET(CUpti_ActivityExternalCorrelation, externalKind, 4);
 SAME_OFFSET(CUpti_ActivityExternalCorrelation, externalId, 8);
 SAME_OFFSET(CUpti_ActivityExternalCorrelation, correlationId, 16);
@@ -511,6 +517,50 @@ static void tally_external(gc_tally *t, const CUpti_ActivityExternalCorrelation 
     if (x->externalId > t->seg->step_max) t->seg->step_max = x->externalId;
 }
 
+/* A migration of managed memory (no correlation id: in the device's totals and the windows, never in a step). */
+static void migrated(gc_tally *t, uint32_t dev, int dir, uint64_t s, uint64_t e, uint64_t bytes)
+{
+    gc_device *d = device(t, dev);
+    if (!d) { t->seg->records_unknown++; return; }
+    stat_add(&d->copy[dir][GC_MEM_OTHER], bytes, dur(s, e));
+    seen(t, d, s, e);
+    window_add(t, W_COPY, dir, dev, s, e, 1, bytes);
+}
+
+/* One of CUPTI's unified-memory counter records: bytes migrated each way, faults, thrashing and the like. */
+static void tally_um(gc_tally *t, const CUpti_ActivityUnifiedMemoryCounter3 *u)
+{
+    gc_device *d = NULL;
+    t->seg->flags |= GC_FLAG_MANAGED;
+    switch (u->counterKind) {
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD:
+        migrated(t, u->dstId, GC_DIR_MANAGED_HTOD, u->start, u->end, u->value);
+        return;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH:
+        migrated(t, u->srcId, GC_DIR_MANAGED_DTOH, u->start, u->end, u->value);
+        return;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD:
+        if ((d = device(t, u->dstId))) stat_add(&d->managed.migrated_dtod, u->value, dur(u->start, u->end));
+        break;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT: t->seg->um_cpu_faults++; return;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT:
+        if ((d = device(t, u->srcId))) d->managed.gpu_faults += u->value ? u->value : 1;
+        break;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING:   /* srcId: the devices fighting over the pages */
+        for (uint32_t i = 0; i < 32 && i < GC_MAX_DEVICES; i++)
+            if ((u->srcId >> i & 1u) && (d = device(t, i))) d->managed.thrashing++;
+        return;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING:
+        if ((d = device(t, u->srcId))) d->managed.throttling++;
+        break;
+    case CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP:
+        if ((d = device(t, u->dstId))) d->managed.remote_maps++;
+        break;
+    default: t->seg->records_unknown++; return;
+    }
+    if (!d) t->seg->records_unknown++;
+}
+
 void gc_tally_record(gc_tally *t, const void *record)
 {
     const CUpti_Activity *r = record;
@@ -523,6 +573,7 @@ void gc_tally_record(gc_tally *t, const void *record)
     case CUPTI_ACTIVITY_KIND_MEMSET: tally_memset(t, record); break;
     case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: tally_graph(t, record); break;
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: tally_external(t, record); break;
+    case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: tally_um(t, record); break;
     default: t->seg->records_unknown++; break;
     }
 }

@@ -40,6 +40,7 @@ static struct {
     CUptiResult (*flush_all)(uint32_t);
     CUptiResult (*flush_period)(uint32_t);
     CUptiResult (*device_id)(CUcontext, uint32_t *);
+    CUptiResult (*um_configure)(CUpti_ActivityUnifiedMemoryCounterConfig *, uint32_t);
 } cu;
 
 /* gc_cupti_load succeeded: the activity API is resolved (a census counting through the preloaded interposer never
@@ -108,6 +109,7 @@ int gc_cupti_load(const char *path)
     RESOLVE(flush_all, "cuptiActivityFlushAll");
     RESOLVE(flush_period, "cuptiActivityFlushPeriod");
     RESOLVE(device_id, "cuptiGetDeviceId");
+    RESOLVE(um_configure, "cuptiActivityConfigureUnifiedMemoryCounter");
     if (!cu.register_cb || !cu.enable || !cu.disable || !cu.next_record || !cu.dropped || !cu.flush_all ||
         !cu.flush_period) {
         gc_log("census off: the loaded libcupti lacks the activity API");
@@ -320,4 +322,31 @@ int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid)
 CUptiResult gc_cupti_device_of(CUcontext ctx, uint32_t *dev)
 {
     return cu.device_id ? cu.device_id(ctx, dev) : CUPTI_ERROR_NOT_INITIALIZED;
+}
+
+CUptiResult gc_cupti_um_configure(void)
+{
+    if (!LOADED) return CUPTI_ERROR_NOT_INITIALIZED;
+    if (!cu.um_configure) return CUPTI_ERROR_NOT_SUPPORTED;
+    static const CUpti_ActivityUnifiedMemoryCounterKind kinds[] = {
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP,
+    };
+    enum { N = sizeof(kinds) / sizeof(kinds[0]), BYTES = 2 };   /* the first BYTES: the migrations themselves */
+    CUpti_ActivityUnifiedMemoryCounterConfig c[N];
+    memset(c, 0, sizeof(c));
+    for (int i = 0; i < N; i++) {
+        c[i].scope = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_SCOPE_PROCESS_SINGLE_DEVICE;
+        c[i].kind = kinds[i];
+        c[i].enable = 1;
+    }
+    /* a platform without fault or thrashing reports refuses the whole set: then the bytes each way alone */
+    CUptiResult r = cu.um_configure(c, N);
+    return r == CUPTI_SUCCESS ? r : cu.um_configure(c, BYTES);
 }

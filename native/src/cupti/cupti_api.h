@@ -39,12 +39,16 @@ void gc_cupti_set_api_callback(CUpti_CallbackFunc cb);
 /* Enable, for `owner`, the callbacks of every runtime and driver API call whose name `want` accepts (found
  * by name, so every CUPTI 13.x works). Under v1 the first enabling takes CUPTI's one subscriber slot for good.
  * Returns how many were enabled, or -1 when no callback can be had (a log line begins with `who`). */
-enum { GC_CB_GRAPHS = 1, GC_CB_STEPS = 2 }; /* who wants a callback */
+enum { GC_CB_GRAPHS = 1, GC_CB_STEPS = 2, GC_CB_MANAGED = 4 }; /* who wants a callback */
 /* Runtime and driver callback ids are below this (tables indexed [driver?][cbid]). */
 #define GC_API_CBIDS ((int)CUPTI_DRIVER_TRACE_CBID_SIZE > (int)CUPTI_RUNTIME_TRACE_CBID_SIZE \
                       ? (int)CUPTI_DRIVER_TRACE_CBID_SIZE : (int)CUPTI_RUNTIME_TRACE_CBID_SIZE)
 int gc_cupti_enable_api(const char *who, int owner,
                         int (*want)(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name));
+/* CUPTI's unified-memory counters configured on (bytes each way, page faults, thrashing and the like where the
+ * driver offers them; else the bytes alone): CUPTI_SUCCESS, else why not (CUPTI_ERROR_NOT_SUPPORTED: the library
+ * lacks the call). Then enable CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER. */
+CUptiResult gc_cupti_um_configure(void);
 /* The device of a context (cuptiGetDeviceId). */
 CUptiResult gc_cupti_device_of(CUcontext ctx, uint32_t *dev);
 /* Enable one resource callback (CUPTI_CBID_RESOURCE_*); 0 on success. */

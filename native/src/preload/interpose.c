@@ -45,6 +45,13 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuMemcpyBatchAsync
 #undef cuMemcpy3DBatchAsync
+#undef cuMemAdvise
+#undef cuMemPrefetchAsync
+#undef cuMemPrefetchBatchAsync
+#undef cuMemDiscardAndPrefetchBatchAsync
+#undef cuMemAllocAsync
+#undef cuMemAllocFromPoolAsync
+#undef cuMemFreeAsync
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
@@ -139,12 +146,20 @@ static void called(int calls_index, int per_thread, const void *p)
     gc_calls_note(calls_index, per_thread, p, cur_dev(), corr);
 }
 
+/* A managed-memory call that succeeded (managed.c): allocations and frees whenever the census is on, so that it
+ * knows what is live also across a pause; advice and prefetches while it counts. */
+static void managed(int call, const void *p)
+{
+    if (call == GC_M_FREE) gc_managed_free(((const CUdeviceptr *)p)[0]);
+    else if (call == GC_M_ALLOC || call == GC_M_POOL_ALLOC || counting()) gc_managed_call(call, p, cur_dev());
+}
+
 /* ---- the wrapped functions ----
  *
  * Each entry: a driver function by its exported name, and its per-thread-stream twin (_ptsz or _ptds,
  * whichever libcuda exports); a wrapper for each. X(name, kind, arity, types...) lists them. */
 enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDATE, K_DESTROY, K_CHANGE, K_BEGIN,
-            K_END, K_GPA, K_CTX_GONE, K_INIT };
+            K_END, K_GPA, K_CTX_GONE, K_INIT, K_MANAGED };
 
 #define ENTRIES(X)                                                                                           \
     X(cuMemcpy, K_COPY, 3, CUdeviceptr, CUdeviceptr, size_t)                                                 \
@@ -223,6 +238,19 @@ enum kind { K_COPY, K_LAUNCH, K_LAUNCH_EX, K_GRAPH_LAUNCH, K_INSTANTIATE, K_UPDA
     X(cuDevicePrimaryCtxRelease_v2, K_CTX_GONE, 1, CUdevice)                                                 \
     X(cuDevicePrimaryCtxReset_v2, K_CTX_GONE, 1, CUdevice)                                                   \
     X(cuInit, K_INIT, 1, unsigned int)                                                                       \
+    X(cuMemAllocManaged, K_MANAGED, 3, CUdeviceptr *, size_t, unsigned int)                                  \
+    X(cuMemAllocAsync, K_MANAGED, 3, CUdeviceptr *, size_t, CUstream)                                        \
+    X(cuMemAllocFromPoolAsync, K_MANAGED, 4, CUdeviceptr *, size_t, CUmemoryPool, CUstream)                  \
+    X(cuMemFree_v2, K_MANAGED, 1, CUdeviceptr)                                                               \
+    X(cuMemFreeAsync, K_MANAGED, 2, CUdeviceptr, CUstream)                                                   \
+    X(cuMemAdvise, K_MANAGED, 4, CUdeviceptr, size_t, CUmem_advise, CUdevice)                                \
+    X(cuMemAdvise_v2, K_MANAGED, 4, CUdeviceptr, size_t, CUmem_advise, CUmemLocation)                        \
+    X(cuMemPrefetchAsync, K_MANAGED, 4, CUdeviceptr, size_t, CUdevice, CUstream)                             \
+    X(cuMemPrefetchAsync_v2, K_MANAGED, 5, CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream)       \
+    X(cuMemPrefetchBatchAsync, K_MANAGED, 8, CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *,     \
+      size_t, unsigned long long, CUstream)                                                                  \
+    X(cuMemDiscardAndPrefetchBatchAsync, K_MANAGED, 8, CUdeviceptr *, size_t *, size_t, CUmemLocation *,     \
+      size_t *, size_t, unsigned long long, CUstream)                                                        \
     X(cuGetProcAddress_v2, K_GPA, 5, const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) \
     X(cuGetProcAddress, K_GPA, 4, const char *, void **, int, cuuint64_t)
 
@@ -233,7 +261,7 @@ enum { ENTRIES(ENUM) NENTRIES };
 static struct entry {
     const char *name;
     uint8_t kind;
-    _Atomic int calls;         /* K_COPY, K_GRAPH_LAUNCH: calls.c's index */
+    _Atomic int calls;         /* K_COPY, K_GRAPH_LAUNCH: calls.c's index; K_MANAGED: managed.c's GC_M_* */
     void *wrap[2];             /* [per-thread twin?] */
     void *_Atomic real[2];     /* libcuda's, resolved once libcuda is loaded; NULL: not exported */
 } g_e[NENTRIES];
@@ -304,6 +332,7 @@ static CUresult gpa_answer(CUresult r, const char *name, void **pfn);
 #define BEFORE_K_GPA(name, pt)
 #define BEFORE_K_CTX_GONE(name, pt) gc_events_context_going(ID(name) == ID(cuCtxDestroy_v2), (uintptr_t)a0);
 #define BEFORE_K_INIT(name, pt)
+#define BEFORE_K_MANAGED(name, pt)
 
 #define AFTER_K_COPY(name, n, pt, ...)                                                                       \
     if (r == CUDA_SUCCESS && counting()) {                                                                   \
@@ -331,6 +360,11 @@ static CUresult gpa_answer(CUresult r, const char *name, void **pfn);
 #define AFTER_K_GPA(name, n, pt, ...) r = gpa_answer(r, a0, a1);
 #define AFTER_K_CTX_GONE(name, n, pt, ...) atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
 #define AFTER_K_INIT(name, n, pt, ...)
+#define AFTER_K_MANAGED(name, n, pt, ...)                                                                    \
+    if (r == CUDA_SUCCESS && gc_interpose_on()) {                                                            \
+        struct { MEMBERS(n, __VA_ARGS__) } p = {ARGS(n)};                                                    \
+        managed(g_e[ID(name)].calls, &p);                                                                    \
+    }
 
 /* A driver function that calls another through its exports (a library linked with -lcuda, or a driver whose own
  * calls go through its PLT) would reach a second wrapper: only the outermost one counts. */
@@ -383,6 +417,19 @@ static atomic_int g_resolved;              /* libcuda was loaded and the table f
 /* Fill the table from the libcuda in the process (none loaded yet: tried again at the next lookup). No lock:
  * two threads filling it at once store the same values (a lock held across dlopen could deadlock against a
  * library constructor that looks a driver function up under the loader's lock). */
+static int managed_call(const char *name)
+{
+    static const struct { const char *name; int call; } t[] = {
+        {"cuMemAllocManaged", GC_M_ALLOC}, {"cuMemAllocAsync", GC_M_POOL_ALLOC}, {"cuMemAllocFromPoolAsync", GC_M_POOL_ALLOC},
+        {"cuMemFree_v2", GC_M_FREE}, {"cuMemFreeAsync", GC_M_FREE}, {"cuMemAdvise", GC_M_ADVISE}, {"cuMemAdvise_v2", GC_M_ADVISE2},
+        {"cuMemPrefetchAsync", GC_M_PREFETCH}, {"cuMemPrefetchAsync_v2", GC_M_PREFETCH2},
+        {"cuMemPrefetchBatchAsync", GC_M_PREFETCH_BATCH}, {"cuMemDiscardAndPrefetchBatchAsync", GC_M_PREFETCH_BATCH},
+    };
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (strcmp(name, t[i].name) == 0) return t[i].call;
+    return GC_M_NONE;
+}
+
 static int resolve(void)
 {
     if (atomic_load_explicit(&g_resolved, memory_order_acquire)) return 1;
@@ -399,6 +446,7 @@ static int resolve(void)
             if ((size_t)snprintf(twin, sizeof(twin), "%s%s", e->name, suffix[k]) < sizeof(twin)) t = sym(cuda, twin);
         atomic_store(&e->real[1], t);
         if (e->kind == K_COPY || e->kind == K_GRAPH_LAUNCH) atomic_store(&e->calls, gc_calls_index(e->name));
+        if (e->kind == K_MANAGED) atomic_store(&e->calls, managed_call(e->name));
     }
     CUresult (*cur)(CUcontext *) = (CUresult (*)(CUcontext *))sym(cuda, "cuCtxGetCurrent");
     CUresult (*dev)(CUdevice *) = (CUresult (*)(CUdevice *))sym(cuda, "cuCtxGetDevice");
@@ -463,14 +511,15 @@ _Static_assert(TRAMPOLINES == 64, "the .rept count above");
 #define HAVE_TRAMPOLINES 0
 #endif
 
-/* A name of a driver function that puts work on the GPU: copies, memsets, kernel and graph launches (not a host
- * function queued on a stream). */
+/* A name of a driver function that puts work on the GPU: copies, memsets, prefetches, kernel and graph launches (not a
+ * host function queued on a stream). */
 BEFORE_SANITIZERS static int work_name(const char *name)
 {
     if (!name || name[0] != 'c' || name[1] != 'u') return 0;
     if (strncmp(name, "cuLaunchHostFunc", 16) == 0) return 0;
     return strncmp(name, "cuMemcpy", 8) == 0 || strncmp(name, "cuMemset", 8) == 0 || strncmp(name, "cuLaunch", 8) == 0 ||
-           strncmp(name, "cuGraphLaunch", 13) == 0;
+           strncmp(name, "cuGraphLaunch", 13) == 0 || strncmp(name, "cuMemPrefetch", 13) == 0 ||
+           strncmp(name, "cuMemDiscardAndPrefetch", 23) == 0;
 }
 
 static void *unknown_work(void *p, const char *name)

@@ -439,8 +439,9 @@ class StepLedger:
             self._note_eager_mean(sources)
             # work the census knows it missed in these processes (a driver function it cannot size, lost calls,
             # dropped records): counted per process, so every share settled from now on says so
-            self._gaps = [f"pid {h.pid}: " + "; ".join(h.gaps) for h, _ in sources
-                          if h is not None and getattr(h, "gaps", None)]
+            # (step_gaps: the census's gaps and what steps cannot hold, managed-memory migrations)
+            self._gaps = [f"pid {h.pid}: " + "; ".join(g) for h, _ in sources if h is not None
+                          for g in [getattr(h, "step_gaps", None) or getattr(h, "gaps", None)] if g]
             complete = min((self._complete_up_to(h, final) for h, _ in sources), default=0)
             if complete != self._flushes[1]:
                 self._flushes = (self._flushes[1], complete)

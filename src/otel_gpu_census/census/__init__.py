@@ -14,8 +14,10 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from otel_gpu_census._native import consts as _c
 
-# Copy directions and host memory kinds, in the order of the C enums gc_dir / gc_mem.
-DIRECTIONS: Tuple[str, ...] = ("htod", "dtoh", "dtod", "ptop", "htoh", "other")
+# Copy directions and host memory kinds, in the order of the C enums gc_dir / gc_mem. The managed_* rows are no
+# copy call's: managed memory the driver migrated, measured by CUPTI's unified-memory counters (precise collector).
+DIRECTIONS: Tuple[str, ...] = ("htod", "dtoh", "dtod", "ptop", "htoh", "other", "managed_htod", "managed_dtoh")
+MANAGED_DIRECTIONS: Tuple[str, ...] = ("managed_htod", "managed_dtoh")
 MEMORY_KINDS: Tuple[str, ...] = ("pageable", "pinned", "device", "other")
 
 # Segment states, kernel tracing modes (copies and memsets are always traced exactly) and flags: the
@@ -28,6 +30,10 @@ FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC
 FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD, _c.GC_FLAG_TIMED
 FLAG_EVENTS = _c.GC_FLAG_EVENTS
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
+FLAG_MANAGED, FLAG_UM_COUNTERS, FLAG_UM_REFUSED = _c.GC_FLAG_MANAGED, _c.GC_FLAG_UM_COUNTERS, _c.GC_FLAG_UM_REFUSED
+FLAG_ENV_UNIFIED = _c.GC_FLAG_ENV_UNIFIED      # GGML_CUDA_ENABLE_UNIFIED_MEMORY was set (llama.cpp: managed buffers)
+# what a census that cannot measure migrations tells its reader to use
+PRECISE_HINT = "the precise collector (otel-gpu-census run --precise) measures them"
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
 ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
 
@@ -92,6 +98,42 @@ class CopyTable:
 
 
 @dataclass(frozen=True)
+class Managed:
+    """Managed (unified) memory of one device (gc_managed): the calls both collectors count, and CUPTI's
+    unified-memory counters beyond the migrations each way (those are copies' managed_* rows)."""
+
+    allocs: int = 0
+    alloc_bytes: int = 0
+    live_bytes: int = 0            # allocated and not freed (frees the census could not follow never come off)
+    advises: int = 0
+    prefetch_in: Stat = ZERO       # prefetches to the device: calls and bytes asked (pages already there do not move)
+    prefetch_out: Stat = ZERO      # ... to the host
+    migrated_dtod: Stat = ZERO     # precise: migrated to this device from another
+    gpu_faults: int = 0            # precise: GPU page fault groups
+    thrashing: int = 0
+    throttling: int = 0
+    remote_maps: int = 0
+
+    def _combine(self, o: "Managed", sign: int) -> "Managed":
+        out = {}
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(o, f.name)
+            out[f.name] = a + b if sign > 0 else a - b
+        if sign < 0:
+            out["live_bytes"] = self.live_bytes     # a state, not a running total
+        return Managed(**out)
+
+    def __add__(self, o: "Managed") -> "Managed":
+        return self._combine(o, +1)
+
+    def __sub__(self, o: "Managed") -> "Managed":
+        return self._combine(o, -1)
+
+
+NO_MANAGED = Managed()
+
+
+@dataclass(frozen=True)
 class DeviceTotals:
     """Running totals for one CUDA device inside one process."""
 
@@ -113,6 +155,7 @@ class DeviceTotals:
     eager_launches: int = 0
     eager_traced: int = 0
     eager_traced_ns: int = 0
+    managed: Managed = NO_MANAGED  # managed memory: allocations, prefetches; migrations are copies' managed_* rows
 
     def __sub__(self, o: "DeviceTotals") -> "DeviceTotals":
         return dataclasses.replace(
@@ -130,6 +173,7 @@ class DeviceTotals:
             eager_launches=self.eager_launches - o.eager_launches,
             eager_traced=self.eager_traced - o.eager_traced,
             eager_traced_ns=self.eager_traced_ns - o.eager_traced_ns,
+            managed=self.managed - o.managed,
         )
 
     def __add__(self, o: "DeviceTotals") -> "DeviceTotals":
@@ -152,6 +196,7 @@ class DeviceTotals:
             eager_launches=self.eager_launches + o.eager_launches,
             eager_traced=self.eager_traced + o.eager_traced,
             eager_traced_ns=self.eager_traced_ns + o.eager_traced_ns,
+            managed=self.managed + o.managed,
         )
 
 
@@ -503,12 +548,50 @@ class ProcessCensus:
     kernels: KernelTracing = KernelTracing()
     graphs: GraphTracing = GraphTracing()
     attach: Attach = Attach()
+    um_cpu_faults: int = 0        # precise: CPU page faults on managed memory (CUPTI's unified-memory counters)
+    um_since_wall_ns: int = 0     # FLAG_UM_COUNTERS: when they went on
+    um_refused_code: int = 0      # FLAG_UM_REFUSED: CUPTI's result code
+
+    # -- managed memory ----------------------------------------------------------------
+    @property
+    def managed_in_use(self) -> bool:
+        """Managed (unified) memory was allocated or migrated in this process: pages may have moved between host
+        and device with no copy call naming them."""
+        return bool(self.flags & FLAG_MANAGED)
+
+    @property
+    def migrations_measured(self) -> bool:
+        """CUPTI's unified-memory counters were on (precise collector): the managed_* copy rows hold what moved."""
+        return bool(self.flags & FLAG_UM_COUNTERS)
+
+    def managed_totals(self) -> Managed:
+        out = NO_MANAGED
+        for d in self.devices.values():
+            out = out + d.managed
+        return out
+
+    @property
+    def managed_gap(self) -> Optional[str]:
+        """The phrase that says managed memory was in use and its migrations were not measured; None when none was
+        in use or they were."""
+        if not self.managed_in_use or self.migrations_measured:
+            return None
+        m = self.managed_totals()
+        what = (f"managed memory in use ({m.allocs:,} allocations, {m.alloc_bytes:,} bytes, {m.live_bytes:,} live)"
+                if m.allocs else "managed memory in use")
+        if self.flags & FLAG_UM_REFUSED:
+            return (f"{what}: page migrations between host and device not measured (CUPTI gave no unified-memory "
+                    f"counters here, code {self.um_refused_code}); copies, kernels and memsets stay exact")
+        return (f"{what}: page migrations between host and device are not measured by this collector (no copy call "
+                f"names them); {PRECISE_HINT}")
 
     # -- derived ---------------------------------------------------------------------
     @property
     def gaps(self) -> List[str]:
         """What this process's census knows it did not count, one phrase each (none: exact for what ran)."""
         out = []
+        if self.managed_gap:
+            out.append(self.managed_gap)
         if self.unsized_calls:
             out.append(f"{self.unsized_calls:,} calls of {self.unsized_name or 'driver functions'} the census "
                        "could not size (a driver function it has no wrapper for)")
@@ -521,6 +604,17 @@ class ProcessCensus:
             out.append(f"{self.launches_lost:,} kernel launches counted but placed nowhere")
         if self.dropped:
             out.append(f"{self.dropped:,} activity records dropped")
+        return out
+
+    @property
+    def step_gaps(self) -> List[str]:
+        """:attr:`gaps`, and what a share taken from steps misses besides: managed memory the driver migrated carries
+        no correlation id, so it is in the device totals and the windows, never in a step."""
+        out = list(self.gaps)
+        if self.migrations_measured and any(d.copies.get(m).count for d in self.devices.values()
+                                            for m in MANAGED_DIRECTIONS):
+            out.append("managed memory migrated between host and device is measured per process and 20 ms window, "
+                       "not per step: step shares hold none of it")
         return out
 
     @property

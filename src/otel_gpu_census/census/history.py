@@ -21,7 +21,7 @@ READ_EVERY_S = 10.0
 MAX_KEPT_NS = 30 * 60 * 1_000_000_000      # ~90,000 buckets, ~25 MB at most
 RING_SLOTS = 2048                           # GC_WINDOW_SLOTS
 
-_ROW = struct.Struct("<" + "Q" * (4 + 3 * len(DIRECTIONS) + 3 + 4))   # a Window, packed: 232 bytes
+_ROW = struct.Struct("<" + "Q" * (4 + 3 * len(DIRECTIONS) + 3 + 4))   # a Window, packed: 280 bytes
 
 
 def _pack(w: Window) -> bytes:

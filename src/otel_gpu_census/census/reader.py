@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from otel_gpu_census._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from otel_gpu_census.census import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, ProcessCensus, Stat, Step,
+from otel_gpu_census.census import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, NO_MANAGED, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, Managed, ProcessCensus, Stat, Step,
                Window)
 from otel_gpu_census.census.proctree import is_alive
 
@@ -203,6 +203,24 @@ assert (_DEV_U64 % _U64 == 0 and _DEV_OFF % _U64 == 0 and _DEV_SIZE % _U64 == 0
     "gc_device is not what the reader expects: the reader needs changing with gpu_census.h"
 
 
+# gc_managed: uint64 fields and gc_stat cells, read by name from the device's row
+_MANAGED_AT = (ffi.offsetof("gc_device", "managed") - _DEV_U64) // _U64
+_MANAGED_FIELDS = [(f, (ffi.offsetof("gc_managed", f) // _U64), ffi.typeof("gc_managed").fields[i][1].type.cname)
+                   for i, f in enumerate(n for n, _ in ffi.typeof("gc_managed").fields)]
+assert ffi.offsetof("gc_device", "managed") % _U64 == 0 and all(t in ("uint64_t", "gc_stat") for _, _, t in _MANAGED_FIELDS), \
+    "gc_managed is not uint64 fields and gc_stat cells: the reader needs changing with gpu_census.h"
+
+
+def _managed(row: Sequence[int]) -> Managed:
+    if not any(row[_MANAGED_AT:]):
+        return NO_MANAGED
+    out = {}
+    for name, at, ctype in _MANAGED_FIELDS:
+        i = _MANAGED_AT + at
+        out[name] = Stat(*row[i:i + 3]) if ctype == "gc_stat" else row[i]
+    return Managed(**out)
+
+
 def _devices(data) -> Dict[int, DeviceTotals]:
     """The devices in use, by CUDA ordinal, from a copy of the segment (at least TOTALS_SIZE)."""
     out = {}
@@ -230,6 +248,7 @@ def _devices(data) -> Dict[int, DeviceTotals]:
                 memset=Stat(*row[m:m + 3]) if any(row[m:m + 3]) else ZERO,
                 peer_recv=Stat(*row[pr:pr + 3]) if any(row[pr:pr + 3]) else ZERO,
                 eager_launches=row[e], eager_traced=row[e + 1], eager_traced_ns=row[e + 2],
+                managed=_managed(row),
             )
     finally:
         view.release()
@@ -359,6 +378,7 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
                             paused=bool(seg.paused), paused_ns=seg.paused_ns),
         attach=Attach(mode=seg.attach_mode, wall_ns=seg.attach_wall_ns, after_ns=seg.attach_after_ns,
                       contexts_late=seg.contexts_late),
+        um_cpu_faults=seg.um_cpu_faults, um_since_wall_ns=seg.um_since_wall_ns, um_refused_code=seg.um_refused_code,
         devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),
     )

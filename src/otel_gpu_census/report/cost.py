@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from otel_gpu_census.census import ATTACH_CUINIT, GRAPHS_LAUNCH, ProcessCensus
+from otel_gpu_census.census import ATTACH_CUINIT, GRAPHS_LAUNCH, MANAGED_DIRECTIONS, ProcessCensus
 
 PRICES_FILE = Path(__file__).resolve().parents[3] / "bench" / "results" / "census_cost_prices.json"
 PRICE_NAMES = ("EAGER_KERNEL_S", "SET_UP_EAGER_S", "GRAPH_NODE_PER_LAUNCH_S", "GRAPH_NODE_AFTER_CONTEXT_S",
@@ -85,7 +85,8 @@ def estimate(c: ProcessCensus) -> Optional[CensusCost]:
         # counted: kernel_count holds launches, and only the duty cycle's eager kernels were records
         eager += d.eager_traced if c.kernels.counted else d.kernel_count - d.graph_kernel_count
         launches += d.eager_launches if c.kernels.counted else 0
-        copies += sum(s.count for s in d.copies.cells.values()) + d.memset.count
+        # managed_* rows are the driver's migrations, no call of the process's: not a copy the census paid for
+        copies += sum(s.count for (dr, _), s in d.copies.cells.items() if dr not in MANAGED_DIRECTIONS) + d.memset.count
     if c.kernels.windows:         # the wrappers count; CUPTI set up at the first window taxes every launch
         node_s = graph_node_s(c)  # after it, and the windows' kernel records cost as CUPTI's always do
         s = eager * EAGER_KERNEL_S + graph * node_s + launches * SET_UP_EAGER_S

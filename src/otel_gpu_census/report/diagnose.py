@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from otel_gpu_census.report import serving
 from otel_gpu_census.report import timeline as tl_mod
-from otel_gpu_census.census import KERNELS_OFF, ProcessCensus
+from otel_gpu_census.census import FLAG_ENV_UNIFIED, KERNELS_OFF, PRECISE_HINT, ProcessCensus
 from otel_gpu_census.report.engine_requests import for_segments
 from otel_gpu_census.report.figures import exact, plural, seconds, share, size
 from otel_gpu_census.report.request_log import RequestRecord, peak_in_flight
@@ -43,6 +43,13 @@ HOT_MIN_PER_REQUEST = 1.0         # ...or at least one per request
 
 WEIGHTS_MIN_RATE = 2e9            # host->device bytes a second all through serving: far above a server's inputs
 WEIGHTS_MIN_PER_REQUEST = 64 * MB
+
+# Managed memory migrated host->device while serving: pages the GPU touched came over PCIe on demand. A server's
+# inputs never need this much; its weights or KV cache paging in do.
+MIGRATE_MIN_BYTES = 64 * MB       # migrated host->device over the period looked at (serving, or the run)...
+MIGRATE_MIN_PER_REQUEST = 4 * MB  # ...and per request, where the requests are known
+MANAGED_MIN_BYTES = 64 * MB       # managed memory allocated, its migrations unmeasured: worth naming the cause
+UNIFIED_ENV = "GGML_CUDA_ENABLE_UNIFIED_MEMORY"
 
 BUSY_LOW = 0.8                    # kernels running less than this share of the serving time
 FEW_IN_FLIGHT = 1.5               # mean requests in flight at or below this: the clients send too few
@@ -72,7 +79,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    kind: str                 # state_save, pageable_hot_path, weights_copied, client_bound, server_bound, low_occupancy
+    kind: str                 # state_save, pageable_hot_path, weights_copied, managed_migrations, managed_memory,
+                              # client_bound, server_bound, low_occupancy
     text: str
     pid: int
     figures: Dict[str, Any] = field(default_factory=dict)
@@ -300,6 +308,78 @@ def weights_copied(sc: Scene) -> Optional[Diagnosis]:
 
 
 # ---------------------------------------------------------------------------------------------
+# managed (unified) memory migrated to the GPU
+
+def _unified_cause(c: ProcessCensus) -> Tuple[str, str]:
+    """(what made the memory managed, what to do), in the server's own terms where the census can tell."""
+    program = server_program(c)
+    if c.flags & FLAG_ENV_UNIFIED:
+        cause = (f"{UNIFIED_ENV} was set for this process, so llama.cpp's CUDA backend allocated its buffers as "
+                 "managed memory")
+        action = (f"unset {UNIFIED_ENV} and keep the model within GPU memory (fewer layers on the GPU with "
+                  "`-ngl`, a smaller quantisation or context), so that weights stay put instead of paging in")
+    elif program in ("llama-server", "ollama"):
+        cause = f"the server allocated managed memory (llama.cpp does when {UNIFIED_ENV} is set)"
+        action = (f"unset {UNIFIED_ENV} and keep the model within GPU memory (`-ngl`, a smaller quantisation or "
+                  "context)")
+    else:
+        cause = "the program allocated managed memory (cudaMallocManaged) larger than it keeps on the GPU"
+        action = ("keep the working set within GPU memory, or prefetch it (cudaMemPrefetchAsync) and set "
+                  "cudaMemAdvise hints so pages move once instead of on every fault")
+    return cause, action
+
+
+def managed_migrations(sc: Scene) -> Optional[Diagnosis]:
+    """Managed memory migrated host->device while serving (precise collector): the model does not fit, or unified
+    memory is on. Under a census that does not measure migrations, managed memory of some size is named with what
+    made it and how to measure it."""
+    c = sc.census
+    if not c.managed_in_use:
+        return None
+    m = c.managed_totals()
+    cause, action = _unified_cause(c)
+    figures: Dict[str, Any] = {"managed_allocs": m.allocs, "managed_alloc_bytes": m.alloc_bytes,
+                               "managed_live_bytes": m.live_bytes, "unified_env": bool(c.flags & FLAG_ENV_UNIFIED),
+                               "measured": c.migrations_measured}
+    if not c.migrations_measured:
+        if m.alloc_bytes < MANAGED_MIN_BYTES and not c.flags & FLAG_ENV_UNIFIED:
+            return None
+        text = (f"managed (unified) memory in use: {size(m.alloc_bytes)} allocated in "
+                f"{plural(m.allocs, 'managed allocation')}; {cause}. Its pages move between host and device "
+                f"whenever either touches them, and this census did not measure those moves: {PRECISE_HINT}; "
+                f"{action}.")
+        return Diagnosis("managed_memory", text, c.pid, figures)
+    if sc.split is not None and sc.period is not None:
+        htod, dtoh = sc.split.serving.copy("managed_htod"), sc.split.serving.copy("managed_dtoh")
+        span_ns, when = sc.period.span_ns, "while serving"
+    else:
+        t = c.totals()
+        htod, dtoh = t.copies.get("managed_htod"), t.copies.get("managed_dtoh")
+        span_ns, when = max(0, max((d.last_ns for d in c.devices.values()), default=0)
+                            - min((d.first_ns for d in c.devices.values() if d.first_ns), default=0)), "over the run"
+    per_req = htod.bytes // sc.requests if sc.requests and sc.period is not None else None
+    if htod.bytes < MIGRATE_MIN_BYTES or (per_req is not None and per_req < MIGRATE_MIN_PER_REQUEST):
+        return None
+    figures.update(migrated_htod_bytes=htod.bytes, migrated_htod_count=htod.count, migrated_dtoh_bytes=dtoh.bytes,
+                   span_ns=span_ns, when=when)
+    figure = f"{size(htod.bytes)} migrated host-to-device through managed memory {when}"
+    if per_req is not None:
+        figures["migrated_htod_bytes_per_request"] = per_req
+        figure += f" ({size(per_req)} per request"
+        figure += f", {htod.bytes / (span_ns / 1e9) / 1e9:.2f} GB a second)" if span_ns else ")"
+    elif span_ns:
+        figure += f" ({htod.bytes / (span_ns / 1e9) / 1e9:.2f} GB a second)"
+    if dtoh.bytes:
+        figure += f", and {size(dtoh.bytes)} back device-to-host"
+    if htod.ns:
+        figures["migrated_htod_ns"] = htod.ns
+        figure += f", the migrations taking {seconds(htod.ns)} s"
+    text = (f"{figure}: pages came over PCIe as the GPU touched (or prefetched) them, time GPU utilisation counts as busy; "
+            f"the model does not fit in GPU memory, or unified memory is on: {cause}; {action}.")
+    return Diagnosis("managed_migrations", text, c.pid, figures)
+
+
+# ---------------------------------------------------------------------------------------------
 # the clients or the server, not the GPU
 
 def concurrency(sc: Scene, saved: bool = False) -> Optional[Diagnosis]:
@@ -419,7 +499,7 @@ def diagnose(censuses: Sequence[ProcessCensus], facts: Facts = Facts(),
     out: List[Diagnosis] = []
     for sc in scenes(censuses, facts, sv):
         save = state_save(sc)
-        found = [save, *pageable_hot_path(sc, saved=save is not None), weights_copied(sc),
+        found = [save, *pageable_hot_path(sc, saved=save is not None), weights_copied(sc), managed_migrations(sc),
                  concurrency(sc, saved=save is not None)]
         out.extend(d for d in found if d is not None)
     occ = low_occupancy(censuses, facts.sm_occupancy, facts.records)

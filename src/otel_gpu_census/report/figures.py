@@ -14,6 +14,8 @@ DIRECTION_LABELS = {
     "ptop": "peer-to-peer sent",
     "htoh": "host-to-host",
     "other": "other copies",
+    "managed_htod": "managed host-to-device",   # migrated by the driver, no copy call (precise collector)
+    "managed_dtoh": "managed device-to-host",
 }
 UNITS_NOTE = "bytes are exact; MB = 10^6 bytes, GB = 10^9 bytes (decimal); times in seconds"
 

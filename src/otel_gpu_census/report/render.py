@@ -16,7 +16,7 @@ from otel_gpu_census.report import explain
 
 from otel_gpu_census.report import serving
 from otel_gpu_census.census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
-                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, STATE_ACTIVE, DeviceTotals, KernelTime,
+                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, NO_MANAGED, STATE_ACTIVE, DeviceTotals, KernelTime,
                      ProcessCensus, Stat, merge_devices)
 from otel_gpu_census.telemetry.redact import printable
 from otel_gpu_census.report.figures import DIRECTION_LABELS, UNITS_NOTE, exact, human_size, per, percent, plural, seconds, size
@@ -248,6 +248,8 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = Fals
         "copies": _copies_dict(d), "memset": _stat_dict(d.memset),
         "peer_received": _stat_dict(d.peer_recv),
     }
+    if d.managed != NO_MANAGED:
+        out["managed"] = {k: _stat_dict(v) if isinstance(v, Stat) else v for k, v in vars(d.managed).items()}
     if kt is not None and kt.estimated:
         out["kernel_ns_estimated"] = kt.ns
         out["kernel_time_unknown"] = kt.unknown
@@ -395,6 +397,8 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "step_unmatched": c.step_unmatched, "window_late": c.window_late,
             "flags": c.flags, "warnings": process_warnings(c), "gaps": c.gaps,
             "unsized_calls": c.unsized_calls, "unwrapped": c.unwrapped, "unsized_name": c.unsized_name,
+            "managed_in_use": c.managed_in_use, "migrations_measured": c.migrations_measured,
+            "um_cpu_faults": c.um_cpu_faults,
             "calls_lost": c.calls_lost,
             "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d))
                         for _, d in sorted(c.devices.items())],
@@ -449,6 +453,27 @@ def _copy_row(label: str, s: Stat, indent: int = 4, untimed: bool = False) -> st
             f"{'—' if untimed else seconds(s.ns):>14}")
 
 
+def _managed_lines(d: DeviceTotals) -> List[str]:
+    """What the calls said of managed memory on the device (its migrations are the managed_* rows above)."""
+    m = d.managed
+    if m == NO_MANAGED:
+        return []
+    parts = [f"{plural(m.allocs, 'allocation')}, {m.alloc_bytes:,} bytes ({human_size(m.alloc_bytes)}), "
+             f"{m.live_bytes:,} bytes live"]
+    for st, where in ((m.prefetch_in, "to the device"), (m.prefetch_out, "to the host")):
+        if st.count:
+            parts.append(f"{plural(st.count, 'prefetch', 'prefetches')} {where} asked for {st.bytes:,} bytes")
+    if m.advises:
+        parts.append(plural(m.advises, "cudaMemAdvise call"))
+    for n, what in ((m.gpu_faults, "GPU page fault group"), (m.thrashing, "thrashing report"),
+                    (m.throttling, "throttling report"), (m.remote_maps, "remote map")):
+        if n:
+            parts.append(plural(n, what))
+    if m.migrated_dtod.count:
+        parts.append(f"{m.migrated_dtod.bytes:,} bytes migrated in from other devices")
+    return ["    managed memory: " + "; ".join(parts)]
+
+
 def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
                   kt: Optional[KernelTime] = None, untimed: bool = False, no_busy: bool = False) -> List[str]:
     """untimed (OTEL_GPU_CENSUS_ACTIVITY=off): counts and bytes only; every time says it was not measured.
@@ -488,6 +513,7 @@ def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
         rows.append(_copy_row(PEER_RECEIVED_LABEL, d.peer_recv, untimed=untimed))
     if d.memset.count:
         rows.append(_copy_row("memset", d.memset, untimed=untimed))
+    rows += _managed_lines(d)
     if rows:
         lines.append(_COPY_HEADER)
         lines.extend(rows)

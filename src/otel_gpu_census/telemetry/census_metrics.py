@@ -82,7 +82,13 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
          "above miss their work."),
     Spec("gpu_census.exact", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
          "1 while the census knows of no work it missed in the process; 0 once it does (unsized calls, functions "
-         "it could not wrap, dropped records or lost calls): its figures are then exact only for what it saw."),
+         "it could not wrap, dropped records or lost calls, managed memory whose migrations it does not measure): its "
+         "figures are then exact only for what it saw."),
+    Spec("gpu_census.managed.unmeasured", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
+         "1 once the process allocated managed (unified) memory whose page migrations the census does not measure "
+         "between host and device (the default collector; or CUPTI without unified-memory counters): that traffic, "
+         "while any of it was live, is in no gpu_census.copy series. The precise collector (run --precise) measures "
+         "it, as copy directions managed_htod and managed_dtoh. 0 otherwise."),
     Spec("gpu_census.process.counting", "gauge", "1", (PROCESS_PID, PROCESS_EXE),
          "1 while the census counts in the process; 0 once it exited or the census stepped aside."),
     Spec("gpu_census.busy.ratio", "gauge", "1", GPU,
@@ -90,7 +96,8 @@ CENSUS_INSTRUMENTS: Tuple[Spec, ...] = (
          "on the GPU together."),
     Spec("gpu_census.host.io", "counter", "By", GPU + (IO_DIRECTION,),
          "Bytes the censused processes copied host to device (receive) and device to host (transmit), every "
-         "memory kind (not hw.gpu.io, which is all of the GPU's traffic: NVML's)."),
+         "memory kind, and managed memory migrated each way where measured (not hw.gpu.io, which is all of the GPU's "
+         "traffic: NVML's)."),
 )
 
 NS_PER_S = 1e9
@@ -116,7 +123,7 @@ class _Proc:
     """What the metrics keep of one process: its latest totals, not its windows or steps."""
 
     __slots__ = ("key", "pid", "exe", "wall_start_ns", "devices", "dropped", "counting", "gone_ns",
-                 "kernels", "traced_ns", "kernel_ns", "unsized", "exact")
+                 "kernels", "traced_ns", "kernel_ns", "unsized", "exact", "unmeasured")
 
     def __init__(self, p: ProcessCensus):
         self.key = (p.pid, p.proc_start_ticks)
@@ -132,6 +139,7 @@ class _Proc:
         self.dropped = p.dropped
         self.unsized = p.unsized_calls + p.calls_lost
         self.exact = not p.gaps
+        self.unmeasured = p.managed_gap is not None
         self.counting = bool(p.alive and p.state == census.STATE_ACTIVE)
         self.kernels = p.kernels
         self.traced_ns = traced_ns(p)
@@ -359,8 +367,10 @@ class CensusMetrics:
 
     def _io(self) -> Iterable[Observation]:
         for hid, d in sorted(self.device_totals().items()):
-            yield Observation(d.copies.get("htod").bytes, {**self.gpu(hid), IO_DIRECTION: "receive"})
-            yield Observation(d.copies.get("dtoh").bytes, {**self.gpu(hid), IO_DIRECTION: "transmit"})
+            receive = d.copies.get("htod").bytes + d.copies.get("managed_htod").bytes   # migrations cross the bus too
+            transmit = d.copies.get("dtoh").bytes + d.copies.get("managed_dtoh").bytes
+            yield Observation(receive, {**self.gpu(hid), IO_DIRECTION: "receive"})
+            yield Observation(transmit, {**self.gpu(hid), IO_DIRECTION: "transmit"})
 
     def callbacks(self) -> Dict[str, Callable[[CallbackOptions], List[Observation]]]:
         s = NS_PER_S
@@ -389,6 +399,7 @@ class CensusMetrics:
             "gpu_census.records.dropped": lambda: (Observation(r.dropped, r.attrs) for r in self.processes()),
             "gpu_census.calls.unsized": lambda: (Observation(r.unsized, r.attrs) for r in self.processes()),
             "gpu_census.exact": lambda: (Observation(int(r.exact), r.attrs) for r in self.processes()),
+            "gpu_census.managed.unmeasured": lambda: (Observation(int(r.unmeasured), r.attrs) for r in self.processes()),
             "gpu_census.process.counting": lambda: (Observation(int(r.counting), r.attrs) for r in self.processes()),
             "gpu_census.busy.ratio": lambda: (Observation(v, self.gpu(h)) for h, v in sorted(self.busy_ratios().items())),
             "gpu_census.host.io": self._io,
