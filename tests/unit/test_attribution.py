@@ -200,8 +200,12 @@ def _reference(windows, to_wall, intervals):
             for members in groups.values():
                 for iv in members:
                     owed[iv.key] = owed.get(iv.key, 0) + piece / len(groups) / len(members)
-        parties = sorted((iv.key for iv in intervals if iv.key in owed),     # ties: by a draw per bucket
-                         key=lambda k: (draw(k, bs), [iv.key for iv in intervals].index(k)))
+        start = {}                 # ties: by a draw per bucket from the party's request's start, then its key
+        for iv in intervals:
+            start[iv.owner] = min(start.get(iv.owner, iv.start_ns), iv.start_ns)
+        began = {iv.key: start[iv.owner] for iv in intervals}
+        parties = sorted((iv.key for iv in intervals if iv.key in owed),
+                         key=lambda k: (draw(began[k], bs), draw(k, bs), [iv.key for iv in intervals].index(k)))
         for key in parties:        # the most groups at once anywhere in a bucket the party was in
             most[key] = max(most.get(key, 0), k)
         fr = [owed[k] for k in parties] + [unowned]

@@ -17,8 +17,9 @@ The rule, for one bucket whose wall-clock span is [bs, be) (mapped with
 3. Every integer in the bucket (kernel count, kernel ns, copy count/bytes/ns per direction, memset)
    is split by those fractions with the largest-remainder method: each party gets the floor of its
    exact share, and the units left over go one each to the largest fractional parts (ties: in an order
-   drawn afresh for every bucket from the parties' keys and the bucket, never their arrival order, so no
-   request takes the ties of every bucket it shares; unattributed last; ``shares.split_weights``). Shares are
+   drawn afresh for every bucket from the start of the request each party belongs to and the bucket, never
+   their arrival order, so no request takes the ties of every bucket it shares, and anyone who knows the
+   requests' times splits a bucket alike; unattributed last; ``shares.split_weights``). Shares are
    integers and sum exactly to the bucket's value.
 
 Conservation, therefore, per bucket and over any set of buckets:
@@ -142,12 +143,14 @@ def bucket_fractions(bs: int, be: int, intervals: Sequence[Interval]
     return {k: Fraction(w, denom) for k, w in weights.items()}, Fraction(rest, denom), most
 
 
-def _split_bucket(values: Sequence[int], bs: int, be: int, ivs: Sequence[Interval], order: Dict[Hashable, int]):
+def _split_bucket(values: Sequence[int], bs: int, be: int, ivs: Sequence[Interval],
+                  order: Dict[Hashable, Tuple[int, int]]):
     """One bucket: (parties, indices of the non-zero fields, each party's parts of those fields, the
-    unattributed parts, most groups at once). Parties are listed, and so break ties, by a draw from their key
-    and the bucket (their interval order only among equal hashes)."""
+    unattributed parts, most groups at once). Parties are listed, and so break ties, by a draw from their
+    request's start and the bucket (`order`: key -> (that start, interval order)), then from its key (requests that
+    started together), then by interval order (never reached: keys are unique)."""
     weights, rest, denom, k = bucket_weights(bs, be, ivs)
-    parties = sorted(weights, key=lambda p: (draw(p, bs), order[p]))
+    parties = sorted(weights, key=lambda p: (draw(order[p][0], bs), draw(p, bs), order[p][1]))
     ws = [weights[p] for p in parties] + [rest]
     nz = [i for i, v in enumerate(values) if v]
     columns = [split_weights(values[i], ws, denom) for i in nz]
@@ -167,7 +170,10 @@ def attribute(windows: Iterable[Window], to_wall: Callable[[int], int],
     keys' shares (and concurrency) are summed; totals and the unattributed part are always whole.
     """
     ivs = list(intervals)
-    order = {iv.key: i for i, iv in enumerate(ivs)}
+    starts: Dict[Hashable, int] = {}
+    for iv in ivs:
+        starts[iv.owner] = min(starts.get(iv.owner, iv.start_ns), iv.start_ns)
+    order = {iv.key: (starts[iv.owner], i) for i, iv in enumerate(ivs)}
     if len(order) != len(ivs):
         raise ValueError("interval keys must be unique")
     wanted = None if keys is None else set(keys)
