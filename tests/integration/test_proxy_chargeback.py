@@ -1,0 +1,100 @@
+"""Chargeback through the llama.cpp proxy: the tenant from each client's baggage (or a configured header), the
+model from its request, a live census segment (the native tally) split among the requests in flight; per
+tenant and per model the chargeback counters = the sum of their requests' span shares, every byte."""
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import threading
+import time
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from chargeback_sums import check_metrics_equal_spans  # tests/support
+from llama_standin import Opts, Standin
+from otel_gpu_census.attribution.ledger import CensusSource
+from otel_gpu_census.integrations.llamacpp import ProxyConfig, start_proxy_in_thread
+
+pytestmark = pytest.mark.timeout(90)
+MS = 1_000_000
+TENANTS = ("team-a", "team-b", "team-c")
+MODELS = ("sql-lora", "chat-lora")
+
+
+def _post(port, body, headers):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json", **headers})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status
+
+
+def test_three_tenants_and_two_models_through_the_proxy_add_up_to_their_requests(segments, records, census_dir,
+                                                                                  monkeypatch):
+    from segments import map_segment
+    monkeypatch.setenv("OTEL_GPU_CENSUS_TENANT", "header:x-tenant-id,baggage")
+    t0 = time.time_ns()
+    mm, seg = map_segment(census_dir / "gpu-census-1-1.seg", b"llama-server", wall_start_ns=t0 - 10**9,
+                          gpu_ref_ns=t0 - 10**9)
+    # the GPU's work for the next 20 s: a kernel and copies every 5 ms (CUPTI clock == wall clock here)
+    recs = []
+    for i in range(4000):
+        t = t0 + i * 5 * MS
+        recs += [records.kernel(t, t + MS, corr=i + 1),
+                 records.memcpy("htod", 1000 + i, t + 2 * MS, t + 3 * MS, src="pinned", corr=i + 1),
+                 records.memcpy("dtoh", 7 + i % 13, t + 3 * MS, t + 4 * MS, dst="pinned", corr=i + 1)]
+    segments.tally(seg, recs, final=False)
+    stop = threading.Event()
+
+    def flusher():                          # the injector's flusher: publishes every 20 ms
+        while not stop.is_set():
+            segments.tally(seg, [], final=False)
+            seg.complete_wall_ns = time.time_ns()
+            stop.wait(0.02)
+    flushing = threading.Thread(target=flusher, daemon=True)
+    flushing.start()
+    standin = Standin().start()
+    standin.opts = Opts()
+    standin.opts.first_token_delay = 0.03
+    standin.opts.token_delay = 0.01
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    config = ProxyConfig(upstream=standin.url, listen_port=0, gpu=True, gpu_margin_s=0.05, gpu_max_wait_s=5.0)
+    h = start_proxy_in_thread(config, tp, MeterProvider(metric_readers=[reader]), CensusSource(str(census_dir)))
+    try:
+        jobs = []
+        for i in range(18):
+            who = TENANTS[i % 3]
+            headers = ({"x-tenant-id": who} if i % 2 else {"baggage": f"gpu_census.tenant={who}"}) if i % 6 != 5 else {}
+            jobs.append(({"model": MODELS[i % 2], "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+                         headers))
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(lambda j: _post(h.port, *j), jobs)) == [200] * 18
+        deadline = time.monotonic() + 30
+        while len([s for s in spans.get_finished_spans() if "gen_ai.request.model" in s.attributes]) < 18:
+            assert time.monotonic() < deadline, "the spans did not end"
+            time.sleep(0.05)
+    finally:
+        h.stop()
+        standin.stop()
+        stop.set()
+        flushing.join()
+    done = [s for s in spans.get_finished_spans() if "gen_ai.request.model" in s.attributes]
+    assert {s.attributes["gpu_census.attribution.status"] for s in done} <= {"complete", "settled"}
+    assert {s.attributes.get("gpu_census.tenant", "unknown") for s in done} == set(TENANTS) | {"unknown"}
+    assert sum(s.attributes["gpu_census.copy.htod.bytes"] for s in done) > 0
+    by_tenant = check_metrics_equal_spans(done, reader)
+    assert by_tenant["unknown"]["requests"] == 3
+    by_model = check_metrics_equal_spans(done, reader, key="gen_ai.request.model")
+    assert set(by_model) == set(MODELS)
+    del mm
