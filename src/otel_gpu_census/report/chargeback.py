@@ -131,8 +131,12 @@ def build(logs: Sequence[er.EngineRequests], by: str, segments: Sequence = ()) -
             notes.append("the request lines do not add up to the steps: requests settled without a line (dropped "
                          "with their settling process, past the log's bound) or a log read in part")
     whole = bool(logs) and summarised == len(logs)
-    return Chargeback(by, ordered, unattributed, steps, missing, _outside(segments, steps) if whole else None,
-                      len(logs), notes, whole)
+    outside = _outside(segments, steps) if whole else None
+    if outside is not None and any(v < 0 for v in outside.figures.values()):
+        notes.append("the segments counted less than their steps (read at another moment than the logs' summaries): "
+                     "no row outside the steps")
+        outside = None
+    return Chargeback(by, ordered, unattributed, steps, missing, outside, len(logs), notes, whole)
 
 
 def _outside(segments: Sequence, steps: Row) -> Optional[Row]:
@@ -176,8 +180,8 @@ def render_text(cb: Chargeback) -> str:
     kt = cb.steps.figures["kernel.time_ns"] or sum(x.figures["kernel.time_ns"] for x in cb.rows) or 1
     head = (f"{cb.by:<28} {'requests':>9} {'kernel s':>11} {'share':>6} {'kernels':>12} {'htod bytes':>16} "
             f"{'dtoh bytes':>16} {'other bytes':>14} {'KV offload':>14}  notes")
-    lines = [f"GPU work by {cb.by} ({cb.logs} engine request log{'s' if cb.logs != 1 else ''}; every figure a sum "
-             "of the requests' shares, integers exact)", head]
+    lines = [f"GPU work by {cb.by} ({cb.logs} engine request log{'s' if cb.logs != 1 else ''}; a row is the sum of "
+             "its requests' shares of the engine's steps; integers exact)", head]
 
     def line(x: Row, share: bool = True) -> str:
         f = x.figures
