@@ -98,3 +98,30 @@ def test_three_tenants_and_two_models_through_the_proxy_add_up_to_their_requests
     by_model = check_metrics_equal_spans(done, reader, key="gen_ai.request.model")
     assert set(by_model) == set(MODELS)
     del mm
+
+
+def test_a_hostile_tenant_at_the_proxy_is_cut_or_dropped_and_the_request_served(monkeypatch):
+    """A 10 kB tenant header, one with a byte outside printable ASCII (percent-encoded in baggage), baggage past the
+    W3C limits: each request is forwarded; the tenant is cut, escaped, or not read."""
+    monkeypatch.setenv("OTEL_GPU_CENSUS_TENANT", "header:x-tenant-id,baggage")
+    standin = Standin().start()
+    standin.opts = Opts()
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    h = start_proxy_in_thread(ProxyConfig(upstream=standin.url, listen_port=0), tp, MeterProvider(), None)
+    body = {"model": "m", "stream": True, "messages": []}
+    try:
+        # (the stand-in upstream, an aiohttp server, answers 400 to a header line past 8 KiB: relayed as such)
+        assert _post(h.port, body, {"x-tenant-id": "t" * 10_240}) in (200, 400)
+        assert _post(h.port, body, {"baggage": "gpu_census.tenant=a%0Ab%1B"}) == 200
+        assert _post(h.port, body, {"baggage": "gpu_census.tenant=" + "x" * 9000}) == 200
+        deadline = time.monotonic() + 10
+        while len(spans.get_finished_spans()) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        h.stop()
+        standin.stop()
+    got = sorted((s.start_time, s.attributes.get("gpu_census.tenant")) for s in spans.get_finished_spans())
+    assert [t for _, t in got] == ["t" * 128 + "…", "a\\nb\\x1b", None]

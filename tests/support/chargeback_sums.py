@@ -26,10 +26,17 @@ def span_sums(spans: Iterable, key: str = "gpu_census.tenant") -> Dict[str, Dict
     return {k: dict(v) for k, v in out.items()}
 
 
+def collected(reader):
+    """The reader's one collection (exemplars come with the first collection after the measurements only)."""
+    if not hasattr(reader, "chargeback_data"):
+        reader.chargeback_data = reader.get_metrics_data()
+    return reader.chargeback_data
+
+
 def metric_sums(reader, key: str = "gpu_census.tenant") -> Dict[str, Dict[str, float]]:
     """{tenant (or model): {figure: the chargeback counters' value}} from an InMemoryMetricReader."""
     out: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(int))
-    for rm in reader.get_metrics_data().resource_metrics:
+    for rm in collected(reader).resource_metrics:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 if not m.name.startswith("gpu_census.chargeback."):
@@ -51,7 +58,7 @@ def metric_sums(reader, key: str = "gpu_census.tenant") -> Dict[str, Dict[str, f
 
 def check_metrics_equal_spans(spans, reader, key: str = "gpu_census.tenant") -> Dict[str, Dict[str, float]]:
     """Each tenant's chargeback counters = the sum of its requests' span shares (integers exactly, kernel
-    time to the float's precision). The span sums."""
+    time to the float's precision), their exemplars the request spans'. The span sums."""
     by_span, by_metric = span_sums(spans, key), metric_sums(reader, key)
     assert set(by_span) == set(by_metric), (sorted(by_span), sorted(by_metric))
     for who, s in by_span.items():
@@ -61,6 +68,10 @@ def check_metrics_equal_spans(spans, reader, key: str = "gpu_census.tenant") -> 
             assert m.get(f, 0) == s[f], (who, f)
             assert isinstance(m.get(f, 0), int), (who, f)
         assert abs(m["kernel.time_s"] - s["kernel.time_ns"] / 1e9) <= 1e-9 * max(1.0, m["kernel.time_s"]), who
+    exemplars = {e.span_id for rm in collected(reader).resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics if m.name.startswith("gpu_census.chargeback.")
+                 for dp in m.data.data_points for e in dp.exemplars}
+    assert exemplars and exemplars <= {sp.context.span_id for sp in spans}      # they point at request spans
     return by_span
 
 

@@ -18,9 +18,9 @@ OTHER_MODEL (their spans keep the name), and no client can grow the metrics with
 | gpu_census.chargeback.copy.size | counter | By | CHARGE + gpu_census.copy.direction (each direction that moved bytes) |
 | gpu_census.chargeback.kv_offload.size | counter | By | CHARGE + gpu_census.copy.direction (vLLM's KV offload) |
 
-The chargeback counters (CHARGE: gpu_census.tenant, gen_ai.request.model, gen_ai.operation.name, gen_ai.provider.name,
-gpu_census.attribution.method, gpu_census.attribution.status) add up each request's share by who it belongs
-to (telemetry/tenant.py) and which model or LoRA adapter served it, once the census gave it figures
+The chargeback counters (CHARGE: gpu_census.tenant, gen_ai.request.model, gen_ai.operation.name,
+gen_ai.provider.name, gpu_census.attribution.method, gpu_census.attribution.status) add up each request's share
+by who it belongs to (telemetry/tenant.py) and which model or LoRA adapter served it, once the census gave it figures
 (``GpuCost.has_figures``: complete, settled, partial, and the engines' stale shares, which their status
 tells apart). A process labels at most TENANT_LABELS tenants (then OTHER_MODEL, said once) and MODEL_LABELS
 models. Kernel count and time are left out where kernels were sampled (a part, not the whole); KV-offload bytes
@@ -32,11 +32,10 @@ kernel tracing (the default) as estimated (``GpuCost.kernel_time``) where a samp
 """
 from __future__ import annotations
 
+import logging
 from typing import Dict, Optional
 
 from opentelemetry.metrics import MeterProvider, get_meter_provider
-
-import logging
 
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, SETTLED, GpuCost
 from otel_gpu_census.attribution.shares import Share
@@ -58,8 +57,8 @@ COPY_DIRECTIONS = ("htod", "dtoh")
 MODEL = "gen_ai.request.model"
 MODEL_LABELS = 64
 OTHER_MODEL = "_OTHER"            # as the HTTP conventions label a method they do not know
-TENANT_LABELS = 100               # tenants one process labels (x models x methods x statuses: within the SDK's
-                                  # default 2000 series an instrument keeps)
+TENANT_LABELS = 100               # tenants one process labels (times models, methods and statuses: past the
+                                  # SDK's limit of series an instrument keeps, 2000 by default, its overflow series)
 CHARGE = "gpu_census.chargeback."
 METHOD, STATUS = "gpu_census.attribution.method", "gpu_census.attribution.status"
 ESTIMATED = "gpu_census.kernel.time_estimated"

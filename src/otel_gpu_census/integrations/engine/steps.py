@@ -53,6 +53,7 @@ from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.attribution.steps import (ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, MODEL_METHOD, PRICED,
                                                StepLedger)
 from otel_gpu_census.census import reader
+from otel_gpu_census.telemetry import redact
 from otel_gpu_census.telemetry.attributes import share_attributes
 from otel_gpu_census.integrations.engine import settle_process
 
@@ -576,7 +577,9 @@ class _Pending:
 class RequestLog:
     """Each settled request as one JSON line beside the engine's segment
     (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
-    run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
+    run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names). A line has
+    the request's ``tenant`` (where it had one: telemetry/tenant.py) and ``model`` (the LoRA adapter's name where
+    one served it), for ``report --by tenant|model``.
     Bounded: at most MAX_LINES requests, then one log line; written where settling runs. Under
     sampled or counted kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
     ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``; under counted tracing its kernel times
@@ -651,7 +654,7 @@ class RequestLog:
         if getattr(tracked, "tenant", None):
             obj["tenant"] = tracked.tenant
         if getattr(tracked, "model", None):
-            obj["model"] = tracked.model
+            obj["model"] = redact.printable(redact.cut(str(tracked.model), 256))
         if tracked.first_token_ns:
             obj["first_token_time_unix_nano"] = tracked.first_token_ns
         if error_type:
