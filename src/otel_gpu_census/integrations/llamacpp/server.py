@@ -26,7 +26,9 @@ Every read of a client has a deadline: a connection idle, or slow to send a whol
 wait for it (its buffers go with it). Connections past what the file descriptors allow are answered
 503 (connections.py). Whatever a client's input makes the proxy log (a malformed request, a dropped
 header) goes through clientlog: one short escaped line per kind at most every LOG_EVERY_S. A client's
-baggage or tracestate header past the W3C limits is dropped (neither read nor forwarded). What a client or the upstream supplied reaches spans and logs only through
+baggage or tracestate header past the W3C limits is dropped (neither read nor forwarded). A model request's tenant
+(telemetry/tenant.py: baggage or a configured header, within those limits) is read once, as its span starts. What a
+client or the upstream supplied reaches spans and logs only through
 telemetry.redact (credentials in the upstream's URL and secret query values never do; headers never).
 """
 from __future__ import annotations
