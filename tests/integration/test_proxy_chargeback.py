@@ -6,8 +6,12 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -97,6 +101,33 @@ def test_three_tenants_and_two_models_through_the_proxy_add_up_to_their_requests
     assert by_tenant["unknown"]["requests"] == 3
     by_model = check_metrics_equal_spans(done, reader, key="gen_ai.request.model")
     assert set(by_model) == set(MODELS)
+    # without a backend: the spans as the Collector's file exporter writes them, and `report --by`
+    from google.protobuf.json_format import MessageToJson
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    log = census_dir.parent / "spans.json"
+    log.write_text(MessageToJson(encode_spans(spans.get_finished_spans()), indent=None) + "\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    for by, want in (("tenant", by_tenant), ("model", by_model)):
+        p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", str(census_dir), "--by", by,
+                            "--request-log", str(log), "--json"], env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        got = json.loads(p.stdout)["request_log"]
+        assert got["conserved"] is True and got["spans"] == 18
+        rows = {r["name"]: r for r in got["rows"]}
+        assert set(rows) == set(want)
+        for who, s in want.items():
+            assert rows[who]["requests"] == s["requests"]
+            for f in ("kernel.count", "kernel.time_ns", "copy.htod.bytes", "copy.dtoh.bytes"):
+                assert rows[who][f] == s[f], (who, f)
+        # the census as tallied (4000 kernels, their bytes), the rows and the rest adding up to it
+        census = {"kernel.count": 4000, "copy.htod.bytes": sum(1000 + i for i in range(4000)),
+                  "copy.dtoh.bytes": sum(7 + i % 13 for i in range(4000))}
+        for f, v in census.items():
+            assert got["census"][f] == v
+            assert sum(r[f] for r in got["rows"]) + got["rest"][f] == v and got["rest"][f] > 0
+    text = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", str(census_dir), "--by", "tenant",
+                           "--request-log", str(log)], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert "from the request log's spans (18 with a GPU share" in text and "rest of the census" in text
     del mm
 
 

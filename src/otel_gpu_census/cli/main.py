@@ -568,7 +568,7 @@ def _cmd_report(args) -> int:
     elif not censuses:
         hint = f"no census segment in {census_dir}"
     if args.by:
-        return _report_by(args, censuses, errors, hint)
+        return _report_by(args, censuses, errors, hint, facts)
     if args.json:
         json.dump(report.to_dict(censuses, errors, args.requests, census_dir, hint, facts), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -579,17 +579,27 @@ def _cmd_report(args) -> int:
     return 1 if errors or (args.pid is not None and not censuses) else 0
 
 
-def _report_by(args, censuses, errors, hint) -> int:
-    """`report --by tenant|model`: the chargeback table (report/chargeback.py)."""
+def _report_by(args, censuses, errors, hint, facts) -> int:
+    """`report --by tenant|model`: the chargeback table (report/chargeback.py) of the engines' request logs, and of
+    the spans in --request-log (the proxy's) where given."""
     from otel_gpu_census.report import chargeback, engine_requests
     if hint:
         _say(hint)
     cb = chargeback.build(engine_requests.for_segments([c.path for c in censuses]), args.by, censuses)
+    spans = chargeback.from_spans(facts.records or (), args.by, censuses)
+    if args.request_log and spans is None:
+        _say("the request log has no span with a GPU share (gpu_census.kernel.count): nothing of it to add up")
     if args.json:
-        json.dump(chargeback.to_dict(cb), sys.stdout, indent=2)
+        out = chargeback.to_dict(cb)
+        if spans is not None:
+            out["request_log"] = chargeback.to_dict(spans)
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(chargeback.render_text(cb))
+        if cb.logs or spans is None:
+            sys.stdout.write(chargeback.render_text(cb))
+        if spans is not None:
+            sys.stdout.write(chargeback.render_text(spans))
     sys.stdout.flush()
     _say_errors(errors)
     return 1 if errors or not censuses else 0
