@@ -275,3 +275,32 @@ def test_a_tenant_travels_in_the_start_record_to_a_settling_child(tagged, tmp_pa
     child.settle(final=True)
     (span,) = spans.get_finished_spans()
     assert span.attributes["gpu_census.tenant"] == "team-a" and span.attributes["gen_ai.request.model"] == "sql-lora"
+
+
+def _otlp_span(attrs):
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "kind": "SPAN_KIND_SERVER", "startTimeUnixNano": "1764400000000000000", "endTimeUnixNano": "1764400001000000000",
+        "attributes": [{"key": k, "value": v} for k, v in attrs.items()]}]}]}]})
+
+
+def test_a_request_logs_span_gives_its_share_and_a_wrong_type_is_refused_with_where():
+    from otel_gpu_census.report.request_log import RequestLogError, parse
+    good = {"gpu_census.tenant": {"stringValue": "team-a"}, "gen_ai.request.model": {"stringValue": "m"},
+            "gpu_census.kernel.count": {"intValue": "12"}, "gpu_census.kernel.time": {"doubleValue": 0.000123456789},
+            "gpu_census.copy.htod.bytes": {"intValue": "4096"}, "gpu_census.kernel.time_estimated": {"boolValue": True}}
+    (r,) = parse([_otlp_span(good)])
+    figures = dict(r.charge.figures)
+    assert (r.charge.tenant, r.charge.model, r.charge.estimated) == ("team-a", "m", True)
+    assert figures["kernel.count"] == 12 and figures["kernel.time_ns"] == 123457 and figures["copy.htod.bytes"] == 4096
+    (plain,) = parse([_otlp_span({"gpu_census.tenant": {"stringValue": "x"}})])
+    assert plain.charge is None                                  # no GPU share: nothing to add up
+    for bad in ({"intValue": "-1"}, {"intValue": "12x"}, {"stringValue": "1e3"}, {"intValue": str(1 << 64)}):
+        with pytest.raises(RequestLogError, match="line 1: gpu_census.kernel.count is not a whole number"):
+            parse([_otlp_span(dict(good, **{"gpu_census.kernel.count": bad}))])
+    with pytest.raises(RequestLogError, match="gpu_census.kernel.time is negative"):
+        parse([_otlp_span(dict(good, **{"gpu_census.kernel.time": {"doubleValue": -1.0}}))])
+    rows = chargeback.from_spans(parse([_otlp_span(good), _otlp_span(dict(good, **{
+        "gpu_census.tenant": {"stringValue": "b" * 10_000}}))]), "tenant")
+    assert sorted(len(x.name) for x in rows.rows) == [6, 256]
+    assert rows.unattributed is None and not rows.summarised     # no census given: no rest, and it says so
+    assert "no rest of the census" in chargeback.render_text(rows)
