@@ -165,3 +165,59 @@ def test_report_says_when_a_log_was_not_read_whole(tmp_path, segments, records):
     assert "(200,000 requests, by step_tokens" in p.stdout
     assert "(5 lines past the first 200,000 requests were not read: the figures above are of the requests read)" \
         in p.stdout
+
+
+def test_report_by_tenant_and_model_adds_up_to_the_steps_and_says_what_was_outside_them(tmp_path, segments, records,
+                                                                                      tagged):
+    """`report --by tenant|model` over a log an engine wrote beside its real segment: one row per tenant (a request
+    without one: unknown), unattributed, the steps' total they add up to exactly; below, what the segment counted
+    outside the steps (its totals less the steps', exact)."""
+    from otel_gpu_census.census import Stat, Step
+    from otel_gpu_census.census.reader import read_segment
+    from otel_gpu_census.integrations.engine.steps import StepEngine
+    from engine_standins import Census, Clock, in_memory_telemetry
+    d = tmp_path / "census"
+    d.mkdir(mode=0o700)
+    recs = [records.kernel(T0 + i * 1000, T0 + i * 1000 + 500, corr=i + 1) for i in range(100)]
+    recs += [records.memcpy("htod", 10_000, T0, T0 + 10, src="pageable", corr=500)]
+    seg = segments.segment(d, recs)
+    rt, _, _ = in_memory_telemetry("vllm", metrics=False)
+    census, clock = Census(), Clock()
+    eng = StepEngine(telemetry=rt, read=census.read, clock=clock, settle_period_s=3600)
+    eng.log_segment = lambda: str(seg)
+    who = {"a": "team-a", "b": "team-b", "c": None}
+    for k, t in who.items():
+        eng.start_request(k, start_ns=clock.t, operation="chat", model="sql-lora" if k != "b" else "base",
+                          headers={}, attributes={}, tenant=t)
+    for sid_tokens, kernels, htod in (({"a": 3, "b": 1, "c": 2}, 12, 600), ({}, 5, 50), ({"a": 1, "c": 1}, 9, 1001)):
+        sid = eng.open_step(sid_tokens)
+        census.steps[sid] = Step(id=sid, kernel_count=kernels, kernel_ns=kernels * 1000,
+                                 copies={"htod": Stat(1, htod, 10)})
+        clock.t += 10**6
+        eng.end_step(sid)
+    for k in who:
+        eng.request_done(k, {"gen_ai.usage.output_tokens": 2})
+    census.complete = clock.t + 10**9
+    eng.shutdown(timeout_s=0.5)
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", str(d), "--by", "tenant", "--json"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["conserved"] is True and {r["name"] for r in got["rows"]} == {"team-a", "team-b", "unknown"}
+    assert got["steps"]["kernel.count"] == 26 and got["steps"]["copy.htod.bytes"] == 1651
+    assert got["unattributed"]["kernel.count"] == 5 and got["unattributed"]["copy.htod.bytes"] == 50
+    assert sum(r["kernel.count"] for r in got["rows"]) == 21
+    dev = read_segment(str(seg)).devices[0]
+    assert got["outside_steps"]["kernel.count"] == dev.kernel_count - 26 == 74
+    assert got["outside_steps"]["copy.htod.bytes"] == 10_000 - 1651
+    text = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", str(d), "--by", "model"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("GPU work by model (1 engine request log;")
+    assert [x.split()[0] for x in lines[2:6]] == ["sql-lora", "base", "unattributed", "steps"]
+    assert "add up to the steps exactly" in text.stdout and "outside steps" in text.stdout
+    both = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", "--diff", str(d), str(d), "--by",
+                           "tenant"], env=env, capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "--by goes without --diff" in both.stderr

@@ -358,3 +358,39 @@ def test_sglangs_scheduler_settles_in_a_child_too_and_a_rank_that_does_not_repor
     else:
         time.sleep(0.5)
         assert otlp.span_snapshot() == []
+
+
+def test_the_tenant_and_adapter_travel_to_the_child_and_its_log_adds_up_by_tenant(census, otlp):
+    """Settling in a real child: each request's tenant (read by the API-server hook, in its trace headers) and LoRA
+    adapter reach the child's spans and request log, and `report --by` over that log adds up to its steps."""
+    from otel_gpu_census.integrations.vllm.engine import TENANT_HEADER
+    from otel_gpu_census.report import chargeback, engine_requests
+    eng = EngineTelemetry()
+    who = ("team-a", "team-b", "team-c", None)
+    made = []
+
+    def tagged_request(rid, sid):
+        n = len(made)
+        made.append(rid)
+        headers = {"traceparent": f"00-{TRACE}-{sid:016x}-01"}
+        if who[n % 4]:
+            headers[TENANT_HEADER] = who[n % 4]
+        req = stopped_request(rid, headers)
+        req.lora_request = SimpleNamespace(lora_name="sql-lora") if n % 2 else None
+        return req
+    global request
+    plain, request = request, tagged_request
+    try:
+        serve(eng)
+    finally:
+        request = plain
+    eng.shutdown()
+    spans = otlp.wait_for_spans(lambda s: len(s) >= 30)
+    lines, summary = request_log(census)
+    assert len(lines) == 30 and len(summary) == 1
+    assert {x.get("tenant") for x in lines} == set(who)
+    assert {x.get("model") for x in lines} == {"sql-lora", None}          # (no served model named here)
+    assert {s.attributes.get("gpu_census.tenant") for s in spans} == set(who)
+    cb = chargeback.build([engine_requests.read(str(census.with_suffix(".requests.jsonl")))], "tenant")
+    assert cb.summarised and cb.missing is None
+    assert sum(x.figures["kernel.count"] for x in cb.rows) + cb.unattributed.figures["kernel.count"] == N_STEPS

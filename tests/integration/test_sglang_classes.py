@@ -488,3 +488,101 @@ def test_with_sglangs_tracing_on_our_spans_follow_its_endpoint_unless_the_user_n
     si._follow_traces_endpoint()
     import os
     assert os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == want
+
+
+# -- chargeback: tenants and LoRA adapters --------------------------------------------------------------
+
+def _through_with(rid, headers, lora=None):
+    """As _through_the_http_side, for a client's request with these extra headers and LoRA adapter (lora_path,
+    the adapter's name as SGLang's OpenAI server resolves it from `model`)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    raw = [(b"content-type", b"application/json")] + [(k.encode(), v.encode()) for k, v in headers]
+    request = HttpRequest({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": raw,
+                           "query_string": b""})
+    obj = GenerateReqInput(text="hello", rid=rid, lora_path=lora)
+    obj.normalize_batch_and_arguments()
+    tm = object.__new__(TokenizerManager)
+    tm.rid_to_state, tm.enable_trace, tm.disaggregation_mode = {}, False, DisaggregationMode.NULL
+    TokenizerManager._init_req_state(tm, obj, request)
+    ts = tm.rid_to_state[rid].time_stats
+    return unwrap_from_pickle(pickle.loads(pickle.dumps(wrap_as_pickle(ts))))
+
+
+def test_the_tenant_and_the_adapter_reach_the_scheduler_and_a_client_cannot_forge_ours(loaded, monkeypatch):
+    monkeypatch.setattr(si, "_tenant_src", None)
+    carried = _req("t1", _through_with("t1", [("baggage", "gpu_census.tenant=team-a")], lora="sql-lora")) \
+        .time_stats.__dict__[CARRY_KEY]
+    assert carried["tenant"] == "team-a" and carried["lora"] == "sql-lora"
+    forged = _req("t2", _through_with("t2", [(si.TENANT_KEY, "someone")])).time_stats.__dict__[CARRY_KEY]
+    assert "tenant" not in forged and "lora" not in forged
+    monkeypatch.setenv("OTEL_GPU_CENSUS_TENANT", "header:x-api-key")
+    monkeypatch.setattr(si, "_tenant_src", None)
+    hashed = _req("t3", _through_with("t3", [("x-api-key", "k-123")])).time_stats.__dict__[CARRY_KEY]["tenant"]
+    assert hashed.startswith("sha256:") and "k-123" not in hashed
+
+
+def test_three_tenants_and_two_adapters_add_up_to_their_requests_and_the_census(loaded, tagged, tmp_path,
+                                                                              monkeypatch):
+    import random
+    from chargeback_sums import check_metrics_equal_spans, check_report      # tests/support
+    monkeypatch.setattr(si, "_tenant_src", None)
+    census = Census(complete=1 << 62)
+    rt, spans, reader = in_memory_telemetry("sglang")
+    eng = SchedulerTelemetry(telemetry=rt, read=census.read, settle_period_s=3600, reports=True)
+    seg = tmp_path / "gpu-census-3-3.seg"
+    eng.log_segment = lambda: str(seg)
+    rnd = random.Random(59)
+    tenants, adapters = ("team-a", "team-b", "team-c"), ("sql-lora", None)
+    live, n = [], 0
+    si.GUARD.current = eng
+    try:
+        for k in range(40):
+            fresh = []
+            if n < 18 and rnd.random() < 0.6:
+                who = tenants[n % 3] if n % 5 else None
+                rid = f"r{n}"
+                req = _req(rid, _through_with(rid, [("baggage", f"gpu_census.tenant={who}")] if who else [],
+                                              lora=adapters[n % 2]), prompt=rnd.randint(4, 30))
+                si._add_request_to_queue(lambda self, r, is_retracted=False: None, SCHED, req)
+                fresh.append(req)
+                n += 1
+            if k % 7 == 0:                                 # a batch of nobody's (an idle step's work)
+                batch = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
+            elif fresh:
+                batch = ScheduleBatch(reqs=fresh, forward_mode=ForwardMode.EXTEND,
+                                      extend_lens=[len(r.origin_input_ids) for r in fresh])
+            else:
+                batch = ScheduleBatch(reqs=list(live), forward_mode=ForwardMode.DECODE)
+            si._run_batch(lambda self, b: None, SCHED, batch)
+            census.steps[eng.sid] = Step(id=eng.sid, kernel_count=rnd.randint(1, 300), kernel_ns=rnd.randint(1, 10**7),
+                                         copies={"htod": Stat(1, rnd.randint(0, 10**6), 5),
+                                                 "dtoh": Stat(1, rnd.randint(0, 10**5), 5)})
+            live += fresh
+            for r in live:
+                r.output_ids.append(1)
+            ending = [r for r in live if rnd.random() < 0.2]
+            for r in ending:
+                r.finished_reason = FINISH_LENGTH(length=len(r.output_ids))
+            si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, list(live), False)
+            live = [r for r in live if r not in ending]
+        for r in live:
+            r.finished_reason = FINISH_LENGTH(length=len(r.output_ids))
+        si._stream_output(lambda self, reqs, lp, skip_req=None: None, None, list(live), False)
+    finally:
+        si.GUARD.current = None
+    assert not si.GUARD.off
+    eng.settle()
+    eng.shutdown(timeout_s=0.5)
+    done = spans.get_finished_spans()
+    assert len(done) == 18
+    assert {s.attributes.get("gpu_census.tenant", "unknown") for s in done} == set(tenants) | {"unknown"}
+    assert {s.attributes["gen_ai.request.model"] for s in done} == {"sql-lora", "qwen"}
+    check_metrics_equal_spans(done, reader)
+    check_metrics_equal_spans(done, reader, key="gen_ai.request.model")
+    rows = [Share(s.kernel_count, s.kernel_ns, dict(s.copies), s.memset).as_row() for s in census.steps.values()]
+    log = seg.with_suffix(".requests.jsonl")
+    cb, _ = check_report([log], rows, "tenant", spans=done)
+    assert cb.unattributed.figures["kernel.count"] > 0
+    cbm, _ = check_report([log], rows, "model", spans=done)
+    assert {x.name for x in cbm.rows} == {"sql-lora", "qwen"}

@@ -106,13 +106,14 @@ def request_exported():
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     tel = RequestTelemetry(None, provider, provider_name="llama.cpp")
-    ok = tel.start(start_ns=T0, operation="chat", span_name="chat", model="m")
+    ok = tel.start(start_ns=T0, operation="chat", span_name="chat", model="m", tenant="team-a")
     ok.first_token(T0 + 40 * MS)
     share = Share(kernel_count=7, kernel_ns=30 * MS, copies={"htod": census.Stat(2, 4096, MS),
                                                             "dtoh": census.Stat(1, 1000, MS)})
     ok.finish(T0 + 240 * MS, output_tokens=21, cost=GpuCost(status=COMPLETE, share=share, window=share, buckets=3,
                                                             kernel_tracing=["all"], kernel_traced_ns=100 * MS,
-                                                            kernel_span_ns=100 * MS))
+                                                            kernel_span_ns=100 * MS),
+              kv_offload=Share(copies={"dtoh": census.Stat(1, 1000, MS)}))
     bad = tel.start(start_ns=T0, operation="chat", span_name="chat")
     bad.finish(T0 + 10 * MS, error_type="500")
     open_ = tel.start(start_ns=T0, operation="chat", span_name="chat")      # in flight at the collection
@@ -134,7 +135,10 @@ def test_every_request_instrument_documented_as_recorded():
     got = request_exported()
     assert set(got) == {"gen_ai.server.time_to_first_token", "gen_ai.server.request.duration",
                         "gen_ai.server.time_per_output_token", "gpu_census.requests.in_flight",
-                        "gpu_census.request.copy.size", "gpu_census.request.kernel.time"}
+                        "gpu_census.request.copy.size", "gpu_census.request.kernel.time",
+                        "gpu_census.chargeback.requests", "gpu_census.chargeback.kernel.count",
+                        "gpu_census.chargeback.kernel.time", "gpu_census.chargeback.copy.size",
+                        "gpu_census.chargeback.kv_offload.size"}
     for name, (kind, unit, keys) in got.items():
         assert name in doc, f"recorded but not in docs/metrics.md: {name}"
         d_kind, d_unit, d_attrs = doc[name]

@@ -1,7 +1,7 @@
 """`otel-gpu-census`: run a command under the census, report on segments, check the machine.
 
     otel-gpu-census run [--dir DIR] [--json FILE] [--requests N] [--proxy HOST:PORT [--upstream URL]] -- CMD ARGS...
-    otel-gpu-census report [DIR|FILE.seg] [--requests N] [--request-log FILE] [--sm-occupancy R] [--json] [--pid PID]
+    otel-gpu-census report [DIR|FILE.seg] [--requests N] [--request-log FILE] [--sm-occupancy R] [--by tenant|model] [--json] [--pid PID]
     otel-gpu-census report --diff A B [--requests N|NA,NB] [--json]
     otel-gpu-census doctor
     otel-gpu-census proxy ...            (the llama.cpp proxy)
@@ -525,6 +525,8 @@ def _say_errors(errors) -> None:
 def _cmd_report(args) -> int:
     from otel_gpu_census.report import render as report
     from otel_gpu_census.census import folder, proctree, reader
+    if args.diff and args.by:
+        args.parser.error("--by goes without --diff")
     if args.diff:
         from otel_gpu_census.report.diff import run_diff
         return run_diff(args, _say)
@@ -565,6 +567,8 @@ def _cmd_report(args) -> int:
             hint = f"no census segment for pid {args.pid} or its descendants in {census_dir}"
     elif not censuses:
         hint = f"no census segment in {census_dir}"
+    if args.by:
+        return _report_by(args, censuses, errors, hint, facts)
     if args.json:
         json.dump(report.to_dict(censuses, errors, args.requests, census_dir, hint, facts), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -573,6 +577,32 @@ def _cmd_report(args) -> int:
     sys.stdout.flush()
     _say_errors(errors)
     return 1 if errors or (args.pid is not None and not censuses) else 0
+
+
+def _report_by(args, censuses, errors, hint, facts) -> int:
+    """`report --by tenant|model`: the chargeback table (report/chargeback.py) of the engines' request logs, and of
+    the spans in --request-log (the proxy's) where given."""
+    from otel_gpu_census.report import chargeback, engine_requests
+    if hint:
+        _say(hint)
+    cb = chargeback.build(engine_requests.for_segments([c.path for c in censuses]), args.by, censuses)
+    spans = chargeback.from_spans(facts.records or (), args.by, censuses)
+    if args.request_log and spans is None:
+        _say("the request log has no span with a GPU share (gpu_census.kernel.count): nothing of it to add up")
+    if args.json:
+        out = chargeback.to_dict(cb)
+        if spans is not None:
+            out["request_log"] = chargeback.to_dict(spans)
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        if cb.logs or spans is None:
+            sys.stdout.write(chargeback.render_text(cb))
+        if spans is not None:
+            sys.stdout.write(chargeback.render_text(spans))
+    sys.stdout.flush()
+    _say_errors(errors)
+    return 1 if errors or not censuses else 0
 
 
 def _report_facts(args):
@@ -715,6 +745,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "for the diagnosis of kernels that fill little of the chip")
     rep.add_argument("--diff", nargs=2, metavar=("A", "B"),
                      help="compare two runs (census folders or .seg files): every figure of A and B and the change")
+    rep.add_argument("--by", choices=("tenant", "model"),
+                     help="each tenant's (gpu_census.tenant) or model's (LoRA adapter's) share of the engines' GPU "
+                     "work, from the vLLM and SGLang integrations' request logs, with what no request was in, "
+                     "adding up to the census")
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
     rep.add_argument("--pid", type=positive_int, help="only this process and its descendants")
     rep.set_defaults(func=_cmd_report, parser=rep)

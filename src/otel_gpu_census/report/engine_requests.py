@@ -31,13 +31,18 @@ SUFFIX = ".requests.jsonl"
 FIELDS = ("copy.dtoh.bytes", "copy.htod.bytes", "copy.dtod.bytes", "kernel.time_ns", "kernel.count")
 INT64_MAX = (1 << 63) - 1
 KERNEL_TIME = FIELDS.index("kernel.time_ns")
+# the rest of a share's figures (its bytes in the other directions, memsets) and its KV-offload part, kept where
+# non-zero: `report --by` adds every byte up to the census's
+MORE = ("copy.ptop.bytes", "copy.htoh.bytes", "copy.other.bytes", "memset.bytes")
+KV = ("kv.copy.htod.bytes", "kv.copy.dtoh.bytes")
+WHO_CHARS = 256
 
 
 class Request:
     """One logged request: the figures the report reads."""
 
     __slots__ = ("gpu", "start_ns", "end_ns", "first_token_ns", "tracing", "ratio", "counted", "estimated", "unknown", "status",
-                 "note")
+                 "note", "tenant", "model", "more")
 
     def __init__(self, gpu: Tuple[int, ...], start_ns: int, first_token_ns: int, tracing: Optional[str],
                  ratio: Optional[float], counted: bool, estimated: bool, unknown: bool, status: Optional[str] = None,
@@ -47,6 +52,9 @@ class Request:
         self.tracing, self.ratio = tracing, ratio  # kernel_tracing (cut to 40 characters), kernel_traced_ratio
         self.counted, self.estimated, self.unknown = counted, estimated, unknown
         self.status, self.note = status, note      # the share's status, and the first of its notes (300 characters)
+        self.tenant: Optional[str] = None          # who it is charged to, the model (or LoRA adapter) that served it
+        self.model: Optional[str] = None           # (each cut to WHO_CHARS; None where the line has none)
+        self.more: Optional[Dict[str, int]] = None  # MORE figures the line has beyond FIELDS (non-zero only)
 
 
 @dataclass
@@ -145,9 +153,21 @@ def _request(obj) -> Optional[Request]:
     counted = "kernel_time_estimated" in obj
     status, notes = obj.get("status"), obj.get("notes")
     note = notes[0][:300] if isinstance(notes, list) and notes and isinstance(notes[0], str) else None
-    return Request(figures, start, first, tracing[:40] if isinstance(tracing, str) else None, ratio, counted,
-                   obj.get("kernel_time_estimated") is True, obj.get("kernel_time_unknown") is True,
-                   status[:20] if isinstance(status, str) else None, note, end)
+    try:
+        kv = obj.get("kv") if isinstance(obj.get("kv"), dict) else {}
+        kv_gpu = kv.get("gpu") if isinstance(kv.get("gpu"), dict) else {}
+        more = {f: _whole(gpu.get(f)) for f in MORE}
+        more.update({f: _whole(kv_gpu.get(f[3:])) for f in KV})
+    except ValueError:
+        return None
+    r = Request(figures, start, first, tracing[:40] if isinstance(tracing, str) else None, ratio, counted,
+                obj.get("kernel_time_estimated") is True, obj.get("kernel_time_unknown") is True,
+                status[:20] if isinstance(status, str) else None, note, end)
+    r.more = {f: v for f, v in more.items() if v} or None
+    tenant, model = obj.get("tenant"), obj.get("model")
+    r.tenant = tenant[:WHO_CHARS] if isinstance(tenant, str) and tenant else None
+    r.model = model[:WHO_CHARS] if isinstance(model, str) and model else None
+    return r
 
 
 def for_segments(segment_paths: Sequence[str]) -> List[EngineRequests]:

@@ -11,7 +11,9 @@ copies follow request boundaries. Two forms are read:
   "first_token_time_unix_nano": 1764400000623456789}`` (the first token is optional);
 * OTLP JSON traces (what the Collector's file exporter writes, one export a line, or one object):
   every SERVER span is a request; its first token is ``gen_ai.response.time_to_first_chunk`` (s) when
-  the span carries it, as the census's spans do (or ``gen_ai.latency.time_to_first_token``, vLLM's own).
+  the span carries it, as the census's spans do (or ``gen_ai.latency.time_to_first_token``, vLLM's own);
+  where it has a GPU share (``gpu_census.kernel.count`` and the rest: the proxy's spans), that share, its
+  ``gpu_census.tenant`` and ``gen_ai.request.model`` (:class:`Charge`, for ``report --by``).
 
 Numbers may be JSON integers or strings of digits (OTLP JSON writes 64-bit integers as strings). A
 time must fall between EARLIEST_NS and LATEST_NS (years 2000 to 2100), a time to first token must be a
@@ -30,7 +32,9 @@ import math
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from otel_gpu_census.census import DIRECTIONS
 
 SPAN_KIND_SERVER = (2, "SPAN_KIND_SERVER")
 # the GenAI conventions' name (the census's spans), then vLLM's own span's
@@ -40,6 +44,11 @@ LATEST_NS = 4_102_444_800 * 10**9          # 2100-01-01T00:00:00Z
 MAX_REQUESTS = 500_000                     # requests kept from one log (a few dozen MB)
 MAX_LINE_CHARS = 16 << 20                  # one line (an OTLP export of many spans is a few MB)
 MAX_DOCUMENT_CHARS = 16 << 20              # one JSON document over several lines, read whole
+CHARGE_FIGURES = ("kernel.count", "kernel.time_ns") + tuple(f"copy.{d}.bytes" for d in DIRECTIONS) + ("memset.bytes",)
+_CHARGE_KEYS = {"gpu_census.tenant", "gen_ai.request.model", "gpu_census.attribution.status",
+                "gpu_census.kernel.time_estimated", "gpu_census.kernel.time"} | {
+               "gpu_census." + f for f in CHARGE_FIGURES if f != "kernel.time_ns"}
+WHO_CHARS = 256
 
 
 class RequestLogError(Exception):
@@ -47,10 +56,21 @@ class RequestLogError(Exception):
 
 
 @dataclass(frozen=True)
+class Charge:
+    """A span's GPU share and who it is charged to, for `report --by` (its ``gpu_census.*`` attributes)."""
+    tenant: Optional[str]
+    model: Optional[str]
+    figures: Tuple[Tuple[str, int], ...]  # (CHARGE_FIGURES name, value): integers; kernel.time_ns from seconds
+    status: Optional[str] = None
+    estimated: bool = False
+
+
+@dataclass(frozen=True)
 class RequestRecord:
     start_ns: int                         # wall clock (CLOCK_REALTIME), Unix ns
     end_ns: int
     first_token_ns: Optional[int] = None
+    charge: Optional[Charge] = None       # an OTLP span's GPU share (where it has one)
 
 
 class RequestLog(list):
@@ -93,12 +113,41 @@ def _seconds(v: Any, what: str) -> float:
     return x
 
 
-def _record(start: int, end: int, first: Optional[int]) -> RequestRecord:
+def _record(start: int, end: int, first: Optional[int], charge: Optional[Charge] = None) -> RequestRecord:
     if end < start:
         raise ValueError(f"end ({end}) before start ({start})")
     if first is not None and not start <= first <= end:
         first = None          # a first token outside the request is not one we can place
-    return RequestRecord(start, end, first)
+    return RequestRecord(start, end, first, charge)
+
+
+def _count(v: Any, what: str) -> int:
+    """A count or bytes: a whole number 0..int64, or a string of digits (OTLP JSON's intValue)."""
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 19:
+        v = int(v)
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63:
+        return v
+    raise ValueError(f"{what} is not a whole number: {_shown(v)}")
+
+
+def _charge(attrs: Dict[str, Any]) -> Optional[Charge]:
+    """The GPU share a span's attributes give (None: it has none)."""
+    if "gpu_census.kernel.count" not in attrs:
+        return None
+    figures = []
+    for f in CHARGE_FIGURES:
+        if f == "kernel.time_ns":
+            t = attrs.get("gpu_census.kernel.time")
+            secs = 0.0 if t is None else _seconds(t, "gpu_census.kernel.time")
+            if secs < 0:
+                raise ValueError(f"gpu_census.kernel.time is negative: {_shown(t)}")
+            figures.append((f, round(secs * 1e9)))
+        elif "gpu_census." + f in attrs:
+            figures.append((f, _count(attrs["gpu_census." + f], "gpu_census." + f)))
+    who = [attrs.get(k) for k in ("gpu_census.tenant", "gen_ai.request.model", "gpu_census.attribution.status")]
+    who = [x[:WHO_CHARS] if isinstance(x, str) and x else None for x in who]
+    return Charge(who[0], who[1], tuple(figures), who[2], attrs.get("gpu_census.kernel.time_estimated") in (True,
+                                                                                                        "true"))
 
 
 def _plain(obj: dict) -> RequestRecord:
@@ -123,7 +172,7 @@ def _objects(v: Any, what: str) -> Iterator[dict]:
 def _attr_value(v: Any, key: str) -> Any:
     if not isinstance(v, dict):
         raise ValueError(f"the value of {key} is not an object: {_shown(v)}")
-    for k in ("doubleValue", "intValue", "stringValue"):
+    for k in ("doubleValue", "intValue", "stringValue", "boolValue"):
         if k in v:
             return v[k]
     return None
@@ -139,12 +188,15 @@ def _spans(obj: dict) -> List[RequestRecord]:
                 start = _time(sp.get("startTimeUnixNano"), "startTimeUnixNano")
                 end = _time(sp.get("endTimeUnixNano"), "endTimeUnixNano")
                 first = None
+                charge: Dict[str, Any] = {}
                 for a in _objects(sp.get("attributes"), "attributes"):
                     if a.get("key") in TTFT_ATTRIBUTES and first is None:
                         ttft = _seconds(_attr_value(a.get("value"), a["key"]), a["key"])
                         # a first token outside the request is not one we can place
                         first = start + round(ttft * 1e9) if 0 <= ttft * 1e9 <= end - start else None
-                out.append(_record(start, end, first))
+                    elif a.get("key") in _CHARGE_KEYS:
+                        charge[a["key"]] = _attr_value(a.get("value"), a["key"])
+                out.append(_record(start, end, first, _charge(charge)))
     return out
 
 

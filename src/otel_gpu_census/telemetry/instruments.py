@@ -12,6 +12,19 @@ OTHER_MODEL (their spans keep the name), and no client can grow the metrics with
 | gpu_census.request.copy.size | histogram | By | same as TTFT + gpu_census.copy.direction (htod, dtoh) |
 | gpu_census.request.kernel.time | histogram | s | same as TTFT |
 | gpu_census.requests.dropped | counter | {request} | gen_ai.provider.name |
+| gpu_census.chargeback.requests | counter | {request} | CHARGE (below) |
+| gpu_census.chargeback.kernel.count | counter | {kernel} | CHARGE |
+| gpu_census.chargeback.kernel.time | counter | s | CHARGE + gpu_census.kernel.time_estimated |
+| gpu_census.chargeback.copy.size | counter | By | CHARGE + gpu_census.copy.direction (each direction that moved bytes) |
+| gpu_census.chargeback.kv_offload.size | counter | By | CHARGE + gpu_census.copy.direction (vLLM's KV offload) |
+
+The chargeback counters (CHARGE: gpu_census.tenant, gen_ai.request.model, gen_ai.operation.name,
+gen_ai.provider.name, gpu_census.attribution.method, gpu_census.attribution.status) add up each request's share
+by who it belongs to (telemetry/tenant.py) and which model or LoRA adapter served it, once the census gave it figures
+(``GpuCost.has_figures``: complete, settled, partial, and the engines' stale shares, which their status
+tells apart). A process labels at most TENANT_LABELS tenants (then OTHER_MODEL, said once) and MODEL_LABELS
+models. Kernel count and time are left out where kernels were sampled (a part, not the whole); KV-offload bytes
+are part of the copy bytes too.
 
 The GPU histograms take a request's attributed share (``GpuCost.share``) once the census is complete
 for it (status complete or settled); kernel time only where every kernel was traced, or under counted
@@ -19,11 +32,15 @@ kernel tracing (the default) as estimated (``GpuCost.kernel_time``) where a samp
 """
 from __future__ import annotations
 
+import logging
 from typing import Dict, Optional
 
 from opentelemetry.metrics import MeterProvider, get_meter_provider
 
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, SETTLED, GpuCost
+from otel_gpu_census.attribution.shares import Share
+from otel_gpu_census.census import DIRECTIONS
+from otel_gpu_census.telemetry.tenant import TENANT, UNKNOWN
 from otel_gpu_census.version import __version__
 
 # Bucket boundaries advised by the GenAI semantic conventions.
@@ -40,6 +57,13 @@ COPY_DIRECTIONS = ("htod", "dtoh")
 MODEL = "gen_ai.request.model"
 MODEL_LABELS = 64
 OTHER_MODEL = "_OTHER"            # as the HTTP conventions label a method they do not know
+TENANT_LABELS = 100               # tenants one process labels (times models, methods and statuses: past the
+                                  # SDK's limit of series an instrument keeps, 2000 by default, its overflow series)
+CHARGE = "gpu_census.chargeback."
+METHOD, STATUS = "gpu_census.attribution.method", "gpu_census.attribution.status"
+ESTIMATED = "gpu_census.kernel.time_estimated"
+
+log = logging.getLogger("otel_gpu_census.telemetry")
 
 
 class RequestInstruments:
@@ -78,6 +102,24 @@ class RequestInstruments:
             DROPPED, unit="{request}",
             description="Requests an engine served that got no span or request log line (their settling "
                         "process died before it settled them)")
+        self._tenants: set = set()
+        self._said: set = set()          # what was said once: "unknown", "_OTHER"
+        self.charge_requests = meter.create_counter(
+            CHARGE + "requests", unit="{request}",
+            description="Requests whose GPU share is counted in the chargeback series, by tenant and model")
+        self.charge_kernel_count = meter.create_counter(
+            CHARGE + "kernel.count", unit="{kernel}",
+            description="Kernels attributed to the requests of a tenant and model (their shares added up)")
+        self.charge_kernel_time = meter.create_counter(
+            CHARGE + "kernel.time", unit="s",
+            description="Kernel time attributed to the requests of a tenant and model (estimated where "
+                        "gpu_census.kernel.time_estimated is true)")
+        self.charge_copy = meter.create_counter(
+            CHARGE + "copy.size", unit="By",
+            description="Bytes copied between host and GPU attributed to the requests of a tenant and model")
+        self.charge_kv = meter.create_counter(
+            CHARGE + "kv_offload.size", unit="By",
+            description="Of the copy bytes, those of KV-cache offload transfers (vLLM) of a tenant and model")
 
     def model_label(self, model: str) -> str:
         """`model` as a metric label: itself while fewer than MODEL_LABELS models are labelled, else OTHER_MODEL."""
@@ -87,6 +129,52 @@ class RequestInstruments:
             self._models.add(model)
             return model
         return OTHER_MODEL
+
+    def tenant_label(self, tenant: Optional[str]) -> str:
+        """`tenant` as a metric label: itself while fewer than TENANT_LABELS are labelled, else OTHER_MODEL; none:
+        UNKNOWN. Each of those two is said once."""
+        if not tenant:
+            self._say_once(UNKNOWN, "requests without a tenant are charged to gpu_census.tenant=unknown (the baggage "
+                           "entry gpu_census.tenant, or OTEL_GPU_CENSUS_TENANT=header:NAME, names theirs)")
+            return UNKNOWN
+        if tenant in self._tenants:
+            return tenant
+        if len(self._tenants) < TENANT_LABELS:
+            self._tenants.add(tenant)
+            return tenant
+        self._say_once(OTHER_MODEL, f"more than {TENANT_LABELS} tenants: the chargeback series label the others "
+                       f"{OTHER_MODEL} (their spans keep gpu_census.tenant)")
+        return OTHER_MODEL
+
+    def _say_once(self, what: str, line: str) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.warning("otel-gpu-census: %s", line)
+
+    def chargeback(self, attrs: Dict[str, str], tenant: Optional[str], cost: GpuCost,
+                   kv_offload: Optional[Share] = None, context=None) -> None:
+        """One request's share added to the chargeback counters of its tenant and model (`attrs`: provider,
+        model). Integers stay integers (bytes, counts); kernel time in seconds."""
+        labels = {k: v for k, v in attrs.items() if k != "error.type"}
+        labels.update({TENANT: self.tenant_label(tenant), METHOD: cost.method, STATUS: cost.status})
+        self.charge_requests.add(1, labels, context=context)
+        if not cost.has_figures:
+            return
+        share = cost.share
+        for d in DIRECTIONS:
+            b = share.copy(d).bytes
+            if b:
+                self.charge_copy.add(b, {**labels, "gpu_census.copy.direction": d}, context=context)
+            kv = kv_offload.copy(d).bytes if kv_offload is not None else 0
+            if kv:
+                self.charge_kv.add(kv, {**labels, "gpu_census.copy.direction": d}, context=context)
+        sampled = not cost.kernel_counted and cost.kernel_traced_ratio < 1.0
+        if sampled:
+            return
+        self.charge_kernel_count.add(share.kernel_count, labels, context=context)
+        kt = cost.share_time()
+        self.charge_kernel_time.add(kt.ns / 1e9, {**labels, ESTIMATED: bool(cost.kernel_counted and kt.estimated)},
+                                    context=context)
 
     def dropped(self, n: int, attrs: Dict[str, str]) -> None:
         self.dropped_requests.add(n, attrs)

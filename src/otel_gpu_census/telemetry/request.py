@@ -15,7 +15,8 @@ an engine hook from the engine's steps) and tells this module; everything after 
 conventions' name; the request's whole time is the span's duration), the GPU attributes (:func:`attributes.gpu_attributes`), ``error.type`` and an error status, ends the
 span at the request's end (not when finish is called: the GPU cost may come seconds later), and
 records ``gen_ai.server.request.duration``, ``.time_to_first_token``, ``.time_per_output_token`` and
-the per-request GPU histograms with the span's context, so exemplars point at the trace. The
+the per-request GPU histograms and the chargeback counters of the request's tenant and model
+(``gpu_census.chargeback.*``: instruments.py) with the span's context, so exemplars point at the trace. The
 in-flight counter (``gpu_census.requests.in_flight``) goes up at start and down exactly once, at
 :meth:`TrackedRequest.served` or else at finish. Nothing here raises into the server: a failure
 costs one log line. Attribute values pass through :func:`redact.attributes` (printable, bounded,
@@ -43,11 +44,13 @@ from otel_gpu_census.version import __version__
 from otel_gpu_census.telemetry import redact
 from otel_gpu_census.telemetry.attributes import gpu_attributes
 from otel_gpu_census.telemetry.instruments import RequestInstruments
+from otel_gpu_census.telemetry.tenant import TENANT
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
     from otel_gpu_census.attribution.ledger import GpuCost
+    from otel_gpu_census.attribution.shares import Share
 
 log = logging.getLogger("otel_gpu_census.telemetry")
 
@@ -93,16 +96,19 @@ class RequestTelemetry:
 
     def start(self, *, start_ns: int, operation: str, model: Optional[str] = None, span_name: str,
               parent: "Optional[Context]" = None, attributes: Mapping[str, Any] = (), kind=SpanKind.SERVER,
-              ids: Optional[Tuple[int, int]] = None) -> "TrackedRequest":
+              ids: Optional[Tuple[int, int]] = None, tenant: Optional[str] = None) -> "TrackedRequest":
         """A request that began at `start_ns` (wall clock, ns): its span starts then, under `parent`
         (a context extracted from the request's headers, or None), with `attributes` and the GenAI
         operation, provider and model; the in-flight counter goes up by one. `ids`: (trace id, span id)
         chosen beforehand (an engine that hands its spans' context to the engine's own spans before
-        the span exists); the trace id counts only where the span has no parent."""
+        the span exists); the trace id counts only where the span has no parent. `tenant`: who the request's
+        GPU share is charged to (telemetry/tenant.py: already clean), ``gpu_census.tenant`` on the span."""
         attrs: Dict[str, Any] = {OPERATION: operation, PROVIDER: self.provider_name}
         attrs.update(dict(attributes))
         if model:
             attrs[MODEL] = model
+        if tenant:
+            attrs[TENANT] = tenant
         attrs = _usage_named(redact.attributes(attrs), self.usage)
         base = {OPERATION: attrs[OPERATION], PROVIDER: attrs[PROVIDER]}
         try:
@@ -113,6 +119,7 @@ class RequestTelemetry:
             log.exception("request telemetry: could not start a span")
             span = trace.INVALID_SPAN
         req = TrackedRequest(self.instruments, span, start_ns, base, model, self.usage)
+        req.tenant = attrs.get(TENANT)
         try:
             self.instruments.started(base)
             req._in_flight = True
@@ -177,6 +184,7 @@ class TrackedRequest:
         self.start_ns = start_ns
         self.first_token_ns: Optional[int] = None
         self.model = model
+        self.tenant: Optional[str] = None
         self._instruments = instruments
         self._base = base
         self._in_flight = False
@@ -209,17 +217,19 @@ class TrackedRequest:
                 log.exception("request telemetry: could not count a request out")
 
     def finish(self, end_ns: int, *, cost: "Optional[GpuCost]" = None, attributes: Mapping[str, Any] = (),
-               output_tokens: Optional[int] = None, error_type: Optional[str] = None) -> None:
+               output_tokens: Optional[int] = None, error_type: Optional[str] = None,
+               kv_offload: "Optional[Share]" = None) -> None:
         """End the request: latencies, GPU attributes and error on the span, the span ended at
-        `end_ns`, the histograms recorded, the in-flight counter down (if :meth:`served` did not).
-        `error_type` marks a failure (``error.type``; no TTFT or TPOT is recorded for it);
-        `output_tokens` gives the time per output token. Idempotent; never raises."""
+        `end_ns`, the histograms and chargeback counters recorded, the in-flight counter down (if
+        :meth:`served` did not). `error_type` marks a failure (``error.type``; no TTFT or TPOT is recorded
+        for it); `output_tokens` gives the time per output token; `kv_offload`: the part of the cost's share
+        that KV-offload transfers were. Idempotent; never raises."""
         with self._lock:
             if self._finished:
                 return
             self._finished = True
         try:
-            self._finish(end_ns, cost, attributes, output_tokens, error_type)
+            self._finish(end_ns, cost, attributes, output_tokens, error_type, kv_offload)
         except Exception:
             log.exception("request telemetry: could not finish a request")
         finally:
@@ -235,7 +245,7 @@ class TrackedRequest:
         if isinstance(model, str) and model:
             self.model = model
 
-    def _finish(self, end_ns: int, cost, attributes, output_tokens, error_type) -> None:
+    def _finish(self, end_ns: int, cost, attributes, output_tokens, error_type, kv_offload=None) -> None:
         attrs: Dict[str, Any] = redact.attributes(attributes)
         self._learn_model(attrs)
         duration_s = max(0, end_ns - self.start_ns) / 1e9
@@ -251,10 +261,10 @@ class TrackedRequest:
         self.span.set_attributes(_usage_named(attrs, self._usage))
         if error_type is not None and _status_unset(self.span):
             self.span.set_status(Status(StatusCode.ERROR, error_type))
-        self._record(end_ns, duration_s, ttft_s, cost, output_tokens, error_type)
+        self._record(end_ns, duration_s, ttft_s, cost, output_tokens, error_type, kv_offload)
 
     def _record(self, end_ns: int, duration_s: float, ttft_s: Optional[float], cost, output_tokens,
-                error_type) -> None:
+                error_type, kv_offload=None) -> None:
         ctx = trace.set_span_in_context(self.span)
         labels = dict(self._base)
         if self.model:
@@ -268,6 +278,7 @@ class TrackedRequest:
         self._instruments.finished(labels, duration_s, ttft_s if ok else None, tpot_s, context=ctx)
         if cost is not None:
             self._instruments.gpu(labels, cost, context=ctx)
+            self._instruments.chargeback(labels, self.tenant, cost, kv_offload, context=ctx)
 
 
 def _status_unset(span) -> bool:

@@ -53,6 +53,7 @@ from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.attribution.steps import (ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, MODEL_METHOD, PRICED,
                                                StepLedger)
 from otel_gpu_census.census import reader
+from otel_gpu_census.telemetry import redact
 from otel_gpu_census.telemetry.attributes import share_attributes
 from otel_gpu_census.integrations.engine import settle_process
 
@@ -235,12 +236,14 @@ class StepEngine:
 
     def start_request(self, key: str, *, start_ns: int, operation: str, model: Optional[str],
                       headers: Mapping[str, str], attributes: Mapping[str, Any], prompt_tokens: Optional[int] = None,
-                      obj: Any = None, ids: Optional[Tuple[int, int]] = None, note: Optional[str] = None) -> None:
+                      obj: Any = None, ids: Optional[Tuple[int, int]] = None, note: Optional[str] = None,
+                      tenant: Optional[str] = None) -> None:
         """A request the engine took in: its span starts at start_ns under the caller's context. `ids`:
         (trace id, span id) chosen beforehand, because the engine's own SERVER span (vLLM's llm_request)
         will hang under it; the span is then INTERNAL, so a request has one SERVER span. `obj`: the engine's
         own object for it, whose end (garbage) without request_done the sweep notices; `note`: what its share
-        misses already."""
+        misses already; `tenant`: who its share is charged to (telemetry/tenant.py, read by the hook that
+        carried it here; it travels in the start record, so a settling child has it)."""
         self.has_scheduler = True
         if key in self._tracked or key in self._open:
             return
@@ -258,7 +261,7 @@ class StepEngine:
         self.first_due.add(key)
         if self.remote is not None:          # the span is the child's; here, what the hooks ask after
             start = {"start_ns": start_ns, "operation": operation, "model": model, "headers": dict(headers),
-                     "attributes": dict(attributes), "prompt_tokens": prompt_tokens, "ids": ids}
+                     "attributes": dict(attributes), "prompt_tokens": prompt_tokens, "ids": ids, "tenant": tenant}
             self._tracked[key] = _Pending(start_ns, start)
             self.remote.record(("start", key, dict(start, note=note)))
             return
@@ -271,7 +274,7 @@ class StepEngine:
         self._tracked[key] = self.telemetry().start(
             start_ns=start_ns, operation=operation, model=model,
             span_name=f"{operation} {model}" if model else operation, parent=extract(headers),
-            attributes=attributes, ids=ids, kind=SpanKind.INTERNAL if ids else SpanKind.SERVER)
+            attributes=attributes, ids=ids, kind=SpanKind.INTERNAL if ids else SpanKind.SERVER, tenant=tenant)
 
     def first_token(self, key: str, now: int, attributes: Optional[Mapping[str, Any]] = None) -> bool:
         """The request's first token came out at `now` (the first call counts); False if untracked."""
@@ -480,7 +483,7 @@ class StepEngine:
                                kernel_counted=s.kernel_counted, eager_mean_ns=s.eager_mean_ns,
                                kernel_priced=s.kernel_priced, prefill_priced=s.prefill_priced)
             t.finish(s.end_ns, cost=cost, attributes=attrs, output_tokens=facts.get("gen_ai.usage.output_tokens"),
-                     error_type=error_type)
+                     error_type=error_type, kv_offload=s.sub)
             self._requests_log.write(s, t, facts, error_type)
             self._log_ids.pop(s.key, None)
             self.settled_requests += 1
@@ -574,7 +577,9 @@ class _Pending:
 class RequestLog:
     """Each settled request as one JSON line beside the engine's segment
     (``gpu-census-<pid>-<start>.requests.jsonl``), so ``report`` prints per-request figures after the
-    run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names).
+    run, and the ledger's totals as the last line at shutdown. Times in Unix ns (the OTLP names). A line has
+    the request's ``tenant`` (where it had one: telemetry/tenant.py) and ``model`` (the LoRA adapter's name where
+    one served it), for ``report --by tenant|model``.
     Bounded: at most MAX_LINES requests, then one log line; written where settling runs. Under
     sampled or counted kernel tracing a line also has ``kernel_tracing`` (the modes, as the span's
     ``gpu_census.kernel.tracing``) and ``kernel_traced_ratio``; under counted tracing its kernel times
@@ -645,6 +650,11 @@ class RequestLog:
                 obj["kernel_time_unknown"] = True
         if eng is not None:
             obj.update(eng.log_fields(s))
+        # who it is charged to, for `report --by tenant|model` (absent: unknown)
+        if getattr(tracked, "tenant", None):
+            obj["tenant"] = tracked.tenant
+        if getattr(tracked, "model", None):
+            obj["model"] = redact.printable(redact.cut(str(tracked.model), 256))
         if tracked.first_token_ns:
             obj["first_token_time_unix_nano"] = tracked.first_token_ns
         if error_type:

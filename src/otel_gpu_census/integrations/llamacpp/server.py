@@ -26,7 +26,9 @@ Every read of a client has a deadline: a connection idle, or slow to send a whol
 wait for it (its buffers go with it). Connections past what the file descriptors allow are answered
 503 (connections.py). Whatever a client's input makes the proxy log (a malformed request, a dropped
 header) goes through clientlog: one short escaped line per kind at most every LOG_EVERY_S. A client's
-baggage or tracestate header past the W3C limits is dropped (neither read nor forwarded). What a client or the upstream supplied reaches spans and logs only through
+baggage or tracestate header past the W3C limits is dropped (neither read nor forwarded). A model request's tenant
+(telemetry/tenant.py: baggage or a configured header, within those limits) is read once, as its span starts. What a
+client or the upstream supplied reaches spans and logs only through
 telemetry.redact (credentials in the upstream's URL and secret query values never do; headers never).
 """
 from __future__ import annotations
@@ -51,6 +53,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_gpu_census.attribution.ledger import CensusSource, GpuLedger
 from otel_gpu_census.telemetry import propagators, redact
+from otel_gpu_census.telemetry import tenant as tenant_of
 from otel_gpu_census.telemetry.loop_lag import LoopLagProbe
 from otel_gpu_census.telemetry.request import RequestTelemetry, TrackedRequest
 from otel_gpu_census.integrations.llamacpp import spans as spanattrs
@@ -105,10 +108,10 @@ class UpstreamLost(aiohttp.ClientPayloadError):
     """The upstream connection closed mid-answer and the client library never ended the answer."""
 
 
-# W3C Baggage limits (also OpenTelemetry's): a client's header past them is dropped whole.
-BAGGAGE_MAX_BYTES = 8192
-BAGGAGE_MAX_MEMBERS = 180
-BAGGAGE_MAX_MEMBER_BYTES = 4096
+# W3C Baggage limits (also OpenTelemetry's): a client's header past them is dropped whole (telemetry/tenant.py
+# reads the tenant from baggage within the same limits).
+_baggage_problem = tenant_of.baggage_problem
+BAGGAGE_MAX_BYTES = tenant_of.BAGGAGE_MAX_BYTES
 
 
 # W3C Trace Context limits on tracestate (OpenTelemetry's): a client's header past them, or with a member
@@ -118,22 +121,6 @@ TRACESTATE_MAX_MEMBERS = 32
 _TRACESTATE_KEY = r"[a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13}"
 _TRACESTATE_MEMBER = re.compile(rf"(?:{_TRACESTATE_KEY})=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{{0,255}}"
                                 r"[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
-
-
-def _baggage_problem(values) -> Optional[str]:
-    """Why a client's baggage header(s) must be dropped whole, or None."""
-    n = sum(len(v) for v in values) + max(0, len(values) - 1)
-    if n > BAGGAGE_MAX_BYTES:
-        return f"{n} bytes, over the {BAGGAGE_MAX_BYTES} W3C Baggage allows"
-    joined = ",".join(values)
-    if not (joined.isascii() and joined.isprintable()):
-        return "characters outside printable ASCII"
-    members = joined.split(",")
-    if len(members) > BAGGAGE_MAX_MEMBERS:
-        return f"{len(members)} members, over the {BAGGAGE_MAX_MEMBERS} W3C Baggage allows"
-    if any(len(m) > BAGGAGE_MAX_MEMBER_BYTES for m in members):
-        return f"a member over the {BAGGAGE_MAX_MEMBER_BYTES} bytes W3C Baggage allows"
-    return None
 
 
 def _tracestate_problem(values) -> Optional[str]:
@@ -244,6 +231,7 @@ class Proxy:
         self._watcher: Optional[asyncio.Task] = None
         self.loop_lag: Optional[LoopLagProbe] = LoopLagProbe(config.loop_lag_s) if config.loop_lag_s > 0 else None
         clientlog.install_library_filters()
+        self.tenant_source = tenant_of.source()      # who a request is charged to (OTEL_GPU_CENSUS_TENANT)
         self.propagator, dropped = propagators.for_environment()     # never fails on a name it cannot load
         if dropped:
             log.warning("%s", redact.text(dropped, 300))
@@ -419,7 +407,7 @@ class Proxy:
                 self.client_log.warning(header, f"dropped a client's {header} header ({problem})")
         parent = self.propagator.extract(carrier)
         if route is not None or not untraced(request.path, cfg.api_prefix):
-            ex.span = self._start_span(request, ex, parent)
+            ex.span = self._start_span(request, ex, parent, carrier)
         ctx = trace.set_span_in_context(ex.span, parent) if ex.span is not None else parent
         if route is not None:
             ex.key = uuid.uuid4().hex
@@ -634,7 +622,7 @@ class Proxy:
         return resp
 
     # -- spans and metrics --------------------------------------------------------------------
-    def _start_span(self, request: web.Request, ex: _Exchange, parent) -> Any:
+    def _start_span(self, request: web.Request, ex: _Exchange, parent, carrier=None) -> Any:
         cfg = self.config
         attrs = {
             "http.request.method": request.method,
@@ -652,8 +640,10 @@ class Proxy:
         if ex.route is not None:
             # the request lifecycle: its span, the in-flight counter, later the GenAI metrics
             attrs["gen_ai.provider.name"] = ex.route.provider
+            who = tenant_of.of_headers(request.headers if carrier is None else carrier, self.tenant_source)
             ex.tracked = self.telemetry.start(start_ns=ex.start_ns, operation=ex.route.operation,
-                                              span_name=ex.route.operation, parent=parent, attributes=attrs)
+                                              span_name=ex.route.operation, parent=parent, attributes=attrs,
+                                              tenant=who)
             return ex.tracked.span
         route = http_route(request.path, cfg.api_prefix)
         name = request.method

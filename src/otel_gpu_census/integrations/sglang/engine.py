@@ -150,8 +150,10 @@ class SchedulerTelemetry(StepEngine):
         operation = carried.get("operation") if isinstance(carried.get("operation"), str) else "text_completion"
         if self.shape is None and self.wants_context:
             self.set_shape(ModelShape.of(getattr(getattr(scheduler, "model_config", None), "hf_config", None)))
-        self.start_request(rid, start_ns=start_ns, operation=operation, model=self._model_name(scheduler),
-                           headers=headers,
+        lora, tenant = carried.get("lora"), carried.get("tenant")
+        self.start_request(rid, start_ns=start_ns, operation=operation,
+                           model=lora if isinstance(lora, str) and lora else self._model_name(scheduler),
+                           headers=headers, tenant=tenant if isinstance(tenant, str) else None,
                            attributes={"gen_ai.response.id": rid, "sglang.request.id": rid},
                            prompt_tokens=len(getattr(req, "origin_input_ids", ()) or ()), obj=req)
 

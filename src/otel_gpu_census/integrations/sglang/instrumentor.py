@@ -7,8 +7,9 @@ SGLang without the registry):
 | SGLang                                        | process        | what the hook does                      |
 |-----------------------------------------------|----------------|-----------------------------------------|
 | TokenizerManager._init_req_state              | HTTP server    | keep the caller's traceparent, the      |
-|                                               |                | operation and the arrival time with the |
-|                                               |                | request, even with SGLang tracing off   |
+|                                               |                | operation, the arrival time, the tenant |
+|                                               |                | and the LoRA adapter with the request,  |
+|                                               |                | even with SGLang tracing off            |
 | ReqTimeStatsBase.__getstate__ / new_from_obj  | all            | carry them to the scheduler (inside the |
 |                                               |                | request's time stats, which SGLang      |
 |                                               |                | pickles to the scheduler)               |
@@ -93,16 +94,31 @@ def _arg(args, kwargs, i: int, name: str, default=None):
 
 TRACE_HEADERS = ("traceparent", "tracestate")     # what SGLang's own extract_trace_headers keeps
 OPERATION_KEY = "x-otel-gpu-census-operation"
+TENANT_KEY = "x-otel-gpu-census-tenant"
+_tenant_src = None
+
+
+def _tenant_source():
+    global _tenant_src
+    if _tenant_src is None:
+        from otel_gpu_census.telemetry import tenant
+        _tenant_src = tenant.source()        # OTEL_GPU_CENSUS_TENANT read once (a bad value said once)
+    return _tenant_src
 
 
 def _set_external(obj, request) -> None:
     """Before SGLang reads the request: its trace headers on ``obj.external_trace_header``, as SGLang's
     own tracing puts them there when it is on (with it off SGLang reads them nowhere), plus the
-    operation. Sub-requests (a batch, n > 1) are copies of obj and inherit them."""
+    operation and the tenant (telemetry/tenant.py, read here once). Sub-requests (a batch, n > 1) are
+    copies of obj and inherit them."""
     from otel_gpu_census.integrations.sglang.engine import operation_for
+    from otel_gpu_census.telemetry import tenant
     headers = request.headers
     ext = {k: headers[k] for k in TRACE_HEADERS if k in headers}
     ext[OPERATION_KEY] = operation_for(getattr(getattr(request, "url", None), "path", "") or "")
+    who = tenant.of_headers(headers, _tenant_source())
+    if who:
+        ext[TENANT_KEY] = who
     obj.external_trace_header = ext
 
 
@@ -115,13 +131,17 @@ def _keep_trace_context(tm, obj) -> None:
     carried = {k: ext[k] for k in TRACE_HEADERS if isinstance(ext.get(k), str)}
     op = ext.get(OPERATION_KEY)
     carried["operation"] = op if isinstance(op, str) else "text_completion"
+    if isinstance(ext.get(TENANT_KEY), str):
+        carried["tenant"] = ext[TENANT_KEY]
     carried["start_ns"] = time.time_ns()
     rids = [obj.rid] if isinstance(obj.rid, str) else list(obj.rid or ())
     states = getattr(tm, "rid_to_state", {})
-    for rid in rids:
+    loras = getattr(obj, "lora_path", None)      # the adapter's name (SGLang's Req has only its id)
+    for i, rid in enumerate(rids):
         ts = getattr(states.get(rid), "time_stats", None)
         if ts is not None and hasattr(ts, "__dict__"):
-            ts.__dict__[CARRY_KEY] = dict(carried)
+            lora = loras if isinstance(loras, str) else loras[i] if isinstance(loras, list) and i < len(loras) else None
+            ts.__dict__[CARRY_KEY] = dict(carried, lora=lora) if isinstance(lora, str) and lora else dict(carried)
 
 
 def _init_req_state(original, self, *args, **kwargs):

@@ -59,7 +59,8 @@ log = logging.getLogger("otel_gpu_census.vllm")
 OPERATION_HEADER = "x-otel-gpu-census-operation"   # set by the API-server hook beside traceparent
 CHILD_HEADER = "x-otel-gpu-census-n"                # set where vLLM fans a request out (n > 1): its ids are
                                                     # f"{index}_{parent}"
-OURS = frozenset((OPERATION_HEADER, CHILD_HEADER))   # taken off the request once the engine has read them
+TENANT_HEADER = "x-otel-gpu-census-tenant"         # the request's tenant as the API-server hook read it (clean)
+OURS = frozenset((OPERATION_HEADER, CHILD_HEADER, TENANT_HEADER))   # taken off the request once the engine has read them
 STEP_NOTE = ("step attribution: this request's share of the GPU work of every engine step that served "
              "it, an allocation of each step's measured kernels and copies among the step's requests "
              "({split}), and the KV-offload transfers that moved its own blocks (by blocks); GPU work "
@@ -244,8 +245,10 @@ class EngineTelemetry(StepEngine):
             cfg = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
             self.set_shape(ModelShape.of(getattr(cfg, "hf_text_config", None) or getattr(cfg, "hf_config", None)))
         ids = self._parent_of_vllms_span(scheduler, request, headers)
-        self.start_request(rid, start_ns=arrival_ns, operation=operation, model=self._model_name(scheduler),
-                           headers=headers,
+        tenant = headers.get(TENANT_HEADER)
+        self.start_request(rid, start_ns=arrival_ns, operation=operation,
+                           model=lora_name(request) or self._model_name(scheduler), headers=headers,
+                           tenant=tenant if isinstance(tenant, str) else None,
                            attributes={"gen_ai.request.id": external_id(rid, child),
                                        "gen_ai.response.id": response_id(rid, child), "vllm.request.id": rid},
                            prompt_tokens=int(getattr(request, "num_prompt_tokens", 0) or 0), obj=request, ids=ids)
@@ -319,6 +322,13 @@ def before(scheduler_output) -> Dict[str, int]:
     if cached is not None:
         out.update(zip(cached.req_ids, cached.num_computed_tokens))
     return out
+
+
+def lora_name(request) -> Optional[str]:
+    """The LoRA adapter a request asked for (its ``lora_request.lora_name``: the model name vLLM serves it
+    under), or None for the base model."""
+    name = getattr(getattr(request, "lora_request", None), "lora_name", None)
+    return name if isinstance(name, str) and name else None
 
 
 def kv_attributes(s) -> Dict[str, Any]:

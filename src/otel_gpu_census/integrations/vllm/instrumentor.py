@@ -6,7 +6,8 @@ nothing for its hooks):
 | vLLM                                              | process       | what the hook does                    |
 |---------------------------------------------------|---------------|---------------------------------------|
 | GenerateBaseServing._get_trace_headers            | API server    | keep the caller's traceparent (and the |
-|                                                   |               | operation) even with vLLM tracing off |
+|                                                   |               | operation, the tenant) even with vLLM |
+|                                                   |               | tracing off                           |
 | WorkerWrapperBase.execute_model,                  | worker        | one step id around both calls         |
 | gpu_worker.Worker.sample_tokens                   |               |                                       |
 | UBatchContext.__enter__ / __exit__                | worker        | dual-batch overlap: the step's id on  |
@@ -66,13 +67,28 @@ _instrumented = False
 
 def _trace_headers_from(instance, headers, got):
     """The request's trace headers: the caller's context (with vLLM's tracing off too) and, always, the
-    operation (the engine learns it from nothing else)."""
-    from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, operation_of
+    operation (the engine learns it from nothing else); its tenant (telemetry/tenant.py), read here once."""
+    from otel_gpu_census.integrations.vllm.engine import OPERATION_HEADER, TENANT_HEADER, operation_of
+    from otel_gpu_census.telemetry import tenant
     out = dict(got or {})
     if "traceparent" not in out:
         out.update({k: headers[k] for k in ("traceparent", "tracestate") if k in headers})
     out[OPERATION_HEADER] = operation_of(instance)
+    who = tenant.of_headers(headers, _tenant_source())
+    if who:
+        out[TENANT_HEADER] = who
     return out
+
+
+_tenant_src = None
+
+
+def _tenant_source():
+    global _tenant_src
+    if _tenant_src is None:
+        from otel_gpu_census.telemetry import tenant
+        _tenant_src = tenant.source()        # OTEL_GPU_CENSUS_TENANT read once (a bad value said once)
+    return _tenant_src
 
 
 def _get_trace_headers(wrapped, instance, args, kwargs):
