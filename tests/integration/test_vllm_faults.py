@@ -103,4 +103,6 @@ def test_aborted_and_failed_requests_end_in_error_and_their_shares_conserve(monk
         # times are seconds on a span: each back to the census's integer ns, exactly
         scale = 1e9 if attr.endswith(".time") else 1
         assert sum(round(sp.attributes[attr] * scale) for sp in by.values()) == total, attr   # nothing unclaimed here
-    assert r0.attributes["gpu_census.kernel.count"] == 3 * 11           # 31 kernels a step: 11, 10, 10
+    # 31 kernels a step among three: each step's leftover unit to a different one (each carries its rounding), so
+    # the three get their exact 31 each, whatever their place in the batch
+    assert [by[r.request_id].attributes["gpu_census.kernel.count"] for r in reqs[:3]] == [31, 31, 31]
