@@ -284,7 +284,7 @@ typedef struct gc_segment {
      * census sets CUPTI up once the first primary context is active: GPU work before attach_wall_ns
      * is not counted, and the first context existed at most attach_after_ns before it. */
     uint64_t attach_wall_ns;    /* CLOCK_REALTIME when CUPTI was set up (0: not recorded, older layouts) */
-    uint64_t attach_after_ns;   /* ATTACH=context: bound on the time from the first primary context to
+    uint64_t attach_after_ns;   /* CONTEXT: bound on the time from the first primary context to
                                  * counting (the poll interval plus CUPTI's set-up); 0 for cuinit */
     uint32_t attach_mode;       /* enum gc_attach */
     uint32_t contexts_late;     /* contexts created after the census attached (their graphs pay the cost) */

@@ -127,7 +127,7 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
     refused = graphs == "launch" and not per_launch
     assert p.stderr.count("graphs traced node by node") == int(refused) and p.stderr.count("\n") == int(refused), p.stderr
     assert got["state"] == 2  # EXITED: final flush ran
-    assert got["uuid"] != "0" * 32   # the device named (ACTIVITY=off left it zero on the H200's first run)
+    assert got["uuid"] != "0" * 32   # the device named (a default-collector census once left it zero)
     assert got["kernel_count"] == want["kernels"]
     assert got["htod_pageable"]["bytes"] == want["htod_pageable"] and got["htod_pageable"]["count"] == 1
     assert got["htod_pinned"]["bytes"] == want["htod_pinned"] and got["htod_pinned"]["count"] == 1
@@ -255,7 +255,7 @@ FORK = textwrap.dedent("""
     import os, sys, torch
     from otel_gpu_census import injector
     x = torch.ones(1 << 20, device="cuda")
-    injector.wait_attached()                   # the census counts from here (ATTACH=context)
+    injector.wait_attached()                   # the census counts from here
     for _ in range(100): x.add_(1)
     torch.cuda.synchronize()
     pid = os.fork()
@@ -395,7 +395,7 @@ def test_events_count_exactly_and_time_from_event_pairs(steady, tmp_path):
     loaded). Against a run of the same program tracing every kernel through CUPTI (per second: the runs differ in
     length). On this starved GPU (empty kernels, 20 a millisecond) a pair measures how far apart the launching thread
     submitted its two events, not the kernel: graph spans read 14-16 % long, eager pairs several times CUPTI's 589 ns
-    whether their first event had fired when the launch call returned (idle, summed apart) or not (the sample); §24."""
+    whether their first event had fired when the launch call returned (idle, summed apart) or not (the sample)."""
     want, c = _steady_census(steady, tmp_path / "events", "counted", seconds="4",
                              OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="8/1",
                              LD_PRELOAD=lib_path())
@@ -432,8 +432,8 @@ def test_gated_event_pairs_time_eager_kernels_and_graphs_as_cupti_does(steady, t
     """OTEL_GPU_CENSUS_ACTIVITY=events with its gate (the default): kernels that spin 10 us on the GPU's timer, 1 of
     every 4 eager launches and every graph launch paired. The stream waits for the launching thread's word before the
     first event, so an idle stream's pair no longer holds the launch call: the eager mean is CUPTI's within 12 % (what
-    is left is the GPU's dispatch of a kernel, ~0.8 us a launch on the H200 after the lead event's pass is taken off,
-    bench/floor/gate_floor.cu, measurements §25) and the graph span within 5 %. Every count and byte exact; no gate
+    is left is the GPU's dispatch of a kernel, under a microsecond a launch after the lead event's pass is taken off,
+    docs/measurements.md) and the graph span within 5 %. Every count and byte exact; no gate
     opened by the watchdog (one allowed: a launching thread descheduled for 10 ms)."""
     want, c = _steady_census(steady, tmp_path / "gated", "counted", seconds="3", spin_ns="10000",
                              OTEL_GPU_CENSUS_ACTIVITY="events", OTEL_GPU_CENSUS_EVENT_EVERY="4/1",

@@ -158,7 +158,7 @@ def counted_at_calls(c):
                       flags=c.flags | FLAG_CALLS | FLAG_PRELOAD | FLAG_TIMED | FLAG_EVENTS)
 
 
-# llama-server's saves as the H200 showed them: the dense 8B's prompt cache saves ~225 MB a request
+# llama-server's saves as a GPU showed them: the dense 8B's prompt cache saves ~225 MB a request
 # in 48 pageable copies; the hybrid's ~185 MB (147.5 MiB of recurrent state, the attention KV) and two
 # context checkpoints of the recurrent state during its prompt (~155 MB each, one copy per tensor).
 DENSE = dict(save_bytes=225 * MB_, save_copies=48)

@@ -1,4 +1,4 @@
-"""Counted kernel tracing (OTEL_GPU_CENSUS_KERNELS=counted, the default): every kernel counted exactly,
+"""Counted kernel tracing (the default collector): every kernel counted exactly,
 eager kernels' records (durations) only on the ON/PERIOD schedule. The reader reads the eager_* fields,
 the estimator prices eager launches at a sampled mean, and requests, steps, reports and metrics carry
 exact counts with estimated kernel time, saying so; ALL mode is unchanged."""
@@ -309,7 +309,7 @@ def test_the_kernel_time_counter_is_estimated_and_never_goes_back():
 
 
 def test_traced_windows_whose_records_never_came_are_counted_as_gaps():
-    """On the H200 CUPTI sometimes recorded no eager kernel in traced phases (measurements §17): a traced
+    """CUPTI was seen to record no eager kernel in traced phases (docs/measurements.md): a traced
     window with launches and no record is a gap; untraced, quiet or too recent windows are not judged."""
     traced = [Window(T + i * W, T + (i + 1) * W, eager_launches=50, eager_traced=0 if i < 2 else 40)
               for i in range(4)]                                    # inside the first 100 ms: traced
@@ -343,7 +343,7 @@ def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records(
 
 def test_the_cost_estimate_of_a_census_at_the_calls_prices_its_callbacks_not_records():
     """ACTIVITY=off: no record and no activity API; launches, copies and graph nodes at the callbacks' prices
-    measured beside an untraced process (§21)."""
+    measured beside an untraced process (docs/measurements.md)."""
     from otel_gpu_census.report import cost
     d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000,
                      memset=Stat(3, 300, 0))

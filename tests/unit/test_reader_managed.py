@@ -76,7 +76,7 @@ def test_a_step_share_of_a_server_whose_migrations_were_measured_says_it_holds_n
 
 
 def test_a_segment_of_the_previous_layout_is_refused_in_one_line_and_upgrades(tmp_path):
-    """A layout-4 segment (recorded on an H200 before managed memory was counted) is not read as layout 5: one line
+    """A layout-4 segment (recorded on a GPU before managed memory was counted) is not read as layout 5: one line
     says which layout it is; moved to layout 5 by segments.upgrade it reads with every figure it had."""
     import tarfile
     from pathlib import Path

@@ -142,8 +142,8 @@ def test_the_census_cost_is_estimated_from_what_it_counted(census_dir, segments,
 
 
 def test_the_cost_of_graph_nodes_follows_when_cupti_was_set_up(census_dir, segments, records):
-    """Set up once the context existed (ATTACH=context), a graph kernel node costs 0.010 us, not 0.119
-    (H200, docs/measurements.md §15); a context made after the attach pays the old price again."""
+    """Set up once the context existed (segments of an older census), a graph kernel node costs 0.010 us, not 0.119
+    (docs/measurements.md); a context made after the attach pays the old price again."""
     recs = [records.kernel(T0, T0 + 10)]
 
     def edit(seg, late=0):
@@ -169,9 +169,9 @@ def test_the_cost_of_graph_nodes_follows_when_cupti_was_set_up(census_dir, segme
 
 
 def test_a_paused_census_says_what_a_pause_does_not_take_away(census_dir, segments, records):
-    """Paused, nothing is counted, but CUPTI's cost on graph replays goes on (measured on the H200 at
-    0.875 of plain graph throughput with the census paused, docs/measurements.md §14), and on every
-    eager launch and the calls around it (§20): the note says so."""
+    """Paused, nothing is counted, but CUPTI's cost on graph replays goes on (measured at
+    0.875 of plain graph throughput with the census paused, docs/measurements.md), and on every
+    eager launch and the calls around it: the note says so."""
     def edit(seg):
         seg.wall_start_ns, seg.wall_update_ns = 5 * S, 8 * S
         seg.paused, seg.paused_ns = 1, 2 * S

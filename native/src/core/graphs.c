@@ -58,7 +58,7 @@ static struct {
     struct version *v;           /* GV_SLOTS */
     struct exec_slot *x;         /* GX_SLOTS */
     _Atomic uint64_t *launch;    /* GL_SLOTS: (correlation id << 32) | version */
-    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for CUPTI's correlation ids in a window (timing.c) */
+    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for CUPTI's correlation ids in a window (GC_FLAG_TIMED) */
     _Atomic uint64_t all_ns, all_kernels; /* every timed span, and the kernels of those launches */
     _Atomic uint32_t next;       /* the last version number handed out */
     pthread_mutex_t mu;          /* writers of the exec table */
@@ -376,7 +376,7 @@ void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const v
     else mark_changed(exec);
 }
 
-/* ---- spans measured in CUPTI's windows (GC_FLAG_TIMED, timing.c) ---- */
+/* ---- spans measured in CUPTI's windows (GC_FLAG_TIMED) ---- */
 
 /* CUPTI's enter callback of a graph launch in a window: its correlation id -> the exec's version now. */
 void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr)

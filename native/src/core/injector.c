@@ -528,7 +528,7 @@ static void *flusher(void *arg)
 #define GC_FLUSHER_STACK (8u << 20)
 
 /* The stack CUDA's own threads get (8 MiB, virtual: only the pages touched are memory). The flusher sets CUPTI up
- * on a live context (ATTACH=context), and CUPTI and the driver then need deep stacks: with 256 KiB llama-server
+ * on a live context, and CUPTI and the driver then need deep stacks: with 256 KiB llama-server
  * segfaulted in libcuda. */
 static int start_flusher(void) { return gc_thread_start(flusher, GC_FLUSHER_STACK, "flusher thread"); }
 
@@ -776,7 +776,8 @@ static int start_calls(void)
     return 0;
 }
 
-/* The precise collector: CUPTI's records of every kernel, copy and memset (measured durations, busy time), graphs
+/* The collector in force: the default one where the library is preloaded (start_calls), else, or where that cannot
+ * count, the precise one: CUPTI's records of every kernel, copy and memset (measured durations, busy time), graphs
  * per launch where CUPTI allows it (their contents learned through its callbacks), else node by node. */
 static int start(void)
 {

@@ -31,7 +31,7 @@ static _Atomic(_Atomic uint64_t *) g_map;
 static __thread uint32_t t_stack[GC_STEP_DEPTH];
 static __thread uint32_t t_depth;
 static __thread uint32_t t_top;        /* t_stack[t_depth - 1], or 0: what the callback reads */
-/* Eager launches per step (KERNELS=counted): the thread's launch count when the innermost step last
+/* Eager launches per step (the default collector): the thread's launch count when the innermost step last
  * resumed, and what each step on the stack had before a nested one began. Work is the innermost's. */
 static __thread uint64_t t_mark, t_acc[GC_STEP_DEPTH];
 

@@ -253,7 +253,7 @@ class KernelTracing:
       by the census library preloaded into the process (interpose.c), with CUPTI never loaded.
     - ``windows`` (OTEL_GPU_CENSUS_ACTIVITY=windows, mode COUNTED): counted at the calls by the census library
       preloaded, as ``preloaded``; kernel durations from windows of CUPTI, set up at the first and its kernel
-      and graph kinds on for `on_ms` of every `period_ms` (timing.c; never detached: a detach crashed CUDA-graph programs). Exact: counts, copies, memsets. Estimated: eager kernel
+      and graph kinds on for `on_ms` of every `period_ms` (never detached: a detach crashed CUDA-graph programs). Exact: counts, copies, memsets. Estimated: eager kernel
       time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
       windows; `graph_untimed` launches had none). Busy: the windows.
     - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
