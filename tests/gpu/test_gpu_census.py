@@ -111,13 +111,12 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
     got.update(graph_mode=seg.graph_mode, graph_launches=seg.devices[0].graph_launches,
                graph_kernel_count=seg.devices[0].graph_kernel_count, graph_unknown=seg.graph_unknown,
                graph_inexact=seg.graph_inexact)
-    got.update(attach_mode=seg.attach_mode, attach_after_ns=seg.attach_after_ns, contexts_late=seg.contexts_late)
-    got.update(kernel_mode=seg.kernel_mode, eager_launches=seg.devices[0].eager_launches,
+    got.update(contexts_late=seg.contexts_late)
+    got.update(collector=seg.collector, timing_on=seg.timing.on, eager_launches=seg.devices[0].eager_launches,
                eager_traced=seg.devices[0].eager_traced, launches_lost=seg.launches_lost,
                flags=seg.flags, calls_lost=seg.calls_lost, records=seg.records, cupti_version=seg.cupti_version)
     RESULTS[f"workload_{api}_{graphs}_{attach}_{kernels}"] = {"expected": want, "census": got, "stderr": p.stderr[-2000:]}
     # set up in cuInit: the workload's one context came after
-    assert got["attach_mode"] == 0 and got["attach_after_ns"] == 0
     assert got["contexts_late"] == (0 if kernels == "preload" else 1)
     assert got["graph_mode"] == (1 if per_launch else 0)
     assert got["graph_launches"] == (want["graph_launches"] if per_launch else 0)
@@ -136,8 +135,8 @@ def test_exact_copies_and_kernels(workload, tmp_path, api, graphs, kernels):
     assert got["dtod"]["bytes"] == want["dtod"]
     assert got["memset"]["bytes"] == want["memset"] and got["memset"]["count"] == 1
     assert got["dropped"] == 0
-    assert got["kernel_mode"] == (3 if kernels == "preload" else 0) and got["launches_lost"] == 0
-    assert bool(got["flags"] & 0x20) == (kernels == "preload") and got["calls_lost"] == 0
+    assert got["collector"] == (1 if kernels == "preload" else 0) and got["launches_lost"] == 0   # DEFAULT, PRECISE
+    assert got["calls_lost"] == 0
     assert bool(got["flags"] & 0x40) == (kernels == "preload") and got["cupti_version"] == (0 if kernels == "preload" else got["cupti_version"])
     if kernels == "preload":     # no activity record at all, so no duration: zeros, never a guess
         assert got["records"] == 0 and got["kernel_ns"] == got["busy_ns"] == got["eager_traced"] == 0

@@ -412,6 +412,21 @@ def test_report_bad_segment_is_a_clear_message(env, census_dir, segments, record
     assert p.returncode == 0 and "good-one" in p.stdout
 
 
+@pytest.mark.parametrize("version", [LAYOUT_VERSION - 1, LAYOUT_VERSION + 1])
+def test_report_on_a_segment_of_another_layout_alone_is_one_line(env, census_dir, segments, records, version):
+    """A folder whose only segment is of an older or a newer layout: one line naming both layouts and which census to
+    read it with, exit 1, and no report of nothing (it is not a census with no activity)."""
+    def edit(seg):
+        seg.layout_version = version
+    bad = _write(segments, census_dir, [records.kernel(T0, T0 + MS)], edit=edit)
+    for target in (census_dir, bad):
+        p = run_cli(env, "report", str(target))
+        assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr
+        (line,) = p.stderr.splitlines()
+        assert f"layout version {version}; this reader reads version {LAYOUT_VERSION}" in line
+        assert ("an older one" if version < LAYOUT_VERSION else "a newer one") in line
+
+
 def test_report_missing_folder(env, tmp_path):
     p = run_cli(env, "report", str(tmp_path / "nowhere"))
     assert p.returncode == 1 and "does not exist" in p.stderr

@@ -111,7 +111,7 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
     assert res["cupti_after"] == [0] and err == "", err
     p = read(native, res["path"])
     dev = p.devices[0]
-    assert p.flags & 0x40 and p.kernels.untimed and p.cupti_version == 0   # GC_FLAG_PRELOAD: CUPTI never loaded
+    assert p.kernels.preloaded and p.kernels.untimed and p.cupti_version == 0   # the default collector: no CUPTI
     assert (dev.eager_launches, dev.graph_launches, dev.graph_kernel_count) == (3 + 2 + 1 + 1 + 2, 3 + 1 + 1 + 1, 20)
     assert dev.kernel_count == 9 + 20 and p.graphs.unknown == 1
     got = {(dr, mem): (dev.copies.get(dr, mem).count, dev.copies.get(dr, mem).bytes)

@@ -35,7 +35,7 @@
 #define GX_SLOTS 8192u           /* exec handle -> current version, open addressing (power of two) */
 #define GX_PROBES 64u
 #define GL_SLOTS (1u << 16)      /* correlation id -> version, direct-mapped (power of two) */
-#define GT_SLOTS (1u << 14)      /* the same for CUPTI's ids in a timing window (power of two) */
+#define GT_SLOTS (1u << 14)      /* the same for event-timed launches (power of two) */
 #define MAX_DEPTH 8
 #define MAX_NODES (1u << 20)
 
@@ -43,7 +43,7 @@ struct version {
     _Atomic uint32_t n;          /* the version number this slot holds; 0: none */
     _Atomic uint32_t flags;      /* GC_GRAPH_INEXACT may be set later (a node changed in the exec) */
     gc_graph_contents c;
-    /* GC_FLAG_TIMED: the spans its launches had in CUPTI's windows (the flusher adds, the fold reads) */
+    /* the spans its event-timed launches had (the flusher adds, the fold reads) */
     _Atomic uint64_t span_ns;
     _Atomic uint64_t spans;
 };
@@ -58,7 +58,7 @@ static struct {
     struct version *v;           /* GV_SLOTS */
     struct exec_slot *x;         /* GX_SLOTS */
     _Atomic uint64_t *launch;    /* GL_SLOTS: (correlation id << 32) | version */
-    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for CUPTI's correlation ids in a window (GC_FLAG_TIMED) */
+    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for the launches an event pair times (events.c) */
     _Atomic uint64_t all_ns, all_kernels; /* every timed span, and the kernels of those launches */
     _Atomic uint32_t next;       /* the last version number handed out */
     pthread_mutex_t mu;          /* writers of the exec table */
@@ -376,19 +376,19 @@ void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const v
     else mark_changed(exec);
 }
 
-/* ---- spans measured in CUPTI's windows (GC_FLAG_TIMED) ---- */
+/* ---- spans measured by event pairs (events.c) ---- */
 
-/* CUPTI's enter callback of a graph launch in a window: its correlation id -> the exec's version now. */
-void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr)
+/* A graph launch an event pair times: its correlation id -> the exec's version now. */
+void gc_graphs_timed_launch(CUgraphExec exec, uint32_t corr)
 {
-    if (atomic_load_explicit(&g_on, memory_order_acquire) && g.timed) note_in(g.timed, GT_SLOTS, exec, cupti_corr);
+    if (atomic_load_explicit(&g_on, memory_order_acquire) && g.timed) note_in(g.timed, GT_SLOTS, exec, corr);
 }
 
-/* The GRAPH_TRACE record of that launch: its span joins the version's mean (and the all-graphs one). */
-void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns)
+/* That pair's reading: the launch's span joins the version's mean (and the all-graphs one). */
+void gc_graphs_timed_span(uint32_t corr, uint64_t ns)
 {
     uint32_t n;
-    struct version *v = g.timed && ns ? noted(g.timed, GT_SLOTS, cupti_corr, &n) : NULL;
+    struct version *v = g.timed && ns ? noted(g.timed, GT_SLOTS, corr, &n) : NULL;
     if (!v || !v->c.kernels) return;
     atomic_fetch_add_explicit(&v->span_ns, ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->spans, 1, memory_order_relaxed);
@@ -408,7 +408,7 @@ int gc_graphs_span_wanted(CUgraphExec exec, uint32_t min)
            atomic_load_explicit(&v->spans, memory_order_relaxed) < min;
 }
 
-/* The table for windows' launches, made by the first window (the flusher): 0, or -1 without memory. */
+/* The table of event-timed launches, made when the events start: 0, or -1 without memory. */
 int gc_graphs_timed_start(void)
 {
     if (g.timed) return 0;

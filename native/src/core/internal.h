@@ -33,10 +33,10 @@ struct gc_config {
     int graph_named;            /* OTEL_GPU_CENSUS_GRAPHS was set: say so when it cannot be had */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
     int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
-    int activity_off;           /* OTEL_GPU_CENSUS_ACTIVITY=off: no activity API, everything counted at its
-                                 * call (calls.c), no durations; also set by =events */
-    int activity_events;        /* OTEL_GPU_CENSUS_ACTIVITY=events: counted at the calls by the library
-                                 * preloaded, kernel durations from CUDA event pairs (events.c), no CUPTI */
+    int calls;                  /* the default collector: everything counted at its call by the library
+                                 * preloaded (interpose.c), CUPTI never loaded; 0: the precise one */
+    int timing;                 /* ... with kernel durations from CUDA event pairs (events.c); 0 under
+                                 * OTEL_GPU_CENSUS_ACTIVITY=off: no duration measured */
     uint32_t events_every_eager, events_every_graph;   /* OTEL_GPU_CENSUS_EVENT_EVERY */
     int events_gate;            /* OTEL_GPU_CENSUS_EVENT_GATE=on (default): pairs gated (events.c) */
 };
@@ -61,8 +61,8 @@ void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_
 /* graphs.c, for events.c: timed launches (our correlation ids) and their measured spans, which
  * price every launch of the same exec version (gc_graphs_contents fills span_ns). */
 int gc_graphs_timed_start(void);
-void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
-void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
+void gc_graphs_timed_launch(CUgraphExec exec, uint32_t corr);
+void gc_graphs_timed_span(uint32_t corr, uint64_t ns);
 int gc_graphs_span_wanted(CUgraphExec exec, uint32_t min); /* its version has fewer than min spans */
 
 /* events.c: kernel durations from CUDA event pairs around about 1 of every `every_eager` eager and `every_graph` graph
