@@ -727,13 +727,14 @@ static int start_calls(void)
      * CLOCK_MONOTONIC as launches.c does. */
     g_gpu_minus_mono = (int64_t)(w - m);
     g_clock_ref_gpu = 0;
-    const char *why = gc_graphs_start(0) != 0 ? "graph contents cannot be learned"
+    const char *why = gc_graphs_start() != 0 ? "graph contents cannot be learned"
                     : gc_launches_start(g_gpu_minus_mono) != 0 ? "launches cannot be counted"
                     : gc_calls_start(g_gpu_minus_mono) != 0 ? "copies cannot be counted" : NULL;
     if (why) {
         gc_log("the default collector cannot count here (%s); counting through CUPTI's activity API", why);
         return 1;
     }
+    gc_steps_marks(gc_launches_step_push, gc_launches_step_pop);
     gc_interpose_start();
     g_calls = 1;
     /* event pairs around a sample of the launches, from the first launch on */
@@ -781,7 +782,7 @@ static int start(void)
     }
     /* Graph contents are learned through callbacks: under the v1 API they hold CUPTI's one slot. */
     g_graph_mode = GC_GRAPHS_NODE;
-    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start(1) == 0) {
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start() == 0 && gc_cupti_graphs_follow() == 0) {
         g_graphs_learned = 1;
         g_graph_mode = GC_GRAPHS_LAUNCH;
     }
@@ -884,7 +885,7 @@ int gc_active(void) { return atomic_load(&g_state) == ACTIVE && getpid() == g_pi
 int gc_step_begin(uint64_t id)
 {
     if (!gc_active() || id == 0 || id > UINT32_MAX) return -1;
-    if (gc_steps_start() != 0) return -1;
+    if (gc_steps_start(g_calls ? NULL : gc_cupti_steps_follow) != 0) return -1;
     return gc_steps_push(id);
 }
 
