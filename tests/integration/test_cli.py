@@ -89,7 +89,7 @@ def test_run_gives_the_default_collector_preloaded_and_precise_without(env, cens
     env["OTEL_GPU_CENSUS_COLLECTOR"] = "sometimes"
     bad = run_cli(env, "run", "--dir", str(census_dir), *show)
     assert bad.stdout.strip().split("|")[1:] == [f"{inj}:libm.so.6", "default"]
-    assert "OTEL_GPU_CENSUS_COLLECTOR='sometimes' is neither default nor precise" in bad.stderr
+    assert "OTEL_GPU_CENSUS_COLLECTOR='sometimes' is not one of default | precise: using default" in bad.stderr
 
 
 def test_env_prints_the_census_environment_run_gives(env, census_dir):
