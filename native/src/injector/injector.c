@@ -63,12 +63,12 @@ static atomic_uint g_contexts_late;   /* PRECISE: CONTEXT_CREATED callbacks afte
 /* How graph launches are traced now (enum gc_graphs); launch needs graphs.c's callbacks (v2 API). */
 static uint32_t g_graph_mode;
 static int g_graphs_learned;          /* graphs.c is learning graph contents */
-/* OTEL_GPU_CENSUS_ACTIVITY=off in force: everything counted at its call (calls.c), CUPTI's activity API
- * never set up (no buffers, no kinds, no flush), so no duration is known. Fixed at start. */
+/* The default collector in force: everything counted at its call (calls.c, launches.c), CUPTI never loaded (no
+ * buffers, no kinds, no flush). Fixed at start. */
 static int g_calls;
-/* ... and the calls seen by the preloaded interposer (interpose.c): CUPTI never loaded. */
+/* ... asked for, with the library preloaded (interpose.c): start() tries it first. */
 static int g_preload;
-/* ... or from CUDA event pairs around a sample of the launches (ACTIVITY=events, events.c): no CUPTI, no schedule. */
+/* ... with kernel durations from CUDA event pairs around a sample of the launches (events.c); 0: none measured. */
 static int g_events;
 
 /* CUPTI's unified-memory counters (the precise collector), turned on at the process's first managed allocation (its
@@ -509,7 +509,7 @@ static int start_flusher(void) { return gc_thread_start(flusher, GC_FLUSHER_STAC
 
 /* The final flush: forced, every open busy interval committed, state exited. At exit, or earlier
  * through gc_finish() for servers that end their process without running atexit (vLLM's engine). */
-/* Let a flush or an attach the flusher has begun end, for at most 200 ms: never hang an exit. */
+/* Let a flush the flusher has begun end, for at most 200 ms: never hang an exit. */
 static void wait_flusher_idle(void)
 {
     for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
@@ -869,7 +869,7 @@ int InitializeInjection(void)
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {
-        if (g_calls) gc_log("no flusher thread: calls are counted at exit only (OTEL_GPU_CENSUS_ACTIVITY=off)");
+        if (g_calls) gc_log("no flusher thread: calls are counted at exit only (the default collector)");
         else gc_cupti_flush_period(g_cfg.flush_ms);
     }
     return 1;
