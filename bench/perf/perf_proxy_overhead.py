@@ -12,7 +12,7 @@ events of llama-server's shape, `--prompt-s` before the first token, then `--tok
 second per stream; `--fast`: no delays, to find the proxy's CPU limit); a census writer that maps a
 real segment for the stand-in's pid and tallies real CUPTI records into it through the native tally
 once a second, as the injector does (window and step rings full: ~650 KiB of windows to read); the
-proxy (`python -m otel_gpu_census.cli proxy --upstream ... --census-dir ... --upstream-pid PID`, the
+proxy (`python -m otel_gpu_census.cli proxy --upstream ... --dir ... --upstream-pid PID`, the
 command bench/server/run_server_bench.py runs, console exporter to a file by default); and this
 process, the load: `--clients` concurrent streaming clients sending `--requests` requests of
 `--prompt-tokens` token ids each. Direct and proxied loads alternate (order swapped every pair) so
@@ -326,7 +326,7 @@ def main() -> int:
             with open(work / log_name, "w") as log:
                 lag = ["--loop-lag-probe", f"{a.loop_lag:g}"] if a.loop_lag else []
                 proc = subprocess.Popen([py, "-m", "otel_gpu_census.cli", "proxy", "--upstream",
-                                         f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{port}", "--census-dir",
+                                         f"http://127.0.0.1:{sport}", "--listen", f"127.0.0.1:{port}", "--dir",
                                          str(cdir), "--upstream-pid", str(standin.pid)] + lag + a.proxy_args.split(),
                                         env=proc_env, stdout=log, stderr=subprocess.STDOUT)
             procs.append(proc)

@@ -326,7 +326,7 @@ class Bench:
         listen = f"127.0.0.1:{port}"
         lag = ["--loop-lag-probe", f"{a.proxy_loop_lag:g}"] if a.proxy_loop_lag and a.proxy_pairs else []
         cmd = [bl.python(), "-m", "otel_gpu_census.cli", "proxy", "--upstream", upstream, "--listen", listen,
-               "--census-dir", str(cdir), "--upstream-pid", str(server_pid)] + lag + shlex.split(a.proxy_args)
+               "--dir", str(cdir), "--upstream-pid", str(server_pid)] + lag + shlex.split(a.proxy_args)
         env = self.pkg_env(bl.plain_env())
         env.setdefault("OTEL_TRACES_EXPORTER", a.proxy_traces_exporter)
         env.setdefault("OTEL_METRICS_EXPORTER", "none")

@@ -170,7 +170,7 @@ def main() -> int:
                     PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
         with open(out / "proxy.log", "wb") as plog:
             proxy = subprocess.Popen([sys.executable, "-m", "otel_gpu_census.cli", "proxy", "--upstream", base,
-                                      "--listen", f"127.0.0.1:{a.port + 1}", "--census-dir", str(census),
+                                      "--listen", f"127.0.0.1:{a.port + 1}", "--dir", str(census),
                                       "--upstream-pid", str(server.pid)], env=penv, stdout=plog,
                                      stderr=subprocess.STDOUT)
         wait_healthy(proxy_url, proxy, 60)

@@ -67,19 +67,16 @@ enum gc_state {
     GC_STATE_EXITED = 2    /* final flush done (at exit, or gc_finish): totals are complete */
 };
 
-/* How kernels were counted: ALL under the precise collector (every kernel a CUPTI record), COUNTED under the default
- * one (at the calls); SAMPLED and OFF only in segments written before the collectors were consolidated. */
-enum gc_kernels {
-    GC_KERNELS_ALL = 0,      /* every kernel traced */
-    GC_KERNELS_SAMPLED = 1,  /* kernels launched during the first kernel_on_ms of every
-                                kernel_period_ms (schedule from kernel_origin_gpu_ns) traced */
-    GC_KERNELS_OFF = 2,      /* no kernel records: kernel counts, time and busy stay 0 */
-    GC_KERNELS_COUNTED = 3   /* the default: every kernel counted exactly, eager launches through the
-                                driver's launch callbacks (eager_launches), graph launches from their
-                                contents; kernel records, CUPTI's costly part, only on the SAMPLED
-                                schedule (eager_traced, eager_traced_ns); graph spans always. Kernel
-                                time of eager work is then estimated (a ratio of the sample); busy
-                                covers the traced phases, as with SAMPLED */
+/* Which collector wrote the segment (OTEL_GPU_CENSUS_COLLECTOR), fixed at start. Copies, memsets and kernel counts
+ * are exact under both; they differ in what is timed. */
+enum gc_collector {
+    GC_COLLECTOR_PRECISE = 0,  /* CUPTI's records of every kernel, copy and memset from cuInit on: measured durations
+                                  and busy time */
+    GC_COLLECTOR_DEFAULT = 1   /* the library preloaded: every launch, copy and memset counted at its call (eager
+                                  launches in eager_launches, graph launches from their contents); kernel time
+                                  estimated from CUDA event pairs around a sample of the launches (gc_timing): eager
+                                  kernels at the sample's mean, graph launches at their exec's mean span. Copy and
+                                  memset durations and busy time not measured (0). CUPTI never loaded */
 };
 
 /* Flags, cumulative. */
@@ -88,24 +85,7 @@ enum gc_kernels {
 #define GC_FLAG_RING_OVERRUN    0x4u  /* a window or step slot was reused before readers could see it */
 #define GC_FLAG_GRAPH_LAUNCHES  0x8u  /* graphs reported per launch (GRAPH_TRACE) rather than per node */
 #define GC_FLAG_GRAPH_INEXACT   0x10u /* graph launches of unknown or inexact contents (graph_unknown/_inexact) */
-/* OTEL_GPU_CENSUS_ACTIVITY=off: CUPTI's activity API never set up; every kernel, copy and memset counted at
- * its API call (exact counts, bytes, directions and host memory kinds), no durations: kernel, copy and
- * memset time, graph spans and busy are not measured (all 0) */
-#define GC_FLAG_CALLS           0x20u
-/* with GC_FLAG_CALLS: the calls seen by this library preloaded (LD_PRELOAD: it answers the process's dlsym and
- * cuGetProcAddress with wrappers of the driver's functions), CUPTI never loaded; else by CUPTI's callbacks */
-#define GC_FLAG_PRELOAD         0x40u
-/* with GC_FLAG_PRELOAD: kernel durations sampled in windows (OTEL_GPU_CENSUS_ACTIVITY=windows): CUPTI set up at the
- * first of the schedule's on-phases (kernel_on_ms of every kernel_period_ms), its kernel and graph kinds on only in
- * them (never detached: cuptiFinalize crashed CUDA-graph programs).
- * Counts and bytes stay exact and whole; eager kernel time is launches x the sampled mean (as COUNTED), a graph
- * launch's span is its exec's mean span measured in the windows (graph_untimed: launches with none) */
-#define GC_FLAG_TIMED           0x80u
-/* with GC_FLAG_TIMED: the durations came from CUDA event pairs around a sample of the launches (OTEL_GPU_CENSUS_
- * ACTIVITY=events: about 1 of every events_every_eager eager and events_every_graph graph launches of a thread), not from
- * CUPTI, which was never loaded; no schedule, no busy (0: not measured) */
-#define GC_FLAG_EVENTS          0x100u
-
+/* 0x20 to 0x100 are unused: they named retired ways of counting (the collector says how now) */
 /* Managed (unified) memory: allocations made in the process (both collectors, at the calls). What the driver then
  * migrates is named by no copy call: only CUPTI's unified-memory counters measure it (GC_DIR_MANAGED_*).
  * MANAGED: managed memory was allocated (or migrated) in the process. UM_COUNTERS: the precise collector has CUPTI's
@@ -124,9 +104,6 @@ enum gc_graphs {
     GC_GRAPHS_LAUNCH = 1     /* one record per launch; its kernels, copies and memsets learned from the
                                 graph once (graphs.c): exact counts and bytes, kernel time = graph span */
 };
-
-/* When the census set CUPTI up: CUINIT today; CONTEXT in segments written before. */
-enum gc_attach { GC_ATTACH_CUINIT = 0, GC_ATTACH_CONTEXT = 1 };
 
 typedef struct gc_stat {
     uint64_t count;
@@ -165,11 +142,11 @@ typedef struct gc_device {
     gc_stat  memset;
     gc_stat  peer_recv;               /* peer copies received from other devices */
     uint64_t graph_kernel_count;      /* of kernel_count: kernels counted from graph launches' contents */
-    /* Eager (non-graph) kernels. COUNTED: kernel_count = eager_launches + graph_kernel_count (exact), and
-     * kernel_ns = graph spans + the durations of the eager_traced records. ALL and SAMPLED: kernel_count
-     * counts records; eager_launches is counted only by a census that started COUNTED. */
-    uint64_t eager_launches;          /* launches the driver's launch callbacks counted */
-    uint64_t eager_traced;            /* eager kernel records tallied (those in kernel_count unless COUNTED) */
+    /* Eager (non-graph) kernels. DEFAULT: kernel_count = eager_launches + graph_kernel_count (exact), and
+     * kernel_ns = graph spans + the durations of the eager_traced samples. PRECISE: kernel_count counts records
+     * (eager_traced of them eager), eager_launches stays 0. */
+    uint64_t eager_launches;          /* launches counted at their calls (DEFAULT) */
+    uint64_t eager_traced;            /* eager kernels timed: every record (PRECISE), the event pairs (DEFAULT) */
     uint64_t eager_traced_ns;         /* their summed durations (part of kernel_ns) */
     gc_managed managed;               /* managed memory: copy[GC_DIR_MANAGED_*] holds what migrated */
 } gc_device;
@@ -204,6 +181,27 @@ typedef struct gc_step {
     uint64_t device_mask;       /* (last: readers rely on it) */
 } gc_step;
 
+/* The default collector's timing sample: CUDA event pairs around about 1 of every every_eager eager and every_graph
+ * graph launches of a thread (random gaps; EAGER 0: eager kernels untimed), and every launch of a graph exec until 8 of
+ * its launches are timed. on 0: no pair was ever set up (the events could not start): kernel time not measured. */
+typedef struct gc_timing {
+    uint32_t on;                /* 1: event pairs time the sample */
+    uint32_t gate;              /* 1: each pair's stream waited for its launch to be submitted (OTEL_GPU_CENSUS_EVENT_GATE) */
+    uint32_t every_eager;
+    uint32_t every_graph;
+    uint64_t timed;             /* pairs read */
+    uint64_t missed;            /* launches of the sample left untimed: no free pair, no pool for their context */
+    uint64_t failed;            /* pairs an event call failed for (creating, recording, reading) */
+    uint64_t idle;              /* eager pairs whose first event fired before their launch call returned (the stream
+                                   was idle: they read long): not the eager sample */
+    uint64_t idle_ns;           /* ... their durations from the call's return, summed */
+    uint64_t gated;             /* pairs whose stream waited for their launch to be submitted */
+    uint64_t forced;            /* ... whose gate the watchdog opened, its thread held up (dropped, not timed) */
+    uint64_t lead;              /* gated eager pairs read with an event just before their first: the GPU's pass over
+                                   one event, taken off each such pair's duration (the eager sample holds the rest) */
+    uint64_t lead_ns;           /* ... those passes, summed */
+} gc_timing;
+
 typedef struct gc_segment {
     /* identity: written once before the segment is published */
     uint64_t magic;
@@ -236,29 +234,6 @@ typedef struct gc_segment {
     uint64_t last_gpu_ns;       /* latest CUPTI end timestamp seen, all devices */
     uint64_t complete_wall_ns;  /* CLOCK_REALTIME at the start of the last completed flush: GPU work
                                    that finished before it is in the totals (0: not known yet) */
-    /* GC_FLAG_TIMED: the windows opened, and what setting CUPTI up and detaching it took (the flusher's wall
-     * time; CUPTI is set up once unless a probe detaches it between windows, a detach waiting for the process's
-     * next driver call, which calls cuptiFinalize) */
-    uint64_t timing_windows;    /* opened */
-    uint64_t timing_failed;     /* windows refused (CUPTI held by another tool, a kind refused) */
-    uint64_t timing_attach_ns;  /* summed over the set-ups */
-    uint64_t timing_detach_ns;  /* summed, request to cuptiFinalize done (0 unless a probe detaches) */
-    /* GC_FLAG_EVENTS: the sample and how it went */
-    uint32_t events_every_eager;   /* about 1 of every N eager launches of a thread timed (random gaps) */
-    uint32_t events_every_graph;   /* ... and of its graph launches */
-    uint64_t events_timed;      /* event pairs read */
-    uint64_t events_missed;     /* launches of the sample left untimed: no free pair, no pool for their context */
-    uint64_t events_failed;     /* pairs an event call failed for (creating, recording, reading) */
-    uint64_t events_idle;       /* eager pairs whose first event fired before their launch call returned (the stream
-                                   was idle: they read long): not the eager sample */
-    uint64_t events_idle_ns;    /* ... their durations from the call's return, summed */
-    uint64_t events_gated;      /* pairs whose stream waited for their launch to be submitted (EVENT_GATE=on) */
-    uint64_t events_forced;     /* ... whose gate the watchdog opened, its thread held up (dropped, not timed) */
-    uint32_t events_gate;       /* 1: pairs gated */
-    uint32_t events_pad;
-    uint64_t events_lead;       /* gated eager pairs read with an event just before their first: the GPU's pass over
-                                   one event, taken off each such pair's duration (the eager sample holds the rest) */
-    uint64_t events_lead_ns;    /* ... those passes, summed */
     /* Work the census knows it could not count: never silent. Were reserved: older writers leave them 0. */
     uint64_t unsized_calls;     /* calls of driver functions that put work on the GPU but that the census has no
                                    wrapper for (a driver newer than the census): counted, not sized, in no total */
@@ -266,38 +241,25 @@ typedef struct gc_segment {
                                    slot taken, or no trampolines on this CPU): their calls are not even counted */
     char     unsized_name[48];  /* the first such function's name (NUL-terminated), for the one line that says so */
     uint64_t um_cpu_faults;     /* CUPTI's CPU page faults on managed memory (a record each; no device named) */
-    uint32_t kernel_mode;       /* enum gc_kernels, fixed at start */
-    uint32_t kernel_on_ms;      /* SAMPLED: traced for the first kernel_on_ms ... */
-    uint32_t kernel_period_ms;  /* ... of every kernel_period_ms, */
-    uint32_t kernel_tracing;    /* 1 while kernel records are being collected */
-    uint64_t kernel_origin_gpu_ns; /* ... counted from this CUPTI timestamp (a phase starts on) */
-    uint64_t kernel_traced_ns;  /* SAMPLED: ns kernel tracing was on, as of complete_wall_ns */
-    uint64_t kernel_outside;    /* SAMPLED/OFF: kernel records that started outside a traced phase
-                                   (+ one window of grace), left out of every total */
+    uint32_t collector;         /* enum gc_collector, fixed at start */
+    uint32_t contexts_late;     /* PRECISE: contexts created after CUPTI was set up (all of them: it is set up in
+                                   cuInit; their graph replays pay CUPTI's per-node cost) */
     uint32_t graph_mode;        /* enum gc_graphs now in force */
     uint32_t paused;            /* 1 while a control file has the census paused (nothing traced) */
     uint64_t graph_unknown;     /* graph launches whose contents were not known (only their span counted) */
     uint64_t graph_inexact;     /* graph launches with conditional or changed nodes (counts are a floor) */
     uint64_t paused_ns;         /* CLOCK_MONOTONIC ns the census was paused, as of complete_wall_ns */
-    /* When counting began (enum gc_attach). CUPTI set up before a CUDA context exists makes every
-     * kernel node of that context's graph replays slower (docs/measurements.md), so by default the
-     * census sets CUPTI up once the first primary context is active: GPU work before attach_wall_ns
-     * is not counted, and the first context existed at most attach_after_ns before it. */
-    uint64_t attach_wall_ns;    /* CLOCK_REALTIME when CUPTI was set up (0: not recorded, older layouts) */
-    uint64_t attach_after_ns;   /* ATTACH=context: bound on the time from the first primary context to
-                                 * counting (the poll interval plus CUPTI's set-up); 0 for cuinit */
-    uint32_t attach_mode;       /* enum gc_attach */
-    uint32_t contexts_late;     /* contexts created after the census attached (their graphs pay the cost) */
-    uint64_t launches_lost;     /* COUNTED: launches counted but not placed (device unknown, a step's count
+    uint64_t launches_lost;     /* DEFAULT: launches counted but not placed (device unknown, a step's count
                                    overwritten before it was folded); in no total */
-    uint64_t calls_lost;        /* GC_FLAG_CALLS: copies, memsets and graph launches seen at their calls but
-                                   in no total (the queue to the flusher full, a call whose size could not
-                                   be read); 0 otherwise. Was reserved: older writers leave it 0 */
-    uint64_t graph_untimed;     /* GC_FLAG_TIMED: graph launches counted with no span to price them (their exec
-                                   never ran in a window, and no graph did): in kernel counts, not in kernel_ns */
+    uint64_t calls_lost;        /* DEFAULT: copies, memsets and graph launches seen at their calls but in no total
+                                   (the queue to the flusher full, a call whose size could not be read) */
+    uint64_t graph_untimed;     /* DEFAULT with timing on: graph launches counted with no span to price them (no
+                                   launch of their exec, nor of any graph, was timed yet): in kernel counts, not in
+                                   kernel_ns */
     uint64_t um_since_wall_ns;  /* GC_FLAG_UM_COUNTERS: CLOCK_REALTIME when they went on (0: never) */
     uint32_t um_refused_code;   /* GC_FLAG_UM_REFUSED: CUPTI's result code */
     uint32_t um_pad;
+    gc_timing timing;           /* DEFAULT: the event-pair sample; all 0 under PRECISE */
 
     gc_device devices[GC_MAX_DEVICES];
     gc_window windows[GC_WINDOW_SLOTS];
@@ -340,7 +302,7 @@ typedef struct gc_graph_contents {
     uint64_t copy_bytes[GC_NDIR][GC_NMEM];
     uint32_t flags;             /* GC_GRAPH_INEXACT */
     uint32_t span_from;         /* where span_ns comes from (GC_SPAN_*), read with the contents, never stored */
-    uint64_t span_ns;           /* GC_FLAG_TIMED: the launch's estimated span (0: none) */
+    uint64_t span_ns;           /* DEFAULT: the launch's estimated span (0: none) */
 } gc_graph_contents;
 enum { GC_SPAN_NONE = 0, GC_SPAN_EXEC = 1, GC_SPAN_ALL = 2 }; /* none; this exec's mean; all graphs' per kernel */
 
@@ -355,8 +317,7 @@ void gc_tally_record(gc_tally *t, const void *record);
  * (NULL: not known; only the span counts). gc_tally_record does this with the contents graphs.c
  * learned for the record's correlation id. */
 void gc_tally_graph_launch(gc_tally *t, const void *record, const gc_graph_contents *contents);
-/* OTEL_GPU_CENSUS_ACTIVITY=off: one API call's work, seen by the call's callback (no record, no
- * duration), placed at t_ns on the census clock. */
+/* DEFAULT: one API call's work, seen by its wrapper (no record, no duration), placed at t_ns on the census clock. */
 enum gc_call_what { GC_CALL_COPY = 1, GC_CALL_MEMSET = 2, GC_CALL_GRAPH = 3 };
 typedef struct gc_call {
     uint64_t t_ns;              /* when the call returned */
@@ -369,15 +330,15 @@ typedef struct gc_call {
     uint8_t  pad[3];
     uint32_t copies;            /* COPY: how many copies `bytes` sums (a batch's of one class); 0 means 1 */
 } gc_call;
-/* GC_FLAG_EVENTS: one eager launch's duration `ns` from a CUDA event pair, launched at `t_ns` (census clock): the
+/* DEFAULT, timing on: one eager launch's duration `ns` from a CUDA event pair, launched at `t_ns` (census clock): the
  * eager sample of its device and 20 ms window; not busy (where it ran on the GPU is not known) */
 void gc_tally_eager_sample(gc_tally *t, uint32_t dev, uint64_t t_ns, uint64_t ns);
 /* Count one call: a copy or memset as a record of zero duration would be; a graph launch with
  * `contents` (NULL: not known) as gc_tally_graph_launch does for a GRAPH_TRACE record spanning 0 ns. */
 void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *contents);
-/* COUNTED: `n` eager kernel launches the launch callbacks counted, folded in by the injector under its
- * lock: on device `dev`; in the window holding CUPTI time `gpu_ns`; under step `id` (its device `dev`).
- * Each adds to eager_launches, and to kernel_count while the segment's kernel_mode is COUNTED. */
+/* DEFAULT: `n` eager kernel launches counted at their calls, folded in by the injector under its lock: on device
+ * `dev`; in the window holding census time `gpu_ns`; under step `id` (its device `dev`). Each adds to eager_launches,
+ * and to kernel_count where the segment's collector is DEFAULT. */
 void gc_tally_launches_device(gc_tally *t, uint32_t dev, uint64_t n);
 void gc_tally_launches_window(gc_tally *t, uint64_t gpu_ns, uint64_t n);
 void gc_tally_launches_step(gc_tally *t, uint64_t id, uint32_t dev, uint64_t n);

@@ -68,8 +68,8 @@ def _find():
 
 def under_census() -> bool:
     """True when this process was started with the injector (whether or not CUDA loaded it yet)."""
-    return bool(os.environ.get("CUDA_INJECTION64_PATH")) and os.environ.get(
-        "OTEL_GPU_CENSUS_DISABLED", "0") in ("", "0")
+    from otel_gpu_census import settings
+    return bool(os.environ.get("CUDA_INJECTION64_PATH")) and not settings.disabled()
 
 
 def active() -> bool:

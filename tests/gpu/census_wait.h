@@ -1,8 +1,5 @@
-// census_wait.h - for GPU workloads whose every byte a test checks. Under the default
-// OTEL_GPU_CENSUS_ATTACH=context the census sets CUPTI up only once the process's first primary
-// context is active (docs/architecture.md, "When the census attaches"): work launched before that is
-// not counted. So a checked workload makes its context, then waits (at most 10 s) for the census to
-// count before its first counted operation. Without the census it returns at once.
+// census_wait.h - for GPU workloads whose every byte a test checks: a checked workload makes its context,
+// then waits (at most 10 s) for the census to say it counts (gc_active) before its first counted operation. Without the census it returns at once.
 #pragma once
 #include <dlfcn.h>
 #include <stdlib.h>

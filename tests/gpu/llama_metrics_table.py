@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama-server under load, as the metrics arrived over OTLP: a table per second (not a pytest test).
 
-On the H200, one command (`bash bench/device/run.sh setup llama metrics-table`; ~70 s after the
+On a GPU, one command (`bash bench/device/run.sh setup llama metrics-table`; ~70 s after the
 build: server start-up ~4 s, 3 + 20 + 10 + 20 + 3 s of phases, request drains, stop), which runs:
 
     timeout 150 python3 tests/gpu/llama_metrics_table.py --server $LLAMA_SERVER --model /root/m8b.gguf \

@@ -1,5 +1,5 @@
 // spin.cuh - a kernel that spins a known time on the GPU's global timer (0: returns at once), so that measured
-// kernel durations have a known answer (tests/gpu/steady.cu, bench/floor/gate_floor.cu).
+// kernel durations have a known answer (tests/gpu/steady.cu).
 #pragma once
 
 __global__ void spin_kernel(unsigned long long spin_ns) {

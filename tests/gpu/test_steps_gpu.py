@@ -1,6 +1,6 @@
 """Steps on a real GPU: every kernel and copy a thread launches between gc_step_begin and
 gc_step_end is tallied under that step, exactly, eagerly and inside CUDA-graph replays, under both
-CUPTI APIs. (Until 2026-12-01 the step ring stayed empty on an H200: the injector relied on
+CUPTI APIs. (The step ring once stayed empty on a GPU: the injector relied on
 EXTERNAL_CORRELATION records, which CUPTI emits only beside driver/runtime API records.)
 
 Run on a machine with an NVIDIA GPU and PyTorch:  python -m pytest -m gpu tests/gpu/test_steps_gpu.py -v

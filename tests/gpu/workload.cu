@@ -1,5 +1,5 @@
 // workload.cu - GPU work whose census is known in advance, to check the census exactly.
-// Prints the expected totals as one JSON line; tests/gpu/census_check.py compares them with
+// Prints the expected totals as one JSON line; tests/gpu/test_gpu_census.py compares them with
 // the segment this process leaves behind.
 #include <cstdio>
 #include <cstdlib>

@@ -89,7 +89,7 @@ def test_run_gives_the_default_collector_preloaded_and_precise_without(env, cens
     env["OTEL_GPU_CENSUS_COLLECTOR"] = "sometimes"
     bad = run_cli(env, "run", "--dir", str(census_dir), *show)
     assert bad.stdout.strip().split("|")[1:] == [f"{inj}:libm.so.6", "default"]
-    assert "OTEL_GPU_CENSUS_COLLECTOR='sometimes' is neither default nor precise" in bad.stderr
+    assert "OTEL_GPU_CENSUS_COLLECTOR='sometimes' is not one of default | precise: using default" in bad.stderr
 
 
 def test_env_prints_the_census_environment_run_gives(env, census_dir):
@@ -410,6 +410,21 @@ def test_report_bad_segment_is_a_clear_message(env, census_dir, segments, record
     assert "good-one" in p.stdout
     p = run_cli(env, "report", str(good))
     assert p.returncode == 0 and "good-one" in p.stdout
+
+
+@pytest.mark.parametrize("version", [LAYOUT_VERSION - 1, LAYOUT_VERSION + 1])
+def test_report_on_a_segment_of_another_layout_alone_is_one_line(env, census_dir, segments, records, version):
+    """A folder whose only segment is of an older or a newer layout: one line naming both layouts and which census to
+    read it with, exit 1, and no report of nothing (it is not a census with no activity)."""
+    def edit(seg):
+        seg.layout_version = version
+    bad = _write(segments, census_dir, [records.kernel(T0, T0 + MS)], edit=edit)
+    for target in (census_dir, bad):
+        p = run_cli(env, "report", str(target))
+        assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr
+        (line,) = p.stderr.splitlines()
+        assert f"layout version {version}; this reader reads version {LAYOUT_VERSION}" in line
+        assert ("an older one" if version < LAYOUT_VERSION else "a newer one") in line
 
 
 def test_report_missing_folder(env, tmp_path):

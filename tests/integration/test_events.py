@@ -1,5 +1,5 @@
 """Kernel durations from CUDA event pairs around a sample of the launches (OTEL_GPU_CENSUS_ACTIVITY=events,
-native/src/events.c); CUPTI never loaded.
+native/src/preload/events.c); CUPTI never loaded.
 
 The census library is preloaded and counts every launch, copy and graph launch at its call (as ACTIVITY=off). One of
 every EAGER eager launches and GRAPH graph launches of a thread also gets cuEventRecord before and after the call on
@@ -87,7 +87,7 @@ def test_event_pairs_time_a_sample_and_price_every_counted_launch(native, mock_l
     from otel_gpu_census.report import cost
     from otel_gpu_census.report import render as report
     from otel_gpu_census.census import spans_estimated
-    # priced as measured in one process (§27): each launch at its wrapper's price, each pair at its own (ungated
+    # priced as measured in one process (docs/measurements.md): each launch at its wrapper's price, each pair at its own (ungated
     # here: a graph pair 3.039 us); copies not priced
     e = cost.estimate(p)
     assert (e.launches_counted, e.graph_launches, e.pairs_eager, e.pairs_graph) == (48, 4, eager_pairs, 4)
@@ -316,7 +316,7 @@ def test_a_gate_its_thread_leaves_shut_is_opened_by_the_watchdog_and_its_pair_dr
 
 def test_the_watchdog_leaves_gates_their_threads_open_in_time(native, mock_lib, mock_cuda, tmp_path):
     """20,000 gated launches of 2 us calls while the watchdog scans every 10 ms: not one gate is forced. (The race the
-    H200 showed, 1 or 2 of 15,000 pairs forced, a gate shut just after the watchdog read its clock looking 2^64 ns
+    GPU showed, 1 or 2 of 15,000 pairs forced, a gate shut just after the watchdog read its clock looking 2^64 ns
     old, is too narrow for this mock to meet reliably: the watchdog's signed age is checked by reading.)"""
     res, err, d = run_with_driver(native, mock_lib, mock_cuda, tmp_path, EVENTS.format(mock_cuda=mock_cuda) + """
         g.InitializeInjection()

@@ -1,4 +1,4 @@
-"""The control file beside a running census (native/src/injector.c, control_poll) as a careless or
+"""The control file beside a running census (native/src/injector/injector.c, control_poll) as a careless or
 hostile writer leaves it: too long, starting with a NUL, words with terminal escapes, rewritten in a
 loop. One line each, escaped, rate-limited; the census keeps running as it was. Real injector, mock
 libcupti (as test_injector.py)."""

@@ -108,7 +108,7 @@ def test_proxy_census_thread_with_a_fifo_exports_spans_and_stops_on_sigterm(fifo
             env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rx.http_port}",
                         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"})
             proc = subprocess.Popen([sys.executable, "-m", "otel_gpu_census.integrations.llamacpp", "--upstream", st.url,
-                                     "--listen", "127.0.0.1:0", "--census-dir", str(fifo_dir), "--gpu-wait", "0.5"],
+                                     "--listen", "127.0.0.1:0", "--dir", str(fifo_dir), "--gpu-wait", "0.5"],
                                     env=env, stderr=subprocess.PIPE, text=True)
             try:
                 port = None

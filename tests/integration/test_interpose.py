@@ -1,7 +1,6 @@
 """The census library preloaded (LD_PRELOAD): it answers the process's dlsym and the driver's cuGetProcAddress
 with wrappers of the driver's launch, copy, memset and graph calls, and under OTEL_GPU_CENSUS_ACTIVITY=off
-counts those calls itself: CUPTI is never loaded (every CUPTI mode taxes each launch: docs/measurements.md §20,
-§21).
+counts those calls itself: CUPTI is never loaded (every CUPTI mode taxes each launch: docs/measurements.md).
 
 The process looks the driver up as the CUDA runtime does (dlsym of cuGetProcAddress_v2, then every entry point
 through it, the per-thread-stream twins too) in the mock driver (native/tests/mock_cuda.c), whose test graphs
@@ -112,7 +111,7 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
     assert res["cupti_after"] == [0] and err == "", err
     p = read(native, res["path"])
     dev = p.devices[0]
-    assert p.flags & 0x40 and p.kernels.untimed and p.cupti_version == 0   # GC_FLAG_PRELOAD: CUPTI never loaded
+    assert p.kernels.preloaded and p.kernels.untimed and p.cupti_version == 0   # the default collector: no CUPTI
     assert (dev.eager_launches, dev.graph_launches, dev.graph_kernel_count) == (3 + 2 + 1 + 1 + 2, 3 + 1 + 1 + 1, 20)
     assert dev.kernel_count == 9 + 20 and p.graphs.unknown == 1
     got = {(dr, mem): (dev.copies.get(dr, mem).count, dev.copies.get(dr, mem).bytes)
@@ -126,7 +125,7 @@ def test_preloaded_counts_every_launch_copy_and_graph_at_its_call_without_cupti(
     assert p.calls_lost == 0 and p.launches_lost == 0
     from otel_gpu_census.report import cost
     from otel_gpu_census.report import render as report
-    e = cost.estimate(p)      # the wrappers' prices (§27), no event pair under ACTIVITY=off, copies unpriced
+    e = cost.estimate(p)      # the wrappers' prices, no event pair under ACTIVITY=off, copies unpriced
     assert p.kernels.preloaded and (e.launches_counted, e.graph_launches, e.pairs_eager, e.pairs_graph) == (9, 6, 0, 0)
     assert abs(e.seconds - (9 * 0.137e-6 + 6 * 0.790e-6)) < 1e-12
     text = report.render_text([p], requests=1)

@@ -102,7 +102,7 @@ def _expect(tree):
     return [
         ("gpu_census.kernel.count", A, 3), ("gpu_census.kernel.count", B, 1),
         # B: its kernel and its graph launch (layout 3: a launch of a graph whose contents were not
-        # learned counts its span as kernel time, no kernels: native/src/tally.c gc_tally_graph_launch)
+        # learned counts its span as kernel time, no kernels: native/src/core/tally.c gc_tally_graph_launch)
         ("gpu_census.kernel.time", A, 400e-6), ("gpu_census.kernel.time", B, 1040e-6),
         ("gpu_census.busy.time", A, 350e-6), ("gpu_census.busy.time", B, 1040e-6),   # B: its kernel and its graph launch
         ("gpu_census.graph.count", B, 1), ("gpu_census.graph.time", B, 40e-6),

@@ -72,7 +72,7 @@ def test_options_parse_into_a_config():
     p = argparse.ArgumentParser()
     add_proxy_arguments(p)
     a = p.parse_args(["--upstream", "http://127.0.0.1:8080", "--listen", "0.0.0.0:9", "--max-body-bytes", "64m",
-                      "--upstream-timeout", "5", "--upstream-pid", "12", "--census-dir", "/x", "--gpu-wait", "0.5"])
+                      "--upstream-timeout", "5", "--upstream-pid", "12", "--dir", "/x", "--gpu-wait", "0.5"])
     c = config_from_args(a)
     assert (c.listen_host, c.listen_port, c.max_body_bytes, c.upstream_timeout_s) == ("0.0.0.0", 9, 64 << 20, 5.0)
     assert (c.upstream_pid, c.census_dir, c.gpu_max_wait_s, c.gpu_margin_s) == (12, "/x", 0.5, 0.5)

@@ -125,7 +125,7 @@ def test_span_in_phoenix_under_the_callers_span_with_its_gpu_cost(protocol, phoe
     seg = segments.new("llama-server", gpu_ref_ns=0)      # CUPTI clock == wall clock
     segments.tally(seg, [], final=False, state=1)
     path = segments.write(census_dir, seg)
-    proc = start_proxy(["--upstream", standin.url, "--listen", "127.0.0.1:0", "--census-dir", str(census_dir),
+    proc = start_proxy(["--upstream", standin.url, "--listen", "127.0.0.1:0", "--dir", str(census_dir),
                         "--upstream-pid", str(os.getpid()), "--gpu-wait", "5"], _proxy_env(phoenix, protocol))
     try:
         port, _ = listening_port(proc)

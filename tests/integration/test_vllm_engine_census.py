@@ -72,7 +72,7 @@ def test_steps_whose_records_one_flush_held_back_are_split_when_they_come(segmen
     """CUPTI's periodic flush (not forced) keeps back a buffer that holds a record still in flight,
     with the finished records before it, and the injector publishes complete_wall_ns all the same: the
     steps in that buffer are not in the census when their turn comes, only after the next flush. Split
-    as missing, they left requests of vLLM on an H200 with no steps and their kernels no one's."""
+    as missing, they left requests of vLLM on a GPU with no steps and their kernels no one's."""
     from segments import map_segment
     T = 1_700_000_000_000_000_000
     path = tmp_path / "gpu-census-1-1.seg"

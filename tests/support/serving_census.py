@@ -136,8 +136,7 @@ def counted_at_calls(c):
     a sample of one), no copy or memset time, no busy time."""
     import dataclasses as dc
 
-    from otel_gpu_census.census import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, KERNELS_COUNTED,
-                                        CopyTable, KernelTracing, Stat)
+    from otel_gpu_census.census import KERNELS_COUNTED, CopyTable, KernelTracing, Stat
 
     def untimed(st):
         return Stat(st.count, st.bytes, 0)
@@ -154,11 +153,10 @@ def counted_at_calls(c):
                for w in c.windows]
     kernels = KernelTracing(mode=KERNELS_COUNTED, preloaded=True, events=True, events_every_eager=1,
                             events_every_graph=1)
-    return dc.replace(c, devices=devices, windows=windows, kernels=kernels,
-                      flags=c.flags | FLAG_CALLS | FLAG_PRELOAD | FLAG_TIMED | FLAG_EVENTS)
+    return dc.replace(c, devices=devices, windows=windows, kernels=kernels)
 
 
-# llama-server's saves as the H200 showed them: the dense 8B's prompt cache saves ~225 MB a request
+# llama-server's saves as a GPU showed them: the dense 8B's prompt cache saves ~225 MB a request
 # in 48 pageable copies; the hybrid's ~185 MB (147.5 MiB of recurrent state, the attention KV) and two
 # context checkpoints of the recurrent state during its prompt (~155 MB each, one copy per tensor).
 DENSE = dict(save_bytes=225 * MB_, save_copies=48)

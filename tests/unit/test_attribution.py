@@ -105,7 +105,7 @@ def test_weighting_by_overlap_time():
 
 
 def test_wall_mapping_is_applied():
-    # CUPTI clock runs 1 s behind wall: bucket 0 is wall [1 s, 1 s + 20 ms)
+    # the CUPTI clock is 1 s behind wall: bucket 0 is wall [1 s, 1 s + 20 ms)
     ws = [win(0, dtoh=(0, 100, 0))]
     a = attribute(ws, lambda g: g + 1_000_000_000, [Interval("r", 0, B)])
     assert a.shares == {} and a.unattributed.copy("dtoh").bytes == 100

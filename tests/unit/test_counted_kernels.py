@@ -1,4 +1,4 @@
-"""Counted kernel tracing (OTEL_GPU_CENSUS_KERNELS=counted, the default): every kernel counted exactly,
+"""Counted kernel tracing (the default collector): every kernel counted exactly,
 eager kernels' records (durations) only on the ON/PERIOD schedule. The reader reads the eager_* fields,
 the estimator prices eager launches at a sampled mean, and requests, steps, reports and metrics carry
 exact counts with estimated kernel time, saying so; ALL mode is unchanged."""
@@ -11,6 +11,7 @@ from fractions import Fraction
 import pytest
 
 from otel_gpu_census import census
+from otel_gpu_census._native import consts as native_consts
 from otel_gpu_census.attribution import Interval
 from otel_gpu_census.attribution.ledger import cost_of
 from otel_gpu_census.attribution.shares import Share
@@ -38,19 +39,18 @@ def test_the_counted_mode_is_read_from_the_header_and_sampled_like_sampled():
 # -- a real segment, written by the native tally -------------------------------------------------------
 
 def counted_segment(segments, records, directory):
-    """A COUNTED segment: an eager kernel inside the traced phase (under step 42), one outside it, a
-    graph launch of 4 kernels outside it (counted anyway), and launches the callbacks counted."""
+    """A default-collector segment: one eager kernel timed (under step 42), a graph launch of 4 kernels, and the
+    launches counted at the calls."""
     ffi, lib = segments.ffi, segments.lib
     seg = segments.new()
-    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = KERNELS_COUNTED, 100, 1000, T
-    seg.kernel_traced_ns = 300 * MS
+    seg.collector = native_consts.GC_COLLECTOR_DEFAULT
+    seg.timing.on, seg.timing.every_eager, seg.timing.every_graph, seg.timing.timed = 1, 128, 16, 2
     contents = ffi.new("gc_graph_contents *")
     contents.kernels = 4
     t = lib.gc_tally_create(seg)
     try:
         lib.gc_segment_begin_update(seg)
-        for r in (records.external(5, 42), records.kernel(T + 10 * MS, T + 10 * MS + 1000, corr=5),
-                  records.kernel(T + 500 * MS, T + 500 * MS + 7000, corr=6)):     # outside: not tallied
+        for r in (records.external(5, 42), records.kernel(T + 10 * MS, T + 10 * MS + 1000, corr=5)):
             lib.gc_tally_record(t, r)
         lib.gc_tally_graph_launch(t, records.graph_trace(T + 600 * MS, T + 600 * MS + 3000, corr=7), contents)
         lib.gc_tally_launches_device(t, 0, 7)
@@ -69,11 +69,11 @@ def counted_segment(segments, records, directory):
 
 def test_the_reader_reads_the_eager_fields_of_devices_windows_and_steps(segments, records, census_dir):
     c = reader.read_segment(counted_segment(segments, records, census_dir))
-    assert c.kernels.counted and c.kernels.name == "counted:100/1000" and c.launches_lost == 3
+    assert c.kernels.counted and c.kernels.name == "events:128/16" and c.launches_lost == 3
     d = c.devices[0]
     assert (d.kernel_count, d.graph_kernel_count, d.eager_launches, d.eager_traced, d.eager_traced_ns) == \
         (7 + 4, 4, 7, 1, 1000)
-    assert d.kernel_ns == 3000 + 1000 and c.kernels.outside == 1
+    assert d.kernel_ns == 3000 + 1000
     win = {(w.start_ns - T) // W: w for w in c.windows}
     assert sorted(win) == [0, 25, 30]
     assert (win[0].kernel_count, win[0].kernel_ns, win[0].eager_launches, win[0].eager_traced,
@@ -93,8 +93,8 @@ def test_the_report_prints_exact_counts_and_estimated_kernel_time(segments, reco
     from otel_gpu_census.report import render as report
     c = reader.read_segment(counted_segment(segments, records, census_dir))
     text = report.render_text([c], requests=2)
-    assert "kernel time 0.000010 s (estimated)" in text and "kernels counted: every kernel counted exactly" in text
-    assert "3 kernel launches were counted but could not be placed" in text
+    assert "kernel time 0.000010 s (estimated)" in text and "kernels counted at their calls" in text
+    assert "NOT EXACT" in text and "3 kernel launches counted but placed nowhere" in text
     # the first window's 3 launches are start-up (490 ms of nothing follow them): per request is the other 8 kernels,
     # 4 eager launches priced at the one sample (1000 ns) and the graph launch's span (3000 ns)
     assert "start-up, before it (weights, compilation, graph capture, warm-up): 3 kernels" in text
@@ -103,7 +103,6 @@ def test_the_report_prints_exact_counts_and_estimated_kernel_time(segments, reco
     (dev,) = out["processes"][0]["devices"]
     assert (dev["kernel_count"], dev["kernel_ns"], dev["kernel_ns_estimated"], dev["eager_launches"]) == \
         (11, 4000, 10000, 7)
-    assert out["processes"][0]["kernel_traced_ns"] == 300 * MS          # busy's base: the traced time
     assert out["per_request"]["scope"] == "serving"
     assert out["per_request"]["kernel_ns"] == 3500 and out["per_request"]["kernel_time_estimated"] is True
     from otel_gpu_census.report import diff
@@ -309,7 +308,7 @@ def test_the_kernel_time_counter_is_estimated_and_never_goes_back():
 
 
 def test_traced_windows_whose_records_never_came_are_counted_as_gaps():
-    """On the H200 CUPTI sometimes recorded no eager kernel in traced phases (measurements §17): a traced
+    """CUPTI was seen to record no eager kernel in traced phases (docs/measurements.md): a traced
     window with launches and no record is a gap; untraced, quiet or too recent windows are not judged."""
     traced = [Window(T + i * W, T + (i + 1) * W, eager_launches=50, eager_traced=0 if i < 2 else 40)
               for i in range(4)]                                    # inside the first 100 ms: traced
@@ -343,7 +342,7 @@ def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records(
 
 def test_the_cost_estimate_of_a_census_at_the_calls_prices_its_callbacks_not_records():
     """ACTIVITY=off: no record and no activity API; launches, copies and graph nodes at the callbacks' prices
-    measured beside an untraced process (§21)."""
+    measured beside an untraced process (docs/measurements.md)."""
     from otel_gpu_census.report import cost
     d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000,
                      memset=Stat(3, 300, 0))

@@ -304,7 +304,7 @@ def test_the_serving_split_is_what_the_rules_see(census, records):
 @pytest.mark.parametrize("calls", [False, True], ids=["cupti", "calls"])
 @pytest.mark.parametrize("boundaries", ["records", "count", "none"])
 def test_the_hybrid_at_sixteen_clients_that_the_old_rule_missed(census, records, boundaries, calls):
-    """Shaped like the H200 run of the issue: 64 requests on 16 slots, 185 ms steps, the checkpoints copied while
+    """Shaped like the GPU run of the issue: 64 requests on 16 slots, 185 ms steps, the checkpoints copied while
     the prompt is processed (0.25-0.5 s after the request arrived), serving longer than the ring reaches. The old
     rule needed request records (`run` gave it none) and, given them, found 49 % of the bytes near arrivals and
     ~3.4 runs of copies a request; the bursts are there either way."""

@@ -1,4 +1,4 @@
-"""The diagnoses on census folders recorded on an H200, each rule with a run that shows it and runs that do not.
+"""The diagnoses on census folders recorded on a GPU, each rule with a run that shows it and runs that do not.
 
 Dense 8B archive (bench/explain_evidence.sh as it was, bench/results/explain/explain.tgz; recorded under CUPTI,
 every kernel traced, layout 3, upgraded to today's by ``segments.upgrade``):
@@ -190,7 +190,7 @@ def test_recorded_hybrid_without_the_prompt_cache_has_no_state_save(hyb, boundar
 @hybrid
 @pytest.mark.parametrize("name", ["hybrid-default", "dense-default", "hybrid-default-precise", "hybrid-default-proxy"])
 def test_the_report_run_printed_names_the_state_save_and_leaves_start_up_out(hyb, name):
-    """What `run` printed on the H200. The dense model and the proxy's run (request records) put the weights in
+    """What `run` printed on the GPU. The dense model and the proxy's run (request records) put the weights in
     start-up; the hybrid's two runs without records were split by the first rule (start-up up to the first pause),
     and the hybrid's load pauses between reads of its 15.85 GB file: its weights fell in serving. The rule now ends
     start-up at its last pause (test_serving's load that pauses between reads); these two stay as recorded until

@@ -1,7 +1,7 @@
 """The llama-server metrics table's whole path on a CPU: a stand-in server whose synthetic census
 segment follows the load (40 % busy, 3.28 MB/s device-to-host while requests run), `run`'s sidecar
 exporting over real OTLP/gRPC to a real receiver, and the per-second table built only from what
-arrived. On the GPU the same script reads llama-server's real census (docs/measurements.md §7)."""
+arrived. On the GPU the same script reads llama-server's real census (docs/measurements.md)."""
 from __future__ import annotations
 
 import json

@@ -76,12 +76,13 @@ def test_a_step_share_of_a_server_whose_migrations_were_measured_says_it_holds_n
 
 
 def test_a_segment_of_the_previous_layout_is_refused_in_one_line_and_upgrades(tmp_path):
-    """A layout-4 segment (recorded on an H200 before managed memory was counted) is not read as layout 5: one line
+    """A layout-4 segment (recorded on a GPU before managed memory was counted) is not read as layout 5: one line
     says which layout it is; moved to layout 5 by segments.upgrade it reads with every figure it had."""
     import tarfile
     from pathlib import Path
 
     import pytest
+    import segments
     from segments import upgrade
     archives = sorted((Path(__file__).resolve().parents[2] / "bench" / "results" / "explain").glob("explain-hybrid*.tgz"))
     if not archives:
@@ -100,10 +101,16 @@ def test_a_segment_of_the_previous_layout_is_refused_in_one_line_and_upgrades(tm
     assert p.devices and not p.managed_in_use and not p.migrations_measured
     d = p.devices[0]
     assert d.copies.get("managed_htod").count == 0 and d.managed == census.NO_MANAGED
+    # the collector it ran and its event-pair figures, moved from the old header into gc_timing
+    h = segments._F4.from_buffer("head4 *", bytearray(data[:segments._HEAD4]))
+    k = p.kernels
+    assert h.kernel_mode == 3 and k.counted and k.events and not k.untimed
+    assert (k.events_every_eager, k.events_timed, k.events_gated) == (h.events_every_eager, h.events_timed,
+                                                                      h.events_gated) and k.events_timed > 0
     # figures read straight from the old bytes: device 0's kernel count and its first copy cell (htod, pageable)
-    # sit where they did (layout 5 moved the devices 16 bytes on and appended to the copy table)
+    # sit where they did (layout 5 gave the header its own size and appended to the copy table)
     from otel_gpu_census._native import ffi
-    at = ffi.offsetof("gc_segment", "devices") - 16
+    at = segments._HEAD4
     word = lambda off: int.from_bytes(data[at + off:at + off + 8], "little")   # noqa: E731
     assert d.kernel_count == word(ffi.offsetof("gc_device", "kernel_count")) > 0
     htod = d.copies.get("htod", "pageable")
@@ -114,3 +121,19 @@ def test_a_segment_of_the_previous_layout_is_refused_in_one_line_and_upgrades(tm
     grown = 2 * 4 * 24                                        # the two managed_* rows of four cells
     assert d.eager_launches == word(ffi.offsetof("gc_device", "eager_launches") - grown)
     assert d.memset.bytes == word(ffi.offsetof("gc_device", "memset") - grown + 8)
+
+
+def test_a_segment_of_a_retired_way_of_counting_does_not_upgrade():
+    """A layout-4 header that counted kernels on a schedule (sampled), or not at all, names no collector of layout 5:
+    upgrade refuses it rather than read a sample as a whole."""
+    import pytest
+    import segments
+    for mode, flags in ((1, 0), (2, 0), (3, 0), (3, 0x20 | 0x40 | 0x80)):       # sampled, off, CUPTI-counted, windows
+        h = segments._F4.new("head4 *", {"kernel_mode": mode, "flags": flags, "layout_version": 4})
+        with pytest.raises(segments.RetiredMode):
+            segments._head4_to_5(bytes(segments._F4.buffer(h)))
+    ok = segments._F4.new("head4 *", {"kernel_mode": 0, "flags": 0x2, "layout_version": 4, "pid": 7})
+    out = segments._head4_to_5(bytes(segments._F4.buffer(ok)))
+    from otel_gpu_census._native import ffi, consts
+    seg = ffi.from_buffer("gc_segment *", bytearray(out) + bytearray(ffi.sizeof("gc_segment") - len(out)))
+    assert (seg.collector, seg.flags, seg.pid, seg.timing.on) == (consts.GC_COLLECTOR_PRECISE, 0x2, 7, 0)

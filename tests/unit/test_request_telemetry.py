@@ -235,5 +235,5 @@ def test_an_unknown_span_usage_value_is_one_line_and_the_default(monkeypatch, ca
     with caplog.at_level("WARNING"):
         assert usage_prefix({"OTEL_GPU_CENSUS_SPAN_USAGE": "both"}) == "gen_ai.usage."
     assert [r.getMessage() for r in caplog.records] == [
-        "OTEL_GPU_CENSUS_SPAN_USAGE=both: expected gen_ai or census; token counts stay gen_ai.usage.*"]
+        "OTEL_GPU_CENSUS_SPAN_USAGE='both' is not one of gen_ai | census: using gen_ai; token counts stay gen_ai.usage.*"]
     assert usage_prefix({"OTEL_GPU_CENSUS_SPAN_USAGE": " Census "}) == "gpu_census.usage."

@@ -49,7 +49,7 @@ def test_the_first_pause_ends_start_up(census_dir, segments, records):
 
 
 def test_a_load_that_pauses_between_reads_stays_start_up(census_dir, segments, records):
-    """The hybrid llama-server on the H200: a memset, then its weights uploaded in pieces with pauses of a disk
+    """The hybrid llama-server on a GPU: a memset, then its weights uploaded in pieces with pauses of a disk
     read between them, a warm-up, then the wait for the first request. Start-up ends at its last pause (the
     kernels before it are a small share of the run's), not at its first, so the weights are not served work."""
     first, t = model_load(records, n=40, pause_ns=400 * MS)           # 2 GB, then a pause (reading from disk)

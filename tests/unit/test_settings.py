@@ -35,3 +35,18 @@ def test_the_readme_documents_the_user_settings_and_no_internal_one():
     internal = {n for n in named if n in SETTINGS and not SETTINGS[n].user}
     assert not internal, f"the README documents internal settings: {sorted(internal)}"
     assert PREFIX + "COLLECTOR" in readme
+
+
+def test_a_choice_and_disabled_are_read_one_way_from_the_table():
+    from otel_gpu_census import settings
+    assert settings.SETTINGS["COLLECTOR"].choices == ["default", "precise"]
+    assert settings.SETTINGS["DIR"].choices == [] and settings.SETTINGS["FLUSH_MS"].choices == []
+    assert settings.choice("COLLECTOR", {}) == ("default", None)
+    assert settings.choice("COLLECTOR", {PREFIX + "COLLECTOR": " Precise "}) == ("precise", None)
+    value, warning = settings.choice("COLLECTOR", {PREFIX + "COLLECTOR": "sometimes"})
+    assert value == "default" and warning == \
+        f"{PREFIX}COLLECTOR='sometimes' is not one of default | precise: using default"
+    # the injector's rule (config.c, gc_config_disabled): set, not empty, not 0
+    assert [settings.disabled({PREFIX + "DISABLED": v}) for v in ("", "0", "1", "yes", "00")] == \
+        [False, False, True, True, True]
+    assert not settings.disabled({})

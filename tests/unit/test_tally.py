@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+from otel_gpu_census import _native
+
 MiB = 1 << 20
 T0 = 1_700_000_000_000_000_000  # a CUPTI-like timestamp (ns since the epoch)
 W = 20_000_000                   # GC_WINDOW_NS
@@ -318,52 +320,13 @@ def test_segment_identity(native):
     assert seg.proc_start_ticks == start_ticks
 
 
-def test_sampled_kernels_count_only_those_started_in_a_traced_phase(census, records):
-    """100 ms of every 1000 ms from T0: kernels that start inside the phase or within one window after
-    it (launched at its end, queued) are the sample; the rest (CUDA graph nodes CUPTI still reports
-    while the kernel kind is off, with end times filled in only at exit) are counted apart."""
-    seg = census[0]
-    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = 1, 100, 1000, T0
-    MS = 1_000_000
-    inside = [T0, T0 + 99 * MS, T0 + 1000 * MS + 5 * MS, T0 + 100 * MS + W - 1]      # last: within the grace
-    outside = [T0 - MS, T0 + 100 * MS + W, T0 + 500 * MS, T0 + 1999 * MS]
-    feed(census, *[records.kernel(s, s + 10_000) for s in inside],
-         *[records.kernel(s, s + 7 * 10**9) for s in outside],                            # the bogus ones
-         records.memcpy("dtoh", 4096, T0 + 500 * MS, T0 + 500 * MS + 10, dst="pinned"))  # copies: always
-    d = seg.devices[0]
-    assert (d.kernel_count, d.kernel_ns, seg.kernel_outside) == (len(inside), 10_000 * len(inside), len(outside))
-    assert d.copy[DIR["dtoh"]][MEM["pinned"]].bytes == 4096
-    assert sum(seg.windows[i].kernel_count for i in range(len(seg.windows))) == len(inside)
-
-
-def test_kernels_off_tallies_no_kernel(census, records):
-    seg = census[0]
-    seg.kernel_mode = 2
-    feed(census, records.kernel(T0, T0 + 5), records.memset(64, T0, T0 + 3))
-    assert (seg.devices[0].kernel_count, seg.kernel_outside, seg.devices[0].memset.bytes) == (0, 1, 64)
-
-
-def test_sampled_kernels_leave_graph_copies_exact(census, records):
-    """With kernels sampled, a launch outside a traced phase counts apart (kernel_outside, by node), but
-    its copies count, like every copy."""
-    seg, _, _, ffi = census
-    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = 1, 100, 1000, T0
-    c = contents(ffi, kernels=10, copies=[("dtoh", "pinned", 77)])
-    launch(census, records.graph_trace(T0 + 10 * 1_000_000, T0 + 11 * 1_000_000, corr=1), c)    # traced
-    launch(census, records.graph_trace(T0 + 500 * 1_000_000, T0 + 501 * 1_000_000, corr=2), c)  # not
-    d = seg.devices[0]
-    assert (d.kernel_count, d.kernel_ns, seg.kernel_outside) == (10, 1_000_000, 10)
-    assert (d.copy[DIR["dtoh"]][MEM["pinned"]].count, d.copy[DIR["dtoh"]][MEM["pinned"]].bytes) == (2, 154)
-
-
 def counted(seg):
-    seg.kernel_mode, seg.kernel_on_ms, seg.kernel_period_ms, seg.kernel_origin_gpu_ns = 3, 100, 1000, T0
+    seg.collector = _native.consts.GC_COLLECTOR_DEFAULT
 
 
 def test_counted_kernels_take_counts_from_launches_and_time_from_the_sample(census, records):
-    """COUNTED: the launch callbacks' counts are the kernel counts (device, window, step); an eager
-    kernel's record adds its time and the sample (eager_traced), never a second count; records outside
-    the traced phases are counted apart as in SAMPLED."""
+    """The default collector: the launches counted at the calls are the kernel counts (device, window, step); an
+    eager kernel's timing adds its time and the sample (eager_traced), never a second count."""
     seg, t, lib, _ = census
     counted(seg)
     MS = 1_000_000
@@ -375,29 +338,28 @@ def test_counted_kernels_take_counts_from_launches_and_time_from_the_sample(cens
     lib.gc_segment_end_update(seg)
     traced = [T0 + i * 1000 for i in range(30)]
     feed(census, *[records.kernel(s, s + 400, corr=i + 1) for i, s in enumerate(traced)],
-         records.kernel(T0 + 500 * MS, T0 + 500 * MS + 400))          # outside: launched while off
+         records.kernel(T0 + 500 * MS, T0 + 500 * MS + 400))
     d = seg.devices[0]
-    assert (d.kernel_count, d.eager_launches, d.eager_traced) == (500, 500, 30)
-    assert d.kernel_ns == d.eager_traced_ns == d.busy_ns == 30 * 400 and seg.kernel_outside == 1
+    assert (d.kernel_count, d.eager_launches, d.eager_traced) == (500, 500, 31)
+    assert d.kernel_ns == d.eager_traced_ns == d.busy_ns == 31 * 400
     w = {seg.windows[i].index: seg.windows[i] for i in range(2048) if seg.windows[i].index}
     first, later = w[T0 // W], w[(T0 + 500 * MS) // W]
     assert (first.kernel_count, first.eager_launches, first.eager_traced, first.eager_traced_ns) == (300, 300, 30, 12_000)
-    assert (later.kernel_count, later.eager_launches, later.eager_traced) == (200, 200, 0)
+    assert (later.kernel_count, later.eager_launches, later.eager_traced) == (200, 200, 1)
     s = seg.steps[9]
     assert (s.id, s.kernel_count, s.eager_launches, s.device_mask) == (9, 120, 120, 1)
 
 
-def test_counted_kernels_count_every_graph_launch_and_keep_busy_to_the_traced_phases(census, records):
-    """A GRAPH_TRACE record costs next to nothing: under COUNTED every launch counts (kernels, span),
-    traced phase or not; busy, a share of traced time, takes only those inside the phases."""
+def test_counted_kernels_count_every_graph_launch(census, records):
+    """Under the default collector every graph launch counts its kernels and span, and a measured span joins busy."""
     seg, _, _, ffi = census
     counted(seg)
     c = contents(ffi, kernels=10, copies=[("dtoh", "pinned", 77)])
     launch(census, records.graph_trace(T0 + 10 * 1_000_000, T0 + 11 * 1_000_000, corr=1), c)    # traced
     launch(census, records.graph_trace(T0 + 500 * 1_000_000, T0 + 501 * 1_000_000, corr=2), c)  # not
     d = seg.devices[0]
-    assert (d.kernel_count, d.graph_kernel_count, d.kernel_ns, seg.kernel_outside) == (20, 20, 2_000_000, 0)
-    assert d.busy_ns == 1_000_000 and d.eager_traced == d.eager_launches == 0
+    assert (d.kernel_count, d.graph_kernel_count, d.kernel_ns) == (20, 20, 2_000_000)
+    assert d.busy_ns == 2_000_000 and d.eager_traced == d.eager_launches == 0
 
 
 def test_launches_of_no_device_or_a_reused_step_slot_are_lost_not_misplaced(census, records):

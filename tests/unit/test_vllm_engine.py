@@ -1,6 +1,6 @@
 """The vLLM integration's engine side on CPU: steps, requests, the join to the caller's trace, and
 exact conservation, with the census and vLLM's objects stood in for (the real classes are checked in
-tests/test_vllm_hooks.py where vLLM imports)."""
+tests/integration/test_vllm_hooks.py where vLLM imports)."""
 from __future__ import annotations
 
 import random

@@ -27,7 +27,6 @@
 
 #include <cuda.h>
 
-#include "cupti_api.h"
 #include "gpu_census.h"
 #include "internal.h"
 
@@ -35,7 +34,7 @@
 #define GX_SLOTS 8192u           /* exec handle -> current version, open addressing (power of two) */
 #define GX_PROBES 64u
 #define GL_SLOTS (1u << 16)      /* correlation id -> version, direct-mapped (power of two) */
-#define GT_SLOTS (1u << 14)      /* the same for CUPTI's ids in a timing window (power of two) */
+#define GT_SLOTS (1u << 14)      /* the same for event-timed launches (power of two) */
 #define MAX_DEPTH 8
 #define MAX_NODES (1u << 20)
 
@@ -43,7 +42,7 @@ struct version {
     _Atomic uint32_t n;          /* the version number this slot holds; 0: none */
     _Atomic uint32_t flags;      /* GC_GRAPH_INEXACT may be set later (a node changed in the exec) */
     gc_graph_contents c;
-    /* GC_FLAG_TIMED: the spans its launches had in CUPTI's windows (the flusher adds, the fold reads) */
+    /* the spans its event-timed launches had (the flusher adds, the fold reads) */
     _Atomic uint64_t span_ns;
     _Atomic uint64_t spans;
 };
@@ -58,7 +57,7 @@ static struct {
     struct version *v;           /* GV_SLOTS */
     struct exec_slot *x;         /* GX_SLOTS */
     _Atomic uint64_t *launch;    /* GL_SLOTS: (correlation id << 32) | version */
-    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for CUPTI's correlation ids in a window (timing.c) */
+    _Atomic uint64_t *timed;     /* GT_SLOTS: the same for the launches an event pair times (events.c) */
     _Atomic uint64_t all_ns, all_kernels; /* every timed span, and the kernels of those launches */
     _Atomic uint32_t next;       /* the last version number handed out */
     pthread_mutex_t mu;          /* writers of the exec table */
@@ -68,68 +67,11 @@ static struct {
     CUresult (*memcpy_params)(CUgraphNode, CUDA_MEMCPY3D *);
     CUresult (*memset_params)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS *);
     CUresult (*child_graph)(CUgraphNode, CUgraph *);
-    CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-enum role { R_NONE = 0, R_LAUNCH, R_UPDATE, R_CHANGE };
-static uint8_t g_role[2][GC_API_CBIDS];  /* [driver?][cbid]: what a callback of ours is for */
 static atomic_int g_on;
 
 /* ---- the walk ---- */
-
-struct side { int host, mem, dev; };
-
-/* One end of a copy: host or device, its memory kind, its device (-1: unknown). */
-static struct side side_of(CUmemorytype type, const void *host, CUdeviceptr dptr)
-{
-    struct side s = {0, GC_MEM_DEVICE, -1};
-    unsigned int mt = 0, managed = 0;
-    if (!g.ptr_attr) { /* never, after gc_graphs_start(): the API's own word then */
-        if (type == CU_MEMORYTYPE_HOST) s.host = 1, s.mem = GC_MEM_OTHER;
-        return s;
-    }
-    int ord = -1;
-    switch (type) {
-    case CU_MEMORYTYPE_HOST:
-        /* registered or cudaHostAlloc'd memory is known to the driver; pageable memory is not */
-        s.host = 1;
-        s.mem = g.ptr_attr(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)host) == CUDA_SUCCESS
-                    ? GC_MEM_PINNED : GC_MEM_PAGEABLE;
-        return s;
-    case CU_MEMORYTYPE_ARRAY:
-        return s;
-    case CU_MEMORYTYPE_DEVICE:
-    case CU_MEMORYTYPE_UNIFIED:
-    default:
-        if (g.ptr_attr(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr) != CUDA_SUCCESS) {
-            if (type == CU_MEMORYTYPE_UNIFIED) s.host = 1, s.mem = GC_MEM_PAGEABLE;
-            return s;
-        }
-        if (g.ptr_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, dptr) == CUDA_SUCCESS && managed) {
-            s.mem = GC_MEM_OTHER;
-            return s;
-        }
-        if (mt == CU_MEMORYTYPE_HOST) {
-            s.host = 1;
-            s.mem = GC_MEM_PINNED;
-            return s;
-        }
-        if (g.ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr) == CUDA_SUCCESS) s.dev = ord;
-        return s;
-    }
-}
-
-void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_dev,
-                   CUmemorytype dst_type, const void *dst_host, CUdeviceptr dst_dev, int *dir, int *mem, int *peer_dev)
-{
-    struct side src = side_of(src_type, src_host, src_dev), dst = side_of(dst_type, dst_host, dst_dev);
-    *peer_dev = -1;
-    if (src.host && dst.host) *dir = GC_DIR_HTOH, *mem = src.mem;
-    else if (src.host) *dir = GC_DIR_HTOD, *mem = src.mem;
-    else if (dst.host) *dir = GC_DIR_DTOH, *mem = dst.mem;
-    else if (src.dev >= 0 && dst.dev >= 0 && src.dev != dst.dev) *dir = GC_DIR_PTOP, *mem = GC_MEM_DEVICE, *peer_dev = dst.dev;
-    else *dir = GC_DIR_DTOD, *mem = GC_MEM_DEVICE;
-}
 
 static void add_memcpy(gc_graph_contents *c, const CUDA_MEMCPY3D *m)
 {
@@ -280,7 +222,7 @@ static void mark_changed(CUgraphExec exec)
 }
 
 /* A launch of `exec` under correlation id `corr`, noted in `table` (`slots` a power of two): its contents as of
- * now. g.launch for the tally (our ids or CUPTI's), g.timed for the spans of CUPTI's windows. */
+ * now. g.launch for the tally (our ids or CUPTI's), g.timed for the launches event pairs time. */
 static void note_in(_Atomic uint64_t *table, uint32_t slots, CUgraphExec exec, uint32_t corr)
 {
     uint32_t n = exec_version((uint64_t)(uintptr_t)exec);
@@ -299,7 +241,7 @@ static struct version *noted(_Atomic uint64_t *table, uint32_t slots, uint32_t c
     return atomic_load_explicit(&v->n, memory_order_acquire) == *n ? v : NULL;
 }
 
-/* ---- what the preloaded interposer reports (interpose.c): the calls the callbacks below follow ---- */
+/* ---- what tells us of graphs: the preloaded wrappers (interpose.c) or CUPTI's callbacks (graph_callbacks.c) ---- */
 
 void gc_graphs_learn(CUgraphExec exec, CUgraph graph)
 {
@@ -321,74 +263,19 @@ void gc_graphs_launch(CUgraphExec exec, uint32_t corr)
     if (atomic_load_explicit(&g_on, memory_order_acquire)) note_launch(exec, corr);
 }
 
-/* ---- callbacks ---- */
+/* ---- spans measured by event pairs (events.c) ---- */
 
-static int wanted(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *name)
+/* A graph launch an event pair times: its correlation id -> the exec's version now. */
+void gc_graphs_timed_launch(CUgraphExec exec, uint32_t corr)
 {
-    static const struct { const char *prefix; uint8_t role; int driver_only; } table[] = {
-        {"cuGraphLaunch", R_LAUNCH, 0}, {"cudaGraphLaunch", R_LAUNCH, 0},
-        /* The runtime's calls reach the driver's, whose callbacks fire too: walk once, there. */
-        {"cuGraphExecUpdate", R_UPDATE, 1},
-        {"cuGraphExecMemcpyNodeSetParams", R_CHANGE, 1}, {"cuGraphExecMemsetNodeSetParams", R_CHANGE, 1},
-        {"cuGraphExecNodeSetParams", R_CHANGE, 1}, {"cuGraphExecChildGraphNodeSetParams", R_CHANGE, 1},
-        {"cuGraphNodeSetEnabled", R_CHANGE, 1},
-    };
-    int d = dom == CUPTI_CB_DOMAIN_DRIVER_API;
-    if (cbid >= sizeof(g_role[0])) return 0;
-    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
-        if (table[i].driver_only && !d) continue;
-        if (strncmp(name, table[i].prefix, strlen(table[i].prefix)) == 0) {
-            g_role[d][cbid] = table[i].role;
-            return 1;
-        }
-    }
-    return 0;
+    if (atomic_load_explicit(&g_on, memory_order_acquire) && g.timed) note_in(g.timed, GT_SLOTS, exec, corr);
 }
 
-void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data)
-{
-    if (!atomic_load_explicit(&g_on, memory_order_acquire)) return;
-    if (dom == CUPTI_CB_DOMAIN_RESOURCE) {
-        const CUpti_ResourceData *r = data;
-        const CUpti_GraphData *gd = r ? r->resourceDescriptor : NULL;
-        if (!gd || !gd->graphExec) return;
-        if (cbid == CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) learn(gd->graphExec, gd->graph);
-        else if (cbid == CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING) exec_set((uint64_t)(uintptr_t)gd->graphExec, 0);
-        return;
-    }
-    if (dom != CUPTI_CB_DOMAIN_DRIVER_API && dom != CUPTI_CB_DOMAIN_RUNTIME_API) return;
-    if (cbid >= sizeof(g_role[0])) return;
-    uint8_t role = g_role[dom == CUPTI_CB_DOMAIN_DRIVER_API][cbid];
-    if (role == R_NONE) return;
-    const CUpti_CallbackData *cb = data;
-    /* every call these roles name takes the exec first (and the update its new graph second) */
-    void *const *p = cb->functionParams;
-    if (!p) return;
-    CUgraphExec exec = (CUgraphExec)p[0];
-    if (role == R_LAUNCH) {
-        if (cb->callbackSite == CUPTI_API_ENTER) note_launch(exec, cb->correlationId);
-        return;
-    }
-    if (cb->callbackSite != CUPTI_API_EXIT || !cb->functionReturnValue ||
-        *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS)
-        return;
-    if (role == R_UPDATE) learn(exec, (CUgraph)p[1]);
-    else mark_changed(exec);
-}
-
-/* ---- spans measured in CUPTI's windows (GC_FLAG_TIMED, timing.c) ---- */
-
-/* CUPTI's enter callback of a graph launch in a window: its correlation id -> the exec's version now. */
-void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr)
-{
-    if (atomic_load_explicit(&g_on, memory_order_acquire) && g.timed) note_in(g.timed, GT_SLOTS, exec, cupti_corr);
-}
-
-/* The GRAPH_TRACE record of that launch: its span joins the version's mean (and the all-graphs one). */
-void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns)
+/* That pair's reading: the launch's span joins the version's mean (and the all-graphs one). */
+void gc_graphs_timed_span(uint32_t corr, uint64_t ns)
 {
     uint32_t n;
-    struct version *v = g.timed && ns ? noted(g.timed, GT_SLOTS, cupti_corr, &n) : NULL;
+    struct version *v = g.timed && ns ? noted(g.timed, GT_SLOTS, corr, &n) : NULL;
     if (!v || !v->c.kernels) return;
     atomic_fetch_add_explicit(&v->span_ns, ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->spans, 1, memory_order_relaxed);
@@ -408,7 +295,7 @@ int gc_graphs_span_wanted(CUgraphExec exec, uint32_t min)
            atomic_load_explicit(&v->spans, memory_order_relaxed) < min;
 }
 
-/* The table for windows' launches, made by the first window (the flusher): 0, or -1 without memory. */
+/* The table of event-timed launches, made when the events start: 0, or -1 without memory. */
 int gc_graphs_timed_start(void)
 {
     if (g.timed) return 0;
@@ -450,9 +337,9 @@ int gc_graphs_contents(uint32_t corr, gc_graph_contents *out)
     return 0;
 }
 
-int gc_graphs_start(int by_cupti)
+int gc_graphs_start(void)
 {
-    if (atomic_load(&g_on)) return 0;   /* ACTIVITY=off started it before falling back */
+    if (atomic_load(&g_on)) return 0;   /* the default collector started it before falling back */
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (!cuda) return -1;
 #define SYM(field, name) (*(void **)&g.field = dlsym(cuda, name))
@@ -461,9 +348,8 @@ int gc_graphs_start(int by_cupti)
     SYM(memcpy_params, "cuGraphMemcpyNodeGetParams");
     SYM(memset_params, "cuGraphMemsetNodeGetParams");
     SYM(child_graph, "cuGraphChildGraphNodeGetGraph");
-    SYM(ptr_attr, "cuPointerGetAttribute");
 #undef SYM
-    if (!g.get_nodes || !g.node_type || !g.memcpy_params || !g.memset_params || !g.child_graph || !g.ptr_attr) {
+    if (!g.get_nodes || !g.node_type || !g.memcpy_params || !g.memset_params || !g.child_graph || gc_copy_class_start() != 0) {
         gc_log("graphs traced node by node: the CUDA driver lacks the graph queries");
         return -1;
     }
@@ -477,12 +363,8 @@ int gc_graphs_start(int by_cupti)
         return -1;
     }
     atomic_store(&g_on, 1);
-    if (!by_cupti) return 0;   /* the preloaded interposer tells us (gc_graphs_learn and friends) */
-    if (gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED) != 0 ||
-        gc_cupti_enable_resource("graphs traced node by node", CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING) != 0 ||
-        gc_cupti_enable_api("graphs traced node by node", GC_CB_GRAPHS, wanted) <= 0) {
-        atomic_store(&g_on, 0); /* tables stay: a launch callback may be reading them */
-        return -1;
-    }
     return 0;
 }
+
+/* Learning off (what tells us of graphs could not be had): the tables stay, a launch may be reading them. */
+void gc_graphs_stop(void) { atomic_store(&g_on, 0); }

@@ -33,10 +33,10 @@ struct gc_config {
     int graph_named;            /* OTEL_GPU_CENSUS_GRAPHS was set: say so when it cannot be had */
     int api_v1;                 /* OTEL_GPU_CENSUS_CUPTI_API=v1 */
     int api_named;              /* OTEL_GPU_CENSUS_CUPTI_API set (v1 or v2): no automatic choice */
-    int activity_off;           /* OTEL_GPU_CENSUS_ACTIVITY=off: no activity API, everything counted at its
-                                 * call (calls.c), no durations; also set by =events */
-    int activity_events;        /* OTEL_GPU_CENSUS_ACTIVITY=events: counted at the calls by the library
-                                 * preloaded, kernel durations from CUDA event pairs (events.c), no CUPTI */
+    int calls;                  /* the default collector: everything counted at its call by the library
+                                 * preloaded (interpose.c), CUPTI never loaded; 0: the precise one */
+    int timing;                 /* ... with kernel durations from CUDA event pairs (events.c); 0 under
+                                 * OTEL_GPU_CENSUS_ACTIVITY=off: no duration measured */
     uint32_t events_every_eager, events_every_graph;   /* OTEL_GPU_CENSUS_EVENT_EVERY */
     int events_gate;            /* OTEL_GPU_CENSUS_EVENT_GATE=on (default): pairs gated (events.c) */
 };
@@ -46,23 +46,24 @@ void gc_config_load(struct gc_config *c);
 /* graphs.c: the contents of graph launches, learned from their graphs (needs the v2 API's callbacks). */
 /* 0: graph launches can be counted from their contents (learned through CUPTI's callbacks when by_cupti,
  * else from what interpose.c reports through the four calls below) */
-int gc_graphs_start(int by_cupti);
+int gc_graphs_start(void);                               /* 0: learning (the tables made, the driver's queries found) */
+void gc_graphs_stop(void);
 void gc_graphs_learn(CUgraphExec exec, CUgraph graph);  /* instantiated, or updated from `graph` */
 void gc_graphs_forget(CUgraphExec exec);                /* about to be destroyed */
 void gc_graphs_changed(CUgraphExec exec);               /* a node changed in the exec: inexact from now */
 void gc_graphs_launch(CUgraphExec exec, uint32_t corr); /* launched under `corr` (before the call) */
-void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
 int gc_graphs_contents(uint32_t corr, gc_graph_contents *out);   /* -1: not known */
-/* A copy's direction and host memory kind (enum gc_dir, gc_mem) from its two ends as the driver knows their
- * pointers (CU_MEMORYTYPE_UNIFIED: asked of the driver); after gc_graphs_start() succeeded. */
+/* copy_class.c: a copy's direction and host memory kind (enum gc_dir, gc_mem) from its two ends as the driver knows
+ * their pointers (CU_MEMORYTYPE_UNIFIED: asked of the driver); after gc_copy_class_start() succeeded (0). */
+int gc_copy_class_start(void);
 void gc_copy_class(CUmemorytype src_type, const void *src_host, CUdeviceptr src_dev,
                    CUmemorytype dst_type, const void *dst_host, CUdeviceptr dst_dev, int *dir, int *mem, int *peer_dev);
 
 /* graphs.c, for events.c: timed launches (our correlation ids) and their measured spans, which
  * price every launch of the same exec version (gc_graphs_contents fills span_ns). */
 int gc_graphs_timed_start(void);
-void gc_graphs_timed_launch(CUgraphExec exec, uint32_t cupti_corr);
-void gc_graphs_timed_span(uint32_t cupti_corr, uint64_t ns);
+void gc_graphs_timed_launch(CUgraphExec exec, uint32_t corr);
+void gc_graphs_timed_span(uint32_t corr, uint64_t ns);
 int gc_graphs_span_wanted(CUgraphExec exec, uint32_t min); /* its version has fewer than min spans */
 
 /* events.c: kernel durations from CUDA event pairs around about 1 of every `every_eager` eager and `every_graph` graph
@@ -83,12 +84,15 @@ void gc_events_stats(struct gc_events_stats *out);
 #define GC_EVENTS_MAX_PENDING (8 * 256)   /* pairs outstanding at most: a poll's eager samples fit in this */
 
 /* steps.c: the calling thread's step stack, and correlation id -> step for the tally. */
-int gc_steps_start(void);       /* launch callbacks on (once); 0 when steps can be tagged */
+/* the table made and `follow` (NULL: nothing to turn on) run, once; 0 when steps can be tagged */
+int gc_steps_start(int (*follow)(void));
+/* the collector's per-step marks, called with the stack's depth before a push and before a pop (and the step) */
+void gc_steps_marks(void (*push)(uint32_t depth), void (*pop)(uint32_t depth, uint32_t id));
+#define GC_STEP_DEPTH 8
 int gc_steps_push(uint64_t id);
 int gc_steps_pop(uint64_t *id);
 uint64_t gc_steps_lookup(uint32_t corr);    /* 0: not launched inside a step (or forgotten) */
 int gc_steps_in_use(void);
-void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
 void gc_steps_note(uint32_t corr);  /* interpose.c: a call under correlation id `corr` belongs to the open step */
 
 /* interpose.c: the driver's calls seen through this library preloaded (no CUPTI). */
@@ -101,8 +105,8 @@ int gc_interpose_on(void);
 /* launches.c: eager kernel launches counted by the library preloaded (interpose.c); the fold needs the writer's lock. */
 int gc_launches_start(int64_t gpu_minus_mono);  /* 0 when counted */
 void gc_launches_set_counting(int on);          /* off while the census is paused, or in a forked child */
-uint64_t gc_launches_thread(void);              /* launches this thread made (steps.c marks steps by it) */
-void gc_launches_step_done(uint64_t id, uint64_t n);
+void gc_launches_step_push(uint32_t depth);     /* per-step marks of this thread's launches (gc_steps_marks) */
+void gc_launches_step_pop(uint32_t depth, uint32_t id);
 int gc_launches_pending(void);                  /* launches counted that no fold took yet */
 void gc_launches_fold(gc_tally *t, gc_segment *seg, uint64_t mono_now);
 /* whether a launch on `stream` only records into a capture; for interpose.c: one eager launch on `dev` (-1:

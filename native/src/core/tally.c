@@ -175,11 +175,12 @@ static gc_window *window_slot(gc_tally *t, uint64_t idx)
     return w;
 }
 
-/* W_EAGER: an eager kernel's record (a W_KERNEL that also fills eager_traced; under COUNTED its count
- * came from the launch callbacks already). */
+/* W_EAGER: an eager kernel's record (a W_KERNEL that also fills eager_traced; under DEFAULT its count
+ * came from the calls already). */
 enum what { W_KERNEL, W_COPY, W_MEMSET, W_EAGER };
 
-static int counted(const gc_tally *t) { return t->seg->kernel_mode == GC_KERNELS_COUNTED; }
+/* The default collector counts eager launches at their calls (gc_tally_launches_*): its kernel records are a sample. */
+static int counted(const gc_tally *t) { return t->seg->collector == GC_COLLECTOR_DEFAULT; }
 
 /* `n` pieces of work (a graph launch's kernels or copies of one kind) that began at s; the time from
  * s to e is split over the buckets it spans. */
@@ -321,21 +322,7 @@ static int host_side(int dir, uint8_t src, uint8_t dst)
     }
 }
 
-/* With sampled kernels, only kernels that start inside a traced phase (or within one window after
- * it: launched at its end, queued) belong to the sample. CUPTI 13.5 still reports the nodes of CUDA
- * graphs launched while the kernel kind is off, some with end times only filled in at the final
- * forced flush (seen on llama-server: durations of seconds); they are counted apart, not tallied. */
-static int outside_sample(const gc_segment *seg, uint64_t start)
-{
-    if (seg->kernel_mode == GC_KERNELS_OFF) return 1;
-    if ((seg->kernel_mode != GC_KERNELS_SAMPLED && seg->kernel_mode != GC_KERNELS_COUNTED) || !seg->kernel_period_ms)
-        return 0;
-    if (start < seg->kernel_origin_gpu_ns) return 1;
-    uint64_t r = (start - seg->kernel_origin_gpu_ns) % ((uint64_t)seg->kernel_period_ms * 1000000ull);
-    return r >= (uint64_t)seg->kernel_on_ms * 1000000ull + GC_WINDOW_NS;
-}
-
-/* One eager kernel's duration: the device's and its window's sample (not its count: COUNTED counts launches). */
+/* One eager kernel's duration: the device's and its window's sample (not its count: DEFAULT counts launches). */
 static void eager_time(gc_tally *t, gc_device *d, uint32_t dev, uint64_t s, uint64_t e)
 {
     d->kernel_ns += dur(s, e);
@@ -354,7 +341,6 @@ static void eager_sample(gc_tally *t, gc_device *d, uint32_t dev, uint64_t s, ui
 
 static void tally_kernel(gc_tally *t, const GC_KERNEL_T *k)
 {
-    if (outside_sample(t->seg, k->start)) { t->seg->kernel_outside++; return; }
     gc_device *d = device(t, k->deviceId);
     if (!d) { t->seg->records_unknown++; return; }
     if (!counted(t)) d->kernel_count++;
@@ -419,9 +405,9 @@ static void tally_memset(gc_tally *t, const GC_MEMSET_T *m)
 /* One record per graph launch (GRAPH_TRACE), with what the launch put on the GPU as graphs.c learned
  * it. Copies and memsets count exactly, always (their own durations are not known: 0 ns); kernels
  * count by node, and their time, the busy union and the windows take the graph's span, like a kernel
- * record that covers the graph (sampled like kernel records). Unknown contents: only the span. */
+ * record that covers the graph. Unknown contents: only the span. */
 /* `busy`: the span was measured (a record), so it joins the busy union; an estimated span (a launch counted at
- * its call and priced at its exec's mean, GC_FLAG_TIMED) does not. */
+ * its call and priced at its exec's mean) does not. */
 static void graph_launch(gc_tally *t, const CUpti_ActivityGraphTrace2 *g, const gc_graph_contents *c, int busy)
 {
     gc_device *d = device(t, g->deviceId);
@@ -454,14 +440,10 @@ static void graph_launch(gc_tally *t, const CUpti_ActivityGraphTrace2 *g, const 
         if (!c->kernels) return; /* a graph of copies alone: no kernel time */
     }
     uint64_t k = c ? c->kernels : 0;
-    /* COUNTED: one record per launch costs next to nothing, so every graph launch counts, kernels and
-     * span; only busy keeps to the traced phases (its share is of traced time, as for eager kernels). */
-    int outside = outside_sample(t->seg, g->start);
-    if (outside && !counted(t)) { t->seg->kernel_outside += k; return; }
     d->kernel_count += k;
     d->graph_kernel_count += k;
     d->kernel_ns += dur(g->start, g->end);
-    if (!outside && busy) frontier_add(&t->fr[g->deviceId], g->start, g->end);
+    if (busy) frontier_add(&t->fr[g->deviceId], g->start, g->end);
     window_add(t, W_KERNEL, 0, g->deviceId, g->start, g->end, k, 0);
     step_add(t, W_KERNEL, 0, g->deviceId, g->correlationId, g->start, g->end, k, 0);
 }
@@ -476,9 +458,9 @@ void gc_tally_call(gc_tally *t, const gc_call *c, const gc_graph_contents *conte
         g.start = g.end = c->t_ns;
         g.deviceId = c->dev;
         g.correlationId = c->corr;
-        /* GC_FLAG_TIMED: the span its exec had in the windows, placed from the call on */
+        /* timing on: the mean span its exec's timed launches had, placed from the call on */
         if (contents && contents->span_from != GC_SPAN_NONE) g.end = g.start + contents->span_ns;
-        else if ((t->seg->flags & GC_FLAG_TIMED) && (!contents || contents->kernels)) t->seg->graph_untimed++;
+        else if (t->seg->timing.on && (!contents || contents->kernels)) t->seg->graph_untimed++;
         graph_launch(t, &g, contents, 0);
         return;
     }

@@ -9,8 +9,8 @@
  * record through every switch. So the kind is enabled globally once (new contexts start traced) and
  * from then on switched per context: every context the census knows of.
  *
- * Contexts become known from CUPTI's CONTEXT_CREATED callbacks, the active primary contexts when the
- * census attaches, and the launch callbacks (counted kernels). They are forgotten at
+ * Contexts become known from CUPTI's CONTEXT_CREATED callbacks and the active primary contexts when CUPTI is set
+ * up. They are forgotten at
  * CONTEXT_DESTROY_STARTING. Only the flusher thread calls CUPTI here, never under the set's lock (a
  * CUPTI call may wait on locks held by a thread that is inside a CUPTI callback and wants this one);
  * a context destroyed while the flusher switches it waits for that pass, at most 50 ms.

@@ -54,4 +54,12 @@ CUptiResult gc_cupti_device_of(CUcontext ctx, uint32_t *dev);
 /* Enable one resource callback (CUPTI_CBID_RESOURCE_*); 0 on success. */
 int gc_cupti_enable_resource(const char *who, CUpti_CallbackId cbid);
 
+/* graph_callbacks.c: the precise collector's way of telling graphs.c of graphs */
+int gc_cupti_graphs_follow(void);   /* after gc_graphs_start(): 0, or -1 (learning stopped) */
+void gc_graphs_callback(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data);
+
+/* step_callbacks.c: the precise collector's way of noting launches under steps (steps.c) */
+int gc_cupti_steps_follow(void);    /* the launch callbacks on: 0, or -1 (steps off) */
+void gc_steps_callback(CUpti_CallbackDomain dom, const void *data);
+
 #endif

@@ -4,7 +4,7 @@
  *
  * What the census must get exact is visible at the calls: kernel launches (launches.c), graph contents
  * (graphs.c), and here the copy and memset calls' parameters: bytes, direction from the two ends, the host end
- * pinned or pageable as the driver knows the pointer (graphs.c's gc_copy_class); a batch's copies each from the
+ * pinned or pageable as the driver knows the pointer (copy_class.c); a batch's copies each from the
  * caller's arrays. What no call says is how long the work ran: copy and memset durations are not measured.
  * A call counts when it succeeded and did not record into a stream capture (its graph's launches count it).
  *

@@ -1,6 +1,6 @@
 /*
  * interpose.c - the driver's kernel launches, graph launches, copies and memsets seen without CUPTI, in a
- * process this library is LD_PRELOADed into (`run --activity off` preloads it; OTEL_GPU_CENSUS_ACTIVITY=off
+ * process this library is LD_PRELOADed into (`run` preloads it; the default collector
  * then counts here, and CUPTI is never loaded).
  *
  * Why: CUPTI costs every launch whatever it is asked for: a subscriber's launch callbacks, its activity API

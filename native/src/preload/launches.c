@@ -17,8 +17,8 @@
  * never ahead of it) and the precise one only near a window's end, where the two could differ: the slot is the one
  * the precise clock would give (window_now).
  *
- * Steps: the thread's own count is exact between gc_step_begin and gc_step_end (steps.c keeps the marks); the step's
- * total is deposited at its end in a slot the fold empties.
+ * Steps: the thread's own count is exact between gc_step_begin and gc_step_end (gc_launches_step_push and _pop,
+ * called by steps.c, keep the marks); the step's total is deposited at its end in a slot the fold empties.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -168,12 +168,29 @@ void gc_launches_capture(int begin, int ok)
     while (v > 0 && !atomic_compare_exchange_weak(&g_capturing, &v, v - 1)) {}
 }
 
-uint64_t gc_launches_thread(void) { return t_launches; }
+/* Eager launches per step: the thread's launch count when the innermost step last resumed, and what each step on the
+ * stack had before a nested one began. Work is the innermost's. */
+static __thread uint64_t t_mark, t_acc[GC_STEP_DEPTH];
+
+static void step_done(uint64_t id, uint64_t n);
+
+void gc_launches_step_push(uint32_t depth)
+{
+    if (depth) t_acc[depth - 1] += t_launches - t_mark;
+    t_mark = t_launches;
+    t_acc[depth] = 0;
+}
+
+void gc_launches_step_pop(uint32_t depth, uint32_t id)
+{
+    step_done(id, t_acc[depth - 1] + (t_launches - t_mark));
+    t_mark = t_launches;
+}
 
 /* A step's launches, deposited at its end for the next fold. A step ended twice before a fold (vLLM's
  * sample_tokens and SGLang's delayed sampling reopen the step they belong to) adds to its deposit; a
  * deposit of another step in the slot (1,024 steps older, or the same step on another device) is lost. */
-void gc_launches_step_done(uint64_t id, uint64_t n)
+static void step_done(uint64_t id, uint64_t n)
 {
     if (!n || !atomic_load_explicit(&g_started, memory_order_relaxed)) return;
     uint64_t dev = t_dev < 0 ? 0 : (uint64_t)t_dev;

@@ -20,22 +20,23 @@ DIRECTIONS: Tuple[str, ...] = ("htod", "dtoh", "dtod", "ptop", "htoh", "other", 
 MANAGED_DIRECTIONS: Tuple[str, ...] = ("managed_htod", "managed_dtoh")
 MEMORY_KINDS: Tuple[str, ...] = ("pageable", "pinned", "device", "other")
 
-# Segment states, kernel tracing modes (copies and memsets are always traced exactly) and flags: the
-# values of gpu_census.h, read from the header itself (cffi), never copied by hand.
+# Segment states, collectors and flags: the values of gpu_census.h, read from the header itself (cffi), never copied
+# by hand.
 STATE_ACTIVE, STATE_EXITED = _c.GC_STATE_ACTIVE, _c.GC_STATE_EXITED
 STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
-KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF = _c.GC_KERNELS_ALL, _c.GC_KERNELS_SAMPLED, _c.GC_KERNELS_OFF
-KERNELS_COUNTED = _c.GC_KERNELS_COUNTED
+COLLECTOR_DEFAULT, COLLECTOR_PRECISE = _c.GC_COLLECTOR_DEFAULT, _c.GC_COLLECTOR_PRECISE
+# How kernels were counted, in the model: ALL (every kernel a CUPTI record: the precise collector) or COUNTED (at the
+# calls: the default one). SAMPLED and OFF are the model's names for schedules no segment holds any more; request logs
+# and shares may still name them.
+KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF, KERNELS_COUNTED = 0, 1, 2, 3
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
-FLAG_CALLS, FLAG_PRELOAD, FLAG_TIMED = _c.GC_FLAG_CALLS, _c.GC_FLAG_PRELOAD, _c.GC_FLAG_TIMED
-FLAG_EVENTS = _c.GC_FLAG_EVENTS
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 FLAG_MANAGED, FLAG_UM_COUNTERS, FLAG_UM_REFUSED = _c.GC_FLAG_MANAGED, _c.GC_FLAG_UM_COUNTERS, _c.GC_FLAG_UM_REFUSED
 FLAG_ENV_UNIFIED = _c.GC_FLAG_ENV_UNIFIED      # GGML_CUDA_ENABLE_UNIFIED_MEMORY was set (llama.cpp: managed buffers)
 # what a census that cannot measure migrations tells its reader to use
 PRECISE_HINT = "the precise collector (otel-gpu-census run --precise) measures them"
 GRAPHS_NODE, GRAPHS_LAUNCH = _c.GC_GRAPHS_NODE, _c.GC_GRAPHS_LAUNCH
-ATTACH_CUINIT, ATTACH_CONTEXT = _c.GC_ATTACH_CUINIT, _c.GC_ATTACH_CONTEXT
+ATTACH_CUINIT, ATTACH_CONTEXT = 0, 1     # when CUPTI was set up: in cuInit (every precise census since layout 5)
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ class KernelTracing:
       by the census library preloaded into the process (interpose.c), with CUPTI never loaded.
     - ``windows`` (OTEL_GPU_CENSUS_ACTIVITY=windows, mode COUNTED): counted at the calls by the census library
       preloaded, as ``preloaded``; kernel durations from windows of CUPTI, set up at the first and its kernel
-      and graph kinds on for `on_ms` of every `period_ms` (timing.c; never detached: a detach crashed CUDA-graph programs). Exact: counts, copies, memsets. Estimated: eager kernel
+      and graph kinds on for `on_ms` of every `period_ms` (never detached: a detach crashed CUDA-graph programs). Exact: counts, copies, memsets. Estimated: eager kernel
       time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
       windows; `graph_untimed` launches had none). Busy: the windows.
     - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library

@@ -1,4 +1,4 @@
-"""Ask the census of other processes for something through their control files (native/src/injector.c,
+"""Ask the census of other processes for something through their control files (native/src/injector/injector.c,
 control_poll): here, the final flush of processes about to be killed.
 
 A server's manager that is about to terminate its workers (vLLM's API server stopping its engine, which

@@ -1,7 +1,7 @@
 """The census folder: where segments are written and read, its safety checks, and its tidying.
 
 The injector writes ``gpu-census-<pid>-<starttime>.seg`` into one folder per user; the same default
-is computed here (``native/src/segment.c`` has the C side).
+is computed here (``native/src/core/segment.c`` has the C side).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def default_census_dir() -> Path:
     if env:
         return Path(env)
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:                     # same choice as the injector (native/src/segment.c)
+    if xdg:                     # same choice as the injector (native/src/core/segment.c)
         return Path(xdg) / "otel-gpu-census"
     return Path(f"/tmp/otel-gpu-census-{os.getuid()}")
 

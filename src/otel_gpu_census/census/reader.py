@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from otel_gpu_census._native import LAYOUT_VERSION, MAGIC, SEGMENT_SIZE, SEQ_OFFSET, consts, ffi
-from otel_gpu_census.census import (FLAG_CALLS, FLAG_EVENTS, FLAG_PRELOAD, FLAG_TIMED, DIRECTIONS, MEMORY_KINDS, NO_MANAGED, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing, KernelTracing, Managed, ProcessCensus, Stat, Step,
-               Window)
+from otel_gpu_census.census import (ATTACH_CUINIT, COLLECTOR_DEFAULT, DIRECTIONS, KERNELS_ALL, KERNELS_COUNTED,
+                                    MEMORY_KINDS, NO_MANAGED, ZERO, Attach, CopyTable, DeviceTotals, GraphTracing,
+                                    KernelTracing, Managed, ProcessCensus, Stat, Step, Window)
 from otel_gpu_census.census.proctree import is_alive
 
 SEGMENT_GLOB = "gpu-census-*.seg"
@@ -63,8 +64,8 @@ def _check_identity(path, head: bytes, length: int) -> None:
     if magic != MAGIC:
         raise SegmentError(path, f"not a census segment (wrong magic 0x{magic:016x})")
     if version != LAYOUT_VERSION:
-        raise SegmentError(path, f"layout version {version}; this reader reads version {LAYOUT_VERSION} "
-                                 "(read it with the otel-gpu-census that wrote it)")
+        raise SegmentError(path, f"layout version {version}; this reader reads version {LAYOUT_VERSION} (read it "
+                                 f"with the otel-gpu-census that wrote it, {'an older' if version < LAYOUT_VERSION else 'a newer'} one)")
     if size != SEGMENT_SIZE:
         raise SegmentError(path, f"segment_size says {size} bytes but a version-{LAYOUT_VERSION} segment is "
                                  f"{SEGMENT_SIZE} bytes (corrupt)")
@@ -339,6 +340,20 @@ def _steps(data, keep: Callable[[int], bool] = bool) -> List[Step]:
     return sorted((_step(r) for r in _STEPS.rows(data, keep)), key=lambda s: s.id)
 
 
+def _kernels(seg) -> KernelTracing:
+    """How the segment's collector counted kernels (gc_collector, gc_timing), in the model's terms."""
+    if seg.collector != COLLECTOR_DEFAULT:
+        return KernelTracing(mode=KERNELS_ALL)
+    tm = seg.timing
+    return KernelTracing(mode=KERNELS_COUNTED, tracing=False, preloaded=True, untimed=not tm.on, events=bool(tm.on),
+                         graph_untimed=seg.graph_untimed,
+                         events_every_eager=tm.every_eager, events_every_graph=tm.every_graph,
+                         events_timed=tm.timed, events_missed=tm.missed, events_failed=tm.failed,
+                         events_idle=tm.idle, events_idle_ns=tm.idle_ns, events_gate=bool(tm.gate),
+                         events_gated=tm.gated, events_forced=tm.forced, events_lead=tm.lead,
+                         events_lead_ns=tm.lead_ns)
+
+
 def _parse(path, data, torn: bool) -> ProcessCensus:
     """A ProcessCensus from a copy _snapshot took (and checked); a copy cut at TOTALS_SIZE gives the
     header and device totals, with no windows or steps."""
@@ -358,26 +373,10 @@ def _parse(path, data, torn: bool) -> ProcessCensus:
         window_late=seg.window_late, step_max=seg.step_max, last_gpu_ns=seg.last_gpu_ns,
         complete_wall_ns=seg.complete_wall_ns, launches_lost=seg.launches_lost, calls_lost=seg.calls_lost,
         unsized_calls=seg.unsized_calls, unwrapped=seg.unwrapped, unsized_name=_cstr(seg.unsized_name),
-        kernels=KernelTracing(mode=seg.kernel_mode, on_ms=seg.kernel_on_ms, period_ms=seg.kernel_period_ms,
-                              origin_gpu_ns=seg.kernel_origin_gpu_ns, traced_ns=seg.kernel_traced_ns,
-                              tracing=bool(seg.kernel_tracing), outside=seg.kernel_outside,
-                              untimed=bool(seg.flags & FLAG_CALLS and not seg.flags & FLAG_TIMED),
-                              preloaded=bool(seg.flags & FLAG_CALLS and seg.flags & FLAG_PRELOAD),
-                              windows=bool(seg.flags & FLAG_TIMED and not seg.flags & FLAG_EVENTS),
-                              windows_opened=seg.timing_windows, windows_failed=seg.timing_failed,
-                              attach_ns=seg.timing_attach_ns, detach_ns=seg.timing_detach_ns,
-                              graph_untimed=seg.graph_untimed,
-                              events=bool(seg.flags & FLAG_TIMED and seg.flags & FLAG_EVENTS),
-                              events_every_eager=seg.events_every_eager, events_every_graph=seg.events_every_graph,
-                              events_timed=seg.events_timed, events_missed=seg.events_missed,
-                              events_failed=seg.events_failed, events_idle=seg.events_idle,
-                              events_idle_ns=seg.events_idle_ns, events_gate=bool(seg.events_gate),
-                              events_gated=seg.events_gated, events_forced=seg.events_forced,
-                              events_lead=seg.events_lead, events_lead_ns=seg.events_lead_ns),
+        kernels=_kernels(seg),
         graphs=GraphTracing(mode=seg.graph_mode, unknown=seg.graph_unknown, inexact=seg.graph_inexact,
                             paused=bool(seg.paused), paused_ns=seg.paused_ns),
-        attach=Attach(mode=seg.attach_mode, wall_ns=seg.attach_wall_ns, after_ns=seg.attach_after_ns,
-                      contexts_late=seg.contexts_late),
+        attach=Attach(mode=ATTACH_CUINIT, wall_ns=seg.wall_start_ns, contexts_late=seg.contexts_late),
         um_cpu_faults=seg.um_cpu_faults, um_since_wall_ns=seg.um_since_wall_ns, um_refused_code=seg.um_refused_code,
         devices=devices, windows=windows, steps=steps,
         torn=torn, alive=is_alive(seg.pid, seg.proc_start_ticks),

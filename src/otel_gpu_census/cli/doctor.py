@@ -231,7 +231,8 @@ def check_environment(facts: Facts) -> List[Check]:
     if current and (facts.library is None or Path(current).resolve() != facts.library.resolve()):
         out.append(Check(FAIL, "CUDA_INJECTION64_PATH", f"already set to {current} (another tool, e.g. Nsight): "
                          "CUDA loads one injector, so `run` leaves it and the census stays off; unset it"))
-    if env.get("OTEL_GPU_CENSUS_DISABLED", "") not in ("", "0"):
+    from otel_gpu_census import settings
+    if settings.disabled(env):
         out.append(Check(FAIL, "OTEL_GPU_CENSUS_DISABLED", "is set: the injector switches itself off"))
     profiler_hints = sorted(k for k in env if k.startswith(("NSYS_", "NSIGHT_", "NV_NSIGHT", "NCU_")))
     preload = env.get("LD_PRELOAD", "")

@@ -105,7 +105,8 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
         plan.warnings.append(f"census off for this run: CUDA_INJECTION64_PATH is already set to {current} "
                              "(another tool, e.g. Nsight); CUDA loads one injector, and that one is kept")
         return plan
-    if env.get("OTEL_GPU_CENSUS_DISABLED", "") not in ("", "0"):
+    from otel_gpu_census import settings
+    if settings.disabled(env):
         plan.warnings.append("census off for this run: OTEL_GPU_CENSUS_DISABLED is set")
         return plan
     env["CUDA_INJECTION64_PATH"] = str(library)
@@ -119,7 +120,6 @@ def build_env(census_dir: Path, base: Optional[Mapping[str, str]] = None,
     return plan
 
 
-COLLECTORS = ("default", "precise")
 # a sanitizer's runtime must be the first library of a process (ASan, TSan, ...): LD_PRELOAD keeps it before ours
 SANITIZER_RUNTIME = re.compile(r"^lib(?:a|t|m|hwa)san\.so\b")
 
@@ -132,11 +132,11 @@ def census_env(census_dir: Path, precise: bool = False, base: Optional[Mapping[s
     with CUDA event pairs, CUPTI never loaded; `precise` (or OTEL_GPU_CENSUS_COLLECTOR=precise) takes CUPTI's
     measured records of every kernel and copy instead, at CUPTI's price on every CUDA call."""
     plan = build_env(census_dir, base, library)
-    have = plan.env.get("OTEL_GPU_CENSUS_COLLECTOR", "").strip().lower()
-    if have and have not in COLLECTORS:
-        plan.warnings.append(f"OTEL_GPU_CENSUS_COLLECTOR={have!r} is neither default nor precise: using default")
-        have = ""
-    collector = "precise" if precise else (have or "default")
+    from otel_gpu_census import settings
+    have, warning = settings.choice("COLLECTOR", plan.env)
+    if warning:
+        plan.warnings.append(warning)
+    collector = "precise" if precise else have
     plan.env["OTEL_GPU_CENSUS_COLLECTOR"] = collector
     if collector == "default" and plan.census_on and plan.library is not None:
         lib = str(plan.library)

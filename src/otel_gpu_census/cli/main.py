@@ -558,6 +558,9 @@ def _cmd_report(args) -> int:
             _say(str(e))
             return 1
         censuses, errors = reader.scan(census_dir)
+    if errors and not censuses and not args.json:      # nothing readable: the lines that say why, no empty report
+        _say_errors(errors)
+        return 1
     hint = None
     if args.pid is not None:
         parents = proctree.live_descendants(args.pid) if proctree.proc_start_ticks(args.pid) else {}

@@ -120,7 +120,7 @@ def wrapped_cost(c: ProcessCensus, eager: int, graph: int, copies: int, launches
 
 
 def context_made_under_cupti(c: ProcessCensus) -> bool:
-    """A context of this process was created while CUPTI was set up (ATTACH=cuinit, or a context made
+    """A context of this process was created while CUPTI was set up (CUPTI set up in cuInit, or a context made
     after the attach): its graph replays pay CUPTI's per-node cost, paused or not. Never where CUPTI was never
     loaded (:func:`cupti_never_loaded`)."""
     return not cupti_never_loaded(c) and (c.attach.mode == ATTACH_CUINIT or c.attach.contexts_late > 0)

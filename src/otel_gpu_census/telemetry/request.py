@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from otel_gpu_census import settings
 from otel_gpu_census.version import __version__
 from otel_gpu_census.telemetry import redact
 from otel_gpu_census.telemetry.attributes import gpu_attributes
@@ -54,20 +55,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("otel_gpu_census.telemetry")
 
-USAGE_ENV = "OTEL_GPU_CENSUS_SPAN_USAGE"        # gen_ai (default) | census
+USAGE_ENV = settings.SETTINGS["SPAN_USAGE"].variable     # gen_ai (default) | census
 GEN_AI_USAGE, CENSUS_USAGE = "gen_ai.usage.", "gpu_census.usage."
 
 
 def usage_prefix(env: Mapping[str, str] = os.environ) -> str:
     """Where a span's token counts go: ``gen_ai.usage.`` (the default), or ``gpu_census.usage.`` with
     OTEL_GPU_CENSUS_SPAN_USAGE=census (the client's GenAI span has them); another value: one line, the default."""
-    value = env.get(USAGE_ENV, "").strip().lower()
-    if value == "census":
-        return CENSUS_USAGE
-    if value not in ("", "gen_ai"):
-        log.warning("%s=%s: expected gen_ai or census; token counts stay gen_ai.usage.*", USAGE_ENV,
-                    redact.text(value, 40))
-    return GEN_AI_USAGE
+    value, warning = settings.choice("SPAN_USAGE", env)
+    if warning:
+        log.warning("%s; token counts stay gen_ai.usage.*", redact.text(warning, 120))
+    return CENSUS_USAGE if value == "census" else GEN_AI_USAGE
 
 
 def _usage_named(attrs: Dict[str, Any], prefix: str) -> Dict[str, Any]:

@@ -257,7 +257,7 @@ def add_proxy_arguments(parser: argparse.ArgumentParser, upstream_required: bool
                         help="the server to forward to: http://HOST:PORT (llama-server, Ollama) or unix:/PATH.sock")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                         help=f"where the proxy listens (default {DEFAULT_LISTEN})")
-    parser.add_argument("--census-dir", metavar="DIR",
+    parser.add_argument("--dir", dest="census_dir", metavar="DIR",
                         help="census folder the server writes into (default: $OTEL_GPU_CENSUS_DIR, else the "
                         "default folder); GPU cost is left out of spans when it holds no segment")
     parser.add_argument("--upstream-pid", type=_pid, metavar="PID",

@@ -786,7 +786,7 @@ def _default_source(config: ProxyConfig) -> Optional[CensusSource]:
             log.warning("census folder %s is not readable: spans carry no GPU cost", shown)
             return None
     except folder.CensusDirError as e:
-        log.warning("%s; it is not read, so spans carry no GPU cost (name it with --census-dir to read it "
+        log.warning("%s; it is not read, so spans carry no GPU cost (name it with --dir to read it "
                     "anyway)", e)
         return None
     except OSError as e:

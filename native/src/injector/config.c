@@ -119,8 +119,8 @@ void gc_config_load(struct gc_config *c)
     const char *named = getenv("OTEL_GPU_CENSUS_CUPTI_API");
     c->api_named = named && (strcmp(named, "v1") == 0 || strcmp(named, "v2") == 0);
     int act = env_choice("OTEL_GPU_CENSUS_ACTIVITY", activity, 3);
-    c->activity_off = act != 1;
-    c->activity_events = act == 0;
+    c->calls = act != 1;
+    c->timing = act == 0;
     parse_event_every(c);
     c->events_gate = env_choice("OTEL_GPU_CENSUS_EVENT_GATE", gate, 2) == 0;
     /* The collector a user names: default (counted at the calls, event-timed kernels) or precise (CUPTI's records of
@@ -129,8 +129,8 @@ void gc_config_load(struct gc_config *c)
     const char *cv = getenv("OTEL_GPU_CENSUS_COLLECTOR");
     if (cv && *cv) {
         int precise = env_choice("OTEL_GPU_CENSUS_COLLECTOR", collector, 2) == 1;
-        c->activity_events = !precise;
-        c->activity_off = !precise;
+        c->timing = !precise;
+        c->calls = !precise;
     }
 
 }

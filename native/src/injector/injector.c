@@ -54,33 +54,21 @@ static struct gc_config g_cfg;
 static atomic_int g_outstanding;
 static atomic_ullong g_refused;
 
-/* When CUPTI was set up (published in the segment; see enum gc_attach). */
-static struct {
-    uint32_t mode;              /* enum gc_attach */
-    uint64_t wall_ns, after_ns;
-    atomic_uint contexts_late;  /* CONTEXT_CREATED callbacks after the attach */
-} g_attach;
-
-/* How kernels are counted (enum gc_kernels: ALL, CUPTI's records; COUNTED, at the calls) and for how long the
- * kernel kind was on (a paused census has it off). Touched only by the start code and then the flusher (and exit,
- * after it). */
-static struct {
-    uint32_t mode;
-    int tracing;                /* the kernel kind is enabled now */
-    int64_t gpu_minus_mono;     /* census clock - CLOCK_MONOTONIC, read together at start */
-    uint64_t traced_ns;         /* closed on-phases, monotonic ns */
-    uint64_t on_since;          /* monotonic ns the current on-phase began */
-} g_ks;
+/* The collector in force (enum gc_collector), fixed at start, and the census clock less CLOCK_MONOTONIC, read
+ * together at start (CUPTI's clock under PRECISE; CLOCK_REALTIME under DEFAULT). */
+static uint32_t g_collector;
+static int64_t g_gpu_minus_mono;
+static atomic_uint g_contexts_late;   /* PRECISE: CONTEXT_CREATED callbacks after CUPTI was set up */
 
 /* How graph launches are traced now (enum gc_graphs); launch needs graphs.c's callbacks (v2 API). */
 static uint32_t g_graph_mode;
 static int g_graphs_learned;          /* graphs.c is learning graph contents */
-/* OTEL_GPU_CENSUS_ACTIVITY=off in force: everything counted at its call (calls.c), CUPTI's activity API
- * never set up (no buffers, no kinds, no flush), so no duration is known. Fixed at start. */
+/* The default collector in force: everything counted at its call (calls.c, launches.c), CUPTI never loaded (no
+ * buffers, no kinds, no flush). Fixed at start. */
 static int g_calls;
-/* ... and the calls seen by the preloaded interposer (interpose.c): CUPTI never loaded. */
+/* ... asked for, with the library preloaded (interpose.c): start() tries it first. */
 static int g_preload;
-/* ... or from CUDA event pairs around a sample of the launches (ACTIVITY=events, events.c): no CUPTI, no schedule. */
+/* ... with kernel durations from CUDA event pairs around a sample of the launches (events.c); 0: none measured. */
 static int g_events;
 
 /* CUPTI's unified-memory counters (the precise collector), turned on at the process's first managed allocation (its
@@ -107,46 +95,31 @@ static struct {
 } g_ctl;
 
 
-/* Called with g_mu held: the kernel kind went on or off at `mono` (traced time accrues while on). */
-static void note_tracing(int on, uint64_t mono)
-{
-    if (on == g_ks.tracing) return;
-    if (on) g_ks.on_since = mono;
-    else g_ks.traced_ns += mono > g_ks.on_since ? mono - g_ks.on_since : 0;
-    g_ks.tracing = on;
-}
-
-/* Called with g_mu held: the schedule and how long kernels were traced, as of `mono`. */
+/* Called with g_mu held: how the census counts, as of `mono`. */
 static void publish_kernels(gc_segment *seg, uint64_t mono)
 {
-    seg->kernel_mode = g_ks.mode;
-    seg->kernel_tracing = g_ks.tracing;
-    seg->kernel_traced_ns = g_ks.traced_ns + (g_ks.tracing && mono > g_ks.on_since ? mono - g_ks.on_since : 0);
+    seg->collector = g_collector;
     seg->graph_mode = g_graph_mode;
     seg->paused = g_ctl.paused;
     seg->paused_ns = g_ctl.paused_ns + (g_ctl.paused && mono > g_ctl.paused_since ? mono - g_ctl.paused_since : 0);
-    seg->attach_mode = g_attach.mode;
-    seg->attach_wall_ns = g_attach.wall_ns;
-    seg->attach_after_ns = g_attach.after_ns;
-    seg->contexts_late = atomic_load(&g_attach.contexts_late);
-    if (g_calls) seg->flags |= GC_FLAG_CALLS;
-    if (g_preload) seg->flags |= GC_FLAG_PRELOAD;
+    seg->contexts_late = atomic_load(&g_contexts_late);
     if (g_events) {
         struct gc_events_stats st;
         gc_events_stats(&st);
-        seg->flags |= GC_FLAG_TIMED | GC_FLAG_EVENTS;
-        seg->events_every_eager = st.every_eager;
-        seg->events_every_graph = st.every_graph;
-        seg->events_timed = st.timed;
-        seg->events_missed = st.missed;
-        seg->events_failed = st.failed;
-        seg->events_idle = st.idle;
-        seg->events_idle_ns = st.idle_ns;
-        seg->events_gate = st.gate;
-        seg->events_gated = st.gated;
-        seg->events_forced = st.forced;
-        seg->events_lead = st.lead;
-        seg->events_lead_ns = st.lead_ns;
+        gc_timing *tm = &seg->timing;
+        tm->on = 1;
+        tm->every_eager = st.every_eager;
+        tm->every_graph = st.every_graph;
+        tm->timed = st.timed;
+        tm->missed = st.missed;
+        tm->failed = st.failed;
+        tm->idle = st.idle;
+        tm->idle_ns = st.idle_ns;
+        tm->gate = st.gate;
+        tm->gated = st.gated;
+        tm->forced = st.forced;
+        tm->lead = st.lead;
+        tm->lead_ns = st.lead_ns;
     }
     if (g_preload) gc_interpose_unseen(seg);
     gc_managed_publish(seg);
@@ -528,7 +501,7 @@ static void *flusher(void *arg)
 #define GC_FLUSHER_STACK (8u << 20)
 
 /* The stack CUDA's own threads get (8 MiB, virtual: only the pages touched are memory). The flusher sets CUPTI up
- * on a live context (ATTACH=context), and CUPTI and the driver then need deep stacks: with 256 KiB llama-server
+ * on a live context, and CUPTI and the driver then need deep stacks: with 256 KiB llama-server
  * segfaulted in libcuda. */
 static int start_flusher(void) { return gc_thread_start(flusher, GC_FLUSHER_STACK, "flusher thread"); }
 
@@ -536,7 +509,7 @@ static int start_flusher(void) { return gc_thread_start(flusher, GC_FLUSHER_STAC
 
 /* The final flush: forced, every open busy interval committed, state exited. At exit, or earlier
  * through gc_finish() for servers that end their process without running atexit (vLLM's engine). */
-/* Let a flush or an attach the flusher has begun end, for at most 200 ms: never hang an exit. */
+/* Let a flush the flusher has begun end, for at most 200 ms: never hang an exit. */
 static void wait_flusher_idle(void)
 {
     for (int i = 0; i < 200 && atomic_load(&g_flusher_busy); i++) {
@@ -706,11 +679,9 @@ static void control_poll(uint64_t mono)
         gc_calls_set_counting(!pause);
         if (pause) {
             disable_kinds();
-            note_tracing(0, mono);
             g_ctl.paused_since = mono;
         } else {
             enable_kinds();
-            note_tracing(kind_index(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) >= 0, mono);
             g_ctl.paused_ns += mono - g_ctl.paused_since;
         }
         g_ctl.paused = pause;
@@ -725,7 +696,7 @@ static void CUPTIAPI on_api(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId
 {
     (void)ud;
     if (dom == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
-        atomic_fetch_add(&g_attach.contexts_late, 1);
+        atomic_fetch_add(&g_contexts_late, 1);
         gc_contexts_add(((const CUpti_ResourceData *)data)->context);
         return;
     }
@@ -754,29 +725,30 @@ static int start_calls(void)
     uint64_t m = gc_mono_ns(), w = gc_wall_ns();
     /* No CUPTI clock: the census clock is CLOCK_REALTIME (clock_ref_gpu_ns 0 maps it one to one), read through
      * CLOCK_MONOTONIC as launches.c does. */
-    g_ks.gpu_minus_mono = (int64_t)(w - m);
+    g_gpu_minus_mono = (int64_t)(w - m);
     g_clock_ref_gpu = 0;
-    const char *why = gc_graphs_start(0) != 0 ? "graph contents cannot be learned"
-                    : gc_launches_start(g_ks.gpu_minus_mono) != 0 ? "launches cannot be counted"
-                    : gc_calls_start(g_ks.gpu_minus_mono) != 0 ? "copies cannot be counted" : NULL;
+    const char *why = gc_graphs_start() != 0 ? "graph contents cannot be learned"
+                    : gc_launches_start(g_gpu_minus_mono) != 0 ? "launches cannot be counted"
+                    : gc_calls_start(g_gpu_minus_mono) != 0 ? "copies cannot be counted" : NULL;
     if (why) {
         gc_log("the default collector cannot count here (%s); counting through CUPTI's activity API", why);
         return 1;
     }
+    gc_steps_marks(gc_launches_step_push, gc_launches_step_pop);
     gc_interpose_start();
     g_calls = 1;
     /* event pairs around a sample of the launches, from the first launch on */
-    if (g_cfg.activity_events &&
+    if (g_cfg.timing &&
         gc_events_start(g_cfg.events_every_eager, g_cfg.events_every_graph, g_cfg.events_gate) == 0)
         g_events = 1;
     g_graphs_learned = 1;
     g_graph_mode = GC_GRAPHS_LAUNCH;
-    g_ks.mode = GC_KERNELS_COUNTED;
-    g_ks.tracing = 0;
+    g_collector = GC_COLLECTOR_DEFAULT;
     return 0;
 }
 
-/* The precise collector: CUPTI's records of every kernel, copy and memset (measured durations, busy time), graphs
+/* The collector in force: the default one where the library is preloaded (start_calls), else, or where that cannot
+ * count, the precise one: CUPTI's records of every kernel, copy and memset (measured durations, busy time), graphs
  * per launch where CUPTI allows it (their contents learned through its callbacks), else node by node. */
 static int start(void)
 {
@@ -791,7 +763,7 @@ static int start(void)
         gc_log("census off: cannot register activity buffers: %s", gc_cupti_error(r));
         return -1;
     }
-    g_ks.mode = GC_KERNELS_ALL;
+    g_collector = GC_COLLECTOR_PRECISE;
     gc_cupti_set_api_callback(on_api);
     /* Graphs per launch (GRAPH_TRACE). Drivers before r610 refuse it to the v2 (multi-subscriber) API,
      * where they also give activity records to one subscriber only: then, unless the API was named,
@@ -810,7 +782,7 @@ static int start(void)
     }
     /* Graph contents are learned through callbacks: under the v1 API they hold CUPTI's one slot. */
     g_graph_mode = GC_GRAPHS_NODE;
-    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start(1) == 0) {
+    if (g_cfg.graph_mode == GC_GRAPHS_LAUNCH && gc_graphs_start() == 0 && gc_cupti_graphs_follow() == 0) {
         g_graphs_learned = 1;
         g_graph_mode = GC_GRAPHS_LAUNCH;
     }
@@ -837,25 +809,13 @@ static int start(void)
     uint64_t ts = gc_cupti_timestamp(&tr);
     g_clock_ref_gpu = ts;
     uint64_t m1 = gc_mono_ns();
-    g_ks.gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
-    g_ks.tracing = 1;
-    g_ks.on_since = m1;
+    g_gpu_minus_mono = (int64_t)(ts - (m0 + (m1 - m0) / 2));
     follow_contexts();
     follow_managed();
     return 0;
 }
 
 /* ---- when CUPTI is set up: inside cuInit, so that nothing the process puts on the GPU goes uncounted ---- */
-
-/* CUPTI set up; the census counts from here. 0, or -1 with a log line and the census off. */
-static int attach(void)
-{
-    if (start() != 0) return -1;
-    g_attach.mode = GC_ATTACH_CUINIT;
-    g_attach.wall_ns = gc_wall_ns();
-    g_attach.after_ns = 0;
-    return 0;
-}
 
 /* Contexts made from now on and going away: late contexts counted, the kernel kind switched per
  * context. Under the v1 API a callback takes CUPTI's one slot: only where callbacks are in use already
@@ -890,8 +850,8 @@ int InitializeInjection(void)
     g_env_unified = getenv("GGML_CUDA_ENABLE_UNIFIED_MEMORY") != NULL;   /* set at all: llama.cpp asks no more */
     /* The default collector is the library preloaded (counting at the calls, CUPTI never loaded); without it the
      * census says so in one line and takes CUPTI's records, exact, rather than counting nothing. */
-    g_preload = g_cfg.activity_off && gc_interpose_ready();
-    if (g_cfg.activity_off && !g_preload) {
+    g_preload = g_cfg.calls && gc_interpose_ready();
+    if (g_cfg.calls && !g_preload) {
         const char *lp = getenv("LD_PRELOAD");
         if (lp && strstr(lp, "otel_gpu_census"))
             gc_log("the default collector: LD_PRELOAD names the census library, but no driver function was looked up "
@@ -900,16 +860,16 @@ int InitializeInjection(void)
         else
             gc_log("the default collector needs the census library preloaded (LD_PRELOAD, as `run` and `otel-gpu-census "
                    "env` set it); counting through CUPTI's activity API (the precise collector)");
-        g_cfg.activity_off = g_cfg.activity_events = 0;
+        g_cfg.calls = g_cfg.timing = 0;
     }
     if (!g_preload && gc_cupti_load(g_cfg.cupti_path) != 0) return 1; /* 1 either way: the driver carries on */
     pthread_atfork(NULL, NULL, at_fork_child);
     atexit(at_exit);
-    if (attach() != 0) return 1;
+    if (start() != 0) return 1;
     atomic_store(&g_state, ACTIVE);
     /* Our flusher, else CUPTI's own periodic flush (no "complete up to" time then). */
     if (start_flusher() != 0) {
-        if (g_calls) gc_log("no flusher thread: calls are counted at exit only (OTEL_GPU_CENSUS_ACTIVITY=off)");
+        if (g_calls) gc_log("no flusher thread: calls are counted at exit only (the default collector)");
         else gc_cupti_flush_period(g_cfg.flush_ms);
     }
     return 1;
@@ -925,7 +885,7 @@ int gc_active(void) { return atomic_load(&g_state) == ACTIVE && getpid() == g_pi
 int gc_step_begin(uint64_t id)
 {
     if (!gc_active() || id == 0 || id > UINT32_MAX) return -1;
-    if (gc_steps_start() != 0) return -1;
+    if (gc_steps_start(g_calls ? NULL : gc_cupti_steps_follow) != 0) return -1;
     return gc_steps_push(id);
 }
 
