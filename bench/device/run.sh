@@ -10,6 +10,7 @@
 #   coverage     tests/gpu/test_coverage_matrix.py: every way of putting work on the GPU, the default collector
 #                against CUPTI row by row; $OUT/coverage_matrix.md and .json
 #   events-tests the GPU tests of the default collector's event pairs only
+#   gpu-files    the GPU tests of $GPU_FILES only (with -s)
 #   managed      tests/gpu/test_managed_gpu.py: a known migration pattern of managed memory under both collectors;
 #                $OUT/managed_gpu.json
 #   nvml-tests   only tests/integration/test_metrics_nvml.py, with -s (its figures printed)
@@ -73,6 +74,7 @@ phase() {
     steps) python3 -m pytest -q -m gpu tests/gpu/test_steps_gpu.py 2>&1 | tee "$OUT/steps.log" ;;
     gpu-tests) python3 -m pytest -q -m gpu tests/gpu tests/integration/test_metrics_nvml.py \
                  --deselect tests/gpu/test_coverage_matrix.py 2>&1 | tee "$OUT/gpu-tests.log" ;;
+    gpu-files) python3 -m pytest -q -s -m gpu ${GPU_FILES:?GPU_FILES=the test files} 2>&1 | tee "$OUT/gpu-files.log" ;;
     coverage) python3 -m pytest -q -s -m gpu tests/gpu/test_coverage_matrix.py 2>&1 | tee "$OUT/coverage.log" ;;
     events-tests) python3 -m pytest -q -m gpu tests/gpu/test_gpu_census.py -k "events or gated_event" 2>&1 | tee "$OUT/events-tests.log" ;;
     managed) python3 -m pytest -q -s -m gpu tests/gpu/test_managed_gpu.py 2>&1 | tee "$OUT/managed.log" ;;
