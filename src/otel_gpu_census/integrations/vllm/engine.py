@@ -44,7 +44,7 @@ import random
 import re
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.steps import TOKENS
@@ -54,7 +54,7 @@ from otel_gpu_census.integrations.engine.steps import SETTLE_PERIOD_S, RequestLo
 from otel_gpu_census.integrations.engine.steps import extract as _extract  # noqa: F401
 from otel_gpu_census.integrations.vllm.kv_offload import LOAD, STORE, KvTransfers
 from otel_gpu_census.integrations.vllm.ranks import RankCensus
-from otel_gpu_census.integrations.vllm.sched_state import Recompute, SchedState, reader as state_reader
+from otel_gpu_census.integrations.vllm.sched_state import Recompute, reader as state_reader
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -137,7 +137,7 @@ class EngineTelemetry(StepEngine):
         self._step_thread = 0                     # the thread of the open execute_model step
         self._step_open = 0                       # ... and its id (0: none)
         self._sched: Any = None                   # the scheduler (its first update_from_output or preemption)
-        self._state: Optional[SchedState] = None  # ... its state reader (None: not yet, or it has other fields)
+        self._state: Optional[Callable] = None    # ... its state reader (None: not yet, or it has other fields)
         self.recompute = Recompute()              # preempted requests and what they compute again
 
     # -- where the census is (TP/PP > 1: the workers'), what a settled request adds -----------------
@@ -172,9 +172,15 @@ class EngineTelemetry(StepEngine):
         """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         if self._state is not None:
-            state, redo = self.step_state(tokens)
-            sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None,
-                                 state=state, redo=redo)
+            rc = self.recompute
+            if rc.owed or rc.preempted:
+                state, redo = self.step_state(tokens)
+            else:                                        # (most steps)
+                try:
+                    state, redo = self._state(0, 0), None
+                except Exception as e:
+                    state, redo = self._state_failed(e)
+            sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None, 0, state, redo)
         else:
             sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None)
         self._step_thread, self._step_open = threading.get_ident(), sid
@@ -185,12 +191,15 @@ class EngineTelemetry(StepEngine):
         tokens per preempted request; (None, None) once a read failed (one log line: the state is off)."""
         try:
             preempted, redo = self.recompute.step(tokens)
-            return (*self._state.read(), preempted, sum(redo.values()) if redo else 0), redo
+            return self._state(preempted, sum(redo.values()) if redo else 0), redo
         except Exception as e:
-            self._state = None
-            log.warning("otel-gpu-census: reading vLLM's scheduler state failed (%s: %s); the engine state is off",
-                        type(e).__name__, e)
-            return None, None
+            return self._state_failed(e)
+
+    def _state_failed(self, e: Exception) -> Tuple[None, None]:
+        self._state = None
+        log.warning("otel-gpu-census: reading vLLM's scheduler state failed (%s: %s); the engine state is off",
+                    type(e).__name__, e)
+        return None, None
 
     def scheduler_seen(self, scheduler) -> None:
         """The scheduler (from its update_from_output or _preempt_request): its state is read from the next step."""

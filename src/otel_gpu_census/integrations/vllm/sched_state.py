@@ -25,43 +25,35 @@ _dlen = deque.__len__
 MAX_OWED = 1 << 14                  # preempted requests followed at once (beyond: the oldest is dropped)
 
 
-def _length(q) -> Callable[[Any], int]:
-    return _dlen if isinstance(q, deque) else len
+def _length(q) -> Callable[[], int]:
+    """q's length as a call of no arguments: deque's own slot, bound, where q is one (no Python frame)."""
+    return _dlen.__get__(q) if isinstance(q, deque) else q.__len__
 
 
-class SchedState:
-    """One scheduler's state reader (``read()`` -> attribution/engine_state.FIELDS without the last two)."""
+def state_reader(sched) -> Callable[[int, int], Tuple[int, ...]]:
+    """`sched`'s state reader: read(preempted, recomputed) -> attribution/engine_state.FIELDS (a closure: its
+    cells are read faster than an object's attributes). Raises (AttributeError, TypeError) where `sched` is not
+    the scheduler it knows."""
+    pool = sched.kv_cache_manager.block_pool
+    queue, total, cap = pool.free_block_queue, pool.num_gpu_blocks, sched.max_num_running_reqs
+    for v in (total, cap, queue.num_free_blocks):
+        if type(v) is not int or v < 0:
+            raise TypeError(f"not a count: {v!r}")
+    skipped = getattr(sched, "skipped_waiting", None)
+    wlen = _length(sched.waiting)
+    slen = _length(skipped) if skipped is not None else int      # int(): 0
+    len(sched.running) + wlen() + slen()
 
-    def __init__(self, sched):
-        """Raises (AttributeError, TypeError, ValueError) where `sched` is not the scheduler it knows."""
-        pool = sched.kv_cache_manager.block_pool
-        self._queue = pool.free_block_queue
-        self._total = pool.num_gpu_blocks
-        self._cap = sched.max_num_running_reqs
-        free = self._queue.num_free_blocks
-        for v in (self._total, self._cap, free):
-            if type(v) is not int or v < 0:
-                raise TypeError(f"not a count: {v!r}")
-        self._sched = sched
-        self._waiting = sched.waiting
-        self._skipped = getattr(sched, "skipped_waiting", None)
-        self._wlen = _length(self._waiting)
-        self._slen = _length(self._skipped) if self._skipped is not None else None
-        len(sched.running), self._wlen(self._waiting)
-
-    def read(self) -> Tuple[int, int, int, int, int]:
-        s, q = self._sched, self._queue
-        free = q.num_free_blocks
-        waiting = self._wlen(self._waiting)
-        if self._slen is not None:
-            waiting += self._slen(self._skipped)
-        return len(s.running), waiting, self._cap, self._total - free, free
+    def read(preempted: int, recomputed: int) -> Tuple[int, ...]:
+        free = queue.num_free_blocks
+        return len(sched.running), wlen() + slen(), cap, total - free, free, preempted, recomputed
+    return read
 
 
-def reader(sched) -> Optional[SchedState]:
+def reader(sched) -> Optional[Callable[[int, int], Tuple[int, ...]]]:
     """The scheduler's state reader, or None (one log line) where its fields are not the ones known."""
     try:
-        return SchedState(sched)
+        return state_reader(sched)
     except Exception as e:
         log.warning("otel-gpu-census: this vLLM's scheduler has no fields the engine state is read from (%s: %s); "
                     "the report's diagnoses go without it", type(e).__name__, e)
