@@ -1,7 +1,7 @@
 """The engine's own state, step by step, summed per second for the report's diagnoses.
 
 An engine hook reads a few integers from its scheduler as each step opens (:data:`FIELDS`: requests
-running and waiting, the configured cap on running requests, KV-cache blocks used and free, requests
+running and waiting, the configured cap on running requests, KV-cache blocks (SGLang: tokens) used and free, requests
 preempted since the last step and prompt tokens this step recomputes) and hands them to the ledger
 with the step, one tuple. Where settling runs, :class:`StateBuckets` takes each split step with its
 priced kernel time and the kernel time of its recomputed tokens (the preempted requests' parts of it)
@@ -87,7 +87,7 @@ class StateBuckets:
         self._done.append(b)
 
     def drain(self, final: bool = False) -> List[Dict[str, int]]:
-        """The buckets complete so far (`final`: every bucket, the last step weighed by its own length)."""
+        """The buckets complete so far (`final`: every bucket, the last step held HOLD_NS past its end)."""
         if final:
             if self._held is not None:
                 self._weigh(*self._held, next_open=None)

@@ -8,6 +8,9 @@ only where its evidence is there, and only from what the GPU did while serving: 
 load, graph capture) is never a hot path. Every rule works from exact counts and bytes, so it holds
 under the default census (copies counted at their calls, no copy time) and under CUPTI alike; copy
 time, where measured, is added to the figure. The thresholds are named below, with the reason for each.
+Where a vLLM or SGLang integration logged the engine's own state (``engine_causes``), it names the cause of
+low utilisation under load (the engine's cap, its front end) and prices preemption; without it the rules
+here decide as before.
 """
 from __future__ import annotations
 

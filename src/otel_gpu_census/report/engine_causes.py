@@ -123,9 +123,10 @@ def preemption(st: EngineState) -> Optional[tuple]:
                "recompute_kernel_ns": cost, "kernel_ns": total, "recompute_share": cost / total,
                "kv_total_blocks": st["kv_total"], "kv_used_max_blocks": st["kv_used_max"], "cap": st["cap"]}
     cap = f" ({st['cap']})" if st["cap"] else ""
+    unit = "tokens" if st.engine == "sglang" else "blocks"        # SGLang's KV pool counts tokens
     text = (f"{plural(n, 'sequence')} preempted, their recomputation ({st['recomputed_tokens']:,} tokens) cost "
             f"{seconds(cost)} s of kernel time ({share(cost / total)} of the GPU's work while serving): "
-            f"{name}'s KV cache ran out at this concurrency ({st['kv_used_max']} of {st['kv_total']} blocks "
+            f"{name}'s KV cache ran out at this concurrency ({st['kv_used_max']} of {st['kv_total']} {unit} "
             f"used at most); lower {cap_flag}{cap} or "
             f"add KV memory ({kv_flag}).")
     return "preemption", text, figures
