@@ -43,11 +43,15 @@ class StateBuckets:
         self._done: List[Dict[str, int]] = []
         self.steps = 0
         self.dropped = 0
+        self.invalid = 0                # states that were not len(FIELDS) counts (left out)
 
     def add(self, opened_ns: int, closed_ns: int, state: Sequence[int], kernel_ns: int, recompute_ns: int) -> None:
+        if not valid(state):
+            self.invalid += 1
+            return
         if self._held is not None:
             self._weigh(*self._held, next_open=opened_ns)
-        self._held = (opened_ns, closed_ns, tuple(state), kernel_ns, recompute_ns)
+        self._held = (opened_ns, closed_ns, state, kernel_ns, recompute_ns)
 
     def _weigh(self, opened: int, closed: int, s: tuple, kernel_ns: int, recompute_ns: int,
                next_open: Optional[int]) -> None:
