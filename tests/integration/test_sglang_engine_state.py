@@ -62,7 +62,9 @@ def run(sched, batch, census, tokens_used):
                                                           kernel_ns=1000)
 
 
-def test_state_per_batch_and_a_retracted_requests_recomputation_priced(loaded, tagged, tmp_path):
+def test_state_per_batch_and_a_retracted_requests_recomputation_priced(loaded, tagged, tmp_path, monkeypatch):
+    from otel_gpu_census.integrations.sglang import sched_state
+    monkeypatch.setattr(sched_state, "KV_EVERY", 1)            # the KV pool read every step (below: every 16th)
     census = Census(complete=1 << 62)
     eng, spans = _engine(census)
     sched = scheduler(cap=2)
@@ -149,3 +151,16 @@ def test_a_scheduler_without_the_fields_leaves_the_state_out_with_one_line(loade
     assert eng.settle() == 1                                   # the request is served as before
     assert spans.get_finished_spans()[0].attributes["gpu_census.kernel.count"] == 3
     assert eng.ledger.states.steps == 0
+
+
+def test_the_kv_pool_is_read_every_kv_every_steps_and_held_between(loaded, tagged):
+    from otel_gpu_census.integrations.sglang.sched_state import KV_EVERY, state_reader
+    sched = scheduler(cap=8)
+    read = state_reader(sched)
+    alloc = sched.token_to_kv_pool_allocator
+    used = []
+    for i in range(2 * KV_EVERY + 1):
+        alloc.clear()
+        alloc.alloc(i + 1)
+        used.append(read(sched.running_batch, 0, 0)[3])
+    assert used == [1] * KV_EVERY + [KV_EVERY + 1] * KV_EVERY + [2 * KV_EVERY + 1]

@@ -3,8 +3,9 @@
 Read as each batch runs (scheduler thread): requests running (the running batch's, plus a prefill batch's new
 ones), waiting (``waiting_queue``), the cap (``max_running_requests``, from ``--max-running-requests``), the
 KV pool's tokens used and free (``max_total_num_tokens``, ``token_to_kv_pool_allocator.available_size()``:
-SGLang's pool counts tokens, not blocks; what the prefix cache could evict counts as used), and the
-retractions since the last step (``ScheduleBatch.retract_decode``, counted by its hook). The fields are
+SGLang's pool counts tokens, not blocks; what the prefix cache could evict counts as used: read every
+KV_EVERY steps, the figures in between as of that read, since the pool's free size is a tensor's length, about
+half a microsecond to read), and the retractions since the last step (``ScheduleBatch.retract_decode``, counted by its hook). The fields are
 checked once, on the first read: an SGLang whose scheduler has other fields gets no state (one log line).
 
 A retracted request loses its KV cache (SGLang frees it at once, without keeping it in the prefix cache) and is
@@ -20,6 +21,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 log = logging.getLogger("otel_gpu_census.sglang")
 
 MAX_OWED = 1 << 14
+KV_EVERY = 16                       # steps between reads of the KV pool's free size
 
 
 def state_reader(sched) -> Callable[[Any, int, int], Tuple[int, ...]]:
@@ -31,13 +33,18 @@ def state_reader(sched) -> Callable[[Any, int, int], Tuple[int, ...]]:
         if type(v) is not int or v < 0:
             raise TypeError(f"not a count: {v!r}")
     len(sched.waiting_queue), len(sched.running_batch.reqs)
+    kv = [0, 0]                              # [steps until the next read, free tokens as of the last]
 
     def read(batch, preempted: int, recomputed: int) -> Tuple[int, ...]:
         rb = sched.running_batch
         running = len(rb.reqs)
         if batch is not rb:                  # a prefill batch beside the running one (mixed: both in it)
             running = len(batch.reqs) if batch.forward_mode.is_mixed() else running + len(batch.reqs)
-        free = available()
+        if kv[0]:
+            kv[0] -= 1
+        else:
+            kv[0], kv[1] = KV_EVERY - 1, available()
+        free = kv[1]
         return running, len(sched.waiting_queue), cap, total - free, free, preempted, recomputed
     return read
 
