@@ -146,3 +146,26 @@ def test_preemptions_priced_on_a_busy_gpu_are_the_one_diagnosis(census_dir, segm
 def test_a_rare_cheap_preemption_is_not_worth_naming(census_dir, segments, records):
     cs, facts = run(records, census_dir, segments, "vllm", steady(16, 0, 256, preempt_every=500, recompute=0.001))
     assert "preemption" not in kinds(diagnose(cs, facts))
+
+
+def test_report_and_report_json_name_the_cap_from_the_engines_log_alone(census_dir, segments, records):
+    """`report DIR` as a user runs it after a vLLM run: the engine's request log beside the segment is all it has."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    run(records, census_dir, segments, "vllm", steady(8, 8, 8))
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]))
+    out = {}
+    for fmt in ((), ("--json",)):
+        p = subprocess.run([sys.executable, "-m", "otel_gpu_census.cli", "report", str(census_dir), *fmt], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        out[fmt] = p.stdout
+    diag = out[()].split("\ndiagnoses:\n")[1]
+    assert "  * vLLM's cap on running requests is the bottleneck, not the GPU: running sat at `--max-num-seqs` 8" in diag
+    assert "server is the bottleneck" not in diag
+    js = json.loads(out[("--json",)])
+    found = [d for d in js["diagnoses"] if d["kind"] == "cap_bound"]
+    assert len(found) == 1 and found[0]["figures"]["cap"] == 8 and found[0]["figures"]["kv_room_requests"] == 80
