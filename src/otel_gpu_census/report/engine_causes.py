@@ -8,7 +8,10 @@ period they tell apart, where the census alone sees "many requests in flight, th
 - the engine's cap: running sat at it while requests waited inside the engine (``cap_bound``);
 - the front end: the requests in flight (arrival to end, from the request records) were mostly not in
   the engine at all, neither running nor waiting (``front_end_bound``): by Little's law, the mean time a
-  request spent in front of the scheduler is (in flight - in the engine) x serving time / requests;
+  request spent in front of the scheduler is (in flight - in the engine) x serving time / requests. What
+  "arrival" covers is the records': a client's log (``--request-log``) or the proxy sees the whole front end;
+  the engine's own log starts a request where the engine stamped it (vLLM: before tokenising; SGLang: as its
+  HTTP side took it in), so an HTTP server saturated before that point reads as fewer requests in flight;
 
 and, whatever the utilisation, sequences preempted for want of KV cache and computed again
 (``preemption``). Without state lines (an engine version whose scheduler fields differ, or no integration)
