@@ -149,6 +149,12 @@ def test_state_per_step_and_a_preempted_requests_recomputation_priced(hooked, se
     summary = lines[-1]["summary"]
     assert summary["recomputed"] == {"tokens": 41, "kernel_time_ns": reqs["b"]["preemption"][
         "recompute_kernel_time_ns"]}
+    from otel_gpu_census.report import engine_requests, render
+    log = engine_requests.read(str(path)[:-4] + ".requests.jsonl")
+    assert engine_requests.recomputed(log) == (41, reqs["b"]["preemption"]["recompute_kernel_time_ns"])
+    assert len(log.states) == len(buckets) and log.engine == "vllm"
+    text = "\n".join(render._engine_request_lines([type("C", (), {"path": str(path)})()]))
+    assert "recomputed after preemptions: 41 tokens" in text
 
 
 def _spy(fn, into):

@@ -230,6 +230,15 @@ def kernel_estimated(log: EngineRequests) -> Optional[dict]:
             "unknown": sum(1 for r in counted if r.unknown)}
 
 
+def recomputed(log: EngineRequests) -> Optional[Tuple[int, int]]:
+    """(tokens, kernel ns) the summary says preempted requests computed again, or None (none, or not ours)."""
+    rec = (log.summary or {}).get("recomputed")
+    try:
+        return (_whole(rec["tokens"]), _whole(rec["kernel_time_ns"])) if isinstance(rec, dict) else None
+    except (KeyError, ValueError):
+        return None
+
+
 def incomplete(log: EngineRequests) -> Optional[dict]:
     """None when every request's share is complete and none was dropped. Else how many are partial (their
     shares know they miss work: the line's ``notes`` say what) or stale, the first partial's first note,
