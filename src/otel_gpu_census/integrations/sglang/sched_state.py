@@ -3,10 +3,11 @@
 Read as each batch runs (scheduler thread): requests running (the running batch's, plus a prefill batch's new
 ones), waiting (``waiting_queue``), the cap (``max_running_requests``, from ``--max-running-requests``), the
 KV pool's tokens used and free (``max_total_num_tokens``, ``token_to_kv_pool_allocator.available_size()``:
-SGLang's pool counts tokens, not blocks; what the prefix cache could evict counts as used: read every
-KV_EVERY steps, the figures in between as of that read, since the pool's free size is a tensor's length, about
-half a microsecond to read), and the retractions since the last step (``ScheduleBatch.retract_decode``, counted by its hook). The fields are
-checked once, on the first read: an SGLang whose scheduler has other fields gets no state (one log line).
+SGLang's pool counts tokens, not blocks, and what the prefix cache could evict counts as used; read every
+KV_EVERY steps, the figures in between as of that read, since the pool's free size is a tensor's length, slow
+to read), and the retractions since the last step (``ScheduleBatch.retract_decode``, counted by its hook). The
+fields are checked once, on the first read: an SGLang whose scheduler has other fields gets no state (one log
+line).
 
 A retracted request loses its KV cache (SGLang frees it at once, without keeping it in the prefix cache) and is
 prefilled again from its prompt and the tokens it had generated: :class:`Recompute` keeps how far each had
