@@ -19,6 +19,8 @@
 #   vllm-install vLLM from the carried pieces and the package, no run (a call of its own when the run needs all 600 s)
 #   vllm         vllm-install, then bench/device/vllm_e2e.py $VLLM_E2E_ARGS (spans to a real OTLP receiver,
 #                conservation, KV offload, phases and toggled loads beside plain vLLM, start/stop cycles)
+#   vllm-causes  vllm-install, then bench/device/vllm_causes.py $VLLM_CAUSES_ARGS: --max-num-seqs 4 under 32 clients
+#                (report names cap_bound) and a KV cache too small (report names preemption, requests priced)
 #   beside-plain (after vllm-install, in a call of its own: ~9 min) R (the full census) loaded at once with two plain
 #                vLLMs (P, Q: the A/A spread), N (`run`, census disabled) and E (counting, no integration), sharing P's
 #                compile cache, each on CPUs of its own, swapped halfway; the factor table in $OUT/beside_plain.md
@@ -96,6 +98,10 @@ phase() {
           # so the request log's copy and the partial rounds (both in the archive or the result) leave
           tar czf "$OUT/vllm-census.tgz" -C /tmp e2e 2>/dev/null
           [ ! -f "$OUT/vllm_e2e.json" ] || rm -f "$OUT/phases-partial.json" "$OUT"/*-gpu-census-*.requests.jsonl ;;
+    vllm-causes)  # issue 62: the engine's cap and KV-cache preemption named by report (bench/device/vllm_causes.py)
+      phase vllm-install && rm -rf /tmp/causes && \
+          python3 bench/device/vllm_causes.py --out /tmp/causes ${VLLM_CAUSES_ARGS:-} 2>&1 | tee "$OUT/vllm_causes.log"
+          cp /tmp/causes/vllm_causes.json "$OUT/" 2>/dev/null; tar czf "$OUT/vllm-causes.tgz" -C /tmp causes 2>/dev/null ;;
     beside-plain)  # vLLM under the census beside plain vLLM, as factors (bench/device/beside_plain.py); vllm-install first
       rm -rf /tmp/e2e && python3 bench/device/vllm_e2e.py --out "$OUT" --only phases --phase-together P,Q,N,E \
         --phase-modes off,events --phase-window 1,3 --phase-kv-bytes 2147483648 --phase-gpu-mem 0.12 --phase-rounds 60 \

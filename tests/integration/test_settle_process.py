@@ -394,3 +394,39 @@ def test_the_tenant_and_adapter_travel_to_the_child_and_its_log_adds_up_by_tenan
     cb = chargeback.build([engine_requests.read(str(census.with_suffix(".requests.jsonl")))], "tenant")
     assert cb.summarised and cb.missing is None
     assert sum(x.figures["kernel.count"] for x in cb.rows) + cb.unattributed.figures["kernel.count"] == N_STEPS
+
+
+def test_the_engine_state_and_a_recomputation_travel_to_the_child_as_records(census, otlp):
+    """The scheduler's state rides with each step's record; the child sums it per second into the request log, and
+    prices a preempted request's recomputed tokens on its span and log line."""
+    from collections import deque
+    eng = EngineTelemetry()
+    pool = SimpleNamespace(free_block_queue=SimpleNamespace(num_free_blocks=90), num_gpu_blocks=100)
+    sched = SimpleNamespace(vllm_config=None, kv_cache_manager=SimpleNamespace(block_pool=pool),
+                            max_num_running_reqs=8, waiting=deque([1, 2]), skipped_waiting=deque(), running=[0] * 3)
+    eng.step_output(SimpleNamespace(), sched)                   # the scheduler's first update_from_output
+    victim = SimpleNamespace(request_id="cmpl-21-0-abcdefgh", num_computed_tokens=5, is_finished=lambda: False)
+
+    def hook(sid):
+        if sid == 25:                                           # preempted after its 5th step (5 tokens computed)...
+            eng.preempting(sched, victim)
+            victim.num_computed_tokens = 0
+        if sid >= 25:                                           # ...its next steps (1 token each) compute them again
+            victim.num_computed_tokens += 1                     # (advanced as vLLM's schedule() does before a step)
+    serve(eng, hook=hook)
+    eng.shutdown()
+    lines = [json.loads(x) for x in census.with_suffix(".requests.jsonl").read_text().splitlines()]
+    states = [x["engine_state"] for x in lines if "engine_state" in x]
+    assert {x.get("engine") for x in lines if "engine_state" in x} == {"vllm"}
+    assert sum(b["steps"] for b in states) == N_STEPS
+    assert {b["cap"] for b in states} == {8} and {b["kv_total"] for b in states} == {100}
+    assert sum(b["preempted"] for b in states) == 1 and sum(b["recomputed_tokens"] for b in states) == 5
+    assert sum(b["waiting_ns"] for b in states) == 2 * sum(b["step_ns"] for b in states)
+    by_id = {x["id"]: x for x in lines if "id" in x}
+    assert by_id["cmpl-21-0"]["preemption"]["recomputed_tokens"] == 5
+    assert [k for k, x in by_id.items() if "preemption" in x] == ["cmpl-21-0"]
+    spans = otlp.wait_for_spans(lambda s: len(s) >= 30)
+    span = next(s for s in spans if s.attributes["gen_ai.request.id"] == "cmpl-21-0")
+    assert span.attributes["gpu_census.preemption.recomputed_tokens"] == 5
+    assert round(span.attributes["gpu_census.preemption.kernel.time"] * 1e9) == \
+        by_id["cmpl-21-0"]["preemption"]["recompute_kernel_time_ns"] > 0

@@ -51,6 +51,7 @@ PARAMS = {
     "ReqTimeStatsBase.__getstate__": ["self"],
     "ReqTimeStatsBase.new_from_obj": ["cls", "obj"],
     "Scheduler.run_batch": ["self", "batch"],
+    "ScheduleBatch.retract_decode": ["self"],
     "Scheduler.get_next_batch_to_run": ["self", "running_batch", "last_batch"],
     "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": ["self", "running_batch"],
     "SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run": ["self", "running_batch", "last_batch"],

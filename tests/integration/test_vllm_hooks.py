@@ -39,6 +39,7 @@ PARAMS = {
     "Scheduler.add_request": ["self", "request"],
     "Scheduler.update_from_output": ["self", "scheduler_output", "model_runner_output"],
     "Scheduler._free_request": ["self", "request", "delay_free_blocks"],
+    "Scheduler._preempt_request": ["self", "request", "timestamp"],
     "EngineCore.shutdown": ["self"],
     "OffloadingConnectorWorker.prepare_store_kv": ["self", "metadata"],
     "OffloadingConnectorWorker.handle_preemptions": ["self", "kv_connector_metadata"],

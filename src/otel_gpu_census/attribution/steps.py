@@ -87,6 +87,7 @@ from otel_gpu_census._native import consts as _consts
 from otel_gpu_census.census import (KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTimed, ProcessCensus, Step,
                                     eager_mean_ns)
 from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, StepModel, attention_work, step_weights
+from otel_gpu_census.attribution.engine_state import StateBuckets
 from otel_gpu_census.attribution.shares import (KERNEL_FIELDS, NOTHING, ROW_WIDTH as WIDTH, Share, by_tie,
                                                 carry_split)
 
@@ -127,6 +128,8 @@ class _Entry:
     before: Optional[Mapping[Hashable, int]] = None   # tokens computed before this step, per request
     guessed: str = ""                       # why a claim's weight is a guess (step_claimed)
     fallback: str = ""                      # MODEL_METHOD: why this step was split by tokens instead
+    state: Optional[tuple] = None           # the engine's state as it opened (engine_state.FIELDS)
+    redo: Optional[Mapping[Hashable, int]] = None   # of its tokens, those a preempted request recomputes
 
 
 @dataclass
@@ -139,6 +142,8 @@ class _Acc:
     steps: int = 0
     first_step_ns: int = 0
     fallback: Dict[str, int] = field(default_factory=dict)         # MODEL_METHOD: steps split by tokens, by why
+    redo_tokens: int = 0            # tokens recomputed after a preemption
+    redo_ns: int = 0                # ... and their part of its priced kernel time
 
 
 @dataclass
@@ -170,6 +175,10 @@ class Settled(KernelTimed):
     kernel_priced: Optional[Tuple[int, int]] = None
     prefill_priced: Optional[Tuple[int, int]] = None
     split_note: str = ""            # MODEL_METHOD: its steps split by tokens instead, and why
+    # preempted and recomputed: the tokens its later steps computed again, and of its priced kernel time the part
+    # for them (in each such step, its part of the step's kernel time times recomputed / scheduled tokens)
+    recomputed_tokens: int = 0
+    recompute_ns: int = 0
 
 
 def _fallback_note(fallback: Mapping[str, int], steps: int) -> str:
@@ -309,6 +318,8 @@ class StepLedger:
         self.per_process: Dict[Any, Dict[str, Any]] = {}   # with several processes: pid -> totals
         self.eager_mean_ns: Optional[Fraction] = None      # of the counted processes over their life
         self._batch: Tuple[List[Hashable], List[Hashable]] = ([], [])   # the last step's requests, by_tie
+        self.states = StateBuckets()        # the engine's state per step, summed per second
+        self.recomputed = [0, 0]            # tokens recomputed after preemptions, their priced kernel time
 
     @property
     def total(self) -> List[int]:
@@ -344,11 +355,13 @@ class StepLedger:
 
     # -- from the engine thread: cheap appends --------------------------------------------------
     def step_opened(self, sid: int, tokens: MutableMapping[Hashable, int], wall_ns: int,
-                    kind: str = TOKENS, before: Optional[Mapping[Hashable, int]] = None) -> None:
+                    kind: str = TOKENS, before: Optional[Mapping[Hashable, int]] = None,
+                    state: Optional[tuple] = None, redo: Optional[Mapping[Hashable, int]] = None) -> None:
         """Step `sid` began at wall_ns serving `tokens` ({request: weight}); `kind` other than
         TOKENS: a sub-step, whose weights come from step_claimed. `before`: {request: tokens computed
-        before this step} (FLOPS_METHOD)."""
-        self._book.append(_Entry(sid, tokens, wall_ns, kind=kind, before=before))
+        before this step} (FLOPS_METHOD). `state`: the engine's (engine_state.FIELDS); `redo`: {request:
+        of its tokens, those it computes again after a preemption}."""
+        self._book.append(_Entry(sid, tokens, wall_ns, kind=kind, before=before, state=state, redo=redo))
         self.last_sid = sid
         if len(self._book) > MAX_BOOK:
             gone = self._book.popleft()
@@ -493,7 +506,8 @@ class StepLedger:
                         kernel_counted=tr.counted, eager_mean_ns=self.eager_mean_ns if tr.counted else None,
                         kernel_priced=(acc.values[PRICED], acc.values[UNPRICED]),
                         prefill_priced=(acc.prefill[PRICED], acc.prefill[UNPRICED]),
-                        split_note=_fallback_note(acc.fallback, acc.steps))
+                        split_note=_fallback_note(acc.fallback, acc.steps),
+                        recomputed_tokens=acc.redo_tokens, recompute_ns=acc.redo_ns)
             if status == "partial":
                 self.partial += 1
             if not ok:
@@ -566,9 +580,20 @@ class StepLedger:
         if sub:
             self.sub_steps += 1
         served = set()
+        kernel_ns = redo_ns = 0
         for proc, values, kernels in rows:
             values = values + list(step_price(values, kernels, self.eager_mean_ns))
-            self._split_one(e, values, proc, served)
+            redo_ns += self._split_one(e, values, proc, served)
+            kernel_ns += values[PRICED]
+        if e.redo:
+            n = sum(x for k, x in e.redo.items() if e.tokens.get(k, 0) > 0)
+            self.recomputed[0] += n
+            self.recomputed[1] += redo_ns
+            for key in served:
+                if e.redo.get(key):
+                    self._acc[key].redo_tokens += e.redo[key]
+        if e.state is not None and not sub:
+            self.states.add(e.opened_ns, e.closed_ns, e.state, kernel_ns, redo_ns)
         for key in served:
             acc = self._acc[key]
             if e.guessed:
@@ -619,10 +644,11 @@ class StepLedger:
             tr.counted = tr.counted or counted
             tr.modes.extend(m for m in modes if m not in tr.modes)
 
-    def _split_one(self, e: _Entry, values: List[int], proc, served: set) -> None:
+    def _split_one(self, e: _Entry, values: List[int], proc, served: set) -> int:
         """Add one process's values of step `e` (a ledger row: census fields, then the step's priced kernel
         time) to its requests' shares by carry_split, on the step's non-zero fields only (a decode step has ~10
-        of the 28; this runs for every request of every step on a thread beside the engine's loop)."""
+        of the 28; this runs for every request of every step on a thread beside the engine's loop). Returns
+        the priced kernel time of the step's recomputed tokens (`e.redo`), claimed or not."""
         sub = e.kind != TOKENS
         rank = None
         if proc is not None:
@@ -636,9 +662,10 @@ class StepLedger:
             if rank is not None:
                 rank["total"][i] += v
         keys = self._keys(e)
+        redo_ns = 0
         if not keys:
             self._unclaimed(values, rank)
-            return
+            return redo_ns
         closed, live, done, accs, first = self._closed_early, self._live, self._done, self._acc, self._first_token
         follows = self.follows or sub
         # who claims each part: a request's accumulator, or None where its span is gone or the ledger does not
@@ -654,7 +681,7 @@ class StepLedger:
             served.add(key)
             claim.append(acc)
         if not nz:
-            return
+            return redo_ns
         weights = [e.tokens[k] for k in keys]
         cost = self._cost(e, keys, values) if not sub else None
         by_tokens = (None, 0) if weights.count(weights[0]) == len(weights) else (weights, sum(weights))
@@ -692,6 +719,15 @@ class StepLedger:
                 r[i] += x
             for r, j in zip(pres, pre_j):
                 r[i] += parts[j]
+            if i == PRICED and e.redo:
+                for j, key in enumerate(keys):
+                    n = e.redo.get(key)
+                    if n:
+                        x = parts[j] * min(n, e.tokens[key]) // e.tokens[key]
+                        redo_ns += x
+                        if claim[j] is not None:
+                            claim[j].redo_ns += x
+        return redo_ns
 
     def _keys(self, e: _Entry) -> List[Hashable]:
         """Step `e`'s requests in carry_split's order (by_tie), kept while the batch stays the same."""

@@ -8,13 +8,16 @@ only where its evidence is there, and only from what the GPU did while serving: 
 load, graph capture) is never a hot path. Every rule works from exact counts and bytes, so it holds
 under the default census (copies counted at their calls, no copy time) and under CUPTI alike; copy
 time, where measured, is added to the figure. The thresholds are named below, with the reason for each.
+Where a vLLM or SGLang integration logged the engine's own state (``engine_causes``), it names the cause of
+low utilisation under load (the engine's cap, its front end) and prices preemption; without it the rules
+here decide as before.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from otel_gpu_census.report import serving
+from otel_gpu_census.report import engine_causes, serving
 from otel_gpu_census.report import timeline as tl_mod
 from otel_gpu_census.census import FLAG_ENV_UNIFIED, KERNELS_OFF, PRECISE_HINT, ProcessCensus
 from otel_gpu_census.report.engine_requests import for_segments
@@ -80,7 +83,7 @@ class Facts:
 @dataclass(frozen=True)
 class Diagnosis:
     kind: str                 # state_save, pageable_hot_path, weights_copied, managed_migrations, managed_memory,
-                              # client_bound, server_bound, low_occupancy
+                              # client_bound, server_bound, cap_bound, front_end_bound, preemption, low_occupancy
     text: str
     pid: int
     figures: Dict[str, Any] = field(default_factory=dict)
@@ -409,6 +412,14 @@ def concurrency(sc: Scene, saved: bool = False) -> Optional[Diagnosis]:
                "copies_only_share": sp.share(sp.copy_only_ns), "mean_in_flight": mean, "peak_in_flight": peak,
                "serving_ns": sp.span_ns, "requests": len(t.requests), "idle_ns_none_in_flight": idle_none,
                "kernel_time_estimated": t.kernel_time_estimated}
+    logs = engine_causes.logs_of([c.path])
+    st = engine_causes.over(logs, slots[0].start_ns, slots[-1].end_ns) if logs else None
+    if st is not None:      # the engine's own state names the cause, where it can
+        got = engine_causes.cause(st, sp.span_ns, mean, len(t.requests),
+                                  f"kernels ran {share(busy)}{est} of {tl_mod.span_words(t, slots)}", FEW_IN_FLIGHT)
+        if got is not None:
+            kind, text, extra = got
+            return Diagnosis(kind, text, c.pid, {**figures, **extra})
     if mean <= FEW_IN_FLIGHT:
         gaps = (f", and for {seconds(idle_none)} s no request was in flight at all" if idle_none else "")
         text = (f"the clients are the bottleneck, not the GPU: {head}{gaps}; send requests concurrently (more "
@@ -427,6 +438,18 @@ def concurrency(sc: Scene, saved: bool = False) -> Optional[Diagnosis]:
         text = f"the server is the bottleneck, not the GPU: {head} while requests waited; {action}."
         return Diagnosis("server_bound", text, c.pid, figures)
     return None
+
+
+def preemption(sc: Scene) -> Optional[Diagnosis]:
+    """Sequences an engine preempted for want of KV cache, and what computing them again cost (its state
+    lines, over the serving period where one is known)."""
+    logs = engine_causes.logs_of([sc.census.path])
+    if not logs:
+        return None
+    lo, hi = (sc.period.start_ns, sc.period.end_ns) if sc.period is not None else (0, 1 << 63)
+    st = engine_causes.over(logs, lo, hi)
+    got = engine_causes.preemption(st) if st is not None else None
+    return Diagnosis(got[0], got[1], sc.census.pid, got[2]) if got is not None else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,7 +523,7 @@ def diagnose(censuses: Sequence[ProcessCensus], facts: Facts = Facts(),
     for sc in scenes(censuses, facts, sv):
         save = state_save(sc)
         found = [save, *pageable_hot_path(sc, saved=save is not None), weights_copied(sc), managed_migrations(sc),
-                 concurrency(sc, saved=save is not None)]
+                 concurrency(sc, saved=save is not None), preemption(sc)]
         out.extend(d for d in found if d is not None)
     occ = low_occupancy(censuses, facts.sm_occupancy, facts.records)
     if occ is not None:

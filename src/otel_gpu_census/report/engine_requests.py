@@ -36,6 +36,10 @@ KERNEL_TIME = FIELDS.index("kernel.time_ns")
 MORE = ("copy.ptop.bytes", "copy.htoh.bytes", "copy.other.bytes", "memset.bytes")
 KV = ("kv.copy.htod.bytes", "kv.copy.dtoh.bytes")
 WHO_CHARS = 256
+MAX_STATES = 200_000            # engine_state lines kept (one a second of stepping)
+STATE_FIELDS = ("t", "steps", "step_ns", "running_ns", "waiting_ns", "cap", "at_cap_ns", "at_cap_running_ns",
+                "at_cap_waiting_ns", "at_cap_kv_used_ns", "kv_total", "kv_used_max", "preempted", "recomputed_tokens",
+                "recompute_kernel_ns", "kernel_ns")
 
 
 class Request:
@@ -63,6 +67,8 @@ class EngineRequests:
     requests: List[Request] = field(default_factory=list)
     summary: Optional[dict] = None
     skipped: int = 0
+    states: List[Dict[str, int]] = field(default_factory=list)   # the engine's state per second (engine_state lines)
+    engine: Optional[str] = None     # the engine that wrote the state lines (vllm, sglang)
     unread: str = ""             # what of the log was not read (past a bound), for the report to say
 
 
@@ -94,6 +100,14 @@ def read(path: str) -> Optional[EngineRequests]:
             out.skipped += bool(raw.strip())
         elif isinstance(obj, dict) and isinstance(obj.get("summary"), dict):
             out.summary = obj["summary"]
+        elif isinstance(obj, dict) and "engine_state" in obj:
+            b = _state(obj["engine_state"])
+            if b is None or len(out.states) >= MAX_STATES:
+                out.skipped += b is None
+            else:
+                out.states.append(b)
+                eng = obj.get("engine")
+                out.engine = eng[:20] if isinstance(eng, str) else out.engine
         elif len(out.requests) >= MAX_REQUESTS:
             rest = 1 + data.count(b"\n", lines.tell())
             out.unread = f"{rest:,} lines past the first {MAX_REQUESTS:,} requests were not read"
@@ -133,6 +147,16 @@ def _whole(v, absent: int = 0) -> int:
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT64_MAX:
         return v
     raise ValueError(v)
+
+
+def _state(obj) -> Optional[Dict[str, int]]:
+    """An engine_state line's bucket (attribution/engine_state.py): every field a whole number, or None."""
+    if not isinstance(obj, dict) or set(obj) != set(STATE_FIELDS):
+        return None
+    try:
+        return {k: _whole(obj[k], -1) for k in STATE_FIELDS}
+    except ValueError:
+        return None
 
 
 def _request(obj) -> Optional[Request]:
@@ -224,6 +248,15 @@ def kernel_estimated(log: EngineRequests) -> Optional[dict]:
     return {"modes": sorted({r.tracing or "" for r in counted})[:4],
             "requests": len(counted), "estimated": sum(1 for r in counted if r.estimated),
             "unknown": sum(1 for r in counted if r.unknown)}
+
+
+def recomputed(log: EngineRequests) -> Optional[Tuple[int, int]]:
+    """(tokens, kernel ns) the summary says preempted requests computed again, or None (none, or not ours)."""
+    rec = (log.summary or {}).get("recomputed")
+    try:
+        return (_whole(rec["tokens"]), _whole(rec["kernel_time_ns"])) if isinstance(rec, dict) else None
+    except (KeyError, ValueError):
+        return None
 
 
 def incomplete(log: EngineRequests) -> Optional[dict]:

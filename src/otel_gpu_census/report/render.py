@@ -663,6 +663,10 @@ def _engine_request_lines(censuses: Sequence[ProcessCensus]) -> List[str]:
             lines.append(f"  steps split {exact(log.summary.get('steps_split', 0))}; no request's: "
                          f"{exact(un.get('kernel.count', 0))} kernels, {exact(un.get('copy.dtoh.bytes', 0))} "
                          "device-to-host bytes")
+            rec = engine_requests.recomputed(log)
+            if rec:
+                lines.append(f"  recomputed after preemptions: {exact(rec[0])} tokens, {seconds(rec[1])} s of kernel "
+                             "time (inside the requests' kernel time above)")
         if log.skipped:
             lines.append(f"  ({log.skipped} lines of the log were not requests and were skipped)")
         if log.unread:

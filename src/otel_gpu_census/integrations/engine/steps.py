@@ -51,7 +51,7 @@ from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.attribution.ledger import COMPLETE, PARTIAL, STALE, GpuCost
 from otel_gpu_census.attribution.shares import Share
 from otel_gpu_census.attribution.steps import (ALONE_METHOD, FLOPS_METHOD, METHOD, METHODS, MODEL_METHOD, PRICED,
-                                               StepLedger)
+                                               TOKENS, StepLedger)
 from otel_gpu_census.census import reader
 from otel_gpu_census.telemetry import redact
 from otel_gpu_census.telemetry.attributes import share_attributes
@@ -183,13 +183,17 @@ class StepEngine:
 
     # -- steps (engine thread) --------------------------------------------------------------------
     def open_step(self, tokens: Optional[Mapping[str, int]], before: Optional[Mapping[str, int]] = None,
-                  sid: int = 0) -> int:
+                  sid: int = 0, state: Optional[tuple] = None, redo: Optional[Mapping[str, int]] = None) -> int:
         """A new step id (or `sid`, taken earlier with next_sid and tagged since), tagged on this thread;
-        `tokens` ({request: scheduled tokens}, or None where the requests live in another process) and
-        `before` ({request: tokens computed before this step}, for the FLOPs split) go to the ledger."""
+        `tokens` ({request: scheduled tokens}, or None where the requests live in another process),
+        `before` ({request: tokens computed before this step}, for the FLOPs split), `state` (the engine's,
+        attribution/engine_state.FIELDS) and `redo` ({request: of its tokens, those recomputed after a
+        preemption}) go to the ledger."""
         sid = self.sid = sid or self.next_sid()
         if self.has_scheduler and tokens is not None:
-            if before is not None:
+            if state is not None or redo:
+                self.ledger.step_opened(sid, dict(tokens), self.clock(), TOKENS, before, state, redo or None)
+            elif before is not None:
                 self.ledger.step_opened(sid, dict(tokens), self.clock(), before=before)
             else:
                 self.ledger.step_opened(sid, dict(tokens), self.clock())
@@ -472,6 +476,8 @@ class StepEngine:
                 attrs["gen_ai.latency.time_in_queue"] = max(0, s.first_step_ns - arrival) / 1e9
             cost = None
             attrs.update(self.span_attributes(s))
+            if s.recomputed_tokens:
+                attrs.update(preemption_attributes(s))
             if self.tagging:
                 method = self.ledger.method
                 cost = GpuCost(status=_STATUS.get(s.status, STALE), method=method,
@@ -487,6 +493,9 @@ class StepEngine:
             self._requests_log.write(s, t, facts, error_type)
             self._log_ids.pop(s.key, None)
             self.settled_requests += 1
+        states = getattr(self.ledger, "states", None)      # (none where a child settles)
+        if states is not None:
+            self._requests_log.states(states.drain(final))
         return len(done)
 
     def dropped(self, n: int) -> None:
@@ -663,7 +672,17 @@ class RequestLog:
             obj["notes"] = list(s.notes)
         if s.split_note:
             obj["split_note"] = s.split_note
+        if s.recomputed_tokens:
+            obj["preemption"] = {"recomputed_tokens": s.recomputed_tokens, "recompute_kernel_time_ns": s.recompute_ns}
         self._put(obj)
+
+    def states(self, buckets) -> None:
+        """The engine's state per second (attribution/engine_state.py), one line each, within MAX_LINES."""
+        for b in buckets:
+            if self._lines >= self.MAX_LINES:
+                return
+            self._lines += 1
+            self._put({"engine_state": b, "engine": self._engine.PROVIDER if self._engine is not None else None})
 
     def summary(self, ledger, errors: int = 0, dropped: int = 0) -> None:
         """The ledger's totals. Their kernel.time_ns is each step's kernel time priced once (the same figures the
@@ -681,6 +700,10 @@ class RequestLog:
                "unattributed": share_attributes("", Share.from_row(ledger.unattributed),
                                                 kernel_ns=kt["unattributed"][0]),
                "kernel_time_conserved": True}
+        if ledger.states.steps:
+            out["engine_state_steps"] = ledger.states.steps
+        if ledger.recomputed[0]:
+            out["recomputed"] = {"tokens": ledger.recomputed[0], "kernel_time_ns": ledger.recomputed[1]}
         if kt["total"][1]:
             out["kernel_time_unpriced"] = {"total": kt["total"][1], "unattributed": kt["unattributed"][1]}
         self._put({"summary": out})
@@ -690,6 +713,12 @@ class RequestLog:
             except OSError:
                 pass
             self._f = None
+
+
+def preemption_attributes(s) -> Dict[str, Any]:
+    """A preempted request's recomputation: the tokens computed again, and their part of its kernel time."""
+    return {"gpu_census.preemption.recomputed_tokens": s.recomputed_tokens,
+            "gpu_census.preemption.kernel.time": s.recompute_ns / 1e9}
 
 
 def extract(headers: Mapping[str, str]):

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from otel_gpu_census.attribution.cost_model import ModelShape
 from otel_gpu_census.integrations.engine.steps import SETTLE_PERIOD_S, StepEngine
+from otel_gpu_census.integrations.sglang.sched_state import Recompute, reader as state_reader
 
 log = logging.getLogger("otel_gpu_census.sglang")
 
@@ -100,6 +101,9 @@ class SchedulerTelemetry(StepEngine):
         self._sampled_batch = None           # the batch of the last run_batch (its delayed sampling)
         self._ended: set = set()             # rids whose end was seen (overlap streams a finished one twice)
         self._prepared = (None, 0)           # (the batch get_next_batch_to_run returned, its step)
+        self._sched: Any = None              # the scheduler (its first run_batch)
+        self._state: Optional[Callable] = None   # ... its state reader (None: not yet, or other fields)
+        self.recompute = Recompute()         # retracted requests and what they compute again
 
     # -- steps (scheduler thread) ---------------------------------------------------------------
     def prepare_begin(self) -> int:
@@ -119,14 +123,36 @@ class SchedulerTelemetry(StepEngine):
             self._last_id = sid
             self._prepared = (batch, sid)
 
-    def batch_begin(self, batch) -> int:
+    def batch_begin(self, batch, scheduler=None) -> int:
         """Before Scheduler.run_batch: the step of the batch prepared for it (else a new one), with the
-        batch's tokens."""
+        batch's tokens and the scheduler's state."""
         self._sampled_batch = batch
         prepared, sid = self._prepared
         self._prepared = (None, 0)
-        return self.open_step(step_tokens(batch), tokens_before(batch) if self.wants_context else None,
-                              sid=sid if prepared is batch else 0)
+        tokens = step_tokens(batch)
+        if self._sched is None and scheduler is not None:
+            self._sched = scheduler
+            self._state = state_reader(scheduler)
+        state = redo = None
+        if self._state is not None:
+            rc = self.recompute
+            try:
+                if rc.owed or rc.preempted:
+                    preempted, redo = rc.step(batch, tokens)
+                    state = self._state(batch, preempted, sum(redo.values()) if redo else 0)
+                else:                        # (most steps)
+                    state = self._state(batch, 0, 0)
+            except Exception as e:
+                self._state, state, redo = None, None, None
+                log.warning("otel-gpu-census: reading SGLang's scheduler state failed (%s: %s); the engine state is "
+                            "off", type(e).__name__, e)
+        return self.open_step(tokens, tokens_before(batch) if self.wants_context else None,
+                              sid=sid if prepared is batch else 0, state=state, redo=redo)
+
+    def retracted(self, result) -> None:
+        """After ScheduleBatch.retract_decode: the requests it retracted (the first of what it returns)."""
+        if self._state is not None and isinstance(result, tuple) and result:
+            self.recompute.retracted(result[0])
 
     def sample_begin(self, batch) -> int:
         """Before launch_batch_sample_if_needed: the same step as the run_batch of that batch."""

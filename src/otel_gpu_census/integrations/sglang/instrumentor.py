@@ -16,7 +16,10 @@ SGLang without the registry):
 | Scheduler.get_next_batch_to_run (and the      | scheduler      | one step id around the batch's          |
 | disaggregation modes' own),                   | (every rank)   | preparation (its input copies), its run |
 | Scheduler.run_batch,                          |                | and its sampling (the overlap scheduler |
-| Scheduler.launch_batch_sample_if_needed       |                | samples a batch later)                  |
+| Scheduler.launch_batch_sample_if_needed       |                | samples a batch later); the scheduler's |
+|                                               |                | state with each batch                   |
+| ScheduleBatch.retract_decode                  | scheduler      | retracted requests: what they compute   |
+|                                               |                | again is priced                         |
 | Scheduler._add_request_to_queue               | scheduler      | a request's span starts                 |
 | SchedulerOutputStreamer.stream_output         | scheduler      | first token; the request's last output  |
 | Scheduler.send_abort_output                   | scheduler      | the end of a request SGLang drops       |
@@ -176,7 +179,7 @@ def _new_from_obj(result, cls, obj=None, *args, **kwargs):
 
 def _run_batch(original, self, *args, **kwargs):
     batch = _arg(args, kwargs, 0, "batch")
-    sid = _guard("step begin", lambda: engine().batch_begin(batch), default=0)
+    sid = _guard("step begin", lambda: engine().batch_begin(batch, self), default=0)
     try:
         return original(self, *args, **kwargs)
     finally:
@@ -208,6 +211,13 @@ def _next_batch(original, self, *args, **kwargs):
     if sid:
         _guard("batch preparation", lambda: engine().prepared(sid, plan))
     return plan
+
+
+def _retract_decode(result, self, *args, **kwargs):
+    """After ScheduleBatch.retract_decode: the requests it retracted compute their KV again later."""
+    if GUARD.current is not None:
+        _guard("retraction", lambda: GUARD.current.retracted(result))
+    return result
 
 
 def _send_abort_output(original, self, *args, **kwargs):
@@ -274,6 +284,8 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
      "AROUND", _next_batch),
     (f"{SCHED}.run_batch", "AROUND", _run_batch),
+    # the engine state: requests retracted for want of KV cache (they are prefilled again)
+    ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", "AFTER", _retract_decode),
     (f"{SCHED}.send_abort_output", "AROUND", _send_abort_output),
     (f"{SCHED}.launch_batch_sample_if_needed", "AROUND", _launch_batch_sample),
     (f"{SCHED}._add_request_to_queue", "AROUND", _add_request_to_queue),

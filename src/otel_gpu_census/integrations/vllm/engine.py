@@ -44,15 +44,17 @@ import random
 import re
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from otel_gpu_census.attribution.cost_model import ModelShape
+from otel_gpu_census.attribution.steps import TOKENS
 from otel_gpu_census.census import proctree
 from otel_gpu_census.telemetry.attributes import share_attributes
 from otel_gpu_census.integrations.engine.steps import SETTLE_PERIOD_S, RequestLog, StepEngine  # noqa: F401  (their old home)
 from otel_gpu_census.integrations.engine.steps import extract as _extract  # noqa: F401
 from otel_gpu_census.integrations.vllm.kv_offload import LOAD, STORE, KvTransfers
 from otel_gpu_census.integrations.vllm.ranks import RankCensus
+from otel_gpu_census.integrations.vllm.sched_state import Recompute, reader as state_reader
 
 log = logging.getLogger("otel_gpu_census.vllm")
 
@@ -135,6 +137,9 @@ class EngineTelemetry(StepEngine):
         self._vllm_tracing: Optional[bool] = None  # vLLM's own tracing is on (its llm_request spans)
         self._step_thread = 0                     # the thread of the open execute_model step
         self._step_open = 0                       # ... and its id (0: none)
+        self._sched: Any = None                   # the scheduler (its first update_from_output or preemption)
+        self._state: Optional[Callable] = None    # ... its state reader (None: not yet, or it has other fields)
+        self.recompute = Recompute()              # preempted requests and what they compute again
 
     # -- where the census is (TP/PP > 1: the workers'), what a settled request adds -----------------
     def census_pids(self) -> List[int]:
@@ -167,9 +172,47 @@ class EngineTelemetry(StepEngine):
     def begin_execute(self, scheduler_output) -> int:
         """Before WorkerWrapperBase.execute_model: a new step id, tagged on this thread."""
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-        sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None)
+        if self._state is not None:
+            rc = self.recompute
+            if rc.owed or rc.preempted:
+                state, redo = self.step_state(tokens)
+            else:                                        # (most steps)
+                try:
+                    state, redo = self._state(0, 0), None
+                except Exception as e:
+                    state, redo = self._state_failed(e)
+            sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None, 0, state, redo)
+        else:
+            sid = self.open_step(tokens, before(scheduler_output) if self.wants_context else None)
         self._step_thread, self._step_open = threading.get_ident(), sid
         return sid
+
+    def step_state(self, tokens) -> Tuple[Optional[tuple], Optional[Dict[str, int]]]:
+        """The scheduler's state as this step opens (attribution/engine_state.FIELDS) and its recomputed
+        tokens per preempted request; (None, None) once a read failed (one log line: the state is off)."""
+        try:
+            preempted, redo = self.recompute.step(tokens)
+            return self._state(preempted, sum(redo.values()) if redo else 0), redo
+        except Exception as e:
+            return self._state_failed(e)
+
+    def _state_failed(self, e: Exception) -> Tuple[None, None]:
+        self._state = None
+        log.warning("otel-gpu-census: reading vLLM's scheduler state failed (%s: %s); the engine state is off",
+                    type(e).__name__, e)
+        return None, None
+
+    def scheduler_seen(self, scheduler) -> None:
+        """The scheduler (from its update_from_output or _preempt_request): its state is read from the next step."""
+        if self._sched is None:
+            self._sched = scheduler
+            self._state = state_reader(scheduler)
+
+    def preempting(self, scheduler, request) -> None:
+        """Scheduler._preempt_request, before it runs: the request's computed tokens are about to go."""
+        self.scheduler_seen(scheduler)
+        if self._state is not None:
+            self.recompute.preempting(request)
 
     def end_step(self, sid: int) -> None:
         if sid == self._step_open:
@@ -196,7 +239,11 @@ class EngineTelemetry(StepEngine):
             self.remote_ranks(os.getpid(), n)
         sid = self.next_sid()
         tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-        if self.wants_context:
+        state, redo = self.step_state(tokens) if self._state is not None else (None, None)
+        if state is not None:
+            self.ledger.step_opened(sid, dict(tokens), self.clock(), TOKENS,
+                                    before(scheduler_output) if self.wants_context else None, state, redo)
+        elif self.wants_context:
             self.ledger.step_opened(sid, dict(tokens), self.clock(), before=before(scheduler_output))
         else:
             self.ledger.step_opened(sid, dict(tokens), self.clock())
@@ -209,9 +256,11 @@ class EngineTelemetry(StepEngine):
             self.ledger.read = self.ranks.read
         self.tagging = True                  # the workers tag their steps; their segments say what ran
 
-    def step_output(self, scheduler_output) -> None:
+    def step_output(self, scheduler_output, scheduler=None) -> None:
         """Scheduler.update_from_output: the step's results came back from the workers: it is over
         (and so is any earlier one still open)."""
+        if self._sched is None and scheduler is not None:
+            self.scheduler_seen(scheduler)
         if not self._executing:
             return
         sid = self._executing.pop(id(scheduler_output), None)

@@ -15,8 +15,9 @@ nothing for its hooks):
 | ParentRequest.__init__                            | API server    | n > 1: the children's trace headers   |
 |                                                   |               | say their ids carry an index          |
 | MultiprocExecutor.execute_model                   | EngineCore    | TP/PP > 1: the step's id and tokens   |
-| Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end    |
-| Scheduler._free_request                           |               |                                       |
+| Scheduler.add_request / update_from_output /      | EngineCore    | a request's span, first token, end;   |
+| Scheduler._free_request / _preempt_request        |               | the scheduler's state per step, and   |
+|                                                   |               | what preempted requests recompute     |
 | OffloadingConnectorWorker.prepare_store_kv,      | worker        | KV-offload jobs -> their requests;    |
 | .handle_preemptions, .start_kv_transfers, and     | (TP = PP = 1) | one sub-step per call and direction   |
 | submit_store / submit_load of its OffloadingWorker|               | around the launches (kv_offload.py)   |
@@ -154,7 +155,7 @@ def _add_request(wrapped, instance, args, kwargs):
 def _update_from_output(wrapped, instance, args, kwargs):
     out = wrapped(*args, **kwargs)
     so = args[0] if args else kwargs.get("scheduler_output")
-    _guard("step output", lambda: engine().step_output(so))
+    _guard("step output", lambda: engine().step_output(so, instance))
     _guard("first tokens", lambda: engine().outputs(out))
     return out
 
@@ -162,6 +163,12 @@ def _update_from_output(wrapped, instance, args, kwargs):
 def _executor_execute_model(wrapped, instance, args, kwargs):
     so = args[0] if args else kwargs.get("scheduler_output")
     _guard("worker step", lambda: engine().executor_step(instance, so))
+    return wrapped(*args, **kwargs)
+
+
+def _preempt_request(wrapped, instance, args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    _guard("preemption", lambda: engine().preempting(instance, request))
     return wrapped(*args, **kwargs)
 
 
@@ -229,6 +236,8 @@ HOOKS: List[Tuple[str, str, Callable]] = [
     ("vllm.v1.core.sched.scheduler", "Scheduler.add_request", _add_request),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", _update_from_output),
     ("vllm.v1.core.sched.scheduler", "Scheduler._free_request", _free_request),
+    # the engine state: a preempted request's computed tokens, before the scheduler resets them
+    ("vllm.v1.core.sched.scheduler", "Scheduler._preempt_request", _preempt_request),
     ("vllm.v1.engine.core", "EngineCore.shutdown", _shutdown),
     # KV offloading (--kv-offloading-size): the transfers belong to the requests whose blocks they move
     (KV_WORKER, "OffloadingConnectorWorker.prepare_store_kv", kv_offload.prepare_store_kv(_guard, engine)),
