@@ -23,7 +23,7 @@ MODES = {      # the whole state each phase runs in
 
 
 # segment counters of where records went (not work done): summed, never divided per token
-DIAGNOSTICS = ("records", "buffers", "dropped", "buffers_refused", "records_unknown", "kernel_outside",
+DIAGNOSTICS = ("records", "buffers", "dropped", "buffers_refused", "records_unknown",
                "launches_lost")
 
 
@@ -98,7 +98,6 @@ class Phases:
             add("dropped", c.dropped)
             add("buffers_refused", c.buffers_refused)
             add("records_unknown", c.records_unknown)
-            add("kernel_outside", c.kernels.outside)
             add("launches_lost", c.launches_lost)
         return out
 

@@ -22,18 +22,7 @@ from otel_gpu_census.telemetry.attributes import gpu_attributes
 MS = 1_000_000
 T = 1000 * 10**9                    # the CUPTI clock when the schedule starts (window index far from 0)
 W = 20 * MS
-COUNTED = KernelTracing(KERNELS_COUNTED, 100, 1000, origin_gpu_ns=T, traced_ns=300 * MS)
-
-
-def test_the_counted_mode_is_read_from_the_header_and_sampled_like_sampled():
-    assert KERNELS_COUNTED == 3 and census.KERNELS_SAMPLED == 1
-    assert COUNTED.name == "counted:100/1000" and COUNTED.counted and COUNTED.scheduled
-    assert COUNTED.fraction == 0.1
-    assert COUNTED.traced_between(T, T + 10_000 * MS) == 1000 * MS
-    assert COUNTED.traced_between(T + 200 * MS, T + 900 * MS) == 0
-    sampled = KernelTracing(census.KERNELS_SAMPLED, 100, 1000, origin_gpu_ns=T)
-    assert sampled.scheduled and not sampled.counted and sampled.name == "100/1000"
-    assert not KernelTracing().counted and not KernelTracing().scheduled
+COUNTED = KernelTracing(KERNELS_COUNTED, preloaded=True, events=True, events_every_eager=128, events_every_graph=16)
 
 
 # -- a real segment, written by the native tally -------------------------------------------------------
@@ -186,12 +175,12 @@ def test_a_counted_request_has_exact_counts_and_an_estimated_time_that_says_so()
     # 100 graph spans of 500 ns + 300 eager launches x 200 ns (its own sample: 30 records, 6000 ns)
     assert a["gpu_census.kernel.time"] == (50_000 + 60_000) / 1e9 == a["gpu_census.window.kernel.time"]
     assert a["gpu_census.kernel.time_estimated"] is True
-    assert a["gpu_census.kernel.tracing"] == "counted:100/1000" and a["gpu_census.kernel.traced_ratio"] == 0.1
+    assert a["gpu_census.kernel.tracing"] == "events:128/16" and a["gpu_census.kernel.traced_ratio"] == 1.0
     assert a["gpu_census.prefill.kernel.time"] == 0
     # a request inside an untraced phase: priced at the process's mean over its life (200 ns)
     a = gpu_attributes(request(p, (20 * W, 30 * W)))
     assert a["gpu_census.kernel.count"] == 50 and a["gpu_census.kernel.time"] == (5000 + 30 * 200) / 1e9
-    assert a["gpu_census.kernel.traced_ratio"] == 0.0 and a["gpu_census.kernel.time_estimated"] is True
+    assert a["gpu_census.kernel.time_estimated"] is True
 
 
 def test_a_counted_request_with_no_sample_anywhere_says_its_eager_time_is_unknown():
@@ -261,12 +250,12 @@ def test_an_engines_counted_requests_get_exact_counts_and_estimated_time(tagged,
         want = {17: (2000 + 10 * 300) // 2 + 20 * 500 // 2, 7: (2000 + 10 * 300) // 2, 10: 20 * 500 // 2}
         assert {k: round(x["gpu_census.kernel.time"] * 1e9) for k, x in by_count.items()} == want
         assert all(x["gpu_census.kernel.time_estimated"] is True for x in (a, b, cc))
-        assert all(x["gpu_census.kernel.tracing"] == "counted:100/1000" for x in (a, b, cc))
+        assert all(x["gpu_census.kernel.tracing"] == "events:128/16" for x in (a, b, cc))
         assert {k: (x["gpu"]["kernel.time_ns"], x["kernel_time_estimated"]) for k, x in lines.items()} == \
             {k: (v, True) for k, v in want.items()}
         log = engine_requests.read(str(tmp_path / "gpu-census-7-1.requests.jsonl"))
         assert engine_requests.kernel_sample(log) is None          # an estimate is never scaled again
-        assert engine_requests.kernel_estimated(log) == {"modes": ["counted:100/1000"], "requests": 3,
+        assert engine_requests.kernel_estimated(log) == {"modes": ["events:128/16"], "requests": 3,
                                                           "estimated": 3, "unknown": 0}
         from otel_gpu_census.report import render as report
         text = "\n".join(report._engine_request_lines([replace(h, path=str(seg))]))
@@ -307,37 +296,16 @@ def test_the_kernel_time_counter_is_estimated_and_never_goes_back():
     assert kernel_time() == [pytest.approx((2000 + 10 * 1000) / 1e9)]
 
 
-def test_traced_windows_whose_records_never_came_are_counted_as_gaps():
-    """CUPTI was seen to record no eager kernel in traced phases (docs/measurements.md): a traced
-    window with launches and no record is a gap; untraced, quiet or too recent windows are not judged."""
-    traced = [Window(T + i * W, T + (i + 1) * W, eager_launches=50, eager_traced=0 if i < 2 else 40)
-              for i in range(4)]                                    # inside the first 100 ms: traced
-    untraced = Window(T + 500 * MS, T + 500 * MS + W, eager_launches=50)            # off part
-    quiet = Window(T + 4 * W, T + 5 * W, eager_launches=3)
-    p = replace(head(windows=[*traced, untraced, quiet]), state=census.STATE_EXITED)
-    assert p.sample_gaps() == (4, 2)
-    assert replace(p, kernels=KernelTracing()).sample_gaps() == (0, 0)              # not counted
-    # complete up to the GPU time T + 2 W + 2 s: the records of windows after T + 2 W may be on the way
-    active = replace(p, state=census.STATE_ACTIVE, complete_wall_ns=2 * W + 2_000_000_000)
-    assert active.sample_gaps() == (2, 2)
-    from otel_gpu_census.report.render import kernel_tracing_note
-    assert "in 2 of 4 traced 20 ms windows with eager launches CUPTI recorded no eager kernel" in kernel_tracing_note(p)
-
-
-def test_the_cost_estimate_prices_counted_launches_and_only_the_sampled_records():
-    """Counted: 10,000 launches at CUPTI's set-up cost (0.654 us; the driver's callback ~0) and the 1,000
-    records of the duty cycle at the record's 0.902 us, not 10,000 records; every kernel traced: each
-    record at both."""
+def test_the_cost_estimate_of_every_kernel_traced_prices_each_record_and_its_launch():
+    """The precise collector: each record at CUPTI's record cost (0.902 us) and its launch at CUPTI's set-up cost
+    (0.654 us); graph nodes at the per-node price."""
     from otel_gpu_census.report import cost
-    d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_launches=10_000, eager_traced=1_000,
-                     eager_traced_ns=1_000 * 600)
-    e = cost.estimate(head(devices={0: d}))
-    assert (e.eager_kernels, e.launches_counted, e.graph_nodes) == (1_000, 10_000, 200)
-    assert abs(e.seconds - (1_000 * 0.902e-6 + 10_000 * 0.654e-6 + 200 * cost.graph_node_s(head()))) < 1e-12
-    e_all = cost.estimate(head(kernels=KernelTracing(), devices={0: replace(d, eager_launches=0)}))
+    d = DeviceTotals(0, kernel_count=10_000 + 200, graph_kernel_count=200, eager_traced=10_000,
+                     eager_traced_ns=10_000 * 600)
+    e_all = cost.estimate(head(kernels=KernelTracing(), devices={0: d}))
     assert (e_all.eager_kernels, e_all.launches_counted) == (10_000, 0)
-    assert e_all.launches_set_up == 10_000 and abs(e_all.seconds - (10_000 * (0.902e-6 + 0.654e-6) +
-                                                                    200 * cost.graph_node_s(head()))) < 1e-12
+    node_s = cost.graph_node_s(head(kernels=KernelTracing()))
+    assert e_all.launches_set_up == 10_000 and abs(e_all.seconds - (10_000 * (0.902e-6 + 0.654e-6) + 200 * node_s)) < 1e-12
 
 
 def test_the_cost_estimate_of_a_census_at_the_calls_prices_its_callbacks_not_records():
@@ -370,10 +338,9 @@ def test_a_census_at_the_calls_exports_kernel_counts_and_no_kernel_time():
         assert not got.get(name), name
 
 
-@pytest.mark.parametrize("how", [dict(untimed=True), dict(windows=True, preloaded=True),
-                                 dict(events=True, preloaded=True)])
+@pytest.mark.parametrize("how", [dict(untimed=True), dict(events=True, preloaded=True)])
 def test_censuses_counted_at_the_calls_export_copy_bytes_and_no_copy_or_memset_time(how):
-    """Counted at the calls (off, windows, events) copies and memsets have bytes and no duration: their time series
+    """Counted at the calls (untimed, events) copies and memsets have bytes and no duration: their time series
     get no point for the process (a 0 would read as measured); the activity census's do."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -410,7 +377,7 @@ def test_a_per_request_kernel_time_without_its_eager_part_says_so(monkeypatch):
 
 
 def test_span_attributes_give_no_copy_time_where_nothing_timed_copies():
-    """Counted at the calls (events, `run`'s default; off; windows) a copy has bytes and no duration: its span carries
+    """Counted at the calls (events, `run`'s default; untimed) a copy has bytes and no duration: its span carries
     the bytes and counts and no time_ns, which would read as a measured 0; under CUPTI's records it carries all three."""
     from otel_gpu_census.attribution.shares import Share
     from otel_gpu_census.census import Stat, copy_times_measured
@@ -422,5 +389,5 @@ def test_span_attributes_give_no_copy_time_where_nothing_timed_copies():
     assert "g.copy.dtoh.time_ns" in timed and "g.memset.time_ns" in timed
     assert bare["g.copy.dtoh.bytes"] == 4096 and bare["g.memset.count"] == 1
     assert not [k for k in bare if k.endswith("time_ns") and k != "g.kernel.time_ns"]
-    assert [copy_times_measured(m) for m in (["all"], ["counted"], [], ["calls"], ["windows:200/5000"])] == \
+    assert [copy_times_measured(m) for m in (["all"], ["counted"], [], ["calls"], ["events:128/16"])] == \
         [True, True, True, False, False]

@@ -174,7 +174,7 @@ def test_a_step_no_sample_or_mean_can_price_is_unknown_and_said_never_zero():
     from otel_gpu_census.attribution.ledger import GpuCost
     from otel_gpu_census.telemetry.attributes import gpu_attributes
 
-    counted = KernelTracing(KERNELS_COUNTED, 100, 1000)
+    counted = KernelTracing(KERNELS_COUNTED, preloaded=True, events=True)
     row = [0] * WIDTH
     row[0], row[1], row[-3:] = 50, 1_200_000, [20, 0, 0]
     assert step_price(row, counted, None) == (1_200_000, 20)                 # unknown: left out, said

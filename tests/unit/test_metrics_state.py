@@ -129,30 +129,6 @@ def test_busy_ratio_is_busy_gained_over_wall_time():
     assert val(rig.collect(), "gpu_census.busy.ratio", **{"hw.id": HW}) == 1.0
 
 
-def sampled(traced_ns):
-    return census.KernelTracing(census.KERNELS_SAMPLED, 100, 1000, origin_gpu_ns=0, traced_ns=traced_ns)
-
-
-def test_sampled_kernels_scale_busy_by_the_traced_share_and_off_says_nothing():
-    rig = Rig([proc(10, busy_ns=S, tracing=sampled(S // 10)),
-               proc(11, busy_ns=7 * S, tracing=census.KernelTracing(census.KERNELS_OFF))])
-    rig.now += 2 * S
-    # 0.2 s traced in these 2 s, busy 0.1 s of it: half busy
-    rig.procs = [proc(10, busy_ns=S + S // 10, tracing=sampled(3 * S // 10)),
-                 proc(11, busy_ns=9 * S, tracing=census.KernelTracing(census.KERNELS_OFF))]
-    data = rig.collect()
-    assert val(data, "gpu_census.busy.ratio", **{"hw.id": HW}) == pytest.approx(0.5)
-    assert val(data, "gpu_census.kernel.traced.time", **{"process.pid": 10}) == pytest.approx(0.3)
-    assert val(data, "gpu_census.kernel.traced.time", **{"process.pid": 11}) == 0
-    rig.now += 1 * S
-    # no traced time published since: no ratio now (unknown, not idle); the busy waits for the next one
-    rig.procs = [proc(10, busy_ns=S + S // 10 + S // 50, tracing=sampled(3 * S // 10))]
-    assert val(rig.collect(), "gpu_census.busy.ratio", **{"hw.id": HW}) is None
-    rig.now += 1 * S
-    rig.procs = [proc(10, busy_ns=S + S // 10 + S // 20, tracing=sampled(4 * S // 10))]
-    assert val(rig.collect(), "gpu_census.busy.ratio", **{"hw.id": HW}) == pytest.approx(0.5)
-
-
 def test_traced_time_of_a_fully_traced_process_is_its_life_so_far():
     rig = Rig([proc(10, busy_ns=S, wall_start_ns=3 * S, complete_wall_ns=8 * S)])
     assert val(rig.collect(), "gpu_census.kernel.traced.time", **{"process.pid": 10}) == pytest.approx(5.0)

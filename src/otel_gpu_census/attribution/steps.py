@@ -84,7 +84,7 @@ from fractions import Fraction
 from typing import Any, Callable, Deque, Dict, Hashable, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
 from otel_gpu_census._native import consts as _consts
-from otel_gpu_census.census import (KERNELS_OFF, KERNELS_SAMPLED, DeviceTotals, KernelTimed, ProcessCensus, Step,
+from otel_gpu_census.census import (DeviceTotals, KernelTimed, ProcessCensus, Step,
                                     eager_mean_ns)
 from otel_gpu_census.attribution.cost_model import CostFit, ModelShape, StepModel, attention_work, step_weights
 from otel_gpu_census.attribution.engine_state import StateBuckets
@@ -525,13 +525,8 @@ class StepLedger:
 
     def _missing(self, e: _Entry, head) -> None:
         """Step `e` is not in this process's census: its part of every request it served is lost to them.
-        Lapped: the census has since counted a step a whole ring later (its slot was reused). Under
-        sampled kernel tracing, or none, a step may leave no record by design (its requests' kernel
-        figures are a sample already): nothing is lost then."""
+        Lapped: the census has since counted a step a whole ring later (its slot was reused)."""
         self.steps_missing += 1
-        kernels = getattr(head, "kernels", None)
-        if getattr(kernels, "mode", None) in (KERNELS_SAMPLED, KERNELS_OFF):
-            return
         step_max = getattr(head, "step_max", None)
         lapped = isinstance(step_max, int) and step_max >= e.sid + RING_SLOTS
         for key, n in e.tokens.items():

@@ -26,9 +26,8 @@ STATE_ACTIVE, STATE_EXITED = _c.GC_STATE_ACTIVE, _c.GC_STATE_EXITED
 STATE_NAMES = {STATE_ACTIVE: "active", STATE_EXITED: "exited"}
 COLLECTOR_DEFAULT, COLLECTOR_PRECISE = _c.GC_COLLECTOR_DEFAULT, _c.GC_COLLECTOR_PRECISE
 # How kernels were counted, in the model: ALL (every kernel a CUPTI record: the precise collector) or COUNTED (at the
-# calls: the default one). SAMPLED and OFF are the model's names for schedules no segment holds any more; request logs
-# and shares may still name them.
-KERNELS_ALL, KERNELS_SAMPLED, KERNELS_OFF, KERNELS_COUNTED = 0, 1, 2, 3
+# calls: the default one).
+KERNELS_ALL, KERNELS_COUNTED = 0, 3
 FLAG_DROPPED, FLAG_RING_OVERRUN, FLAG_GRAPH_LAUNCHES = _c.GC_FLAG_DROPPED, _c.GC_FLAG_RING_OVERRUN, _c.GC_FLAG_GRAPH_LAUNCHES
 FLAG_GRAPH_INEXACT = _c.GC_FLAG_GRAPH_INEXACT
 FLAG_MANAGED, FLAG_UM_COUNTERS, FLAG_UM_REFUSED = _c.GC_FLAG_MANAGED, _c.GC_FLAG_UM_COUNTERS, _c.GC_FLAG_UM_REFUSED
@@ -236,53 +235,25 @@ class Step:
 
 @dataclass(frozen=True)
 class KernelTracing:
-    """Which kernels the census saw (the precise collector records every one; segments recorded before its
-    consolidation may hold a sampled or counted schedule). Copies and memsets are always complete.
+    """How the census's collector saw kernels (the segment's gc_collector and gc_timing). Copies, memsets and kernel
+    counts are always exact.
 
-    - ALL: every kernel traced; every figure exact.
-    - SAMPLED: the kernels launched during the first `on_ms` of every `period_ms`, counted from
-      `origin_gpu_ns` (CUPTI clock), traced: kernel counts, time and busy are exact for those phases and
-      absent outside them.
-    - COUNTED (the default): every kernel counted exactly (eager launches by the launch callbacks, graph
-      kernels from their graphs), and every graph launch's span timed; only eager kernels' records
-      (their durations) and busy keep to the SAMPLED schedule. Exact: kernel counts, graph spans,
-      copies, memsets. Estimated: the time of eager kernels (:func:`kernel_time`). Busy: traced phases.
-    - OFF: no kernels.
-    - ``untimed`` (OTEL_GPU_CENSUS_ACTIVITY=off, mode COUNTED): CUPTI's activity API never set up; every
-      kernel, copy and memset counted at its API call, exact, and no duration measured: kernel time is
-      unknown (:func:`kernel_time`), graph spans, copy time and busy are 0. ``preloaded``: the calls were seen
-      by the census library preloaded into the process (interpose.c), with CUPTI never loaded.
-    - ``windows`` (OTEL_GPU_CENSUS_ACTIVITY=windows, mode COUNTED): counted at the calls by the census library
-      preloaded, as ``preloaded``; kernel durations from windows of CUPTI, set up at the first and its kernel
-      and graph kinds on for `on_ms` of every `period_ms` (never detached: a detach crashed CUDA-graph programs). Exact: counts, copies, memsets. Estimated: eager kernel
-      time (launches x the sampled mean) and graph spans (each launch priced at its exec's mean span in the
-      windows; `graph_untimed` launches had none). Busy: the windows.
-    - ``events`` (OTEL_GPU_CENSUS_ACTIVITY=events, mode COUNTED): counted at the calls by the census library
-      preloaded, as ``preloaded``; kernel durations from CUDA event pairs around about 1 of every `events_every_eager`
-      eager and `events_every_graph` graph launches of each thread (events.c); CUPTI never loaded. Exact: counts,
-      copies, memsets. Estimated: eager kernel time (launches x the mean of the pairs; ungated, only those that met a
-      busy stream, or with none in the process, of those that met an idle one, `events_idle`, which read long) and
-      graph spans (each launch priced at its exec's mean span). ``events_gate``: each pair's stream waited for its
-      launch to be submitted before the first event, so the pair is the kernel's time whatever the stream held
-      (`events_forced` gates the watchdog opened were dropped). Busy: not measured (0)."""
+    - ALL (the precise collector): CUPTI's record of every kernel and copy; every figure measured, busy too.
+    - COUNTED (the default collector, ``preloaded``): every launch, copy and memset counted at its call by the census
+      library preloaded (interpose.c), CUPTI never loaded. ``events``: kernel durations from CUDA event pairs around
+      about 1 of every `events_every_eager` eager and `events_every_graph` graph launches of each thread (events.c):
+      eager kernel time is launches x the mean of the pairs (ungated, only those that met a busy stream, or with none
+      in the process, of those that met an idle one, `events_idle`, which read long), a graph launch's span its exec's
+      mean span (`graph_untimed` launches had none). ``events_gate``: each pair's stream waited for its launch to be
+      submitted before the first event (`events_forced` gates the watchdog opened were dropped). Copy time and busy:
+      not measured (0). ``untimed`` (no pair ever set up): no duration measured at all, kernel time unknown
+      (:func:`kernel_time`)."""
 
     mode: int = KERNELS_ALL
-    on_ms: int = 0
-    period_ms: int = 0
-    origin_gpu_ns: int = 0
-    traced_ns: int = 0             # SAMPLED, COUNTED: how long tracing was on, as of complete_wall_ns
-    tracing: bool = True
-    outside: int = 0               # kernel records that started outside a traced phase: not counted
-    untimed: bool = False          # ACTIVITY=off: counted at the calls, no durations
-    preloaded: bool = False        # ... the calls seen by the census library preloaded (LD_PRELOAD), CUPTI never
-                                   # loaded; else by CUPTI's callbacks
-    windows: bool = False          # ACTIVITY=windows: preloaded counts, durations from CUPTI's windows
-    windows_opened: int = 0        # windows opened
-    windows_failed: int = 0        # windows refused (CUPTI held by another tool, a kind refused)
-    attach_ns: int = 0             # CUPTI's set-up time, summed (once, unless a probe detaches between windows)
-    detach_ns: int = 0             # summed time from a probe's detach request to cuptiFinalize done
+    untimed: bool = False          # COUNTED with no event pair: counted at the calls, no durations
+    preloaded: bool = False        # COUNTED: the calls seen by the census library preloaded (LD_PRELOAD)
     graph_untimed: int = 0         # graph launches with no span to price them (in counts, not in kernel time)
-    events: bool = False           # ACTIVITY=events: preloaded counts, durations from CUDA event pairs (no CUPTI)
+    events: bool = False           # COUNTED with event pairs timing a sample of the launches
     events_every_eager: int = 0    # 1 of every N eager launches of a thread timed ...
     events_every_graph: int = 0    # ... and of its graph launches
     events_timed: int = 0          # event pairs read
@@ -302,53 +273,23 @@ class KernelTracing:
             return UNTIMED_MODE
         if self.events:
             return f"{EVENTS_MODE}{self.events_every_eager}/{self.events_every_graph}"
-        if self.windows:
-            return f"{WINDOWS_MODE}{self.on_ms}/{self.period_ms}"
-        if self.mode == KERNELS_SAMPLED:
-            return f"{self.on_ms}/{self.period_ms}"
-        if self.mode == KERNELS_COUNTED:
-            return f"counted:{self.on_ms}/{self.period_ms}"
-        return {KERNELS_ALL: "all", KERNELS_OFF: "off"}.get(self.mode, f"unknown({self.mode})")
+        return {KERNELS_ALL: "all", KERNELS_COUNTED: "counted"}.get(self.mode, f"unknown({self.mode})")
 
     @property
     def copies_timed(self) -> bool:
-        """Copy and memset durations measured: only CUPTI's copy records time them; counted at the calls (off,
-        windows, events) a copy has bytes and no duration."""
-        return not (self.untimed or self.windows or self.events)
+        """Copy and memset durations measured: only CUPTI's copy records time them; counted at the calls a copy has
+        bytes and no duration."""
+        return not (self.untimed or self.events)
 
     @property
     def counted(self) -> bool:
-        """Kernel counts exact, eager kernels' time estimated from a sample (COUNTED)."""
+        """Kernel counts from the calls, eager kernels' time estimated from a sample (COUNTED)."""
         return self.mode == KERNELS_COUNTED
 
-    @property
-    def scheduled(self) -> bool:
-        """Kernel records, and so busy time, only in the phases of the ON/PERIOD schedule (SAMPLED, COUNTED)."""
-        return self.mode in (KERNELS_SAMPLED, KERNELS_COUNTED)
-
-    @property
-    def fraction(self) -> float:
-        """Share of time kernels are traced: 1 (all), on/period (sampled, counted), 0 (off)."""
-        if self.scheduled and self.period_ms:
-            return self.on_ms / self.period_ms
-        return 0.0 if self.mode == KERNELS_OFF or self.untimed else 1.0
-
-    def _on_before(self, t: int) -> int:
-        """Traced ns of the schedule in [origin, t)."""
-        if t <= self.origin_gpu_ns:
-            return 0
-        period, on = self.period_ms * 1_000_000, self.on_ms * 1_000_000
-        k, r = divmod(t - self.origin_gpu_ns, period)
-        return k * on + min(r, on)
-
     def traced_between(self, gpu_start_ns: int, gpu_end_ns: int) -> int:
-        """How many ns of [gpu_start_ns, gpu_end_ns) (CUPTI clock) were inside a traced phase, by the
-        schedule (the switch itself lands within a millisecond or so of it)."""
-        if gpu_end_ns <= gpu_start_ns or self.mode == KERNELS_OFF or self.untimed:
-            return 0   # untimed (ACTIVITY=off): counted, never traced
-        if not self.scheduled or not self.period_ms:
-            return gpu_end_ns - gpu_start_ns
-        return self._on_before(gpu_end_ns) - self._on_before(gpu_start_ns)
+        """How many ns of [gpu_start_ns, gpu_end_ns) kernel durations were measured in: all of it, or none when no
+        duration was (untimed)."""
+        return 0 if self.untimed else max(0, gpu_end_ns - gpu_start_ns)
 
 
 @dataclass(frozen=True)
@@ -360,18 +301,16 @@ class KernelTime:
     ns: int
     estimated: bool = False        # COUNTED, with eager kernels in the scope: ns is an estimate
     unknown: bool = False          # COUNTED: eager launches and no mean to price them: left out of ns;
-                                   # not estimated too: no duration measured at all (ACTIVITY=off)
+                                   # not estimated too: no duration measured at all (untimed)
 
     def __add__(self, o: "KernelTime") -> "KernelTime":
         return KernelTime(self.ns + o.ns, self.estimated or o.estimated, self.unknown or o.unknown)
 
 
-# The kernel tracing name of OTEL_GPU_CENSUS_ACTIVITY=off (KernelTracing.name): readers of a share that
+# The kernel tracing name of a census that measured no duration (KernelTracing.name): readers of a share that
 # lists the modes it saw know from it that no duration was measured.
 UNTIMED_MODE = "calls"
-# ... and the prefix of OTEL_GPU_CENSUS_ACTIVITY=windows's names: graph spans are estimated there too.
-WINDOWS_MODE = "windows:"
-# ... and of OTEL_GPU_CENSUS_ACTIVITY=events's (EAGER/GRAPH: 1 of every N launches timed by an event pair).
+# ... and the prefix of the event pairs' names (EAGER/GRAPH: 1 of every N launches timed by an event pair).
 EVENTS_MODE = "events:"
 
 
@@ -386,9 +325,9 @@ def copy_times_measured(modes) -> bool:
 
 
 def spans_estimated(modes) -> bool:
-    """Whether graph spans were priced from a sample (windows or event pairs; not measured per launch) in any mode
+    """Whether graph spans were priced from a sample (event pairs; not measured per launch) in any mode
     of `modes`."""
-    return any(str(m).startswith((WINDOWS_MODE, EVENTS_MODE)) for m in modes)
+    return any(str(m).startswith(EVENTS_MODE) for m in modes)
 
 
 def eager_mean_ns(scope) -> Optional[Fraction]:
@@ -404,9 +343,9 @@ def kernel_time(scope, counted: bool, fallback_mean_ns: Optional[Fraction] = Non
     Not COUNTED: kernel_ns as measured. COUNTED: kernel_ns - eager_traced_ns + eager_launches x mean,
     rounded to the ns, the mean being the scope's own sample (eager_traced_ns / eager_traced) or, without
     one, `fallback_mean_ns` (the process's over its life, :meth:`ProcessCensus.eager_mean_ns`). With
-    neither the eager launches' time is unknown and left out. Not `timed` (OTEL_GPU_CENSUS_ACTIVITY=off):
+    neither the eager launches' time is unknown and left out. Not `timed` (untimed):
     no duration was measured, so a scope with kernels has an unknown kernel time (0 ns, unknown).
-    `spans_estimated` (ACTIVITY=windows): the graph spans in kernel_ns are priced too, so any kernel is."""
+    `spans_estimated` (event pairs): the graph spans in kernel_ns are priced too, so any kernel is."""
     if not timed:
         return KernelTime(0, unknown=bool(scope.kernel_count))
     if not counted:
@@ -542,7 +481,7 @@ class ProcessCensus:
     alive: bool = True            # the process still runs (same pid and start time)
     complete_wall_ns: int = 0     # GPU work that finished before this wall time is in the totals
     launches_lost: int = 0        # COUNTED: eager launches counted but placed nowhere (in no total)
-    calls_lost: int = 0           # ACTIVITY=off: copies, memsets, graph launches seen and in no total
+    calls_lost: int = 0           # COUNTED: copies, memsets, graph launches seen and in no total
     unsized_calls: int = 0        # calls of driver work functions the census has no wrapper for (not sized)
     unwrapped: int = 0            # such functions handed out with no way to count their calls
     unsized_name: str = ""        # the first such function
@@ -644,34 +583,11 @@ class ProcessCensus:
             m = Fraction(k.events_idle_ns, k.events_idle)
         return m
 
-    def sample_gaps(self, min_launches: int = 20, settle_ns: int = 2_000_000_000) -> Tuple[int, int]:
-        """COUNTED: (windows inside a traced phase with at least `min_launches` eager launches, those of
-        them without a single eager kernel record). Windows too recent for their records to have arrived
-        (within `settle_ns` of complete_wall_ns, unless the census exited) are left out. A gap means
-        CUPTI did not record kernels while the census had it asked to (seen when the kernel kind was switched
-        globally; it is switched per context now): the time estimates then
-        lean on the sample taken before. (0, 0) in other modes."""
-        k = self.kernels
-        if not k.counted or not self.windows or k.events:   # events: 1 in N launches sampled, no phases
-            return 0, 0
-        done = self.state == STATE_EXITED
-        until = self.wall_to_gpu_ns(self.complete_wall_ns) - settle_ns if self.complete_wall_ns else 0
-        seen = gaps = 0
-        for w in self.windows:
-            if w.eager_launches < min_launches or (not done and w.end_ns > until):
-                continue
-            if k.traced_between(w.start_ns, w.end_ns) != w.end_ns - w.start_ns:
-                continue
-            seen += 1
-            gaps += w.eager_traced == 0
-        return seen, gaps
-
     def kernel_time(self, scope) -> KernelTime:
         """:func:`kernel_time` of one of this process's scopes, priced by its own mode and mean."""
         own = not self.kernels.counted or eager_mean_ns(scope) is not None
         return kernel_time(scope, self.kernels.counted, None if own else self.eager_mean_ns(),
-                           timed=not self.kernels.untimed,
-                           spans_estimated=self.kernels.windows or self.kernels.events)
+                           timed=not self.kernels.untimed, spans_estimated=self.kernels.events)
 
     def windows_between(self, gpu_start_ns: int, gpu_end_ns: int) -> List[Window]:
         """Buckets that overlap [gpu_start_ns, gpu_end_ns) of the CUPTI clock."""

@@ -345,7 +345,7 @@ def _kernels(seg) -> KernelTracing:
     if seg.collector != COLLECTOR_DEFAULT:
         return KernelTracing(mode=KERNELS_ALL)
     tm = seg.timing
-    return KernelTracing(mode=KERNELS_COUNTED, tracing=False, preloaded=True, untimed=not tm.on, events=bool(tm.on),
+    return KernelTracing(mode=KERNELS_COUNTED, preloaded=True, untimed=not tm.on, events=bool(tm.on),
                          graph_untimed=seg.graph_untimed,
                          events_every_eager=tm.every_eager, events_every_graph=tm.every_graph,
                          events_timed=tm.timed, events_missed=tm.missed, events_failed=tm.failed,

@@ -87,10 +87,6 @@ def estimate(c: ProcessCensus) -> Optional[CensusCost]:
         launches += d.eager_launches if c.kernels.counted else 0
         # managed_* rows are the driver's migrations, no call of the process's: not a copy the census paid for
         copies += sum(s.count for (dr, _), s in d.copies.cells.items() if dr not in MANAGED_DIRECTIONS) + d.memset.count
-    if c.kernels.windows:         # the wrappers count; CUPTI set up at the first window taxes every launch
-        node_s = graph_node_s(c)  # after it, and the windows' kernel records cost as CUPTI's always do
-        s = eager * EAGER_KERNEL_S + graph * node_s + launches * SET_UP_EAGER_S
-        return CensusCost(eager, graph, copies, s, False, node_s, launches, launches)
     if c.kernels.preloaded:       # the library's own wrappers, no CUPTI: their prices
         return wrapped_cost(c, eager, graph, copies, launches)
     if c.kernels.untimed:         # counted at the calls (no record: eager is 0): the callbacks' prices
@@ -127,8 +123,8 @@ def context_made_under_cupti(c: ProcessCensus) -> bool:
 
 
 def cupti_never_loaded(c: ProcessCensus) -> bool:
-    """The census library preloaded counted at the calls, with no CUPTI window (ACTIVITY=off or events)."""
-    return c.kernels.preloaded and not c.kernels.windows
+    """The default collector: the census library preloaded counted at the calls, CUPTI never loaded."""
+    return c.kernels.preloaded
 
 
 def graph_node_s(c: ProcessCensus) -> float:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from otel_gpu_census.report import engine_causes, serving
 from otel_gpu_census.report import timeline as tl_mod
-from otel_gpu_census.census import FLAG_ENV_UNIFIED, KERNELS_OFF, PRECISE_HINT, ProcessCensus
+from otel_gpu_census.census import FLAG_ENV_UNIFIED, PRECISE_HINT, ProcessCensus
 from otel_gpu_census.report.engine_requests import for_segments
 from otel_gpu_census.report.figures import exact, plural, seconds, share, size
 from otel_gpu_census.report.request_log import RequestRecord, peak_in_flight
@@ -465,8 +465,6 @@ def low_occupancy(censuses: Sequence[ProcessCensus], occupancy: Optional[float],
         return None
     best = None
     for c in censuses:
-        if c.kernels.mode == KERNELS_OFF:
-            continue
         t = tl_mod.build(c, records) if records else None
         serving_slots = t.serving() if t is not None and t.kernel_time_known else []
         if serving_slots:
@@ -476,8 +474,6 @@ def low_occupancy(censuses: Sequence[ProcessCensus], occupancy: Optional[float],
             continue
         for d in c.devices.values():
             span = d.last_ns - d.first_ns
-            if c.kernels.scheduled:        # busy covers the traced phases only
-                span = c.kernels.traced_between(d.first_ns, d.last_ns)
             if span <= 0 or not d.busy_ns:
                 continue
             ratio = min(1.0, d.busy_ns / span)

@@ -15,9 +15,8 @@ from otel_gpu_census.report import cost
 from otel_gpu_census.report import explain
 
 from otel_gpu_census.report import serving
-from otel_gpu_census.census import (ATTACH_CONTEXT, DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN,
-                     KERNELS_OFF, KERNELS_SAMPLED, MEMORY_KINDS, NO_MANAGED, STATE_ACTIVE, DeviceTotals, KernelTime,
-                     ProcessCensus, Stat, merge_devices)
+from otel_gpu_census.census import (DIRECTIONS, FLAG_DROPPED, FLAG_RING_OVERRUN, MEMORY_KINDS, NO_MANAGED,
+                                    STATE_ACTIVE, DeviceTotals, KernelTime, ProcessCensus, Stat, merge_devices)
 from otel_gpu_census.telemetry.redact import printable
 from otel_gpu_census.report.figures import DIRECTION_LABELS, UNITS_NOTE, exact, human_size, per, percent, plural, seconds, size
 
@@ -36,11 +35,8 @@ def census_time_ns(c: ProcessCensus) -> int:
 
 
 def kernel_base_ns(c: ProcessCensus) -> int:
-    """What busy time is a share of: the census time, or with sampled (or counted) kernels the time
-    kernel records were taken; -1 when kernels were not traced at all."""
-    if c.kernels.mode == KERNELS_OFF:
-        return -1
-    return c.kernels.traced_ns if c.kernels.scheduled else census_time_ns(c)
+    """What busy time is a share of: the census time."""
+    return census_time_ns(c)
 
 
 def kernel_times(censuses: Iterable[ProcessCensus]) -> Dict[str, KernelTime]:
@@ -109,49 +105,19 @@ def kernel_tracing_note(c: ProcessCensus) -> Optional[str]:
                 "(the default collector; CUPTI never loaded); kernel counts, copies "
                 f"and memsets are exact; kernel time is estimated: {priced}; copy time and busy time are not "
                 f"measured{lost}")
-    if k.windows:
-        lost = untimed_graphs
-        lost += f"; {k.windows_failed:,} windows refused (CUPTI held by another tool)" if k.windows_failed else ""
-        return (f"kernels counted at their calls by the census library preloaded, with durations from "
-                f"{k.windows_opened:,} CUPTI windows ({k.on_ms} ms of every {k.period_ms} ms, a "
-                "census recorded with CUPTI windows); kernel counts, copies and memsets are exact; kernel time is estimated: eager launches "
-                "priced at the windows' mean duration, each graph launch at its graph's mean span there; busy time "
-                f"is of the windows{lost}")
-    if k.counted:
-        lost = (f"; {c.launches_lost:,} kernel launches were counted but could not be placed (in no total)"
-                if c.launches_lost else "")
-        seen, gaps = c.sample_gaps()
-        if gaps:
-            lost += (f"; in {gaps:,} of {seen:,} traced 20 ms windows with eager launches CUPTI recorded no "
-                     "eager kernel: those launches are priced at the sample taken elsewhere")
-        return (f"kernels counted: every kernel counted exactly, kernel records taken {k.on_ms} ms of every "
-                f"{k.period_ms} ms ({seconds(k.traced_ns)} s in all). Kernel counts, graph spans, copies and "
-                "memsets are exact; kernel time is graph spans plus eager launches priced at the mean duration "
-                "of the eager kernels sampled (estimated); busy time is of those phases, busy % of the traced "
-                f"time{lost}")
-    if k.mode == KERNELS_SAMPLED:
-        outside = (f"; {k.outside:,} kernel records that started outside those phases were left out"
-                   if k.outside else "")
-        return (f"kernels sampled: traced {k.on_ms} ms of every {k.period_ms} ms ({seconds(k.traced_ns)} s in "
-                "all); kernel counts, kernel time and busy time are of those phases, busy % is of the traced "
-                f"time; copies and memsets are complete{outside}")
-    if k.mode == KERNELS_OFF:
-        return "kernels not traced (a census recorded with kernel records off): copies and memsets only"
     return None
 
 
-def busy_of_census_time(d: DeviceTotals, census_ns: int, sampled: bool = False) -> Tuple[Optional[float], str]:
+def busy_of_census_time(d: DeviceTotals, census_ns: int) -> Tuple[Optional[float], str]:
     """(busy_ns / census time, "") or (None, why that ratio would mislead).
 
     The census time must cover all the GPU activity counted in it; when it is shorter (a segment
     written by an injector that created it at its first buffer, long after CUDA initialised, or
     a census time of zero), dividing by it gives a number above 100% that means nothing."""
     span = max(0, d.last_ns - d.first_ns)
-    if census_ns < 0:
-        return None, "kernels were not traced"
     if census_ns <= 0:
         return None, "no census time recorded"
-    if census_ns < span and not sampled:     # sampled: census_ns is the traced time, shorter by design
+    if census_ns < span:
         return None, (f"census time {seconds(census_ns)} s is shorter than the {seconds(span)} s of GPU "
                       "activity it counted, so the census started after the work did")
     return d.busy_ns / census_ns, ""
@@ -234,7 +200,7 @@ def _copies_dict(d: DeviceTotals) -> Dict[str, dict]:
     return out
 
 
-def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = False,
+def _device_dict(d: DeviceTotals, census_ns: Optional[int],
                  kt: Optional[KernelTime] = None) -> dict:
     """census_ns None: a sum over processes, which has no one census time. kt: its kernel time as
     estimated (counted kernel tracing), beside the measured kernel_ns."""
@@ -253,10 +219,10 @@ def _device_dict(d: DeviceTotals, census_ns: Optional[int], sampled: bool = Fals
     if kt is not None and kt.estimated:
         out["kernel_ns_estimated"] = kt.ns
         out["kernel_time_unknown"] = kt.unknown
-    elif kt is not None and kt.unknown:     # no duration measured at all (ACTIVITY=off): kernel_ns is no time
+    elif kt is not None and kt.unknown:     # no duration measured at all (untimed): kernel_ns is no time
         out["kernel_time_unknown"] = True
     if census_ns is not None:
-        ratio, why = busy_of_census_time(d, census_ns, sampled)
+        ratio, why = busy_of_census_time(d, census_ns)
         out["busy_ratio_of_census_time"] = ratio
         if why:
             out["busy_ratio_of_census_time_unavailable"] = why
@@ -329,21 +295,6 @@ def _cost_dict(c: ProcessCensus, census_ns: int) -> Optional[dict]:
             "event_pairs_eager": e.pairs_eager, "event_pairs_graph": e.pairs_graph}
 
 
-def attach_note(c: ProcessCensus) -> Optional[str]:
-    """When counting began, for a census that set CUPTI up after the first context (the default); and
-    contexts made after that, which pay CUPTI's per-node cost on their graph replays."""
-    a = c.attach
-    if a.mode != ATTACH_CONTEXT or not a.wall_ns:
-        return None
-    out = (f"counting began {seconds(max(0, a.wall_ns - c.wall_start_ns))} s after CUDA initialised, within "
-           f"{a.after_ns / 1e3:,.0f} us of the first CUDA context (a census that set CUPTI up after it): GPU work "
-           "before that is not in these totals")
-    if a.contexts_late:
-        out += (f"; {a.contexts_late} context(s) were made after it: their CUDA-graph replays pay CUPTI's cost on "
-                "every kernel node" + (f" (~{cost.GRAPH_NODE_PER_LAUNCH_S * 1e6:g} us)" if cost.prices_known() else ""))
-    return out
-
-
 def cost_line(c: ProcessCensus) -> Optional[str]:
     """What the census cost the process's launching threads, estimated (cost.py); None without records."""
     e = cost.estimate(c)
@@ -382,9 +333,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
     for c in censuses:
         census_ns = census_time_ns(c)
         procs.append({
-            "kernel_tracing": c.kernels.name, "kernel_traced_ns": kernel_base_ns(c) if c.kernels.scheduled
-            else None, "launches_lost": c.launches_lost,
-            "sample_gaps": dict(zip(("traced_windows_with_launches", "without_records"), c.sample_gaps())),
+            "kernel_tracing": c.kernels.name, "launches_lost": c.launches_lost,
             "graph_tracing": c.graphs.name, "graph_launches_unknown": c.graphs.unknown,
             "graph_launches_inexact": c.graphs.inexact, "paused_ns": c.graphs.paused_ns,
             "attach": c.attach.name, "attach_wall_ns": c.attach.wall_ns, "attach_after_ns": c.attach.after_ns,
@@ -400,7 +349,7 @@ def to_dict(censuses: Sequence[ProcessCensus], errors: Sequence = (), requests: 
             "managed_in_use": c.managed_in_use, "migrations_measured": c.migrations_measured,
             "um_cpu_faults": c.um_cpu_faults,
             "calls_lost": c.calls_lost,
-            "devices": [_device_dict(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d))
+            "devices": [_device_dict(d, kernel_base_ns(c), kt=c.kernel_time(d))
                         for _, d in sorted(c.devices.items())],
             "census_cost_estimate": _cost_dict(c, census_ns),
         })
@@ -474,16 +423,16 @@ def _managed_lines(d: DeviceTotals) -> List[str]:
     return ["    managed memory: " + "; ".join(parts)]
 
 
-def _device_lines(d: DeviceTotals, census_ns: int, sampled: bool = False,
-                  kt: Optional[KernelTime] = None, untimed: bool = False, no_busy: bool = False) -> List[str]:
-    """untimed (OTEL_GPU_CENSUS_ACTIVITY=off): counts and bytes only; every time says it was not measured.
-    no_busy (ACTIVITY=events): kernel time estimated, busy and copy time not measured."""
+def _device_lines(d: DeviceTotals, census_ns: int, kt: Optional[KernelTime] = None, untimed: bool = False,
+                  no_busy: bool = False) -> List[str]:
+    """untimed (no duration measured): counts and bytes only; every time says it was not measured.
+    no_busy (event pairs): kernel time estimated, busy and copy time not measured."""
     name = f"cuda:{d.device_id}" + (f"  {d.uuid}" if d.uuid else "")
     if not has_activity(d):
         return [f"  {name}: no GPU activity"]
     lines = [f"  {name}"]
-    ratio, why = busy_of_census_time(d, census_ns, sampled)
-    of = "traced time" if sampled else "census time"
+    ratio, why = busy_of_census_time(d, census_ns)
+    of = "census time"
     busy = f"busy {seconds(d.busy_ns)} s" + (f" = {100.0 * ratio:.1f}% of {of}" if ratio is not None
                                               else f" (no share of {of}: {why})")
     span = d.last_ns - d.first_ns
@@ -530,7 +479,7 @@ def _process_lines(c: ProcessCensus) -> List[str]:
     if not devices:
         lines.append("  no GPU activity")
     for d in devices:
-        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernels.scheduled, c.kernel_time(d), c.kernels.untimed,
+        lines.extend(_device_lines(d, kernel_base_ns(c), c.kernel_time(d), c.kernels.untimed,
                                    c.kernels.events))
     cl = cost_line(c)
     if cl:
@@ -550,9 +499,6 @@ def _process_lines(c: ProcessCensus) -> List[str]:
                  "library's check of its wrappers")
         lines.append(f"  note: a control file paused the census for {seconds(c.graphs.paused_ns)} s"
                      f"{' (paused now)' if c.graphs.paused else ''}: nothing was counted then{tail}{after}")
-    note = attach_note(c)
-    if note:
-        lines.append(f"  note: {note}")
     for w in process_warnings(c):
         lines.append(f"  warning: {w}")
     return lines

@@ -12,10 +12,10 @@ durations (the census counts ns: the request log keeps those integers, ``share_a
 - with window data (time-window attribution): ``gpu_census.window.*``, everything the buckets of the
   request's window held (all requests together), ``gpu_census.window.unattributed.*``, the part no
   request was in flight for, and ``gpu_census.attribution.buckets``;
-- ``gpu_census.kernel.tracing``: ``all``, ``off``, ``ON_MS/PERIOD_MS`` or ``counted:ON_MS/PERIOD_MS``
-  (how the census traced kernels); when not ``all``, ``gpu_census.kernel.traced_ratio``: the share of the
-  request's time kernel records were taken. Sampled (``ON_MS/PERIOD_MS``): the kernel figures above
-  are that share of the request's kernels (copies are exact). Counted: kernel counts are exact, and
+- ``gpu_census.kernel.tracing``: ``all`` (the precise collector), ``events:EAGER/GRAPH`` (the default one, its
+  event-pair sample) or ``calls`` (counted at the calls, no duration measured); when not ``all``,
+  ``gpu_census.kernel.traced_ratio``: the share of the request's time kernel durations were measured in (0 for
+  ``calls``). Counted at the calls: kernel counts are exact, and
   ``gpu_census.kernel.time_estimated`` (bool) says whether the kernel times (``*kernel.time``) are
   estimates: graph spans, plus eager launches x the mean duration of the eager kernels sampled (under
   step attribution each step priced once, by its own sample, else the server's over its life, and the

@@ -109,11 +109,9 @@ def hw_id(d: DeviceTotals) -> str:
 
 
 def traced_ns(p: ProcessCensus) -> int:
-    """How long the census traced the process's kernels, up to what its totals cover."""
-    k = p.kernels
-    if k.scheduled:
-        return k.traced_ns
-    if k.mode == census.KERNELS_OFF:
+    """How long the census took CUPTI's kernel records in the process, up to what its totals cover: its life under the
+    precise collector, 0 under the default one (kernels counted at their calls)."""
+    if p.kernels.counted:
         return 0
     until = p.complete_wall_ns or p.wall_update_ns
     return max(0, until - p.wall_start_ns)
@@ -277,26 +275,17 @@ class CensusMetrics:
             gained: Dict[str, int] = dict(self._ratio_pending)
             base: Dict[Tuple[Tuple[int, int], str], Tuple[int, int]] = {}
             for rec in self._procs.values():
-                if rec.kernels.mode == census.KERNELS_OFF or rec.kernels.untimed or rec.kernels.events:
+                if rec.kernels.untimed or rec.kernels.events:
                     continue                     # no kernel records: nothing to say about busy
-                sampled = rec.kernels.scheduled          # busy covers the traced phases only
                 for hid, d in rec.devices.items():
                     k = (rec.key, hid)
                     if k in self._ratio_base:
-                        prev, prev_traced = self._ratio_base[k]
+                        prev, _ = self._ratio_base[k]
                     elif rec.wall_start_ns >= self._ratio_t_ns:
-                        prev, prev_traced = 0, 0
+                        prev = 0
                     else:
-                        prev, prev_traced = d.busy_ns, rec.traced_ns
+                        prev = d.busy_ns
                     g = max(0, d.busy_ns - prev)
-                    if sampled:
-                        # Busy seen in the traced phases, scaled to the interval. No traced time
-                        # published since the last call: carry the base to the next call.
-                        traced = rec.traced_ns - prev_traced
-                        if traced <= 0:
-                            base[k] = (prev, prev_traced)
-                            continue
-                        g = g * dt // traced if dt > 0 else 0
                     gained[hid] = gained.get(hid, 0) + g
                     base[k] = (d.busy_ns, rec.traced_ns)
             for hid in self._evicted_totals:
