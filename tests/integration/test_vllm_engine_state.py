@@ -50,6 +50,8 @@ def scheduler(cap: int) -> Scheduler:
     s.defer_block_free, s.log_stats, s.enable_return_routed_experts = False, False, False
     s.encoder_cache_manager = EncoderCacheManager(cache_size=0)
     s._inflight_prefills, s.reset_preempted_req_ids, s.finished_req_ids = set(), set(), set()
+    # what newer vLLMs' preemption and _update_after_schedule read too (0.25 has none of them)
+    s.aux_output_connector, s._pending_encoder_input_ids, s.sched_step_seq = None, {}, 0
     return s
 
 
