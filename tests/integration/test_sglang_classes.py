@@ -42,6 +42,7 @@ from starlette.requests import Request as HttpRequest  # noqa: E402
 from otel_gpu_census.attribution.shares import Share  # noqa: E402
 from otel_gpu_census.census import Stat, Step  # noqa: E402
 from otel_gpu_census.integrations.sglang import instrumentor as si  # noqa: E402
+from otel_gpu_census.telemetry import tenant as tenant_mod  # noqa: E402
 from otel_gpu_census.integrations.sglang.engine import CARRY_KEY, SchedulerTelemetry  # noqa: E402
 from engine_standins import Census, in_memory_telemetry  # noqa: E402  (tests/support)
 
@@ -513,14 +514,14 @@ def _through_with(rid, headers, lora=None):
 
 
 def test_the_tenant_and_the_adapter_reach_the_scheduler_and_a_client_cannot_forge_ours(loaded, monkeypatch):
-    monkeypatch.setattr(si, "_tenant_src", None)
+    monkeypatch.setattr(tenant_mod, "_configured", None)
     carried = _req("t1", _through_with("t1", [("baggage", "gpu_census.tenant=team-a")], lora="sql-lora")) \
         .time_stats.__dict__[CARRY_KEY]
     assert carried["tenant"] == "team-a" and carried["lora"] == "sql-lora"
     forged = _req("t2", _through_with("t2", [(si.TENANT_KEY, "someone")])).time_stats.__dict__[CARRY_KEY]
     assert "tenant" not in forged and "lora" not in forged
     monkeypatch.setenv("OTEL_GPU_CENSUS_TENANT", "header:x-api-key")
-    monkeypatch.setattr(si, "_tenant_src", None)
+    monkeypatch.setattr(tenant_mod, "_configured", None)
     hashed = _req("t3", _through_with("t3", [("x-api-key", "k-123")])).time_stats.__dict__[CARRY_KEY]["tenant"]
     assert hashed.startswith("sha256:") and "k-123" not in hashed
 
@@ -529,7 +530,7 @@ def test_three_tenants_and_two_adapters_add_up_to_their_requests_and_the_census(
                                                                               monkeypatch):
     import random
     from chargeback_sums import check_metrics_equal_spans, check_report      # tests/support
-    monkeypatch.setattr(si, "_tenant_src", None)
+    monkeypatch.setattr(tenant_mod, "_configured", None)
     census = Census(complete=1 << 62)
     rt, spans, reader = in_memory_telemetry("sglang")
     eng = SchedulerTelemetry(telemetry=rt, read=census.read, settle_period_s=3600, reports=True)

@@ -18,6 +18,7 @@ from otel_gpu_census import injector  # noqa: E402
 from otel_gpu_census.attribution.shares import Share  # noqa: E402
 from otel_gpu_census.census import Stat, Step  # noqa: E402
 from otel_gpu_census.integrations.vllm import instrumentor as vi  # noqa: E402
+from otel_gpu_census.telemetry import tenant as tenant_mod  # noqa: E402
 from otel_gpu_census.integrations.vllm.engine import TENANT_HEADER, EngineTelemetry  # noqa: E402
 
 from chargeback_sums import check_metrics_equal_spans, check_report  # noqa: E402  (tests/support)
@@ -47,7 +48,7 @@ def _trace_headers(raw):
 
 @pytest.fixture
 def hooked(monkeypatch):
-    monkeypatch.setattr(vi, "_tenant_src", None)
+    monkeypatch.setattr(tenant_mod, "_configured", None)
     inst = vi.VllmInstrumentor()
     inst.instrument()
     yield
@@ -59,11 +60,11 @@ def test_the_api_server_reads_the_tenant_once_and_a_client_cannot_set_ours(hooke
     assert got[TENANT_HEADER] == "team-a"
     forged = _trace_headers([(TENANT_HEADER, "someone-else")])      # our carrier header, sent by a client
     assert TENANT_HEADER not in forged
-    monkeypatch.setattr(vi, "_tenant_src", None)
+    monkeypatch.setattr(tenant_mod, "_configured", None)
     monkeypatch.setenv("OTEL_GPU_CENSUS_TENANT", "header:authorization")
     hashed = _trace_headers([("authorization", "Bearer sk-secret")])[TENANT_HEADER]
     assert hashed.startswith("sha256:") and "secret" not in hashed
-    monkeypatch.setattr(vi, "_tenant_src", None)
+    monkeypatch.setattr(tenant_mod, "_configured", None)
     monkeypatch.setenv("OTEL_GPU_CENSUS_TENANT", "off")
     assert TENANT_HEADER not in _trace_headers([("baggage", "gpu_census.tenant=team-a")])
 

@@ -82,6 +82,17 @@ def source(env: Mapping[str, str] = os.environ) -> Source:
     return Source(header, baggage)
 
 
+
+_configured: Optional[Source] = None
+
+
+def configured() -> Source:
+    """OTEL_GPU_CENSUS_TENANT as this process's hooks read it: once (a bad value said once)."""
+    global _configured
+    if _configured is None:
+        _configured = source()
+    return _configured
+
 def _token(name: str) -> bool:
     """An HTTP header name (RFC 9110 token characters)."""
     return bool(name) and len(name) <= 128 and all(c.isalnum() and c.isascii() or c in "!#$%&'*+-.^_`|~"

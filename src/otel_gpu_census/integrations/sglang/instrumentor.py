@@ -98,15 +98,6 @@ def _arg(args, kwargs, i: int, name: str, default=None):
 TRACE_HEADERS = ("traceparent", "tracestate")     # what SGLang's own extract_trace_headers keeps
 OPERATION_KEY = "x-otel-gpu-census-operation"
 TENANT_KEY = "x-otel-gpu-census-tenant"
-_tenant_src = None
-
-
-def _tenant_source():
-    global _tenant_src
-    if _tenant_src is None:
-        from otel_gpu_census.telemetry import tenant
-        _tenant_src = tenant.source()        # OTEL_GPU_CENSUS_TENANT read once (a bad value said once)
-    return _tenant_src
 
 
 def _set_external(obj, request) -> None:
@@ -119,7 +110,7 @@ def _set_external(obj, request) -> None:
     headers = request.headers
     ext = {k: headers[k] for k in TRACE_HEADERS if k in headers}
     ext[OPERATION_KEY] = operation_for(getattr(getattr(request, "url", None), "path", "") or "")
-    who = tenant.of_headers(headers, _tenant_source())
+    who = tenant.of_headers(headers, tenant.configured())
     if who:
         ext[TENANT_KEY] = who
     obj.external_trace_header = ext

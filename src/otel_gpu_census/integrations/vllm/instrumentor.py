@@ -75,21 +75,12 @@ def _trace_headers_from(instance, headers, got):
     if "traceparent" not in out:
         out.update({k: headers[k] for k in ("traceparent", "tracestate") if k in headers})
     out[OPERATION_HEADER] = operation_of(instance)
-    who = tenant.of_headers(headers, _tenant_source())
+    who = tenant.of_headers(headers, tenant.configured())
     if who:
         out[TENANT_HEADER] = who
     return out
 
 
-_tenant_src = None
-
-
-def _tenant_source():
-    global _tenant_src
-    if _tenant_src is None:
-        from otel_gpu_census.telemetry import tenant
-        _tenant_src = tenant.source()        # OTEL_GPU_CENSUS_TENANT read once (a bad value said once)
-    return _tenant_src
 
 
 def _get_trace_headers(wrapped, instance, args, kwargs):
